@@ -1,0 +1,48 @@
+/*
+ * config.h — the hybrid model's configuration, parsed from an HF config.json
+ * (model_type qwen3_next; qwen3_5 / qwen3_5_moe with text_config; qwen3_5_text /
+ * qwen3_5_moe_text). Field meanings: specs/hybrid-qwen3next.md §1.
+ */
+#ifndef LONGSTRAW_CONFIG_H
+#define LONGSTRAW_CONFIG_H
+
+#include <stdint.h>
+
+#include "longstraw/core.h"
+
+#define LS_MAX_LAYERS 1024
+
+typedef enum { LS_LAYER_GDN = 0, LS_LAYER_ATTN = 1 } ls_layer_kind;
+/* Weight-name layout of the checkpoint family (spec §6). */
+typedef enum { LS_LAYOUT_QWEN3_NEXT = 0, LS_LAYOUT_QWEN3_5 = 1 } ls_layout;
+
+typedef struct {
+    char model_type[64];      /* the text model's model_type */
+    ls_layout layout;
+    int64_t vocab, hidden, n_layers;
+    int n_heads, n_kv, head_dim, rot_dim; /* full attention */
+    double rope_theta, partial_rotary;
+    int H_k, H_v, d_k, d_v, conv_k;       /* Gated DeltaNet */
+    int64_t intermediate;                 /* dense MLP width */
+    int n_experts, top_k, norm_topk;
+    int64_t moe_inter, shared_inter;
+    float eps;
+    int tie_embeddings;
+    uint8_t kind[LS_MAX_LAYERS]; /* ls_layer_kind per layer */
+    uint8_t moe[LS_MAX_LAYERS];  /* 1 = sparse MoE FFN, 0 = dense SwiGLU */
+} ls_config;
+
+/* Parse config.json text; `path` names the file in error messages. */
+ls_status ls_config_parse(ls_config *c, const char *text, const char *path);
+ls_status ls_config_load(ls_config *c, const char *path);
+/* Read a whole file into a NUL-terminated malloc'd buffer (caller frees). */
+ls_status ls_read_file(const char *path, char **out, size_t *len);
+
+static inline int64_t ls_cfg_key_dim(const ls_config *c) { return (int64_t)c->H_k * c->d_k; }
+static inline int64_t ls_cfg_value_dim(const ls_config *c) { return (int64_t)c->H_v * c->d_v; }
+static inline int64_t ls_cfg_conv_dim(const ls_config *c) {
+    return 2 * ls_cfg_key_dim(c) + ls_cfg_value_dim(c);
+}
+int ls_cfg_count_kind(const ls_config *c, ls_layer_kind k);
+
+#endif

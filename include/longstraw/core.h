@@ -1,0 +1,147 @@
+/*
+ * core.h — status codes, always-on assertions, named arenas, dtypes (f32 compute,
+ * bf16/f16 storage), seeded RNG, timers, process peak RSS, thread control.
+ * Everything a user can cause returns an ls_status and leaves a message in a
+ * thread-local buffer (ls_err_msg); programmer errors use LS_ASSERT, which aborts.
+ */
+#ifndef LONGSTRAW_CORE_H
+#define LONGSTRAW_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- status ------------------------------------------------------------ */
+typedef enum {
+    LS_OK = 0,
+    LS_ERR_IO,          /* open/read/write/mmap failed */
+    LS_ERR_FORMAT,      /* malformed file content */
+    LS_ERR_ARG,         /* bad argument / flag / field value */
+    LS_ERR_NOMEM,       /* allocation failed or size overflow */
+    LS_ERR_UNSUPPORTED, /* valid but not supported (dtype, model_type, ...) */
+} ls_status;
+
+/* Record an error message (printf-style) for the calling thread; returns code. */
+ls_status ls_err(ls_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Prefix the current message with more context ("while loading X: <old>"). */
+ls_status ls_err_ctx(ls_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+const char *ls_err_msg(void);
+const char *ls_status_name(ls_status s);
+
+#define LS_TRY(expr)                         \
+    do {                                     \
+        ls_status ls_try_s_ = (expr);        \
+        if (ls_try_s_ != LS_OK) return ls_try_s_; \
+    } while (0)
+
+void ls_assert_fail(const char *file, int line, const char *cond, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 4, 5)));
+/* Always on (also in release builds). */
+#define LS_ASSERT(cond, ...)                                          \
+    do {                                                              \
+        if (!(cond)) ls_assert_fail(__FILE__, __LINE__, #cond, " " __VA_ARGS__); \
+    } while (0)
+
+/* Overflow-checked size arithmetic: return 0 on success, nonzero on overflow. */
+static inline int ls_mul_size(size_t a, size_t b, size_t *out) {
+    return __builtin_mul_overflow(a, b, out);
+}
+static inline int ls_add_size(size_t a, size_t b, size_t *out) {
+    return __builtin_add_overflow(a, b, out);
+}
+#define LS_ALIGN 64
+static inline size_t ls_align_up(size_t n) { return (n + (LS_ALIGN - 1)) & ~(size_t)(LS_ALIGN - 1); }
+
+/* ---- arenas -------------------------------------------------------------- */
+typedef struct ls_arena_block ls_arena_block;
+typedef struct {
+    const char *name;
+    ls_arena_block *head;   /* current (last) block; blocks form a stack */
+    ls_arena_block *spare;  /* released blocks kept for reuse */
+    size_t block_size;      /* default size of a new block */
+    size_t cur;             /* bytes handed out (each request aligned to LS_ALIGN) */
+    size_t peak;            /* max of cur since init / ls_arena_reset_peak */
+    size_t reserved;        /* bytes held from the OS (blocks, incl. spare) */
+    size_t reserved_peak;
+} ls_arena;
+
+typedef struct {
+    ls_arena_block *block;
+    size_t off;
+    size_t cur;
+} ls_arena_mark;
+
+void ls_arena_init(ls_arena *a, const char *name, size_t block_size);
+/* 64-byte aligned, uninitialised. Returns NULL and sets ls_err on failure. */
+void *ls_arena_alloc(ls_arena *a, size_t bytes);
+void *ls_arena_calloc(ls_arena *a, size_t n, size_t size);
+ls_arena_mark ls_arena_get_mark(const ls_arena *a);
+void ls_arena_release(ls_arena *a, ls_arena_mark m); /* free everything after m */
+void ls_arena_reset(ls_arena *a);                     /* free everything */
+void ls_arena_trim(ls_arena *a);                      /* return spare blocks to the OS */
+void ls_arena_reset_peak(ls_arena *a);
+void ls_arena_free(ls_arena *a);
+
+typedef enum {
+    LS_ARENA_FIXED = 0, /* weights, adapters, optimizer moments */
+    LS_ARENA_GRAD,      /* parameter gradients */
+    LS_ARENA_PROMPT,    /* captured prompt state */
+    LS_ARENA_SCORE,     /* old/ref log-probs, advantages */
+    LS_ARENA_BRANCH,    /* one member's tape */
+    LS_ARENA_SCRATCH,   /* transients of one chunk / layer */
+    LS_ARENA_COUNT
+} ls_arena_id;
+
+typedef struct {
+    ls_arena a[LS_ARENA_COUNT];
+} ls_arenas;
+
+void ls_arenas_init(ls_arenas *as);
+void ls_arenas_free(ls_arenas *as);
+const char *ls_arena_id_name(ls_arena_id id);
+
+/* ---- dtypes --------------------------------------------------------------- */
+typedef enum { LS_DTYPE_F32 = 0, LS_DTYPE_BF16, LS_DTYPE_F16, LS_DTYPE_F64 } ls_dtype;
+
+size_t ls_dtype_size(ls_dtype t);
+const char *ls_dtype_name(ls_dtype t);          /* safetensors spelling: "F32", "BF16", ... */
+int ls_dtype_parse(const char *s, ls_dtype *out); /* 0 on success */
+
+typedef uint16_t ls_bf16;
+static inline float ls_bf16_to_f32(ls_bf16 h) {
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)h << 16;
+    return v.f;
+}
+/* Round to nearest even; NaN stays NaN. */
+static inline ls_bf16 ls_f32_to_bf16(float f) {
+    union { uint32_t u; float f; } v;
+    v.f = f;
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (ls_bf16)((v.u >> 16) | 0x40u);
+    uint32_t lsb = (v.u >> 16) & 1u;
+    v.u += 0x7fffu + lsb;
+    return (ls_bf16)(v.u >> 16);
+}
+float ls_f16_to_f32(uint16_t h);
+uint16_t ls_f32_to_f16(float f);
+
+/* Convert n elements of any dtype into f32 / from f32 into any dtype. */
+void ls_convert_to_f32(float *dst, const void *src, ls_dtype t, size_t n);
+void ls_convert_from_f32(void *dst, ls_dtype t, const float *src, size_t n);
+
+/* ---- RNG (xoshiro256**, seeded by splitmix64) ----------------------------- */
+typedef struct { uint64_t s[4]; } ls_rng;
+void ls_rng_seed(ls_rng *r, uint64_t seed);
+uint64_t ls_rng_u64(ls_rng *r);
+double ls_rng_uniform(ls_rng *r);  /* [0, 1) */
+double ls_rng_normal(ls_rng *r);   /* N(0, 1) */
+
+/* ---- time, memory, threads ------------------------------------------------ */
+double ls_now(void);              /* monotonic seconds */
+size_t ls_peak_rss_bytes(void);   /* process peak resident set */
+void ls_set_threads(int n);       /* OpenMP + OpenBLAS; n <= 0 means all cores */
+int ls_get_threads(void);
+int ls_num_cores(void);
+
+#endif

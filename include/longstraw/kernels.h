@@ -1,0 +1,103 @@
+/*
+ * kernels.h — CPU kernels of the hybrid family (forward; backward lands beside
+ * each forward in the next issue). Conventions (STYLE.md §2, llm.c order):
+ * outputs, saved-for-backward (tape; NULL = no tape), inputs, weights, dims.
+ * Activations are f32, row-major, token-major: x[t][...]. Weights are in HF
+ * layout [out, in]. Functions that need scratch memory take an ls_arena and
+ * release what they used before returning.
+ */
+#ifndef LONGSTRAW_KERNELS_H
+#define LONGSTRAW_KERNELS_H
+
+#include <stdint.h>
+
+#include "longstraw/core.h"
+
+/* ---- linear ---------------------------------------------------------------- */
+/* out[T,N] (=, or += when accumulate) x[T,K] · W[N,K]ᵀ, through cblas_sgemm. */
+void ls_linear_fwd(float *out, const float *x, const float *W, int64_t T, int64_t K, int64_t N,
+                   int accumulate);
+
+/* ---- embedding ------------------------------------------------------------- */
+/* out[T,D] = table[ids[t], :]; ids already validated < V. */
+void ls_embed_fwd(float *out, const int32_t *ids, const float *table, int64_t T, int64_t D);
+
+/* ---- norms ----------------------------------------------------------------- */
+/* Zero-centred RMSNorm (specs/hybrid-qwen3next.md §5): y = x·rsqrt(mean(x²)+eps)·(1+w).
+ * rows of length D; rstd[rows] saved when non-NULL. y may alias x. */
+void ls_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int64_t rows,
+                    int64_t D, float eps);
+/* Gated RMSNorm (§2.7): y = x·rsqrt(mean(x²)+eps)·w ⊙ SiLU(z); plain w. */
+void ls_gated_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *z, const float *w,
+                          int64_t rows, int64_t D, float eps);
+/* L2 norm per row (§2.5): y = x / sqrt(Σx² + eps); y may alias x; rnorm saved if non-NULL. */
+void ls_l2norm_fwd(float *y, float *rnorm, const float *x, int64_t rows, int64_t D, float eps);
+
+/* ---- causal depthwise conv + SiLU ------------------------------------------ */
+/* y[T,C] = SiLU(Σ_j w[c,j]·x[t−(W−1)+j, c]); positions before t = 0 come from
+ * tail[W−1, C] (oldest first), which is updated in place to the last W−1 inputs.
+ * pre[T,C] (pre-activation) saved when non-NULL. w is [C, W] (HF conv1d [C,1,W]). */
+void ls_conv_fwd(float *y, float *pre, float *tail, const float *x, const float *w, int64_t T,
+                 int64_t C, int64_t W);
+
+/* ---- rotary embedding ------------------------------------------------------ */
+/* In-place partial rotate-half RoPE (§4.3) on x[T, heads, hd]: dims [0, rot) of each
+ * head rotate with angle (pos0+t)·theta^(−2j/rot), pairing j with j + rot/2. */
+void ls_rope_fwd(float *x, int64_t T, int heads, int hd, int rot, double theta, int64_t pos0);
+
+/* ---- activations ------------------------------------------------------------ */
+/* out[T,I] = SiLU(gu[t, 0:I]) ⊙ gu[t, I:2I]. */
+void ls_swiglu_fwd(float *out, const float *gu, int64_t T, int64_t n_inter);
+static inline float ls_sigmoidf(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
+
+/* ---- gated delta rule (specs/hybrid-qwen3next.md §2.6, §3) ------------------ */
+/* Dimensions of one Gated DeltaNet recurrence. Value head h reads key head h/(H_v/H_k). */
+typedef struct {
+    int H_k, H_v, d_k, d_v;
+    float scale; /* applied to q, normally d_k^-1/2 */
+} ls_gdr_dims;
+
+/* Chunked WY/UT form, chunk 64. q,k [T,H_k,d_k] already L2-normalised (scale not yet
+ * applied), v [T,H_v,d_v], beta [T,H_v] = σ(b), g [T,H_v] = log decay (≤ 0).
+ * state [H_v,d_k,d_v]: in = initial state S_0, out = final state S_T (f32).
+ * o [T,H_v,d_v] = output. tape_h [ceil(T/64), H_v, d_k, d_v] (chunk-start states)
+ * saved when non-NULL. Scratch from `scratch`, released before return. */
+ls_status ls_gdr_chunk_fwd(float *o, float *tape_h, float *state, const float *q, const float *k,
+                           const float *v, const float *beta, const float *g, int64_t T,
+                           ls_gdr_dims dm, ls_arena *scratch);
+/* Token-serial recurrence, same contract (the reference, and the one-token decode step). */
+void ls_gdr_serial_fwd(float *o, float *state, const float *q, const float *k, const float *v,
+                       const float *beta, const float *g, int64_t T, ls_gdr_dims dm);
+
+/* ---- attention ----------------------------------------------------------------- */
+/* A paged prefix of keys/values: positions [0, n) in pages of `page_size` positions;
+ * page i holds positions [i·S, (i+1)·S) as [S, n_kv, hd] in `dtype` (F32 or BF16). */
+typedef struct {
+    int64_t n;
+    int64_t page_size;
+    ls_dtype dtype;
+    void *const *k_pages;
+    void *const *v_pages;
+} ls_kv_prefix;
+
+/* Causal attention of T new queries that sit at positions prefix->n .. prefix->n+T−1
+ * over the whole prefix plus their own keys 0..t. q [T,n_h,hd], k,v [T,n_kv,hd] (f32),
+ * GQA: query head h uses kv head h/(n_h/n_kv). o [T,n_h,hd]; lse [T,n_h] (natural-log
+ * log-sum-exp of the scaled scores) saved when non-NULL. prefix may be NULL (empty).
+ * Tiled online softmax: no [T, n] score buffer is ever formed. */
+ls_status ls_attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v,
+                      const ls_kv_prefix *prefix, int64_t T, int n_h, int n_kv, int hd,
+                      float scale, ls_arena *scratch);
+/* Naive reference: full score rows in double. For tests only (O(T·(n+T)) memory). */
+void ls_attn_naive(float *o, float *lse, const float *q, const float *k, const float *v,
+                   const ls_kv_prefix *prefix, int64_t T, int n_h, int n_kv, int hd, float scale);
+
+/* ---- LM head ------------------------------------------------------------------- */
+/* logprob[t] = log_softmax(h[t]·Wᵀ / temperature)[target[t]] over V; logits formed in
+ * row chunks of `chunk_rows` from `scratch` (never a [T, V] buffer). lse[T] saved when
+ * non-NULL. */
+ls_status ls_lmhead_logprobs_fwd(float *logprob, float *lse, const float *h, const float *W,
+                                 const int32_t *target, int64_t T, int64_t D, int64_t V,
+                                 float temperature, int64_t chunk_rows, ls_arena *scratch);
+
+#endif

@@ -1,0 +1,100 @@
+/*
+ * model.h — the hybrid family (Qwen3-Next / Qwen3.5: Gated DeltaNet + gated full
+ * attention, dense SwiGLU or sparse MoE). Both HF weight layouts load into one
+ * internal layout (fused projections, see ls_hybrid_layer). The family exposes:
+ * load, capture (extend the prompt state, no tape) and branch forward (continue
+ * from a read-only prompt state, or from nothing = the plain forward).
+ */
+#ifndef LONGSTRAW_MODEL_H
+#define LONGSTRAW_MODEL_H
+
+#include "longstraw/config.h"
+#include "longstraw/core.h"
+#include "longstraw/state.h"
+
+/* Internal per-layer weights, all f32 in the fixed arena; [out, in] row-major. */
+typedef struct {
+    float *input_norm; /* [D] zero-centred (1+w) */
+    float *post_norm;  /* [D] */
+    /* Gated DeltaNet (spec §2) */
+    float *gdn_in;  /* [conv_dim + value_dim + 2·H_v, D]: rows q(all heads) | k | v | z | b | a */
+    float *conv_w;  /* [conv_dim, W] */
+    float *A_log;   /* [H_v] */
+    float *dt_bias; /* [H_v] */
+    float *gnorm;   /* [d_v] plain w */
+    float *gdn_out; /* [D, value_dim] */
+    /* gated attention (spec §4) */
+    float *attn_in;  /* [2·n_h·hd + 2·n_kv·hd, D]: rows q(all heads) | gate(all heads) | k | v */
+    float *q_norm;   /* [hd] (1+w) */
+    float *k_norm;   /* [hd] (1+w) */
+    float *attn_out; /* [D, n_h·hd] */
+    /* dense SwiGLU */
+    float *mlp_gu;   /* [2·I, D]: gate rows then up rows */
+    float *mlp_down; /* [D, I] */
+    /* sparse MoE (spec §5) */
+    float *router;   /* [E, D] */
+    float *exp_gu;   /* [E, 2·I_m, D] */
+    float *exp_down; /* [E, D, I_m] */
+    float *sh_gu;    /* [2·I_s, D] */
+    float *sh_down;  /* [D, I_s] */
+    float *sh_gate;  /* [D] */
+} ls_hybrid_layer;
+
+typedef struct {
+    ls_config cfg;
+    float *embed;      /* [V, D] */
+    float *final_norm; /* [D] */
+    float *lm_head;    /* [V, D] (= embed when tied) */
+    ls_hybrid_layer *layers; /* [n_layers] */
+    size_t n_params;
+} ls_hybrid_model;
+
+/* Load config.json + safetensors (single file or sharded) from `dir`; weights are
+ * converted to f32 into `fixed` (the fixed arena). */
+ls_status ls_hybrid_load(ls_hybrid_model *m, const char *dir, ls_arena *fixed);
+
+/* Runtime options of a forward. */
+typedef struct {
+    int64_t capture_chunk; /* tokens per capture chunk (default 2048) */
+    int64_t lmhead_rows;   /* LM-head row chunk (default 64) */
+    float temperature;     /* logits divided before the log-softmax (default 1) */
+} ls_fwd_opts;
+void ls_fwd_opts_default(ls_fwd_opts *o);
+
+/* Capture: stream ids[0..n) (x_1..x_{P−1}) through all layers in chunks, with no
+ * tape, extending `st` (DESIGN §3). Transients come from `scratch` and die per chunk. */
+ls_status ls_hybrid_capture(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids,
+                            int64_t n, const ls_fwd_opts *o, ls_arena *scratch);
+
+/* Branch: run ids[0..T) at positions st->n .. st->n+T−1 against the read-only state
+ * `st` (NULL = empty prefix: the plain forward) and write, for t in [out_from, T),
+ * logprob[t − out_from] = log p(target[t − out_from] | ids[0..t]). Working memory
+ * comes from `work` (branch or scratch arena) and is released before return. */
+ls_status ls_hybrid_branch_logprobs(const ls_hybrid_model *m, const ls_prompt_state *st,
+                                    const int32_t *ids, int64_t T, int64_t out_from,
+                                    const int32_t *target, float *logprob, const ls_fwd_opts *o,
+                                    ls_arena *work);
+
+/* One tensor of the HF checkpoint layout, for writing random checkpoints (`init`). */
+typedef enum {
+    LS_INIT_LINEAR = 0, /* N(0, fan_in^-1/2) */
+    LS_INIT_EMBED,      /* N(0, 1) */
+    LS_INIT_NORM0,      /* zero-centred norm weight: N(0, 0.1) */
+    LS_INIT_NORM1,      /* plain norm weight: 1 + N(0, 0.1) */
+    LS_INIT_CONV,       /* U(−0.5, 0.5) */
+    LS_INIT_ALOG,       /* log U(0.05, 1): decays that keep the state alive (spec §8.3) */
+    LS_INIT_DTBIAS,     /* N(0, 0.5) */
+} ls_init_kind;
+
+typedef struct {
+    char name[160];
+    int ndim;
+    int64_t shape[3];
+    ls_init_kind init;
+} ls_hf_tensor_spec;
+
+/* Every tensor name and shape an HF checkpoint of this config holds, in the
+ * config's layout (fused Qwen3-Next or split Qwen3.5). *out is malloc'd. */
+ls_status ls_hybrid_hf_specs(const ls_config *c, ls_hf_tensor_spec **out, int64_t *n);
+
+#endif

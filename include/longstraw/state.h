@@ -1,0 +1,67 @@
+/*
+ * state.h — the captured prompt state (DESIGN.md §2–4): per full-attention layer,
+ * K (after norm + RoPE) and V in right-sized pages of S positions (f32 or bf16);
+ * per Gated DeltaNet layer, the conv tail [W−1, conv_dim] and the recurrent state
+ * [H_v, d_k, d_v] in f32. Everything comes from the prompt arena; ls_state_plan
+ * predicts its bytes exactly from the config.
+ */
+#ifndef LONGSTRAW_STATE_H
+#define LONGSTRAW_STATE_H
+
+#include "longstraw/config.h"
+#include "longstraw/core.h"
+#include "longstraw/kernels.h"
+
+typedef struct {
+    void **k_pages; /* [cap_pages] → [S, n_kv, hd] in dtype */
+    void **v_pages;
+} ls_attn_state;
+
+typedef struct {
+    float *conv_tail; /* [W−1, conv_dim], oldest first */
+    float *S;         /* [H_v, d_k, d_v] */
+} ls_gdn_state;
+
+typedef struct {
+    const ls_config *cfg;
+    int64_t n;         /* positions held */
+    int64_t capacity;  /* positions the page tables can hold */
+    int64_t page_size; /* S */
+    int64_t n_pages;   /* pages allocated per attention layer */
+    int64_t cap_pages;
+    ls_dtype dtype;    /* K/V page storage: F32 or BF16 */
+    ls_attn_state *attn; /* [n_layers]; used for attention layers */
+    ls_gdn_state *gdn;   /* [n_layers]; used for GDN layers */
+    ls_arena *arena;     /* the prompt arena */
+} ls_prompt_state;
+
+/* Allocate an empty state able to hold `capacity` positions (page tables sized now,
+ * pages allocated as positions arrive), from `arena` (the prompt arena). */
+ls_status ls_state_init(ls_prompt_state *st, const ls_config *cfg, int64_t capacity,
+                        int64_t page_size, ls_dtype dtype, ls_arena *arena);
+/* Append T positions of K/V ([T, n_kv, hd] f32 each) to attention layer `layer`.
+ * Positions start at st->n; the caller advances st->n after all layers (ls_state_advance). */
+ls_status ls_state_append_kv(ls_prompt_state *st, int layer, const float *k, const float *v,
+                             int64_t T);
+void ls_state_advance(ls_prompt_state *st, int64_t T);
+/* A read-only view of one attention layer's prefix for ls_attn_fwd. */
+ls_kv_prefix ls_state_prefix(const ls_prompt_state *st, int layer);
+
+/* The prompt-state inventory predicted from the config (per rank under CP). */
+typedef struct {
+    int64_t positions;        /* captured positions (P − 1) */
+    int64_t page_size;
+    int cp;
+    int64_t pages;            /* pages per attention layer, whole prompt */
+    int64_t pages_per_rank;   /* max over ranks */
+    int n_attn, n_gdn;
+    size_t kv_bytes_per_rank;    /* K + V pages, all attention layers */
+    size_t table_bytes_per_rank; /* page tables + per-layer headers */
+    size_t gdn_bytes_per_rank;   /* conv tails + recurrent states (replicated) */
+    size_t total_bytes_per_rank;
+} ls_state_plan_t;
+
+ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt_len,
+                        int64_t page_size, ls_dtype dtype, int cp);
+
+#endif

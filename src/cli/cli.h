@@ -1,0 +1,26 @@
+/*
+ * cli.h — shared helpers of the `longstraw` command-line tool: checked number
+ * parsing (never silent clamping), error reporting, common flags.
+ */
+#ifndef LONGSTRAW_CLI_H
+#define LONGSTRAW_CLI_H
+
+#include <stdint.h>
+
+#include "longstraw/core.h"
+
+int cmd_init(int argc, char **argv);
+int cmd_logprobs(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+
+/* Parse an integer flag value in [lo, hi]; prints "longstraw CMD: --flag: ..." and
+ * returns nonzero on failure. */
+int cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi,
+                  int64_t *out);
+int cli_parse_dtype(const char *cmd, const char *flag, const char *s, ls_dtype *out);
+/* Print "longstraw CMD: <status>: <message>" and return exit code 1. */
+int cli_fail(const char *cmd, ls_status s);
+/* Print a usage error and return exit code 2. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

@@ -1,0 +1,112 @@
+/*
+ * cmd_logprobs.c — `longstraw logprobs`: per-token log-probs of each response of a
+ * group, by capture + continuation (default) or one plain forward per member.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "longstraw/score.h"
+
+static void help(void) {
+    printf("usage: longstraw logprobs --model DIR --group FILE.json [options]\n\n"
+           "Print {\"logprobs\": [[...], ...]}: log p(y_t | prompt, y_<t) for every token of\n"
+           "every response, computed by capturing the prompt once and continuing each\n"
+           "response from the captured state.\n\n"
+           "  --model DIR          checkpoint directory (config.json + safetensors)\n"
+           "  --group FILE         group file {\"prompt\": [ids], \"responses\": [[ids], ...]}\n"
+           "  --no-capture         one plain forward over prompt+response per member (reference)\n"
+           "  --capture-chunk N    tokens per capture chunk (default 2048)\n"
+           "  --page-size S        positions per K/V page (default 64)\n"
+           "  --state-dtype T      K/V page storage: f32 or bf16 (default f32)\n"
+           "  --threads N          worker threads (default: all cores)\n"
+           "  --stats              print timing and arena peaks to stderr\n"
+           "  --help               this text\n");
+}
+
+int cmd_logprobs(int argc, char **argv) {
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"group", required_argument, 0, 'g'},
+                                         {"no-capture", no_argument, 0, 'n'},
+                                         {"capture-chunk", required_argument, 0, 'c'},
+                                         {"page-size", required_argument, 0, 's'},
+                                         {"state-dtype", required_argument, 0, 'd'},
+                                         {"threads", required_argument, 0, 't'},
+                                         {"stats", no_argument, 0, 'S'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *model = NULL, *group = NULL;
+    ls_score_opts so;
+    ls_score_opts_default(&so);
+    int64_t threads = 0, v;
+    int stats = 0, ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'm': model = optarg; break;
+        case 'g': group = optarg; break;
+        case 'n': so.no_capture = 1; break;
+        case 'c':
+            if (cli_parse_i64("logprobs", "--capture-chunk", optarg, 1, 1 << 24, &v)) return 2;
+            so.fwd.capture_chunk = v;
+            break;
+        case 's':
+            if (cli_parse_i64("logprobs", "--page-size", optarg, 1, 1 << 20, &v)) return 2;
+            so.page_size = v;
+            break;
+        case 'd': if (cli_parse_dtype("logprobs", "--state-dtype", optarg, &so.state_dtype)) return 2; break;
+        case 't': if (cli_parse_i64("logprobs", "--threads", optarg, 1, 4096, &threads)) return 2; break;
+        case 'S': stats = 1; break;
+        case 'h': help(); return 0;
+        default: return cli_usage_error("logprobs", "bad option");
+        }
+    }
+    if (optind < argc) return cli_usage_error("logprobs", "unexpected argument \"%s\"", argv[optind]);
+    if (!model) return cli_usage_error("logprobs", "--model is required");
+    if (!group) return cli_usage_error("logprobs", "--group is required");
+    ls_set_threads((int)threads);
+
+    ls_arenas ar;
+    ls_arenas_init(&ar);
+    ls_hybrid_model m;
+    ls_group g;
+    memset(&g, 0, sizeof g);
+    int rc = 1;
+    double t0 = ls_now();
+    ls_status s = ls_hybrid_load(&m, model, &ar.a[LS_ARENA_FIXED]);
+    if (s != LS_OK) goto fail;
+    double t_load = ls_now() - t0;
+    s = ls_group_load(&g, group, m.cfg.vocab);
+    if (s != LS_OK) goto fail;
+    float **lp = ls_arena_alloc(&ar.a[LS_ARENA_SCORE], (size_t)g.G * sizeof(float *));
+    if (!lp) {
+        s = LS_ERR_NOMEM;
+        goto fail;
+    }
+    ls_score_stats st;
+    s = ls_score_group(&m, &g, &so, &ar, lp, &st);
+    if (s != LS_OK) goto fail;
+    printf("{\"logprobs\": [");
+    for (int i = 0; i < g.G; i++) {
+        printf(i ? ", [" : "[");
+        for (int64_t t = 0; t < g.R[i]; t++) printf(t ? ", %.9g" : "%.9g", (double)lp[i][t]);
+        printf("]");
+    }
+    printf("]}\n");
+    if (stats) {
+        fprintf(stderr, "load %.3fs  capture %.3fs (%lld tokens)  score %.3fs  prompt state %zu bytes\n",
+                t_load, st.capture_s, (long long)(so.no_capture ? 0 : g.P - 1), st.score_s, st.prompt_bytes);
+        for (int i = 0; i < LS_ARENA_COUNT; i++)
+            fprintf(stderr, "  arena %-8s peak %zu bytes\n", ls_arena_id_name((ls_arena_id)i), ar.a[i].peak);
+        fprintf(stderr, "  process peak RSS %zu bytes\n", ls_peak_rss_bytes());
+    }
+    rc = 0;
+    goto done;
+fail:
+    rc = cli_fail("logprobs", s);
+done:
+    ls_group_free(&g);
+    ls_arenas_free(&ar);
+    return rc;
+}

@@ -1,0 +1,95 @@
+/*
+ * cmd_plan.c — `longstraw plan`: the prompt-state inventory predicted from a config
+ * (DESIGN §4): per layer kind and per rank, in bytes and GiB.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "longstraw/config.h"
+#include "longstraw/state.h"
+
+static void help(void) {
+    printf("usage: longstraw plan (--model DIR | --config FILE) --prompt P [options]\n\n"
+           "Predict the prompt state a capture of P tokens keeps (x_1..x_{P-1}).\n\n"
+           "  --model DIR          model directory (reads DIR/config.json)\n"
+           "  --config FILE        an HF config.json\n"
+           "  --prompt P           prompt length in tokens (required)\n"
+           "  --page-size S        positions per K/V page (default 64)\n"
+           "  --cp N               context-parallel ranks sharing the pages (default 1)\n"
+           "  --state-dtype T      K/V page storage: bf16 or f32 (default bf16)\n"
+           "  --json               print JSON instead of a table\n"
+           "  --help               this text\n");
+}
+
+static double gib(size_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
+
+int cmd_plan(int argc, char **argv) {
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"config", required_argument, 0, 'c'},
+                                         {"prompt", required_argument, 0, 'p'},
+                                         {"page-size", required_argument, 0, 's'},
+                                         {"cp", required_argument, 0, 'r'},
+                                         {"state-dtype", required_argument, 0, 'd'},
+                                         {"json", no_argument, 0, 'j'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *model = NULL, *config = NULL;
+    int64_t P = -1, S = 64, cp = 1;
+    ls_dtype dt = LS_DTYPE_BF16;
+    int json = 0, ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'm': model = optarg; break;
+        case 'c': config = optarg; break;
+        case 'p': if (cli_parse_i64("plan", "--prompt", optarg, 1, INT64_MAX / 2, &P)) return 2; break;
+        case 's': if (cli_parse_i64("plan", "--page-size", optarg, 1, 1 << 20, &S)) return 2; break;
+        case 'r': if (cli_parse_i64("plan", "--cp", optarg, 1, 65536, &cp)) return 2; break;
+        case 'd': if (cli_parse_dtype("plan", "--state-dtype", optarg, &dt)) return 2; break;
+        case 'j': json = 1; break;
+        case 'h': help(); return 0;
+        default: return cli_usage_error("plan", "bad option");
+        }
+    }
+    if (optind < argc) return cli_usage_error("plan", "unexpected argument \"%s\"", argv[optind]);
+    if (!model == !config) return cli_usage_error("plan", "give exactly one of --model or --config");
+    if (P < 0) return cli_usage_error("plan", "--prompt is required");
+    char path[4096];
+    if (model) snprintf(path, sizeof path, "%s/config.json", model);
+    else snprintf(path, sizeof path, "%s", config);
+    ls_config cfg;
+    ls_status s = ls_config_load(&cfg, path);
+    if (s != LS_OK) return cli_fail("plan", s);
+    ls_state_plan_t p;
+    s = ls_state_plan(&p, &cfg, P, S, dt, (int)cp);
+    if (s != LS_OK) return cli_fail("plan", s);
+    size_t kv_layer_page = p.n_attn ? p.kv_bytes_per_rank / (size_t)p.n_attn / (size_t)(p.pages_per_rank ? p.pages_per_rank : 1) : 0;
+    if (json) {
+        printf("{\"prompt\": %lld, \"captured_positions\": %lld, \"page_size\": %lld, \"cp\": %d, "
+               "\"state_dtype\": \"%s\", \"attention_layers\": %d, \"gdn_layers\": %d, "
+               "\"pages_per_layer\": %lld, \"pages_per_rank\": %lld, \"page_objects_per_rank\": %lld, "
+               "\"kv_bytes_per_rank\": %zu, \"gdn_bytes_per_rank\": %zu, \"table_bytes_per_rank\": %zu, "
+               "\"total_bytes_per_rank\": %zu}\n",
+               (long long)P, (long long)p.positions, (long long)S, p.cp, dt == LS_DTYPE_BF16 ? "bf16" : "f32",
+               p.n_attn, p.n_gdn, (long long)p.pages, (long long)p.pages_per_rank,
+               (long long)p.pages_per_rank * p.n_attn * 2, p.kv_bytes_per_rank, p.gdn_bytes_per_rank,
+               p.table_bytes_per_rank, p.total_bytes_per_rank);
+        return 0;
+    }
+    printf("prompt state plan: %s (%s)\n", path, cfg.model_type);
+    printf("  prompt P = %lld tokens, captured positions = %lld, page size S = %lld, CP = %d, state dtype %s\n",
+           (long long)P, (long long)p.positions, (long long)S, p.cp, dt == LS_DTYPE_BF16 ? "bf16" : "f32");
+    printf("  layers: %d full attention, %d Gated DeltaNet\n", p.n_attn, p.n_gdn);
+    printf("  pages (S positions each): %lld in all, %lld per rank; each page is one K and one V block\n"
+           "    of %zu bytes per attention layer (%lld page blocks per rank)\n",
+           (long long)p.pages, (long long)p.pages_per_rank, kv_layer_page / 2,
+           (long long)p.pages_per_rank * p.n_attn * 2);
+    printf("\n  %-34s %20s %12s\n", "per rank", "bytes", "GiB");
+    printf("  %-34s %20zu %12.2f\n", "K/V pages (full attention)", p.kv_bytes_per_rank, gib(p.kv_bytes_per_rank));
+    printf("  %-34s %20zu %12.4f\n", "GDN conv tail + recurrent state", p.gdn_bytes_per_rank, gib(p.gdn_bytes_per_rank));
+    printf("  %-34s %20zu %12.4f\n", "page tables + layer headers", p.table_bytes_per_rank, gib(p.table_bytes_per_rank));
+    printf("  %-34s %20zu %12.2f\n", "prompt arena total", p.total_bytes_per_rank, gib(p.total_bytes_per_rank));
+    return 0;
+}

@@ -1,0 +1,90 @@
+/*
+ * main.c — the `longstraw` tool: dispatch to one file per command.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} commands[] = {
+    {"init", cmd_init, "write a random checkpoint (config.json + model.safetensors)"},
+    {"logprobs", cmd_logprobs, "per-token log-probs of a group's responses (capture + continuation)"},
+    {"plan", cmd_plan, "predict the prompt-state inventory per layer kind and rank"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: longstraw <command> [options]    (longstraw <command> --help for details)\n\n"
+               "LongStraw: long-context GRPO with a captured prompt state.\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+}
+
+int cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi,
+                  int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end) {
+        fprintf(stderr, "longstraw %s: %s: \"%s\" is not an integer\n", cmd, flag, s);
+        return 1;
+    }
+    if (v < lo || v > hi) {
+        fprintf(stderr, "longstraw %s: %s: %lld is out of range [%lld, %lld]\n", cmd, flag, v,
+                (long long)lo, (long long)hi);
+        return 1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_dtype(const char *cmd, const char *flag, const char *s, ls_dtype *out) {
+    if (strcmp(s, "f32") == 0) *out = LS_DTYPE_F32;
+    else if (strcmp(s, "bf16") == 0) *out = LS_DTYPE_BF16;
+    else {
+        fprintf(stderr, "longstraw %s: %s: \"%s\" is not a dtype (expected f32 or bf16)\n", cmd, flag, s);
+        return 1;
+    }
+    return 0;
+}
+
+int cli_fail(const char *cmd, ls_status s) {
+    fprintf(stderr, "longstraw %s: %s: %s\n", cmd, ls_status_name(s), ls_err_msg());
+    return 1;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "longstraw %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see longstraw %s --help)\n", cmd);
+    va_end(ap);
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("longstraw 0.1.0\n");
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(argv[1], commands[i].name) == 0) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "longstraw: unknown command \"%s\"\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,141 @@
+/*
+ * arena.c — named bump arenas with lifetimes (DESIGN.md §4).
+ * Blocks form a stack; a mark/release pair frees everything allocated after the
+ * mark. Released blocks are kept in a spare list for reuse (no malloc per chunk
+ * in steady state) until ls_arena_trim or ls_arena_free. `cur` counts the bytes
+ * handed out (each request rounded up to LS_ALIGN), which is what `plan` predicts.
+ */
+#include "longstraw/core.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct ls_arena_block {
+    ls_arena_block *prev;
+    size_t size; /* usable bytes after the header */
+    size_t off;  /* bytes used */
+    /* data follows, aligned to LS_ALIGN */
+};
+
+#define BLOCK_HDR ls_align_up(sizeof(ls_arena_block))
+
+static unsigned char *block_data(ls_arena_block *b) { return (unsigned char *)b + BLOCK_HDR; }
+
+void ls_arena_init(ls_arena *a, const char *name, size_t block_size) {
+    memset(a, 0, sizeof *a);
+    a->name = name;
+    a->block_size = block_size ? block_size : ((size_t)16 << 20);
+}
+
+static ls_arena_block *block_new(ls_arena *a, size_t need) {
+    /* Reuse the first spare block big enough. */
+    ls_arena_block **pp = &a->spare;
+    while (*pp) {
+        if ((*pp)->size >= need) {
+            ls_arena_block *b = *pp;
+            *pp = b->prev;
+            b->off = 0;
+            return b;
+        }
+        pp = &(*pp)->prev;
+    }
+    size_t size = need > a->block_size ? need : a->block_size;
+    size_t total;
+    if (ls_add_size(size, BLOCK_HDR, &total)) return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, LS_ALIGN, total) != 0) return NULL;
+    ls_arena_block *b = p;
+    b->size = size;
+    b->off = 0;
+    a->reserved += total;
+    if (a->reserved > a->reserved_peak) a->reserved_peak = a->reserved;
+    return b;
+}
+
+void *ls_arena_alloc(ls_arena *a, size_t bytes) {
+    size_t n = ls_align_up(bytes ? bytes : 1);
+    if (n < bytes) {
+        ls_err(LS_ERR_NOMEM, "arena %s: request of %zu bytes overflows", a->name, bytes);
+        return NULL;
+    }
+    ls_arena_block *b = a->head;
+    if (!b || b->size - b->off < n) {
+        ls_arena_block *nb = block_new(a, n);
+        if (!nb) {
+            ls_err(LS_ERR_NOMEM, "arena %s: cannot allocate %zu bytes (holding %zu)", a->name, n,
+                   a->cur);
+            return NULL;
+        }
+        nb->prev = b;
+        a->head = nb;
+        b = nb;
+    }
+    void *p = block_data(b) + b->off;
+    b->off += n;
+    a->cur += n;
+    if (a->cur > a->peak) a->peak = a->cur;
+    return p;
+}
+
+void *ls_arena_calloc(ls_arena *a, size_t n, size_t size) {
+    size_t bytes;
+    if (ls_mul_size(n, size, &bytes)) {
+        ls_err(LS_ERR_NOMEM, "arena %s: %zu x %zu bytes overflows", a->name, n, size);
+        return NULL;
+    }
+    void *p = ls_arena_alloc(a, bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+ls_arena_mark ls_arena_get_mark(const ls_arena *a) {
+    ls_arena_mark m = {a->head, a->head ? a->head->off : 0, a->cur};
+    return m;
+}
+
+void ls_arena_release(ls_arena *a, ls_arena_mark m) {
+    while (a->head && a->head != m.block) {
+        ls_arena_block *b = a->head;
+        a->head = b->prev;
+        b->prev = a->spare;
+        a->spare = b;
+    }
+    if (a->head) a->head->off = m.off;
+    a->cur = m.cur;
+}
+
+void ls_arena_reset(ls_arena *a) {
+    ls_arena_mark m = {NULL, 0, 0};
+    ls_arena_release(a, m);
+}
+
+void ls_arena_trim(ls_arena *a) {
+    while (a->spare) {
+        ls_arena_block *b = a->spare;
+        a->spare = b->prev;
+        a->reserved -= b->size + BLOCK_HDR;
+        free(b);
+    }
+}
+
+void ls_arena_reset_peak(ls_arena *a) { a->peak = a->cur; }
+
+void ls_arena_free(ls_arena *a) {
+    ls_arena_reset(a);
+    ls_arena_trim(a);
+}
+
+static const char *const arena_names[LS_ARENA_COUNT] = {"fixed", "grad",   "prompt",
+                                                         "score", "branch", "scratch"};
+
+const char *ls_arena_id_name(ls_arena_id id) {
+    return (id >= 0 && id < LS_ARENA_COUNT) ? arena_names[id] : "?";
+}
+
+void ls_arenas_init(ls_arenas *as) {
+    for (int i = 0; i < LS_ARENA_COUNT; i++) ls_arena_init(&as->a[i], arena_names[i], 0);
+}
+
+void ls_arenas_free(ls_arenas *as) {
+    for (int i = 0; i < LS_ARENA_COUNT; i++) ls_arena_free(&as->a[i]);
+}

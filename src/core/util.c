@@ -1,0 +1,194 @@
+/*
+ * util.c — dtype conversion, RNG, timers, peak RSS and thread control.
+ */
+#include "longstraw/core.h"
+
+#include <math.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+void openblas_set_num_threads(int num_threads);
+
+/* ---- dtypes ---- */
+size_t ls_dtype_size(ls_dtype t) {
+    switch (t) {
+    case LS_DTYPE_F32: return 4;
+    case LS_DTYPE_BF16: return 2;
+    case LS_DTYPE_F16: return 2;
+    case LS_DTYPE_F64: return 8;
+    }
+    return 0;
+}
+
+const char *ls_dtype_name(ls_dtype t) {
+    switch (t) {
+    case LS_DTYPE_F32: return "F32";
+    case LS_DTYPE_BF16: return "BF16";
+    case LS_DTYPE_F16: return "F16";
+    case LS_DTYPE_F64: return "F64";
+    }
+    return "?";
+}
+
+int ls_dtype_parse(const char *s, ls_dtype *out) {
+    static const struct { const char *n; ls_dtype t; } tab[] = {
+        {"F32", LS_DTYPE_F32}, {"BF16", LS_DTYPE_BF16}, {"F16", LS_DTYPE_F16}, {"F64", LS_DTYPE_F64}};
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+        if (strcmp(s, tab[i].n) == 0) {
+            *out = tab[i].t;
+            return 0;
+        }
+    return -1;
+}
+
+float ls_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    union { uint32_t u; float f; } v;
+    if (exp == 0) {
+        /* zero or subnormal: value = man * 2^-24 */
+        float f = ldexpf((float)man, -24);
+        return sign ? -f : f;
+    } else if (exp == 31) {
+        v.u = sign | 0x7f800000u | (man << 13);
+    } else {
+        v.u = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    return v.f;
+}
+
+uint16_t ls_f32_to_f16(float f) {
+    union { uint32_t u; float f; } v;
+    v.f = f;
+    uint32_t sign = (v.u >> 16) & 0x8000u;
+    uint32_t a = v.u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* overflow -> inf */
+    if (a < 0x38800000u) {
+        /* subnormal half: round(|f| * 2^24) */
+        float m = ldexpf(fabsf(f), 24);
+        uint32_t r = (uint32_t)nearbyintf(m);
+        return (uint16_t)(sign | r);
+    }
+    uint32_t exp = (a >> 23) - 112;
+    uint32_t man = a & 0x7fffffu;
+    uint32_t h = (exp << 10) | (man >> 13);
+    uint32_t rest = man & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+void ls_convert_to_f32(float *dst, const void *src, ls_dtype t, size_t n) {
+    switch (t) {
+    case LS_DTYPE_F32: memcpy(dst, src, n * 4); break;
+    case LS_DTYPE_BF16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = ls_bf16_to_f32(s[i]);
+        break;
+    }
+    case LS_DTYPE_F16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = ls_f16_to_f32(s[i]);
+        break;
+    }
+    case LS_DTYPE_F64: {
+        const double *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = (float)s[i];
+        break;
+    }
+    }
+}
+
+void ls_convert_from_f32(void *dst, ls_dtype t, const float *src, size_t n) {
+    switch (t) {
+    case LS_DTYPE_F32: memcpy(dst, src, n * 4); break;
+    case LS_DTYPE_BF16: {
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++) d[i] = ls_f32_to_bf16(src[i]);
+        break;
+    }
+    case LS_DTYPE_F16: {
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++) d[i] = ls_f32_to_f16(src[i]);
+        break;
+    }
+    case LS_DTYPE_F64: {
+        double *d = dst;
+        for (size_t i = 0; i < n; i++) d[i] = src[i];
+        break;
+    }
+    }
+}
+
+/* ---- RNG ---- */
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void ls_rng_seed(ls_rng *r, uint64_t seed) {
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t ls_rng_u64(ls_rng *r) {
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double ls_rng_uniform(ls_rng *r) { return (double)(ls_rng_u64(r) >> 11) * 0x1.0p-53; }
+
+double ls_rng_normal(ls_rng *r) {
+    double u1 = ls_rng_uniform(r), u2 = ls_rng_uniform(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* ---- time, memory, threads ---- */
+double ls_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+size_t ls_peak_rss_bytes(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (size_t)ru.ru_maxrss * 1024u;
+}
+
+static int g_threads = 0;
+
+int ls_num_cores(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+void ls_set_threads(int n) {
+    if (n <= 0) n = ls_num_cores();
+    g_threads = n;
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#endif
+    openblas_set_num_threads(n);
+}
+
+int ls_get_threads(void) { return g_threads > 0 ? g_threads : ls_num_cores(); }

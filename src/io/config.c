@@ -1,0 +1,258 @@
+/*
+ * config.c — HF config.json → ls_config (specs/hybrid-qwen3next.md §1, §8.1).
+ * Accepts model_type qwen3_next, qwen3_5 / qwen3_5_moe (fields under text_config),
+ * qwen3_5_text and qwen3_5_moe_text. Every field is type-checked and range-checked;
+ * errors name the file and the field.
+ */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "longstraw/config.h"
+
+ls_status ls_read_file(const char *path, char **out, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n - 1, f);
+        if (n < cap - 1) break;
+        char *nb = cap > ((size_t)1 << 36) ? NULL : realloc(buf, cap * 2);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (!buf) return ls_err(LS_ERR_NOMEM, "%s: file too large to read", path);
+    if (err) {
+        free(buf);
+        return ls_err(LS_ERR_IO, "%s: read error", path);
+    }
+    buf[n] = 0;
+    *out = buf;
+    if (len) *len = n;
+    return LS_OK;
+}
+
+/* Integer field: absent → dflt (or error when required); must be an integer in [lo, hi]. */
+static ls_status get_int(const cJSON *o, const char *key, int64_t dflt, int required, int64_t lo,
+                         int64_t hi, int64_t *out, const char *path) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!it || cJSON_IsNull(it)) {
+        if (required) return ls_err(LS_ERR_FORMAT, "%s: missing required field \"%s\"", path, key);
+        *out = dflt;
+        return LS_OK;
+    }
+    if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble))
+        return ls_err(LS_ERR_FORMAT, "%s: field \"%s\" must be an integer", path, key);
+    double v = it->valuedouble;
+    if (v < (double)lo || v > (double)hi)
+        return ls_err(LS_ERR_FORMAT, "%s: field \"%s\" = %.0f is out of range [%lld, %lld]", path,
+                      key, v, (long long)lo, (long long)hi);
+    *out = (int64_t)v;
+    return LS_OK;
+}
+
+static ls_status get_num(const cJSON *o, const char *key, double dflt, double lo, double hi,
+                         double *out, const char *path) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!it || cJSON_IsNull(it)) {
+        *out = dflt;
+        return LS_OK;
+    }
+    if (!cJSON_IsNumber(it)) return ls_err(LS_ERR_FORMAT, "%s: field \"%s\" must be a number", path, key);
+    if (!(it->valuedouble >= lo && it->valuedouble <= hi))
+        return ls_err(LS_ERR_FORMAT, "%s: field \"%s\" = %g is out of range [%g, %g]", path, key,
+                      it->valuedouble, lo, hi);
+    *out = it->valuedouble;
+    return LS_OK;
+}
+
+static ls_status get_bool(const cJSON *o, const char *key, int dflt, int *out, const char *path) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!it || cJSON_IsNull(it)) {
+        *out = dflt;
+        return LS_OK;
+    }
+    if (!cJSON_IsBool(it)) return ls_err(LS_ERR_FORMAT, "%s: field \"%s\" must be true or false", path, key);
+    *out = cJSON_IsTrue(it);
+    return LS_OK;
+}
+
+int ls_cfg_count_kind(const ls_config *c, ls_layer_kind k) {
+    int n = 0;
+    for (int64_t i = 0; i < c->n_layers; i++) n += c->kind[i] == k;
+    return n;
+}
+
+static ls_status parse_text(ls_config *c, const cJSON *o, const char *mt, int is_q35, int is_moe35,
+                            const char *path) {
+    int64_t v;
+    const int64_t BIG = (int64_t)1 << 40;
+    memset(c, 0, sizeof *c);
+    snprintf(c->model_type, sizeof c->model_type, "%s", mt);
+    c->layout = is_q35 ? LS_LAYOUT_QWEN3_5 : LS_LAYOUT_QWEN3_NEXT;
+#define INT(key, dflt, req, lo, hi, dst) \
+    LS_TRY(get_int(o, key, dflt, req, lo, hi, &v, path)); \
+    dst = v
+    INT("vocab_size", 0, 1, 1, INT32_MAX, c->vocab);
+    INT("hidden_size", 0, 1, 1, 1 << 20, c->hidden);
+    INT("num_hidden_layers", 0, 1, 1, LS_MAX_LAYERS, c->n_layers);
+    INT("num_attention_heads", 0, 1, 1, 4096, c->n_heads);
+    INT("num_key_value_heads", c->n_heads, 0, 1, 4096, c->n_kv);
+    INT("head_dim", 256, 0, 2, 4096, c->head_dim);
+    INT("linear_num_key_heads", 16, 0, 1, 4096, c->H_k);
+    INT("linear_num_value_heads", 32, 0, 1, 4096, c->H_v);
+    INT("linear_key_head_dim", 128, 0, 1, 4096, c->d_k);
+    INT("linear_value_head_dim", 128, 0, 1, 4096, c->d_v);
+    INT("linear_conv_kernel_dim", 4, 0, 1, 64, c->conv_k);
+    INT("intermediate_size", 0, 0, 0, BIG, c->intermediate);
+    INT("num_experts", is_q35 && !is_moe35 ? 0 : 512, 0, 0, 1 << 20, c->n_experts);
+    INT("num_experts_per_tok", 10, 0, 1, 1 << 20, c->top_k);
+    INT("moe_intermediate_size", 512, 0, 1, BIG, c->moe_inter);
+    INT("shared_expert_intermediate_size", is_q35 ? 0 : 512, 0, 0, BIG, c->shared_inter);
+    int64_t sparse_step;
+    INT("decoder_sparse_step", 1, 0, 1, LS_MAX_LAYERS, sparse_step);
+#undef INT
+    if (is_q35 && !is_moe35) c->n_experts = 0; /* HF drops MoE fields of dense Qwen3.5 */
+    if (c->n_heads % c->n_kv != 0)
+        return ls_err(LS_ERR_FORMAT, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
+                      path, c->n_heads, c->n_kv);
+    if (c->H_v % c->H_k != 0)
+        return ls_err(LS_ERR_FORMAT, "%s: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d",
+                      path, c->H_v, c->H_k);
+    if (c->n_experts > 0 && c->top_k > c->n_experts)
+        return ls_err(LS_ERR_FORMAT, "%s: num_experts_per_tok %d exceeds num_experts %d", path,
+                      c->top_k, c->n_experts);
+    double eps;
+    LS_TRY(get_num(o, "rms_norm_eps", 1e-6, 0.0, 1.0, &eps, path));
+    c->eps = (float)eps;
+    LS_TRY(get_bool(o, "tie_word_embeddings", 0, &c->tie_embeddings, path));
+    LS_TRY(get_bool(o, "norm_topk_prob", 1, &c->norm_topk, path));
+    if (is_moe35) c->norm_topk = 1; /* Qwen3.5-MoE's router always renormalises (spec §1) */
+
+    /* rope: top level, or inside rope_parameters (v5) / rope_scaling */
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(o, "rope_parameters");
+    if (rp && !cJSON_IsObject(rp) && !cJSON_IsNull(rp))
+        return ls_err(LS_ERR_FORMAT, "%s: field \"rope_parameters\" must be an object", path);
+    const cJSON *src = (rp && cJSON_IsObject(rp) && cJSON_GetObjectItemCaseSensitive(rp, "rope_theta")) ? rp : o;
+    LS_TRY(get_num(src, "rope_theta", 10000.0, 1.0, 1e12, &c->rope_theta, path));
+    src = (rp && cJSON_IsObject(rp) && cJSON_GetObjectItemCaseSensitive(rp, "partial_rotary_factor")) ? rp : o;
+    LS_TRY(get_num(src, "partial_rotary_factor", 0.25, 0.0, 1.0, &c->partial_rotary, path));
+    c->rot_dim = (int)(c->head_dim * c->partial_rotary);
+    c->rot_dim -= c->rot_dim % 2;
+
+    /* layer kinds: layer_types, else full_attention_interval */
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(o, "layer_types");
+    if (lt && !cJSON_IsNull(lt)) {
+        if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->n_layers)
+            return ls_err(LS_ERR_FORMAT, "%s: field \"layer_types\" must be an array of %lld strings",
+                          path, (long long)c->n_layers);
+        int i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, lt) {
+            if (cJSON_IsString(e) && strcmp(e->valuestring, "linear_attention") == 0)
+                c->kind[i] = LS_LAYER_GDN;
+            else if (cJSON_IsString(e) && strcmp(e->valuestring, "full_attention") == 0)
+                c->kind[i] = LS_LAYER_ATTN;
+            else
+                return ls_err(LS_ERR_FORMAT,
+                              "%s: layer_types[%d] must be \"linear_attention\" or \"full_attention\"", path, i);
+            i++;
+        }
+    } else {
+        int64_t interval;
+        LS_TRY(get_int(o, "full_attention_interval", 4, 0, 1, LS_MAX_LAYERS, &interval, path));
+        for (int64_t i = 0; i < c->n_layers; i++)
+            c->kind[i] = ((i + 1) % interval == 0) ? LS_LAYER_ATTN : LS_LAYER_GDN;
+    }
+    /* MoE placement: (i+1) % decoder_sparse_step == 0 and not in mlp_only_layers */
+    const cJSON *mol = cJSON_GetObjectItemCaseSensitive(o, "mlp_only_layers");
+    if (mol && !cJSON_IsNull(mol) && !cJSON_IsArray(mol))
+        return ls_err(LS_ERR_FORMAT, "%s: field \"mlp_only_layers\" must be an array", path);
+    for (int64_t i = 0; i < c->n_layers; i++)
+        c->moe[i] = c->n_experts > 0 && ((i + 1) % sparse_step == 0);
+    if (mol && cJSON_IsArray(mol)) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, mol) {
+            if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= (double)c->n_layers ||
+                e->valuedouble != floor(e->valuedouble))
+                return ls_err(LS_ERR_FORMAT, "%s: mlp_only_layers entries must be layer indices in [0, %lld)",
+                              path, (long long)c->n_layers);
+            c->moe[(int64_t)e->valuedouble] = 0;
+        }
+    }
+    for (int64_t i = 0; i < c->n_layers; i++)
+        if (!c->moe[i] && c->intermediate <= 0)
+            return ls_err(LS_ERR_FORMAT, "%s: layer %lld has a dense MLP but \"intermediate_size\" is missing or 0",
+                          path, (long long)i);
+    if (c->rot_dim > 1024)
+        return ls_err(LS_ERR_FORMAT, "%s: rotary dimension %d too large", path, c->rot_dim);
+    return LS_OK;
+}
+
+ls_status ls_config_parse(ls_config *c, const char *text, const char *path) {
+    cJSON *root = cJSON_Parse(text);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        long off = at ? (long)(at - text) : -1;
+        return ls_err(LS_ERR_FORMAT, "%s: invalid JSON near byte %ld", path, off);
+    }
+    ls_status s = LS_OK;
+    if (!cJSON_IsObject(root)) {
+        s = ls_err(LS_ERR_FORMAT, "%s: top level must be a JSON object", path);
+        goto done;
+    }
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (!cJSON_IsString(mt)) {
+        s = ls_err(LS_ERR_FORMAT, "%s: missing string field \"model_type\"", path);
+        goto done;
+    }
+    const cJSON *obj = root;
+    const char *type = mt->valuestring;
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    if (tc && cJSON_IsObject(tc)) {
+        obj = tc;
+        const cJSON *tmt = cJSON_GetObjectItemCaseSensitive(tc, "model_type");
+        if (cJSON_IsString(tmt)) type = tmt->valuestring;
+        else if (strcmp(type, "qwen3_5") == 0) type = "qwen3_5_text";
+        else if (strcmp(type, "qwen3_5_moe") == 0) type = "qwen3_5_moe_text";
+    }
+    if (strcmp(type, "qwen3_next") == 0) {
+        s = parse_text(c, obj, type, 0, 0, path);
+    } else if (strcmp(type, "qwen3_5_text") == 0 || strcmp(type, "qwen3_5") == 0) {
+        s = parse_text(c, obj, type, 1, 0, path);
+    } else if (strcmp(type, "qwen3_5_moe_text") == 0 || strcmp(type, "qwen3_5_moe") == 0) {
+        s = parse_text(c, obj, type, 1, 1, path);
+    } else {
+        s = ls_err(LS_ERR_UNSUPPORTED,
+                   "%s: model_type \"%s\" is not supported (expected qwen3_next, qwen3_5, qwen3_5_text, "
+                   "qwen3_5_moe or qwen3_5_moe_text)", path, type);
+    }
+    /* tie_word_embeddings may sit at the top level of a Qwen3.5 wrapper config */
+    if (s == LS_OK && obj != root) {
+        const cJSON *tw = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+        if (cJSON_IsBool(tw) && !cJSON_GetObjectItemCaseSensitive(obj, "tie_word_embeddings"))
+            c->tie_embeddings = cJSON_IsTrue(tw);
+    }
+done:
+    cJSON_Delete(root);
+    return s;
+}
+
+ls_status ls_config_load(ls_config *c, const char *path) {
+    char *text = NULL;
+    LS_TRY(ls_read_file(path, &text, NULL));
+    ls_status s = ls_config_parse(c, text, path);
+    free(text);
+    return s;
+}

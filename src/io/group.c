@@ -1,0 +1,148 @@
+/*
+ * group.c — group-file parsing and validation (cJSON).
+ */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "longstraw/config.h"
+#include "longstraw/group.h"
+
+static ls_status parse_ids(const cJSON *a, const char *path, const char *field, int64_t vocab,
+                           int32_t **out, int64_t *n) {
+    if (!cJSON_IsArray(a)) return ls_err(LS_ERR_FORMAT, "%s: \"%s\" must be an array of token ids", path, field);
+    int64_t len = cJSON_GetArraySize(a);
+    if (len < 1) return ls_err(LS_ERR_FORMAT, "%s: \"%s\" is empty", path, field);
+    int32_t *ids = malloc((size_t)len * sizeof(int32_t));
+    if (!ids) return ls_err(LS_ERR_NOMEM, "%s: cannot allocate %lld ids", path, (long long)len);
+    int64_t i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) {
+        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 ||
+            e->valuedouble >= (double)vocab) {
+            free(ids);
+            if (!cJSON_IsNumber(e)) return ls_err(LS_ERR_FORMAT, "%s: \"%s\"[%lld] is not a number", path, field, (long long)i);
+            return ls_err(LS_ERR_FORMAT, "%s: \"%s\"[%lld] = %g is not a token id in [0, %lld)", path,
+                          field, (long long)i, e->valuedouble, (long long)vocab);
+        }
+        ids[i++] = (int32_t)e->valuedouble;
+    }
+    *out = ids;
+    *n = len;
+    return LS_OK;
+}
+
+static ls_status parse_numbers(const cJSON *a, const char *path, const char *field, int64_t want,
+                               double *out) {
+    if (!cJSON_IsArray(a)) return ls_err(LS_ERR_FORMAT, "%s: \"%s\" must be an array of numbers", path, field);
+    if (cJSON_GetArraySize(a) != want)
+        return ls_err(LS_ERR_FORMAT, "%s: \"%s\" has %d entries, expected %lld (one per response)", path,
+                      field, cJSON_GetArraySize(a), (long long)want);
+    int64_t i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) {
+        if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble))
+            return ls_err(LS_ERR_FORMAT, "%s: \"%s\"[%lld] must be a finite number", path, field, (long long)i);
+        out[i++] = e->valuedouble;
+    }
+    return LS_OK;
+}
+
+static ls_status parse_root(ls_group *g, const cJSON *root, const char *path, int64_t vocab) {
+    if (!cJSON_IsObject(root)) return ls_err(LS_ERR_FORMAT, "%s: top level must be a JSON object", path);
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (!p) return ls_err(LS_ERR_FORMAT, "%s: missing field \"prompt\"", path);
+    LS_TRY(parse_ids(p, path, "prompt", vocab, &g->prompt, &g->P));
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "responses");
+    if (!rs) return ls_err(LS_ERR_FORMAT, "%s: missing field \"responses\"", path);
+    if (!cJSON_IsArray(rs) || cJSON_GetArraySize(rs) < 1)
+        return ls_err(LS_ERR_FORMAT, "%s: \"responses\" must be a non-empty array of id arrays", path);
+    g->G = cJSON_GetArraySize(rs);
+    g->resp = calloc((size_t)g->G, sizeof(int32_t *));
+    g->R = calloc((size_t)g->G, sizeof(int64_t));
+    if (!g->resp || !g->R) return ls_err(LS_ERR_NOMEM, "%s: out of memory", path);
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, rs) {
+        char field[64];
+        snprintf(field, sizeof field, "responses[%d]", i);
+        LS_TRY(parse_ids(e, path, field, vocab, &g->resp[i], &g->R[i]));
+        i++;
+    }
+    const cJSON *rw = cJSON_GetObjectItemCaseSensitive(root, "rewards");
+    if (rw && !cJSON_IsNull(rw)) {
+        g->rewards = malloc((size_t)g->G * sizeof(double));
+        if (!g->rewards) return LS_ERR_NOMEM;
+        LS_TRY(parse_numbers(rw, path, "rewards", g->G, g->rewards));
+    }
+    const cJSON *ad = cJSON_GetObjectItemCaseSensitive(root, "advantages");
+    if (ad && !cJSON_IsNull(ad)) {
+        g->advantages = malloc((size_t)g->G * sizeof(double));
+        if (!g->advantages) return LS_ERR_NOMEM;
+        LS_TRY(parse_numbers(ad, path, "advantages", g->G, g->advantages));
+    }
+    const cJSON *ol = cJSON_GetObjectItemCaseSensitive(root, "old_logprobs");
+    if (ol && !cJSON_IsNull(ol)) {
+        if (!cJSON_IsArray(ol) || cJSON_GetArraySize(ol) != g->G)
+            return ls_err(LS_ERR_FORMAT, "%s: \"old_logprobs\" must be an array of %d arrays", path, g->G);
+        g->old_logprobs = calloc((size_t)g->G, sizeof(float *));
+        if (!g->old_logprobs) return LS_ERR_NOMEM;
+        i = 0;
+        cJSON_ArrayForEach(e, ol) {
+            char field[64];
+            snprintf(field, sizeof field, "old_logprobs[%d]", i);
+            double *tmp = malloc((size_t)g->R[i] * sizeof(double));
+            g->old_logprobs[i] = malloc((size_t)g->R[i] * sizeof(float));
+            if (!tmp || !g->old_logprobs[i]) {
+                free(tmp);
+                return LS_ERR_NOMEM;
+            }
+            ls_status s = parse_numbers(e, path, field, g->R[i], tmp);
+            for (int64_t t = 0; s == LS_OK && t < g->R[i]; t++) {
+                if (tmp[t] > 0) s = ls_err(LS_ERR_FORMAT, "%s: \"%s\"[%lld] = %g is a positive log-probability",
+                                           path, field, (long long)t, tmp[t]);
+                g->old_logprobs[i][t] = (float)tmp[t];
+            }
+            free(tmp);
+            LS_TRY(s);
+            i++;
+        }
+    }
+    return LS_OK;
+}
+
+ls_status ls_group_parse(ls_group *g, const char *text, const char *path, int64_t vocab) {
+    memset(g, 0, sizeof *g);
+    cJSON *root = cJSON_Parse(text);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        return ls_err(LS_ERR_FORMAT, "%s: invalid JSON near byte %ld", path, at ? (long)(at - text) : -1L);
+    }
+    ls_status s = parse_root(g, root, path, vocab);
+    cJSON_Delete(root);
+    if (s != LS_OK) ls_group_free(g);
+    return s;
+}
+
+ls_status ls_group_load(ls_group *g, const char *path, int64_t vocab) {
+    char *text = NULL;
+    memset(g, 0, sizeof *g);
+    LS_TRY(ls_read_file(path, &text, NULL));
+    ls_status s = ls_group_parse(g, text, path, vocab);
+    free(text);
+    return s;
+}
+
+void ls_group_free(ls_group *g) {
+    for (int i = 0; g->resp && i < g->G; i++) free(g->resp[i]);
+    for (int i = 0; g->old_logprobs && i < g->G; i++) free(g->old_logprobs[i]);
+    free(g->prompt);
+    free(g->resp);
+    free(g->R);
+    free(g->rewards);
+    free(g->advantages);
+    free(g->old_logprobs);
+    memset(g, 0, sizeof *g);
+}

@@ -1,0 +1,33 @@
+/*
+ * rope.c — partial rotate-half rotary embedding (specs/hybrid-qwen3next.md §4.3):
+ * dims [0, rot) of each head rotate, channel j paired with j + rot/2, angle
+ * p·theta^(−2j/rot); dims ≥ rot pass through. Angles are computed in double per
+ * position so large positions (millions) keep their precision.
+ */
+#include <math.h>
+
+#include "longstraw/kernels.h"
+
+void ls_rope_fwd(float *x, int64_t T, int heads, int hd, int rot, double theta, int64_t pos0) {
+    int half = rot / 2;
+    if (half <= 0 || T <= 0) return;
+#pragma omp parallel for schedule(static) if (T * heads * hd > 65536)
+    for (int64_t t = 0; t < T; t++) {
+        float cs[512], sn[512];
+        LS_ASSERT(half <= 512, "rotary dim %d too large", rot);
+        double p = (double)(pos0 + t);
+        for (int j = 0; j < half; j++) {
+            double ang = p * pow(theta, -2.0 * j / (double)rot);
+            cs[j] = (float)cos(ang);
+            sn[j] = (float)sin(ang);
+        }
+        for (int h = 0; h < heads; h++) {
+            float *v = x + (t * heads + h) * (int64_t)hd;
+            for (int j = 0; j < half; j++) {
+                float a = v[j], b = v[j + half];
+                v[j] = a * cs[j] - b * sn[j];
+                v[j + half] = b * cs[j] + a * sn[j];
+            }
+        }
+    }
+}

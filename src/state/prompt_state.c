@@ -1,0 +1,116 @@
+/*
+ * prompt_state.c — paged K/V and Gated DeltaNet state of a captured prompt.
+ * Pages are allocated right-sized from the prompt arena one at a time as positions
+ * arrive; nothing else in the state grows with P. ls_state_plan mirrors every
+ * allocation made here, so the arena's byte count equals the plan exactly (tested).
+ */
+#include <string.h>
+
+#include "longstraw/state.h"
+
+static size_t page_bytes(const ls_config *c, int64_t S, ls_dtype dt) {
+    return ls_align_up((size_t)S * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(dt));
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt_len,
+                        int64_t page_size, ls_dtype dtype, int cp) {
+    if (prompt_len < 1) return ls_err(LS_ERR_ARG, "prompt length must be >= 1 (got %lld)", (long long)prompt_len);
+    if (page_size < 1) return ls_err(LS_ERR_ARG, "page size must be >= 1 (got %lld)", (long long)page_size);
+    if (cp < 1) return ls_err(LS_ERR_ARG, "--cp must be >= 1 (got %d)", cp);
+    if (dtype != LS_DTYPE_F32 && dtype != LS_DTYPE_BF16)
+        return ls_err(LS_ERR_ARG, "state dtype must be f32 or bf16");
+    memset(p, 0, sizeof *p);
+    p->positions = prompt_len - 1; /* x_P is the first input of every branch (DESIGN §3) */
+    p->page_size = page_size;
+    p->cp = cp;
+    p->pages = ceil_div(p->positions, page_size);
+    p->pages_per_rank = ceil_div(p->pages, cp);
+    p->n_attn = ls_cfg_count_kind(cfg, LS_LAYER_ATTN);
+    p->n_gdn = ls_cfg_count_kind(cfg, LS_LAYER_GDN);
+    size_t L = (size_t)cfg->n_layers;
+    p->kv_bytes_per_rank = (size_t)p->n_attn * 2 * (size_t)p->pages_per_rank * page_bytes(cfg, page_size, dtype);
+    p->table_bytes_per_rank = ls_align_up(L * sizeof(ls_attn_state)) + ls_align_up(L * sizeof(ls_gdn_state)) +
+                              (size_t)p->n_attn * 2 * ls_align_up((size_t)p->pages_per_rank * sizeof(void *));
+    size_t conv = ls_align_up((size_t)(cfg->conv_k - 1) * (size_t)ls_cfg_conv_dim(cfg) * sizeof(float));
+    size_t rec = ls_align_up((size_t)cfg->H_v * (size_t)cfg->d_k * (size_t)cfg->d_v * sizeof(float));
+    p->gdn_bytes_per_rank = (size_t)p->n_gdn * (conv + rec);
+    p->total_bytes_per_rank = p->kv_bytes_per_rank + p->table_bytes_per_rank + p->gdn_bytes_per_rank;
+    return LS_OK;
+}
+
+ls_status ls_state_init(ls_prompt_state *st, const ls_config *cfg, int64_t capacity,
+                        int64_t page_size, ls_dtype dtype, ls_arena *arena) {
+    if (page_size < 1) return ls_err(LS_ERR_ARG, "page size must be >= 1 (got %lld)", (long long)page_size);
+    if (dtype != LS_DTYPE_F32 && dtype != LS_DTYPE_BF16)
+        return ls_err(LS_ERR_ARG, "state dtype must be f32 or bf16");
+    memset(st, 0, sizeof *st);
+    st->cfg = cfg;
+    st->capacity = capacity;
+    st->page_size = page_size;
+    st->cap_pages = ceil_div(capacity, page_size);
+    st->dtype = dtype;
+    st->arena = arena;
+    size_t L = (size_t)cfg->n_layers;
+    st->attn = ls_arena_calloc(arena, L, sizeof(ls_attn_state));
+    st->gdn = ls_arena_calloc(arena, L, sizeof(ls_gdn_state));
+    if (!st->attn || !st->gdn) return LS_ERR_NOMEM;
+    size_t conv_n = (size_t)(cfg->conv_k - 1) * (size_t)ls_cfg_conv_dim(cfg);
+    size_t rec_n = (size_t)cfg->H_v * (size_t)cfg->d_k * (size_t)cfg->d_v;
+    for (size_t l = 0; l < L; l++) {
+        if (cfg->kind[l] == LS_LAYER_ATTN) {
+            st->attn[l].k_pages = ls_arena_calloc(arena, (size_t)st->cap_pages, sizeof(void *));
+            st->attn[l].v_pages = ls_arena_calloc(arena, (size_t)st->cap_pages, sizeof(void *));
+            if (!st->attn[l].k_pages || !st->attn[l].v_pages) return LS_ERR_NOMEM;
+        } else {
+            st->gdn[l].conv_tail = ls_arena_calloc(arena, conv_n, sizeof(float));
+            st->gdn[l].S = ls_arena_calloc(arena, rec_n, sizeof(float));
+            if (!st->gdn[l].conv_tail || !st->gdn[l].S) return LS_ERR_NOMEM;
+        }
+    }
+    return LS_OK;
+}
+
+ls_status ls_state_append_kv(ls_prompt_state *st, int layer, const float *k, const float *v,
+                             int64_t T) {
+    const ls_config *c = st->cfg;
+    LS_ASSERT(c->kind[layer] == LS_LAYER_ATTN, "layer %d is not full attention", layer);
+    if (st->n + T > st->capacity)
+        return ls_err(LS_ERR_ARG, "prompt state holds %lld positions; cannot append %lld more",
+                      (long long)st->capacity, (long long)T);
+    int64_t row = (int64_t)c->n_kv * c->head_dim;
+    size_t esz = ls_dtype_size(st->dtype);
+    size_t pb = page_bytes(c, st->page_size, st->dtype);
+    ls_attn_state *a = &st->attn[layer];
+    for (int64_t t = 0; t < T;) {
+        int64_t pos = st->n + t;
+        int64_t pg = pos / st->page_size, off = pos % st->page_size;
+        if (!a->k_pages[pg]) {
+            a->k_pages[pg] = ls_arena_alloc(st->arena, pb);
+            a->v_pages[pg] = ls_arena_alloc(st->arena, pb);
+            if (!a->k_pages[pg] || !a->v_pages[pg]) return LS_ERR_NOMEM;
+        }
+        int64_t n = st->page_size - off;
+        if (n > T - t) n = T - t;
+        ls_convert_from_f32((char *)a->k_pages[pg] + (size_t)(off * row) * esz, st->dtype, k + t * row,
+                            (size_t)(n * row));
+        ls_convert_from_f32((char *)a->v_pages[pg] + (size_t)(off * row) * esz, st->dtype, v + t * row,
+                            (size_t)(n * row));
+        if (pg + 1 > st->n_pages) st->n_pages = pg + 1;
+        t += n;
+    }
+    return LS_OK;
+}
+
+void ls_state_advance(ls_prompt_state *st, int64_t T) { st->n += T; }
+
+ls_kv_prefix ls_state_prefix(const ls_prompt_state *st, int layer) {
+    ls_kv_prefix p;
+    p.n = st->n;
+    p.page_size = st->page_size;
+    p.dtype = st->dtype;
+    p.k_pages = st->attn[layer].k_pages;
+    p.v_pages = st->attn[layer].v_pages;
+    return p;
+}

@@ -1,0 +1,50 @@
+/*
+ * test_main.c — runs registered tests by name (see test_list.h).
+ * Exit status is non-zero when any test fails or when no test ran.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "longstraw/core.h"
+#include "testutil.h"
+
+#define LS_TEST_ENTRY(name) int test_##name(void);
+#include "test_list.h"
+#undef LS_TEST_ENTRY
+
+typedef struct {
+    const char *name;
+    int (*fn)(void);
+} test_entry;
+
+static const test_entry tests[] = {
+#define LS_TEST_ENTRY(name) {#name, test_##name},
+#include "test_list.h"
+#undef LS_TEST_ENTRY
+};
+
+int main(int argc, char **argv) {
+    int n = (int)(sizeof tests / sizeof tests[0]);
+    int ran = 0, failed = 0;
+    const char *threads = getenv("LS_TEST_THREADS");
+    ls_set_threads(threads ? atoi(threads) : 0);
+    for (int i = 0; i < n; i++) {
+        int want = argc < 2;
+        for (int j = 1; j < argc; j++)
+            if (strcmp(argv[j], tests[i].name) == 0) want = 1;
+        if (!want) continue;
+        double t0 = ls_now();
+        int rc = tests[i].fn();
+        ran++;
+        if (rc) failed++;
+        printf("%-32s %s (%.2fs)\n", tests[i].name, rc ? "FAILED" : "ok", ls_now() - t0);
+        fflush(stdout);
+    }
+    if (argc >= 2 && ran != argc - 1) {
+        fprintf(stderr, "unknown test name among the arguments\n");
+        return 2;
+    }
+    printf("%d passed, %d failed\n", ran - failed, failed);
+    return (failed || ran == 0) ? 1 : 0;
+}

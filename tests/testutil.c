@@ -1,0 +1,96 @@
+/*
+ * testutil.c — comparison helpers shared by the tests (NaN-safe).
+ */
+#include "testutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+double t_max_abs_diff_f(const float *a, const float *b, int64_t n) {
+    if (n <= 0) return INFINITY;
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= m)) m = d; /* NaN propagates */
+        if (isnan(d)) return INFINITY;
+    }
+    return m;
+}
+
+double t_max_abs_diff_d(const double *a, const double *b, int64_t n) {
+    if (n <= 0) return INFINITY;
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs(a[i] - b[i]);
+        if (isnan(d)) return INFINITY;
+        if (d > m) m = d;
+    }
+    return m;
+}
+
+double t_rel_err_f(const float *a, const float *b, int64_t n) {
+    if (n <= 0) return INFINITY;
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    double r = sqrt(num) / fmax(sqrt(den), 1e-30);
+    return isfinite(r) ? r : INFINITY;
+}
+
+double t_rel_err_fd(const float *a, const double *b, int64_t n) {
+    if (n <= 0) return INFINITY;
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += b[i] * b[i];
+    }
+    double r = sqrt(num) / fmax(sqrt(den), 1e-30);
+    return isfinite(r) ? r : INFINITY;
+}
+
+int t_all_finite_f(const float *a, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(a[i])) return 0;
+    return n > 0;
+}
+
+void t_fill_normal(float *x, int64_t n, ls_rng *r, float std) {
+    for (int64_t i = 0; i < n; i++) x[i] = (float)(std * ls_rng_normal(r));
+}
+
+int t_make_tmpdir(char *out, size_t cap) {
+    const char *base = getenv("TMPDIR");
+    if (!base || !base[0]) base = "/tmp";
+    snprintf(out, cap, "%s/ls_test_XXXXXX", base);
+    return mkdtemp(out) ? 0 : -1;
+}
+
+char *t_run_capture(const char *cmd, int *exit_code) {
+    FILE *p = popen(cmd, "r");
+    if (!p) return NULL;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    if (!buf) {
+        pclose(p);
+        return NULL;
+    }
+    size_t got;
+    while ((got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += got;
+        if (cap - len < 4096) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) break;
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    buf[len] = 0;
+    int st = pclose(p);
+    if (exit_code) *exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return buf;
+}
