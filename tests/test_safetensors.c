@@ -74,9 +74,8 @@ static int bits_equal(const float *a, const float *b, int64_t n) {
 
 /* ---- round trip ---------------------------------------------------------------- */
 
-int test_safetensors_roundtrip(void) {
-    char dir[512], path[600], p2[600];
-    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "mkdtemp");
+static int roundtrip_body(const char *dir) {
+    char path[600], p2[600];
     snprintf(path, sizeof path, "%s/ck.safetensors", dir);
 
     /* sources; bf16/f16 values chosen exactly representable */
@@ -86,15 +85,16 @@ int test_safetensors_roundtrip(void) {
     ls_rng_seed(&r, 11);
     t_fill_normal(f32, NF32, &r, 1.0f);
     for (int i = 0; i < NBF; i++) bf[i] = -3.0f + 0.25f * (float)i;
-    const float h16[NF16] = {0.0f, 1.0f, -2.0f, 65504.0f, 6.103515625e-05f, 5.960464477539063e-08f,
-                             0.333251953125f, -1000.5f, 3.140625f};
+    const float h16[NF16] = {
+        0.0f,     1.0f,     -2.0f, 65504.0f, 6.103515625e-05f, 5.960464477539063e-08f, 0.333251953125f,
+        -1000.5f, 3.140625f};
     memcpy(f16, h16, sizeof f16);
     t_fill_normal(f64, NF64, &r, 3.0f);
     const int8_t i8[5] = {-128, -1, 0, 1, 127};
 
     const int64_t s_f32[2] = {3, 5}, s_bf[3] = {4, 3, 2}, s_f16[1] = {NF16}, s_f64[2] = {2, 2};
     const int64_t s_empty[2] = {0, 4}, s_i8[1] = {5};
-    ls_st_writer w;
+    ls_st_writer w, w2;
     ls_st_writer_init(&w);
     T_OK(ls_st_writer_add_f32(&w, "model.w_f32", LS_DTYPE_F32, 2, s_f32, f32));
     T_OK(ls_st_writer_add_f32(&w, "model.w_bf16", LS_DTYPE_BF16, 3, s_bf, bf));
@@ -106,7 +106,8 @@ int test_safetensors_roundtrip(void) {
     T_OK(ls_st_writer_add_meta(&w, "format", "pt"));
     T_OK(ls_st_writer_add_meta(&w, "note", "h\xc3\xa9llo \"quoted\"\n"));
     T_CHECK(ls_st_writer_add_meta(&w, "format", "np") == LS_ERR_ARG, "repeated metadata key accepted");
-    T_CHECK(ls_st_writer_add_raw(&w, "bad", LS_ST_I8, 1, s_i8, i8, 4) == LS_ERR_ARG, "raw size mismatch accepted");
+    T_CHECK(ls_st_writer_add_raw(&w, "bad", LS_ST_I8, 1, s_i8, i8, 4) == LS_ERR_ARG,
+            "raw size mismatch accepted");
     T_CHECK(w.n == 7, "a rejected add must not leave an entry (n = %lld)", (long long)w.n);
     T_OK(ls_st_write(&w, path));
     T_CHECK(count_entries(dir) == 1, "temp file left behind (%d entries)", count_entries(dir));
@@ -148,7 +149,8 @@ int test_safetensors_roundtrip(void) {
     for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
         const ls_st_tensor *t = ls_st_find(&f, want[k].name);
         T_CHECK(t != NULL, "missing %s", want[k].name);
-        T_CHECK(t->st_dtype == want[k].dt && t->supported, "%s: dtype %s", t->name, ls_st_dtype_name(t->st_dtype));
+        T_CHECK(t->st_dtype == want[k].dt && t->supported, "%s: dtype %s", t->name,
+                ls_st_dtype_name(t->st_dtype));
         T_CHECK(t->ndim == want[k].ndim && t->numel == want[k].n, "%s: ndim %d numel %lld", t->name, t->ndim,
                 (long long)t->numel);
         T_OK(ls_st_check_shape(t, want[k].ndim, want[k].shape, "roundtrip"));
@@ -179,8 +181,24 @@ int test_safetensors_roundtrip(void) {
     ls_st_close(&f);
     ls_st_close(&f); /* idempotent */
 
+    /* A tensor large enough for the chunked parallel conversion, odd length. */
+    enum { NBIG = 300001 };
+    float *big = malloc(NBIG * sizeof *big), *back = malloc(NBIG * sizeof *back);
+    T_CHECK(big && back, "malloc");
+    for (int i = 0; i < NBIG; i++) big[i] = (float)(i % 251) - 125.0f; /* exact in bf16 */
+    const int64_t s_big[1] = {NBIG};
+    ls_st_writer_init(&w2);
+    T_OK(ls_st_writer_add_f32(&w2, "big", LS_DTYPE_BF16, 1, s_big, big));
+    T_OK(ls_st_write(&w2, path));
+    ls_st_writer_free(&w2);
+    T_OK(ls_st_open(&f, path));
+    T_OK(ls_st_read_f32(ls_st_find(&f, "big"), back, NBIG, NULL));
+    T_CHECK(bits_equal(back, big, NBIG), "big bf16 tensor values");
+    ls_st_close(&f);
+    free(big);
+    free(back);
+
     /* Atomic replace: a second write over the same path; the old content is gone. */
-    ls_st_writer w2;
     ls_st_writer_init(&w2);
     T_OK(ls_st_writer_add_f32(&w2, "only", LS_DTYPE_F32, 0, NULL, &scalar));
     T_OK(ls_st_write(&w2, path));
@@ -198,7 +216,8 @@ int test_safetensors_roundtrip(void) {
     T_CHECK(count_entries(dir) == 2, "temp file left after a failed write (%d entries)", count_entries(dir));
     T_OK(ls_st_writer_add_f32(&w2, "only", LS_DTYPE_F32, 0, NULL, &scalar));
     snprintf(p2, sizeof p2, "%s/dup.safetensors", dir);
-    T_CHECK(ls_st_write(&w2, p2) == LS_ERR_ARG && strstr(ls_err_msg(), "\"only\""), "duplicate: %s", ls_err_msg());
+    T_CHECK(ls_st_write(&w2, p2) == LS_ERR_ARG && strstr(ls_err_msg(), "\"only\""), "duplicate: %s",
+            ls_err_msg());
     T_CHECK(count_entries(dir) == 2, "file created by a refused write");
     ls_st_writer_free(&w2);
     ls_st_writer_free(&w);
@@ -228,8 +247,15 @@ int test_safetensors_roundtrip(void) {
     ls_st_close(&f);
     unlink(p2);
 
-    rm_flat(dir);
     return 0;
+}
+
+int test_safetensors_roundtrip(void) {
+    char dir[512];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "mkdtemp");
+    int rc = roundtrip_body(dir);
+    rm_flat(dir); /* also after a failure */
+    return rc;
 }
 
 /* ---- rejection -------------------------------------------------------------- */
@@ -246,7 +272,8 @@ typedef struct {
     const char *value;  /* must appear in the message, or NULL */
 } reject_case;
 
-#define ENTRY(name, dt, shape, offs) "\"" name "\":{\"dtype\":\"" dt "\",\"shape\":" shape ",\"data_offsets\":" offs "}"
+#define ENTRY(name, dt, shape, offs)                                                                         \
+    "\"" name "\":{\"dtype\":\"" dt "\",\"shape\":" shape ",\"data_offsets\":" offs "}"
 
 static const reject_case rejects[] = {
     {"truncated file", NULL, 0, 0, "\x10\x00\x00\x00\x00", 5, LS_ERR_FORMAT, NULL, "5 bytes"},
@@ -262,47 +289,48 @@ static const reject_case rejects[] = {
      "blk.1.w", "data_offsets"},
     {"missing dtype", "{\"blk.1.w\":{\"shape\":[2],\"data_offsets\":[0,8]}}", -1, 8, NULL, 0, LS_ERR_FORMAT,
      "blk.1.w", "dtype"},
-    {"missing shape", "{\"blk.1.w\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", -1, 8, NULL, 0, LS_ERR_FORMAT,
-     "blk.1.w", "shape"},
+    {"missing shape", "{\"blk.1.w\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", -1, 8, NULL, 0,
+     LS_ERR_FORMAT, "blk.1.w", "shape"},
     {"dtype not a string", "{\"blk.2.w\":{\"dtype\":5,\"shape\":[2],\"data_offsets\":[0,8]}}", -1, 8, NULL, 0,
      LS_ERR_FORMAT, "blk.2.w", "dtype"},
-    {"shape not an array", "{" ENTRY("blk.2.s", "F32", "2", "[0,8]") "}", -1, 8, NULL, 0, LS_ERR_FORMAT, "blk.2.s",
-     "shape"},
-    {"unknown dtype", "{" ENTRY("blk.3.w", "F33", "[2]", "[0,8]") "}", -1, 8, NULL, 0, LS_ERR_FORMAT, "blk.3.w",
-     "F33"},
-    {"negative dim", "{" ENTRY("blk.4.w", "F32", "[3,-2]", "[0,8]") "}", -1, 8, NULL, 0, LS_ERR_FORMAT, "blk.4.w",
-     "-2"},
-    {"fractional dim", "{" ENTRY("blk.4.f", "F32", "[2.5]", "[0,8]") "}", -1, 8, NULL, 0, LS_ERR_FORMAT, "blk.4.f",
-     "2.5"},
-    {"string dim", "{" ENTRY("blk.4.s", "F32", "[\"2\"]", "[0,8]") "}", -1, 8, NULL, 0, LS_ERR_FORMAT, "blk.4.s",
-     "shape[0]"},
-    {"shape product overflow", "{" ENTRY("blk.5.w", "F32", "[4294967296,4294967296]", "[0,8]") "}", -1, 8, NULL, 0,
-     LS_ERR_FORMAT, "blk.5.w", "overflow"},
-    {"byte size overflow", "{" ENTRY("blk.5.b", "F64", "[1073741824,1073741824,8]", "[0,8]") "}", -1, 8, NULL, 0,
-     LS_ERR_FORMAT, "blk.5.b", "overflow"},
+    {"shape not an array", "{" ENTRY("blk.2.s", "F32", "2", "[0,8]") "}", -1, 8, NULL, 0, LS_ERR_FORMAT,
+     "blk.2.s", "shape"},
+    {"unknown dtype", "{" ENTRY("blk.3.w", "F33", "[2]", "[0,8]") "}", -1, 8, NULL, 0, LS_ERR_FORMAT,
+     "blk.3.w", "F33"},
+    {"negative dim", "{" ENTRY("blk.4.w", "F32", "[3,-2]", "[0,8]") "}", -1, 8, NULL, 0, LS_ERR_FORMAT,
+     "blk.4.w", "-2"},
+    {"fractional dim", "{" ENTRY("blk.4.f", "F32", "[2.5]", "[0,8]") "}", -1, 8, NULL, 0, LS_ERR_FORMAT,
+     "blk.4.f", "2.5"},
+    {"string dim", "{" ENTRY("blk.4.s", "F32", "[\"2\"]", "[0,8]") "}", -1, 8, NULL, 0, LS_ERR_FORMAT,
+     "blk.4.s", "shape[0]"},
+    {"shape product overflow", "{" ENTRY("blk.5.w", "F32", "[4294967296,4294967296]", "[0,8]") "}", -1, 8,
+     NULL, 0, LS_ERR_FORMAT, "blk.5.w", "overflow"},
+    {"byte size overflow", "{" ENTRY("blk.5.b", "F64", "[1073741824,1073741824,2]", "[0,8]") "}", -1, 8, NULL,
+     0, LS_ERR_FORMAT, "blk.5.b", "overflow"},
     {"too many dims", "{" ENTRY("blk.5.d", "F32", "[1,1,1,1,1,1,1,1,1]", "[0,4]") "}", -1, 4, NULL, 0,
      LS_ERR_UNSUPPORTED, "blk.5.d", "9"},
     {"offsets past end", "{" ENTRY("blk.6.w", "F32", "[200]", "[0,800]") "}", -1, 8, NULL, 0, LS_ERR_FORMAT,
      "blk.6.w", "800"},
     {"offsets begin > end", "{" ENTRY("blk.6.r", "F32", "[2]", "[8,0]") "}", -1, 8, NULL, 0, LS_ERR_FORMAT,
      "blk.6.r", "[8, 0]"},
-    {"offsets one number", "{" ENTRY("blk.6.o", "F32", "[2]", "[8]") "}", -1, 8, NULL, 0, LS_ERR_FORMAT, "blk.6.o",
-     "data_offsets"},
-    {"negative offset", "{" ENTRY("blk.6.n", "F32", "[2]", "[-8,0]") "}", -1, 8, NULL, 0, LS_ERR_FORMAT, "blk.6.n",
-     "-8"},
+    {"offsets one number", "{" ENTRY("blk.6.o", "F32", "[2]", "[8]") "}", -1, 8, NULL, 0, LS_ERR_FORMAT,
+     "blk.6.o", "data_offsets"},
+    {"negative offset", "{" ENTRY("blk.6.n", "F32", "[2]", "[-8,0]") "}", -1, 8, NULL, 0, LS_ERR_FORMAT,
+     "blk.6.n", "-8"},
     {"size/shape mismatch", "{" ENTRY("blk.7.w", "F32", "[3]", "[0,8]") "}", -1, 16, NULL, 0, LS_ERR_FORMAT,
      "blk.7.w", "12"},
-    {"overlap", "{" ENTRY("blk.8.a", "F32", "[2]", "[0,8]") "," ENTRY("blk.8.b", "F32", "[2]", "[4,12]") "}", -1, 12,
-     NULL, 0, LS_ERR_FORMAT, "blk.8.b", "blk.8.a"},
-    {"duplicate tensor", "{" ENTRY("blk.9.w", "F32", "[1]", "[0,4]") "," ENTRY("blk.9.w", "F32", "[1]", "[4,8]") "}",
-     -1, 8, NULL, 0, LS_ERR_FORMAT, "blk.9.w", "twice"},
-    {"metadata value not a string", "{\"__metadata__\":{\"step\":5}}", -1, 0, NULL, 0, LS_ERR_FORMAT, NULL, "step"},
+    {"overlap", "{" ENTRY("blk.8.a", "F32", "[2]", "[0,8]") "," ENTRY("blk.8.b", "F32", "[2]", "[4,12]") "}",
+     -1, 12, NULL, 0, LS_ERR_FORMAT, "blk.8.b", "blk.8.a"},
+    {"duplicate tensor",
+     "{" ENTRY("blk.9.w", "F32", "[1]", "[0,4]") "," ENTRY("blk.9.w", "F32", "[1]", "[4,8]") "}", -1, 8, NULL,
+     0, LS_ERR_FORMAT, "blk.9.w", "twice"},
+    {"metadata value not a string", "{\"__metadata__\":{\"step\":5}}", -1, 0, NULL, 0, LS_ERR_FORMAT, NULL,
+     "step"},
     {"metadata not an object", "{\"__metadata__\":[1]}", -1, 0, NULL, 0, LS_ERR_FORMAT, NULL, "__metadata__"},
 };
 
-int test_safetensors_reject(void) {
-    char dir[512], path[600];
-    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "mkdtemp");
+static int reject_body(const char *dir) {
+    char path[600];
     int n = 0;
     for (size_t k = 0; k < sizeof rejects / sizeof rejects[0]; k++) {
         const reject_case *c = &rejects[k];
@@ -317,9 +345,10 @@ int test_safetensors_reject(void) {
         memset(&f, 0xab, sizeof f);
         ls_status s = ls_st_open(&f, path);
         const char *msg = ls_err_msg();
-        T_CHECK(s == c->want, "%s: status %s, expected %s (%s)", c->what, ls_status_name(s), ls_status_name(c->want),
-                s == LS_OK ? "opened" : msg);
-        T_CHECK(f.map == NULL && f.tensors == NULL && f.n_tensors == 0, "%s: struct not zeroed on failure", c->what);
+        T_CHECK(s == c->want, "%s: status %s, expected %s (%s)", c->what, ls_status_name(s),
+                ls_status_name(c->want), s == LS_OK ? "opened" : msg);
+        T_CHECK(f.map == NULL && f.tensors == NULL && f.n_tensors == 0, "%s: struct not zeroed on failure",
+                c->what);
         T_CHECK(strstr(msg, path), "%s: message does not name the file: %s", c->what, msg);
         if (c->tensor) {
             char q[128];
@@ -335,16 +364,36 @@ int test_safetensors_reject(void) {
 
     /* A file that is valid except for a foreign dtype still opens. */
     snprintf(path, sizeof path, "%s/foreign.safetensors", dir);
-    T_CHECK(craft(path, strlen("{" ENTRY("q", "F8_E4M3", "[3]", "[0,3]") "," ENTRY("b", "BOOL", "[]", "[3,4]") "}"),
-                  "{" ENTRY("q", "F8_E4M3", "[3]", "[0,3]") "," ENTRY("b", "BOOL", "[]", "[3,4]") "}", 4) == 0,
+    T_CHECK(craft(path,
+                  strlen("{" ENTRY("q", "F8_E4M3", "[3]", "[0,3]") "," ENTRY("b", "BOOL", "[]", "[3,4]") "}"),
+                  "{" ENTRY("q", "F8_E4M3", "[3]", "[0,3]") "," ENTRY("b", "BOOL", "[]", "[3,4]") "}",
+                  4) == 0,
             "craft");
     ls_st_file f;
     T_OK(ls_st_open(&f, path));
-    T_CHECK(ls_st_count(&f) == 2 && ls_st_find(&f, "q")->st_dtype == LS_ST_F8_E4M3 && ls_st_find(&f, "b")->ndim == 0,
+    T_CHECK(ls_st_count(&f) == 2 && ls_st_find(&f, "q")->st_dtype == LS_ST_F8_E4M3 &&
+                ls_st_find(&f, "b")->ndim == 0,
             "foreign dtypes");
     float x[3];
     T_CHECK(ls_st_read_f32(ls_st_find(&f, "q"), x, 3, NULL) == LS_ERR_UNSUPPORTED, "F8 read as float");
     ls_st_close(&f);
+    unlink(path);
+
+    /* A file of ours cut short by a crash of a non-atomic copy: the last tensor's
+     * end is past the data. */
+    snprintf(path, sizeof path, "%s/cut.safetensors", dir);
+    const float four[4] = {1, 2, 3, 4};
+    const int64_t s4[1] = {4};
+    ls_st_writer w;
+    ls_st_writer_init(&w);
+    T_OK(ls_st_writer_add_f32(&w, "tail.w", LS_DTYPE_F32, 1, s4, four));
+    T_OK(ls_st_write(&w, path));
+    ls_st_writer_free(&w);
+    struct stat st;
+    T_CHECK(stat(path, &st) == 0 && truncate(path, st.st_size - 3) == 0, "truncate");
+    T_CHECK(ls_st_open(&f, path) == LS_ERR_FORMAT && strstr(ls_err_msg(), path) &&
+                strstr(ls_err_msg(), "\"tail.w\"") && strstr(ls_err_msg(), "past the end"),
+            "cut file: %s", ls_err_msg());
     unlink(path);
 
     /* I/O errors: a missing file, a directory */
@@ -352,8 +401,15 @@ int test_safetensors_reject(void) {
     T_CHECK(ls_st_open(&f, path) == LS_ERR_IO && strstr(ls_err_msg(), path), "absent: %s", ls_err_msg());
     T_CHECK(ls_st_open(&f, dir) == LS_ERR_IO && strstr(ls_err_msg(), dir), "directory: %s", ls_err_msg());
 
-    rm_flat(dir);
     return 0;
+}
+
+int test_safetensors_reject(void) {
+    char dir[512];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "mkdtemp");
+    int rc = reject_body(dir);
+    rm_flat(dir); /* also after a failure */
+    return rc;
 }
 
 /* ---- sharded model directories ------------------------------------------------ */
@@ -399,10 +455,10 @@ static int expect_bad_model(const char *dir, ls_status want, const char *s1, con
     return 0;
 }
 
-int test_safetensors_sharded(void) {
-    char dir[512], p[700];
-    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "mkdtemp");
-    const float a[6] = {1, 2, 3, 4, 5, 6}, b[4] = {0.5f, -0.25f, 8.0f, -1.0f}, c[3] = {0.125f, 2048.0f, -3.5f};
+static int sharded_body(const char *dir) {
+    char p[700];
+    const float a[6] = {1, 2, 3, 4, 5, 6}, b[4] = {0.5f, -0.25f, 8.0f, -1.0f},
+                c[3] = {0.125f, 2048.0f, -3.5f};
     const float d = 7.75f;
     if (write_shards(dir, a, b, c, &d)) return 1;
 
@@ -443,14 +499,17 @@ int test_safetensors_sharded(void) {
 
     /* bad indexes */
     T_CHECK(write_text(dir, LS_ST_INDEX_NAME,
-                       "{\"weight_map\": {\"a\": \"" SHARD1 "\", \"zz.missing\": \"" SHARD2 "\"}}") == 0, "index");
+                       "{\"weight_map\": {\"a\": \"" SHARD1 "\", \"zz.missing\": \"" SHARD2 "\"}}") == 0,
+            "index");
     if (expect_bad_model(dir, LS_ERR_FORMAT, "\"zz.missing\"", SHARD2)) return 1;
     T_CHECK(write_text(dir, LS_ST_INDEX_NAME,
-                       "{\"weight_map\": {\"a\": \"" SHARD1 "\", \"c\": \"../" SHARD2 "\"}}") == 0, "index");
+                       "{\"weight_map\": {\"a\": \"" SHARD1 "\", \"c\": \"../" SHARD2 "\"}}") == 0,
+            "index");
     if (expect_bad_model(dir, LS_ERR_FORMAT, "\"c\"", "../" SHARD2)) return 1;
     T_CHECK(write_text(dir, LS_ST_INDEX_NAME, "{\"weight_map\": {\"a\": \"sub/" SHARD1 "\"}}") == 0, "index");
     if (expect_bad_model(dir, LS_ERR_FORMAT, "sub/" SHARD1, NULL)) return 1;
-    T_CHECK(write_text(dir, LS_ST_INDEX_NAME, "{\"weight_map\": {\"a\": \"gone.safetensors\"}}") == 0, "index");
+    T_CHECK(write_text(dir, LS_ST_INDEX_NAME, "{\"weight_map\": {\"a\": \"gone.safetensors\"}}") == 0,
+            "index");
     if (expect_bad_model(dir, LS_ERR_IO, "gone.safetensors", LS_ST_INDEX_NAME)) return 1;
     T_CHECK(write_text(dir, LS_ST_INDEX_NAME, "{\"weight_map\": {\"a\": 3}}") == 0, "index");
     if (expect_bad_model(dir, LS_ERR_FORMAT, "\"a\"", NULL)) return 1;
@@ -459,7 +518,8 @@ int test_safetensors_sharded(void) {
     T_CHECK(write_text(dir, LS_ST_INDEX_NAME, "{\"weight_map\": {\"a\": ") == 0, "index");
     if (expect_bad_model(dir, LS_ERR_FORMAT, LS_ST_INDEX_NAME, "JSON")) return 1;
     /* a corrupt shard: the message carries the index and the shard's own problem */
-    T_CHECK(write_text(dir, LS_ST_INDEX_NAME, "{\"weight_map\": {\"a\": \"bad.safetensors\"}}") == 0, "index");
+    T_CHECK(write_text(dir, LS_ST_INDEX_NAME, "{\"weight_map\": {\"a\": \"bad.safetensors\"}}") == 0,
+            "index");
     snprintf(p, sizeof p, "%s/bad.safetensors", dir);
     T_CHECK(craft(p, 1000, "{}", 0) == 0, "craft");
     if (expect_bad_model(dir, LS_ERR_FORMAT, "bad.safetensors", "1000")) return 1;
@@ -480,7 +540,8 @@ int test_safetensors_sharded(void) {
     T_OK(ls_st_write(&w, p));
     ls_st_writer_free(&w);
     T_OK(ls_st_model_open(&m, dir));
-    T_CHECK(m.n_files == 1 && ls_st_model_count(&m) == NT, "single model: %lld tensors", (long long)ls_st_model_count(&m));
+    T_CHECK(m.n_files == 1 && ls_st_model_count(&m) == NT, "single model: %lld tensors",
+            (long long)ls_st_model_count(&m));
     int found = 0;
     for (int i = 0; i < NT; i++) {
         snprintf(name, sizeof name, "model.layers.%d.weight", i);
@@ -495,6 +556,13 @@ int test_safetensors_sharded(void) {
     ls_st_model_close(&m);
     free(vals);
 
-    rm_flat(dir);
     return 0;
+}
+
+int test_safetensors_sharded(void) {
+    char dir[512];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "mkdtemp");
+    int rc = sharded_body(dir);
+    rm_flat(dir); /* also after a failure */
+    return rc;
 }

@@ -97,4 +97,10 @@ typedef struct {
  * config's layout (fused Qwen3-Next or split Qwen3.5). *out is malloc'd. */
 ls_status ls_hybrid_hf_specs(const ls_config *c, ls_hf_tensor_spec **out, int64_t *n);
 
+/* Write `dir`/model.safetensors with random weights (ls_init_kind per tensor, seeded)
+ * stored as `dtype` (A_log and the gated norm stay f32), and copy `config_path` to
+ * `dir`/config.json; both atomically. `dir` must exist. */
+ls_status ls_hybrid_write_random(const char *config_path, const char *dir, uint64_t seed,
+                                 ls_dtype dtype);
+
 #endif

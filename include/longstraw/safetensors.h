@@ -52,14 +52,14 @@ typedef enum {
     LS_ST_F8_E8M0,
     LS_ST_F6_E2M3, /* 6 bits per element, packed */
     LS_ST_F6_E3M2,
-    LS_ST_F4,      /* 4 bits per element, packed */
+    LS_ST_F4, /* 4 bits per element, packed */
     LS_ST_C64,
     LS_ST_DTYPE_COUNT
 } ls_st_dtype;
 
-const char *ls_st_dtype_name(ls_st_dtype t);             /* "F32", "F8_E4M3", ... */
-int ls_st_dtype_parse(const char *s, ls_st_dtype *out);  /* 0 on success */
-int ls_st_dtype_bits(ls_st_dtype t);                     /* bits per element */
+const char *ls_st_dtype_name(ls_st_dtype t);            /* "F32", "F8_E4M3", ... */
+int ls_st_dtype_parse(const char *s, ls_st_dtype *out); /* 0 on success */
+int ls_st_dtype_bits(ls_st_dtype t);                    /* bits per element */
 /* The compute dtype for F32/BF16/F16/F64: returns 1 and sets *out; 0 otherwise. */
 int ls_st_dtype_to_ls(ls_st_dtype t, ls_dtype *out);
 ls_st_dtype ls_st_dtype_from_ls(ls_dtype t);
@@ -68,30 +68,33 @@ ls_st_dtype ls_st_dtype_from_ls(ls_dtype t);
  * stay valid until ls_st_close. */
 typedef struct {
     const char *name;
-    const char *file;             /* path of the file holding it (for messages) */
-    ls_st_dtype st_dtype;         /* dtype as stored */
-    int supported;                /* 1: st_dtype is F32/BF16/F16/F64, `dtype` valid */
-    ls_dtype dtype;               /* compute dtype; meaningful only when supported */
-    int ndim;                     /* 0 (scalar) .. LS_ST_MAX_DIMS */
+    const char *file;     /* path of the file holding it (for messages) */
+    ls_st_dtype st_dtype; /* dtype as stored */
+    int supported;        /* 1: st_dtype is F32/BF16/F16/F64, `dtype` valid */
+    ls_dtype dtype;       /* compute dtype; meaningful only when supported */
+    int ndim;             /* 0 (scalar) .. LS_ST_MAX_DIMS */
     int64_t shape[LS_ST_MAX_DIMS];
-    int64_t numel;                /* product of shape (1 for a scalar, 0 if any dim is 0) */
-    int64_t nbytes;               /* == data_offsets[1] - data_offsets[0] */
-    int64_t offset;               /* data_offsets[0], relative to the data buffer */
-    const void *data;             /* inside the read-only mapping; may be unaligned
-                                     when the writer did not align (ours always does) */
+    int64_t numel;  /* product of shape (1 for a scalar, 0 if any dim is 0) */
+    int64_t nbytes; /* == data_offsets[1] - data_offsets[0] */
+    int64_t offset; /* data_offsets[0], relative to the data buffer */
+    /* Inside the read-only mapping. Aligned to the element size for files whose
+     * header length is a multiple of 8 and whose data is laid out by descending
+     * element size (ours, the reference writer's); foreign files may be unaligned
+     * (ls_st_read_f32 copes). */
+    const void *data;
 } ls_st_tensor;
 
 typedef struct {
     char *path;
-    const uint8_t *map;        /* whole file, PROT_READ / MAP_PRIVATE */
+    const uint8_t *map; /* whole file, PROT_READ / MAP_PRIVATE */
     size_t map_size;
-    int64_t header_len;        /* N */
-    const uint8_t *data;       /* map + 8 + N */
-    int64_t data_size;         /* map_size - 8 - N */
-    ls_st_tensor *tensors;     /* (n_tensors) sorted by name; malloc */
+    int64_t header_len;    /* N */
+    const uint8_t *data;   /* map + 8 + N */
+    int64_t data_size;     /* map_size - 8 - N */
+    ls_st_tensor *tensors; /* (n_tensors) sorted by name; malloc */
     int64_t n_tensors;
-    char **meta_keys;          /* (n_meta) "__metadata__", sorted by key; malloc */
-    char **meta_values;        /* (n_meta) */
+    char **meta_keys;   /* (n_meta) "__metadata__", sorted by key; malloc */
+    char **meta_values; /* (n_meta) */
     int64_t n_meta;
 } ls_st_file;
 
@@ -122,8 +125,8 @@ ls_status ls_st_check_shape(const ls_st_tensor *t, int ndim, const int64_t *shap
 #define LS_ST_INDEX_NAME "model.safetensors.index.json"
 
 typedef struct {
-    char *dir;
-    ls_st_file *files;            /* (n_files) one per distinct shard; malloc */
+    char *dir;         /* the path given to ls_st_model_open (directory or file) */
+    ls_st_file *files; /* (n_files) one per distinct shard; malloc */
     int64_t n_files;
     const ls_st_tensor **by_name; /* (n_tensors) sorted by name; malloc */
     int64_t n_tensors;
@@ -143,16 +146,16 @@ const ls_st_tensor *ls_st_model_at(const ls_st_model *m, int64_t i); /* name ord
 /* ---- writer ----------------------------------------------------------------- */
 typedef struct {
     char *name;
-    ls_st_dtype dtype;         /* stored dtype */
+    ls_st_dtype dtype; /* stored dtype */
     int ndim;
     int64_t shape[LS_ST_MAX_DIMS];
     int64_t numel, nbytes;
-    const float *src_f32;      /* converted to dtype while writing, or */
-    const void *src_raw;       /* written as is (nbytes) */
+    const float *src_f32; /* converted to dtype while writing, or */
+    const void *src_raw;  /* written as is (nbytes) */
 } ls_st_wtensor;
 
 typedef struct {
-    ls_st_wtensor *t;          /* malloc */
+    ls_st_wtensor *t; /* malloc */
     int64_t n, cap;
     char **meta_keys, **meta_values;
     int64_t n_meta, cap_meta;
@@ -174,10 +177,11 @@ ls_status ls_st_writer_add_raw(ls_st_writer *w, const char *name, ls_st_dtype dt
 ls_status ls_st_writer_add_meta(ls_st_writer *w, const char *key, const char *value);
 /* Write the file atomically: `path`.tmp.<pid>, fflush + fsync, rename over `path`,
  * fsync the directory. On any error the temp file is removed and `path` is left as
- * it was. Data is laid out by descending element size then name (as the reference
- * writer does), and the header is space-padded to a multiple of 8 bytes, so every
- * tensor's data is aligned to its element size. Memory: the JSON header and a
- * 512 KiB conversion buffer from malloc, freed before returning. */
+ * it was (except when only the final directory fsync fails: the new file is then in
+ * place and the message says "written, but ..."). Data is laid out by descending element size then name (as
+ * the reference writer does), and the header is space-padded to a multiple of 8 bytes, so every tensor's data
+ * is aligned to its element size. Memory: the JSON header and a 512 KiB conversion buffer from malloc, freed
+ * before returning. */
 ls_status ls_st_write(const ls_st_writer *w, const char *path);
 
 #endif

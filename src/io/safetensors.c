@@ -31,16 +31,13 @@ static const struct {
     const char *name;
     int bits;
 } st_dtypes[LS_ST_DTYPE_COUNT] = {
-    [LS_ST_F32] = {"F32", 32},         [LS_ST_BF16] = {"BF16", 16},
-    [LS_ST_F16] = {"F16", 16},         [LS_ST_F64] = {"F64", 64},
-    [LS_ST_BOOL] = {"BOOL", 8},        [LS_ST_U8] = {"U8", 8},
-    [LS_ST_I8] = {"I8", 8},            [LS_ST_I16] = {"I16", 16},
-    [LS_ST_U16] = {"U16", 16},         [LS_ST_I32] = {"I32", 32},
-    [LS_ST_U32] = {"U32", 32},         [LS_ST_I64] = {"I64", 64},
-    [LS_ST_U64] = {"U64", 64},         [LS_ST_F8_E5M2] = {"F8_E5M2", 8},
-    [LS_ST_F8_E4M3] = {"F8_E4M3", 8},  [LS_ST_F8_E8M0] = {"F8_E8M0", 8},
-    [LS_ST_F6_E2M3] = {"F6_E2M3", 6},  [LS_ST_F6_E3M2] = {"F6_E3M2", 6},
-    [LS_ST_F4] = {"F4", 4},            [LS_ST_C64] = {"C64", 64},
+    [LS_ST_F32] = {"F32", 32},        [LS_ST_BF16] = {"BF16", 16},      [LS_ST_F16] = {"F16", 16},
+    [LS_ST_F64] = {"F64", 64},        [LS_ST_BOOL] = {"BOOL", 8},       [LS_ST_U8] = {"U8", 8},
+    [LS_ST_I8] = {"I8", 8},           [LS_ST_I16] = {"I16", 16},        [LS_ST_U16] = {"U16", 16},
+    [LS_ST_I32] = {"I32", 32},        [LS_ST_U32] = {"U32", 32},        [LS_ST_I64] = {"I64", 64},
+    [LS_ST_U64] = {"U64", 64},        [LS_ST_F8_E5M2] = {"F8_E5M2", 8}, [LS_ST_F8_E4M3] = {"F8_E4M3", 8},
+    [LS_ST_F8_E8M0] = {"F8_E8M0", 8}, [LS_ST_F6_E2M3] = {"F6_E2M3", 6}, [LS_ST_F6_E3M2] = {"F6_E3M2", 6},
+    [LS_ST_F4] = {"F4", 4},           [LS_ST_C64] = {"C64", 64},
 };
 
 const char *ls_st_dtype_name(ls_st_dtype t) {
@@ -87,13 +84,14 @@ static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
-/* numel and byte size of a shape; 0 on success, -1 on overflow. */
+/* numel and byte size of a shape; 0 on success, -1 when the element count
+ * overflows, -3 when the byte size does, -2 when it is not a whole number of bytes. */
 static int shape_size(ls_st_dtype dt, int ndim, const int64_t *shape, int64_t *numel, int64_t *nbytes) {
     int64_t n = 1;
     for (int i = 0; i < ndim; i++)
         if (__builtin_mul_overflow(n, shape[i], &n)) return -1;
     int64_t bits;
-    if (__builtin_mul_overflow(n, (int64_t)ls_st_dtype_bits(dt), &bits)) return -1;
+    if (__builtin_mul_overflow(n, (int64_t)ls_st_dtype_bits(dt), &bits)) return -3;
     *numel = n;
     *nbytes = bits / 8;
     return (bits % 8) ? -2 : 0;
@@ -211,8 +209,8 @@ static ls_status parse_entry(ls_st_file *f, const cJSON *e, ls_st_tensor *t) {
         return ls_err(LS_ERR_FORMAT, "%s: tensor \"%s\": \"shape\" is not an array", P, N);
     int nd = cJSON_GetArraySize(js);
     if (nd > LS_ST_MAX_DIMS)
-        return ls_err(LS_ERR_UNSUPPORTED, "%s: tensor \"%s\": %d dimensions, at most %d supported", P,
-                      N, nd, LS_ST_MAX_DIMS);
+        return ls_err(LS_ERR_UNSUPPORTED, "%s: tensor \"%s\": %d dimensions, at most %d supported", P, N, nd,
+                      LS_ST_MAX_DIMS);
     t->ndim = nd;
     int d = 0;
     for (const cJSON *it = js->child; it; it = it->next, d++) {
@@ -229,9 +227,12 @@ static ls_status parse_entry(ls_st_file *f, const cJSON *e, ls_st_tensor *t) {
     int rc = shape_size(t->st_dtype, t->ndim, t->shape, &t->numel, &t->nbytes);
     if (rc == -1)
         return ls_err(LS_ERR_FORMAT, "%s: tensor \"%s\": shape %s overflows the element count", P, N, shp);
+    if (rc == -3)
+        return ls_err(LS_ERR_FORMAT, "%s: tensor \"%s\": shape %s of %s overflows the byte size", P, N, shp,
+                      ls_st_dtype_name(t->st_dtype));
     if (rc == -2)
-        return ls_err(LS_ERR_FORMAT, "%s: tensor \"%s\": shape %s of %s is not a whole number of bytes",
-                      P, N, shp, ls_st_dtype_name(t->st_dtype));
+        return ls_err(LS_ERR_FORMAT, "%s: tensor \"%s\": shape %s of %s is not a whole number of bytes", P, N,
+                      shp, ls_st_dtype_name(t->st_dtype));
 
     if (!cJSON_IsArray(jo) || cJSON_GetArraySize(jo) != 2)
         return ls_err(LS_ERR_FORMAT, "%s: tensor \"%s\": \"data_offsets\" is not a [begin, end] array", P, N);
@@ -247,8 +248,8 @@ static ls_status parse_entry(ls_st_file *f, const cJSON *e, ls_st_tensor *t) {
         }
     }
     if (off[0] > off[1])
-        return ls_err(LS_ERR_FORMAT, "%s: tensor \"%s\": data_offsets [%lld, %lld] has begin > end", P,
-                      N, (long long)off[0], (long long)off[1]);
+        return ls_err(LS_ERR_FORMAT, "%s: tensor \"%s\": data_offsets [%lld, %lld] has begin > end", P, N,
+                      (long long)off[0], (long long)off[1]);
     if (off[1] > f->data_size)
         return ls_err(LS_ERR_FORMAT,
                       "%s: tensor \"%s\": data_offsets end %lld is past the end of the data buffer "
@@ -311,8 +312,8 @@ static ls_status check_overlap(ls_st_file *f) {
         if (prev && t->offset < prev->offset + prev->nbytes) {
             s = ls_err(LS_ERR_FORMAT,
                        "%s: tensor \"%s\": data_offsets [%lld, %lld] overlap tensor \"%s\" [%lld, %lld]",
-                       f->path, t->name, (long long)t->offset, (long long)(t->offset + t->nbytes),
-                       prev->name, (long long)prev->offset, (long long)(prev->offset + prev->nbytes));
+                       f->path, t->name, (long long)t->offset, (long long)(t->offset + t->nbytes), prev->name,
+                       (long long)prev->offset, (long long)(prev->offset + prev->nbytes));
             break;
         }
         prev = t; /* sorted by begin and disjoint so far: prev has the largest end */
@@ -327,8 +328,9 @@ static ls_status parse_header(ls_st_file *f) {
     int64_t n = f->header_len;
     int64_t bad = utf8_invalid_at(h, n);
     if (bad >= 0)
-        return ls_err(LS_ERR_FORMAT, "%s: header is not valid UTF-8 JSON text (byte 0x%02x at header offset %lld)",
-                      P, h[bad], (long long)bad);
+        return ls_err(LS_ERR_FORMAT,
+                      "%s: header is not valid UTF-8 JSON text (byte 0x%02x at header offset %lld)", P,
+                      h[bad], (long long)bad);
     /* cJSON needs a NUL-terminated copy; the mapping has none. */
     char *txt = malloc((size_t)n + 1);
     if (!txt) return ls_err(LS_ERR_NOMEM, "%s: cannot allocate %lld bytes for the header", P, (long long)n);
@@ -339,13 +341,15 @@ static ls_status parse_header(ls_st_file *f) {
     ls_status s = LS_OK;
     if (!root) {
         long long at = end ? (long long)(end - txt) : -1;
-        s = ls_err(LS_ERR_FORMAT, "%s: header is not valid JSON (parse error near header offset %lld)", P, at);
+        s = ls_err(LS_ERR_FORMAT, "%s: header is not valid JSON (parse error near header offset %lld)", P,
+                   at);
         goto done;
     }
     for (const char *p = end; p < txt + n; p++)
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-            s = ls_err(LS_ERR_FORMAT, "%s: header has trailing bytes after the JSON object (header offset %lld)",
-                       P, (long long)(p - txt));
+            s = ls_err(LS_ERR_FORMAT,
+                       "%s: header has trailing bytes after the JSON object (header offset %lld)", P,
+                       (long long)(p - txt));
             goto done;
         }
     if (!cJSON_IsObject(root)) {
@@ -516,8 +520,8 @@ ls_status ls_st_check_shape(const ls_st_tensor *t, int ndim, const int64_t *shap
     fmt_shape(have, sizeof have, t->ndim, t->shape);
     fmt_shape(want, sizeof want, ndim, shape);
     const char *c = ctx ? ctx : "", *sep = ctx ? ": " : "";
-    return ls_err(LS_ERR_FORMAT, "%s%s%s: tensor \"%s\": shape %s, expected %s", c, sep, t->file, t->name, have,
-                  want);
+    return ls_err(LS_ERR_FORMAT, "%s%s%s: tensor \"%s\": shape %s, expected %s", c, sep, t->file, t->name,
+                  have, want);
 }
 
 /* ---- model directories ------------------------------------------------------ */
@@ -533,7 +537,8 @@ static ls_status read_text_file(const char *path, char **out) {
     }
     if (st.st_size > (off_t)1 << 30) {
         fclose(fp);
-        return ls_err(LS_ERR_FORMAT, "%s: %lld bytes is too large for an index file", path, (long long)st.st_size);
+        return ls_err(LS_ERR_FORMAT, "%s: %lld bytes is too large for an index file", path,
+                      (long long)st.st_size);
     }
     size_t n = (size_t)st.st_size;
     char *buf = malloc(n + 1);
@@ -646,8 +651,9 @@ static ls_status model_sharded(ls_st_model *m, const char *index) {
         LS_ASSERT(sh);
         const ls_st_tensor *t = ls_st_find(&m->files[sh - shards], it->string);
         if (!t) {
-            s = ls_err(LS_ERR_FORMAT, "%s: weight_map puts tensor \"%s\" in shard \"%s\", which does not hold it",
-                       index, it->string, *sh);
+            s = ls_err(LS_ERR_FORMAT,
+                       "%s: weight_map puts tensor \"%s\" in shard \"%s\", which does not hold it", index,
+                       it->string, *sh);
             goto done;
         }
         m->by_name[m->n_tensors++] = t;
@@ -746,7 +752,8 @@ static int utf8_ok(const char *s) { return utf8_invalid_at((const uint8_t *)s, (
 static ls_status writer_add(ls_st_writer *w, const char *name, ls_st_dtype dt, int ndim, const int64_t *shape,
                             ls_st_wtensor **out) {
     LS_ASSERT(w && name);
-    if ((unsigned)dt >= LS_ST_DTYPE_COUNT) return ls_err(LS_ERR_ARG, "tensor \"%s\": bad dtype %d", name, (int)dt);
+    if ((unsigned)dt >= LS_ST_DTYPE_COUNT)
+        return ls_err(LS_ERR_ARG, "tensor \"%s\": bad dtype %d", name, (int)dt);
     if (ndim < 0 || ndim > LS_ST_MAX_DIMS)
         return ls_err(LS_ERR_ARG, "tensor \"%s\": ndim %d outside [0, %d]", name, ndim, LS_ST_MAX_DIMS);
     if (strcmp(name, "__metadata__") == 0) return ls_err(LS_ERR_ARG, "\"__metadata__\" is not a tensor name");
@@ -757,7 +764,8 @@ static ls_status writer_add(ls_st_writer *w, const char *name, ls_st_dtype dt, i
     e.ndim = ndim;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0 || (double)shape[i] > ST_MAX_JSON_INT)
-            return ls_err(LS_ERR_ARG, "tensor \"%s\": shape[%d] = %lld out of range", name, i, (long long)shape[i]);
+            return ls_err(LS_ERR_ARG, "tensor \"%s\": shape[%d] = %lld out of range", name, i,
+                          (long long)shape[i]);
         e.shape[i] = shape[i];
     }
     int rc = shape_size(dt, ndim, e.shape, &e.numel, &e.nbytes);
@@ -765,7 +773,7 @@ static ls_status writer_add(ls_st_writer *w, const char *name, ls_st_dtype dt, i
         char shp[256];
         fmt_shape(shp, sizeof shp, ndim, e.shape);
         return ls_err(LS_ERR_ARG, "tensor \"%s\": shape %s of %s %s", name, shp, ls_st_dtype_name(dt),
-                      rc == -1 ? "overflows" : "is not a whole number of bytes");
+                      rc == -2 ? "is not a whole number of bytes" : "overflows");
     }
     if (w->n == w->cap) {
         int64_t cap = w->cap ? 2 * w->cap : 64;
@@ -814,7 +822,8 @@ ls_status ls_st_writer_add_meta(ls_st_writer *w, const char *key, const char *va
     if (!utf8_ok(key) || !utf8_ok(value))
         return ls_err(LS_ERR_ARG, "metadata \"%s\": key or value is not valid UTF-8", key);
     for (int64_t i = 0; i < w->n_meta; i++)
-        if (strcmp(w->meta_keys[i], key) == 0) return ls_err(LS_ERR_ARG, "metadata key \"%s\" added twice", key);
+        if (strcmp(w->meta_keys[i], key) == 0)
+            return ls_err(LS_ERR_ARG, "metadata key \"%s\" added twice", key);
     if (w->n_meta == w->cap_meta) {
         int64_t cap = w->cap_meta ? 2 * w->cap_meta : 8;
         char **k = realloc(w->meta_keys, (size_t)cap * sizeof *k);
@@ -867,7 +876,8 @@ static ls_status build_header(const ls_st_writer *w, const ls_st_wtensor **order
         cJSON *e = cJSON_AddObjectToObject(root, t->name);
         cJSON *shape = NULL, *offs = NULL;
         ok = e && cJSON_AddStringToObject(e, "dtype", ls_st_dtype_name(t->dtype)) &&
-             (shape = cJSON_AddArrayToObject(e, "shape")) && (offs = cJSON_AddArrayToObject(e, "data_offsets"));
+             (shape = cJSON_AddArrayToObject(e, "shape")) &&
+             (offs = cJSON_AddArrayToObject(e, "data_offsets"));
         /* integers as raw text: cJSON prints doubles >= 1e15 in exponent form */
         for (int d = 0; ok && d < t->ndim; d++) {
             snprintf(num, sizeof num, "%lld", (long long)t->shape[d]);
@@ -908,7 +918,8 @@ static ls_status build_header(const ls_st_writer *w, const ls_st_wtensor **order
 }
 
 static ls_status write_all(FILE *fp, const void *p, size_t n, const char *tmp) {
-    if (n > 0 && fwrite(p, 1, n, fp) != n) return ls_err(LS_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+    if (n > 0 && fwrite(p, 1, n, fp) != n)
+        return ls_err(LS_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
     return LS_OK;
 }
 
@@ -954,11 +965,13 @@ static ls_status sync_parent_dir(const char *path) {
     ls_status s = LS_OK;
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) {
-        s = ls_err(LS_ERR_IO, "%s: written, but cannot open directory %s to sync it: %s", path, dir, strerror(errno));
+        s = ls_err(LS_ERR_IO, "%s: written, but cannot open directory %s to sync it: %s", path, dir,
+                   strerror(errno));
     } else {
         /* EINVAL: the file system does not support syncing directories */
         if (fsync(fd) != 0 && errno != EINVAL)
-            s = ls_err(LS_ERR_IO, "%s: written, but syncing directory %s failed: %s", path, dir, strerror(errno));
+            s = ls_err(LS_ERR_IO, "%s: written, but syncing directory %s failed: %s", path, dir,
+                       strerror(errno));
         close(fd);
     }
     free(dir);

@@ -31,11 +31,20 @@
 #include <cblas.h>
 
 /* Target rows per task (Bq·r) and the key block for own keys and gathered pages. */
+#ifdef ATTN_TUNE
+static int64_t attn_rows = 256, attn_bk = 128, attn_direct = 32;
+#define ATTN_ROWS attn_rows
+#define ATTN_BK attn_bk
+#define ATTN_MIN_DIRECT_PAGE attn_direct
+#else
 #define ATTN_ROWS 256
 #define ATTN_BK 128
+#endif
 /* F32 pages at least this long are read in place (one key block never crosses a
  * page); shorter ones, and all BF16 pages, are gathered into a [BK, hd] f32 tile. */
+#ifndef ATTN_TUNE
 #define ATTN_MIN_DIRECT_PAGE 32
+#endif
 
 #define ATTN_LOG2E 1.4426950408889634
 #define ATTN_LN2 0.6931471805599453
@@ -63,30 +72,55 @@ typedef struct {
     float *Vt; /* [BK, hd] gathered values (f32) */
 } attn_slab;
 
-/* 2^x elementwise, vectorisable: Cephes exp2f polynomial on [−½, ½] (rel. error
- * ~2e−7), exponent by bit construction. Meant for x ≤ 0 (x − running max); x below
- * −126 gives 0, NaN stays NaN. */
-static void attn_exp2_sum(float *restrict s, int64_t nv, float shift, float *sum_out) {
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < nv; c++) {
-        float x = s[c] - shift;
-        float xc = x > -126.0f ? x : -126.0f; /* NaN → −126 here, restored below */
-        int32_t kk = (int32_t)(xc + 127.5f);  /* round(xc) + 127 ∈ [1, 127] (xc ≤ 0) */
-        float f = xc - (float)(kk - 127);     /* ∈ [−½, ½] */
-        float p = ((((1.535336188319500e-4f * f + 1.339887440266574e-3f) * f +
-                     9.618437357674640e-3f) * f + 5.550332471162809e-2f) * f +
-                   2.402264791363012e-1f) * f + 6.931472028550421e-1f;
-        p = 1.0f + f * p;
-        union { uint32_t u; float f; } e;
-        e.u = (uint32_t)kk << 23;
-        float y = p * e.f;
-        y = x < -126.0f ? 0.0f : y;
-        y = x == x ? y : x;
-        s[c] = y;
-        sum += y;
+/* The softmax of a score row uses GCC vector extensions (8 lanes of f32: one AVX2
+ * register, two SSE ones without -march): the -O2 cost model does not vectorise
+ * loops of unknown trip count, and this part runs once per score, between the two
+ * sgemm calls. Vectors stay local (macros, no vector arguments) so the code does
+ * not depend on the vector calling convention (-Wpsabi). */
+#define ATTN_VL 8
+typedef float attn_vf __attribute__((vector_size(ATTN_VL * sizeof(float))));
+typedef int32_t attn_vi __attribute__((vector_size(ATTN_VL * sizeof(int32_t))));
+/* mask ? a : b lane-wise, mask lanes all-ones or zero (a vector comparison) */
+#define ATTN_VSEL(mask, a, b) ((attn_vf)(((attn_vi)(a) & (mask)) | ((attn_vi)(b) & ~(mask))))
+
+/* Max of s[0, len), len a multiple of ATTN_VL; NaN lanes are skipped. */
+static float attn_row_max(const float *s, int64_t len) {
+    attn_vf m = (attn_vf){0} - INFINITY, x;
+    for (int64_t c = 0; c < len; c += ATTN_VL) {
+        memcpy(&x, s + c, sizeof x);
+        m = ATTN_VSEL(x > m, x, m);
     }
-    *sum_out = sum;
+    float r = m[0];
+    for (int i = 1; i < ATTN_VL; i++) r = m[i] > r ? m[i] : r;
+    return r;
+}
+
+/* s[c] = 2^(s[c] − shift) in place over [0, len), len a multiple of ATTN_VL; returns
+ * the sum. Arguments are ≤ 0 (shift is the running max). Cephes exp2f polynomial on
+ * [−½, ½] (relative error ~2e−7), exponent by bit construction; x < −126 gives 0 (so
+ * −inf padding gives 0) and NaN stays NaN. */
+static float attn_row_exp2_sum(float *s, int64_t len, float shift) {
+    const attn_vf lo = (attn_vf){0} - 126.0f, zero = {0};
+    attn_vf acc = zero, x;
+    for (int64_t c = 0; c < len; c += ATTN_VL) {
+        memcpy(&x, s + c, sizeof x);
+        x -= shift;
+        attn_vf xc = ATTN_VSEL(x > lo, x, lo);                       /* NaN → −126 */
+        attn_vi kk = __builtin_convertvector(xc + 127.5f, attn_vi);  /* round(xc)+127 ∈ [1,127] */
+        attn_vf f = xc - __builtin_convertvector(kk - 127, attn_vf); /* ∈ [−½, ½] */
+        attn_vf p = ((((1.535336188319500e-4f * f + 1.339887440266574e-3f) * f +
+                       9.618437357674640e-3f) * f + 5.550332471162809e-2f) * f +
+                     2.402264791363012e-1f) * f + 6.931472028550421e-1f;
+        p = 1.0f + f * p;
+        attn_vf y = p * (attn_vf)(kk << 23);
+        y = ATTN_VSEL(x < lo, zero, y);
+        y = ATTN_VSEL(x == x, y, x);
+        memcpy(s + c, &y, sizeof y);
+        acc += y;
+    }
+    float r = 0.0f;
+    for (int i = 0; i < ATTN_VL; i++) r += acc[i];
+    return r;
 }
 
 /* One key block of bk keys: S = Q·Kᵀ, online-softmax update, O += P·V. kp/vp
@@ -110,24 +144,23 @@ static void attn_block(const attn_slab *sl, int64_t M, int64_t r, int hd, const 
             nv = m / r - diag + 1;
             if (nv > bk) nv = bk;
         }
-        if (nv <= 0) { /* not reached: such rows lie below row_lo */
-            memset(s, 0, (size_t)bk * sizeof(float));
-            continue;
-        }
-        float bmax = -INFINITY;
-#pragma omp simd reduction(max : bmax)
-        for (int64_t c = 0; c < nv; c++) bmax = s[c] > bmax ? s[c] : bmax;
+        /* nv ≥ 1 here (rows that see no key lie below row_lo). Pad the row with −inf
+         * to whole vectors (ATTN_BK is a multiple of ATTN_VL): they become 0. */
+        int64_t len = (nv + ATTN_VL - 1) / ATTN_VL * ATTN_VL;
+        for (int64_t c = nv; c < len; c++) s[c] = -INFINITY;
+        float bmax = attn_row_max(s, len);
         float m_old = sl->mx[m];
         float m_new = bmax > m_old ? bmax : m_old;
-        float sum;
-        attn_exp2_sum(s, nv, m_new, &sum);
-        if (nv < bk) memset(s + nv, 0, (size_t)(bk - nv) * sizeof(float));
-        float alpha = exp2f(m_old - m_new); /* 0 on the first block (m_old = −inf) */
-        sl->l[m] = sl->l[m] * alpha + sum;
-        sl->mx[m] = m_new;
-        if (alpha != 1.0f) {
+        float sum = attn_row_exp2_sum(s, len, m_new);
+        if (len < bk) memset(s + len, 0, (size_t)(bk - len) * sizeof(float));
+        if (m_new != m_old) {
+            float alpha = exp2f(m_old - m_new); /* 0 on the first block (m_old = −inf) */
+            sl->l[m] = sl->l[m] * alpha + sum;
+            sl->mx[m] = m_new;
             float *orow = sl->O + m * hd;
             for (int d = 0; d < hd; d++) orow[d] *= alpha;
+        } else {
+            sl->l[m] += sum;
         }
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, hd, (int)bk, 1.0f, P,
@@ -245,6 +278,11 @@ ls_status ls_attn_fwd(float *o, float *lse, const float *q, const float *k, cons
                       float scale, ls_arena *scratch) {
     LS_TRY(attn_check(prefix, T, n_h, n_kv, hd));
     if (T == 0) return LS_OK;
+#ifdef ATTN_TUNE
+    if (getenv("ATTN_ROWS")) attn_rows = atoi(getenv("ATTN_ROWS"));
+    if (getenv("ATTN_BK")) attn_bk = atoi(getenv("ATTN_BK"));
+    if (getenv("ATTN_DIRECT")) attn_direct = atoi(getenv("ATTN_DIRECT"));
+#endif
     if (!scratch) return ls_err(LS_ERR_ARG, "attention: no scratch arena");
     LS_ASSERT(o && q && k && v, "attention: NULL tensor");
     const int64_t n = prefix ? prefix->n : 0;

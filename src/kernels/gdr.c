@@ -23,29 +23,80 @@ typedef float gdr_v8 __attribute__((vector_size(32)));
 
 static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-/* e^x for x ≤ 0 (a few ulp; Cephes expf polynomial). Written without calls and
- * branches so `omp simd` loops vectorise it. x < −87 gives 0 (the true value is
- * below FLT_MIN); NaN stays NaN. */
-static inline float exp_nonpos(float x) {
-    float xc = x < -87.0f ? -87.0f : x;
-    xc = xc > 88.0f ? 88.0f : xc;
+/* e^x (a few ulp; Cephes expf polynomial), for x ≤ 0 in this file; eight lanes
+ * in explicit vector code so that it vectorises without -ffast-math.
+ * x < −87 gives 0 (the true value is below FLT_MIN); NaN stays NaN. */
+typedef int32_t gdr_v8i __attribute__((vector_size(32)));
+
+static inline gdr_v8 v8_select(gdr_v8i m, gdr_v8 a, gdr_v8 b) { /* m ? a : b, lane-wise */
+    return (gdr_v8)(((gdr_v8i)a & m) | ((gdr_v8i)b & ~m));
+}
+
+static inline gdr_v8 exp8(gdr_v8 x) {
+    const gdr_v8 zero = {0}, lo = zero - 87.0f, hi = zero + 88.0f;
+    const gdr_v8i under = x < lo;
+    gdr_v8 xc = v8_select(under, lo, x);
+    xc = v8_select(xc > hi, hi, xc);
     /* n = round(x / ln2) by the 1.5·2^23 trick (exact for |n| < 2^22) */
-    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = xc - n * 0.693359375f;
+    const gdr_v8 n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    gdr_v8 r = xc - n * 0.693359375f;
     r = r + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
+    gdr_v8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    union { int32_t i; float f; } s;
-    s.i = ((int32_t)n + 127) * (1 << 23);
-    return x < -87.0f ? 0.0f : p * s.f;
+    const gdr_v8i e = (__builtin_convertvector(n, gdr_v8i) + 127) << 23;
+    return v8_select(under, zero, p * (gdr_v8)e);
 }
 
 /* ---- serial recurrence ---------------------------------------------------- */
+
+/* One block of 32 columns of S (rows of stride dv, any alignment) through one
+ * token of §2.6. Two accumulator sets (even/odd rows) keep 8 FMA chains in flight. */
+typedef float gdr_v8u __attribute__((vector_size(32), aligned(4)));
+
+static inline void serial_block32(float *S, int64_t dk, int64_t dv, const float *qt,
+                                  const float *kt, const float *vt, float *ot, float a, float b,
+                                  float scale) {
+    gdr_v8 acc0[4] = {{0}}, acc1[4] = {{0}}, u[4];
+    int64_t d = 0;
+    /* acc = Sᵀ k */
+    for (; d + 1 < dk; d += 2) {
+        const gdr_v8u *S0 = (const gdr_v8u *)(S + d * dv), *S1 = (const gdr_v8u *)(S + (d + 1) * dv);
+        for (int c = 0; c < 4; c++) {
+            acc0[c] += kt[d] * S0[c];
+            acc1[c] += kt[d + 1] * S1[c];
+        }
+    }
+    if (d < dk)
+        for (int c = 0; c < 4; c++) acc0[c] += kt[d] * ((const gdr_v8u *)(S + d * dv))[c];
+    for (int c = 0; c < 4; c++) {
+        u[c] = b * (((const gdr_v8u *)vt)[c] - a * (acc0[c] + acc1[c]));
+        acc0[c] = acc1[c] = (gdr_v8){0};
+    }
+    /* S = a·S + k uᵀ; acc = Sᵀ q (new S) */
+    for (d = 0; d + 1 < dk; d += 2) {
+        gdr_v8u *S0 = (gdr_v8u *)(S + d * dv), *S1 = (gdr_v8u *)(S + (d + 1) * dv);
+        for (int c = 0; c < 4; c++) {
+            const gdr_v8 s0 = a * S0[c] + kt[d] * u[c], s1 = a * S1[c] + kt[d + 1] * u[c];
+            S0[c] = s0;
+            S1[c] = s1;
+            acc0[c] += qt[d] * s0;
+            acc1[c] += qt[d + 1] * s1;
+        }
+    }
+    if (d < dk) {
+        gdr_v8u *S0 = (gdr_v8u *)(S + d * dv);
+        for (int c = 0; c < 4; c++) {
+            const gdr_v8 s0 = a * S0[c] + kt[d] * u[c];
+            S0[c] = s0;
+            acc0[c] += qt[d] * s0;
+        }
+    }
+    for (int c = 0; c < 4; c++) ((gdr_v8u *)ot)[c] = scale * (acc0[c] + acc1[c]);
+}
 
 /* Token-serial §2.6 per value head: S̃ = e^{g_t} S; u = β_t (v_t − S̃ᵀ k_t);
  * S = S̃ + k_t uᵀ; o_t = Sᵀ (scale·q_t). Columns of S are independent, so each
@@ -68,27 +119,25 @@ void ls_gdr_serial_fwd(float *o, float *state, const float *q, const float *k, c
             const float *vt = v + (t * H_v + h) * dv;  /* (d_v) */
             float *ot = o + (t * H_v + h) * dv;        /* (d_v) */
             const float a = expf(g[t * H_v + h]), b = beta[t * H_v + h];
-            for (int64_t j0 = 0; j0 < dv; j0 += 32) {
-                const int64_t nj = dv - j0 < 32 ? dv - j0 : 32;
+            int64_t j0 = 0;
+            for (; j0 + 32 <= dv; j0 += 32)
+                serial_block32(S + j0, dk, dv, qt, kt, vt + j0, ot + j0, a, b, scale);
+            if (j0 < dv) { /* last columns, fewer than 32 */
+                const int64_t nj = dv - j0;
                 float u[32], acc[32];
                 for (int64_t j = 0; j < nj; j++) acc[j] = 0.0f;
-                /* acc = Sᵀ k over this column block */
                 for (int64_t d = 0; d < dk; d++) {
                     const float kd = kt[d];
                     const float *Sr = S + d * dv + j0;
-#pragma omp simd
                     for (int64_t j = 0; j < nj; j++) acc[j] += kd * Sr[j];
                 }
-#pragma omp simd
                 for (int64_t j = 0; j < nj; j++) {
                     u[j] = b * (vt[j0 + j] - a * acc[j]);
                     acc[j] = 0.0f;
                 }
-                /* S = a·S + k uᵀ; acc = Sᵀ q (new S) */
                 for (int64_t d = 0; d < dk; d++) {
                     const float kd = kt[d], qd = qt[d];
                     float *Sr = S + d * dv + j0;
-#pragma omp simd
                     for (int64_t j = 0; j < nj; j++) {
                         float s = a * Sr[j] + kd * u[j];
                         Sr[j] = s;
@@ -176,23 +225,57 @@ typedef struct {
     float *w;   /* (C) e^{γ_last − γ} */
 } gdr_work;
 
-/* Forward substitution (I + A) X = R in place on V (n, dvp), with NA = −A strictly
- * lower (n, stride C): rows in blocks of 16; the part below the diagonal block
- * goes through mm, the 16×16 diagonal block row by row. */
+/* Forward substitution (I + A) X = R in place on V (C rows, stride dvp; rows < n
+ * used), with NA = −A strictly lower (stride C): rows in blocks of 8; the part left
+ * of the diagonal block goes through mm, the 8×8 diagonal block is solved with
+ * 8 columns × 8 rows held in registers. Rows ≥ n of the last block are computed
+ * from stale (finite, in-bounds) values and never stored. */
 static void gdr_solve(float *V, const float *NA, int64_t n, int64_t dvp) {
-    for (int64_t b0 = 0; b0 < n; b0 += 16) {
-        const int64_t nb = n - b0 < 16 ? n - b0 : 16;
-        if (b0 > 0) mm(nb, dvp, b0, NA + b0 * GDR_CHUNK, GDR_CHUNK, V, dvp, V + b0 * dvp, dvp, 1.0f, 0);
-        for (int64_t r = b0 + 1; r < b0 + nb; r++) {
-            float *vr = V + r * dvp;
-            for (int64_t i = b0; i < r; i++) {
-                const float a = NA[r * GDR_CHUNK + i];
-                const float *vi = V + i * dvp;
-#pragma omp simd
-                for (int64_t j = 0; j < dvp; j++) vr[j] += a * vi[j];
-            }
+    const int64_t C = GDR_CHUNK;
+    for (int64_t b0 = 0; b0 < n; b0 += 8) {
+        const int64_t nb = n - b0 < 8 ? n - b0 : 8;
+        if (b0 > 0) mm(nb, dvp, b0, NA + b0 * C, C, V, dvp, V + b0 * dvp, dvp, 1.0f, 0);
+        const float *Nb = NA + b0 * C + b0; /* (8, 8) diagonal block, stride C */
+        for (int64_t j0 = 0; j0 < dvp; j0 += 8) {
+            gdr_v8 x[8];
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) x[r] = *(const gdr_v8 *)(V + (b0 + r) * dvp + j0);
+#pragma GCC unroll 8
+            for (int r = 1; r < 8; r++)
+#pragma GCC unroll 8
+                for (int i = 0; i < r; i++) x[r] += Nb[r * C + i] * x[i];
+            for (int64_t r = 1; r < nb; r++) *(gdr_v8 *)(V + (b0 + r) * dvp + j0) = x[r];
         }
     }
+}
+
+/* Kt (dkp, C) columns [0, round_up(n, 8)) = transpose of K rows (stride dkp), in
+ * 8×8 blocks (unpack / shuffle / lane swap). */
+static void gdr_transpose(float *Kt, const float *K, int64_t n, int64_t dkp) {
+    const int64_t C = GDR_CHUNK;
+    const gdr_v8i lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
+    const gdr_v8i p0 = {0, 1, 8, 9, 4, 5, 12, 13}, p1 = {2, 3, 10, 11, 6, 7, 14, 15};
+    const gdr_v8i h0 = {0, 1, 2, 3, 8, 9, 10, 11}, h1 = {4, 5, 6, 7, 12, 13, 14, 15};
+    for (int64_t r0 = 0; r0 < n; r0 += 8)
+        for (int64_t d0 = 0; d0 < dkp; d0 += 8) {
+            gdr_v8 x[8], t[8], s[8];
+            for (int r = 0; r < 8; r++) x[r] = *(const gdr_v8 *)(K + (r0 + r) * dkp + d0);
+            for (int r = 0; r < 8; r += 2) {
+                t[r] = __builtin_shuffle(x[r], x[r + 1], lo);
+                t[r + 1] = __builtin_shuffle(x[r], x[r + 1], hi);
+            }
+            for (int r = 0; r < 8; r += 4) {
+                s[r] = __builtin_shuffle(t[r], t[r + 2], p0);
+                s[r + 1] = __builtin_shuffle(t[r], t[r + 2], p1);
+                s[r + 2] = __builtin_shuffle(t[r + 1], t[r + 3], p0);
+                s[r + 3] = __builtin_shuffle(t[r + 1], t[r + 3], p1);
+            }
+            float *o = Kt + d0 * C + r0;
+            for (int c = 0; c < 4; c++) {
+                *(gdr_v8 *)(o + c * C) = __builtin_shuffle(s[c], s[c + 4], h0);
+                *(gdr_v8 *)(o + (c + 4) * C) = __builtin_shuffle(s[c], s[c + 4], h1);
+            }
+        }
 }
 
 /* One chunk of n ≤ C tokens starting at t0 for value head h (§3 steps 1–6).
@@ -200,7 +283,7 @@ static void gdr_solve(float *V, const float *NA, int64_t n, int64_t dvp) {
  * (W·S = (I+A)⁻¹ diag(βe^γ) K S), so W is never formed: one product [Q;K]·S
  * serves both the inter-chunk output and the deltas. */
 static void gdr_chunk(gdr_work *wk, float *o, const float *q, const float *k, const float *v,
-                      const float *beta, const float *g, int64_t t0, int64_t n, int64_t h,
+                      const float *beta, const float *g, int64_t t0, int64_t n, int64_t n_next, int64_t h,
                       int64_t hk, ls_gdr_dims dm, int64_t dkp, int64_t dvp) {
     const int64_t H_k = dm.H_k, H_v = dm.H_v, dk = dm.d_k, dv = dm.d_v, C = GDR_CHUNK;
     const float scale = dm.scale;
@@ -216,18 +299,33 @@ static void gdr_chunk(gdr_work *wk, float *o, const float *q, const float *k, co
         memcpy(Qd, qr, (size_t)dk * sizeof(float));
         memcpy(Kd, kr, (size_t)dk * sizeof(float));
         for (int64_t d = dk; d < dkp; d++) Qd[d] = Kd[d] = 0.0f;
-        for (int64_t d = 0; d < dk; d++) Kt[d * C + r] = kr[d];
         memcpy(Vd, v + (t * H_v + h) * dv, (size_t)dv * sizeof(float));
         for (int64_t j = dv; j < dvp; j++) Vd[j] = 0.0f;
         cum += g[t * H_v + h];
         gam[r] = cum;
         bet[r] = beta[t * H_v + h];
     }
-#pragma omp simd
-    for (int64_t r = 0; r < n; r++) {
-        eg[r] = exp_nonpos(gam[r]);
-        w[r] = exp_nonpos(gam[n - 1] - gam[r]);
+    /* the rows of the next chunk are strided (one head of each token): start
+     * fetching them now, so that they arrive while this chunk computes */
+    for (int64_t r = 0; r < n_next; r++) {
+        const int64_t t = t0 + n + r;
+        const char *qr = (const char *)(q + (t * H_k + hk) * dk);
+        const char *kr = (const char *)(k + (t * H_k + hk) * dk);
+        const char *vr = (const char *)(v + (t * H_v + h) * dv);
+        for (int64_t b = 0; b < dk * (int64_t)sizeof(float); b += 64) {
+            __builtin_prefetch(qr + b);
+            __builtin_prefetch(kr + b);
+        }
+        for (int64_t b = 0; b < dv * (int64_t)sizeof(float); b += 64) __builtin_prefetch(vr + b);
     }
+    /* e^{γ}, e^{γ_last−γ}; gam, eg, w hold C floats, so whole vectors of 8 fit */
+    for (int64_t r0 = 0; r0 < n; r0 += 8) {
+        const gdr_v8 gv = *(const gdr_v8 *)(gam + r0);
+        *(gdr_v8 *)(eg + r0) = exp8(gv);
+        *(gdr_v8 *)(w + r0) = exp8(gam[n - 1] - gv);
+    }
+
+    gdr_transpose(Kt, QK + n * dkp, n, dkp);
 
     /* G = [Q;K]·Kᵀ (2n, n) and X = [Q;K]·S (2n, dvp), both from the chunk-start S */
     mm(2 * n, round_up(n, GDR_NR), dkp, QK, dkp, Kt, C, G, C, 0.0f, 0);
@@ -236,13 +334,16 @@ static void gdr_chunk(gdr_work *wk, float *o, const float *q, const float *k, co
     /* P = scale·(QKᵀ ⊙ e^{γ_r−γ_i}) for i ≤ r; −A = −β_r (KKᵀ ⊙ e^{γ_r−γ_i}) for i < r.
      * Exponents are ≤ 0 on and below the diagonal; above it the entries are zeroed. */
     for (int64_t r = 0; r < n; r++) {
-        float *Pr = G + r * C, *Ar = G + (n + r) * C;
+        float *Pr = G + r * C, *Ar = G + (n + r) * C; /* (C) each; whole vectors of 8 fit */
         const float gr = gam[r], sb = -bet[r];
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) {
-            const float e = exp_nonpos(i <= r ? gr - gam[i] : -100.0f);
-            Pr[i] = i <= r ? scale * Pr[i] * e : 0.0f;
-            Ar[i] = i < r ? sb * Ar[i] * e : 0.0f;
+        const gdr_v8 zero = {0};
+        for (int64_t i0 = 0; i0 < n; i0 += 8) {
+            const gdr_v8i idx = (gdr_v8i){0, 1, 2, 3, 4, 5, 6, 7} + (int32_t)i0;
+            const gdr_v8i on = idx <= (int32_t)r, below = idx < (int32_t)r;
+            const gdr_v8 e = exp8(v8_select(on, gr - *(const gdr_v8 *)(gam + i0), zero - 100.0f));
+            gdr_v8 *P8 = (gdr_v8 *)(Pr + i0), *A8 = (gdr_v8 *)(Ar + i0);
+            *P8 = v8_select(on, scale * *P8 * e, zero);
+            *A8 = v8_select(below, sb * *A8 * e, zero);
         }
     }
 
@@ -343,7 +444,8 @@ ls_status ls_gdr_chunk_fwd(float *o, float *tape_h, float *state, const float *q
                         memcpy(th + d * dv, wk.S + d * dvp, (size_t)dv * sizeof(float));
                 }
                 const int64_t t0 = c * C, n = T - t0 < C ? T - t0 : C;
-                gdr_chunk(&wk, o, q, k, v, beta, g, t0, n, h, h / rep, dm, dkp, dvp);
+                const int64_t n_next = T - t0 - n < C ? T - t0 - n : C;
+                gdr_chunk(&wk, o, q, k, v, beta, g, t0, n, n_next, h, h / rep, dm, dkp, dvp);
             }
             for (int64_t d = 0; d < dk; d++)
                 memcpy(Sh + d * dv, wk.S + d * dvp, (size_t)dv * sizeof(float));
