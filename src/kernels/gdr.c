@@ -16,6 +16,9 @@
 #include "longstraw/kernels.h"
 
 #define GDR_CHUNK 64 /* rows per chunk (§3, FLA default) */
+/* Row stride of the (·, C) buffers Kt and G: not a power of two, so that the
+ * rows of a 16-column panel spread over all L1 sets instead of a few. */
+#define GDR_LDG (GDR_CHUNK + 16)
 #define GDR_NR 16    /* columns of one register tile = two 8-float vectors */
 #define GDR_MR 6     /* rows of one register tile: 12 accumulators + 3 = 15 of 16 ymm */
 
@@ -53,32 +56,38 @@ static inline gdr_v8 exp8(gdr_v8 x) {
 
 /* ---- serial recurrence ---------------------------------------------------- */
 
-/* One block of 32 columns of S (rows of stride dv, any alignment) through one
+/* One block of 32 columns of S (d_k rows of stride ld, any alignment) through one
  * token of §2.6. Two accumulator sets (even/odd rows) keep 8 FMA chains in flight. */
 typedef float gdr_v8u __attribute__((vector_size(32), aligned(4)));
 
-static inline void serial_block32(float *S, int64_t dk, int64_t dv, const float *qt,
+static inline void serial_block32(float *S, int64_t dk, int64_t ld, const float *qt,
                                   const float *kt, const float *vt, float *ot, float a, float b,
                                   float scale) {
     gdr_v8 acc0[4] = {{0}}, acc1[4] = {{0}}, u[4];
     int64_t d = 0;
     /* acc = Sᵀ k */
     for (; d + 1 < dk; d += 2) {
-        const gdr_v8u *S0 = (const gdr_v8u *)(S + d * dv), *S1 = (const gdr_v8u *)(S + (d + 1) * dv);
+        const gdr_v8u *S0 = (const gdr_v8u *)(S + d * ld), *S1 = (const gdr_v8u *)(S + (d + 1) * ld);
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
             acc0[c] += kt[d] * S0[c];
             acc1[c] += kt[d + 1] * S1[c];
         }
     }
-    if (d < dk)
-        for (int c = 0; c < 4; c++) acc0[c] += kt[d] * ((const gdr_v8u *)(S + d * dv))[c];
+    if (d < dk) {
+        const gdr_v8u *S0 = (const gdr_v8u *)(S + d * ld);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) acc0[c] += kt[d] * S0[c];
+    }
+#pragma GCC unroll 4
     for (int c = 0; c < 4; c++) {
         u[c] = b * (((const gdr_v8u *)vt)[c] - a * (acc0[c] + acc1[c]));
         acc0[c] = acc1[c] = (gdr_v8){0};
     }
     /* S = a·S + k uᵀ; acc = Sᵀ q (new S) */
     for (d = 0; d + 1 < dk; d += 2) {
-        gdr_v8u *S0 = (gdr_v8u *)(S + d * dv), *S1 = (gdr_v8u *)(S + (d + 1) * dv);
+        gdr_v8u *S0 = (gdr_v8u *)(S + d * ld), *S1 = (gdr_v8u *)(S + (d + 1) * ld);
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
             const gdr_v8 s0 = a * S0[c] + kt[d] * u[c], s1 = a * S1[c] + kt[d + 1] * u[c];
             S0[c] = s0;
@@ -88,19 +97,45 @@ static inline void serial_block32(float *S, int64_t dk, int64_t dv, const float 
         }
     }
     if (d < dk) {
-        gdr_v8u *S0 = (gdr_v8u *)(S + d * dv);
+        gdr_v8u *S0 = (gdr_v8u *)(S + d * ld);
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
             const gdr_v8 s0 = a * S0[c] + kt[d] * u[c];
             S0[c] = s0;
             acc0[c] += qt[d] * s0;
         }
     }
+#pragma GCC unroll 4
     for (int c = 0; c < 4; c++) ((gdr_v8u *)ot)[c] = scale * (acc0[c] + acc1[c]);
 }
 
+/* The last nj < 32 columns of S (stride ld) through one token, scalar loops. */
+static void serial_block_tail(float *S, int64_t dk, int64_t ld, int64_t nj, const float *qt,
+                              const float *kt, const float *vt, float *ot, float a, float b,
+                              float scale) {
+    float u[32], acc[32];
+    for (int64_t j = 0; j < nj; j++) acc[j] = 0.0f;
+    for (int64_t d = 0; d < dk; d++)
+        for (int64_t j = 0; j < nj; j++) acc[j] += kt[d] * S[d * ld + j];
+    for (int64_t j = 0; j < nj; j++) {
+        u[j] = b * (vt[j] - a * acc[j]);
+        acc[j] = 0.0f;
+    }
+    for (int64_t d = 0; d < dk; d++)
+        for (int64_t j = 0; j < nj; j++) {
+            float s = a * S[d * ld + j] + kt[d] * u[j];
+            S[d * ld + j] = s;
+            acc[j] += qt[d] * s;
+        }
+    for (int64_t j = 0; j < nj; j++) ot[j] = scale * acc[j];
+}
+
 /* Token-serial §2.6 per value head: S̃ = e^{g_t} S; u = β_t (v_t − S̃ᵀ k_t);
- * S = S̃ + k_t uᵀ; o_t = Sᵀ (scale·q_t). Columns of S are independent, so each
- * block of 32 columns (d_k × 32 floats, in L1) is carried through all its steps. */
+ * S = S̃ + k_t uᵀ; o_t = Sᵀ (scale·q_t). Column j of S only ever meets column j
+ * of u, so each block of 32 columns runs through all T tokens on its own, from a
+ * contiguous copy (d_k × 32 floats, on the stack, in L1: the rows of S itself are
+ * d_v apart and would fight over a few L1 sets). */
+#define GDR_SERIAL_MAX_DK 256
 void ls_gdr_serial_fwd(float *o, float *state, const float *q, const float *k, const float *v,
                        const float *beta, const float *g, int64_t T, ls_gdr_dims dm) {
     LS_ASSERT(dm.H_k > 0 && dm.H_v > 0 && dm.H_v % dm.H_k == 0 && dm.d_k > 0 && dm.d_v > 0,
@@ -113,39 +148,27 @@ void ls_gdr_serial_fwd(float *o, float *state, const float *q, const float *k, c
     for (int64_t h = 0; h < H_v; h++) {
         float *S = state + h * dk * dv; /* (d_k, d_v) */
         const int64_t hk = h / rep;
-        for (int64_t t = 0; t < T; t++) {
-            const float *qt = q + (t * H_k + hk) * dk; /* (d_k) */
-            const float *kt = k + (t * H_k + hk) * dk; /* (d_k) */
-            const float *vt = v + (t * H_v + h) * dv;  /* (d_v) */
-            float *ot = o + (t * H_v + h) * dv;        /* (d_v) */
-            const float a = expf(g[t * H_v + h]), b = beta[t * H_v + h];
-            int64_t j0 = 0;
-            for (; j0 + 32 <= dv; j0 += 32)
-                serial_block32(S + j0, dk, dv, qt, kt, vt + j0, ot + j0, a, b, scale);
-            if (j0 < dv) { /* last columns, fewer than 32 */
-                const int64_t nj = dv - j0;
-                float u[32], acc[32];
-                for (int64_t j = 0; j < nj; j++) acc[j] = 0.0f;
-                for (int64_t d = 0; d < dk; d++) {
-                    const float kd = kt[d];
-                    const float *Sr = S + d * dv + j0;
-                    for (int64_t j = 0; j < nj; j++) acc[j] += kd * Sr[j];
-                }
-                for (int64_t j = 0; j < nj; j++) {
-                    u[j] = b * (vt[j0 + j] - a * acc[j]);
-                    acc[j] = 0.0f;
-                }
-                for (int64_t d = 0; d < dk; d++) {
-                    const float kd = kt[d], qd = qt[d];
-                    float *Sr = S + d * dv + j0;
-                    for (int64_t j = 0; j < nj; j++) {
-                        float s = a * Sr[j] + kd * u[j];
-                        Sr[j] = s;
-                        acc[j] += qd * s;
-                    }
-                }
-                for (int64_t j = 0; j < nj; j++) ot[j0 + j] = scale * acc[j];
+        float blk[GDR_SERIAL_MAX_DK * 32] __attribute__((aligned(64))); /* (d_k, 32) */
+        for (int64_t j0 = 0; j0 < dv; j0 += 32) {
+            const int64_t nj = dv - j0 < 32 ? dv - j0 : 32;
+            const int copy = nj == 32 && dk <= GDR_SERIAL_MAX_DK;
+            float *Sb = copy ? blk : S + j0;
+            const int64_t ld = copy ? 32 : dv;
+            if (copy)
+                for (int64_t d = 0; d < dk; d++) memcpy(blk + d * 32, S + d * dv + j0, 32 * sizeof(float));
+            for (int64_t t = 0; t < T; t++) {
+                const float *qt = q + (t * H_k + hk) * dk;     /* (d_k) */
+                const float *kt = k + (t * H_k + hk) * dk;     /* (d_k) */
+                const float *vt = v + (t * H_v + h) * dv + j0; /* (nj) */
+                float *ot = o + (t * H_v + h) * dv + j0;       /* (nj) */
+                const float a = expf(g[t * H_v + h]), b = beta[t * H_v + h];
+                if (nj == 32)
+                    serial_block32(Sb, dk, ld, qt, kt, vt, ot, a, b, scale);
+                else
+                    serial_block_tail(Sb, dk, ld, nj, qt, kt, vt, ot, a, b, scale);
             }
+            if (copy)
+                for (int64_t d = 0; d < dk; d++) memcpy(S + d * dv + j0, blk + d * 32, 32 * sizeof(float));
         }
     }
 }
@@ -212,47 +235,47 @@ static void mm(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, con
 
 /* Per-thread buffers of the chunked form (all from the scratch arena). */
 typedef struct {
-    float *S;   /* (dkp, dvp) running state, zero-padded */
+    float *S;   /* (dkp, dvp) stride ldv: running state, zero-padded */
     float *QK;  /* (2n, dkp) rows 0..n−1 = q, rows n..2n−1 = k of the chunk */
-    float *Kt;  /* (dkp, C) kᵀ; later (k ⊙ e^{γ_last−γ})ᵀ */
-    float *G;   /* (2n, C) rows 0..n−1: P = scale·(M ⊙ QKᵀ ⊙ e^{γ_r−γ_i});
+    float *Kt;  /* (dkp, C) stride GDR_LDG: kᵀ; later (k ⊙ e^{γ_last−γ})ᵀ */
+    float *G;   /* (2n, C) stride GDR_LDG: rows 0..n−1: P = scale·(M ⊙ QKᵀ ⊙ e^{γ_r−γ_i});
                  *          rows n..2n−1: −A (strictly lower) */
-    float *X;   /* (2n, dvp) [Q;K]·S; rows 0..n−1 become the output O */
-    float *V;   /* (n, dvp) v, then R, then V′ (in place) */
+    float *X;   /* (2n, dvp) stride ldv: [Q;K]·S; rows 0..n−1 become the output O */
+    float *V;   /* (C, dvp) stride ldv: v, then R, then V′ (in place) */
     float *gam; /* (C) γ = within-chunk cumsum of g */
     float *eg;  /* (C) e^{γ} */
     float *bet; /* (C) β */
     float *w;   /* (C) e^{γ_last − γ} */
 } gdr_work;
 
-/* Forward substitution (I + A) X = R in place on V (C rows, stride dvp; rows < n
- * used), with NA = −A strictly lower (stride C): rows in blocks of 8; the part left
+/* Forward substitution (I + A) X = R in place on V (C rows, stride ldv; rows < n
+ * used), with NA = −A strictly lower (stride GDR_LDG): rows in blocks of 8; the part left
  * of the diagonal block goes through mm, the 8×8 diagonal block is solved with
  * 8 columns × 8 rows held in registers. Rows ≥ n of the last block are computed
  * from stale (finite, in-bounds) values and never stored. */
-static void gdr_solve(float *V, const float *NA, int64_t n, int64_t dvp) {
-    const int64_t C = GDR_CHUNK;
+static void gdr_solve(float *V, const float *NA, int64_t n, int64_t dvp, int64_t ldv) {
+    const int64_t L = GDR_LDG;
     for (int64_t b0 = 0; b0 < n; b0 += 8) {
         const int64_t nb = n - b0 < 8 ? n - b0 : 8;
-        if (b0 > 0) mm(nb, dvp, b0, NA + b0 * C, C, V, dvp, V + b0 * dvp, dvp, 1.0f, 0);
-        const float *Nb = NA + b0 * C + b0; /* (8, 8) diagonal block, stride C */
+        if (b0 > 0) mm(nb, dvp, b0, NA + b0 * L, L, V, ldv, V + b0 * ldv, ldv, 1.0f, 0);
+        const float *Nb = NA + b0 * L + b0; /* (8, 8) diagonal block, stride L */
         for (int64_t j0 = 0; j0 < dvp; j0 += 8) {
             gdr_v8 x[8];
 #pragma GCC unroll 8
-            for (int r = 0; r < 8; r++) x[r] = *(const gdr_v8 *)(V + (b0 + r) * dvp + j0);
+            for (int r = 0; r < 8; r++) x[r] = *(const gdr_v8 *)(V + (b0 + r) * ldv + j0);
 #pragma GCC unroll 8
             for (int r = 1; r < 8; r++)
 #pragma GCC unroll 8
-                for (int i = 0; i < r; i++) x[r] += Nb[r * C + i] * x[i];
-            for (int64_t r = 1; r < nb; r++) *(gdr_v8 *)(V + (b0 + r) * dvp + j0) = x[r];
+                for (int i = 0; i < r; i++) x[r] += Nb[r * L + i] * x[i];
+            for (int64_t r = 1; r < nb; r++) *(gdr_v8 *)(V + (b0 + r) * ldv + j0) = x[r];
         }
     }
 }
 
-/* Kt (dkp, C) columns [0, round_up(n, 8)) = transpose of K rows (stride dkp), in
+/* Kt (dkp, stride GDR_LDG) columns [0, round_up(n, 8)) = transpose of K rows (stride dkp), in
  * 8×8 blocks (unpack / shuffle / lane swap). */
 static void gdr_transpose(float *Kt, const float *K, int64_t n, int64_t dkp) {
-    const int64_t C = GDR_CHUNK;
+    const int64_t L = GDR_LDG;
     const gdr_v8i lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
     const gdr_v8i p0 = {0, 1, 8, 9, 4, 5, 12, 13}, p1 = {2, 3, 10, 11, 6, 7, 14, 15};
     const gdr_v8i h0 = {0, 1, 2, 3, 8, 9, 10, 11}, h1 = {4, 5, 6, 7, 12, 13, 14, 15};
@@ -270,10 +293,10 @@ static void gdr_transpose(float *Kt, const float *K, int64_t n, int64_t dkp) {
                 s[r + 2] = __builtin_shuffle(t[r + 1], t[r + 3], p0);
                 s[r + 3] = __builtin_shuffle(t[r + 1], t[r + 3], p1);
             }
-            float *o = Kt + d0 * C + r0;
+            float *o = Kt + d0 * L + r0;
             for (int c = 0; c < 4; c++) {
-                *(gdr_v8 *)(o + c * C) = __builtin_shuffle(s[c], s[c + 4], h0);
-                *(gdr_v8 *)(o + (c + 4) * C) = __builtin_shuffle(s[c], s[c + 4], h1);
+                *(gdr_v8 *)(o + c * L) = __builtin_shuffle(s[c], s[c + 4], h0);
+                *(gdr_v8 *)(o + (c + 4) * L) = __builtin_shuffle(s[c], s[c + 4], h1);
             }
         }
 }
@@ -284,8 +307,8 @@ static void gdr_transpose(float *Kt, const float *K, int64_t n, int64_t dkp) {
  * serves both the inter-chunk output and the deltas. */
 static void gdr_chunk(gdr_work *wk, float *o, const float *q, const float *k, const float *v,
                       const float *beta, const float *g, int64_t t0, int64_t n, int64_t n_next, int64_t h,
-                      int64_t hk, ls_gdr_dims dm, int64_t dkp, int64_t dvp) {
-    const int64_t H_k = dm.H_k, H_v = dm.H_v, dk = dm.d_k, dv = dm.d_v, C = GDR_CHUNK;
+                      int64_t hk, ls_gdr_dims dm, int64_t dkp, int64_t dvp, int64_t ldv) {
+    const int64_t H_k = dm.H_k, H_v = dm.H_v, dk = dm.d_k, dv = dm.d_v, L = GDR_LDG;
     const float scale = dm.scale;
     float *S = wk->S, *QK = wk->QK, *Kt = wk->Kt, *G = wk->G, *X = wk->X, *V = wk->V;
     float *gam = wk->gam, *eg = wk->eg, *bet = wk->bet, *w = wk->w;
@@ -295,7 +318,7 @@ static void gdr_chunk(gdr_work *wk, float *o, const float *q, const float *k, co
     for (int64_t r = 0; r < n; r++) {
         const int64_t t = t0 + r;
         const float *qr = q + (t * H_k + hk) * dk, *kr = k + (t * H_k + hk) * dk;
-        float *Qd = QK + r * dkp, *Kd = QK + (n + r) * dkp, *Vd = V + r * dvp;
+        float *Qd = QK + r * dkp, *Kd = QK + (n + r) * dkp, *Vd = V + r * ldv;
         memcpy(Qd, qr, (size_t)dk * sizeof(float));
         memcpy(Kd, kr, (size_t)dk * sizeof(float));
         for (int64_t d = dk; d < dkp; d++) Qd[d] = Kd[d] = 0.0f;
@@ -328,13 +351,13 @@ static void gdr_chunk(gdr_work *wk, float *o, const float *q, const float *k, co
     gdr_transpose(Kt, QK + n * dkp, n, dkp);
 
     /* G = [Q;K]·Kᵀ (2n, n) and X = [Q;K]·S (2n, dvp), both from the chunk-start S */
-    mm(2 * n, round_up(n, GDR_NR), dkp, QK, dkp, Kt, C, G, C, 0.0f, 0);
-    mm(2 * n, dvp, dkp, QK, dkp, S, dvp, X, dvp, 0.0f, 0);
+    mm(2 * n, round_up(n, GDR_NR), dkp, QK, dkp, Kt, L, G, L, 0.0f, 0);
+    mm(2 * n, dvp, dkp, QK, dkp, S, ldv, X, ldv, 0.0f, 0);
 
     /* P = scale·(QKᵀ ⊙ e^{γ_r−γ_i}) for i ≤ r; −A = −β_r (KKᵀ ⊙ e^{γ_r−γ_i}) for i < r.
      * Exponents are ≤ 0 on and below the diagonal; above it the entries are zeroed. */
     for (int64_t r = 0; r < n; r++) {
-        float *Pr = G + r * C, *Ar = G + (n + r) * C; /* (C) each; whole vectors of 8 fit */
+        float *Pr = G + r * L, *Ar = G + (n + r) * L; /* (C) each; whole vectors of 8 fit */
         const float gr = gam[r], sb = -bet[r];
         const gdr_v8 zero = {0};
         for (int64_t i0 = 0; i0 < n; i0 += 8) {
@@ -349,33 +372,33 @@ static void gdr_chunk(gdr_work *wk, float *o, const float *q, const float *k, co
 
     /* R = diag(β)(V − diag(e^γ) K S) */
     for (int64_t r = 0; r < n; r++) {
-        float *Vr = V + r * dvp;
-        const float *KSr = X + (n + r) * dvp;
+        float *Vr = V + r * ldv;
+        const float *KSr = X + (n + r) * ldv;
         const float b = bet[r], e = eg[r];
 #pragma omp simd
         for (int64_t j = 0; j < dvp; j++) Vr[j] = b * (Vr[j] - e * KSr[j]);
     }
     /* V′ = (I+A)⁻¹ R: the true per-token deltas u_r of §2.6 */
-    gdr_solve(V, G + n * C, n, dvp);
+    gdr_solve(V, G + n * L, n, dvp, ldv);
 
     /* O = scale·diag(e^γ) Q S + P V′ */
     for (int64_t r = 0; r < n; r++) {
-        float *Or = X + r * dvp;
+        float *Or = X + r * ldv;
         const float s = scale * eg[r];
 #pragma omp simd
         for (int64_t j = 0; j < dvp; j++) Or[j] *= s;
     }
-    mm(n, dvp, n, G, C, V, dvp, X, dvp, 1.0f, 1);
+    mm(n, dvp, n, G, L, V, ldv, X, ldv, 1.0f, 1);
     for (int64_t r = 0; r < n; r++)
-        memcpy(o + ((t0 + r) * H_v + h) * dv, X + r * dvp, (size_t)dv * sizeof(float));
+        memcpy(o + ((t0 + r) * H_v + h) * dv, X + r * ldv, (size_t)dv * sizeof(float));
 
     /* S ← e^{γ_last} S + (K ⊙ e^{γ_last−γ})ᵀ V′ */
     for (int64_t d = 0; d < dk; d++) {
-        float *Kr = Kt + d * C;
+        float *Kr = Kt + d * L;
 #pragma omp simd
         for (int64_t i = 0; i < n; i++) Kr[i] *= w[i];
     }
-    mm(dkp, dvp, n, Kt, C, V, dvp, S, dvp, eg[n - 1], 0);
+    mm(dkp, dvp, n, Kt, L, V, ldv, S, ldv, eg[n - 1], 0);
 }
 
 ls_status ls_gdr_chunk_fwd(float *o, float *tape_h, float *state, const float *q, const float *k,
@@ -387,7 +410,7 @@ ls_status ls_gdr_chunk_fwd(float *o, float *tape_h, float *state, const float *q
     if (T == 0) return LS_OK;
     const int64_t H_v = dm.H_v, dk = dm.d_k, dv = dm.d_v, C = GDR_CHUNK;
     const int64_t rep = H_v / dm.H_k;
-    const int64_t dkp = round_up(dk, GDR_NR), dvp = round_up(dv, GDR_NR);
+    const int64_t dkp = round_up(dk, GDR_NR), dvp = round_up(dv, GDR_NR), ldv = dvp + GDR_NR;
     const int64_t n_chunks = (T + C - 1) / C;
 
     int nt = 1;
@@ -397,8 +420,8 @@ ls_status ls_gdr_chunk_fwd(float *o, float *tape_h, float *state, const float *q
     if (nt > H_v) nt = (int)H_v;
 
     /* per-thread floats; every piece is a multiple of 16 floats, so all stay 64-byte aligned */
-    const int64_t fl_S = dkp * dvp, fl_QK = 2 * C * dkp, fl_Kt = dkp * C, fl_G = 2 * C * C;
-    const int64_t fl_X = 2 * C * dvp, fl_V = C * dvp, fl_vec = 4 * C;
+    const int64_t fl_S = dkp * ldv, fl_QK = 2 * C * dkp, fl_Kt = dkp * GDR_LDG, fl_G = 2 * C * GDR_LDG;
+    const int64_t fl_X = 2 * C * ldv, fl_V = C * ldv, fl_vec = 4 * C;
     const int64_t per_thread = fl_S + fl_QK + fl_Kt + fl_G + fl_X + fl_V + fl_vec;
     size_t bytes;
     if (ls_mul_size((size_t)per_thread, (size_t)nt, &bytes) ||
@@ -432,23 +455,23 @@ ls_status ls_gdr_chunk_fwd(float *o, float *tape_h, float *state, const float *q
         for (int64_t h = 0; h < H_v; h++) {
             float *Sh = state + h * dk * dv; /* (d_k, d_v) */
             for (int64_t d = 0; d < dk; d++) {
-                memcpy(wk.S + d * dvp, Sh + d * dv, (size_t)dv * sizeof(float));
-                for (int64_t j = dv; j < dvp; j++) wk.S[d * dvp + j] = 0.0f;
+                memcpy(wk.S + d * ldv, Sh + d * dv, (size_t)dv * sizeof(float));
+                for (int64_t j = dv; j < dvp; j++) wk.S[d * ldv + j] = 0.0f;
             }
             for (int64_t d = dk; d < dkp; d++)
-                for (int64_t j = 0; j < dvp; j++) wk.S[d * dvp + j] = 0.0f;
+                for (int64_t j = 0; j < dvp; j++) wk.S[d * ldv + j] = 0.0f;
             for (int64_t c = 0; c < n_chunks; c++) {
                 if (tape_h) {
                     float *th = tape_h + (c * H_v + h) * dk * dv; /* (d_k, d_v) */
                     for (int64_t d = 0; d < dk; d++)
-                        memcpy(th + d * dv, wk.S + d * dvp, (size_t)dv * sizeof(float));
+                        memcpy(th + d * dv, wk.S + d * ldv, (size_t)dv * sizeof(float));
                 }
                 const int64_t t0 = c * C, n = T - t0 < C ? T - t0 : C;
                 const int64_t n_next = T - t0 - n < C ? T - t0 - n : C;
-                gdr_chunk(&wk, o, q, k, v, beta, g, t0, n, n_next, h, h / rep, dm, dkp, dvp);
+                gdr_chunk(&wk, o, q, k, v, beta, g, t0, n, n_next, h, h / rep, dm, dkp, dvp, ldv);
             }
             for (int64_t d = 0; d < dk; d++)
-                memcpy(Sh + d * dv, wk.S + d * dvp, (size_t)dv * sizeof(float));
+                memcpy(Sh + d * dv, wk.S + d * ldv, (size_t)dv * sizeof(float));
         }
     }
     ls_arena_release(scratch, mark);
