@@ -207,6 +207,9 @@ int test_gdr_chunk_vs_serial(void) {
         {200, 1, 1, 33, 17, 8.0},    /* γ reaches −100s inside a chunk */
         {70, 1, 3, 24, 40, 0.75},    /* r = 3 */
         {129, 3, 3, 128, 128, 0.75}, /* T = 2·64 + 1 */
+        {100, 3, 6, 16, 32, 0.75},   /* with 2 threads a key head straddles them */
+        {90, 1, 2, 33, 48, 0.75},    /* odd d_k, d_v = 32 + 16 */
+        {70, 1, 1, 260, 40, 0.75},   /* d_k > 256: the serial form works on S in place */
     };
     ls_arena scratch;
     ls_arena_init(&scratch, "scratch", (size_t)1 << 20);
@@ -269,6 +272,8 @@ int test_gdr_serial_vs_double(void) {
     static const gdr_shape shapes[] = {
         {1, 1, 1, 8, 5, 0.75},   {50, 1, 2, 5, 8, 0.75},   {40, 2, 6, 24, 17, 0.75},
         {33, 2, 2, 64, 64, 0.05}, {30, 1, 1, 128, 128, 0.75}, {20, 1, 1, 16, 16, 8.0},
+        {25, 1, 2, 33, 72, 0.75}, /* odd d_k through the 32-column blocks, plus a tail */
+        {9, 1, 1, 260, 40, 0.75},  /* d_k > 256: S in place, no stack copy */
     };
     const double tol = 1e-5;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {

@@ -5,13 +5,24 @@
  * their own keys.
  *
  * ls_attn_fwd is a tiled online softmax (flash-attention style). One task is a
- * (kv head j, block of Bq query tokens) pair; the r = n_h/n_kv query heads that
- * share kv head j are stacked into the rows, M = Bq·r. The task walks key blocks
- * (prefix first, then its own keys up to the diagonal): S = Q·Kᵀ and O += P·V are
- * cblas_sgemm calls on the calling thread (OpenBLAS OpenMP build), between which
- * each row keeps a running max and sum. Scores are kept in base 2 (q is scaled by
- * scale·log2 e once) so the weights are plain 2^x. Memory per thread is
- * O(M·(hd + BK)); nothing of size T×n or T×T is ever formed.
+ * (kv head j, block of Bq query tokens) pair, run by one thread; the r = n_h/n_kv
+ * query heads that share kv head j are stacked into the rows, M = Bq·r. The task
+ * walks key blocks of up to BK keys (the prefix, then its own keys up to the
+ * diagonal) and, for each band of 16 query rows, does the band's scores, the
+ * online-softmax update (running max and sum per row) and O += P·V while the band
+ * is in L1. Everything is kept transposed, query rows along the vector lanes:
+ *   Qᵀ band [hd, 16] (packed once per task, pre-scaled by scale·log2 e, so the
+ *   weights are plain 2^x), Sᵀ = K·Qᵀ [bk, 16], Oᵀ band [hd, 16] += Vᵀ·Pᵀ.
+ * Keys and values are then read by row pointers straight from the F32 pages or the
+ * own k/v (BF16 rows are converted per block), the row max, exponentials and
+ * rescaling are plain lane-wise vector operations, and the causal mask is a lane
+ * compare. Memory per thread is O(M·hd + BK·16); nothing of size T×n or T×T is
+ * ever formed.
+ *
+ * Why own register-tile kernels and not cblas_sgemm per tile: the tiles are small
+ * (K = hd for Q·Kᵀ) and OpenBLAS re-packs Q, P and V, zeroes C and goes through
+ * memory for every tile; these 6×16 kernels with the band loop measured ~10–20%
+ * faster on the reference machine, and need no K/V copies for F32 pages.
  *
  * ls_attn_naive is the double-precision reference for the tests.
  */
@@ -26,28 +37,47 @@
 
 #include "longstraw/kernels.h"
 
-/* After kernels.h: cblas.h pulls in <complex.h>, whose `I` macro would break the
- * parameter named I in kernels.h. */
-#include <cblas.h>
-
-/* Target rows per task (Bq·r) and the key block for own keys and gathered pages. */
-#ifdef ATTN_TUNE
-static int64_t attn_rows = 256, attn_bk = 128, attn_direct = 32;
-#define ATTN_ROWS attn_rows
-#define ATTN_BK attn_bk
-#define ATTN_MIN_DIRECT_PAGE attn_direct
-#else
+/* Target rows per task (Bq·r) and keys per block; the measured optimum was flat
+ * between 128 and 512 for both (hd 64 and 128). */
 #define ATTN_ROWS 256
-#define ATTN_BK 128
-#endif
-/* F32 pages at least this long are read in place (one key block never crosses a
- * page); shorter ones, and all BF16 pages, are gathered into a [BK, hd] f32 tile. */
-#ifndef ATTN_TUNE
-#define ATTN_MIN_DIRECT_PAGE 32
-#endif
+#define ATTN_BK 256
+#define ATTN_BAND 16 /* query rows per band = vector lanes of a tile row (two vectors) */
+#define ATTN_KT 6    /* keys (scores) or head dims (output) per register tile */
 
 #define ATTN_LOG2E 1.4426950408889634
 #define ATTN_LN2 0.6931471805599453
+
+/* GCC vector extensions, 8 lanes of f32 (one AVX2 register; two SSE ones without
+ * -march=native). The -O2 cost model does not vectorise loops of unknown trip count,
+ * so the hot loops are written with vectors explicitly. Vectors stay local (no
+ * vector arguments or returns) so nothing depends on the vector calling convention
+ * (-Wpsabi). */
+#define ATTN_VL 8
+typedef float attn_vf __attribute__((vector_size(ATTN_VL * sizeof(float))));
+typedef int32_t attn_vi __attribute__((vector_size(ATTN_VL * sizeof(int32_t))));
+#define ATTN_SPLAT(x) ((attn_vf){(x), (x), (x), (x), (x), (x), (x), (x)})
+/* mask ? a : b lane-wise, mask lanes all-ones or zero (a vector comparison) */
+#define ATTN_VSEL(mask, a, b) ((attn_vf)(((attn_vi)(a) & (mask)) | ((attn_vi)(b) & ~(mask))))
+#define ATTN_LOAD(v, p) memcpy(&(v), (p), sizeof(attn_vf))
+#define ATTN_STORE(p, v) memcpy((p), &(v), sizeof(attn_vf))
+_Static_assert(ATTN_BAND == 2 * ATTN_VL, "a band is two vectors");
+
+/* y = 2^x lane-wise, for x ≤ 0 (a score minus the running max): Cephes exp2f
+ * polynomial on [−½, ½] (relative error ~2e−7), exponent by bit construction.
+ * x ≤ −127 gives exactly 0 (exponent field 0), so −inf gives 0; NaN stays NaN. */
+#define ATTN_EXP2(y, x)                                                                  \
+    do {                                                                                 \
+        const attn_vf lo_ = ATTN_SPLAT(-127.0f);                                         \
+        attn_vf xc_ = ATTN_VSEL((x) > lo_, (x), lo_);                  /* NaN → −127 */ \
+        attn_vi k_ = __builtin_convertvector(xc_ + 127.5f, attn_vi); /* round+127 */   \
+        attn_vf f_ = xc_ - __builtin_convertvector(k_ - 127, attn_vf); /* [−½, ½] */     \
+        attn_vf p_ = ((((1.535336188319500e-4f * f_ + 1.339887440266574e-3f) * f_ +      \
+                        9.618437357674640e-3f) * f_ + 5.550332471162809e-2f) * f_ +     \
+                      2.402264791363012e-1f) * f_ + 6.931472028550421e-1f;               \
+        p_ = 1.0f + f_ * p_;                                                             \
+        p_ *= (attn_vf)(k_ << 23); /* 2^(k−127); k = 0 gives 0 */                        \
+        (y) = ATTN_VSEL((x) == (x), p_, (x));                                            \
+    } while (0)
 
 /* Read-only description of one call, shared by all tasks. */
 typedef struct {
@@ -61,183 +91,252 @@ typedef struct {
     float qscale; /* scale · log2 e */
 } attn_ctx;
 
-/* Per-thread scratch, carved from the arena before the parallel region. */
+/* Per-thread scratch, carved from the arena before the parallel region.
+ * Mp = rows rounded up to BAND, BKt = BK rounded up to KT. */
 typedef struct {
-    float *Q;  /* [M, hd]  scaled queries of the task */
-    float *O;  /* [M, hd]  unnormalised output accumulator */
-    float *P;  /* [M, BK]  scores, then weights */
-    float *mx; /* [M]      running max (base 2) */
-    float *l;  /* [M]      running sum of 2^(s − mx) */
-    float *Kt; /* [BK, hd] gathered keys (f32) */
-    float *Vt; /* [BK, hd] gathered values (f32) */
+    float *Qt;         /* [Mp/16, hd, 16] scaled queries, transposed per band (padding 0) */
+    float *Ot;         /* [Mp/16, hd, 16] unnormalised output, transposed per band */
+    float *mx;         /* [Mp] running max (base 2) */
+    float *l;          /* [Mp] running sum of 2^(s − mx) */
+    float *St;         /* [BKt, 16] scores, then weights, of one band */
+    float *Kc, *Vc;    /* [BK, hd] a BF16 block converted to f32 */
+    const float **kr;  /* [BKt] key row of each key of the block (padding repeats the last) */
+    const float **vr;  /* [BK]  value rows */
 } attn_slab;
 
-/* The softmax of a score row uses GCC vector extensions (8 lanes of f32: one AVX2
- * register, two SSE ones without -march): the -O2 cost model does not vectorise
- * loops of unknown trip count, and this part runs once per score, between the two
- * sgemm calls. Vectors stay local (macros, no vector arguments) so the code does
- * not depend on the vector calling convention (-Wpsabi). */
-#define ATTN_VL 8
-typedef float attn_vf __attribute__((vector_size(ATTN_VL * sizeof(float))));
-typedef int32_t attn_vi __attribute__((vector_size(ATTN_VL * sizeof(int32_t))));
-/* mask ? a : b lane-wise, mask lanes all-ones or zero (a vector comparison) */
-#define ATTN_VSEL(mask, a, b) ((attn_vf)(((attn_vi)(a) & (mask)) | ((attn_vi)(b) & ~(mask))))
-
-/* Max of s[0, len), len a multiple of ATTN_VL; NaN lanes are skipped. */
-static float attn_row_max(const float *s, int64_t len) {
-    attn_vf m = (attn_vf){0} - INFINITY, x;
-    for (int64_t c = 0; c < len; c += ATTN_VL) {
-        memcpy(&x, s + c, sizeof x);
-        m = ATTN_VSEL(x > m, x, m);
+/* St[KT keys, 16] = K[KT rows kr[0..5], hd] · Qt[hd, 16]. */
+static void attn_uk_qk(float *restrict St, const float *restrict Qt, const float *const *kr,
+                       int hd) {
+    attn_vf a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0};
+    attn_vf a30 = {0}, a31 = {0}, a40 = {0}, a41 = {0}, a50 = {0}, a51 = {0};
+    const float *k0 = kr[0], *k1 = kr[1], *k2 = kr[2], *k3 = kr[3], *k4 = kr[4], *k5 = kr[5];
+    for (int64_t d = 0; d < hd; d++) {
+        attn_vf q0, q1, x;
+        ATTN_LOAD(q0, Qt + d * ATTN_BAND);
+        ATTN_LOAD(q1, Qt + d * ATTN_BAND + ATTN_VL);
+        x = ATTN_SPLAT(k0[d]), a00 += x * q0, a01 += x * q1;
+        x = ATTN_SPLAT(k1[d]), a10 += x * q0, a11 += x * q1;
+        x = ATTN_SPLAT(k2[d]), a20 += x * q0, a21 += x * q1;
+        x = ATTN_SPLAT(k3[d]), a30 += x * q0, a31 += x * q1;
+        x = ATTN_SPLAT(k4[d]), a40 += x * q0, a41 += x * q1;
+        x = ATTN_SPLAT(k5[d]), a50 += x * q0, a51 += x * q1;
     }
-    float r = m[0];
-    for (int i = 1; i < ATTN_VL; i++) r = m[i] > r ? m[i] : r;
-    return r;
+#define ATTN_ST(i, A0, A1)                                  \
+    ATTN_STORE(St + (i) * ATTN_BAND, A0);                   \
+    ATTN_STORE(St + (i) * ATTN_BAND + ATTN_VL, A1);
+    ATTN_ST(0, a00, a01) ATTN_ST(1, a10, a11) ATTN_ST(2, a20, a21)
+    ATTN_ST(3, a30, a31) ATTN_ST(4, a40, a41) ATTN_ST(5, a50, a51)
+#undef ATTN_ST
 }
 
-/* s[c] = 2^(s[c] − shift) in place over [0, len), len a multiple of ATTN_VL; returns
- * the sum. Arguments are ≤ 0 (shift is the running max). Cephes exp2f polynomial on
- * [−½, ½] (relative error ~2e−7), exponent by bit construction; x < −126 gives 0 (so
- * −inf padding gives 0) and NaN stays NaN. */
-static float attn_row_exp2_sum(float *s, int64_t len, float shift) {
-    const attn_vf lo = (attn_vf){0} - 126.0f, zero = {0};
-    attn_vf acc = zero, x;
-    for (int64_t c = 0; c < len; c += ATTN_VL) {
-        memcpy(&x, s + c, sizeof x);
-        x -= shift;
-        attn_vf xc = ATTN_VSEL(x > lo, x, lo);                       /* NaN → −126 */
-        attn_vi kk = __builtin_convertvector(xc + 127.5f, attn_vi);  /* round(xc)+127 ∈ [1,127] */
-        attn_vf f = xc - __builtin_convertvector(kk - 127, attn_vf); /* ∈ [−½, ½] */
-        attn_vf p = ((((1.535336188319500e-4f * f + 1.339887440266574e-3f) * f +
-                       9.618437357674640e-3f) * f + 5.550332471162809e-2f) * f +
-                     2.402264791363012e-1f) * f + 6.931472028550421e-1f;
-        p = 1.0f + f * p;
-        attn_vf y = p * (attn_vf)(kk << 23);
-        y = ATTN_VSEL(x < lo, zero, y);
-        y = ATTN_VSEL(x == x, y, x);
-        memcpy(s + c, &y, sizeof y);
-        acc += y;
+/* Ot[d0 + i, 16] += Σ_{c<bk} V[c][d0 + i] · Pt[c, 16] for i < nd (nd ≤ KT); value
+ * row c is vr[c]. Lanes past nd repeat dim d0+nd−1 (stays inside the row) and are
+ * not stored. */
+static void attn_uk_pv(float *restrict Ot, const float *restrict Pt, const float *const *vr,
+                       int64_t bk, int d0, int nd) {
+    attn_vf a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0};
+    attn_vf a30 = {0}, a31 = {0}, a40 = {0}, a41 = {0}, a50 = {0}, a51 = {0};
+    const int e0 = d0, e1 = d0 + (nd > 1 ? 1 : 0), e2 = d0 + (nd > 2 ? 2 : nd - 1),
+              e3 = d0 + (nd > 3 ? 3 : nd - 1), e4 = d0 + (nd > 4 ? 4 : nd - 1),
+              e5 = d0 + (nd > 5 ? 5 : nd - 1);
+    for (int64_t c = 0; c < bk; c++) {
+        const float *vc = vr[c];
+        attn_vf p0, p1, x;
+        ATTN_LOAD(p0, Pt + c * ATTN_BAND);
+        ATTN_LOAD(p1, Pt + c * ATTN_BAND + ATTN_VL);
+        x = ATTN_SPLAT(vc[e0]), a00 += x * p0, a01 += x * p1;
+        x = ATTN_SPLAT(vc[e1]), a10 += x * p0, a11 += x * p1;
+        x = ATTN_SPLAT(vc[e2]), a20 += x * p0, a21 += x * p1;
+        x = ATTN_SPLAT(vc[e3]), a30 += x * p0, a31 += x * p1;
+        x = ATTN_SPLAT(vc[e4]), a40 += x * p0, a41 += x * p1;
+        x = ATTN_SPLAT(vc[e5]), a50 += x * p0, a51 += x * p1;
     }
-    float r = 0.0f;
-    for (int i = 0; i < ATTN_VL; i++) r += acc[i];
-    return r;
+#define ATTN_ACC(i, A0, A1)                                                   \
+    if (nd > (i)) {                                                           \
+        float *o_ = Ot + (int64_t)(d0 + (i)) * ATTN_BAND;                     \
+        attn_vf t_;                                                           \
+        ATTN_LOAD(t_, o_), t_ += (A0), ATTN_STORE(o_, t_);                    \
+        ATTN_LOAD(t_, o_ + ATTN_VL), t_ += (A1), ATTN_STORE(o_ + ATTN_VL, t_); \
+    }
+    ATTN_ACC(0, a00, a01) ATTN_ACC(1, a10, a11) ATTN_ACC(2, a20, a21)
+    ATTN_ACC(3, a30, a31) ATTN_ACC(4, a40, a41) ATTN_ACC(5, a50, a51)
+#undef ATTN_ACC
 }
 
-/* One key block of bk keys: S = Q·Kᵀ, online-softmax update, O += P·V. kp/vp
- * point at key 0 of the block with row strides ldk/ldv. When `masked`, the block
- * holds own keys whose first one is `diag` tokens after the block's first query
- * (diag may be negative), and row m (query token m/r of the block) sees only keys
- * c ≤ m/r − diag; rows that see none of them (m/r < diag) are left out. */
-static void attn_block(const attn_slab *sl, int64_t M, int64_t r, int hd, const float *kp,
-                       int64_t ldk, const float *vp, int64_t ldv, int64_t bk, int masked,
+/* One key block of bk keys (rows sl->kr, sl->vr) against all bands of the task's Mp
+ * rows. When `masked`, the block holds own keys whose first one is `diag` tokens
+ * after the task's first query (diag may be negative): row m (query token m/r of
+ * the task) sees only keys c ≤ m/r − diag. */
+static void attn_block(const attn_slab *sl, const attn_ctx *c, int64_t Mp, int64_t bk, int masked,
                        int64_t diag) {
-    int64_t row_lo = masked && diag > 0 ? diag * r : 0;
-    if (row_lo >= M) return;
-    int64_t rows = M - row_lo;
-    float *P = sl->P + row_lo * ATTN_BK; /* [rows, BK] */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)bk, hd, 1.0f,
-                sl->Q + row_lo * hd, hd, kp, (int)ldk, 0.0f, P, ATTN_BK);
-    for (int64_t m = row_lo; m < M; m++) {
-        float *s = sl->P + m * ATTN_BK; /* [bk] */
-        int64_t nv = bk;
+    const int hd = c->hd;
+    const int64_t r = c->r;
+    const attn_vf ninf = ATTN_SPLAT(-INFINITY), zero = {0};
+    for (int64_t m0 = 0; m0 < Mp; m0 += ATTN_BAND) {
+        const float *Qt = sl->Qt + m0 * hd; /* [hd, 16] */
+        float *Ot = sl->Ot + m0 * hd;       /* [hd, 16] */
+        /* keys the band can see: nc = min(bk, last row's limit + 1) */
+        int64_t nc = bk;
+        attn_vi lim0 = {0}, lim1 = {0}; /* per-row last visible key, clamped to [−1, bk] */
         if (masked) {
-            nv = m / r - diag + 1;
-            if (nv > bk) nv = bk;
+            int64_t hi = (m0 + ATTN_BAND - 1) / r - diag + 1;
+            if (hi <= 0) continue; /* no row of the band sees any of these keys */
+            if (hi < nc) nc = hi;
+            for (int i = 0; i < ATTN_BAND; i++) {
+                int64_t li = (m0 + i) / r - diag;
+                li = li < -1 ? -1 : li > bk ? bk : li;
+                if (i < ATTN_VL) lim0[i] = (int32_t)li;
+                else lim1[i - ATTN_VL] = (int32_t)li;
+            }
         }
-        /* nv ≥ 1 here (rows that see no key lie below row_lo). Pad the row with −inf
-         * to whole vectors (ATTN_BK is a multiple of ATTN_VL): they become 0. */
-        int64_t len = (nv + ATTN_VL - 1) / ATTN_VL * ATTN_VL;
-        for (int64_t c = nv; c < len; c++) s[c] = -INFINITY;
-        float bmax = attn_row_max(s, len);
-        float m_old = sl->mx[m];
-        float m_new = bmax > m_old ? bmax : m_old;
-        float sum = attn_row_exp2_sum(s, len, m_new);
-        if (len < bk) memset(s + len, 0, (size_t)(bk - len) * sizeof(float));
-        if (m_new != m_old) {
-            float alpha = exp2f(m_old - m_new); /* 0 on the first block (m_old = −inf) */
-            sl->l[m] = sl->l[m] * alpha + sum;
-            sl->mx[m] = m_new;
-            float *orow = sl->O + m * hd;
-            for (int d = 0; d < hd; d++) orow[d] *= alpha;
-        } else {
-            sl->l[m] += sum;
+        /* scores Sᵀ [nc, 16] (the last tile may run past nc: its rows are not used) */
+        for (int64_t c0 = 0; c0 < nc; c0 += ATTN_KT)
+            attn_uk_qk(sl->St + c0 * ATTN_BAND, Qt, sl->kr + c0, hd);
+        /* online softmax, all 16 rows at once */
+        attn_vf mo0, mo1, bm0 = ninf, bm1 = ninf, s0, s1;
+        ATTN_LOAD(mo0, sl->mx + m0);
+        ATTN_LOAD(mo1, sl->mx + m0 + ATTN_VL);
+        for (int64_t cc = 0; cc < nc; cc++) {
+            float *s = sl->St + cc * ATTN_BAND;
+            ATTN_LOAD(s0, s);
+            ATTN_LOAD(s1, s + ATTN_VL);
+            if (masked) {
+                attn_vi ci = (attn_vi){0} + (int32_t)cc;
+                s0 = ATTN_VSEL(ci <= lim0, s0, ninf);
+                s1 = ATTN_VSEL(ci <= lim1, s1, ninf);
+                ATTN_STORE(s, s0);
+                ATTN_STORE(s + ATTN_VL, s1);
+            }
+            bm0 = ATTN_VSEL(s0 > bm0, s0, bm0);
+            bm1 = ATTN_VSEL(s1 > bm1, s1, bm1);
         }
+        attn_vf mn0 = ATTN_VSEL(bm0 > mo0, bm0, mo0), mn1 = ATTN_VSEL(bm1 > mo1, bm1, mo1);
+        /* rows that have seen no key yet keep max −inf: shift by 0 so −inf − shift
+         * stays −inf (weight 0) instead of NaN */
+        attn_vf sh0 = ATTN_VSEL(mn0 == ninf, zero, mn0), sh1 = ATTN_VSEL(mn1 == ninf, zero, mn1);
+        attn_vf al0, al1, x, sum0 = zero, sum1 = zero;
+        x = mo0 - sh0;
+        ATTN_EXP2(al0, x); /* 1 when the max did not move, 0 on the first keys */
+        x = mo1 - sh1;
+        ATTN_EXP2(al1, x);
+        for (int64_t cc = 0; cc < nc; cc++) {
+            float *s = sl->St + cc * ATTN_BAND;
+            ATTN_LOAD(s0, s);
+            ATTN_LOAD(s1, s + ATTN_VL);
+            x = s0 - sh0;
+            ATTN_EXP2(s0, x);
+            x = s1 - sh1;
+            ATTN_EXP2(s1, x);
+            ATTN_STORE(s, s0);
+            ATTN_STORE(s + ATTN_VL, s1);
+            sum0 += s0;
+            sum1 += s1;
+        }
+        attn_vf l0, l1;
+        ATTN_LOAD(l0, sl->l + m0);
+        ATTN_LOAD(l1, sl->l + m0 + ATTN_VL);
+        l0 = l0 * al0 + sum0;
+        l1 = l1 * al1 + sum1;
+        ATTN_STORE(sl->l + m0, l0);
+        ATTN_STORE(sl->l + m0 + ATTN_VL, l1);
+        ATTN_STORE(sl->mx + m0, mn0);
+        ATTN_STORE(sl->mx + m0 + ATTN_VL, mn1);
+        for (int64_t d = 0; d < hd; d++) { /* Oᵀ *= alpha */
+            attn_vf o0, o1;
+            ATTN_LOAD(o0, Ot + d * ATTN_BAND);
+            ATTN_LOAD(o1, Ot + d * ATTN_BAND + ATTN_VL);
+            o0 *= al0;
+            o1 *= al1;
+            ATTN_STORE(Ot + d * ATTN_BAND, o0);
+            ATTN_STORE(Ot + d * ATTN_BAND + ATTN_VL, o1);
+        }
+        /* Oᵀ += Vᵀ · Pᵀ */
+        for (int d0 = 0; d0 < hd; d0 += ATTN_KT)
+            attn_uk_pv(Ot, sl->St, sl->vr, nc, d0, hd - d0 < ATTN_KT ? hd - d0 : ATTN_KT);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, hd, (int)bk, 1.0f, P,
-                ATTN_BK, vp, (int)ldv, 1.0f, sl->O + row_lo * hd, hd);
 }
 
-/* Gather prefix positions [p0, p0+bk) of kv head j into Kt/Vt [bk, hd] as f32. */
-static void attn_gather(const attn_slab *sl, const ls_kv_prefix *pf, int j, int n_kv, int hd,
-                        int64_t p0, int64_t bk) {
-    int64_t S = pf->page_size;
-    for (int64_t i = 0; i < bk; i++) {
-        int64_t p = p0 + i;
-        int64_t off = ((p % S) * n_kv + j) * hd;
-        float *kd = sl->Kt + i * hd, *vd = sl->Vt + i * hd;
-        if (pf->dtype == LS_DTYPE_BF16) {
-            const ls_bf16 *ks = (const ls_bf16 *)pf->k_pages[p / S] + off;
-            const ls_bf16 *vs = (const ls_bf16 *)pf->v_pages[p / S] + off;
-            for (int d = 0; d < hd; d++) kd[d] = ls_bf16_to_f32(ks[d]);
-            for (int d = 0; d < hd; d++) vd[d] = ls_bf16_to_f32(vs[d]);
-        } else {
-            memcpy(kd, (const float *)pf->k_pages[p / S] + off, (size_t)hd * sizeof(float));
-            memcpy(vd, (const float *)pf->v_pages[p / S] + off, (size_t)hd * sizeof(float));
-        }
+/* bf16 row [hd] → f32 */
+static void attn_bf16_row(float *restrict dst, const ls_bf16 *restrict src, int hd) {
+    int d = 0;
+    for (; d + ATTN_VL <= hd; d += ATTN_VL) {
+        uint16_t h[ATTN_VL];
+        memcpy(h, src + d, sizeof h);
+        attn_vi u = {h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]};
+        u <<= 16;
+        memcpy(dst + d, &u, sizeof u);
     }
+    for (; d < hd; d++) dst[d] = ls_bf16_to_f32(src[d]);
+}
+
+/* Point kr/vr at the bk key/value rows of a block; pad kr to a whole tile. */
+static void attn_pad_rows(const attn_slab *sl, int64_t bk) {
+    for (int64_t i = bk; i % ATTN_KT; i++) sl->kr[i] = sl->kr[bk - 1];
 }
 
 /* One task: kv head j, query tokens [t0, t1). */
 static void attn_task(const attn_ctx *c, const attn_slab *sl, int j, int64_t t0, int64_t t1) {
     const int64_t r = c->r, M = (t1 - t0) * r;
+    const int64_t Mp = (M + ATTN_BAND - 1) / ATTN_BAND * ATTN_BAND;
     const int hd = c->hd;
-    const int64_t kv_ld = (int64_t)c->n_kv * hd; /* row stride of own keys and F32 pages */
-    /* scaled queries: row m = (token t0 + m/r, head j·r + m%r) */
-    for (int64_t t = t0; t < t1; t++) {
-        const float *qs = c->q + (t * c->n_h + (int64_t)j * r) * hd; /* [r, hd], contiguous */
-        float *qd = sl->Q + (t - t0) * r * hd;
-        for (int64_t i = 0; i < r * hd; i++) qd[i] = qs[i] * c->qscale;
-    }
-    memset(sl->O, 0, (size_t)(M * hd) * sizeof(float));
-    for (int64_t m = 0; m < M; m++) {
+    const int64_t kv_ld = (int64_t)c->n_kv * hd; /* row stride of own keys and of pages */
+    /* Qᵀ per band, scaled: row m = (token t0 + m/r, head j·r + m%r); padding rows 0 */
+    for (int64_t m = 0; m < Mp; m++) {
+        float *qd = sl->Qt + (m / ATTN_BAND) * ATTN_BAND * hd + m % ATTN_BAND; /* stride 16 */
+        if (m < M) {
+            const float *qs = c->q + ((t0 + m / r) * c->n_h + (int64_t)j * r + m % r) * hd;
+            for (int64_t d = 0; d < hd; d++) qd[d * ATTN_BAND] = qs[d] * c->qscale;
+        } else {
+            for (int64_t d = 0; d < hd; d++) qd[d * ATTN_BAND] = 0.0f;
+        }
         sl->mx[m] = -INFINITY;
         sl->l[m] = 0.0f;
     }
+    memset(sl->Ot, 0, (size_t)(Mp * hd) * sizeof(float));
     /* (a) the prefix: visible to every query */
     const ls_kv_prefix *pf = c->prefix;
     if (c->n > 0) {
         const int64_t S = pf->page_size;
-        const int direct = pf->dtype == LS_DTYPE_F32 && S >= ATTN_MIN_DIRECT_PAGE;
-        for (int64_t p0 = 0; p0 < c->n;) {
-            int64_t p1 = p0 + ATTN_BK < c->n ? p0 + ATTN_BK : c->n;
-            if (direct) {
-                int64_t page_end = (p0 / S + 1) * S;
-                if (p1 > page_end) p1 = page_end;
-                int64_t off = ((p0 % S) * c->n_kv + j) * hd;
-                attn_block(sl, M, r, hd, (const float *)pf->k_pages[p0 / S] + off, kv_ld,
-                           (const float *)pf->v_pages[p0 / S] + off, kv_ld, p1 - p0, 0, 0);
-            } else {
-                attn_gather(sl, pf, j, c->n_kv, hd, p0, p1 - p0);
-                attn_block(sl, M, r, hd, sl->Kt, hd, sl->Vt, hd, p1 - p0, 0, 0);
+        const int bf16 = pf->dtype == LS_DTYPE_BF16;
+        for (int64_t p0 = 0; p0 < c->n; p0 += ATTN_BK) {
+            int64_t bk = c->n - p0 < ATTN_BK ? c->n - p0 : ATTN_BK;
+            for (int64_t i = 0; i < bk; i++) {
+                int64_t p = p0 + i, off = (p % S) * kv_ld + (int64_t)j * hd;
+                if (bf16) {
+                    float *kd = sl->Kc + i * hd, *vd = sl->Vc + i * hd;
+                    attn_bf16_row(kd, (const ls_bf16 *)pf->k_pages[p / S] + off, hd);
+                    attn_bf16_row(vd, (const ls_bf16 *)pf->v_pages[p / S] + off, hd);
+                    sl->kr[i] = kd;
+                    sl->vr[i] = vd;
+                } else {
+                    sl->kr[i] = (const float *)pf->k_pages[p / S] + off;
+                    sl->vr[i] = (const float *)pf->v_pages[p / S] + off;
+                }
             }
-            p0 = p1;
+            attn_pad_rows(sl, bk);
+            attn_block(sl, c, Mp, bk, 0, 0);
         }
     }
     /* (b) own keys 0 .. t1−1; the causal mask only where a block reaches past t0 */
     for (int64_t s0 = 0; s0 < t1; s0 += ATTN_BK) {
         int64_t bk = t1 - s0 < ATTN_BK ? t1 - s0 : ATTN_BK;
-        int masked = s0 + bk - 1 > t0; /* the last key lies after the first query */
-        const float *kp = c->k + (s0 * c->n_kv + j) * hd, *vp = c->v + (s0 * c->n_kv + j) * hd;
-        attn_block(sl, M, r, hd, kp, kv_ld, vp, kv_ld, bk, masked, s0 - t0);
+        for (int64_t i = 0; i < bk; i++) {
+            sl->kr[i] = c->k + (s0 + i) * kv_ld + (int64_t)j * hd;
+            sl->vr[i] = c->v + (s0 + i) * kv_ld + (int64_t)j * hd;
+        }
+        attn_pad_rows(sl, bk);
+        attn_block(sl, c, Mp, bk, s0 + bk - 1 > t0, s0 - t0);
     }
     /* normalise and write back */
     for (int64_t m = 0; m < M; m++) {
         int64_t t = t0 + m / r, h = (int64_t)j * r + m % r;
         float inv = 1.0f / sl->l[m];
         float *od = c->o + (t * c->n_h + h) * hd;
-        const float *os = sl->O + m * hd;
-        for (int d = 0; d < hd; d++) od[d] = os[d] * inv;
-        if (c->lse) c->lse[t * c->n_h + h] = (float)(((double)sl->mx[m] + log2((double)sl->l[m])) * ATTN_LN2);
+        const float *os = sl->Ot + (m / ATTN_BAND) * ATTN_BAND * hd + m % ATTN_BAND; /* stride 16 */
+        for (int64_t d = 0; d < hd; d++) od[d] = os[d * ATTN_BAND] * inv;
+        if (c->lse)
+            c->lse[t * c->n_h + h] =
+                (float)(((double)sl->mx[m] + log2((double)sl->l[m])) * ATTN_LN2);
     }
 }
 
@@ -271,18 +370,14 @@ static ls_status attn_check(const ls_kv_prefix *prefix, int64_t T, int n_h, int 
     return LS_OK;
 }
 
-/* Scratch (from `scratch`, released before return): per thread
- * 2·M·hd + M·BK + 2·M + 2·BK·hd floats, M = Bq·r ≤ max(256, r). */
+/* Scratch (from `scratch`, released before return), per thread: 2·Mp·hd + 2·Mp +
+ * 16·BKt + 2·BK·hd floats and 2·BKt row pointers; Mp = Bq·r rounded up to 16
+ * (Bq·r ≤ max(256, r)), BKt = 256 rounded up to 6. */
 ls_status ls_attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v,
                       const ls_kv_prefix *prefix, int64_t T, int n_h, int n_kv, int hd,
                       float scale, ls_arena *scratch) {
     LS_TRY(attn_check(prefix, T, n_h, n_kv, hd));
     if (T == 0) return LS_OK;
-#ifdef ATTN_TUNE
-    if (getenv("ATTN_ROWS")) attn_rows = atoi(getenv("ATTN_ROWS"));
-    if (getenv("ATTN_BK")) attn_bk = atoi(getenv("ATTN_BK"));
-    if (getenv("ATTN_DIRECT")) attn_direct = atoi(getenv("ATTN_DIRECT"));
-#endif
     if (!scratch) return ls_err(LS_ERR_ARG, "attention: no scratch arena");
     LS_ASSERT(o && q && k && v, "attention: NULL tensor");
     const int64_t n = prefix ? prefix->n : 0;
@@ -303,25 +398,31 @@ ls_status ls_attn_fwd(float *o, float *lse, const float *q, const float *k, cons
     const int64_t ntasks = nqb * n_kv;
     if (ntasks < nt) nt = (int)ntasks;
 
-    /* per-thread slabs */
-    const size_t Mmax = (size_t)(Bq * r);
-    size_t f_qo, f_p, f_kv;
-    if (ls_mul_size(Mmax, (size_t)hd, &f_qo) || ls_mul_size(Mmax, ATTN_BK, &f_p) ||
-        ls_mul_size(ATTN_BK, (size_t)hd, &f_kv) || f_qo > SIZE_MAX / 64 || f_p > SIZE_MAX / 64)
-        return ls_err(LS_ERR_NOMEM, "attention: scratch size overflows (M = %zu, hd = %d)", Mmax, hd);
+    /* per-thread slabs (all factors are ints or small constants; checked anyway) */
+    const size_t Mp = (size_t)((Bq * r + ATTN_BAND - 1) / ATTN_BAND * ATTN_BAND);
+    const size_t BKt = (size_t)((ATTN_BK + ATTN_KT - 1) / ATTN_KT * ATTN_KT);
+    const int bf16 = n > 0 && prefix->dtype == LS_DTYPE_BF16;
+    size_t f_q, f_s, f_c;
+    if (ls_mul_size(Mp, (size_t)hd * sizeof(float), &f_q) ||
+        ls_mul_size(BKt, ATTN_BAND * sizeof(float), &f_s) ||
+        ls_mul_size((size_t)ATTN_BK, (size_t)hd * sizeof(float), &f_c))
+        return ls_err(LS_ERR_NOMEM, "attention: scratch size overflows (rows %zu, hd %d)", Mp, hd);
     ls_arena_mark mk = ls_arena_get_mark(scratch);
     attn_slab *slabs = ls_arena_alloc(scratch, (size_t)nt * sizeof(attn_slab));
     if (!slabs) return ls_err_ctx(LS_ERR_NOMEM, "attention scratch");
     for (int i = 0; i < nt; i++) {
         attn_slab *sl = &slabs[i];
-        sl->Q = ls_arena_alloc(scratch, f_qo * sizeof(float));
-        sl->O = ls_arena_alloc(scratch, f_qo * sizeof(float));
-        sl->P = ls_arena_alloc(scratch, f_p * sizeof(float));
-        sl->mx = ls_arena_alloc(scratch, Mmax * sizeof(float));
-        sl->l = ls_arena_alloc(scratch, Mmax * sizeof(float));
-        sl->Kt = ls_arena_alloc(scratch, f_kv * sizeof(float));
-        sl->Vt = ls_arena_alloc(scratch, f_kv * sizeof(float));
-        if (!sl->Q || !sl->O || !sl->P || !sl->mx || !sl->l || !sl->Kt || !sl->Vt) {
+        sl->Qt = ls_arena_alloc(scratch, f_q);
+        sl->Ot = ls_arena_alloc(scratch, f_q);
+        sl->mx = ls_arena_alloc(scratch, Mp * sizeof(float));
+        sl->l = ls_arena_alloc(scratch, Mp * sizeof(float));
+        sl->St = ls_arena_alloc(scratch, f_s);
+        sl->Kc = bf16 ? ls_arena_alloc(scratch, f_c) : NULL;
+        sl->Vc = bf16 ? ls_arena_alloc(scratch, f_c) : NULL;
+        sl->kr = ls_arena_alloc(scratch, BKt * sizeof(float *));
+        sl->vr = ls_arena_alloc(scratch, BKt * sizeof(float *));
+        if (!sl->Qt || !sl->Ot || !sl->mx || !sl->l || !sl->St || !sl->kr || !sl->vr ||
+            (bf16 && (!sl->Kc || !sl->Vc))) {
             ls_arena_release(scratch, mk);
             return ls_err_ctx(LS_ERR_NOMEM, "attention scratch (%d threads)", nt);
         }
