@@ -142,7 +142,6 @@ static int run_case(const attn_case *c, ls_rng *rng, ls_arena *scratch, double t
     T_CHECK(eo <= tol && el <= tol,
             "T=%lld n=%lld S=%lld n_h=%d n_kv=%d hd=%d %s: max|o-ref| %.3g, max|lse-ref| %.3g (tol %.1g)",
             (long long)T, (long long)n, (long long)c->S, n_h, n_kv, hd, ls_dtype_name(c->dt), eo, el, tol);
-    if (getenv("ATTN_VERBOSE")) printf("    T=%lld n=%lld S=%lld r=%d hd=%d: o %.2g lse %.2g\n", (long long)T, (long long)n, (long long)c->S, n_h / n_kv, hd, eo, el);
     if (eo > *worst) *worst = eo;
     if (el > *worst) *worst = el;
 
@@ -166,8 +165,9 @@ int test_attn_tiled_vs_naive(void) {
     ls_arena scratch;
     ls_arena_init(&scratch, "scratch", 1 << 20);
     const ls_dtype F = LS_DTYPE_F32;
-    /* Every T ∈ {1,2,7,64,65,300}, n ∈ {0,1,63,64,65,200}, S ∈ {5,16,64} (+ 31/32 at the
-     * in-place threshold, and 200 > key block), r ∈ {1,2,4}, hd ∈ {16,24,64,128}. */
+    /* Every T ∈ {1,2,7,64,65,300}, n ∈ {0,1,63,64,65,200}, S ∈ {5,16,64} (+ 7, 31, 32,
+     * and 200 with n = 450 > one key block), r ∈ {1,2,4}, hd ∈ {16,24,64,128} and the
+     * odd 1, 7, 20. */
     const attn_case cases[] = {
         /* empty prefix */
         {1, 0, 64, 4, 2, 64, F, 1}, {2, 0, 64, 8, 2, 16, F, 1}, {7, 0, 64, 2, 2, 24, F, 1},
@@ -180,8 +180,11 @@ int test_attn_tiled_vs_naive(void) {
         {2, 1, 16, 4, 1, 24, F, 1}, {64, 63, 16, 8, 2, 64, F, 1}, {300, 65, 16, 6, 3, 16, F, 1},
         {65, 200, 16, 4, 2, 64, F, 2}, {7, 64, 31, 8, 2, 16, F, 1}, {65, 200, 32, 4, 2, 24, F, 1},
         {64, 450, 200, 8, 2, 64, F, 1}, {1, 450, 200, 4, 1, 128, F, 2},
+        /* head dims that are not a multiple of the 6-wide output tile or the 8 lanes */
+        {33, 70, 16, 4, 2, 7, F, 1}, {20, 9, 5, 2, 1, 1, F, 1}, {300, 30, 7, 8, 2, 20, F, 1},
         /* BF16 pages through the same path (reference reads the same bf16 values) */
         {65, 200, 16, 8, 2, 64, LS_DTYPE_BF16, 1}, {7, 63, 5, 4, 2, 24, LS_DTYPE_BF16, 1},
+        {40, 100, 16, 4, 2, 7, LS_DTYPE_BF16, 1},
     };
     const int ncases = (int)(sizeof cases / sizeof cases[0]);
     double worst = 0;

@@ -8,20 +8,20 @@
  * (kv head j, block of Bq query tokens) pair, run by one thread; the r = n_h/n_kv
  * query heads that share kv head j are stacked into the rows, M = Bq·r. The task
  * walks key blocks of up to BK keys (the prefix, then its own keys up to the
- * diagonal) and, for each band of 16 query rows, does the band's scores, the
- * online-softmax update (running max and sum per row) and O += P·V while the band
- * is in L1. Everything is kept transposed, query rows along the vector lanes:
- *   Qᵀ band [hd, 16] (packed once per task, pre-scaled by scale·log2 e, so the
- *   weights are plain 2^x), Sᵀ = K·Qᵀ [bk, 16], Oᵀ band [hd, 16] += Vᵀ·Pᵀ.
+ * diagonal) and, for each band of B query rows (B = 16 with AVX, 8 without: two
+ * vectors), does the band's scores, the online-softmax update (running max and sum
+ * per row) and O += P·V while the band is in L1. Everything is kept transposed, query rows along the vector lanes:
+ *   Qᵀ band [hd, B] (packed once per task, pre-scaled by scale·log2 e, so the
+ *   weights are plain 2^x), Sᵀ = K·Qᵀ [bk, B], Oᵀ band [hd, B] += Vᵀ·Pᵀ.
  * Keys and values are then read by row pointers straight from the F32 pages or the
  * own k/v (BF16 rows are converted per block), the row max, exponentials and
  * rescaling are plain lane-wise vector operations, and the causal mask is a lane
- * compare. Memory per thread is O(M·hd + BK·16); nothing of size T×n or T×T is
+ * compare. Memory per thread is O(M·hd + BK·B); nothing of size T×n or T×T is
  * ever formed.
  *
  * Why own register-tile kernels and not cblas_sgemm per tile: the tiles are small
  * (K = hd for Q·Kᵀ) and OpenBLAS re-packs Q, P and V, zeroes C and goes through
- * memory for every tile; these 6×16 kernels with the band loop measured ~10–20%
+ * memory for every tile; these 6×B kernels with the band loop measured ~10–20%
  * faster on the reference machine, and need no K/V copies for F32 pages.
  *
  * ls_attn_naive is the double-precision reference for the tests.
@@ -41,26 +41,31 @@
  * between 128 and 512 for both (hd 64 and 128). */
 #define ATTN_ROWS 256
 #define ATTN_BK 256
-#define ATTN_BAND 16 /* query rows per band = vector lanes of a tile row (two vectors) */
 #define ATTN_KT 6    /* keys (scores) or head dims (output) per register tile */
 
 #define ATTN_LOG2E 1.4426950408889634
 #define ATTN_LN2 0.6931471805599453
 
-/* GCC vector extensions, 8 lanes of f32 (one AVX2 register; two SSE ones without
- * -march=native). The -O2 cost model does not vectorise loops of unknown trip count,
- * so the hot loops are written with vectors explicitly. Vectors stay local (no
- * vector arguments or returns) so nothing depends on the vector calling convention
- * (-Wpsabi). */
+/* GCC vector extensions: 8 lanes of f32 with AVX (one ymm register), else 4 (SSE;
+ * wider vectors would be split and their broadcasts go through the stack). The -O2
+ * cost model does not vectorise loops of unknown trip count, so the hot loops are
+ * written with vectors explicitly. Vectors stay local (no vector arguments or
+ * returns) so nothing depends on the vector calling convention (-Wpsabi). A band
+ * (the query rows of one register tile row) is two vectors. */
+#ifdef __AVX__
 #define ATTN_VL 8
+#define ATTN_SPLAT(x) ((attn_vf){(x), (x), (x), (x), (x), (x), (x), (x)})
+#else
+#define ATTN_VL 4
+#define ATTN_SPLAT(x) ((attn_vf){(x), (x), (x), (x)})
+#endif
+#define ATTN_BAND (2 * ATTN_VL)
 typedef float attn_vf __attribute__((vector_size(ATTN_VL * sizeof(float))));
 typedef int32_t attn_vi __attribute__((vector_size(ATTN_VL * sizeof(int32_t))));
-#define ATTN_SPLAT(x) ((attn_vf){(x), (x), (x), (x), (x), (x), (x), (x)})
 /* mask ? a : b lane-wise, mask lanes all-ones or zero (a vector comparison) */
 #define ATTN_VSEL(mask, a, b) ((attn_vf)(((attn_vi)(a) & (mask)) | ((attn_vi)(b) & ~(mask))))
 #define ATTN_LOAD(v, p) memcpy(&(v), (p), sizeof(attn_vf))
 #define ATTN_STORE(p, v) memcpy((p), &(v), sizeof(attn_vf))
-_Static_assert(ATTN_BAND == 2 * ATTN_VL, "a band is two vectors");
 
 /* y = 2^x lane-wise, for x ≤ 0 (a score minus the running max): Cephes exp2f
  * polynomial on [−½, ½] (relative error ~2e−7), exponent by bit construction.
@@ -92,19 +97,19 @@ typedef struct {
 } attn_ctx;
 
 /* Per-thread scratch, carved from the arena before the parallel region.
- * Mp = rows rounded up to BAND, BKt = BK rounded up to KT. */
+ * Mp = rows rounded up to B = ATTN_BAND, BKt = BK rounded up to KT. */
 typedef struct {
-    float *Qt;         /* [Mp/16, hd, 16] scaled queries, transposed per band (padding 0) */
-    float *Ot;         /* [Mp/16, hd, 16] unnormalised output, transposed per band */
+    float *Qt;         /* [Mp/B, hd, B] scaled queries, transposed per band (padding 0) */
+    float *Ot;         /* [Mp/B, hd, B] unnormalised output, transposed per band */
     float *mx;         /* [Mp] running max (base 2) */
     float *l;          /* [Mp] running sum of 2^(s − mx) */
-    float *St;         /* [BKt, 16] scores, then weights, of one band */
+    float *St;         /* [BKt, B] scores, then weights, of one band */
     float *Kc, *Vc;    /* [BK, hd] a BF16 block converted to f32 */
     const float **kr;  /* [BKt] key row of each key of the block (padding repeats the last) */
     const float **vr;  /* [BK]  value rows */
 } attn_slab;
 
-/* St[KT keys, 16] = K[KT rows kr[0..5], hd] · Qt[hd, 16]. */
+/* St[KT keys, B] = K[KT rows kr[0..5], hd] · Qt[hd, B]. */
 static void attn_uk_qk(float *restrict St, const float *restrict Qt, const float *const *kr,
                        int hd) {
     attn_vf a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0};
@@ -129,7 +134,7 @@ static void attn_uk_qk(float *restrict St, const float *restrict Qt, const float
 #undef ATTN_ST
 }
 
-/* Ot[d0 + i, 16] += Σ_{c<bk} V[c][d0 + i] · Pt[c, 16] for i < nd (nd ≤ KT); value
+/* Ot[d0 + i, B] += Σ_{c<bk} V[c][d0 + i] · Pt[c, B] for i < nd (nd ≤ KT); value
  * row c is vr[c]. Lanes past nd repeat dim d0+nd−1 (stays inside the row) and are
  * not stored. */
 static void attn_uk_pv(float *restrict Ot, const float *restrict Pt, const float *const *vr,
@@ -173,8 +178,8 @@ static void attn_block(const attn_slab *sl, const attn_ctx *c, int64_t Mp, int64
     const int64_t r = c->r;
     const attn_vf ninf = ATTN_SPLAT(-INFINITY), zero = {0};
     for (int64_t m0 = 0; m0 < Mp; m0 += ATTN_BAND) {
-        const float *Qt = sl->Qt + m0 * hd; /* [hd, 16] */
-        float *Ot = sl->Ot + m0 * hd;       /* [hd, 16] */
+        const float *Qt = sl->Qt + m0 * hd; /* [hd, B] */
+        float *Ot = sl->Ot + m0 * hd;       /* [hd, B] */
         /* keys the band can see: nc = min(bk, last row's limit + 1) */
         int64_t nc = bk;
         attn_vi lim0 = {0}, lim1 = {0}; /* per-row last visible key, clamped to [−1, bk] */
@@ -189,10 +194,10 @@ static void attn_block(const attn_slab *sl, const attn_ctx *c, int64_t Mp, int64
                 else lim1[i - ATTN_VL] = (int32_t)li;
             }
         }
-        /* scores Sᵀ [nc, 16] (the last tile may run past nc: its rows are not used) */
+        /* scores Sᵀ [nc, B] (the last tile may run past nc: its rows are not used) */
         for (int64_t c0 = 0; c0 < nc; c0 += ATTN_KT)
             attn_uk_qk(sl->St + c0 * ATTN_BAND, Qt, sl->kr + c0, hd);
-        /* online softmax, all 16 rows at once */
+        /* online softmax, all B rows at once */
         attn_vf mo0, mo1, bm0 = ninf, bm1 = ninf, s0, s1;
         ATTN_LOAD(mo0, sl->mx + m0);
         ATTN_LOAD(mo1, sl->mx + m0 + ATTN_VL);
@@ -260,9 +265,8 @@ static void attn_block(const attn_slab *sl, const attn_ctx *c, int64_t Mp, int64
 static void attn_bf16_row(float *restrict dst, const ls_bf16 *restrict src, int hd) {
     int d = 0;
     for (; d + ATTN_VL <= hd; d += ATTN_VL) {
-        uint16_t h[ATTN_VL];
-        memcpy(h, src + d, sizeof h);
-        attn_vi u = {h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]};
+        attn_vi u;
+        for (int i = 0; i < ATTN_VL; i++) u[i] = src[d + i];
         u <<= 16;
         memcpy(dst + d, &u, sizeof u);
     }
@@ -282,7 +286,7 @@ static void attn_task(const attn_ctx *c, const attn_slab *sl, int j, int64_t t0,
     const int64_t kv_ld = (int64_t)c->n_kv * hd; /* row stride of own keys and of pages */
     /* Qᵀ per band, scaled: row m = (token t0 + m/r, head j·r + m%r); padding rows 0 */
     for (int64_t m = 0; m < Mp; m++) {
-        float *qd = sl->Qt + (m / ATTN_BAND) * ATTN_BAND * hd + m % ATTN_BAND; /* stride 16 */
+        float *qd = sl->Qt + (m / ATTN_BAND) * ATTN_BAND * hd + m % ATTN_BAND; /* stride BAND */
         if (m < M) {
             const float *qs = c->q + ((t0 + m / r) * c->n_h + (int64_t)j * r + m % r) * hd;
             for (int64_t d = 0; d < hd; d++) qd[d * ATTN_BAND] = qs[d] * c->qscale;
@@ -332,7 +336,7 @@ static void attn_task(const attn_ctx *c, const attn_slab *sl, int j, int64_t t0,
         int64_t t = t0 + m / r, h = (int64_t)j * r + m % r;
         float inv = 1.0f / sl->l[m];
         float *od = c->o + (t * c->n_h + h) * hd;
-        const float *os = sl->Ot + (m / ATTN_BAND) * ATTN_BAND * hd + m % ATTN_BAND; /* stride 16 */
+        const float *os = sl->Ot + (m / ATTN_BAND) * ATTN_BAND * hd + m % ATTN_BAND; /* stride BAND */
         for (int64_t d = 0; d < hd; d++) od[d] = os[d * ATTN_BAND] * inv;
         if (c->lse)
             c->lse[t * c->n_h + h] =
@@ -371,7 +375,7 @@ static ls_status attn_check(const ls_kv_prefix *prefix, int64_t T, int n_h, int 
 }
 
 /* Scratch (from `scratch`, released before return), per thread: 2·Mp·hd + 2·Mp +
- * 16·BKt + 2·BK·hd floats and 2·BKt row pointers; Mp = Bq·r rounded up to 16
+ * B·BKt + 2·BK·hd floats and 2·BKt row pointers; Mp = Bq·r rounded up to B
  * (Bq·r ≤ max(256, r)), BKt = 256 rounded up to 6. */
 ls_status ls_attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v,
                       const ls_kv_prefix *prefix, int64_t T, int n_h, int n_kv, int hd,

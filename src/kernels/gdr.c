@@ -421,10 +421,57 @@ static void gdr_chunk_head(gdr_work *wk, float *S, float *o, const float *v, con
     mm(dkp, dvp, n, Kw, L, V, ldv, S, ldv, eg[n - 1], 0);
 }
 
-/* Each thread owns a contiguous range of value heads and walks the chunks in order,
- * all its heads per chunk: the rows of one token for neighbouring heads share pages
- * (fewer TLB misses than one head over all T), and value heads of one key head
- * reuse the q/k gather and [Q;K]·Kᵀ. */
+/* Value heads [h0, h1) over all chunks, from the scratch slot at p (sized in
+ * ls_gdr_chunk_fwd): the chunks in order, all heads of the range per chunk, so that the rows
+ * of one token for neighbouring heads share pages (fewer TLB misses than one head
+ * over all T) and value heads of one key head reuse the q/k gather and [Q;K]·Kᵀ. */
+static void gdr_chunk_range(float *p, int64_t h0, int64_t h1, float *o, float *tape_h,
+                            float *state, const float *q, const float *k, const float *v,
+                            const float *beta, const float *g, int64_t T, ls_gdr_dims dm) {
+    const int64_t H_v = dm.H_v, dk = dm.d_k, dv = dm.d_v, C = GDR_CHUNK, L = GDR_LDG;
+    const int64_t rep = H_v / dm.H_k;
+    const int64_t dkp = round_up(dk, GDR_NR), dvp = round_up(dv, GDR_NR), ldv = dvp + GDR_NR;
+    const int64_t fl_S = dkp * ldv; /* one state */
+    gdr_work wk;
+    wk.S = p, p += (h1 - h0) * fl_S;
+    wk.QK = p, p += 2 * C * dkp;
+    wk.Kt = p, p += dkp * L;
+    wk.Kw = p, p += dkp * L;
+    wk.GK = p, p += 2 * C * L;
+    wk.G = p, p += 2 * C * L;
+    wk.X = p, p += 2 * C * ldv;
+    wk.V = p, p += C * ldv;
+    wk.gam = p, wk.eg = p + C, wk.bet = p + 2 * C, wk.w = p + 3 * C;
+
+    for (int64_t h = h0; h < h1; h++) { /* states in (the padding is zero already) */
+        float *Sw = wk.S + (h - h0) * fl_S;
+        for (int64_t d = 0; d < dk; d++)
+            memcpy(Sw + d * ldv, state + (h * dk + d) * dv, (size_t)dv * sizeof(float));
+    }
+    for (int64_t t0 = 0, c = 0; t0 < T; t0 += C, c++) {
+        const int64_t n = T - t0 < C ? T - t0 : C;
+        for (int64_t h = h0; h < h1; h++) {
+            float *Sw = wk.S + (h - h0) * fl_S; /* (dkp, dvp) stride ldv */
+            if (tape_h) {
+                float *th = tape_h + (c * H_v + h) * dk * dv; /* (d_k, d_v) */
+                for (int64_t d = 0; d < dk; d++)
+                    memcpy(th + d * dv, Sw + d * ldv, (size_t)dv * sizeof(float));
+            }
+            if (h == h0 || h / rep != (h - 1) / rep)
+                gdr_chunk_keys(&wk, q, k, t0, n, h / rep, dm, dkp);
+            gdr_chunk_head(&wk, Sw, o, v, beta, g, t0, n, h, dm, dkp, dvp, ldv);
+        }
+    }
+    for (int64_t h = h0; h < h1; h++) { /* states out */
+        const float *Sw = wk.S + (h - h0) * fl_S;
+        for (int64_t d = 0; d < dk; d++)
+            memcpy(state + (h * dk + d) * dv, Sw + d * ldv, (size_t)dv * sizeof(float));
+    }
+}
+
+/* Scratch: n_slots = min(threads, H_v) slots from `scratch`, each holding the states
+ * of ⌈H_v/n_slots⌉ heads plus one chunk's buffers (≈ 1.5 MiB per slot at H_v = 32,
+ * 2 threads, d_k = d_v = 128); slot i takes value heads [H_v·i/n, H_v·(i+1)/n). */
 ls_status ls_gdr_chunk_fwd(float *o, float *tape_h, float *state, const float *q, const float *k,
                            const float *v, const float *beta, const float *g, int64_t T,
                            ls_gdr_dims dm, ls_arena *scratch) {
@@ -432,27 +479,26 @@ ls_status ls_gdr_chunk_fwd(float *o, float *tape_h, float *state, const float *q
               "H_k %d H_v %d d_k %d d_v %d", dm.H_k, dm.H_v, dm.d_k, dm.d_v);
     LS_ASSERT(T >= 0, "T %lld", (long long)T);
     if (T == 0) return LS_OK;
-    const int64_t H_v = dm.H_v, dk = dm.d_k, dv = dm.d_v, C = GDR_CHUNK, L = GDR_LDG;
-    const int64_t rep = H_v / dm.H_k;
-    const int64_t dkp = round_up(dk, GDR_NR), dvp = round_up(dv, GDR_NR), ldv = dvp + GDR_NR;
-    const int64_t n_chunks = (T + C - 1) / C;
+    const int64_t H_v = dm.H_v, C = GDR_CHUNK, L = GDR_LDG;
+    const int64_t dkp = round_up(dm.d_k, GDR_NR), dvp = round_up(dm.d_v, GDR_NR);
+    const int64_t ldv = dvp + GDR_NR;
 
-    int nt = 1;
+    int n_slots = 1;
 #ifdef _OPENMP
-    nt = omp_get_max_threads();
+    n_slots = omp_get_max_threads();
 #endif
-    if (nt > H_v) nt = (int)H_v;
-    const int64_t max_heads = (H_v + nt - 1) / nt; /* per thread */
+    if (n_slots > H_v) n_slots = (int)H_v;
+    const int64_t max_heads = (H_v + n_slots - 1) / n_slots;
 
-    /* per-thread floats; every piece is a multiple of 16 floats, so all stay 64-byte aligned */
-    const int64_t fl_S = dkp * ldv, fl_QK = 2 * C * dkp, fl_Kt = dkp * L, fl_G = 2 * C * L;
-    const int64_t fl_X = 2 * C * ldv, fl_V = C * ldv, fl_vec = 4 * C;
-    const int64_t per_thread = max_heads * fl_S + fl_QK + 2 * fl_Kt + 2 * fl_G + fl_X + fl_V + fl_vec;
+    /* floats per slot (see gdr_chunk_range); every piece is a multiple of 16 floats,
+     * so all stay 64-byte aligned */
+    const int64_t slot = max_heads * dkp * ldv + 2 * C * dkp + 2 * dkp * L + 4 * C * L +
+                         3 * C * ldv + 4 * C;
     size_t bytes;
-    if (ls_mul_size((size_t)per_thread, (size_t)nt, &bytes) ||
+    if (ls_mul_size((size_t)slot, (size_t)n_slots, &bytes) ||
         ls_mul_size(bytes, sizeof(float), &bytes))
-        return ls_err(LS_ERR_NOMEM, "gdr chunk scratch: size overflow (%d threads, d_k %d, d_v %d)",
-                      nt, dm.d_k, dm.d_v);
+        return ls_err(LS_ERR_NOMEM, "gdr chunk scratch: size overflow (%d slots, d_k %d, d_v %d)",
+                      n_slots, dm.d_k, dm.d_v);
     ls_arena_mark mark = ls_arena_get_mark(scratch);
     float *buf = ls_arena_alloc(scratch, bytes);
     if (!buf)
@@ -461,51 +507,17 @@ ls_status ls_gdr_chunk_fwd(float *o, float *tape_h, float *state, const float *q
     /* padding rows/columns must hold finite values (zero): clear everything once */
     memset(buf, 0, bytes);
 
-#pragma omp parallel num_threads(nt)
+    /* One slot per thread; should the runtime give fewer threads, each takes several. */
+#pragma omp parallel num_threads(n_slots)
     {
         int tid = 0, nth = 1;
 #ifdef _OPENMP
         tid = omp_get_thread_num();
         nth = omp_get_num_threads();
 #endif
-        /* static partition of the value heads: [h0, h1) */
-        const int64_t h0 = H_v * tid / nth, h1 = H_v * (tid + 1) / nth;
-        float *p = buf + (int64_t)tid * per_thread;
-        gdr_work wk;
-        wk.S = p, p += max_heads * fl_S;
-        wk.QK = p, p += fl_QK;
-        wk.Kt = p, p += fl_Kt;
-        wk.Kw = p, p += fl_Kt;
-        wk.GK = p, p += fl_G;
-        wk.G = p, p += fl_G;
-        wk.X = p, p += fl_X;
-        wk.V = p, p += fl_V;
-        wk.gam = p, wk.eg = p + C, wk.bet = p + 2 * C, wk.w = p + 3 * C;
-
-        for (int64_t h = h0; h < h1; h++) { /* states in (padding stays zero) */
-            float *Sw = wk.S + (h - h0) * fl_S;
-            for (int64_t d = 0; d < dk; d++)
-                memcpy(Sw + d * ldv, state + (h * dk + d) * dv, (size_t)dv * sizeof(float));
-        }
-        for (int64_t c = 0; c < n_chunks; c++) {
-            const int64_t t0 = c * C, n = T - t0 < C ? T - t0 : C;
-            for (int64_t h = h0; h < h1; h++) {
-                float *Sw = wk.S + (h - h0) * fl_S; /* (dkp, dvp) stride ldv */
-                if (tape_h) {
-                    float *th = tape_h + (c * H_v + h) * dk * dv; /* (d_k, d_v) */
-                    for (int64_t d = 0; d < dk; d++)
-                        memcpy(th + d * dv, Sw + d * ldv, (size_t)dv * sizeof(float));
-                }
-                if (h == h0 || h / rep != (h - 1) / rep)
-                    gdr_chunk_keys(&wk, q, k, t0, n, h / rep, dm, dkp);
-                gdr_chunk_head(&wk, Sw, o, v, beta, g, t0, n, h, dm, dkp, dvp, ldv);
-            }
-        }
-        for (int64_t h = h0; h < h1; h++) { /* states out */
-            const float *Sw = wk.S + (h - h0) * fl_S;
-            for (int64_t d = 0; d < dk; d++)
-                memcpy(state + (h * dk + d) * dv, Sw + d * ldv, (size_t)dv * sizeof(float));
-        }
+        for (int i = tid; i < n_slots; i += nth)
+            gdr_chunk_range(buf + (int64_t)i * slot, H_v * i / n_slots, H_v * (i + 1) / n_slots, o,
+                            tape_h, state, q, k, v, beta, g, T, dm);
     }
     ls_arena_release(scratch, mark);
     return LS_OK;
