@@ -19,6 +19,7 @@ int test_model_capture_vs_plain(void);
 int test_model_arena_plan(void);
 int test_config_reject(void);
 int test_group_reject(void);
+int test_model_load_reject(void);
 
 /* Score a group with the given options; out[i] in the score arena of `ar`. */
 static int score(const ls_hybrid_model *m, const ls_group *g, const ls_score_opts *o, ls_arenas *ar,
@@ -312,5 +313,49 @@ int test_group_reject(void) {
                             "\"old_logprobs\": [[-1], [-0.5, -2]]}", "ok.json", 100));
     T_CHECK(g.P == 2 && g.G == 2 && g.R[1] == 2 && g.rewards[1] == 1.0 && g.old_logprobs[1][1] == -2.0f, "parse");
     ls_group_free(&g);
+    return 0;
+}
+
+/* A checkpoint that does not match its config is rejected with the tensor's name. */
+int test_model_load_reject(void) {
+    char dir[512], path[700];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    T_CHECK(make_model(dir, gen_configs[0], 1) == 0, "make model");
+    static const struct { const char *from, *to, *needle; } cases[] = {
+        {"\"hidden_size\": 64", "\"hidden_size\": 32", "model.embed_tokens.weight"},
+        {"\"num_experts\": 0", "\"num_experts\": 0, \"tie_word_embeddings\": false, \"x\": 0", NULL},
+        {"\"linear_num_value_heads\": 4", "\"linear_num_value_heads\": 2", "in_proj_qkvz"},
+        {"\"full_attention_interval\": 2", "\"full_attention_interval\": 1", "self_attn.q_proj.weight"},
+        /* the weight layout follows the tensors present, not model_type */
+        {"\"qwen3_next\"", "\"qwen3_5_text\"", NULL},
+        {"\"intermediate_size\": 96", "\"intermediate_size\": 100", "mlp.gate_proj.weight"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *src = gen_configs[0];
+        const char *at = strstr(src, cases[i].from);
+        T_CHECK(at != NULL, "case %zu: pattern", i);
+        char text[4096];
+        snprintf(text, sizeof text, "%.*s%s%s", (int)(at - src), src, cases[i].to, at + strlen(cases[i].from));
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        FILE *f = fopen(path, "w");
+        T_CHECK(f != NULL, "write config");
+        fputs(text, f);
+        fclose(f);
+        ls_arenas ar;
+        ls_arenas_init(&ar);
+        ls_hybrid_model m;
+        ls_status s = ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]);
+        ls_arenas_free(&ar);
+        if (!cases[i].needle) {
+            T_CHECK(s == LS_OK, "case %zu: a matching config must load: %s", i, ls_err_msg());
+            continue;
+        }
+        T_CHECK(s != LS_OK, "case %zu accepted", i);
+        T_CHECK(strstr(ls_err_msg(), cases[i].needle) != NULL, "case %zu: \"%s\" lacks \"%s\"", i, ls_err_msg(),
+                cases[i].needle);
+    }
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    T_CHECK(system(cmd) == 0, "cleanup");
     return 0;
 }

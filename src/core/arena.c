@@ -9,6 +9,9 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+#define HUGE_BLOCK ((size_t)2 << 20)
 
 struct ls_arena_block {
     ls_arena_block *prev;
@@ -43,7 +46,13 @@ static ls_arena_block *block_new(ls_arena *a, size_t need) {
     size_t total;
     if (ls_add_size(size, BLOCK_HDR, &total)) return NULL;
     void *p = NULL;
-    if (posix_memalign(&p, LS_ALIGN, total) != 0) return NULL;
+    /* Large blocks: 2 MiB aligned and marked for transparent huge pages; kernels walk
+     * head-strided rows, where 4 KiB pages cost TLB misses. */
+    size_t align = total >= HUGE_BLOCK ? HUGE_BLOCK : LS_ALIGN;
+    if (posix_memalign(&p, align, total) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+    if (align == HUGE_BLOCK) madvise(p, total, MADV_HUGEPAGE);
+#endif
     ls_arena_block *b = p;
     b->size = size;
     b->off = 0;
