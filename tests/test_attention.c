@@ -63,10 +63,10 @@ static void pages_append(t_pages *tp, const float *k, const float *v, int64_t T)
     for (int64_t t = 0; t < T; t++) {
         int64_t p = tp->pf.n + t;
         LS_ASSERT(p / S < tp->cap_pages, "test pages full");
-        ls_convert_from_f32((char *)tp->k_pages[p / S] + (size_t)((p % S) * row) * ls_dtype_size(tp->pf.dtype),
-                            tp->pf.dtype, k + t * row, (size_t)row);
-        ls_convert_from_f32((char *)tp->v_pages[p / S] + (size_t)((p % S) * row) * ls_dtype_size(tp->pf.dtype),
-                            tp->pf.dtype, v + t * row, (size_t)row);
+        size_t off = (size_t)((p % S) * row) * ls_dtype_size(tp->pf.dtype); /* bytes */
+        ls_dtype dt = tp->pf.dtype;
+        ls_convert_from_f32((char *)tp->k_pages[p / S] + off, dt, k + t * row, (size_t)row);
+        ls_convert_from_f32((char *)tp->v_pages[p / S] + off, dt, v + t * row, (size_t)row);
     }
     tp->pf.n += T;
 }
@@ -118,7 +118,8 @@ static int run_case(const attn_case *c, ls_rng *rng, ls_arena *scratch, double t
     float *pk = malloc((size_t)(n * n_kv * hd + 1) * sizeof(float)); /* [n, n_kv, hd] */
     float *pv = malloc((size_t)(n * n_kv * hd + 1) * sizeof(float));
     float *o = guarded(nq), *lse = guarded(T * n_h);
-    float *o_ref = malloc((size_t)nq * sizeof(float)), *lse_ref = malloc((size_t)(T * n_h) * sizeof(float));
+    float *o_ref = malloc((size_t)nq * sizeof(float));
+    float *lse_ref = malloc((size_t)(T * n_h) * sizeof(float));
     T_CHECK(q && k && v && pk && pv && o && lse && o_ref && lse_ref, "alloc");
     t_fill_normal(q, nq, rng, c->q_std);
     t_fill_normal(k, nkv, rng, 1.0f);
@@ -140,8 +141,10 @@ static int run_case(const attn_case *c, ls_rng *rng, ls_arena *scratch, double t
     T_CHECK(t_all_finite_f(o, nq) && t_all_finite_f(lse, T * n_h), "non-finite output");
     double eo = t_max_abs_diff_f(o, o_ref, nq), el = t_max_abs_diff_f(lse, lse_ref, T * n_h);
     T_CHECK(eo <= tol && el <= tol,
-            "T=%lld n=%lld S=%lld n_h=%d n_kv=%d hd=%d %s: max|o-ref| %.3g, max|lse-ref| %.3g (tol %.1g)",
-            (long long)T, (long long)n, (long long)c->S, n_h, n_kv, hd, ls_dtype_name(c->dt), eo, el, tol);
+            "T=%lld n=%lld S=%lld n_h=%d n_kv=%d hd=%d %s: max|o-ref| %.3g, "
+            "max|lse-ref| %.3g (tol %.1g)",
+            (long long)T, (long long)n, (long long)c->S, n_h, n_kv, hd, ls_dtype_name(c->dt), eo,
+            el, tol);
     if (eo > *worst) *worst = eo;
     if (el > *worst) *worst = el;
 
@@ -149,7 +152,8 @@ static int run_case(const attn_case *c, ls_rng *rng, ls_arena *scratch, double t
     float *o2 = guarded(nq);
     T_CHECK(o2, "alloc");
     T_OK(ls_attn_fwd(o2, NULL, q, k, v, pf, T, n_h, n_kv, hd, scale, scratch));
-    T_CHECK(guard_ok(o2, nq) && memcmp(o, o2, (size_t)nq * sizeof(float)) == 0, "o differs without lse");
+    T_CHECK(guard_ok(o2, nq) && memcmp(o, o2, (size_t)nq * sizeof(float)) == 0,
+            "o differs without lse");
     guarded_free(o2);
 
     pages_free(&tp);
@@ -205,7 +209,8 @@ int test_attn_tiled_vs_naive(void) {
     T_CHECK(ls_attn_fwd(y, NULL, x, x, x, NULL, -1, 2, 2, 8, 1.0f, &scratch) == LS_ERR_ARG,
             "negative T accepted");
     void *pg[1] = {x};
-    ls_kv_prefix bad = {.n = 4, .page_size = 4, .dtype = LS_DTYPE_F16, .k_pages = pg, .v_pages = pg};
+    ls_kv_prefix bad = {
+        .n = 4, .page_size = 4, .dtype = LS_DTYPE_F16, .k_pages = pg, .v_pages = pg};
     T_CHECK(ls_attn_fwd(y, NULL, x, x, x, &bad, 1, 2, 2, 8, 1.0f, &scratch) == LS_ERR_UNSUPPORTED,
             "F16 pages accepted");
     bad.dtype = LS_DTYPE_F32;
@@ -237,7 +242,8 @@ int test_attn_paged_bf16(void) {
         const int n_h = 8, n_kv = 2, hd = 64;
         const int64_t T = 97, n = 333, S = 64;
         int64_t nq = T * n_h * hd, nkv = T * n_kv * hd, npf = n * n_kv * hd;
-        float *q = malloc((size_t)nq * 4), *k = malloc((size_t)nkv * 4), *v = malloc((size_t)nkv * 4);
+        float *q = malloc((size_t)nq * 4), *k = malloc((size_t)nkv * 4);
+        float *v = malloc((size_t)nkv * 4);
         float *pk = malloc((size_t)npf * 4), *pv = malloc((size_t)npf * 4);
         float *o = guarded(nq), *lse = guarded(T * n_h);
         float *o_ref = malloc((size_t)nq * 4), *lse_ref = malloc((size_t)(T * n_h) * 4);
@@ -262,13 +268,17 @@ int test_attn_paged_bf16(void) {
         T_CHECK(guard_ok(o, nq) && guard_ok(lse, T * n_h), "guard words overwritten");
         T_CHECK(t_all_finite_f(o, nq) && t_all_finite_f(lse, T * n_h), "non-finite output");
         double eo = t_max_abs_diff_f(o, o_ref, nq), el = t_max_abs_diff_f(lse, lse_ref, T * n_h);
-        T_CHECK(eo <= tol && el <= tol, "bf16 pages vs f32 pages of the same values: o %.3g lse %.3g", eo, el);
-        double en = t_max_abs_diff_f(o_nb, o_ref, nq), enl = t_max_abs_diff_f(lse_nb, lse_ref, T * n_h);
-        T_CHECK(en == 0 && enl == 0, "naive bf16 vs naive f32 of the same values: o %.3g lse %.3g", en, enl);
+        T_CHECK(eo <= tol && el <= tol,
+                "bf16 pages vs f32 pages of the same values: o %.3g lse %.3g", eo, el);
+        double en = t_max_abs_diff_f(o_nb, o_ref, nq);
+        double enl = t_max_abs_diff_f(lse_nb, lse_ref, T * n_h);
+        T_CHECK(en == 0 && enl == 0,
+                "naive bf16 vs naive f32 of the same values: o %.3g lse %.3g", en, enl);
         printf("  bf16 pages: max|o-ref| %.3g, max|lse-ref| %.3g\n", eo, el);
         pages_free(&pb);
         pages_free(&pf32);
-        free(q), free(k), free(v), free(pk), free(pv), free(o_ref), free(lse_ref), free(o_nb), free(lse_nb);
+        free(q), free(k), free(v), free(pk), free(pv);
+        free(o_ref), free(lse_ref), free(o_nb), free(lse_nb);
         guarded_free(o);
         guarded_free(lse);
     }
@@ -287,7 +297,8 @@ int test_attn_paged_bf16(void) {
         int64_t qrow = (int64_t)n_h * hd, kvrow = (int64_t)n_kv * hd;
         float *q = malloc((size_t)(T * qrow) * 4), *k = malloc((size_t)(T * kvrow) * 4);
         float *v = malloc((size_t)(T * kvrow) * 4);
-        float *pk = malloc((size_t)(n0 * kvrow + 1) * 4), *pv = malloc((size_t)(n0 * kvrow + 1) * 4);
+        float *pk = malloc((size_t)(n0 * kvrow + 1) * 4);
+        float *pv = malloc((size_t)(n0 * kvrow + 1) * 4);
         float *o1 = guarded(T * qrow), *l1 = guarded(T * n_h); /* one call */
         float *o2 = guarded(T * qrow), *l2 = guarded(T * n_h); /* two calls */
         T_CHECK(q && k && v && pk && pv && o1 && l1 && o2 && l2, "alloc");
@@ -309,7 +320,8 @@ int test_attn_paged_bf16(void) {
         T_CHECK(guard_ok(o1, T * qrow) && guard_ok(l1, T * n_h) && guard_ok(o2, T * qrow) &&
                     guard_ok(l2, T * n_h), "guard words overwritten");
         T_CHECK(t_all_finite_f(o1, T * qrow) && t_all_finite_f(o2, T * qrow) &&
-                    t_all_finite_f(l1, T * n_h) && t_all_finite_f(l2, T * n_h), "non-finite output");
+                    t_all_finite_f(l1, T * n_h) && t_all_finite_f(l2, T * n_h),
+                "non-finite output");
         double eo = t_max_abs_diff_f(o2, o1, T * qrow), el = t_max_abs_diff_f(l2, l1, T * n_h);
         T_CHECK(eo <= tol && el <= tol,
                 "split %lld+%lld over n0=%lld S=%lld %s: max|o2-o1| %.3g, max|lse2-lse1| %.3g",

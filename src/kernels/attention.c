@@ -10,7 +10,8 @@
  * walks key blocks of up to BK keys (the prefix, then its own keys up to the
  * diagonal) and, for each band of B query rows (B = 16 with AVX, 8 without: two
  * vectors), does the band's scores, the online-softmax update (running max and sum
- * per row) and O += P·V while the band is in L1. Everything is kept transposed, query rows along the vector lanes:
+ * per row) and O += P·V while the band is in L1. Everything is kept transposed,
+ * query rows along the vector lanes:
  *   Qᵀ band [hd, B] (packed once per task, pre-scaled by scale·log2 e, so the
  *   weights are plain 2^x), Sᵀ = K·Qᵀ [bk, B], Oᵀ band [hd, B] += Vᵀ·Pᵀ.
  * Keys and values are then read by row pointers straight from the F32 pages or the
@@ -37,11 +38,13 @@
 
 #include "longstraw/kernels.h"
 
-/* Target rows per task (Bq·r) and keys per block; the measured optimum was flat
- * between 128 and 512 for both (hd 64 and 128). */
+/* Target rows per task (Bq·r) and keys per block: 128..512 for either were within
+ * the measurement noise at hd 64 and 128. */
 #define ATTN_ROWS 256
 #define ATTN_BK 256
-#define ATTN_KT 6    /* keys (scores) or head dims (output) per register tile */
+/* Keys (scores) or head dims (output) per register tile: KT × 2 vectors = 12
+ * accumulators + 2 loaded vectors + 1 broadcast = 15 of the 16 vector registers. */
+#define ATTN_KT 6
 
 #define ATTN_LOG2E 1.4426950408889634
 #define ATTN_LN2 0.6931471805599453
@@ -91,7 +94,7 @@ typedef struct {
     const ls_kv_prefix *prefix; /* NULL when n = 0 */
     float *o;                   /* [T, n_h, hd] */
     float *lse;                 /* [T, n_h] or NULL */
-    int64_t T, n, Bq, r;
+    int64_t n, r; /* prefix length, query heads per kv head */
     int n_h, n_kv, hd;
     float qscale; /* scale · log2 e */
 } attn_ctx;
@@ -273,7 +276,8 @@ static void attn_bf16_row(float *restrict dst, const ls_bf16 *restrict src, int 
     for (; d < hd; d++) dst[d] = ls_bf16_to_f32(src[d]);
 }
 
-/* Point kr/vr at the bk key/value rows of a block; pad kr to a whole tile. */
+/* Pad the key row pointers of a bk-key block to a whole tile (repeating the last
+ * row: scores past bk are computed but never read). */
 static void attn_pad_rows(const attn_slab *sl, int64_t bk) {
     for (int64_t i = bk; i % ATTN_KT; i++) sl->kr[i] = sl->kr[bk - 1];
 }
@@ -286,7 +290,7 @@ static void attn_task(const attn_ctx *c, const attn_slab *sl, int j, int64_t t0,
     const int64_t kv_ld = (int64_t)c->n_kv * hd; /* row stride of own keys and of pages */
     /* Qᵀ per band, scaled: row m = (token t0 + m/r, head j·r + m%r); padding rows 0 */
     for (int64_t m = 0; m < Mp; m++) {
-        float *qd = sl->Qt + (m / ATTN_BAND) * ATTN_BAND * hd + m % ATTN_BAND; /* stride BAND */
+        float *qd = sl->Qt + (m / ATTN_BAND) * ATTN_BAND * hd + m % ATTN_BAND; /* stride B */
         if (m < M) {
             const float *qs = c->q + ((t0 + m / r) * c->n_h + (int64_t)j * r + m % r) * hd;
             for (int64_t d = 0; d < hd; d++) qd[d * ATTN_BAND] = qs[d] * c->qscale;
@@ -336,7 +340,8 @@ static void attn_task(const attn_ctx *c, const attn_slab *sl, int j, int64_t t0,
         int64_t t = t0 + m / r, h = (int64_t)j * r + m % r;
         float inv = 1.0f / sl->l[m];
         float *od = c->o + (t * c->n_h + h) * hd;
-        const float *os = sl->Ot + (m / ATTN_BAND) * ATTN_BAND * hd + m % ATTN_BAND; /* stride BAND */
+        /* stride B */
+        const float *os = sl->Ot + (m / ATTN_BAND) * ATTN_BAND * hd + m % ATTN_BAND;
         for (int64_t d = 0; d < hd; d++) od[d] = os[d * ATTN_BAND] * inv;
         if (c->lse)
             c->lse[t * c->n_h + h] =
@@ -355,7 +360,8 @@ static ls_status attn_check(const ls_kv_prefix *prefix, int64_t T, int n_h, int 
         return ls_err(LS_ERR_ARG, "attention: n_h·hd = %lld exceeds int", (long long)n_h * hd);
     if (!prefix) return LS_OK;
     if (prefix->n < 0)
-        return ls_err(LS_ERR_ARG, "attention: prefix n = %lld, expected >= 0", (long long)prefix->n);
+        return ls_err(LS_ERR_ARG, "attention: prefix n = %lld, expected >= 0",
+                      (long long)prefix->n);
     if (prefix->n == 0) return LS_OK;
     if (prefix->dtype != LS_DTYPE_F32 && prefix->dtype != LS_DTYPE_BF16)
         return ls_err(LS_ERR_UNSUPPORTED, "attention: prefix dtype %s, expected F32 or BF16",
@@ -432,8 +438,8 @@ ls_status ls_attn_fwd(float *o, float *lse, const float *q, const float *k, cons
         }
     }
 
-    attn_ctx c = {.q = q, .k = k, .v = v, .prefix = prefix, .o = o, .lse = lse, .T = T, .n = n,
-                  .Bq = Bq, .r = r, .n_h = n_h, .n_kv = n_kv, .hd = hd,
+    attn_ctx c = {.q = q, .k = k, .v = v, .prefix = prefix, .o = o, .lse = lse, .n = n, .r = r,
+                  .n_h = n_h, .n_kv = n_kv, .hd = hd,
                   .qscale = (float)((double)scale * ATTN_LOG2E)};
     /* Most expensive (latest) query blocks first, for the dynamic schedule. */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
