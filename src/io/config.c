@@ -96,7 +96,7 @@ int ls_cfg_count_kind(const ls_config *c, ls_layer_kind k) {
 
 static ls_status parse_text(ls_config *c, const cJSON *o, const char *mt, int is_q35, int is_moe35,
                             const char *path) {
-    int64_t v;
+    int64_t v = 0;
     const int64_t BIG = (int64_t)1 << 40;
     memset(c, 0, sizeof *c);
     snprintf(c->model_type, sizeof c->model_type, "%s", mt);

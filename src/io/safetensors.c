@@ -791,7 +791,7 @@ static ls_status writer_add(ls_st_writer *w, const char *name, ls_st_dtype dt, i
 
 ls_status ls_st_writer_add_f32(ls_st_writer *w, const char *name, ls_dtype dtype, int ndim,
                                const int64_t *shape, const float *src) {
-    ls_st_wtensor *e;
+    ls_st_wtensor *e = NULL;
     LS_TRY(writer_add(w, name, ls_st_dtype_from_ls(dtype), ndim, shape, &e));
     if (e->numel > 0 && !src) {
         free(e->name);
@@ -804,7 +804,7 @@ ls_status ls_st_writer_add_f32(ls_st_writer *w, const char *name, ls_dtype dtype
 
 ls_status ls_st_writer_add_raw(ls_st_writer *w, const char *name, ls_st_dtype dtype, int ndim,
                                const int64_t *shape, const void *data, size_t nbytes) {
-    ls_st_wtensor *e;
+    ls_st_wtensor *e = NULL;
     LS_TRY(writer_add(w, name, dtype, ndim, shape, &e));
     if ((uint64_t)e->nbytes != (uint64_t)nbytes || (nbytes > 0 && !data)) {
         ls_status s = ls_err(LS_ERR_ARG, "tensor \"%s\": %zu bytes given%s, dtype %s shape needs %lld", name,

@@ -77,7 +77,7 @@ static ls_status load_gdn(loader *L, const ls_config *c, int l, ls_hybrid_layer 
     if (find(L, n, 0)) {
         /* Qwen3-Next: per key head g, rows [q_g (d_k) | k_g (d_k) | v (r·d_v) | z (r·d_v)] (§2.1) */
         int64_t grp = 2 * dk + 2 * (int64_t)r * dv;
-        float *src;
+        float *src = NULL;
         LS_TRY(read_tmp(L, n, 2, Hk * grp, D, 0, &src));
         for (int g = 0; g < Hk; g++) {
             const float *s = src + g * grp * D;
@@ -137,7 +137,7 @@ static ls_status load_attn(loader *L, const ls_config *c, int l, ls_hybrid_layer
     w->attn_out = falloc(L, D * qd);
     if (!w->attn_in || !w->q_norm || !w->k_norm || !w->attn_out) return LS_ERR_NOMEM;
     const char *p = L->prefix;
-    float *src;
+    float *src = NULL;
     NAME(n, "%slayers.%d.self_attn.q_proj.weight", p, l);
     LS_TRY(read_tmp(L, n, 2, 2 * qd, D, 0, &src));
     for (int h = 0; h < c->n_heads; h++) { /* per head [q_h | gate_h] (§4.1) */
