@@ -7,6 +7,13 @@
 
 #include "longstraw/kernels.h"
 
+/* 1/sqrt(Σx²/div + eps) of one row, accumulated in double. */
+static float row_rscale(const float *x, int64_t D, double div, float eps) {
+    double ss = 0;
+    for (int64_t i = 0; i < D; i++) ss += (double)x[i] * x[i];
+    return (float)(1.0 / sqrt(ss / div + (double)eps));
+}
+
 /* y[rows,D] = x·rsqrt(mean(x²)+eps)·(1+w); rstd[rows] saved when non-NULL */
 void ls_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int64_t rows,
                     int64_t D, float eps) {
@@ -14,9 +21,7 @@ void ls_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int64
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * D;
         float *yr = y + r * D;
-        double ss = 0;
-        for (int64_t i = 0; i < D; i++) ss += (double)xr[i] * xr[i];
-        float s = (float)(1.0 / sqrt(ss / (double)D + (double)eps));
+        float s = row_rscale(xr, D, (double)D, eps);
         if (rstd) rstd[r] = s;
         for (int64_t i = 0; i < D; i++) yr[i] = xr[i] * s * (1.0f + w[i]);
     }
@@ -29,9 +34,7 @@ void ls_gated_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *z,
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * D, *zr = z + r * D;
         float *yr = y + r * D;
-        double ss = 0;
-        for (int64_t i = 0; i < D; i++) ss += (double)xr[i] * xr[i];
-        float s = (float)(1.0 / sqrt(ss / (double)D + (double)eps));
+        float s = row_rscale(xr, D, (double)D, eps);
         if (rstd) rstd[r] = s;
         for (int64_t i = 0; i < D; i++) {
             float zi = zr[i];
@@ -46,9 +49,7 @@ void ls_l2norm_fwd(float *y, float *rnorm, const float *x, int64_t rows, int64_t
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * D;
         float *yr = y + r * D;
-        double ss = 0;
-        for (int64_t i = 0; i < D; i++) ss += (double)xr[i] * xr[i];
-        float s = (float)(1.0 / sqrt(ss + (double)eps));
+        float s = row_rscale(xr, D, 1.0, eps);
         if (rnorm) rnorm[r] = s;
         for (int64_t i = 0; i < D; i++) yr[i] = xr[i] * s;
     }
