@@ -17,21 +17,38 @@
 /* out[T,N] (=, or += when accumulate) x[T,K] · W[N,K]ᵀ, through cblas_sgemm. */
 void ls_linear_fwd(float *out, const float *x, const float *W, int64_t T, int64_t K, int64_t N,
                    int accumulate);
+/* dx[T,K] (=, or += when accumulate_dx) dout[T,N]·W; dW[N,K] += doutᵀ·x. dx or dW may be
+ * NULL (skipped). */
+void ls_linear_bwd(float *dx, float *dW, const float *dout, const float *x, const float *W,
+                   int64_t T, int64_t K, int64_t N, int accumulate_dx);
 
 /* ---- embedding ------------------------------------------------------------- */
 /* out[T,D] = table[ids[t], :]; ids already validated < V. */
 void ls_embed_fwd(float *out, const int32_t *ids, const float *table, int64_t T, int64_t D);
+/* dtable[ids[t], :] += dout[t, :] (serial over t: repeated ids accumulate). */
+void ls_embed_bwd(float *dtable, const float *dout, const int32_t *ids, int64_t T, int64_t D);
 
 /* ---- norms ----------------------------------------------------------------- */
 /* Zero-centred RMSNorm (specs/hybrid-qwen3next.md §5): y = x·rsqrt(mean(x²)+eps)·(1+w).
  * rows of length D; rstd[rows] saved when non-NULL. y may alias x. */
 void ls_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int64_t rows,
                     int64_t D, float eps);
+/* dx[rows,D] (=) and dw[D] (+=; NULL skips) from dy, the input x and the saved rstd.
+ * dx may alias dy. */
+void ls_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *rstd,
+                    const float *w, int64_t rows, int64_t D);
 /* Gated RMSNorm (§2.7): y = x·rsqrt(mean(x²)+eps)·w ⊙ SiLU(z); plain w. */
 void ls_gated_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *z, const float *w,
                           int64_t rows, int64_t D, float eps);
+/* dx, dz [rows,D] (=), dw[D] (+=; NULL skips). dx may alias dy. */
+void ls_gated_rmsnorm_bwd(float *dx, float *dz, float *dw, const float *dy, const float *x,
+                          const float *z, const float *rstd, const float *w, int64_t rows,
+                          int64_t D);
 /* L2 norm per row (§2.5): y = x / sqrt(Σx² + eps); y may alias x; rnorm saved if non-NULL. */
 void ls_l2norm_fwd(float *y, float *rnorm, const float *x, int64_t rows, int64_t D, float eps);
+/* dx[rows,D] (=) from dy, the input x and the saved rnorm. dx may alias dy. */
+void ls_l2norm_bwd(float *dx, const float *dy, const float *x, const float *rnorm, int64_t rows,
+                   int64_t D);
 
 /* ---- causal depthwise conv + SiLU ------------------------------------------ */
 /* y[T,C] = SiLU(Σ_j w[c,j]·x[t−(W−1)+j, c]); positions before t = 0 come from
@@ -39,15 +56,25 @@ void ls_l2norm_fwd(float *y, float *rnorm, const float *x, int64_t rows, int64_t
  * pre[T,C] (pre-activation) saved when non-NULL. w is [C, W] (HF conv1d [C,1,W]). */
 void ls_conv_fwd(float *y, float *pre, float *tail, const float *x, const float *w, int64_t T,
                  int64_t C, int64_t W);
+/* dx[T,C] (=), dw[C,W] (+=; NULL skips), dtail[W−1,C] (= gradient w.r.t. the tail the
+ * forward started from; NULL skips — the hook for the prompt-state gradient) from
+ * dy[T,C], the saved pre-activation pre[T,C], the input x[T,C] and that initial tail. */
+void ls_conv_bwd(float *dx, float *dw, float *dtail, const float *dy, const float *pre,
+                 const float *x, const float *tail_in, const float *w, int64_t T, int64_t C,
+                 int64_t W);
 
 /* ---- rotary embedding ------------------------------------------------------ */
 /* In-place partial rotate-half RoPE (§4.3) on x[T, heads, hd]: dims [0, rot) of each
  * head rotate with angle (pos0+t)·theta^(−2j/rot), pairing j with j + rot/2. */
 void ls_rope_fwd(float *x, int64_t T, int heads, int hd, int rot, double theta, int64_t pos0);
+/* In place: dx ← Rᵀ dx (the inverse rotation), same arguments. */
+void ls_rope_bwd(float *dx, int64_t T, int heads, int hd, int rot, double theta, int64_t pos0);
 
 /* ---- activations ------------------------------------------------------------ */
 /* out[T,I] = SiLU(gu[t, 0:I]) ⊙ gu[t, I:2I]. */
 void ls_swiglu_fwd(float *out, const float *gu, int64_t T, int64_t n_inter);
+/* dgu[T,2I] (=) from dout[T,I] and the forward input gu. */
+void ls_swiglu_bwd(float *dgu, const float *dout, const float *gu, int64_t T, int64_t n_inter);
 static inline float ls_sigmoidf(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
 
 /* ---- gated delta rule (specs/hybrid-qwen3next.md §2.6, §3) ------------------ */
@@ -68,6 +95,18 @@ ls_status ls_gdr_chunk_fwd(float *o, float *tape_h, float *state, const float *q
 /* Token-serial recurrence, same contract (the reference, and the one-token decode step). */
 void ls_gdr_serial_fwd(float *o, float *state, const float *q, const float *k, const float *v,
                        const float *beta, const float *g, int64_t T, ls_gdr_dims dm);
+/* Backward of ls_gdr_chunk_fwd (spec §3, "Chunk backward"). Inputs: dout [T,H_v,d_v];
+ * dstate_T [H_v,d_k,d_v] = gradient w.r.t. the final state (NULL = zero); the forward's
+ * inputs q, k, v, beta, g and its tape_h (chunk-start states, tape_h[0] = S_0).
+ * Outputs (all =): dq, dk [T,H_k,d_k] (summed over the value heads sharing a key head),
+ * dv [T,H_v,d_v], dbeta, dg [T,H_v], dstate0 [H_v,d_k,d_v] = gradient w.r.t. the initial
+ * state (NULL skips — the hook for the prompt-state gradient). Gradients are w.r.t.
+ * the kernel's own inputs (normalised q, k; β; g), scale included. */
+ls_status ls_gdr_chunk_bwd(float *dq, float *dk, float *dv, float *dbeta, float *dg,
+                           float *dstate0, const float *dout, const float *dstate_T,
+                           const float *tape_h, const float *q, const float *k, const float *v,
+                           const float *beta, const float *g, int64_t T, ls_gdr_dims dm,
+                           ls_arena *scratch);
 
 /* ---- attention ----------------------------------------------------------------- */
 /* A paged prefix of keys/values: positions [0, n) in pages of `page_size` positions;
@@ -88,6 +127,14 @@ typedef struct {
 ls_status ls_attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v,
                       const ls_kv_prefix *prefix, int64_t T, int n_h, int n_kv, int hd,
                       float scale, ls_arena *scratch);
+/* Backward from the saved output o and lse: dq [T,n_h,hd], dk, dv [T,n_kv,hd] (all =)
+ * for the call's own queries/keys/values. Prefix keys/values receive no gradient in the
+ * prefix-frozen objective; dk_prefix/dv_prefix (same page layout as the prefix, f32;
+ * NULL skips) are the hook where exact mode will accumulate (+=) it. */
+ls_status ls_attn_bwd(float *dq, float *dk, float *dv, void *const *dk_prefix,
+                      void *const *dv_prefix, const float *dout, const float *o, const float *lse,
+                      const float *q, const float *k, const float *v, const ls_kv_prefix *prefix,
+                      int64_t T, int n_h, int n_kv, int hd, float scale, ls_arena *scratch);
 /* Naive reference: full score rows in double. For tests only (O(T·(n+T)) memory). */
 void ls_attn_naive(float *o, float *lse, const float *q, const float *k, const float *v,
                    const ls_kv_prefix *prefix, int64_t T, int n_h, int n_kv, int hd, float scale);
@@ -99,5 +146,14 @@ void ls_attn_naive(float *o, float *lse, const float *q, const float *k, const f
 ls_status ls_lmhead_logprobs_fwd(float *logprob, float *lse, const float *h, const float *W,
                                  const int32_t *target, int64_t T, int64_t D, int64_t V,
                                  float temperature, int64_t chunk_rows, ls_arena *scratch);
+/* Entropy of the (temperature-scaled) next-token distribution per row, entropy[T]. */
+ls_status ls_lmhead_entropy(float *entropy, const float *h, const float *W, int64_t T, int64_t D,
+                            int64_t V, float temperature, int64_t chunk_rows, ls_arena *scratch);
+/* Backward: given dlogprob[T] = ∂L/∂logprob[t], dh[T,D] (=) and dW[V,D] (+=; NULL skips),
+ * recomputing the logits chunk by chunk and using the saved lse. */
+ls_status ls_lmhead_logprobs_bwd(float *dh, float *dW, const float *dlogprob, const float *h,
+                                 const float *W, const int32_t *target, const float *lse,
+                                 int64_t T, int64_t D, int64_t V, float temperature,
+                                 int64_t chunk_rows, ls_arena *scratch);
 
 #endif
