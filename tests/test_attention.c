@@ -2,7 +2,10 @@
  * test_attention.c — the tiled attention forward (ls_attn_fwd) against the naive
  * double-precision reference: empty and paged prefixes of lengths that do not
  * divide the page, odd page sizes, GQA ratios 1/2/4, odd head dims; BF16 pages;
- * and prompt capture split into two calls equal to one call.
+ * and prompt capture split into two calls equal to one call. The backward
+ * (test_attn_bwd_fd) against central finite differences of a double-precision model of
+ * the same call, for every input element including the prefix pages, and at larger
+ * shapes against an analytic double backward.
  * Invalid page slots (positions >= n of the last page) hold NaN, and the outputs
  * carry guard words, so a read or write out of bounds fails the test.
  */
@@ -14,6 +17,7 @@
 
 int test_attn_tiled_vs_naive(void);
 int test_attn_paged_bf16(void);
+int test_attn_bwd_fd(void);
 
 #define GUARD 16
 #define GUARD_VAL 12345.0f
@@ -331,6 +335,469 @@ int test_attn_paged_bf16(void) {
         free(q), free(k), free(v), free(pk), free(pv);
         guarded_free(o1), guarded_free(l1), guarded_free(o2), guarded_free(l2);
     }
+    T_CHECK(scratch.cur == 0, "scratch left allocated: %zu", scratch.cur);
+    ls_arena_free(&scratch);
+    return 0;
+}
+
+/* ---- backward ------------------------------------------------------------------ */
+
+/* Double-precision model of one attention call, the oracle of test_attn_bwd_fd: the
+ * semantics of ls_attn_fwd (prefix in pages [S, n_kv, hd], causal own keys, GQA) and the
+ * loss L = Σ o·R. */
+typedef struct {
+    int64_t T, n, S;
+    int n_h, n_kv, hd, r;
+    double scale;
+    double *q, *k, *v, *R; /* [T,n_h,hd], [T,n_kv,hd], [T,n_kv,hd], [T,n_h,hd] */
+    double **pk, **pv;     /* ceil(n/S) pages [S, n_kv, hd] */
+    double *s, *acc;       /* [n + T], [hd] scratch */
+} dm_attn;
+
+/* Key (is_v = 0) or value row of position p (prefix if p < n, else own p − n), head j. */
+static double *dm_kv_row(const dm_attn *m, int is_v, int64_t p, int j) {
+    if (p < m->n) {
+        double *const *pg = is_v ? m->pv : m->pk;
+        return pg[p / m->S] + ((p % m->S) * m->n_kv + j) * m->hd;
+    }
+    return (is_v ? m->v : m->k) + ((p - m->n) * m->n_kv + j) * m->hd;
+}
+
+/* Softmax weights of row (token t, head h) into m->s [n + t + 1]; returns lse. */
+static double dm_weights(const dm_attn *m, int64_t t, int h) {
+    const int j = h / m->r, hd = m->hd;
+    const double *qt = m->q + (t * m->n_h + h) * hd;
+    const int64_t nk = m->n + t + 1;
+    double mx = -INFINITY, sum = 0;
+    for (int64_t p = 0; p < nk; p++) {
+        const double *kp = dm_kv_row(m, 0, p, j);
+        double dot = 0;
+        for (int d = 0; d < hd; d++) dot += qt[d] * kp[d];
+        m->s[p] = m->scale * dot;
+        if (m->s[p] > mx) mx = m->s[p];
+    }
+    for (int64_t p = 0; p < nk; p++) sum += (m->s[p] = exp(m->s[p] - mx));
+    for (int64_t p = 0; p < nk; p++) m->s[p] /= sum;
+    return mx + log(sum);
+}
+
+/* Row (t, h) of the forward: o row [hd] and lse when non-NULL; returns Σ_d o[d]·R[t,h,d]. */
+static double dm_row(const dm_attn *m, int64_t t, int h, double *o_row, double *lse) {
+    const int j = h / m->r, hd = m->hd;
+    double l = dm_weights(m, t, h);
+    for (int d = 0; d < hd; d++) m->acc[d] = 0;
+    for (int64_t p = 0; p < m->n + t + 1; p++) {
+        const double *vp = dm_kv_row(m, 1, p, j);
+        for (int d = 0; d < hd; d++) m->acc[d] += m->s[p] * vp[d];
+    }
+    const double *Rt = m->R + (t * m->n_h + h) * hd;
+    double loss = 0;
+    for (int d = 0; d < hd; d++) {
+        if (o_row) o_row[d] = m->acc[d];
+        loss += m->acc[d] * Rt[d];
+    }
+    if (lse) *lse = l;
+    return loss;
+}
+
+/* Central difference (h = 1e-6) of L w.r.t. *x. Only the rows x reaches (tokens [t0, t1)
+ * × heads [h0, h1)) are summed: every other row has the same value at x ± h and would
+ * add nothing but rounding, so this is the difference of the whole double loss. */
+static double dm_fd(const dm_attn *m, double *x, int64_t t0, int64_t t1, int h0, int h1) {
+    const double eps = 1e-6, x0 = *x;
+    double l[2] = {0, 0};
+    for (int side = 0; side < 2; side++) {
+        *x = side ? x0 - eps : x0 + eps;
+        for (int64_t t = t0; t < t1; t++)
+            for (int h = h0; h < h1; h++) l[side] += dm_row(m, t, h, NULL, NULL);
+    }
+    *x = x0;
+    return (l[0] - l[1]) / (2 * eps);
+}
+
+/* Analytic double backward of L (dO = R), the reference of the larger check: gq
+ * [T,n_h,hd] (=), gk, gv [T,n_kv,hd] (=), gpk, gpv [n,n_kv,hd] (=, position order). */
+static void dm_bwd(const dm_attn *m, double *gq, double *gk, double *gv, double *gpk,
+                   double *gpv) {
+    const int hd = m->hd, n_kv = m->n_kv;
+    memset(gq, 0, (size_t)(m->T * m->n_h * hd) * sizeof(double));
+    memset(gk, 0, (size_t)(m->T * n_kv * hd) * sizeof(double));
+    memset(gv, 0, (size_t)(m->T * n_kv * hd) * sizeof(double));
+    memset(gpk, 0, (size_t)(m->n * n_kv * hd) * sizeof(double));
+    memset(gpv, 0, (size_t)(m->n * n_kv * hd) * sizeof(double));
+    for (int64_t t = 0; t < m->T; t++) {
+        for (int h = 0; h < m->n_h; h++) {
+            const int j = h / m->r;
+            const int64_t nk = m->n + t + 1;
+            const double *qt = m->q + (t * m->n_h + h) * hd, *Rt = m->R + (t * m->n_h + h) * hd;
+            double *gqt = gq + (t * m->n_h + h) * hd;
+            dm_weights(m, t, h);
+            double D = 0; /* dO·o = Σ_p P_p (dO·v_p) */
+            for (int64_t p = 0; p < nk; p++) {
+                const double *vp = dm_kv_row(m, 1, p, j);
+                for (int d = 0; d < hd; d++) D += m->s[p] * vp[d] * Rt[d];
+            }
+            for (int64_t p = 0; p < nk; p++) {
+                const double *kp = dm_kv_row(m, 0, p, j), *vp = dm_kv_row(m, 1, p, j);
+                const int64_t po = p < m->n ? (p * n_kv + j) * hd : ((p - m->n) * n_kv + j) * hd;
+                double *gkp = (p < m->n ? gpk : gk) + po, *gvp = (p < m->n ? gpv : gv) + po;
+                double dP = 0;
+                for (int d = 0; d < hd; d++) dP += Rt[d] * vp[d];
+                double dS = m->s[p] * (dP - D);
+                for (int d = 0; d < hd; d++) {
+                    gqt[d] += m->scale * dS * kp[d];
+                    gkp[d] += m->scale * dS * qt[d];
+                    gvp[d] += m->s[p] * Rt[d];
+                }
+            }
+        }
+    }
+}
+
+/* ‖a − b‖ / ‖b‖ in double; INFINITY when n == 0 or non-finite. */
+static double rel_err_d(const double *a, const double *b, int64_t n) {
+    if (n <= 0) return INFINITY;
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += (a[i] - b[i]) * (a[i] - b[i]);
+        den += b[i] * b[i];
+    }
+    double r = sqrt(num) / fmax(sqrt(den), 1e-30);
+    return isfinite(r) ? r : INFINITY;
+}
+
+/* One backward problem: f32 inputs for the kernel, the same values in the double model. */
+typedef struct {
+    int64_t T, n, S;
+    int n_h, n_kv, hd;
+    ls_dtype dt;
+} bwd_case;
+
+typedef struct {
+    bwd_case c;
+    int64_t nq, nkv, npf, npages;
+    float *q, *k, *v, *R, *pk, *pv; /* kernel inputs; pk, pv [n, n_kv, hd] as in the pages */
+    t_pages tp;                     /* the prefix in c.dt */
+    dm_attn m;
+} bwd_prob;
+
+static void bwd_prob_free(bwd_prob *b) {
+    free(b->q), free(b->k), free(b->v), free(b->R), free(b->pk), free(b->pv);
+    pages_free(&b->tp);
+    for (int64_t i = 0; i < b->npages; i++) {
+        if (b->m.pk) free(b->m.pk[i]);
+        if (b->m.pv) free(b->m.pv[i]);
+    }
+    free(b->m.pk), free(b->m.pv);
+    free(b->m.q), free(b->m.k), free(b->m.v), free(b->m.R), free(b->m.s), free(b->m.acc);
+}
+
+static double *to_double(const float *x, int64_t n) {
+    double *d = malloc((size_t)(n + 1) * sizeof(double));
+    if (d)
+        for (int64_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+static int bwd_prob_init(bwd_prob *b, const bwd_case *c, ls_rng *rng) {
+    memset(b, 0, sizeof *b);
+    b->c = *c;
+    const int64_t T = c->T, n = c->n, row = (int64_t)c->n_kv * c->hd;
+    b->nq = T * c->n_h * c->hd, b->nkv = T * row, b->npf = n * row;
+    b->npages = (n + c->S - 1) / c->S;
+    b->q = malloc((size_t)b->nq * sizeof(float));   /* [T, n_h, hd] */
+    b->R = malloc((size_t)b->nq * sizeof(float));   /* [T, n_h, hd] = dout */
+    b->k = malloc((size_t)b->nkv * sizeof(float));  /* [T, n_kv, hd] */
+    b->v = malloc((size_t)b->nkv * sizeof(float));  /* [T, n_kv, hd] */
+    b->pk = malloc((size_t)(b->npf + 1) * sizeof(float)); /* [n, n_kv, hd] */
+    b->pv = malloc((size_t)(b->npf + 1) * sizeof(float));
+    T_CHECK(b->q && b->R && b->k && b->v && b->pk && b->pv, "alloc");
+    t_fill_normal(b->q, b->nq, rng, 1.0f);
+    t_fill_normal(b->R, b->nq, rng, 1.0f);
+    t_fill_normal(b->k, b->nkv, rng, 1.0f);
+    t_fill_normal(b->v, b->nkv, rng, 1.0f);
+    t_fill_normal(b->pk, b->npf, rng, 1.0f);
+    t_fill_normal(b->pv, b->npf, rng, 1.0f);
+    if (c->dt == LS_DTYPE_BF16) { /* the model holds the values the BF16 pages hold */
+        round_bf16(b->pk, b->npf);
+        round_bf16(b->pv, b->npf);
+    }
+    T_CHECK(pages_init(&b->tp, n > 0 ? n : 1, c->S, c->dt, c->n_kv, c->hd) == 0, "pages");
+    pages_append(&b->tp, b->pk, b->pv, n);
+
+    dm_attn *m = &b->m;
+    m->T = T, m->n = n, m->S = c->S;
+    m->n_h = c->n_h, m->n_kv = c->n_kv, m->hd = c->hd, m->r = c->n_h / c->n_kv;
+    m->scale = (double)(1.0f / sqrtf((float)c->hd)); /* the f32 scale the kernel gets */
+    m->q = to_double(b->q, b->nq), m->R = to_double(b->R, b->nq);
+    m->k = to_double(b->k, b->nkv), m->v = to_double(b->v, b->nkv);
+    m->s = malloc((size_t)(n + T) * sizeof(double));
+    m->acc = malloc((size_t)c->hd * sizeof(double));
+    m->pk = calloc((size_t)b->npages + 1, sizeof(double *));
+    m->pv = calloc((size_t)b->npages + 1, sizeof(double *));
+    T_CHECK(m->q && m->R && m->k && m->v && m->s && m->acc && m->pk && m->pv, "alloc");
+    for (int64_t i = 0; i < b->npages; i++) {
+        m->pk[i] = malloc((size_t)(c->S * row) * sizeof(double));
+        m->pv[i] = malloc((size_t)(c->S * row) * sizeof(double));
+        T_CHECK(m->pk[i] && m->pv[i], "alloc");
+        for (int64_t e = 0; e < c->S * row; e++) m->pk[i][e] = m->pv[i][e] = NAN;
+    }
+    for (int64_t p = 0; p < n; p++)
+        for (int64_t e = 0; e < row; e++) {
+            m->pk[p / c->S][(p % c->S) * row + e] = b->pk[p * row + e];
+            m->pv[p / c->S][(p % c->S) * row + e] = b->pv[p * row + e];
+        }
+    return 0;
+}
+
+/* f32 gradient pages for the prefix: positions < n hold `base` [n, n_kv, hd], the slots
+ * past n of the last page GUARD_VAL. */
+static int grad_pages_init(t_pages *gp, const bwd_prob *b, const float *base) {
+    const bwd_case *c = &b->c;
+    T_CHECK(pages_init(gp, c->n > 0 ? c->n : 1, c->S, LS_DTYPE_F32, c->n_kv, c->hd) == 0,
+            "pages");
+    pages_append(gp, base, base, c->n);
+    const int64_t row = (int64_t)c->n_kv * c->hd;
+    for (int64_t p = c->n; p < gp->cap_pages * c->S; p++)
+        for (int64_t e = 0; e < row; e++) {
+            ((float *)gp->k_pages[p / c->S])[(p % c->S) * row + e] = GUARD_VAL;
+            ((float *)gp->v_pages[p / c->S])[(p % c->S) * row + e] = GUARD_VAL;
+        }
+    return 0;
+}
+
+/* Gradient pages minus base, in position order [n, n_kv, hd]; 1 if a slot past n changed. */
+static int grad_pages_gather(double *gk, double *gv, const t_pages *gp, const bwd_prob *b,
+                             const float *base) {
+    const int64_t S = b->c.S, row = (int64_t)b->c.n_kv * b->c.hd;
+    for (int64_t p = 0; p < gp->cap_pages * S; p++)
+        for (int64_t e = 0; e < row; e++) {
+            float ks = ((const float *)gp->k_pages[p / S])[(p % S) * row + e];
+            float vs = ((const float *)gp->v_pages[p / S])[(p % S) * row + e];
+            if (p >= b->c.n) {
+                if (ks != GUARD_VAL || vs != GUARD_VAL) return 1;
+                continue;
+            }
+            gk[p * row + e] = (double)ks - base[p * row + e];
+            gv[p * row + e] = (double)vs - base[p * row + e];
+        }
+    return 0;
+}
+
+/* Kernel backward of problem b under `threads` threads, checked against the reference
+ * gradients (ref_*: q, own k, own v, prefix k, prefix v) within tol; own gradients must
+ * equal those of a call with dk_prefix = dv_prefix = NULL bit for bit. */
+static int bwd_check(const bwd_prob *b, const float *o, const float *lse, const double *ref_q,
+                     const double *ref_k, const double *ref_v, const double *ref_pk,
+                     const double *ref_pv, int threads, double tol, ls_arena *scratch,
+                     double *worst, int64_t *compared) {
+    const bwd_case *c = &b->c;
+    const ls_kv_prefix *pf = c->n > 0 ? &b->tp.pf : NULL;
+    const float scale = 1.0f / sqrtf((float)c->hd);
+    const int saved = ls_get_threads();
+    ls_set_threads(threads);
+    float *dq = guarded(b->nq), *dk = guarded(b->nkv), *dv = guarded(b->nkv);
+    float *dq0 = guarded(b->nq), *dk0 = guarded(b->nkv), *dv0 = guarded(b->nkv);
+    float *base = malloc((size_t)(b->npf + 1) * sizeof(float));
+    double *gpk = malloc((size_t)(b->npf + 1) * sizeof(double));
+    double *gpv = malloc((size_t)(b->npf + 1) * sizeof(double));
+    T_CHECK(dq && dk && dv && dq0 && dk0 && dv0 && base && gpk && gpv, "alloc");
+    for (int64_t i = 0; i < b->npf; i++) base[i] = 0.25f * (float)(i % 7) - 0.75f;
+    t_pages gp;
+    T_CHECK(grad_pages_init(&gp, b, base) == 0, "grad pages");
+
+    size_t cur0 = scratch->cur;
+    T_OK(ls_attn_bwd(dq, dk, dv, gp.k_pages, gp.v_pages, b->R, o, lse, b->q, b->k, b->v, pf,
+                     c->T, c->n_h, c->n_kv, c->hd, scale, scratch));
+    T_OK(ls_attn_bwd(dq0, dk0, dv0, NULL, NULL, b->R, o, lse, b->q, b->k, b->v, pf, c->T,
+                     c->n_h, c->n_kv, c->hd, scale, scratch));
+    ls_set_threads(saved);
+    T_CHECK(scratch->cur == cur0, "scratch not released: %zu -> %zu", cur0, scratch->cur);
+    T_CHECK(guard_ok(dq, b->nq) && guard_ok(dk, b->nkv) && guard_ok(dv, b->nkv) &&
+                guard_ok(dq0, b->nq) && guard_ok(dk0, b->nkv) && guard_ok(dv0, b->nkv),
+            "guard words overwritten");
+    T_CHECK(t_all_finite_f(dq, b->nq) && t_all_finite_f(dk, b->nkv) &&
+                t_all_finite_f(dv, b->nkv), "non-finite gradient");
+    T_CHECK(memcmp(dq, dq0, (size_t)b->nq * sizeof(float)) == 0 &&
+                memcmp(dk, dk0, (size_t)b->nkv * sizeof(float)) == 0 &&
+                memcmp(dv, dv0, (size_t)b->nkv * sizeof(float)) == 0,
+            "own gradients differ with and without prefix gradients");
+    T_CHECK(grad_pages_gather(gpk, gpv, &gp, b, base) == 0,
+            "prefix gradient slot past n written");
+
+    double e[5] = {t_rel_err_fd(dq, ref_q, b->nq), t_rel_err_fd(dk, ref_k, b->nkv),
+                   t_rel_err_fd(dv, ref_v, b->nkv), 0, 0};
+    int ne = 3;
+    if (c->T == 1 && c->n == 0) {
+        /* one query seeing one key: the softmax is the constant 1, dq = dk = 0 exactly, and
+         * a relative error would compare rounding with rounding. Instead: both at noise
+         * level (rms ≤ 1e-6 kernel, ≤ 1e-8 differences), scaled into e as rms / 1e-2. */
+        double rq = 0, rk = 0, fq = 0, fk = 0;
+        for (int64_t i = 0; i < b->nq; i++) rq += (double)dq[i] * dq[i], fq += ref_q[i] * ref_q[i];
+        for (int64_t i = 0; i < b->nkv; i++) rk += (double)dk[i] * dk[i], fk += ref_k[i] * ref_k[i];
+        T_CHECK(sqrt(fq / (double)b->nq) <= 1e-8 && sqrt(fk / (double)b->nkv) <= 1e-8,
+                "reference dq, dk not zero for a single key");
+        e[0] = sqrt(rq / (double)b->nq) / 1e-2;
+        e[1] = sqrt(rk / (double)b->nkv) / 1e-2;
+    }
+    *compared += b->nq + 2 * b->nkv;
+    if (c->n > 0) {
+        for (int64_t i = 0; i < b->npf; i++)
+            T_CHECK(isfinite(gpk[i]) && isfinite(gpv[i]), "non-finite prefix gradient");
+        e[3] = rel_err_d(gpk, ref_pk, b->npf);
+        e[4] = rel_err_d(gpv, ref_pv, b->npf);
+        ne = 5;
+        *compared += 2 * b->npf;
+    }
+    for (int i = 0; i < ne; i++) {
+        static const char *nm[5] = {"dq", "dk", "dv", "dk_prefix", "dv_prefix"};
+        T_CHECK(e[i] <= tol,
+                "T=%lld n=%lld S=%lld n_h=%d n_kv=%d hd=%d %s, %d threads: %s rel err %.3g "
+                "(tol %.1g)",
+                (long long)c->T, (long long)c->n, (long long)c->S, c->n_h, c->n_kv, c->hd,
+                ls_dtype_name(c->dt), threads, nm[i], e[i], tol);
+        if (e[i] > *worst) *worst = e[i];
+    }
+    pages_free(&gp);
+    free(base), free(gpk), free(gpv);
+    guarded_free(dq), guarded_free(dk), guarded_free(dv);
+    guarded_free(dq0), guarded_free(dk0), guarded_free(dv0);
+    return 0;
+}
+
+/* Kernel forward of b into o, lse (guarded), checked against the double model. */
+static int bwd_forward(const bwd_prob *b, float *o, float *lse, ls_arena *scratch) {
+    const bwd_case *c = &b->c;
+    const int64_t rows = c->T * c->n_h;
+    const ls_kv_prefix *pf = c->n > 0 ? &b->tp.pf : NULL;
+    T_OK(ls_attn_fwd(o, lse, b->q, b->k, b->v, pf, c->T, c->n_h, c->n_kv, c->hd,
+                     1.0f / sqrtf((float)c->hd), scratch));
+    double *od = malloc((size_t)b->nq * sizeof(double));  /* [T, n_h, hd] */
+    double *ld = malloc((size_t)rows * sizeof(double));    /* [T, n_h] */
+    T_CHECK(od && ld, "alloc");
+    for (int64_t t = 0; t < c->T; t++)
+        for (int h = 0; h < c->n_h; h++)
+            dm_row(&b->m, t, h, od + (t * c->n_h + h) * c->hd, ld + t * c->n_h + h);
+    T_CHECK(guard_ok(o, b->nq) && guard_ok(lse, rows), "forward guard words overwritten");
+    double eo = 0, el = 0;
+    for (int64_t i = 0; i < b->nq; i++) eo = fmax(eo, fabs(o[i] - od[i]));
+    for (int64_t i = 0; i < rows; i++) el = fmax(el, fabs(lse[i] - ld[i]));
+    T_CHECK(t_all_finite_f(o, b->nq) && t_all_finite_f(lse, rows) && eo <= 1e-5 && el <= 1e-5,
+            "forward vs double model: max|o| err %.3g, max|lse| err %.3g", eo, el);
+    free(od), free(ld);
+    return 0;
+}
+
+int test_attn_bwd_fd(void) {
+    ls_rng rng;
+    ls_rng_seed(&rng, 2024);
+    ls_arena scratch;
+    ls_arena_init(&scratch, "scratch", 1 << 20);
+    const ls_dtype F = LS_DTYPE_F32, H = LS_DTYPE_BF16;
+    /* T ∈ {1,3,65}; prefix n ∈ {0,1,5,64,70} with S ∈ {5,64} (64 = 12·5+4 and 70 = 64+6
+     * end in a partial page); r ∈ {1,2}; hd ∈ {8,16}; F32 and BF16 pages; and hd = 7
+     * (not a whole register tile) over 9 = 2·4+1 positions. */
+    const bwd_case cases[] = {
+        {1, 0, 64, 2, 2, 8, F},   {3, 0, 64, 4, 2, 16, F}, {65, 0, 64, 2, 1, 8, F},
+        {3, 1, 5, 2, 1, 16, F},   {1, 5, 64, 4, 2, 8, F},  {3, 64, 5, 2, 2, 8, F},
+        {65, 70, 64, 1, 1, 8, F}, {3, 70, 5, 4, 2, 16, F}, {65, 5, 5, 2, 1, 16, H},
+        {3, 64, 64, 2, 1, 16, H}, {1, 70, 5, 2, 2, 8, H},  {65, 1, 64, 2, 2, 16, H},
+        {7, 9, 4, 2, 1, 7, F},
+    };
+    const int ncases = (int)(sizeof cases / sizeof cases[0]);
+    const double tol = 1e-4;
+    const int threads[3] = {ls_get_threads(), 1, 3};
+    double worst = 0;
+    int64_t compared = 0;
+    for (int ci = 0; ci < ncases; ci++) {
+        bwd_prob b;
+        T_CHECK(bwd_prob_init(&b, &cases[ci], &rng) == 0, "problem setup");
+        const int64_t T = b.c.T, n = b.c.n, row = (int64_t)b.c.n_kv * b.c.hd;
+        const int r = b.m.r;
+        float *o = guarded(b.nq), *lse = guarded(T * b.c.n_h);
+        double *fq = malloc((size_t)b.nq * sizeof(double));
+        double *fk = malloc((size_t)b.nkv * sizeof(double));
+        double *fv = malloc((size_t)b.nkv * sizeof(double));
+        double *fpk = malloc((size_t)(b.npf + 1) * sizeof(double));
+        double *fpv = malloc((size_t)(b.npf + 1) * sizeof(double));
+        T_CHECK(o && lse && fq && fk && fv && fpk && fpv, "alloc");
+        /* (1) the kernel forward (the o, lse the backward starts from) vs the model */
+        if (bwd_forward(&b, o, lse, &scratch)) return 1;
+        /* (2) central differences of the double loss: every element of q, own k/v and
+         * the prefix pages */
+        dm_attn *m = &b.m;
+        for (int64_t t = 0; t < T; t++)
+            for (int h = 0; h < b.c.n_h; h++)
+                for (int d = 0; d < b.c.hd; d++) {
+                    int64_t i = (t * b.c.n_h + h) * b.c.hd + d;
+                    fq[i] = dm_fd(m, m->q + i, t, t + 1, h, h + 1);
+                }
+        for (int64_t s = 0; s < T; s++) /* own key s: tokens s.. of the kv head's group */
+            for (int64_t e = 0; e < row; e++) {
+                int j = (int)(e / b.c.hd);
+                fk[s * row + e] = dm_fd(m, m->k + s * row + e, s, T, j * r, (j + 1) * r);
+                fv[s * row + e] = dm_fd(m, m->v + s * row + e, s, T, j * r, (j + 1) * r);
+            }
+        for (int64_t p = 0; p < n; p++)
+            for (int64_t e = 0; e < row; e++) {
+                int j = (int)(e / b.c.hd);
+                double *xk = m->pk[p / b.c.S] + (p % b.c.S) * row + e;
+                double *xv = m->pv[p / b.c.S] + (p % b.c.S) * row + e;
+                fpk[p * row + e] = dm_fd(m, xk, 0, T, j * r, (j + 1) * r);
+                fpv[p * row + e] = dm_fd(m, xv, 0, T, j * r, (j + 1) * r);
+            }
+        /* (3) the kernel under several thread counts (different blockings) */
+        for (int ti = 0; ti < 3; ti++)
+            if (bwd_check(&b, o, lse, fq, fk, fv, fpk, fpv, threads[ti], tol, &scratch, &worst,
+                          &compared))
+                return 1;
+        free(fq), free(fk), free(fv), free(fpk), free(fpv);
+        guarded_free(o), guarded_free(lse);
+        bwd_prob_free(&b);
+    }
+    T_CHECK(compared > 0, "no gradient element compared");
+    printf("  %d cases vs finite differences, %lld elements, worst rel err %.3g\n", ncases,
+           (long long)compared, worst);
+
+    /* larger shapes (several query, own-key and prefix blocks; r = 4) against the analytic
+     * double backward, no finite differences */
+    const bwd_case big[] = {{300, 200, 64, 8, 2, 64, F}, {65, 530, 64, 4, 1, 64, H}};
+    double worst_big = 0;
+    int64_t compared_big = 0;
+    for (size_t ci = 0; ci < sizeof big / sizeof big[0]; ci++) {
+        bwd_prob b;
+        T_CHECK(bwd_prob_init(&b, &big[ci], &rng) == 0, "problem setup");
+        float *o = guarded(b.nq), *lse = guarded(b.c.T * b.c.n_h);
+        double *gq = malloc((size_t)b.nq * sizeof(double));
+        double *gk = malloc((size_t)b.nkv * sizeof(double));
+        double *gv = malloc((size_t)b.nkv * sizeof(double));
+        double *gpk = malloc((size_t)(b.npf + 1) * sizeof(double));
+        double *gpv = malloc((size_t)(b.npf + 1) * sizeof(double));
+        T_CHECK(o && lse && gq && gk && gv && gpk && gpv, "alloc");
+        if (bwd_forward(&b, o, lse, &scratch)) return 1;
+        dm_bwd(&b.m, gq, gk, gv, gpk, gpv);
+        for (int ti = 0; ti < 2; ti++)
+            if (bwd_check(&b, o, lse, gq, gk, gv, gpk, gpv, threads[ti], tol, &scratch,
+                          &worst_big, &compared_big))
+                return 1;
+        free(gq), free(gk), free(gv), free(gpk), free(gpv);
+        guarded_free(o), guarded_free(lse);
+        bwd_prob_free(&b);
+    }
+    T_CHECK(compared_big > 0, "no gradient element compared");
+    printf("  larger shapes vs double backward: worst rel err %.3g\n", worst_big);
+
+    /* bad arguments come back as statuses */
+    float x[64] = {0}, y[64];
+    void *pg[2] = {x, x}, *gpg[2] = {y, NULL}; /* second gradient page missing */
+    ls_kv_prefix two = {
+        .n = 2, .page_size = 1, .dtype = LS_DTYPE_F32, .k_pages = pg, .v_pages = pg};
+    T_CHECK(ls_attn_bwd(y, y, y, gpg, NULL, x, x, x, x, x, x, &two, 1, 2, 2, 8, 1.0f,
+                        &scratch) == LS_ERR_ARG,
+            "NULL prefix gradient page accepted");
+    T_CHECK(ls_attn_bwd(y, y, y, NULL, NULL, x, x, x, x, x, x, NULL, 1, 3, 2, 8, 1.0f,
+                        &scratch) == LS_ERR_ARG,
+            "n_h not a multiple of n_kv accepted");
     T_CHECK(scratch.cur == 0, "scratch left allocated: %zu", scratch.cur);
     ls_arena_free(&scratch);
     return 0;

@@ -47,6 +47,10 @@ typedef struct {
     float *lm_head;    /* [V, D] (= embed when tied) */
     ls_hybrid_layer *layers; /* [n_layers] */
     size_t n_params;
+    /* How the checkpoint was laid out, so exports use the same names (hybrid_load.c). */
+    char prefix[32];   /* "model." or "model.language_model." */
+    int fused_gdn;     /* Qwen3-Next in_proj_qkvz / in_proj_ba */
+    int fused_experts; /* HF v5 experts.gate_up_proj / down_proj */
 } ls_hybrid_model;
 
 /* Load config.json + safetensors (single file or sharded) from `dir`; weights are
@@ -74,6 +78,50 @@ ls_status ls_hybrid_branch_logprobs(const ls_hybrid_model *m, const ls_prompt_st
                                     const int32_t *ids, int64_t T, int64_t out_from,
                                     const int32_t *target, float *logprob, const ls_fwd_opts *o,
                                     ls_arena *work);
+
+/* What a branch forward saves for its backward (opaque; lives in the tape arena). */
+typedef struct ls_branch_tape ls_branch_tape;
+
+/* Branch forward as ls_hybrid_branch_logprobs, optionally recording a tape.
+ * tape_out non-NULL: every buffer the backward needs is kept in `tape_arena` (the
+ * branch arena) and *tape_out set; NULL: no tape, transients from `scratch`.
+ * grad_from: the first position whose path carries gradient — 0 for a branch; P−1
+ * for the naive full-sequence mode, where the prompt part is detached at the same
+ * points as a captured state (attention K/V and the GDN state and conv tail of
+ * earlier positions receive no gradient). entropy[T − out_from] optional. `ids`
+ * and `target` must stay alive until the backward. */
+ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *st,
+                               const int32_t *ids, int64_t T, int64_t out_from, int64_t grad_from,
+                               const int32_t *target, float *logprob, float *entropy,
+                               ls_branch_tape **tape_out, const ls_fwd_opts *o,
+                               ls_arena *tape_arena, ls_arena *scratch);
+/* Backward of a taped branch: dlogprob[T − out_from] = ∂L/∂logprob; parameter
+ * gradients accumulate (+=) into `grad` (a model-shaped set of buffers, see
+ * ls_hybrid_alloc_like). The prompt state receives no gradient (prefix-frozen);
+ * the kernels' dstate0/dtail/dk_prefix outputs are where exact mode will take it. */
+ls_status ls_hybrid_branch_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad,
+                               const ls_branch_tape *tape, const float *dlogprob,
+                               ls_arena *scratch);
+
+/* ---- parameters --------------------------------------------------------------- */
+typedef struct {
+    float *p;     /* the tensor's data */
+    int64_t n;    /* elements */
+    int no_decay; /* norms, A_log, dt_bias: no weight decay */
+    const char *what; /* short description for messages */
+} ls_param;
+
+/* Every distinct trainable tensor of the internal layout, in a fixed order (the tied
+ * LM head is not listed twice). *out malloc'd. */
+ls_status ls_hybrid_params(const ls_hybrid_model *m, ls_param **out, int64_t *n);
+/* A model-shaped set of zeroed buffers (gradients, optimizer moments) from `arena`,
+ * aliasing lm_head to embed when tied. */
+ls_status ls_hybrid_alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena);
+/* Write `m` (weights or gradients in the internal layout) as HF tensors under the
+ * checkpoint's own names and layout (fused or split, per-expert or fused experts),
+ * as `dtype`, atomically to `path`. */
+ls_status ls_hybrid_export(const ls_hybrid_model *m, const char *path, ls_dtype dtype,
+                           const char *meta_key, const char *meta_value);
 
 /* One tensor of the HF checkpoint layout, for writing random checkpoints (`init`). */
 typedef enum {

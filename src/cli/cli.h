@@ -12,6 +12,8 @@
 int cmd_init(int argc, char **argv);
 int cmd_logprobs(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_grad(int argc, char **argv);
+int cmd_step(int argc, char **argv);
 
 /* Parse an integer flag value in [lo, hi]; prints "longstraw CMD: --flag: ..." and
  * returns nonzero on failure. */

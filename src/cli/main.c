@@ -17,6 +17,8 @@ static const struct {
     {"init", cmd_init, "write a random checkpoint (config.json + model.safetensors)"},
     {"logprobs", cmd_logprobs, "per-token log-probs of a group's responses (capture + continuation)"},
     {"plan", cmd_plan, "predict the prompt-state inventory per layer kind and rank"},
+    {"grad", cmd_grad, "gradient of the GRPO loss over a group (no step)"},
+    {"step", cmd_step, "one GRPO update: capture, score, replay, AdamW; writes the new checkpoint"},
 };
 
 static void usage(FILE *f) {

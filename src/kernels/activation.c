@@ -14,3 +14,18 @@ void ls_swiglu_fwd(float *out, const float *gu, int64_t T, int64_t I) {
         for (int64_t i = 0; i < I; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
 }
+
+/* dgu[T,2I] (=) from dout[T,I] and the forward input gu[T,2I]:
+ *   dgate = dout·up·SiLU'(gate), SiLU'(g) = σ(g)·(1 + g·(1−σ(g))),   dup = dout·SiLU(gate). */
+void ls_swiglu_bwd(float *dgu, const float *dout, const float *gu, int64_t T, int64_t I) {
+#pragma omp parallel for schedule(static) if (T * I > 65536)
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * I, *u = g + I, *d = dout + t * I;
+        float *dg = dgu + t * 2 * I, *du = dg + I;
+        for (int64_t i = 0; i < I; i++) {
+            float sig = 1.0f / (1.0f + expf(-g[i]));
+            dg[i] = d[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig)));
+            du[i] = d[i] * (g[i] * sig);
+        }
+    }
+}

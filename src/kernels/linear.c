@@ -19,8 +19,37 @@ void ls_linear_fwd(float *out, const float *x, const float *W, int64_t T, int64_
                 (int)K, accumulate ? 1.0f : 0.0f, out, (int)N);
 }
 
+/* dx[T,K] (=, or += when accumulate_dx) dout[T,N] · W[N,K]; dW[N,K] (+=) doutᵀ · x[T,K].
+ * dx or dW NULL: skipped. */
+void ls_linear_bwd(float *dx, float *dW, const float *dout, const float *x, const float *W,
+                   int64_t T, int64_t K, int64_t N, int accumulate_dx) {
+    if (T <= 0 || K <= 0) return;
+    LS_ASSERT(T <= INT32_MAX && K <= INT32_MAX && N <= INT32_MAX, "sgemm dims exceed int");
+    if (dx) {
+        if (N <= 0) {
+            if (!accumulate_dx) memset(dx, 0, (size_t)T * (size_t)K * sizeof(float));
+        } else {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)K, (int)N, 1.0f,
+                        dout, (int)N, W, (int)K, accumulate_dx ? 1.0f : 0.0f, dx, (int)K);
+        }
+    }
+    if (dW && N > 0)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, (int)T, 1.0f, dout,
+                    (int)N, x, (int)K, 1.0f, dW, (int)K);
+}
+
 /* out[T,D] = table[ids[t]] */
 void ls_embed_fwd(float *out, const int32_t *ids, const float *table, int64_t T, int64_t D) {
     for (int64_t t = 0; t < T; t++)
         memcpy(out + t * D, table + (int64_t)ids[t] * D, (size_t)D * sizeof(float));
+}
+
+/* dtable[V,D] (+=): dtable[ids[t]] += dout[t]. Serial over t so repeated ids accumulate
+ * without races. */
+void ls_embed_bwd(float *dtable, const float *dout, const int32_t *ids, int64_t T, int64_t D) {
+    for (int64_t t = 0; t < T; t++) {
+        float *row = dtable + (int64_t)ids[t] * D;
+        const float *g = dout + t * D;
+        for (int64_t i = 0; i < D; i++) row[i] += g[i];
+    }
 }

@@ -8,7 +8,10 @@
 
 #include "longstraw/kernels.h"
 
-void ls_rope_fwd(float *x, int64_t T, int heads, int hd, int rot, double theta, int64_t pos0) {
+/* Rotate dims [0, rot) of every head of x[T, heads, hd] by angle sign·(pos0+t)·inv_freq_j:
+ * sign = +1 is R (the forward), sign = −1 is Rᵀ = R⁻¹ (the backward). */
+static void rope_apply(float *x, int64_t T, int heads, int hd, int rot, double theta, int64_t pos0,
+                       float sign) {
     int half = rot / 2;
     if (half <= 0 || T <= 0) return;
 #pragma omp parallel for schedule(static) if (T * heads * hd > 65536)
@@ -19,7 +22,7 @@ void ls_rope_fwd(float *x, int64_t T, int heads, int hd, int rot, double theta, 
         for (int j = 0; j < half; j++) {
             double ang = p * pow(theta, -2.0 * j / (double)rot);
             cs[j] = (float)cos(ang);
-            sn[j] = (float)sin(ang);
+            sn[j] = sign * (float)sin(ang);
         }
         for (int h = 0; h < heads; h++) {
             float *v = x + (t * heads + h) * (int64_t)hd;
@@ -30,4 +33,16 @@ void ls_rope_fwd(float *x, int64_t T, int heads, int hd, int rot, double theta, 
             }
         }
     }
+}
+
+/* x[T,heads,hd] ← R·x, in place */
+void ls_rope_fwd(float *x, int64_t T, int heads, int hd, int rot, double theta, int64_t pos0) {
+    rope_apply(x, T, heads, hd, rot, theta, pos0, 1.0f);
+}
+
+/* dx[T,heads,hd] (= in place) ← Rᵀ·dx. Each pair rotates by an orthogonal 2×2 block, so Rᵀ is
+ * the same rotation with sin negated (bit-for-bit the transpose of the forward's f32 R);
+ * dims ≥ rot pass through. */
+void ls_rope_bwd(float *dx, int64_t T, int heads, int hd, int rot, double theta, int64_t pos0) {
+    rope_apply(dx, T, heads, hd, rot, theta, pos0, -1.0f);
 }

@@ -1,15 +1,17 @@
 /*
  * hybrid.c — forward of the hybrid family (specs/hybrid-qwen3next.md §2, §4, §5):
  * capture (extend the prompt state chunk by chunk, no tape) and branch (continue
- * from a read-only state; with no state it is the plain forward). One layer
- * function serves both: capture passes the state's own GDN buffers and an append
- * target, a branch passes private copies and no append target.
+ * from a read-only state, with or without a tape; with no state it is the plain
+ * forward). One layer function serves all three: capture passes the state's own
+ * GDN buffers and an append target, a branch passes private copies and none.
+ * With a tape, every buffer the backward reads comes from the tape arena and is
+ * kept (hybrid_tape.h); without one, transients come from scratch and are released.
  */
 #include <math.h>
 #include <string.h>
 
+#include "hybrid_tape.h"
 #include "longstraw/kernels.h"
-#include "longstraw/model.h"
 
 void ls_fwd_opts_default(ls_fwd_opts *o) {
     o->capture_chunk = 2048;
@@ -25,34 +27,61 @@ void ls_fwd_opts_default(ls_fwd_opts *o) {
 
 static float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-/* Gated DeltaNet mixer (spec §2): x[T,D] += out_proj(gated_norm(GDR(conv(qkv)), z)).
- * S [H_v,d_k,d_v] and tail [W−1,conv_dim] are advanced in place. */
+/* Per-call context of one layer. */
+typedef struct {
+    int64_t T, pos0;
+    int64_t seg0;               /* GDN/conv split (naive mode's detach point); 0 otherwise */
+    const ls_kv_prefix *prefix; /* attention: read-only prefix or NULL */
+    ls_prompt_state *append;    /* capture: append this call's K/V */
+    float *S, *tail;            /* GDN state and conv tail, advanced in place */
+    ls_layer_tape *tp;          /* NULL: no tape */
+    ls_arena *ta;               /* tape arena (tp != NULL) */
+    ls_arena *sc;               /* scratch */
+} layer_ctx;
+
+/* Gated DeltaNet mixer (spec §2): x[T,D] += out_proj(gated_norm(GDR(conv(qkv)), z)). */
 static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, float *x,
-                           const float *xn, int64_t T, float *S, float *tail, ls_arena *sc) {
+                           const float *xn, layer_ctx *L) {
     const ls_config *c = &m->cfg;
-    int64_t D = c->hidden, kd = ls_cfg_key_dim(c), vd = ls_cfg_value_dim(c), cd = ls_cfg_conv_dim(c);
-    int Hv = c->H_v;
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *qkv = ALLOC_F(sc, T * cd);  /* [T, conv_dim] pre-conv */
-    float *y = ALLOC_F(sc, T * cd);    /* [T, conv_dim] post conv+SiLU */
-    float *z = ALLOC_F(sc, T * vd);    /* [T, H_v, d_v] */
-    float *ba = ALLOC_F(sc, T * 2 * Hv); /* [T, 2·H_v]: b | a */
-    float *q = ALLOC_F(sc, T * kd);    /* [T, H_k, d_k] */
-    float *k = ALLOC_F(sc, T * kd);    /* [T, H_k, d_k] */
-    float *v = ALLOC_F(sc, T * vd);    /* [T, H_v, d_v] */
-    float *beta = ALLOC_F(sc, T * Hv); /* [T, H_v] */
-    float *g = ALLOC_F(sc, T * Hv);    /* [T, H_v] */
-    float *o = ALLOC_F(sc, T * vd);    /* [T, H_v, d_v] */
-    NEED(qkv && y && z && ba && q && k && v && beta && g && o);
+    int64_t T = L->T, D = c->hidden, kd = ls_cfg_key_dim(c), vd = ls_cfg_value_dim(c);
+    int64_t cd = ls_cfg_conv_dim(c), Wm = c->conv_k - 1;
+    int Hv = c->H_v, Hk = c->H_k;
+    ls_layer_tape *tp = L->tp;
+    ls_arena *A = tp ? L->ta : L->sc;
+    ls_arena_mark mk = ls_arena_get_mark(L->sc);
+    float *qkv = ALLOC_F(A, T * cd);  /* [T, conv_dim] pre-conv */
+    float *cpre = tp ? ALLOC_F(A, T * cd) : NULL; /* [T, conv_dim] */
+    float *y = ALLOC_F(A, T * cd);    /* [T, conv_dim] post conv+SiLU */
+    float *z = ALLOC_F(A, T * vd);    /* [T, H_v, d_v] */
+    float *ba = ALLOC_F(A, T * 2 * Hv); /* [T, 2·H_v]: b | a */
+    float *q = ALLOC_F(A, T * kd);    /* [T, H_k, d_k] */
+    float *k = ALLOC_F(A, T * kd);    /* [T, H_k, d_k] */
+    float *v = ALLOC_F(A, T * vd);    /* [T, H_v, d_v] */
+    float *beta = ALLOC_F(A, T * Hv); /* [T, H_v] */
+    float *g = ALLOC_F(A, T * Hv);    /* [T, H_v] */
+    float *o = ALLOC_F(A, T * vd);    /* [T, H_v, d_v] */
+    float *on = tp ? ALLOC_F(A, T * vd) : o; /* [T, H_v, d_v] gated norm output */
+    float *rq = tp ? ALLOC_F(A, T * Hk) : NULL, *rk = tp ? ALLOC_F(A, T * Hk) : NULL;
+    float *grstd = tp ? ALLOC_F(A, T * Hv) : NULL;
+    NEED(qkv && y && z && ba && q && k && v && beta && g && o && on);
+    NEED(!tp || (cpre && rq && rk && grstd));
     ls_linear_fwd(qkv, xn, w->gdn_in, T, D, cd, 0);
     ls_linear_fwd(z, xn, w->gdn_in + cd * D, T, D, vd, 0);
     ls_linear_fwd(ba, xn, w->gdn_in + (cd + vd) * D, T, D, 2 * Hv, 0);
-    ls_conv_fwd(y, NULL, tail, qkv, w->conv_w, T, cd, c->conv_k);
+    int64_t s0 = L->seg0;
+    if (s0 > 0) ls_conv_fwd(y, cpre, L->tail, qkv, w->conv_w, s0, cd, c->conv_k);
+    if (tp) {
+        tp->tail0 = ALLOC_F(A, Wm * cd > 0 ? Wm * cd : 1);
+        NEED(tp->tail0);
+        memcpy(tp->tail0, L->tail, (size_t)(Wm * cd) * sizeof(float));
+    }
+    ls_conv_fwd(y + s0 * cd, cpre ? cpre + s0 * cd : NULL, L->tail, qkv + s0 * cd, w->conv_w, T - s0,
+                cd, c->conv_k);
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; t++) {
         const float *yt = y + t * cd;
-        ls_l2norm_fwd(q + t * kd, NULL, yt, c->H_k, c->d_k, 1e-6f);
-        ls_l2norm_fwd(k + t * kd, NULL, yt + kd, c->H_k, c->d_k, 1e-6f);
+        ls_l2norm_fwd(q + t * kd, rq ? rq + t * Hk : NULL, yt, Hk, c->d_k, 1e-6f);
+        ls_l2norm_fwd(k + t * kd, rk ? rk + t * Hk : NULL, yt + kd, Hk, c->d_k, 1e-6f);
         memcpy(v + t * vd, yt + 2 * kd, (size_t)vd * sizeof(float));
         for (int h = 0; h < Hv; h++) {
             float bb = ba[t * 2 * Hv + h], aa = ba[t * 2 * Hv + Hv + h];
@@ -61,103 +90,151 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
         }
     }
     ls_gdr_dims dm = {c->H_k, c->H_v, c->d_k, c->d_v, 1.0f / sqrtf((float)c->d_k)};
-    LS_TRY(ls_gdr_chunk_fwd(o, NULL, S, q, k, v, beta, g, T, dm, sc));
-    ls_gated_rmsnorm_fwd(o, NULL, o, z, w->gnorm, T * Hv, c->d_v, c->eps);
-    ls_linear_fwd(x, o, w->gdn_out, T, vd, D, 1);
-    ls_arena_release(sc, mk);
+    size_t sn = (size_t)Hv * (size_t)c->d_k * (size_t)c->d_v;
+    if (s0 > 0) LS_TRY(ls_gdr_chunk_fwd(o, NULL, L->S, q, k, v, beta, g, s0, dm, L->sc));
+    float *tape_h = NULL;
+    if (tp) {
+        tp->S0 = ALLOC_F(A, sn);
+        tape_h = ALLOC_F(A, ((T - s0 + 63) / 64 > 0 ? (T - s0 + 63) / 64 : 1) * (int64_t)sn);
+        NEED(tp->S0 && tape_h);
+        memcpy(tp->S0, L->S, sn * sizeof(float));
+    }
+    LS_TRY(ls_gdr_chunk_fwd(o + s0 * vd, tape_h, L->S, q + s0 * kd, k + s0 * kd, v + s0 * vd, beta + s0 * Hv,
+                            g + s0 * Hv, T - s0, dm, L->sc));
+    ls_gated_rmsnorm_fwd(on, grstd, o, z, w->gnorm, T * Hv, c->d_v, c->eps);
+    ls_linear_fwd(x, on, w->gdn_out, T, vd, D, 1);
+    if (tp) {
+        tp->seg0 = s0;
+        tp->qkv = qkv, tp->cpre = cpre, tp->y = y, tp->z = z, tp->ba = ba;
+        tp->qn = q, tp->kn = k, tp->rq = rq, tp->rk = rk;
+        tp->beta = beta, tp->g = g, tp->tape_h = tape_h, tp->o = o, tp->grstd = grstd, tp->on = on;
+        tp->v = v;
+    }
+    ls_arena_release(L->sc, mk);
     return LS_OK;
 }
 
-/* Gated full attention (spec §4): x[T,D] += o_proj(attn(q,k,v) ⊙ σ(gate)). Reads the
- * prefix (may be NULL); appends this call's K/V to `append` when non-NULL. */
+/* Gated full attention (spec §4): x[T,D] += o_proj(attn(q,k,v) ⊙ σ(gate)). */
 static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, int layer,
-                            float *x, const float *xn, int64_t T, int64_t pos0,
-                            const ls_kv_prefix *prefix, ls_prompt_state *append, ls_arena *sc) {
+                            float *x, const float *xn, layer_ctx *L) {
     const ls_config *c = &m->cfg;
-    int64_t D = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv * c->head_dim;
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *q = ALLOC_F(sc, T * qd);    /* [T, n_h, hd] */
-    float *gate = ALLOC_F(sc, T * qd); /* [T, n_h·hd] */
-    float *k = ALLOC_F(sc, T * kvd);   /* [T, n_kv, hd] */
-    float *v = ALLOC_F(sc, T * kvd);   /* [T, n_kv, hd] */
-    float *o = ALLOC_F(sc, T * qd);    /* [T, n_h, hd] */
-    NEED(q && gate && k && v && o);
+    int64_t T = L->T, D = c->hidden, qd = (int64_t)c->n_heads * c->head_dim;
+    int64_t kvd = (int64_t)c->n_kv * c->head_dim;
+    ls_layer_tape *tp = L->tp;
+    ls_arena *A = tp ? L->ta : L->sc;
+    ls_arena_mark mk = ls_arena_get_mark(L->sc);
+    float *q = ALLOC_F(A, T * qd);    /* [T, n_h, hd] */
+    float *gate = ALLOC_F(A, T * qd); /* [T, n_h·hd] */
+    float *k = ALLOC_F(A, T * kvd);   /* [T, n_kv, hd] */
+    float *v = ALLOC_F(A, T * kvd);   /* [T, n_kv, hd] */
+    float *o = ALLOC_F(A, T * qd);    /* [T, n_h, hd] */
+    float *qr = tp ? ALLOC_F(A, T * qd) : q;   /* normed + roped copies when taping */
+    float *kr = tp ? ALLOC_F(A, T * kvd) : k;
+    float *og = tp ? ALLOC_F(A, T * qd) : o;
+    float *rsq = tp ? ALLOC_F(A, T * c->n_heads) : NULL, *rsk = tp ? ALLOC_F(A, T * c->n_kv) : NULL;
+    float *lse = tp ? ALLOC_F(A, T * c->n_heads) : NULL;
+    NEED(q && gate && k && v && o && qr && kr && og);
+    NEED(!tp || (rsq && rsk && lse));
     ls_linear_fwd(q, xn, w->attn_in, T, D, qd, 0);
     ls_linear_fwd(gate, xn, w->attn_in + qd * D, T, D, qd, 0);
     ls_linear_fwd(k, xn, w->attn_in + 2 * qd * D, T, D, kvd, 0);
     ls_linear_fwd(v, xn, w->attn_in + (2 * qd + kvd) * D, T, D, kvd, 0);
-    ls_rmsnorm_fwd(q, NULL, q, w->q_norm, T * c->n_heads, c->head_dim, c->eps);
-    ls_rmsnorm_fwd(k, NULL, k, w->k_norm, T * c->n_kv, c->head_dim, c->eps);
-    ls_rope_fwd(q, T, c->n_heads, c->head_dim, c->rot_dim, c->rope_theta, pos0);
-    ls_rope_fwd(k, T, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, pos0);
-    LS_TRY(ls_attn_fwd(o, NULL, q, k, v, prefix, T, c->n_heads, c->n_kv, c->head_dim,
-                       1.0f / sqrtf((float)c->head_dim), sc));
-    if (append) LS_TRY(ls_state_append_kv(append, layer, k, v, T));
+    ls_rmsnorm_fwd(qr, rsq, q, w->q_norm, T * c->n_heads, c->head_dim, c->eps);
+    ls_rmsnorm_fwd(kr, rsk, k, w->k_norm, T * c->n_kv, c->head_dim, c->eps);
+    ls_rope_fwd(qr, T, c->n_heads, c->head_dim, c->rot_dim, c->rope_theta, L->pos0);
+    ls_rope_fwd(kr, T, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, L->pos0);
+    LS_TRY(ls_attn_fwd(o, lse, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim,
+                       1.0f / sqrtf((float)c->head_dim), L->sc));
+    if (L->append) LS_TRY(ls_state_append_kv(L->append, layer, kr, v, T));
 #pragma omp parallel for schedule(static) if (T * qd > 65536)
-    for (int64_t i = 0; i < T * qd; i++) o[i] *= 1.0f / (1.0f + expf(-gate[i]));
-    ls_linear_fwd(x, o, w->attn_out, T, qd, D, 1);
+    for (int64_t i = 0; i < T * qd; i++) og[i] = o[i] / (1.0f + expf(-gate[i]));
+    ls_linear_fwd(x, og, w->attn_out, T, qd, D, 1);
+    if (tp) {
+        tp->qraw = q, tp->kraw = k, tp->rsq = rsq, tp->rsk = rsk, tp->qr = qr, tp->kr = kr, tp->v = v;
+        tp->gate = gate, tp->ao = o, tp->lse = lse, tp->aog = og;
+        tp->has_prefix = L->prefix != NULL;
+        if (L->prefix) tp->prefix = *L->prefix;
+    }
+    ls_arena_release(L->sc, mk);
+    return LS_OK;
+}
+
+/* SwiGLU rows xs[n,D]: out[n,D] (= or +=) down(SiLU(gate(xs)) ⊙ up(xs)). gu[n,2I], act[n,I]
+ * are kept when the caller passes them; otherwise they come from scratch. */
+static ls_status swiglu_ffn(float *out, float *gu, float *act, const float *xs, int64_t n, int64_t D,
+                            int64_t I, const float *gu_w, const float *down_w, int accumulate,
+                            ls_arena *sc) {
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    if (!gu) gu = ALLOC_F(sc, n * 2 * I);
+    if (!act) act = ALLOC_F(sc, n * I);
+    NEED(gu && act);
+    ls_linear_fwd(gu, xs, gu_w, n, D, 2 * I, 0);
+    ls_swiglu_fwd(act, gu, n, I);
+    ls_linear_fwd(out, act, down_w, n, I, D, accumulate);
     ls_arena_release(sc, mk);
     return LS_OK;
 }
 
-/* SwiGLU expert on rows xs[n,D]: out[n,D] = down(SiLU(gate(xs)) ⊙ up(xs)). */
-static ls_status swiglu_ffn(float *out, const float *xs, int64_t n, int64_t D, int64_t I,
-                            const float *gu_w, const float *down_w, ls_arena *sc) {
+void ls_moe_route(float *probs, int32_t *sel, float *wt, const float *logits, int64_t T, int E,
+                  int K, int norm_topk) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        const float *lg = logits + t * E;
+        float *p = probs + t * E;
+        float mx = -INFINITY;
+        for (int e = 0; e < E; e++) mx = lg[e] > mx ? lg[e] : mx;
+        double s = 0;
+        for (int e = 0; e < E; e++) s += exp((double)(lg[e] - mx));
+        for (int e = 0; e < E; e++) p[e] = (float)(exp((double)(lg[e] - mx)) / s);
+        double tot = 0;
+        for (int j = 0; j < K; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++) taken |= sel[t * K + i] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            sel[t * K + j] = best;
+            wt[t * K + j] = p[best];
+            tot += p[best];
+        }
+        if (norm_topk)
+            for (int j = 0; j < K; j++) wt[t * K + j] = (float)(wt[t * K + j] / tot);
+    }
+}
+
+ls_status ls_moe_group(int64_t *count, int64_t *rows, const int32_t *sel, int64_t T, int E, int K,
+                       ls_arena *sc) {
+    memset(count, 0, (size_t)(E + 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < T * K; i++) count[sel[i] + 1]++;
+    for (int e = 0; e < E; e++) count[e + 1] += count[e];
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *gu = ALLOC_F(sc, n * 2 * I); /* [n, 2I] */
-    float *act = ALLOC_F(sc, n * I);    /* [n, I] */
-    NEED(gu && act);
-    ls_linear_fwd(gu, xs, gu_w, n, D, 2 * I, 0);
-    ls_swiglu_fwd(act, gu, n, I);
-    ls_linear_fwd(out, act, down_w, n, I, D, 0);
+    int64_t *fill = ls_arena_calloc(sc, (size_t)E, sizeof(int64_t));
+    NEED(fill);
+    for (int64_t i = 0; i < T * K; i++) rows[count[sel[i]] + fill[sel[i]]++] = i;
     ls_arena_release(sc, mk);
     return LS_OK;
 }
 
 /* Sparse MoE block (spec §5): x[T,D] += Σ_top-k p̂_e·E_e(xn) + σ(xn·w_sg)·Shared(xn). */
 static ls_status moe_ffn(const ls_hybrid_model *m, const ls_hybrid_layer *w, float *x,
-                         const float *xn, int64_t T, ls_arena *sc) {
+                         const float *xn, layer_ctx *L) {
     const ls_config *c = &m->cfg;
-    int64_t D = c->hidden, Im = c->moe_inter;
+    int64_t T = L->T, D = c->hidden, Im = c->moe_inter;
     int E = c->n_experts, K = c->top_k;
+    ls_layer_tape *tp = L->tp;
+    ls_arena *A = tp ? L->ta : L->sc, *sc = L->sc;
     ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *probs = ALLOC_F(A, T * E);        /* [T, E] */
+    int32_t *sel = ls_arena_alloc(A, (size_t)(T * K) * sizeof(int32_t)); /* [T, K] */
+    float *wt = ALLOC_F(A, T * K);           /* [T, K] */
     float *logits = ALLOC_F(sc, T * E);      /* [T, E] */
-    int32_t *sel = ls_arena_alloc(sc, (size_t)(T * K) * sizeof(int32_t)); /* [T, K] */
-    float *wt = ALLOC_F(sc, T * K);          /* [T, K] */
-    int64_t *count = ls_arena_calloc(sc, (size_t)E + 1, sizeof(int64_t));
-    int64_t *rows = ls_arena_alloc(sc, (size_t)(T * K) * sizeof(int64_t)); /* token·K+slot by expert */
-    NEED(logits && sel && wt && count && rows);
+    int64_t *count = ls_arena_alloc(sc, (size_t)(E + 1) * sizeof(int64_t));
+    int64_t *rows = ls_arena_alloc(sc, (size_t)(T * K) * sizeof(int64_t));
+    NEED(probs && sel && wt && logits && count && rows);
     ls_linear_fwd(logits, xn, w->router, T, D, E, 0);
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; t++) {
-        float *lg = logits + t * E;
-        float mx = -INFINITY;
-        for (int e = 0; e < E; e++) mx = lg[e] > mx ? lg[e] : mx;
-        double s = 0;
-        for (int e = 0; e < E; e++) s += exp((double)(lg[e] - mx));
-        for (int e = 0; e < E; e++) lg[e] = (float)(exp((double)(lg[e] - mx)) / s); /* probs */
-        double tot = 0;
-        for (int j = 0; j < K; j++) { /* top-k by selection; ties → lower index */
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int i = 0; i < j; i++) taken |= sel[t * K + i] == e;
-                if (!taken && (best < 0 || lg[e] > lg[best])) best = e;
-            }
-            sel[t * K + j] = best;
-            wt[t * K + j] = lg[best];
-            tot += lg[best];
-        }
-        if (c->norm_topk)
-            for (int j = 0; j < K; j++) wt[t * K + j] = (float)(wt[t * K + j] / tot);
-    }
-    for (int64_t i = 0; i < T * K; i++) count[sel[i] + 1]++;
-    for (int e = 0; e < E; e++) count[e + 1] += count[e];
-    {
-        int64_t *fill = ls_arena_calloc(sc, (size_t)E, sizeof(int64_t));
-        NEED(fill);
-        for (int64_t i = 0; i < T * K; i++) rows[count[sel[i]] + fill[sel[i]]++] = i;
-    }
+    ls_moe_route(probs, sel, wt, logits, T, E, K, c->norm_topk);
+    LS_TRY(ls_moe_group(count, rows, sel, T, E, K, sc));
     int64_t maxn = 0;
     for (int e = 0; e < E; e++) maxn = count[e + 1] - count[e] > maxn ? count[e + 1] - count[e] : maxn;
     float *xs = ALLOC_F(sc, maxn * D); /* [n_e, D] gathered rows */
@@ -168,8 +245,8 @@ static ls_status moe_ffn(const ls_hybrid_model *m, const ls_hybrid_layer *w, flo
         if (n == 0) continue;
         const int64_t *r = rows + count[e];
         for (int64_t i = 0; i < n; i++) memcpy(xs + i * D, xn + (r[i] / K) * D, (size_t)D * sizeof(float));
-        LS_TRY(swiglu_ffn(ys, xs, n, D, Im, w->exp_gu + (int64_t)e * 2 * Im * D,
-                          w->exp_down + (int64_t)e * D * Im, sc));
+        LS_TRY(swiglu_ffn(ys, NULL, NULL, xs, n, D, Im, w->exp_gu + (int64_t)e * 2 * Im * D,
+                          w->exp_down + (int64_t)e * D * Im, 0, sc));
         for (int64_t i = 0; i < n; i++) {
             float p = wt[r[i]];
             float *xt = x + (r[i] / K) * D;
@@ -178,49 +255,68 @@ static ls_status moe_ffn(const ls_hybrid_model *m, const ls_hybrid_layer *w, flo
         }
     }
     if (c->shared_inter > 0) {
-        float *sh = ALLOC_F(sc, T * D); /* [T, D] */
-        float *sg = ALLOC_F(sc, T);     /* [T] */
-        NEED(sh && sg);
-        LS_TRY(swiglu_ffn(sh, xn, T, D, c->shared_inter, w->sh_gu, w->sh_down, sc));
+        int64_t Is = c->shared_inter;
+        float *sh = ALLOC_F(A, T * D); /* [T, D] */
+        float *sg = ALLOC_F(A, T);     /* [T] gate logit */
+        float *sgu = tp ? ALLOC_F(A, T * 2 * Is) : NULL, *sact = tp ? ALLOC_F(A, T * Is) : NULL;
+        NEED(sh && sg && (!tp || (sgu && sact)));
+        LS_TRY(swiglu_ffn(sh, sgu, sact, xn, T, D, Is, w->sh_gu, w->sh_down, 0, sc));
         ls_linear_fwd(sg, xn, w->sh_gate, T, D, 1, 0);
 #pragma omp parallel for schedule(static)
         for (int64_t t = 0; t < T; t++) {
             float s = 1.0f / (1.0f + expf(-sg[t]));
             for (int64_t d = 0; d < D; d++) x[t * D + d] += s * sh[t * D + d];
         }
+        if (tp) tp->sh_gu = sgu, tp->sh_act = sact, tp->sh_out = sh, tp->sh_s = sg;
     }
+    if (tp) tp->probs = probs, tp->sel = sel, tp->wt = wt;
     ls_arena_release(sc, mk);
     return LS_OK;
 }
 
 /* One decoder layer on x[T,D] (spec §5): mixer then FFN, each with its residual. */
-static ls_status layer_fwd(const ls_hybrid_model *m, int l, float *x, int64_t T, int64_t pos0,
-                           const ls_kv_prefix *prefix, ls_prompt_state *append, float *S,
-                           float *tail, int skip_ffn, ls_arena *sc) {
+static ls_status layer_fwd(const ls_hybrid_model *m, int l, float *x, int skip_ffn, layer_ctx *L) {
     const ls_config *c = &m->cfg;
     const ls_hybrid_layer *w = &m->layers[l];
-    int64_t D = c->hidden;
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *xn = ALLOC_F(sc, T * D); /* [T, D] */
+    int64_t T = L->T, D = c->hidden;
+    ls_layer_tape *tp = L->tp;
+    ls_arena *A = tp ? L->ta : L->sc;
+    ls_arena_mark mk = ls_arena_get_mark(L->sc);
+    float *xn = ALLOC_F(A, T * D); /* [T, D] */
     NEED(xn);
-    ls_rmsnorm_fwd(xn, NULL, x, w->input_norm, T, D, c->eps);
+    if (tp) {
+        tp->x_in = ALLOC_F(A, T * D);
+        tp->rstd1 = ALLOC_F(A, T);
+        NEED(tp->x_in && tp->rstd1);
+        memcpy(tp->x_in, x, (size_t)(T * D) * sizeof(float));
+        tp->xn1 = xn;
+    }
+    ls_rmsnorm_fwd(xn, tp ? tp->rstd1 : NULL, x, w->input_norm, T, D, c->eps);
     if (c->kind[l] == LS_LAYER_GDN)
-        LS_TRY(gdn_mixer(m, w, x, xn, T, S, tail, sc));
+        LS_TRY(gdn_mixer(m, w, x, xn, L));
     else
-        LS_TRY(attn_mixer(m, w, l, x, xn, T, pos0, prefix, append, sc));
+        LS_TRY(attn_mixer(m, w, l, x, xn, L));
     if (!skip_ffn) {
-        ls_rmsnorm_fwd(xn, NULL, x, w->post_norm, T, D, c->eps);
+        float *xn2 = xn;
+        if (tp) {
+            tp->x_mid = ALLOC_F(A, T * D);
+            tp->xn2 = xn2 = ALLOC_F(A, T * D);
+            tp->rstd2 = ALLOC_F(A, T);
+            NEED(tp->x_mid && tp->xn2 && tp->rstd2);
+            memcpy(tp->x_mid, x, (size_t)(T * D) * sizeof(float));
+        }
+        ls_rmsnorm_fwd(xn2, tp ? tp->rstd2 : NULL, x, w->post_norm, T, D, c->eps);
         if (c->moe[l]) {
-            LS_TRY(moe_ffn(m, w, x, xn, T, sc));
+            LS_TRY(moe_ffn(m, w, x, xn2, L));
         } else {
-            float *f = ALLOC_F(sc, T * D); /* [T, D] */
-            NEED(f);
-            LS_TRY(swiglu_ffn(f, xn, T, D, c->intermediate, w->mlp_gu, w->mlp_down, sc));
-#pragma omp parallel for schedule(static) if (T * D > 65536)
-            for (int64_t i = 0; i < T * D; i++) x[i] += f[i];
+            float *gu = tp ? ALLOC_F(A, T * 2 * c->intermediate) : NULL;
+            float *act = tp ? ALLOC_F(A, T * c->intermediate) : NULL;
+            NEED(!tp || (gu && act));
+            LS_TRY(swiglu_ffn(x, gu, act, xn2, T, D, c->intermediate, w->mlp_gu, w->mlp_down, 1, L->sc));
+            if (tp) tp->gu = gu, tp->act = act;
         }
     }
-    ls_arena_release(sc, mk);
+    ls_arena_release(L->sc, mk); /* with a tape, everything kept came from the tape arena */
     return LS_OK;
 }
 
@@ -236,10 +332,10 @@ ls_status ls_hybrid_capture(const ls_hybrid_model *m, ls_prompt_state *st, const
         ls_embed_fwd(x, ids + c0, m->embed, T, D);
         for (int l = 0; l < c->n_layers; l++) {
             ls_kv_prefix pre = ls_state_prefix(st, l);
+            layer_ctx L = {T, st->n, 0, c->kind[l] == LS_LAYER_ATTN ? &pre : NULL, st,
+                           st->gdn[l].S, st->gdn[l].conv_tail, NULL, NULL, scratch};
             /* The last layer's FFN feeds only the LM head, which capture never runs. */
-            int last = l == c->n_layers - 1;
-            LS_TRY(layer_fwd(m, l, x, T, st->n, c->kind[l] == LS_LAYER_ATTN ? &pre : NULL, st,
-                             st->gdn[l].S, st->gdn[l].conv_tail, last, scratch));
+            LS_TRY(layer_fwd(m, l, x, l == c->n_layers - 1, &L));
         }
         ls_state_advance(st, T);
         ls_arena_release(scratch, mk);
@@ -247,20 +343,34 @@ ls_status ls_hybrid_capture(const ls_hybrid_model *m, ls_prompt_state *st, const
     return LS_OK;
 }
 
-ls_status ls_hybrid_branch_logprobs(const ls_hybrid_model *m, const ls_prompt_state *st,
-                                    const int32_t *ids, int64_t T, int64_t out_from,
-                                    const int32_t *target, float *logprob, const ls_fwd_opts *o,
-                                    ls_arena *work) {
+ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *st,
+                               const int32_t *ids, int64_t T, int64_t out_from, int64_t grad_from,
+                               const int32_t *target, float *logprob, float *entropy,
+                               ls_branch_tape **tape_out, const ls_fwd_opts *o,
+                               ls_arena *tape_arena, ls_arena *scratch) {
     const ls_config *c = &m->cfg;
     int64_t D = c->hidden, pos0 = st ? st->n : 0;
-    size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
-    size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;
     LS_ASSERT(out_from >= 0 && out_from <= T, "out_from %lld outside [0, %lld]", (long long)out_from,
               (long long)T);
-    ls_arena_mark mk = ls_arena_get_mark(work);
-    float *x = ALLOC_F(work, T * D);  /* [T, D] */
-    float *S = ALLOC_F(work, rec_n);  /* private copy of a GDN layer's state */
-    float *tail = ALLOC_F(work, conv_n);
+    LS_ASSERT(grad_from >= 0 && grad_from <= out_from, "grad_from %lld", (long long)grad_from);
+    size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
+    size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;
+    int taping = tape_out != NULL;
+    ls_arena *A = taping ? tape_arena : scratch; /* what outlives a layer */
+    ls_arena_mark mk = ls_arena_get_mark(scratch);
+    ls_branch_tape *tb = NULL;
+    if (taping) {
+        tb = ls_arena_calloc(A, 1, sizeof *tb);
+        NEED(tb);
+        tb->layers = ls_arena_calloc(A, (size_t)c->n_layers, sizeof(ls_layer_tape));
+        NEED(tb->layers);
+        tb->T = T, tb->out_from = out_from, tb->grad_from = grad_from, tb->pos0 = pos0;
+        tb->ids = ids, tb->target = target, tb->temperature = o->temperature;
+        tb->lmhead_rows = o->lmhead_rows;
+    }
+    float *x = ALLOC_F(A, T * D);  /* [T, D] residual stream */
+    float *S = ALLOC_F(scratch, rec_n); /* private copy of a GDN layer's state */
+    float *tail = ALLOC_F(scratch, conv_n ? conv_n : 1);
     NEED(x && S && tail);
     ls_embed_fwd(x, ids, m->embed, T, D);
     for (int l = 0; l < c->n_layers; l++) {
@@ -278,12 +388,33 @@ ls_status ls_hybrid_branch_logprobs(const ls_hybrid_model *m, const ls_prompt_st
             pre = ls_state_prefix(st, l);
             pp = &pre;
         }
-        LS_TRY(layer_fwd(m, l, x, T, pos0, pp, NULL, S, tail, 0, work));
+        layer_ctx L = {T, pos0, grad_from, pp, NULL, S, tail, taping ? &tb->layers[l] : NULL, tape_arena, scratch};
+        LS_TRY(layer_fwd(m, l, x, 0, &L));
     }
-    float *xo = x + out_from * D; /* [T − out_from, D] rows that predict a target */
-    ls_rmsnorm_fwd(xo, NULL, xo, m->final_norm, T - out_from, D, c->eps);
-    LS_TRY(ls_lmhead_logprobs_fwd(logprob, NULL, xo, m->lm_head, target, T - out_from, D, c->vocab,
-                                  o->temperature, o->lmhead_rows, work));
-    ls_arena_release(work, mk);
+    int64_t n = T - out_from;
+    float *xo = x + out_from * D; /* [n, D] rows that predict a target */
+    float *h = xo;
+    float *rstd = NULL;
+    if (taping) {
+        h = ALLOC_F(A, n * D);
+        rstd = ALLOC_F(A, n);
+        tb->lse = ALLOC_F(A, n);
+        NEED(h && rstd && tb->lse);
+        tb->x_final = xo, tb->h_final = h, tb->rstd_f = rstd;
+    }
+    ls_rmsnorm_fwd(h, rstd, xo, m->final_norm, n, D, c->eps);
+    LS_TRY(ls_lmhead_logprobs_fwd(logprob, taping ? tb->lse : NULL, h, m->lm_head, target, n, D, c->vocab,
+                                  o->temperature, o->lmhead_rows, scratch));
+    if (entropy)
+        LS_TRY(ls_lmhead_entropy(entropy, h, m->lm_head, n, D, c->vocab, o->temperature, o->lmhead_rows, scratch));
+    ls_arena_release(scratch, mk);
+    if (taping) *tape_out = tb;
     return LS_OK;
+}
+
+ls_status ls_hybrid_branch_logprobs(const ls_hybrid_model *m, const ls_prompt_state *st,
+                                    const int32_t *ids, int64_t T, int64_t out_from,
+                                    const int32_t *target, float *logprob, const ls_fwd_opts *o,
+                                    ls_arena *work) {
+    return ls_hybrid_branch_fwd(m, st, ids, T, out_from, 0, target, logprob, NULL, NULL, o, NULL, work);
 }

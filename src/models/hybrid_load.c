@@ -17,6 +17,7 @@ typedef struct {
     const char *prefix; /* "model." or "model.language_model." */
     ls_arena *fixed;
     size_t n_params;
+    int fused_gdn, fused_experts;
 } loader;
 
 static float *falloc(loader *L, int64_t n) {
@@ -75,6 +76,7 @@ static ls_status load_gdn(loader *L, const ls_config *c, int l, ls_hybrid_layer 
     const char *p = L->prefix;
     NAME(n, "%slayers.%d.linear_attn.in_proj_qkvz.weight", p, l);
     if (find(L, n, 0)) {
+        L->fused_gdn = 1;
         /* Qwen3-Next: per key head g, rows [q_g (d_k) | k_g (d_k) | v (r·d_v) | z (r·d_v)] (§2.1) */
         int64_t grp = 2 * dk + 2 * (int64_t)r * dv;
         float *src = NULL;
@@ -190,6 +192,7 @@ static ls_status load_ffn(loader *L, const ls_config *c, int l, ls_hybrid_layer 
     LS_TRY(read_t(L, n, 2, E, D, 0, w->router));
     NAME(n, "%s.experts.gate_up_proj", base);
     if (find(L, n, 0)) { /* fused (HF v5 layout): [E, 2·I, D] gate rows then up; [E, D, I] */
+        L->fused_experts = 1;
         LS_TRY(read_t(L, n, 3, E, 2 * Im, D, w->exp_gu));
         NAME(n, "%s.experts.down_proj", base);
         LS_TRY(read_t(L, n, 3, E, D, Im, w->exp_down));
@@ -272,6 +275,9 @@ ls_status ls_hybrid_load(ls_hybrid_model *m, const char *dir, ls_arena *fixed) {
     LS_TRY(ls_st_model_open(&L.st, dir));
     ls_status s = load_all(&L, m);
     m->n_params = L.n_params;
+    m->fused_gdn = L.fused_gdn;
+    m->fused_experts = L.fused_experts;
+    snprintf(m->prefix, sizeof m->prefix, "%s", L.prefix ? L.prefix : "model.");
     if (s != LS_OK) ls_err_ctx(s, "loading %s", dir);
     ls_st_model_close(&L.st);
     return s;

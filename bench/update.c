@@ -1,0 +1,157 @@
+/*
+ * bench/update.c — one GRPO update (capture → score → replay → AdamW) by LongStraw
+ * against the naive mode (each member's whole sequence under a tape), side by side
+ * in one run, on the small hybrid config (hidden 512, 8 layers, 2 full attention,
+ * vocab 4096). Each configuration runs in a forked child so that its peak RSS is
+ * its own; peaks are reported both as the arenas' accounting and as process RSS.
+ *
+ *   build/bench/update [--prompts 1024,4096,16384,32768] [--groups 2,8] [--response 128]
+ *                      [--no-naive-above P] [--threads N]
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "longstraw/grpo.h"
+
+static const char *cfg =
+    "{\"model_type\": \"qwen3_next\", \"vocab_size\": 4096, \"hidden_size\": 512, \"num_hidden_layers\": 8,"
+    " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 128, \"partial_rotary_factor\": 0.25,"
+    " \"rope_theta\": 10000000, \"linear_num_key_heads\": 4, \"linear_num_value_heads\": 8,"
+    " \"linear_key_head_dim\": 64, \"linear_value_head_dim\": 64, \"intermediate_size\": 1536,"
+    " \"num_experts\": 0, \"full_attention_interval\": 4}";
+
+typedef struct {
+    double seconds;
+    double arena_bytes; /* sum of arena peaks */
+    double rss;
+    int ok;
+} result;
+
+static result run_one(const char *dir, int64_t P, int G, int64_t R, int naive) {
+    int fd[2];
+    result res = {0, 0, 0, 0};
+    if (pipe(fd) != 0) return res;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        ls_arenas ar;
+        ls_arenas_init(&ar);
+        ls_hybrid_model m, grad;
+        ls_adamw adam;
+        result r = {0, 0, 0, 0};
+        if (ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]) == LS_OK &&
+            ls_hybrid_alloc_like(&m, &grad, &ar.a[LS_ARENA_GRAD]) == LS_OK &&
+            ls_adamw_init(&adam, &m, &ar.a[LS_ARENA_FIXED]) == LS_OK) {
+            ls_group g;
+            memset(&g, 0, sizeof g);
+            g.P = P;
+            g.G = G;
+            g.prompt = malloc((size_t)P * sizeof(int32_t));
+            g.resp = calloc((size_t)G, sizeof(int32_t *));
+            g.R = calloc((size_t)G, sizeof(int64_t));
+            g.rewards = calloc((size_t)G, sizeof(double));
+            ls_rng rng;
+            ls_rng_seed(&rng, (uint64_t)P);
+            for (int64_t t = 0; t < P; t++) g.prompt[t] = (int32_t)(ls_rng_u64(&rng) % 4096u);
+            for (int i = 0; i < G; i++) {
+                g.R[i] = R;
+                g.resp[i] = malloc((size_t)R * sizeof(int32_t));
+                for (int64_t t = 0; t < R; t++) g.resp[i][t] = (int32_t)(ls_rng_u64(&rng) % 4096u);
+                g.rewards[i] = (double)(i % 3);
+            }
+            ls_grpo_opts o;
+            ls_grpo_opts_default(&o);
+            o.no_capture = naive;
+            o.state_dtype = LS_DTYPE_BF16;
+            ls_grpo_metrics mt;
+            double t0 = ls_now();
+            if (ls_grpo_update(&m, NULL, &grad, &adam, &g, &o, &ar, &mt) == LS_OK) {
+                r.seconds = ls_now() - t0;
+                for (int a = 0; a < LS_ARENA_COUNT; a++) r.arena_bytes += (double)ar.a[a].peak;
+                r.rss = (double)ls_peak_rss_bytes();
+                r.ok = 1;
+            } else {
+                fprintf(stderr, "update: %s\n", ls_err_msg());
+            }
+        }
+        if (write(fd[1], &r, sizeof r) != (ssize_t)sizeof r) _exit(1);
+        _exit(0);
+    }
+    close(fd[1]);
+    if (read(fd[0], &res, sizeof res) != (ssize_t)sizeof res) res.ok = 0;
+    close(fd[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    return res;
+}
+
+int main(int argc, char **argv) {
+    static const struct option opts[] = {{"prompts", required_argument, 0, 'p'}, {"groups", required_argument, 0, 'g'},
+                                         {"response", required_argument, 0, 'r'}, {"no-naive-above", required_argument, 0, 'n'},
+                                         {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    char prompts[256] = "1024,4096,16384,32768", groups[64] = "2,8";
+    int64_t R = 128, naive_max = INT64_MAX;
+    int threads = 0, ch;
+    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'p': snprintf(prompts, sizeof prompts, "%s", optarg); break;
+        case 'g': snprintf(groups, sizeof groups, "%s", optarg); break;
+        case 'r': R = atoll(optarg); break;
+        case 'n': naive_max = atoll(optarg); break;
+        case 't': threads = atoi(optarg); break;
+        case 'h':
+            printf("usage: update [--prompts P,...] [--groups G,...] [--response R] [--no-naive-above P] [--threads N]\n");
+            return 0;
+        default: return 2;
+        }
+    }
+    if (R < 1) {
+        fprintf(stderr, "update: --response must be >= 1\n");
+        return 2;
+    }
+    ls_set_threads(threads);
+    char dir[] = "/tmp/ls_bench_update_XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    char path[256];
+    snprintf(path, sizeof path, "%s/in.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return 1;
+    fputs(cfg, f);
+    fclose(f);
+    if (ls_hybrid_write_random(path, dir, 1, LS_DTYPE_BF16) != LS_OK) {
+        fprintf(stderr, "update: %s\n", ls_err_msg());
+        return 1;
+    }
+    printf("GRPO update, small hybrid config, R = %lld, %d threads, bf16 prompt pages\n", (long long)R, ls_get_threads());
+    printf("| P | G | LongStraw s | naive s | time ratio | LongStraw arenas MiB | naive arenas MiB | memory ratio |"
+           " LongStraw RSS MiB | naive RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    char pcopy[256];
+    snprintf(pcopy, sizeof pcopy, "%s", prompts);
+    for (char *sp = NULL, *tp = strtok_r(pcopy, ",", &sp); tp; tp = strtok_r(NULL, ",", &sp)) {
+        int64_t P = atoll(tp);
+        char gcopy[64];
+        snprintf(gcopy, sizeof gcopy, "%s", groups);
+        for (char *sg = NULL, *tg = strtok_r(gcopy, ",", &sg); tg; tg = strtok_r(NULL, ",", &sg)) {
+            int G = atoi(tg);
+            result a = run_one(dir, P, G, R, 0);
+            result b = P <= naive_max ? run_one(dir, P, G, R, 1) : (result){0, 0, 0, 0};
+            const double MiB = 1024.0 * 1024.0;
+            if (b.ok)
+                printf("| %lld | %d | %.2f | %.2f | %.1f× | %.0f | %.0f | %.1f× | %.0f | %.0f |\n", (long long)P, G,
+                       a.seconds, b.seconds, b.seconds / a.seconds, a.arena_bytes / MiB, b.arena_bytes / MiB,
+                       b.arena_bytes / a.arena_bytes, a.rss / MiB, b.rss / MiB);
+            else
+                printf("| %lld | %d | %.2f | – | – | %.0f | – | – | %.0f | – |\n", (long long)P, G, a.seconds,
+                       a.arena_bytes / MiB, a.rss / MiB);
+            fflush(stdout);
+        }
+    }
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : 1;
+}

@@ -1,0 +1,32 @@
+/*
+ * cli_train.h — flags shared by `grad` and `step` (objective, optimizer, engine).
+ */
+#ifndef LONGSTRAW_CLI_TRAIN_H
+#define LONGSTRAW_CLI_TRAIN_H
+
+#include <getopt.h>
+#include <math.h>
+
+#include "cli.h"
+#include "longstraw/grpo.h"
+
+typedef struct {
+    ls_grpo_opts o;
+    const char *ref_model;
+    int64_t threads;
+    int eps_high_set;
+} cli_train;
+
+extern const struct option cli_train_options[];
+extern const int cli_train_n_options;
+
+void cli_train_help(void);
+void cli_train_init(cli_train *t);
+/* 0: consumed; 2: bad value (message printed); −1: not a training flag. */
+int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg);
+int cli_train_finish(const char *cmd, cli_train *t);
+int cli_parse_f64(const char *cmd, const char *flag, const char *s, double lo, double hi, double *out);
+ls_status cli_write_receipt(const char *path, const char *cmd, const ls_hybrid_model *m, const ls_group *g,
+                            const ls_grpo_opts *o, const ls_grpo_metrics *mt, const ls_arenas *ar);
+
+#endif

@@ -1,0 +1,155 @@
+/*
+ * cmd_grad.c — `longstraw grad` and `longstraw step`: one GRPO transaction over a
+ * group. `grad` writes the gradient of the loss w.r.t. every trainable tensor under
+ * the checkpoint's HF names without stepping; `step` runs the update and writes the
+ * updated checkpoint and receipt.json.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli_train.h"
+
+static void help(const char *cmd) {
+    if (!strcmp(cmd, "grad"))
+        printf("usage: longstraw grad --model DIR --group FILE.json --out G.safetensors [options]\n\n"
+               "Gradient of the GRPO loss w.r.t. every trainable tensor (f32, the checkpoint's HF\n"
+               "names and layout), computed as a transaction: capture the prompt once, score,\n"
+               "replay each response under a tape. No optimizer step.\n\n"
+               "  --model DIR            checkpoint directory\n"
+               "  --group FILE           group file with \"rewards\" or \"advantages\"\n"
+               "  --mode M               prefix-frozen (the prompt state receives no gradient)\n"
+               "  --out FILE             gradient safetensors (written atomically)\n"
+               "  --receipt FILE         also write the receipt JSON\n");
+    else
+        printf("usage: longstraw step --model DIR --group FILE.json --out DIR2 [options]\n\n"
+               "One GRPO update (capture, score, replay, one AdamW call from a fresh optimizer\n"
+               "state) and write DIR2/model.safetensors (f32), DIR2/config.json and\n"
+               "DIR2/receipt.json, each atomically (temp file, fsync, rename).\n\n"
+               "  --model DIR            checkpoint directory\n"
+               "  --group FILE           group file with \"rewards\" or \"advantages\"\n"
+               "  --out DIR2             output directory (created if missing)\n");
+    printf("  --help                 this text\n\n");
+    cli_train_help();
+}
+
+static ls_status copy_file(const char *src, const char *dst) {
+    char *text = NULL;
+    size_t len = 0;
+    LS_TRY(ls_read_file(src, &text, &len));
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dst, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    int ok = f && fwrite(text, 1, len, f) == len && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (f && fclose(f) != 0) ok = 0;
+    free(text);
+    if (!ok || rename(tmp, dst) != 0) {
+        remove(tmp);
+        return ls_err(LS_ERR_IO, "%s: cannot write: %s", dst, strerror(errno));
+    }
+    return LS_OK;
+}
+
+static int run(const char *cmd, int argc, char **argv) {
+    int is_step = !strcmp(cmd, "step");
+    enum { O_MODEL = 1, O_GROUP, O_OUT, O_MODE, O_RECEIPT, O_HELP };
+    struct option opts[64];
+    int n = 0;
+    opts[n++] = (struct option){"model", required_argument, 0, O_MODEL};
+    opts[n++] = (struct option){"group", required_argument, 0, O_GROUP};
+    opts[n++] = (struct option){"out", required_argument, 0, O_OUT};
+    opts[n++] = (struct option){"mode", required_argument, 0, O_MODE};
+    opts[n++] = (struct option){"receipt", required_argument, 0, O_RECEIPT};
+    opts[n++] = (struct option){"help", no_argument, 0, O_HELP};
+    for (int i = 0; i < cli_train_n_options; i++) opts[n++] = cli_train_options[i];
+    opts[n] = (struct option){0, 0, 0, 0};
+    const char *model = NULL, *group = NULL, *out = NULL, *receipt = NULL;
+    cli_train t;
+    cli_train_init(&t);
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (ch) {
+        case O_MODEL: model = optarg; break;
+        case O_GROUP: group = optarg; break;
+        case O_OUT: out = optarg; break;
+        case O_RECEIPT: receipt = optarg; break;
+        case O_MODE:
+            if (strcmp(optarg, "prefix-frozen") != 0) {
+                fprintf(stderr, "longstraw %s: --mode: \"%s\" is not available (only prefix-frozen; the exact "
+                                "gradient through the prompt is a later issue)\n", cmd, optarg);
+                return 2;
+            }
+            break;
+        case O_HELP:
+        case 'h': help(cmd); return 0;
+        default: {
+            int r = ch == '?' ? -1 : cli_train_parse(cmd, &t, ch, optarg);
+            if (r == 2) return 2;
+            if (r < 0) return cli_usage_error(cmd, "bad option");
+        }
+        }
+    }
+    if (optind < argc) return cli_usage_error(cmd, "unexpected argument \"%s\"", argv[optind]);
+    if (!model || !group || !out) return cli_usage_error(cmd, "--model, --group and --out are required");
+    if (!is_step && t.o.num_iterations != 1) return cli_usage_error(cmd, "--num-iterations applies to step only");
+    if (cli_train_finish(cmd, &t)) return 2;
+
+    ls_arenas ar;
+    ls_arenas_init(&ar);
+    ls_hybrid_model m, ref, grad;
+    ls_adamw adam;
+    ls_group g;
+    memset(&g, 0, sizeof g);
+    int rc = 1;
+    ls_status s = ls_hybrid_load(&m, model, &ar.a[LS_ARENA_FIXED]);
+    if (s == LS_OK && t.ref_model) s = ls_hybrid_load(&ref, t.ref_model, &ar.a[LS_ARENA_FIXED]);
+    if (s == LS_OK && t.ref_model && (ref.cfg.vocab != m.cfg.vocab || ref.cfg.n_layers != m.cfg.n_layers ||
+                                      ref.cfg.hidden != m.cfg.hidden))
+        s = ls_err(LS_ERR_ARG, "--ref-model %s: its config differs from --model %s", t.ref_model, model);
+    if (s == LS_OK) s = ls_group_load(&g, group, m.cfg.vocab);
+    if (s == LS_OK && !g.rewards && !g.advantages)
+        s = ls_err(LS_ERR_FORMAT, "%s: needs \"rewards\" or \"advantages\" to define the objective", group);
+    if (s == LS_OK) s = ls_hybrid_alloc_like(&m, &grad, &ar.a[LS_ARENA_GRAD]);
+    if (s == LS_OK && is_step) s = ls_adamw_init(&adam, &m, &ar.a[LS_ARENA_FIXED]);
+    ls_grpo_metrics mt;
+    if (s == LS_OK)
+        s = ls_grpo_update(&m, t.ref_model ? &ref : NULL, &grad, is_step ? &adam : NULL, &g, &t.o, &ar, &mt);
+    if (s != LS_OK) goto fail;
+    if (!is_step) {
+        char lossbuf[64];
+        snprintf(lossbuf, sizeof lossbuf, "%.10g", mt.loss);
+        s = ls_hybrid_export(&grad, out, LS_DTYPE_F32, "loss", lossbuf);
+        if (s == LS_OK && receipt) s = cli_write_receipt(receipt, cmd, &m, &g, &t.o, &mt, &ar);
+    } else {
+        if (mkdir(out, 0755) != 0 && errno != EEXIST) {
+            s = ls_err(LS_ERR_IO, "%s: cannot create: %s", out, strerror(errno));
+            goto fail;
+        }
+        char path[4096], src[4096];
+        snprintf(path, sizeof path, "%s/model.safetensors", out);
+        s = ls_hybrid_export(&m, path, LS_DTYPE_F32, NULL, NULL);
+        snprintf(src, sizeof src, "%s/config.json", model);
+        snprintf(path, sizeof path, "%s/config.json", out);
+        if (s == LS_OK) s = copy_file(src, path);
+        snprintf(path, sizeof path, "%s/receipt.json", out);
+        if (s == LS_OK) s = cli_write_receipt(receipt ? receipt : path, cmd, &m, &g, &t.o, &mt, &ar);
+    }
+    if (s != LS_OK) goto fail;
+    fprintf(stderr, "longstraw %s: loss %.6g, grad norm %.6g, clip low/high %.3f/%.3f, kl %.4g, %.2fs\n", cmd,
+            mt.loss, mt.grad_norm, mt.clip_low, mt.clip_high, mt.kl, mt.t_total);
+    rc = 0;
+    goto done;
+fail:
+    rc = cli_fail(cmd, s);
+done:
+    ls_group_free(&g);
+    ls_arenas_free(&ar);
+    return rc;
+}
+
+int cmd_grad(int argc, char **argv) { return run("grad", argc, argv); }
+int cmd_step(int argc, char **argv) { return run("step", argc, argv); }

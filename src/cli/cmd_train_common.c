@@ -1,0 +1,201 @@
+/*
+ * cmd_train_common.c — the objective, optimizer and engine flags shared by
+ * `longstraw grad` and `longstraw step`, and the receipt writer.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli_train.h"
+
+void cli_train_help(void) {
+    printf("objective (DESIGN §7):\n"
+           "  --epsilon E            clip range low: ratios below 1-E clip (default 0.2)\n"
+           "  --epsilon-high E       clip range high: above 1+E clip (default = --epsilon)\n"
+           "  --beta B               weight of the k3 KL to the reference (default 0)\n"
+           "  --ref-model DIR        reference policy (needed when --beta > 0)\n"
+           "  --loss-type T          grpo (per-member mean, default) | dapo (token mean) | dr_grpo\n"
+           "  --max-completion-length L  dr_grpo normaliser (default: longest response)\n"
+           "  --scale-rewards S      group (default) | batch | none\n"
+           "  --temperature T        logits divided by T before the log-softmax (default 1)\n"
+           "  --num-iterations N     updates on the same group, old log-probs from the first (step only)\n"
+           "optimizer (AdamW, torch semantics; no decay on norms, A_log, dt_bias):\n"
+           "  --lr LR (1e-6)  --weight-decay WD (0)  --adam-beta1 B1 (0.9)  --adam-beta2 B2 (0.999)\n"
+           "  --adam-eps EPS (1e-8)  --max-grad-norm N (1.0; 0 disables clipping)\n"
+           "engine:\n"
+           "  --no-capture           naive mode: each member's whole sequence under a tape\n"
+           "  --capture-chunk N (2048)  --page-size S (64)  --state-dtype f32|bf16 (f32)\n"
+           "  --threads N            worker threads (default: all cores)\n");
+}
+
+enum {
+    OPT_EPS = 1000, OPT_EPS_HIGH, OPT_BETA, OPT_REF, OPT_LOSS, OPT_MAXLEN, OPT_SCALE, OPT_TEMP, OPT_ITERS,
+    OPT_LR, OPT_WD, OPT_B1, OPT_B2, OPT_AEPS, OPT_MAXGN, OPT_NOCAP, OPT_CHUNK, OPT_PAGE, OPT_SDT, OPT_THREADS
+};
+
+const struct option cli_train_options[] = {
+    {"epsilon", required_argument, 0, OPT_EPS},       {"epsilon-high", required_argument, 0, OPT_EPS_HIGH},
+    {"beta", required_argument, 0, OPT_BETA},         {"ref-model", required_argument, 0, OPT_REF},
+    {"loss-type", required_argument, 0, OPT_LOSS},    {"max-completion-length", required_argument, 0, OPT_MAXLEN},
+    {"scale-rewards", required_argument, 0, OPT_SCALE}, {"temperature", required_argument, 0, OPT_TEMP},
+    {"num-iterations", required_argument, 0, OPT_ITERS}, {"lr", required_argument, 0, OPT_LR},
+    {"weight-decay", required_argument, 0, OPT_WD},   {"adam-beta1", required_argument, 0, OPT_B1},
+    {"adam-beta2", required_argument, 0, OPT_B2},     {"adam-eps", required_argument, 0, OPT_AEPS},
+    {"max-grad-norm", required_argument, 0, OPT_MAXGN}, {"no-capture", no_argument, 0, OPT_NOCAP},
+    {"capture-chunk", required_argument, 0, OPT_CHUNK}, {"page-size", required_argument, 0, OPT_PAGE},
+    {"state-dtype", required_argument, 0, OPT_SDT},   {"threads", required_argument, 0, OPT_THREADS},
+};
+const int cli_train_n_options = (int)(sizeof cli_train_options / sizeof cli_train_options[0]);
+
+int cli_parse_f64(const char *cmd, const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end) {
+        fprintf(stderr, "longstraw %s: %s: \"%s\" is not a number\n", cmd, flag, s);
+        return 1;
+    }
+    if (!(v >= lo && v <= hi)) {
+        fprintf(stderr, "longstraw %s: %s: %g is out of range [%g, %g]\n", cmd, flag, v, lo, hi);
+        return 1;
+    }
+    *out = v;
+    return 0;
+}
+
+void cli_train_init(cli_train *t) {
+    memset(t, 0, sizeof *t);
+    ls_grpo_opts_default(&t->o);
+    t->eps_high_set = 0;
+}
+
+int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg) {
+    ls_grpo_opts *o = &t->o;
+    int64_t v;
+    double d;
+    switch (ch) {
+    case OPT_EPS: if (cli_parse_f64(cmd, "--epsilon", arg, 0, 1, &o->eps_low)) return 2; break;
+    case OPT_EPS_HIGH:
+        if (cli_parse_f64(cmd, "--epsilon-high", arg, 0, 1e6, &o->eps_high)) return 2;
+        t->eps_high_set = 1;
+        break;
+    case OPT_BETA: if (cli_parse_f64(cmd, "--beta", arg, 0, 1e6, &o->beta)) return 2; break;
+    case OPT_REF: t->ref_model = arg; break;
+    case OPT_LOSS:
+        if (!strcmp(arg, "grpo")) o->loss = LS_LOSS_GRPO;
+        else if (!strcmp(arg, "dapo")) o->loss = LS_LOSS_DAPO;
+        else if (!strcmp(arg, "dr_grpo")) o->loss = LS_LOSS_DR_GRPO;
+        else {
+            fprintf(stderr, "longstraw %s: --loss-type: \"%s\" is not grpo, dapo or dr_grpo\n", cmd, arg);
+            return 2;
+        }
+        break;
+    case OPT_MAXLEN:
+        if (cli_parse_i64(cmd, "--max-completion-length", arg, 1, INT64_MAX / 2, &o->max_completion_length)) return 2;
+        break;
+    case OPT_SCALE:
+        if (!strcmp(arg, "group")) o->scale = LS_SCALE_GROUP;
+        else if (!strcmp(arg, "batch")) o->scale = LS_SCALE_BATCH;
+        else if (!strcmp(arg, "none")) o->scale = LS_SCALE_NONE;
+        else {
+            fprintf(stderr, "longstraw %s: --scale-rewards: \"%s\" is not group, batch or none\n", cmd, arg);
+            return 2;
+        }
+        break;
+    case OPT_TEMP:
+        if (cli_parse_f64(cmd, "--temperature", arg, 1e-6, 1e6, &d)) return 2;
+        o->fwd.temperature = (float)d;
+        break;
+    case OPT_ITERS:
+        if (cli_parse_i64(cmd, "--num-iterations", arg, 1, 1000, &v)) return 2;
+        o->num_iterations = (int)v;
+        break;
+    case OPT_LR: if (cli_parse_f64(cmd, "--lr", arg, 0, 1e3, &o->lr)) return 2; break;
+    case OPT_WD: if (cli_parse_f64(cmd, "--weight-decay", arg, 0, 1e3, &o->weight_decay)) return 2; break;
+    case OPT_B1: if (cli_parse_f64(cmd, "--adam-beta1", arg, 0, 0.999999999, &o->beta1)) return 2; break;
+    case OPT_B2: if (cli_parse_f64(cmd, "--adam-beta2", arg, 0, 0.999999999, &o->beta2)) return 2; break;
+    case OPT_AEPS: if (cli_parse_f64(cmd, "--adam-eps", arg, 0, 1, &o->adam_eps)) return 2; break;
+    case OPT_MAXGN: if (cli_parse_f64(cmd, "--max-grad-norm", arg, 0, 1e12, &o->max_grad_norm)) return 2; break;
+    case OPT_NOCAP: o->no_capture = 1; break;
+    case OPT_CHUNK: if (cli_parse_i64(cmd, "--capture-chunk", arg, 1, 1 << 24, &o->fwd.capture_chunk)) return 2; break;
+    case OPT_PAGE: if (cli_parse_i64(cmd, "--page-size", arg, 1, 1 << 20, &o->page_size)) return 2; break;
+    case OPT_SDT: if (cli_parse_dtype(cmd, "--state-dtype", arg, &o->state_dtype)) return 2; break;
+    case OPT_THREADS: if (cli_parse_i64(cmd, "--threads", arg, 1, 4096, &t->threads)) return 2; break;
+    default: return -1; /* not ours */
+    }
+    return 0;
+}
+
+int cli_train_finish(const char *cmd, cli_train *t) {
+    if (!t->eps_high_set) t->o.eps_high = t->o.eps_low;
+    if (t->o.beta > 0 && !t->ref_model) {
+        fprintf(stderr, "longstraw %s: --beta %g needs --ref-model DIR (the reference policy)\n", cmd, t->o.beta);
+        return 2;
+    }
+    ls_set_threads((int)t->threads);
+    return 0;
+}
+
+static void json_num(FILE *f, const char *k, double v, int comma) {
+    fprintf(f, "  \"%s\": %.10g%s\n", k, isfinite(v) ? v : 0.0, comma ? "," : "");
+}
+
+ls_status cli_write_receipt(const char *path, const char *cmd, const ls_hybrid_model *m, const ls_group *g,
+                            const ls_grpo_opts *o, const ls_grpo_metrics *mt, const ls_arenas *ar) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return ls_err(LS_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
+    ls_state_plan_t plan;
+    ls_state_plan(&plan, &m->cfg, g->P, o->page_size, o->state_dtype, 1);
+    size_t params = 0;
+    ls_param *pp;
+    int64_t np;
+    if (ls_hybrid_params(m, &pp, &np) == LS_OK) {
+        for (int64_t k = 0; k < np; k++) params += (size_t)pp[k].n;
+        free(pp);
+    }
+    fprintf(f, "{\n  \"command\": \"%s\",\n  \"mode\": \"%s\",\n  \"P\": %d,\n  \"G\": %d,\n  \"R\": [", cmd,
+            o->no_capture ? "naive" : "prefix-frozen", mt->P, mt->G);
+    for (int i = 0; i < g->G; i++) fprintf(f, "%s%lld", i ? ", " : "", (long long)g->R[i]);
+    fprintf(f, "],\n  \"phases_s\": {\"reference\": %.6f, \"capture\": %.6f, \"score\": %.6f, \"replay\": %.6f, "
+               "\"optimize\": %.6f, \"total\": %.6f},\n",
+            mt->t_ref, mt->t_capture, mt->t_score, mt->t_replay, mt->t_optim, mt->t_total);
+    fprintf(f, "  \"arena_peak_bytes\": {");
+    for (int a = 0; a < LS_ARENA_COUNT; a++)
+        fprintf(f, "%s\"%s\": %zu", a ? ", " : "", ls_arena_id_name((ls_arena_id)a), ar->a[a].peak);
+    fprintf(f, "},\n  \"process_peak_rss_bytes\": %zu,\n", ls_peak_rss_bytes());
+    /* M_live terms (DESIGN §1): predicted from the config beside measured */
+    fprintf(f, "  \"m_live\": {\n"
+               "    \"prompt\": {\"predicted\": %zu, \"measured\": %zu},\n"
+               "    \"grad\": {\"predicted_min\": %zu, \"measured\": %zu},\n"
+               "    \"fixed\": {\"predicted_min\": %zu, \"measured\": %zu},\n"
+               "    \"branch\": {\"measured\": %zu},\n    \"score\": {\"measured\": %zu},\n"
+               "    \"scratch\": {\"measured\": %zu}\n  },\n",
+            o->no_capture ? (size_t)0 : plan.total_bytes_per_rank, ar->a[LS_ARENA_PROMPT].peak, params * 4,
+            ar->a[LS_ARENA_GRAD].peak, params * 4 * (strcmp(cmd, "step") == 0 ? 3 : 1), ar->a[LS_ARENA_FIXED].peak,
+            ar->a[LS_ARENA_BRANCH].peak, ar->a[LS_ARENA_SCORE].peak, ar->a[LS_ARENA_SCRATCH].peak);
+    fprintf(f, "  \"metrics\": {\n");
+    json_num(f, "loss", mt->loss, 1);
+    json_num(f, "reward", mt->reward_mean, 1);
+    json_num(f, "reward_std", mt->reward_std, 1);
+    json_num(f, "advantage_mean", mt->adv_mean, 1);
+    json_num(f, "kl", mt->kl, 1);
+    json_num(f, "entropy", mt->entropy, 1);
+    json_num(f, "clip_ratio/low_mean", mt->clip_low, 1);
+    json_num(f, "clip_ratio/high_mean", mt->clip_high, 1);
+    json_num(f, "completions/mean_length", mt->len_mean, 1);
+    json_num(f, "completions/min_length", (double)mt->len_min, 1);
+    json_num(f, "completions/max_length", (double)mt->len_max, 1);
+    json_num(f, "grad_norm", mt->grad_norm, 0);
+    fprintf(f, "  }\n}\n");
+    int ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (fclose(f) != 0) ok = 0;
+    if (!ok || rename(tmp, path) != 0) {
+        remove(tmp);
+        return ls_err(LS_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    }
+    return LS_OK;
+}

@@ -1,0 +1,273 @@
+/*
+ * hybrid_bwd.c — backward of a taped branch of the hybrid family (the reverse of
+ * hybrid.c's layer functions, reading hybrid_tape.h). Parameter gradients
+ * accumulate (+=) into a model-shaped set of buffers in the grad arena; every
+ * transient comes from scratch and is released per layer. The prompt state is
+ * read-only and receives no gradient (prefix-frozen); the kernels' dstate0,
+ * dtail and dk_prefix/dv_prefix outputs (passed NULL here) are where exact mode
+ * will collect it.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "hybrid_tape.h"
+#include "longstraw/kernels.h"
+
+#define ALLOC_F(arena, n) ((float *)ls_arena_alloc((arena), (size_t)(n) * sizeof(float)))
+#define CALLOC_F(arena, n) ((float *)ls_arena_calloc((arena), (size_t)(n), sizeof(float)))
+#define NEED(p)                          \
+    do {                                 \
+        if (!(p)) return LS_ERR_NOMEM;   \
+    } while (0)
+
+static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* Gated DeltaNet mixer backward: dres[T,D] → dxn[T,D] (+=), weight grads (+=). */
+static ls_status gdn_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
+                         const ls_layer_tape *tp, const float *dres, float *dxn, int64_t T,
+                         ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    int64_t D = c->hidden, kd = ls_cfg_key_dim(c), vd = ls_cfg_value_dim(c), cd = ls_cfg_conv_dim(c);
+    int Hv = c->H_v, Hk = c->H_k;
+    int64_t s0 = tp->seg0;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *d_on = ALLOC_F(sc, T * vd);  /* [T, value_dim] */
+    float *d_o = ALLOC_F(sc, T * vd);   /* [T, H_v, d_v] */
+    float *d_z = ALLOC_F(sc, T * vd);   /* [T, H_v, d_v] */
+    float *dqn = CALLOC_F(sc, T * kd);  /* [T, H_k, d_k] */
+    float *dkn = CALLOC_F(sc, T * kd);
+    float *dv = CALLOC_F(sc, T * vd);   /* [T, H_v, d_v] */
+    float *dbeta = CALLOC_F(sc, T * Hv); /* [T, H_v] */
+    float *dg = CALLOC_F(sc, T * Hv);
+    float *dba = ALLOC_F(sc, T * 2 * Hv); /* [T, 2·H_v] */
+    float *dy = ALLOC_F(sc, T * cd);    /* [T, conv_dim] */
+    float *dqkv = CALLOC_F(sc, T * cd); /* [T, conv_dim] */
+    NEED(d_on && d_o && d_z && dqn && dkn && dv && dbeta && dg && dba && dy && dqkv);
+    ls_linear_bwd(d_on, gw->gdn_out, dres, tp->on, w->gdn_out, T, vd, D, 0);
+    ls_gated_rmsnorm_bwd(d_o, d_z, gw->gnorm, d_on, tp->o, tp->z, tp->grstd, w->gnorm, T * Hv, c->d_v);
+    ls_gdr_dims dm = {c->H_k, c->H_v, c->d_k, c->d_v, 1.0f / sqrtf((float)c->d_k)};
+    LS_TRY(ls_gdr_chunk_bwd(dqn + s0 * kd, dkn + s0 * kd, dv + s0 * vd, dbeta + s0 * Hv, dg + s0 * Hv, NULL,
+                            d_o + s0 * vd, NULL, tp->tape_h, tp->qn + s0 * kd, tp->kn + s0 * kd,
+                            tp->v + s0 * vd, tp->beta + s0 * Hv, tp->g + s0 * Hv, T - s0, dm, sc));
+    /* gates (spec §2.3): β = σ(b); g = −e^{A_log}·softplus(a + dt_bias) */
+    for (int64_t t = 0; t < T; t++) {
+        const float *ba = tp->ba + t * 2 * Hv;
+        for (int h = 0; h < Hv; h++) {
+            float bt = tp->beta[t * Hv + h];
+            dba[t * 2 * Hv + h] = dbeta[t * Hv + h] * bt * (1.0f - bt);
+            float gg = dg[t * Hv + h];
+            float da = gg * -expf(w->A_log[h]) * sigmoidf(ba[Hv + h] + w->dt_bias[h]);
+            dba[t * 2 * Hv + Hv + h] = da;
+            gw->dt_bias[h] += da;
+            gw->A_log[h] += gg * tp->g[t * Hv + h];
+        }
+    }
+    /* L2 norms of q, k and the v copy, back into the conv output rows */
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        float *dyt = dy + t * cd;
+        const float *yt = tp->y + t * cd;
+        ls_l2norm_bwd(dyt, dqn + t * kd, yt, tp->rq + t * Hk, Hk, c->d_k);
+        ls_l2norm_bwd(dyt + kd, dkn + t * kd, yt + kd, tp->rk + t * Hk, Hk, c->d_k);
+        memcpy(dyt + 2 * kd, dv + t * vd, (size_t)vd * sizeof(float));
+    }
+    ls_conv_bwd(dqkv + s0 * cd, gw->conv_w, NULL, dy + s0 * cd, tp->cpre + s0 * cd, tp->qkv + s0 * cd,
+                tp->tail0, w->conv_w, T - s0, cd, c->conv_k);
+    ls_linear_bwd(dxn, gw->gdn_in, dqkv, tp->xn1, w->gdn_in, T, D, cd, 1);
+    ls_linear_bwd(dxn, gw->gdn_in + cd * D, d_z, tp->xn1, w->gdn_in + cd * D, T, D, vd, 1);
+    ls_linear_bwd(dxn, gw->gdn_in + (cd + vd) * D, dba, tp->xn1, w->gdn_in + (cd + vd) * D, T, D, 2 * Hv, 1);
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+/* Gated attention backward: dres[T,D] → dxn[T,D] (+=). grad_from > 0 (naive mode)
+ * detaches the K/V of earlier positions. */
+static ls_status attn_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
+                          const ls_layer_tape *tp, const float *dres, float *dxn, int64_t T,
+                          int64_t pos0, int64_t grad_from, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    int64_t D = c->hidden, hd = c->head_dim, qd = (int64_t)c->n_heads * hd, kvd = (int64_t)c->n_kv * hd;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *d_aog = ALLOC_F(sc, T * qd);  /* [T, n_h·hd] */
+    float *d_gate = ALLOC_F(sc, T * qd); /* [T, n_h·hd] */
+    float *dq = ALLOC_F(sc, T * qd);     /* [T, n_h, hd] */
+    float *dk = ALLOC_F(sc, T * kvd);    /* [T, n_kv, hd] */
+    float *dv = ALLOC_F(sc, T * kvd);
+    NEED(d_aog && d_gate && dq && dk && dv);
+    ls_linear_bwd(d_aog, gw->attn_out, dres, tp->aog, w->attn_out, T, qd, D, 0);
+    for (int64_t i = 0; i < T * qd; i++) {
+        float s = sigmoidf(tp->gate[i]);
+        d_gate[i] = d_aog[i] * tp->ao[i] * s * (1.0f - s);
+        d_aog[i] *= s; /* now ∂L/∂ao */
+    }
+    LS_TRY(ls_attn_bwd(dq, dk, dv, NULL, NULL, d_aog, tp->ao, tp->lse, tp->qr, tp->kr, tp->v,
+                       tp->has_prefix ? &tp->prefix : NULL, T, c->n_heads, c->n_kv, (int)hd,
+                       1.0f / sqrtf((float)hd), sc));
+    if (grad_from > 0) { /* naive mode: the prompt's K/V are detached */
+        memset(dk, 0, (size_t)(grad_from * kvd) * sizeof(float));
+        memset(dv, 0, (size_t)(grad_from * kvd) * sizeof(float));
+    }
+    ls_rope_bwd(dq, T, c->n_heads, (int)hd, c->rot_dim, c->rope_theta, pos0);
+    ls_rope_bwd(dk, T, c->n_kv, (int)hd, c->rot_dim, c->rope_theta, pos0);
+    ls_rmsnorm_bwd(dq, gw->q_norm, dq, tp->qraw, tp->rsq, w->q_norm, T * c->n_heads, hd);
+    ls_rmsnorm_bwd(dk, gw->k_norm, dk, tp->kraw, tp->rsk, w->k_norm, T * c->n_kv, hd);
+    ls_linear_bwd(dxn, gw->attn_in, dq, tp->xn1, w->attn_in, T, D, qd, 1);
+    ls_linear_bwd(dxn, gw->attn_in + qd * D, d_gate, tp->xn1, w->attn_in + qd * D, T, D, qd, 1);
+    ls_linear_bwd(dxn, gw->attn_in + 2 * qd * D, dk, tp->xn1, w->attn_in + 2 * qd * D, T, D, kvd, 1);
+    ls_linear_bwd(dxn, gw->attn_in + (2 * qd + kvd) * D, dv, tp->xn1, w->attn_in + (2 * qd + kvd) * D, T, D,
+                  kvd, 1);
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+/* SwiGLU backward on rows: dout[n,D] → dxs[n,D] (= or +=), weight grads (+=). gu[n,2I]
+ * and act[n,I] are the forward's. */
+static ls_status swiglu_bwd(float *dxs, float *dgu_w, float *ddown_w, const float *dout, const float *xs,
+                            const float *gu, const float *act, const float *gu_w, const float *down_w,
+                            int64_t n, int64_t D, int64_t I, int accumulate, ls_arena *sc) {
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *d_act = ALLOC_F(sc, n * I);   /* [n, I] */
+    float *dgu = ALLOC_F(sc, n * 2 * I); /* [n, 2I] */
+    NEED(d_act && dgu);
+    ls_linear_bwd(d_act, ddown_w, dout, act, down_w, n, I, D, 0);
+    ls_swiglu_bwd(dgu, d_act, gu, n, I);
+    ls_linear_bwd(dxs, dgu_w, dgu, xs, gu_w, n, D, 2 * I, accumulate);
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+/* Sparse MoE backward (spec §5): experts are recomputed from the saved routing;
+ * the router gets its gradient through the top-k combine weights. */
+static ls_status moe_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
+                         const ls_layer_tape *tp, const float *dres, float *dxn, int64_t T,
+                         ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    int64_t D = c->hidden, Im = c->moe_inter;
+    int E = c->n_experts, K = c->top_k;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    int64_t *count = ls_arena_alloc(sc, (size_t)(E + 1) * sizeof(int64_t));
+    int64_t *rows = ls_arena_alloc(sc, (size_t)(T * K) * sizeof(int64_t));
+    float *dwt = CALLOC_F(sc, T * K);   /* [T, K] ∂L/∂combine weight */
+    float *dlog = ALLOC_F(sc, T * E);   /* [T, E] ∂L/∂router logit */
+    NEED(count && rows && dwt && dlog);
+    LS_TRY(ls_moe_group(count, rows, tp->sel, T, E, K, sc));
+    int64_t maxn = 0;
+    for (int e = 0; e < E; e++) maxn = count[e + 1] - count[e] > maxn ? count[e + 1] - count[e] : maxn;
+    float *xs = ALLOC_F(sc, maxn * D), *ys = ALLOC_F(sc, maxn * D), *dys = ALLOC_F(sc, maxn * D);
+    float *gu = ALLOC_F(sc, maxn * 2 * Im), *act = ALLOC_F(sc, maxn * Im), *dxs = ALLOC_F(sc, maxn * D);
+    NEED(xs && ys && dys && gu && act && dxs);
+    for (int e = 0; e < E; e++) {
+        int64_t n = count[e + 1] - count[e];
+        if (n == 0) continue;
+        const int64_t *r = rows + count[e];
+        const float *Wgu = w->exp_gu + (int64_t)e * 2 * Im * D, *Wdn = w->exp_down + (int64_t)e * D * Im;
+        for (int64_t i = 0; i < n; i++) memcpy(xs + i * D, tp->xn2 + (r[i] / K) * D, (size_t)D * sizeof(float));
+        ls_linear_fwd(gu, xs, Wgu, n, D, 2 * Im, 0); /* recompute the expert */
+        ls_swiglu_fwd(act, gu, n, Im);
+        ls_linear_fwd(ys, act, Wdn, n, Im, D, 0);
+        for (int64_t i = 0; i < n; i++) {
+            const float *dr = dres + (r[i] / K) * D;
+            double dot = 0;
+            for (int64_t d = 0; d < D; d++) {
+                dot += (double)dr[d] * ys[i * D + d];
+                dys[i * D + d] = tp->wt[r[i]] * dr[d];
+            }
+            dwt[r[i]] = (float)dot;
+        }
+        LS_TRY(swiglu_bwd(dxs, gw->exp_gu + (int64_t)e * 2 * Im * D, gw->exp_down + (int64_t)e * D * Im, dys, xs,
+                          gu, act, Wgu, Wdn, n, D, Im, 0, sc));
+        for (int64_t i = 0; i < n; i++) {
+            float *dx = dxn + (r[i] / K) * D;
+            for (int64_t d = 0; d < D; d++) dx[d] += dxs[i * D + d];
+        }
+    }
+    /* router: combine weights → selected probs (→ renormalisation) → softmax → logits */
+    for (int64_t t = 0; t < T; t++) {
+        const float *p = tp->probs + t * E;
+        float *dl = dlog + t * E;
+        double dp[1024];
+        LS_ASSERT(E <= 1024, "too many experts for the router backward: %d", E);
+        for (int e = 0; e < E; e++) dp[e] = 0;
+        if (c->norm_topk) {
+            double Z = 0, Sw = 0;
+            for (int j = 0; j < K; j++) Z += p[tp->sel[t * K + j]];
+            for (int j = 0; j < K; j++) Sw += (double)dwt[t * K + j] * tp->wt[t * K + j];
+            for (int j = 0; j < K; j++) dp[tp->sel[t * K + j]] = (dwt[t * K + j] - Sw) / Z;
+        } else {
+            for (int j = 0; j < K; j++) dp[tp->sel[t * K + j]] = dwt[t * K + j];
+        }
+        double s = 0;
+        for (int e = 0; e < E; e++) s += dp[e] * p[e];
+        for (int e = 0; e < E; e++) dl[e] = (float)(p[e] * (dp[e] - s));
+    }
+    ls_linear_bwd(dxn, gw->router, dlog, tp->xn2, w->router, T, D, E, 1);
+    if (c->shared_inter > 0) {
+        int64_t Is = c->shared_inter;
+        float *dsh = ALLOC_F(sc, T * D); /* [T, D] */
+        float *ds = ALLOC_F(sc, T);      /* [T] ∂L/∂gate logit */
+        NEED(dsh && ds);
+        for (int64_t t = 0; t < T; t++) {
+            float sg = sigmoidf(tp->sh_s[t]);
+            double dot = 0;
+            for (int64_t d = 0; d < D; d++) {
+                dot += (double)dres[t * D + d] * tp->sh_out[t * D + d];
+                dsh[t * D + d] = sg * dres[t * D + d];
+            }
+            ds[t] = (float)(dot * sg * (1.0f - sg));
+        }
+        LS_TRY(swiglu_bwd(dxn, gw->sh_gu, gw->sh_down, dsh, tp->xn2, tp->sh_gu, tp->sh_act, w->sh_gu, w->sh_down,
+                          T, D, Is, 1, sc));
+        ls_linear_bwd(dxn, gw->sh_gate, ds, tp->xn2, w->sh_gate, T, D, 1, 1);
+    }
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+/* One layer: dx[T,D] holds ∂L/∂(layer output) on entry, ∂L/∂(layer input) on exit. */
+static ls_status layer_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, int l,
+                           const ls_branch_tape *tb, float *dx, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    const ls_hybrid_layer *w = &m->layers[l];
+    ls_hybrid_layer *gw = &grad->layers[l];
+    const ls_layer_tape *tp = &tb->layers[l];
+    int64_t T = tb->T, D = c->hidden;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *dxn = CALLOC_F(sc, T * D); /* [T, D] ∂L/∂(normed input) */
+    NEED(dxn);
+    /* FFN: x_out = x_mid + FFN(norm2(x_mid)) */
+    if (c->moe[l])
+        LS_TRY(moe_bwd(m, w, gw, tp, dx, dxn, T, sc));
+    else
+        LS_TRY(swiglu_bwd(dxn, gw->mlp_gu, gw->mlp_down, dx, tp->xn2, tp->gu, tp->act, w->mlp_gu, w->mlp_down, T,
+                          D, c->intermediate, 1, sc));
+    ls_rmsnorm_bwd(dxn, gw->post_norm, dxn, tp->x_mid, tp->rstd2, w->post_norm, T, D);
+    for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i];
+    /* mixer: x_mid = x_in + Mixer(norm1(x_in)) */
+    memset(dxn, 0, (size_t)(T * D) * sizeof(float));
+    if (c->kind[l] == LS_LAYER_GDN)
+        LS_TRY(gdn_bwd(m, w, gw, tp, dx, dxn, T, sc));
+    else
+        LS_TRY(attn_bwd(m, w, gw, tp, dx, dxn, T, tb->pos0, tb->grad_from, sc));
+    ls_rmsnorm_bwd(dxn, gw->input_norm, dxn, tp->x_in, tp->rstd1, w->input_norm, T, D);
+    for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i];
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+ls_status ls_hybrid_branch_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad,
+                               const ls_branch_tape *tb, const float *dlogprob,
+                               ls_arena *scratch) {
+    const ls_config *c = &m->cfg;
+    int64_t T = tb->T, D = c->hidden, n = T - tb->out_from;
+    ls_arena_mark mk = ls_arena_get_mark(scratch);
+    float *dx = CALLOC_F(scratch, T * D); /* [T, D] ∂L/∂residual */
+    float *dh = ALLOC_F(scratch, n * D);  /* [n, D] ∂L/∂(LM-head input) */
+    NEED(dx && dh);
+    LS_TRY(ls_lmhead_logprobs_bwd(dh, grad->lm_head, dlogprob, tb->h_final, m->lm_head, tb->target, tb->lse, n,
+                                  D, c->vocab, tb->temperature, tb->lmhead_rows, scratch));
+    ls_rmsnorm_bwd(dx + tb->out_from * D, grad->final_norm, dh, tb->x_final, tb->rstd_f, m->final_norm, n, D);
+    for (int l = (int)c->n_layers - 1; l >= 0; l--) LS_TRY(layer_bwd(m, grad, l, tb, dx, scratch));
+    ls_embed_bwd(grad->embed, dx, tb->ids, T, D);
+    ls_arena_release(scratch, mk);
+    return LS_OK;
+}

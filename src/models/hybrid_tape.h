@@ -1,0 +1,75 @@
+/*
+ * hybrid_tape.h — what a branch forward saves for its backward (private to
+ * src/models). Every pointer lives in the tape arena (the branch arena) and dies
+ * when that arena is reset after the member's backward (DESIGN §3–4).
+ */
+#ifndef LONGSTRAW_HYBRID_TAPE_H
+#define LONGSTRAW_HYBRID_TAPE_H
+
+#include "longstraw/model.h"
+
+typedef struct {
+    float *x_in;  /* [T, D] layer input (residual) */
+    float *xn1;   /* [T, D] input_layernorm output */
+    float *rstd1; /* [T] */
+    /* Gated DeltaNet: the recurrence runs on [seg0, T) with a tape; rows < seg0 are
+     * the detached prompt part of the naive mode (seg0 = 0 for a branch). */
+    int64_t seg0;
+    float *qkv;    /* [T, conv_dim] pre-conv */
+    float *cpre;   /* [T, conv_dim] conv pre-activation */
+    float *tail0;  /* [W−1, conv_dim] conv tail at seg0 */
+    float *qn, *kn; /* [T, H_k, d_k] L2-normalised */
+    float *rq, *rk; /* [T·H_k] saved 1/norm */
+    float *y;      /* [T, conv_dim] post conv+SiLU (q, k raw; v) */
+    float *z;      /* [T, value_dim] */
+    float *ba;     /* [T, 2·H_v] b | a */
+    float *beta, *g; /* [T, H_v] */
+    float *S0;     /* [H_v, d_k, d_v] state at seg0 */
+    float *tape_h; /* [ceil((T−seg0)/64), H_v, d_k, d_v] */
+    float *o;      /* [T, H_v, d_v] recurrence output */
+    float *grstd;  /* [T·H_v] gated-norm rstd */
+    float *on;     /* [T, value_dim] gated-norm output (out_proj input) */
+    /* gated attention */
+    float *qraw, *kraw; /* [T, n_h·hd], [T, n_kv·hd] before q/k norm */
+    float *rsq, *rsk;   /* [T·n_h], [T·n_kv] */
+    float *qr, *kr; /* after norm + RoPE: [T, n_h, hd], [T, n_kv, hd] */
+    float *v;       /* attention [T, n_kv, hd]; GDN [T, H_v, d_v] (recurrence input) */
+    float *gate;   /* [T, n_h·hd] */
+    float *ao;     /* [T, n_h·hd] attention output */
+    float *lse;    /* [T, n_h] */
+    float *aog;    /* [T, n_h·hd] ao ⊙ σ(gate) (o_proj input) */
+    ls_kv_prefix prefix;
+    int has_prefix;
+    /* FFN */
+    float *x_mid;  /* [T, D] residual after the mixer */
+    float *xn2;    /* [T, D] */
+    float *rstd2;  /* [T] */
+    float *gu, *act; /* dense: [T, 2I], [T, I] */
+    float *probs;  /* MoE: [T, E] router softmax */
+    int32_t *sel;  /* [T, K] */
+    float *wt;     /* [T, K] combine weights */
+    float *sh_gu, *sh_act, *sh_out, *sh_s; /* shared expert: [T,2I_s], [T,I_s], [T,D], [T] logit */
+} ls_layer_tape;
+
+struct ls_branch_tape {
+    int64_t T, out_from, grad_from, pos0;
+    const int32_t *ids;    /* [T] (caller's buffer, alive until backward) */
+    const int32_t *target; /* [T − out_from] */
+    ls_layer_tape *layers; /* [n_layers] */
+    float *x_final;        /* [T − out_from, D] final-norm input */
+    float *rstd_f;         /* [T − out_from] */
+    float *h_final;        /* [T − out_from, D] LM-head input */
+    float *lse;            /* [T − out_from] */
+    float temperature;
+    int64_t lmhead_rows;
+};
+
+/* Router (spec §5): softmax over all experts, top-k (ties → lower index), optional
+ * renormalisation. probs[T,E], sel[T,K], wt[T,K]. */
+void ls_moe_route(float *probs, int32_t *sel, float *wt, const float *logits, int64_t T, int E,
+                  int K, int norm_topk);
+/* Rows grouped by expert: count[E+1] prefix sums, rows[T·K] = token·K + slot. */
+ls_status ls_moe_group(int64_t *count, int64_t *rows, const int32_t *sel, int64_t T, int E, int K,
+                       ls_arena *sc);
+
+#endif

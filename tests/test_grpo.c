@@ -1,0 +1,183 @@
+/*
+ * test_grpo.c — the update transaction on one rank:
+ *  - prefix-frozen gradients (capture + replay) equal the naive mode's (each member's
+ *    whole sequence under a tape, prompt detached at the same points) to 1e-4
+ *    relative per tensor, dense and MoE, with ratios clipping both ways and β > 0;
+ *  - the branch arena's peak is the same for G = 2 and G = 8 at the same R, and the
+ *    total grows only by the score arena.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "longstraw/grpo.h"
+#include "longstraw/score.h"
+#include "testutil.h"
+
+int test_grpo_prefix_frozen_vs_naive(void);
+int test_grpo_branch_arena_vs_G(void);
+
+static const char *cfg_dense =
+    "{\"model_type\": \"qwen3_next\", \"vocab_size\": 151, \"hidden_size\": 48, \"num_hidden_layers\": 4,"
+    " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"partial_rotary_factor\": 0.5,"
+    " \"rope_theta\": 10000, \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 4, \"linear_key_head_dim\": 16,"
+    " \"linear_value_head_dim\": 8, \"intermediate_size\": 64, \"num_experts\": 0, \"full_attention_interval\": 2}";
+static const char *cfg_moe =
+    "{\"model_type\": \"qwen3_5_moe_text\", \"vocab_size\": 151, \"hidden_size\": 48, \"num_hidden_layers\": 3,"
+    " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 16, \"linear_num_key_heads\": 2,"
+    " \"linear_num_value_heads\": 4, \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 8,"
+    " \"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 24,"
+    " \"shared_expert_intermediate_size\": 32, \"layer_types\": [\"linear_attention\", \"full_attention\","
+    " \"linear_attention\"], \"rope_parameters\": {\"rope_theta\": 10000, \"partial_rotary_factor\": 0.25}}";
+
+static int write_model(const char *dir, const char *text, uint64_t seed) {
+    char path[700];
+    snprintf(path, sizeof path, "%s/in.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return 1;
+    fputs(text, f);
+    fclose(f);
+    if (ls_hybrid_write_random(path, dir, seed, LS_DTYPE_F32) != LS_OK) {
+        fprintf(stderr, "  %s\n", ls_err_msg());
+        return 1;
+    }
+    return 0;
+}
+
+/* A group with rewards; P prompt tokens, G members of lengths R[i]. */
+static void make_group(ls_group *g, int64_t P, int G, const int64_t *R, int64_t vocab, uint64_t seed) {
+    ls_rng r;
+    ls_rng_seed(&r, seed);
+    memset(g, 0, sizeof *g);
+    g->P = P;
+    g->G = G;
+    g->prompt = malloc((size_t)P * sizeof(int32_t));
+    g->resp = calloc((size_t)G, sizeof(int32_t *));
+    g->R = calloc((size_t)G, sizeof(int64_t));
+    g->rewards = calloc((size_t)G, sizeof(double));
+    for (int64_t t = 0; t < P; t++) g->prompt[t] = (int32_t)(ls_rng_u64(&r) % (uint64_t)vocab);
+    for (int i = 0; i < G; i++) {
+        g->R[i] = R[i];
+        g->resp[i] = malloc((size_t)R[i] * sizeof(int32_t));
+        for (int64_t t = 0; t < R[i]; t++) g->resp[i][t] = (int32_t)(ls_rng_u64(&r) % (uint64_t)vocab);
+        static const double rw[8] = {0.9, 0.1, -0.3, 0.6, 0.2, 0.5, 0.0, 1.0};
+        g->rewards[i] = rw[i % 8];
+    }
+}
+
+int test_grpo_prefix_frozen_vs_naive(void) {
+    const char *cfgs[2] = {cfg_dense, cfg_moe};
+    for (int c = 0; c < 2; c++) {
+        char dir[512], rdir[600];
+        T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+        snprintf(rdir, sizeof rdir, "%s/ref", dir);
+        T_CHECK(mkdir(rdir, 0755) == 0, "mkdir");
+        T_CHECK(write_model(dir, cfgs[c], 21 + (uint64_t)c) == 0 && write_model(rdir, cfgs[c], 99) == 0, "models");
+        ls_arenas ar;
+        ls_arenas_init(&ar);
+        ls_hybrid_model m, ref, g1, g2;
+        T_OK(ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]));
+        T_OK(ls_hybrid_load(&ref, rdir, &ar.a[LS_ARENA_FIXED]));
+        T_OK(ls_hybrid_alloc_like(&m, &g1, &ar.a[LS_ARENA_GRAD]));
+        T_OK(ls_hybrid_alloc_like(&m, &g2, &ar.a[LS_ARENA_GRAD]));
+        static const int64_t R[4] = {1, 23, 70, 9};
+        ls_group g;
+        make_group(&g, 131, 4, R, m.cfg.vocab, 5 + (uint64_t)c);
+        /* old log-probs = the policy's, perturbed so ratios clip both ways */
+        ls_score_opts so;
+        ls_score_opts_default(&so);
+        float *lp[4];
+        T_OK(ls_score_group(&m, &g, &so, &ar, lp, NULL));
+        g.old_logprobs = calloc(4, sizeof(float *));
+        ls_rng r;
+        ls_rng_seed(&r, 77);
+        for (int i = 0; i < 4; i++) {
+            g.old_logprobs[i] = malloc((size_t)R[i] * sizeof(float));
+            for (int64_t t = 0; t < R[i]; t++) g.old_logprobs[i][t] = lp[i][t] + (float)(0.3 * ls_rng_normal(&r));
+        }
+        ls_arena_reset(&ar.a[LS_ARENA_SCORE]);
+        ls_grpo_opts o;
+        ls_grpo_opts_default(&o);
+        o.beta = 0.05;
+        o.eps_high = 0.28;
+        o.fwd.capture_chunk = 50;
+        ls_grpo_metrics m1, m2;
+        T_OK(ls_grpo_update(&m, &ref, &g1, NULL, &g, &o, &ar, &m1));
+        o.no_capture = 1;
+        T_OK(ls_grpo_update(&m, &ref, &g2, NULL, &g, &o, &ar, &m2));
+        printf("  %s: loss %.6f vs naive %.6f, clip low %.3f high %.3f, kl %.4f, grad norm %.4f\n",
+               c ? "MoE" : "dense", m1.loss, m2.loss, m1.clip_low, m1.clip_high, m1.kl, m1.grad_norm);
+        T_CHECK(m1.clip_low > 0 && m1.clip_high > 0, "clipping must be active both ways");
+        T_CHECK(fabs(m1.loss - m2.loss) <= 1e-5 * fmax(1.0, fabs(m2.loss)), "loss %.8f vs %.8f", m1.loss, m2.loss);
+        ls_param *p1, *p2;
+        int64_t n1, n2;
+        T_OK(ls_hybrid_params(&g1, &p1, &n1));
+        T_OK(ls_hybrid_params(&g2, &p2, &n2));
+        T_CHECK(n1 == n2 && n1 > 0, "param lists");
+        double worst = 0;
+        for (int64_t k = 0; k < n1; k++) {
+            double e = t_rel_err_f(p1[k].p, p2[k].p, p1[k].n);
+            double nrm = 0;
+            for (int64_t i = 0; i < p2[k].n; i++) nrm += (double)p2[k].p[i] * p2[k].p[i];
+            if (nrm == 0) { /* e.g. experts never routed to: both must be exactly zero */
+                e = t_max_abs_diff_f(p1[k].p, p2[k].p, p1[k].n);
+            }
+            if (!(e <= worst)) worst = e;
+            T_CHECK(e <= 1e-4, "%s: tensor %lld (%s) relative error %.3e", c ? "MoE" : "dense", (long long)k,
+                    p1[k].what, e);
+        }
+        printf("  %s: %lld tensors, worst relative error prefix-frozen vs naive %.2e\n", c ? "MoE" : "dense",
+               (long long)n1, worst);
+        free(p1);
+        free(p2);
+        ls_group_free(&g);
+        ls_arenas_free(&ar);
+        char cmd[700];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        T_CHECK(system(cmd) == 0, "cleanup");
+    }
+    return 0;
+}
+
+int test_grpo_branch_arena_vs_G(void) {
+    char dir[512];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    T_CHECK(write_model(dir, cfg_moe, 3) == 0, "model");
+    size_t peak[2][LS_ARENA_COUNT];
+    const int Gs[2] = {2, 8};
+    for (int k = 0; k < 2; k++) {
+        ls_arenas ar;
+        ls_arenas_init(&ar);
+        ls_hybrid_model m, gr;
+        ls_adamw adam;
+        T_OK(ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]));
+        T_OK(ls_adamw_init(&adam, &m, &ar.a[LS_ARENA_FIXED]));
+        T_OK(ls_hybrid_alloc_like(&m, &gr, &ar.a[LS_ARENA_GRAD]));
+        int64_t R[8];
+        for (int i = 0; i < 8; i++) R[i] = 40;
+        ls_group g;
+        make_group(&g, 300, Gs[k], R, m.cfg.vocab, 9);
+        ls_grpo_opts o;
+        ls_grpo_opts_default(&o);
+        ls_grpo_metrics mt;
+        T_OK(ls_grpo_update(&m, NULL, &gr, &adam, &g, &o, &ar, &mt));
+        for (int a = 0; a < LS_ARENA_COUNT; a++) peak[k][a] = ar.a[a].peak;
+        ls_group_free(&g);
+        ls_arenas_free(&ar);
+    }
+    size_t tot[2] = {0, 0};
+    for (int a = 0; a < LS_ARENA_COUNT; a++) {
+        printf("  arena %-8s peak G=2 %10zu  G=8 %10zu\n", ls_arena_id_name((ls_arena_id)a), peak[0][a], peak[1][a]);
+        tot[0] += peak[0][a];
+        tot[1] += peak[1][a];
+        if (a != LS_ARENA_SCORE)
+            T_CHECK(peak[0][a] == peak[1][a], "arena %s differs between G=2 and G=8", ls_arena_id_name((ls_arena_id)a));
+    }
+    T_CHECK(peak[1][LS_ARENA_BRANCH] > 0, "branch arena unused?");
+    T_CHECK(tot[1] - tot[0] == peak[1][LS_ARENA_SCORE] - peak[0][LS_ARENA_SCORE] && tot[1] > tot[0],
+            "total grows by more than the score arena");
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    T_CHECK(system(cmd) == 0, "cleanup");
+    return 0;
+}

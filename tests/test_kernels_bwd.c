@@ -1,0 +1,798 @@
+/*
+ * test_kernels_bwd.c — every backward of the small CPU kernels (linear, embed, the three
+ * norms, conv, RoPE, SwiGLU, LM head) checked by central finite differences in double.
+ *
+ * For each kernel: a naive double-precision forward written here (independent of the kernel
+ * code); the f32 kernel forward against it; then the gradient of L = Σ out·R (R random; for
+ * the LM head L = Σ logprob·r) w.r.t. every input and weight element by central differences
+ * (h = 1e-6) against the kernel's backward, relative error per tensor ‖a−b‖/‖b‖ ≤ 1e-4.
+ * The documented contracts are checked too: `=` outputs are pre-filled with NaN (a missed
+ * write fails the finiteness check), `+=` outputs are pre-filled with PREFILL and that is
+ * subtracted, NULL-skips leave the other outputs unchanged, dx == dy aliasing where the
+ * header permits it, guard words around every buffer, and scratch arenas are released.
+ * Math: specs/hybrid-qwen3next.md §2.2 (conv), §2.5 (l2norm), §2.7 (gated norm),
+ * §4.3 (partial RoPE), §5 (zero-centred RMSNorm).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "longstraw/core.h"
+#include "longstraw/kernels.h"
+#include "testutil.h"
+
+int test_kernels_bwd_fd(void);
+
+#define FD_H 1e-6
+#define GRAD_TOL 1e-4
+#define FWD_TOL 1e-5
+#define SAME_TOL 1e-6     /* two kernel runs that must agree (NULL-skip, aliasing) */
+#define PREFILL 0.375f    /* pre-fill of `+=` outputs; exact in f32 */
+#define GUARD 16          /* guard floats on each side of every test buffer */
+#define GUARD_VAL -7777.25f
+
+/* ---- buffers: one pool per kernel test, freed on every exit path ---------------- */
+#define POOL_MAX 96
+typedef struct {
+    void *base[POOL_MAX];
+    int64_t n[POOL_MAX]; /* floats between the guards; −1 for double buffers */
+    int count;
+    int oom;
+} pool;
+
+static float *pf(pool *pl, int64_t n) {
+    if (pl->count >= POOL_MAX) {
+        pl->oom = 1;
+        return NULL;
+    }
+    float *b = malloc((size_t)(n + 2 * GUARD) * sizeof(float));
+    if (!b) {
+        pl->oom = 1;
+        return NULL;
+    }
+    for (int i = 0; i < GUARD; i++) b[i] = b[GUARD + n + i] = GUARD_VAL;
+    pl->base[pl->count] = b;
+    pl->n[pl->count++] = n;
+    return b + GUARD;
+}
+
+/* n zeroed elements of `size` bytes, unguarded (references, indices) */
+static void *pv(pool *pl, int64_t n, size_t size) {
+    if (pl->count >= POOL_MAX) {
+        pl->oom = 1;
+        return NULL;
+    }
+    void *b = calloc((size_t)(n > 0 ? n : 1), size);
+    if (!b) {
+        pl->oom = 1;
+        return NULL;
+    }
+    pl->base[pl->count] = b;
+    pl->n[pl->count++] = -1;
+    return b;
+}
+
+static double *pd(pool *pl, int64_t n) { return pv(pl, n, sizeof(double)); }
+
+/* Elements compared for one tensor of n: all of them (nsample = 0), or nsample random
+ * indices plus the first and the last (large shapes, where FD over every element is slow). */
+typedef struct {
+    int64_t n, m;
+    int64_t *idx;
+} fdsel;
+
+static fdsel sel_make(pool *pl, int64_t n, int64_t nsample, ls_rng *rng) {
+    fdsel s = {n, 0, NULL};
+    int64_t m = (nsample <= 0 || nsample + 2 >= n) ? n : nsample + 2;
+    s.idx = pv(pl, m, sizeof(int64_t));
+    if (!s.idx) return s;
+    s.m = m;
+    if (m == n) {
+        for (int64_t i = 0; i < n; i++) s.idx[i] = i;
+    } else {
+        s.idx[0] = 0;
+        s.idx[1] = n - 1;
+        for (int64_t k = 2; k < m; k++) s.idx[k] = (int64_t)(ls_rng_u64(rng) % (uint64_t)n);
+    }
+    return s;
+}
+
+static float *pf_normal(pool *pl, int64_t n, ls_rng *rng, float std) {
+    float *p = pf(pl, n);
+    if (p) t_fill_normal(p, n, rng, std);
+    return p;
+}
+
+static void fill_f(float *p, int64_t n, float v) {
+    for (int64_t i = 0; i < n; i++) p[i] = v;
+}
+
+static void to_d(double *d, const float *f, int64_t n) {
+    for (int64_t i = 0; i < n; i++) d[i] = (double)f[i];
+}
+
+/* number of float buffers whose guard words were overwritten */
+static int pool_bad_guards(const pool *pl) {
+    int bad = 0;
+    for (int k = 0; k < pl->count; k++) {
+        if (pl->n[k] < 0) continue;
+        const float *b = pl->base[k];
+        for (int i = 0; i < GUARD; i++)
+            if (b[i] != GUARD_VAL || b[GUARD + pl->n[k] + i] != GUARD_VAL) {
+                bad++;
+                break;
+            }
+    }
+    return bad;
+}
+
+static void pool_free(pool *pl) {
+    for (int k = 0; k < pl->count; k++) free(pl->base[k]);
+    pl->count = 0;
+}
+
+/* ---- comparisons (NaN fails; empty fails) ------------------------------------------ */
+typedef struct {
+    const char *name;
+    double grad;    /* worst gradient relative error */
+    double fwd;     /* worst forward relative error */
+    int64_t n_grad; /* gradient elements compared */
+} kstat;
+
+static int cmp_fwd(kstat *ks, const char *what, const float *got, const double *ref, int64_t n) {
+    T_CHECK(n > 0, "%s %s: zero elements compared", ks->name, what);
+    T_CHECK(t_all_finite_f(got, n), "%s %s: non-finite forward output", ks->name, what);
+    double e = t_rel_err_fd(got, ref, n);
+    T_CHECK(e <= FWD_TOL, "%s %s: forward rel err %.3e > %.0e", ks->name, what, e, FWD_TOL);
+    if (e > ks->fwd) ks->fwd = e;
+    return 0;
+}
+
+/* (got − base) against the finite-difference gradient ref over the selected elements
+ * (ref[k] belongs to element sel.idx[k]); every element of got must be finite. */
+static int cmp_grad(kstat *ks, const char *what, const float *got, float base, const double *ref,
+                    fdsel sel) {
+    T_CHECK(sel.m > 0 && sel.n > 0, "%s %s: zero elements compared", ks->name, what);
+    T_CHECK(t_all_finite_f(got, sel.n), "%s %s: non-finite gradient (unwritten `=` output?)",
+            ks->name, what);
+    double num = 0, den = 0;
+    for (int64_t k = 0; k < sel.m; k++) {
+        double d = ((double)got[sel.idx[k]] - (double)base) - ref[k];
+        num += d * d;
+        den += ref[k] * ref[k];
+    }
+    T_CHECK(den > 0, "%s %s: reference gradient is all zero (vacuous check)", ks->name, what);
+    double e = sqrt(num / den);
+    T_CHECK(e <= GRAD_TOL, "%s %s: gradient rel err %.3e > %.0e", ks->name, what, e, GRAD_TOL);
+    if (e > ks->grad) ks->grad = e;
+    ks->n_grad += sel.m;
+    return 0;
+}
+
+/* two kernel outputs that must agree */
+static int cmp_same(kstat *ks, const char *what, const float *a, const float *b, int64_t n) {
+    T_CHECK(n > 0, "%s %s: zero elements compared", ks->name, what);
+    T_CHECK(t_all_finite_f(a, n), "%s %s: non-finite output", ks->name, what);
+    double e = t_rel_err_f(a, b, n);
+    T_CHECK(e <= SAME_TOL, "%s %s: rel diff %.3e > %.0e", ks->name, what, e, SAME_TOL);
+    return 0;
+}
+
+/* ---- central finite differences of a double loss ------------------------------------ */
+typedef double (*loss_fn)(void *ctx);
+
+/* g[k] = ∂L/∂p[sel.idx[k]] by central differences; p is one of the arrays the loss reads
+ * through ctx */
+static void fd_grad(double *g, double *p, fdsel sel, loss_fn f, void *ctx) {
+    for (int64_t k = 0; k < sel.m; k++) {
+        int64_t i = sel.idx[k];
+        double v = p[i];
+        p[i] = v + FD_H;
+        double lp = f(ctx);
+        p[i] = v - FD_H;
+        double lm = f(ctx);
+        p[i] = v;
+        g[k] = (lp - lm) / (2.0 * FD_H);
+    }
+}
+
+static double dot_d(const double *a, const double *b, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static double silu_d(double z) { return z / (1.0 + exp(-z)); }
+
+/* A kernel's cases: each runs with its own pool (freed, guards checked) and an int64 parameter
+ * vector whose meaning the case function documents. */
+typedef int (*case_fn)(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p);
+
+static int run_cases(kstat *ks, ls_rng *rng, case_fn fn, const int64_t (*cases)[8], size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        pool pl = {0};
+        int rc = fn(&pl, ks, rng, cases[i]);
+        int bad = pool_bad_guards(&pl);
+        pool_free(&pl);
+        if (rc) return 1;
+        T_CHECK(bad == 0, "%s case %zu: %d buffers written out of bounds", ks->name, i, bad);
+    }
+    return 0;
+}
+
+/* ======================================================================================
+ * linear: out[T,N] = x[T,K]·W[N,K]ᵀ
+ * ==================================================================================== */
+typedef struct {
+    double *x, *W, *R, *out;
+    int64_t T, K, N;
+} lin_ctx;
+
+static void lin_ref(lin_ctx *c) {
+    for (int64_t t = 0; t < c->T; t++)
+        for (int64_t n = 0; n < c->N; n++) {
+            double s = 0;
+            for (int64_t k = 0; k < c->K; k++) s += c->x[t * c->K + k] * c->W[n * c->K + k];
+            c->out[t * c->N + n] = s;
+        }
+}
+
+static double lin_loss(void *vc) {
+    lin_ctx *c = vc;
+    lin_ref(c);
+    return dot_d(c->out, c->R, c->T * c->N);
+}
+
+/* p = {T, K, N} */
+static int kb_linear_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
+    const int64_t T = p[0], K = p[1], N = p[2];
+    float *x = pf_normal(pl, T * K, rng, 1.0f), *W = pf_normal(pl, N * K, rng, 0.5f);
+    float *R = pf_normal(pl, T * N, rng, 1.0f), *out = pf(pl, T * N);
+    float *dx = pf(pl, T * K), *dW = pf(pl, N * K), *dx2 = pf(pl, T * K), *dW2 = pf(pl, N * K);
+    lin_ctx c = {pd(pl, T * K), pd(pl, N * K), pd(pl, T * N), pd(pl, T * N), T, K, N};
+    fdsel sx = sel_make(pl, T * K, 0, rng), sW = sel_make(pl, N * K, 0, rng);
+    double *gx = pd(pl, T * K), *gW = pd(pl, N * K);
+    T_CHECK(!pl->oom, "out of memory");
+    to_d(c.x, x, T * K);
+    to_d(c.W, W, N * K);
+    to_d(c.R, R, T * N);
+
+    lin_ref(&c);
+    fill_f(out, T * N, NAN);
+    ls_linear_fwd(out, x, W, T, K, N, 0);
+    if (cmp_fwd(ks, "out", out, c.out, T * N)) return 1;
+    fd_grad(gx, c.x, sx, lin_loss, &c);
+    fd_grad(gW, c.W, sW, lin_loss, &c);
+
+    /* dx (=) and dW (+=) */
+    fill_f(dx, T * K, NAN);
+    fill_f(dW, N * K, PREFILL);
+    ls_linear_bwd(dx, dW, R, x, W, T, K, N, 0);
+    if (cmp_grad(ks, "dx", dx, 0.0f, gx, sx) || cmp_grad(ks, "dW", dW, PREFILL, gW, sW)) return 1;
+    /* accumulate_dx = 1, dW NULL */
+    fill_f(dx2, T * K, PREFILL);
+    ls_linear_bwd(dx2, NULL, R, x, W, T, K, N, 1);
+    if (cmp_grad(ks, "dx (accumulate)", dx2, PREFILL, gx, sx)) return 1;
+    /* dx NULL: dW alone, same as before */
+    fill_f(dW2, N * K, PREFILL);
+    ls_linear_bwd(NULL, dW2, R, x, W, T, K, N, 0);
+    return cmp_same(ks, "dW (dx NULL)", dW2, dW, N * K);
+}
+
+static int kb_linear(kstat *ks, ls_rng *rng) {
+    static const int64_t cases[][8] = {{5, 7, 3}, {9, 33, 17}};
+    return run_cases(ks, rng, kb_linear_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+/* ======================================================================================
+ * embedding: out[T,D] = table[ids[t]]
+ * ==================================================================================== */
+typedef struct {
+    double *table, *R;
+    const int32_t *ids;
+    int64_t T, D;
+} emb_ctx;
+
+static double emb_loss(void *vc) {
+    emb_ctx *c = vc;
+    double L = 0;
+    for (int64_t t = 0; t < c->T; t++)
+        for (int64_t d = 0; d < c->D; d++) L += c->table[c->ids[t] * c->D + d] * c->R[t * c->D + d];
+    return L;
+}
+
+/* p unused: V = 6, D = 5, T = 7 with repeated ids */
+static int kb_embed_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
+    (void)p;
+    const int64_t V = 6, D = 5, T = 7;
+    static const int32_t ids[7] = {2, 0, 2, 5, 2, 0, 3}; /* repeats; ids 1 and 4 unused */
+    float *table = pf_normal(pl, V * D, rng, 1.0f), *R = pf_normal(pl, T * D, rng, 1.0f);
+    float *out = pf(pl, T * D), *dtable = pf(pl, V * D);
+    emb_ctx c = {pd(pl, V * D), pd(pl, T * D), ids, T, D};
+    fdsel st = sel_make(pl, V * D, 0, rng);
+    double *ref = pd(pl, T * D), *gt = pd(pl, V * D);
+    T_CHECK(!pl->oom, "out of memory");
+    to_d(c.table, table, V * D);
+    to_d(c.R, R, T * D);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t d = 0; d < D; d++) ref[t * D + d] = c.table[ids[t] * D + d];
+    ls_embed_fwd(out, ids, table, T, D);
+    if (cmp_fwd(ks, "out", out, ref, T * D)) return 1;
+    fd_grad(gt, c.table, st, emb_loss, &c);
+    fill_f(dtable, V * D, PREFILL);
+    ls_embed_bwd(dtable, R, ids, T, D);
+    return cmp_grad(ks, "dtable", dtable, PREFILL, gt, st);
+}
+
+static int kb_embed(kstat *ks, ls_rng *rng) {
+    static const int64_t cases[][8] = {{0}};
+    return run_cases(ks, rng, kb_embed_case, cases, 1);
+}
+
+/* ======================================================================================
+ * norms: zero-centred RMSNorm (§5) y = x·(mean x² + eps)^(−1/2)·(1+w); gated RMSNorm (§2.7)
+ * y = x·(mean x² + eps)^(−1/2)·w·SiLU(z); L2 norm (§2.5) y = x / sqrt(Σx² + eps)
+ * ==================================================================================== */
+typedef struct {
+    double *x, *w, *z, *R, *y; /* w, z only where the norm has them */
+    int64_t rows, D;
+    double eps;
+    int kind; /* 0 rmsnorm, 1 gated, 2 l2 */
+} norm_ctx;
+
+static void norm_ref(norm_ctx *c) {
+    for (int64_t r = 0; r < c->rows; r++) {
+        const double *xr = c->x + r * c->D;
+        double *yr = c->y + r * c->D;
+        double ss = dot_d(xr, xr, c->D);
+        double s = 1.0 / sqrt((c->kind == 2 ? ss : ss / (double)c->D) + c->eps);
+        for (int64_t i = 0; i < c->D; i++) {
+            if (c->kind == 0) yr[i] = xr[i] * s * (1.0 + c->w[i]);
+            else if (c->kind == 1) yr[i] = xr[i] * s * c->w[i] * silu_d(c->z[r * c->D + i]);
+            else yr[i] = xr[i] * s;
+        }
+    }
+}
+
+static double norm_loss(void *vc) {
+    norm_ctx *c = vc;
+    norm_ref(c);
+    return dot_d(c->y, c->R, c->rows * c->D);
+}
+
+/* p = {kind, rows, D, nsample}: every `=` output pre-filled with NaN, dw with PREFILL; then
+ * dw NULL, and dx == dy (with dw) against the first run. */
+static int kb_norm_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
+    const int kind = (int)p[0];
+    const int64_t rows = p[1], D = p[2], ns = p[3], n = rows * D;
+    const float eps = 1e-6f;
+    float *x = pf_normal(pl, n, rng, 1.0f), *R = pf_normal(pl, n, rng, 1.0f);
+    float *w = pf_normal(pl, D, rng, kind == 0 ? 0.5f : 0.3f), *z = pf_normal(pl, n, rng, 1.5f);
+    float *y = pf(pl, n), *rs = pf(pl, rows);
+    float *dx = pf(pl, n), *dz = pf(pl, n), *dw = pf(pl, D);
+    float *dx2 = pf(pl, n), *dz2 = pf(pl, n), *dw2 = pf(pl, D);
+    norm_ctx c = {pd(pl, n), pd(pl, D), pd(pl, n), pd(pl, n), pd(pl, n), rows, D, eps, kind};
+    fdsel sx = sel_make(pl, n, ns, rng), sz = sel_make(pl, n, ns, rng), sw = sel_make(pl, D, ns, rng);
+    double *gx = pd(pl, sx.m), *gz = pd(pl, sz.m), *gw = pd(pl, sw.m);
+    T_CHECK(!pl->oom, "out of memory");
+    if (kind == 1)
+        for (int64_t i = 0; i < D; i++) w[i] += 1.0f; /* gated w around its init value 1 */
+    to_d(c.x, x, n);
+    to_d(c.w, w, D);
+    to_d(c.z, z, n);
+    to_d(c.R, R, n);
+    char what[80];
+#define WHAT(s) (snprintf(what, sizeof what, "%s (rows=%lld D=%lld)", s, (long long)rows, \
+                          (long long)D), what)
+
+    norm_ref(&c);
+    fill_f(y, n, NAN);
+    if (kind == 0) ls_rmsnorm_fwd(y, rs, x, w, rows, D, eps);
+    else if (kind == 1) ls_gated_rmsnorm_fwd(y, rs, x, z, w, rows, D, eps);
+    else ls_l2norm_fwd(y, rs, x, rows, D, eps);
+    if (cmp_fwd(ks, WHAT("y"), y, c.y, n)) return 1;
+    fd_grad(gx, c.x, sx, norm_loss, &c);
+    if (kind == 1) fd_grad(gz, c.z, sz, norm_loss, &c);
+    if (kind != 2) fd_grad(gw, c.w, sw, norm_loss, &c);
+
+    fill_f(dx, n, NAN);
+    fill_f(dz, n, NAN);
+    fill_f(dw, D, PREFILL);
+    if (kind == 0) ls_rmsnorm_bwd(dx, dw, R, x, rs, w, rows, D);
+    else if (kind == 1) ls_gated_rmsnorm_bwd(dx, dz, dw, R, x, z, rs, w, rows, D);
+    else ls_l2norm_bwd(dx, R, x, rs, rows, D);
+    if (cmp_grad(ks, WHAT("dx"), dx, 0.0f, gx, sx)) return 1;
+    if (kind == 1 && cmp_grad(ks, WHAT("dz"), dz, 0.0f, gz, sz)) return 1;
+    if (kind != 2 && cmp_grad(ks, WHAT("dw"), dw, PREFILL, gw, sw)) return 1;
+    if (kind != 2) {
+        /* dw NULL */
+        fill_f(dx2, n, NAN);
+        fill_f(dz2, n, NAN);
+        if (kind == 0) ls_rmsnorm_bwd(dx2, NULL, R, x, rs, w, rows, D);
+        else ls_gated_rmsnorm_bwd(dx2, dz2, NULL, R, x, z, rs, w, rows, D);
+        if (cmp_same(ks, WHAT("dx, dw NULL"), dx2, dx, n)) return 1;
+        if (kind == 1 && cmp_same(ks, WHAT("dz, dw NULL"), dz2, dz, n)) return 1;
+    }
+    /* dx == dy (dw still accumulated, from the dy the call started with) */
+    memcpy(dx2, R, (size_t)n * sizeof(float));
+    fill_f(dz2, n, NAN);
+    fill_f(dw2, D, PREFILL);
+    if (kind == 0) ls_rmsnorm_bwd(dx2, dw2, dx2, x, rs, w, rows, D);
+    else if (kind == 1) ls_gated_rmsnorm_bwd(dx2, dz2, dw2, dx2, x, z, rs, w, rows, D);
+    else ls_l2norm_bwd(dx2, dx2, x, rs, rows, D);
+    if (cmp_same(ks, WHAT("dx, dx == dy"), dx2, dx, n)) return 1;
+    if (kind == 1 && cmp_same(ks, WHAT("dz, dx == dy"), dz2, dz, n)) return 1;
+    if (kind != 2 && cmp_grad(ks, WHAT("dw, dx == dy"), dw2, PREFILL, gw, sw)) return 1;
+#undef WHAT
+    return 0;
+}
+
+/* rows·D > 65536 takes the OpenMP path; D > 64 spans several dw column blocks */
+static int kb_rmsnorm(kstat *ks, ls_rng *rng) {
+    static const int64_t cases[][8] = {{0, 3, 11, 0}, {0, 3, 131, 0}, {0, 520, 131, 40}};
+    return run_cases(ks, rng, kb_norm_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+static int kb_gated_rmsnorm(kstat *ks, ls_rng *rng) {
+    static const int64_t cases[][8] = {{1, 3, 9, 0}, {1, 3, 131, 0}, {1, 520, 131, 40}};
+    return run_cases(ks, rng, kb_norm_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+static int kb_l2norm(kstat *ks, ls_rng *rng) {
+    static const int64_t cases[][8] = {{2, 4, 7, 0}, {2, 520, 131, 40}};
+    return run_cases(ks, rng, kb_norm_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+/* ======================================================================================
+ * causal depthwise conv + SiLU (§2.2) with a carried tail
+ * ==================================================================================== */
+typedef struct {
+    double *x, *tail, *w, *R, *y, *pre;
+    int64_t T, C, W;
+} conv_ctx;
+
+/* x̃ = [tail; x]; pre[t,c] = Σ_j w[c,j]·x̃[t+j,c]; y = SiLU(pre) */
+static void conv_ref(conv_ctx *c) {
+    int64_t Wm = c->W - 1, C = c->C;
+    for (int64_t t = 0; t < c->T; t++)
+        for (int64_t ch = 0; ch < C; ch++) {
+            double s = 0;
+            for (int64_t j = 0; j < c->W; j++) {
+                int64_t u = t + j;
+                double xv = u < Wm ? c->tail[u * C + ch] : c->x[(u - Wm) * C + ch];
+                s += c->w[ch * c->W + j] * xv;
+            }
+            c->pre[t * C + ch] = s;
+            c->y[t * C + ch] = silu_d(s);
+        }
+}
+
+static double conv_loss(void *vc) {
+    conv_ctx *c = vc;
+    conv_ref(c);
+    return dot_d(c->y, c->R, c->T * c->C);
+}
+
+/* p = {T, C, W, nsample} */
+static int kb_conv_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
+    const int64_t T = p[0], C = p[1], W = p[2], ns = p[3];
+    const int64_t Wm = W - 1, nx = T * C, nt = Wm * C, nw = C * W;
+    float *x = pf_normal(pl, nx, rng, 1.0f), *tail = pf_normal(pl, nt, rng, 1.0f);
+    float *w = pf_normal(pl, nw, rng, 0.6f), *R = pf_normal(pl, nx, rng, 1.0f);
+    float *tail_k = pf(pl, nt), *y = pf(pl, nx), *pre = pf(pl, nx);
+    float *dx = pf(pl, nx), *dw = pf(pl, nw), *dtail = pf(pl, nt), *dx2 = pf(pl, nx);
+    conv_ctx c = {pd(pl, nx), pd(pl, nt), pd(pl, nw), pd(pl, nx), pd(pl, nx), pd(pl, nx), T, C, W};
+    fdsel sx = sel_make(pl, nx, ns, rng), st = sel_make(pl, nt, ns, rng), sw = sel_make(pl, nw, ns, rng);
+    double *gx = pd(pl, sx.m), *gt = pd(pl, st.m), *gw = pd(pl, sw.m), *xt = pd(pl, nt + nx);
+    T_CHECK(!pl->oom, "out of memory");
+    to_d(c.x, x, nx);
+    to_d(c.tail, tail, nt);
+    to_d(c.w, w, nw);
+    to_d(c.R, R, nx);
+    char what[80];
+#define WHAT(s) (snprintf(what, sizeof what, "%s (T=%lld C=%lld W=%lld)", s, (long long)T, \
+                          (long long)C, (long long)W), what)
+
+    conv_ref(&c);
+    memcpy(tail_k, tail, (size_t)nt * sizeof(float));
+    fill_f(y, nx, NAN);
+    fill_f(pre, nx, NAN);
+    ls_conv_fwd(y, pre, tail_k, x, w, T, C, W);
+    if (cmp_fwd(ks, WHAT("y"), y, c.y, nx) || cmp_fwd(ks, WHAT("pre"), pre, c.pre, nx)) return 1;
+    /* the carried tail: the last W−1 rows of x̃ = [tail; x]. (Built by copies: GCC 12.2 at
+     * -O3 -march=native mis-vectorised the equivalent loop with a per-row ternary.) */
+    memcpy(xt, c.tail, (size_t)nt * sizeof(double));
+    memcpy(xt + nt, c.x, (size_t)nx * sizeof(double));
+    T_CHECK(t_rel_err_fd(tail_k, xt + T * C, nt) == 0.0, "conv %s differs", WHAT("new tail"));
+
+    fd_grad(gx, c.x, sx, conv_loss, &c);
+    fd_grad(gt, c.tail, st, conv_loss, &c);
+    fd_grad(gw, c.w, sw, conv_loss, &c);
+    fill_f(dx, nx, NAN);
+    fill_f(dtail, nt, NAN);
+    fill_f(dw, nw, PREFILL);
+    ls_conv_bwd(dx, dw, dtail, R, pre, x, tail, w, T, C, W);
+    if (cmp_grad(ks, WHAT("dx"), dx, 0.0f, gx, sx) ||
+        cmp_grad(ks, WHAT("dtail"), dtail, 0.0f, gt, st) ||
+        cmp_grad(ks, WHAT("dw"), dw, PREFILL, gw, sw))
+        return 1;
+    /* dw and dtail NULL (and no tail_in, which only dw reads) */
+    fill_f(dx2, nx, NAN);
+    ls_conv_bwd(dx2, NULL, NULL, R, pre, x, NULL, w, T, C, W);
+    if (cmp_same(ks, WHAT("dx, dw/dtail NULL"), dx2, dx, nx)) return 1;
+#undef WHAT
+    return 0;
+}
+
+/* T < W−1, T = 1, T = 7; W = 4 and 2; C = 130 spans three channel blocks; T·C > 65536 takes
+ * the OpenMP path */
+static int kb_conv(kstat *ks, ls_rng *rng) {
+    static const int64_t cases[][8] = {{1, 5, 4, 0},  {2, 5, 4, 0},   {7, 5, 4, 0},
+                                       {1, 5, 2, 0},  {7, 5, 2, 0},   {7, 130, 4, 0},
+                                       {2, 130, 4, 0}, {600, 130, 4, 40}};
+    return run_cases(ks, rng, kb_conv_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+/* ======================================================================================
+ * partial rotate-half RoPE (§4.3)
+ * ==================================================================================== */
+typedef struct {
+    double *x, *R, *y;
+    int64_t T;
+    int heads, hd, rot;
+    double theta;
+    int64_t pos0;
+} rope_ctx;
+
+static void rope_ref(rope_ctx *c) {
+    int half = c->rot / 2;
+    for (int64_t t = 0; t < c->T; t++)
+        for (int h = 0; h < c->heads; h++) {
+            const double *v = c->x + (t * c->heads + h) * c->hd;
+            double *o = c->y + (t * c->heads + h) * c->hd;
+            for (int i = 0; i < c->hd; i++) o[i] = v[i];
+            for (int j = 0; j < half; j++) {
+                double ang = (double)(c->pos0 + t) * pow(c->theta, -2.0 * j / (double)c->rot);
+                o[j] = v[j] * cos(ang) - v[j + half] * sin(ang);
+                o[j + half] = v[j + half] * cos(ang) + v[j] * sin(ang);
+            }
+        }
+}
+
+static double rope_loss(void *vc) {
+    rope_ctx *c = vc;
+    rope_ref(c);
+    return dot_d(c->y, c->R, c->T * c->heads * c->hd);
+}
+
+/* p = {T, heads, hd, rot, pos0, nsample} */
+static int kb_rope_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
+    const int64_t T = p[0], pos0 = p[4], ns = p[5];
+    const int heads = (int)p[1], hd = (int)p[2], rot = (int)p[3];
+    const double theta = 10000.0;
+    const int64_t n = T * heads * hd;
+    float *x = pf_normal(pl, n, rng, 1.0f), *R = pf_normal(pl, n, rng, 1.0f);
+    float *y = pf(pl, n), *dx = pf(pl, n);
+    rope_ctx c = {pd(pl, n), pd(pl, n), pd(pl, n), T, heads, hd, rot, theta, pos0};
+    fdsel sx = sel_make(pl, n, ns, rng);
+    double *gx = pd(pl, sx.m);
+    T_CHECK(!pl->oom, "out of memory");
+    to_d(c.x, x, n);
+    to_d(c.R, R, n);
+    char what[80];
+#define WHAT(s) (snprintf(what, sizeof what, "%s (T=%lld rot=%d/%d pos0=%lld)", s, (long long)T, \
+                          rot, hd, (long long)pos0), what)
+
+    rope_ref(&c);
+    memcpy(y, x, (size_t)n * sizeof(float));
+    ls_rope_fwd(y, T, heads, hd, rot, theta, pos0);
+    if (cmp_fwd(ks, WHAT("y"), y, c.y, n)) return 1;
+    fd_grad(gx, c.x, sx, rope_loss, &c);
+    memcpy(dx, R, (size_t)n * sizeof(float));
+    ls_rope_bwd(dx, T, heads, hd, rot, theta, pos0);
+    if (cmp_grad(ks, WHAT("dx"), dx, 0.0f, gx, sx)) return 1;
+    /* Rᵀ R = I: the backward undoes the forward */
+    ls_rope_bwd(y, T, heads, hd, rot, theta, pos0);
+    if (cmp_same(ks, WHAT("bwd(fwd(x))"), y, x, n)) return 1;
+#undef WHAT
+    return 0;
+}
+
+static int kb_rope(kstat *ks, ls_rng *rng) {
+    static const int64_t cases[][8] = {{3, 2, 10, 6, 0, 0},
+                                       {3, 2, 10, 6, 100000, 0},
+                                       {2, 3, 8, 8, 7, 0},
+                                       {300, 2, 130, 64, 100000, 40}};
+    return run_cases(ks, rng, kb_rope_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+/* ======================================================================================
+ * SwiGLU: out[T,I] = SiLU(gu[:, :I]) ⊙ gu[:, I:]
+ * ==================================================================================== */
+typedef struct {
+    double *gu, *R, *out;
+    int64_t T, I;
+} swiglu_ctx;
+
+static void swiglu_ref(swiglu_ctx *c) {
+    for (int64_t t = 0; t < c->T; t++)
+        for (int64_t i = 0; i < c->I; i++) {
+            const double *g = c->gu + t * 2 * c->I;
+            c->out[t * c->I + i] = silu_d(g[i]) * g[c->I + i];
+        }
+}
+
+static double swiglu_loss(void *vc) {
+    swiglu_ctx *c = vc;
+    swiglu_ref(c);
+    return dot_d(c->out, c->R, c->T * c->I);
+}
+
+/* p = {T, I, nsample} */
+static int kb_swiglu_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
+    const int64_t T = p[0], I = p[1], ns = p[2];
+    float *gu = pf_normal(pl, T * 2 * I, rng, 1.5f), *R = pf_normal(pl, T * I, rng, 1.0f);
+    float *out = pf(pl, T * I), *dgu = pf(pl, T * 2 * I);
+    swiglu_ctx c = {pd(pl, T * 2 * I), pd(pl, T * I), pd(pl, T * I), T, I};
+    fdsel sg = sel_make(pl, T * 2 * I, ns, rng);
+    double *g = pd(pl, sg.m);
+    T_CHECK(!pl->oom, "out of memory");
+    to_d(c.gu, gu, T * 2 * I);
+    to_d(c.R, R, T * I);
+    swiglu_ref(&c);
+    fill_f(out, T * I, NAN);
+    ls_swiglu_fwd(out, gu, T, I);
+    if (cmp_fwd(ks, "out", out, c.out, T * I)) return 1;
+    fd_grad(g, c.gu, sg, swiglu_loss, &c);
+    fill_f(dgu, T * 2 * I, NAN);
+    ls_swiglu_bwd(dgu, R, gu, T, I);
+    return cmp_grad(ks, "dgu", dgu, 0.0f, g, sg);
+}
+
+static int kb_swiglu(kstat *ks, ls_rng *rng) {
+    static const int64_t cases[][8] = {{3, 7, 0}, {600, 131, 40}};
+    return run_cases(ks, rng, kb_swiglu_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+/* ======================================================================================
+ * LM head: logprob[t] = (h·Wᵀ/τ)[target] − lse; entropy of softmax(h·Wᵀ/τ)
+ * ==================================================================================== */
+typedef struct {
+    double *h, *W, *r, *lp, *lse, *ent, *z;
+    const int32_t *tg;
+    int64_t T, D, V;
+    double inv_tau;
+} lm_ctx;
+
+static void lm_ref(lm_ctx *c) {
+    for (int64_t t = 0; t < c->T; t++) {
+        double m = -INFINITY;
+        for (int64_t v = 0; v < c->V; v++) {
+            c->z[v] = dot_d(c->h + t * c->D, c->W + v * c->D, c->D) * c->inv_tau;
+            if (c->z[v] > m) m = c->z[v];
+        }
+        double s = 0;
+        for (int64_t v = 0; v < c->V; v++) s += exp(c->z[v] - m);
+        double lse = m + log(s), H = 0;
+        for (int64_t v = 0; v < c->V; v++) {
+            double lp = c->z[v] - lse;
+            H -= exp(lp) * lp;
+        }
+        c->lse[t] = lse;
+        c->lp[t] = c->z[c->tg[t]] - lse;
+        c->ent[t] = H;
+    }
+}
+
+static double lm_loss(void *vc) {
+    lm_ctx *c = vc;
+    lm_ref(c);
+    return dot_d(c->lp, c->r, c->T);
+}
+
+/* p = {T, D, V, 1000·τ, chunk_rows, nsample}; targets repeat (t·t mod 5 hits 0, 1, 4 only
+ * and small T reuses them), the last target is V−1. */
+static int kb_lmhead_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
+    const int64_t T = p[0], D = p[1], V = p[2], chunk = p[4], ns = p[5];
+    const float tau = (float)p[3] / 1000.0f;
+    float *h = pf_normal(pl, T * D, rng, 1.0f), *W = pf_normal(pl, V * D, rng, 0.5f);
+    float *r = pf_normal(pl, T, rng, 1.0f), *lp = pf(pl, T), *lse = pf(pl, T), *ent = pf(pl, T);
+    float *dh = pf(pl, T * D), *dW = pf(pl, V * D), *dh2 = pf(pl, T * D);
+    int32_t *tg = pv(pl, T, sizeof(int32_t));
+    lm_ctx c = {pd(pl, T * D), pd(pl, V * D), pd(pl, T), pd(pl, T), pd(pl, T), pd(pl, T), pd(pl, V),
+                tg, T, D, V, 1.0 / (double)tau};
+    fdsel sh = sel_make(pl, T * D, ns, rng), sW = sel_make(pl, V * D, ns, rng);
+    double *gh = pd(pl, sh.m), *gW = pd(pl, sW.m);
+    T_CHECK(!pl->oom, "out of memory");
+    for (int64_t t = 0; t < T; t++) tg[t] = (int32_t)((t * t) % 5 % V);
+    tg[T - 1] = (int32_t)(V - 1);
+    to_d(c.h, h, T * D);
+    to_d(c.W, W, V * D);
+    to_d(c.r, r, T);
+    ls_arena ar;
+    ls_arena_init(&ar, "kb_scratch", (size_t)1 << 16);
+    int rc = 1;
+    char what[96];
+#define WHAT(s) (snprintf(what, sizeof what, "%s (T=%lld V=%lld tau=%g chunk=%lld)", s, \
+                          (long long)T, (long long)V, (double)tau, (long long)chunk), what)
+#define LM_OK(expr)                                                                    \
+    do {                                                                               \
+        ls_status st_ = (expr);                                                        \
+        if (st_ != LS_OK) {                                                            \
+            fprintf(stderr, "  FAIL %s: %s -> %s: %s\n", ks->name, #expr,              \
+                    ls_status_name(st_), ls_err_msg());                                \
+            goto out;                                                                  \
+        }                                                                              \
+    } while (0)
+
+    lm_ref(&c);
+    fill_f(lp, T, NAN);
+    fill_f(lse, T, NAN);
+    LM_OK(ls_lmhead_logprobs_fwd(lp, lse, h, W, tg, T, D, V, tau, chunk, &ar));
+    if (cmp_fwd(ks, WHAT("logprob"), lp, c.lp, T) || cmp_fwd(ks, WHAT("lse"), lse, c.lse, T))
+        goto out;
+    fill_f(ent, T, NAN);
+    LM_OK(ls_lmhead_entropy(ent, h, W, T, D, V, tau, chunk, &ar));
+    if (cmp_fwd(ks, WHAT("entropy"), ent, c.ent, T)) goto out;
+
+    fd_grad(gh, c.h, sh, lm_loss, &c);
+    fd_grad(gW, c.W, sW, lm_loss, &c);
+    fill_f(dh, T * D, NAN);
+    fill_f(dW, V * D, PREFILL);
+    LM_OK(ls_lmhead_logprobs_bwd(dh, dW, r, h, W, tg, lse, T, D, V, tau, chunk, &ar));
+    if (cmp_grad(ks, WHAT("dh"), dh, 0.0f, gh, sh) ||
+        cmp_grad(ks, WHAT("dW"), dW, PREFILL, gW, sW))
+        goto out;
+    /* dW NULL */
+    fill_f(dh2, T * D, NAN);
+    LM_OK(ls_lmhead_logprobs_bwd(dh2, NULL, r, h, W, tg, lse, T, D, V, tau, chunk, &ar));
+    if (cmp_same(ks, WHAT("dh, dW NULL"), dh2, dh, T * D)) goto out;
+    if (ar.cur != 0) {
+        fprintf(stderr, "  FAIL %s: scratch arena not released (%zu bytes held)\n", ks->name,
+                ar.cur);
+        goto out;
+    }
+    rc = 0;
+out:
+    ls_arena_free(&ar);
+#undef LM_OK
+#undef WHAT
+    return rc;
+}
+
+/* T = 7 is not a multiple of chunk_rows 3 or 2; chunk_rows 0 = the default (32, > T) */
+static int kb_lmhead(kstat *ks, ls_rng *rng) {
+    static const int64_t cases[][8] = {{7, 9, 13, 1000, 3, 0},  {7, 9, 13, 700, 3, 0},
+                                       {7, 9, 13, 700, 2, 0},   {7, 9, 13, 1000, 0, 0},
+                                       {70, 33, 257, 700, 16, 40}};
+    return run_cases(ks, rng, kb_lmhead_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+/* ======================================================================================
+ * the table
+ * ==================================================================================== */
+int test_kernels_bwd_fd(void) {
+    static const struct {
+        const char *name;
+        int (*fn)(kstat *, ls_rng *);
+    } table[] = {
+        {"linear", kb_linear}, {"embed", kb_embed},   {"rmsnorm", kb_rmsnorm},
+        {"gated_rmsnorm", kb_gated_rmsnorm},          {"l2norm", kb_l2norm},
+        {"conv", kb_conv},     {"rope", kb_rope},     {"swiglu", kb_swiglu},
+        {"lmhead", kb_lmhead},
+    };
+    ls_rng rng;
+    ls_rng_seed(&rng, 20240611);
+    int failed = 0;
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        kstat ks = {table[i].name, 0.0, 0.0, 0};
+        int rc = table[i].fn(&ks, &rng);
+        if (!rc && ks.n_grad == 0) {
+            fprintf(stderr, "  FAIL %s: no gradient element compared\n", ks.name);
+            rc = 1;
+        }
+        printf("  %-14s %s  worst grad rel err %.2e (%lld elements), fwd %.2e\n", ks.name,
+               rc ? "FAIL" : "ok  ", ks.grad, (long long)ks.n_grad, ks.fwd);
+        failed |= rc;
+    }
+    return failed;
+}
