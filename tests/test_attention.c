@@ -584,6 +584,17 @@ static int grad_pages_gather(double *gk, double *gv, const t_pages *gp, const bw
     return 0;
 }
 
+/* Whether f32 pages a and b hold the same bits in all slots of the k pages (when `k`)
+ * and of the v pages (when `v`). */
+static int pages_same(const t_pages *a, const t_pages *b, int k, int v) {
+    const size_t bytes = (size_t)(a->pf.page_size * a->n_kv * a->hd) * sizeof(float);
+    for (int64_t i = 0; i < a->cap_pages; i++) {
+        if (k && memcmp(a->k_pages[i], b->k_pages[i], bytes) != 0) return 0;
+        if (v && memcmp(a->v_pages[i], b->v_pages[i], bytes) != 0) return 0;
+    }
+    return 1;
+}
+
 /* Kernel backward of problem b under `threads` threads, checked against the reference
  * gradients (ref_*: q, own k, own v, prefix k, prefix v) within tol; own gradients must
  * equal those of a call with dk_prefix = dv_prefix = NULL bit for bit. */
@@ -611,6 +622,19 @@ static int bwd_check(const bwd_prob *b, const float *o, const float *lse, const 
                      c->T, c->n_h, c->n_kv, c->hd, scale, scratch));
     T_OK(ls_attn_bwd(dq0, dk0, dv0, NULL, NULL, b->R, o, lse, b->q, b->k, b->v, pf, c->T,
                      c->n_h, c->n_kv, c->hd, scale, scratch));
+    /* only one of the prefix gradients: that one as with both, the other pages untouched */
+    t_pages g0, g1; /* g0 stays as initialised */
+    T_CHECK(grad_pages_init(&g0, b, base) == 0 && grad_pages_init(&g1, b, base) == 0,
+            "grad pages");
+    T_OK(ls_attn_bwd(dq0, dk0, dv0, g1.k_pages, NULL, b->R, o, lse, b->q, b->k, b->v, pf, c->T,
+                     c->n_h, c->n_kv, c->hd, scale, scratch));
+    T_CHECK(pages_same(&g1, &gp, 1, 0) && pages_same(&g1, &g0, 0, 1),
+            "dk_prefix alone differs from both, or dv pages touched");
+    T_OK(ls_attn_bwd(dq0, dk0, dv0, NULL, g1.v_pages, b->R, o, lse, b->q, b->k, b->v, pf, c->T,
+                     c->n_h, c->n_kv, c->hd, scale, scratch));
+    T_CHECK(pages_same(&g1, &gp, 1, 1), "dv_prefix alone differs from both, or dk pages touched");
+    pages_free(&g0);
+    pages_free(&g1);
     ls_set_threads(saved);
     T_CHECK(scratch->cur == cur0, "scratch not released: %zu -> %zu", cur0, scratch->cur);
     T_CHECK(guard_ok(dq, b->nq) && guard_ok(dk, b->nkv) && guard_ok(dv, b->nkv) &&

@@ -301,7 +301,7 @@ int test_group_reject(void) {
         {"{\"prompt\": [1, 2], \"responses\": [[1], [2]], \"rewards\": [1]}", "rewards"},
         {"{\"prompt\": [1, 2], \"responses\": [[1], [2]], \"advantages\": [1, \"a\"]}", "advantages"},
         {"{\"prompt\": [1, 2], \"responses\": [[1], [2, 3]], \"old_logprobs\": [[-1], [-1]]}", "old_logprobs[1]"},
-        {"{\"prompt\": [1, 2], \"responses\": [[1]], \"old_logprobs\": [[0.5]]}", "positive"},
+        {"{\"prompt\": [1, 2], \"responses\": [[1]], \"old_logprobs\": [[\"x\"]]}", "old_logprobs[0]"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ls_group g;

@@ -53,6 +53,8 @@ typedef struct {
     int64_t len_min, len_max;
     int P, G;
     double t_ref, t_capture, t_score, t_replay, t_optim, t_total;
+    int n_iter;                                 /* iterations run */
+    double iter_loss[64], iter_grad_norm[64];   /* per iteration (first 64) */
     size_t prompt_bytes;
 } ls_grpo_metrics;
 

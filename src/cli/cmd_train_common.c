@@ -177,6 +177,10 @@ ls_status cli_write_receipt(const char *path, const char *cmd, const ls_hybrid_m
             o->no_capture ? (size_t)0 : plan.total_bytes_per_rank, ar->a[LS_ARENA_PROMPT].peak, params * 4,
             ar->a[LS_ARENA_GRAD].peak, params * 4 * (strcmp(cmd, "step") == 0 ? 3 : 1), ar->a[LS_ARENA_FIXED].peak,
             ar->a[LS_ARENA_BRANCH].peak, ar->a[LS_ARENA_SCORE].peak, ar->a[LS_ARENA_SCRATCH].peak);
+    fprintf(f, "  \"iterations\": [");
+    for (int i = 0; i < mt->n_iter && i < 64; i++)
+        fprintf(f, "%s{\"loss\": %.10g, \"grad_norm\": %.10g}", i ? ", " : "", mt->iter_loss[i], mt->iter_grad_norm[i]);
+    fprintf(f, "],\n");
     fprintf(f, "  \"metrics\": {\n");
     json_num(f, "loss", mt->loss, 1);
     json_num(f, "reward", mt->reward_mean, 1);

@@ -100,11 +100,8 @@ static ls_status parse_root(ls_group *g, const cJSON *root, const char *path, in
                 return LS_ERR_NOMEM;
             }
             ls_status s = parse_numbers(e, path, field, g->R[i], tmp);
-            for (int64_t t = 0; s == LS_OK && t < g->R[i]; t++) {
-                if (tmp[t] > 0) s = ls_err(LS_ERR_FORMAT, "%s: \"%s\"[%lld] = %g is a positive log-probability",
-                                           path, field, (long long)t, tmp[t]);
-                g->old_logprobs[i][t] = (float)tmp[t];
-            }
+            /* any finite value: perturbed or off-policy log-probs may exceed 0 slightly */
+            for (int64_t t = 0; s == LS_OK && t < g->R[i]; t++) g->old_logprobs[i][t] = (float)tmp[t];
             free(tmp);
             LS_TRY(s);
             i++;

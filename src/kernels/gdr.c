@@ -1049,7 +1049,7 @@ ls_status ls_gdr_chunk_bwd(float *dq, float *dk, float *dv, float *dbeta, float 
 #endif
     if (n_slots > H_v) n_slots = (int)H_v;
     const int64_t max_heads = (H_v + n_slots - 1) / n_slots;
-    gdr_bwork lay = {0};
+    gdr_bwork lay = {0}; /* only sized here */
     const int64_t slot = gdr_bwork_layout(&lay, NULL, max_heads, x.dkp, x.dvp, x.ldv, x.ldk);
 
     /* key heads whose value heads fall in two slots get staging blocks */
@@ -1074,7 +1074,7 @@ ls_status ls_gdr_chunk_bwd(float *dq, float *dk, float *dv, float *dbeta, float 
     int64_t sc_chunks = n_chunks; /* chunks per super-chunk */
     if (n_shared > 0) {
         const int64_t per_chunk = n_stage * C * nk * 2; /* staging floats per chunk */
-        sc_chunks = ((int64_t)1 << 20) / per_chunk;      /* ≤ 4 MiB ... */
+        sc_chunks = ((int64_t)1 << 20) / per_chunk;      /* at most 4 MiB of staging */
         if (sc_chunks > GDR_SC_CHUNKS) sc_chunks = GDR_SC_CHUNKS;
         if (sc_chunks < 1) sc_chunks = 1;
         if (sc_chunks > n_chunks) sc_chunks = n_chunks;

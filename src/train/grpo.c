@@ -287,6 +287,8 @@ ls_status ls_grpo_update(ls_hybrid_model *policy, const ls_hybrid_model *ref, ls
         /* 5. finalize: one optimizer call */
         t0 = ls_now();
         mt->grad_norm = grad_norm(gp, ngp);
+        if (it < 64) mt->iter_loss[it] = mt->loss, mt->iter_grad_norm[it] = mt->grad_norm;
+        mt->n_iter = it + 1;
         if (!isfinite(mt->grad_norm) || !isfinite(mt->loss)) {
             s = ls_err(LS_ERR_ARG, "non-finite %s in update (loss %g, grad norm %g); weights left untouched",
                        isfinite(mt->loss) ? "gradient" : "loss", mt->loss, mt->grad_norm);
