@@ -136,8 +136,13 @@ static ls_status score_all(const ls_hybrid_model *m, const ls_group *g, const ls
 
 static double grad_norm(const ls_param *gp, int64_t n) {
     double s = 0;
-    for (int64_t k = 0; k < n; k++)
-        for (int64_t i = 0; i < gp[k].n; i++) s += (double)gp[k].p[i] * gp[k].p[i];
+    for (int64_t k = 0; k < n; k++) {
+        const float *g = gp[k].p;
+        double sk = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sk) if (gp[k].n > 65536)
+        for (int64_t i = 0; i < gp[k].n; i++) sk += (double)g[i] * g[i];
+        s += sk;
+    }
     return sqrt(s);
 }
 
@@ -164,6 +169,7 @@ static ls_status optimize(ls_hybrid_model *policy, ls_hybrid_model *grad, ls_ada
         for (int64_t k = 0; k < n; k++) {
             float decay = (o->weight_decay != 0 && !pp[k].no_decay) ? (float)(1.0 - o->lr * o->weight_decay) : 1.0f;
             float *p = pp[k].p, *gr = gp[k].p, *m = mp[k].p, *v = vp[k].p;
+#pragma omp parallel for schedule(static) if (pp[k].n > 65536)
             for (int64_t i = 0; i < pp[k].n; i++) {
                 float gi = (float)(gr[i] * clip);
                 m[i] = b1 * m[i] + (1.0f - b1) * gi;
