@@ -1,0 +1,70 @@
+/*
+ * lora.h — LoRA adapters on the hybrid family, in PEFT's format and semantics
+ * (tests/reference/README.md "LoRA"): an adapted HF weight W [out, in] — named and
+ * laid out as the checkpoint stores it — becomes W_eff = W + (alpha/r)·B·A with
+ * A [r, in] and B [out, r] (r per module, from A's shape). Adapter tensors are named
+ * `base_model.model.<HF weight name without .weight>.lora_{A,B}.weight`. The delta is
+ * added in the on-disk row order (for Qwen3-Next's fused in_proj_qkvz / in_proj_ba the
+ * per-key-head interleaved order), then placed through the same HF → internal row
+ * mapping as hybrid_load.c. Only 2-D `.weight` tensors can be targets: embed_tokens is
+ * rejected, and so are HF v5 fused experts (3-D gate_up_proj / down_proj); the tied
+ * LM head is not a separate weight.
+ *
+ * Usage per step: ls_lora_merge(L, base, eff) → forward/backward of `eff` with a
+ * full-weight gradient set dW → ls_lora_backward(L, dW) → optimizer on ls_lora_params.
+ */
+#ifndef LONGSTRAW_LORA_H
+#define LONGSTRAW_LORA_H
+
+#include <stdint.h>
+
+#include "longstraw/core.h"
+#include "longstraw/model.h"
+
+typedef struct ls_lora ls_lora; /* opaque; everything inside from the given arenas */
+
+/* Adapters from a PEFT safetensors file; each module must name a 2-D HF weight the model
+ * holds (in the checkpoint's own layout: m->prefix, m->fused_gdn, m->fused_experts), with
+ * A [r, in] and B [out, r] matching its shape; errors name the tensor. Modules are kept in
+ * the name order of their lora_A tensors. Weights, Adam moments (zeroed) from `fixed`;
+ * adapter gradients (zeroed) from `grad`. */
+ls_status ls_lora_load(ls_lora **out, const ls_hybrid_model *m, const char *path, double alpha,
+                       ls_arena *fixed, ls_arena *grad);
+
+/* New adapters on every 2-D HF weight whose last module component (e.g. q_proj,
+ * in_proj_qkvz, out_proj, gate_proj — per-expert projections included, `gate` is the
+ * router) is in the comma list `targets`; rank r, PEFT init: A ~ U(−1/sqrt(in),
+ * 1/sqrt(in)) (kaiming-uniform a=sqrt(5)), B = 0, drawn from ls_rng seeded by `seed`.
+ * Modules are kept in checkpoint (layer) order. A target that matches nothing is an
+ * error naming it. Memory as ls_lora_load. */
+ls_status ls_lora_new(ls_lora **out, const ls_hybrid_model *m, const char *targets, int rank,
+                      double alpha, uint64_t seed, ls_arena *fixed, ls_arena *grad);
+
+/* dst (same shape as base, e.g. from ls_hybrid_alloc_like) = base + (alpha/r)·B·A on every
+ * adapted weight (rows placed through the HF→internal row mapping), base elsewhere
+ * (copied). dst == base merges in place. No allocation besides a small malloc'd list. */
+void ls_lora_merge(const ls_lora *L, const ls_hybrid_model *base, ls_hybrid_model *dst);
+
+/* Given full-weight gradients dW in the internal layout (∂L/∂W_eff), accumulate (+=)
+ * dA = (alpha/r)·Bᵀ·dW_hf and dB = (alpha/r)·dW_hf·Aᵀ (dW_hf = dW gathered in HF row
+ * order). Only the adapted rows of dW are read. */
+void ls_lora_backward(ls_lora *L, const ls_hybrid_model *dW);
+
+/* Parallel lists (same order: per module A then B) of adapter weights, gradients, Adam m
+ * and v, for the optimizer (no_decay = 0: adapters get weight decay as in the
+ * reference; `what` = the PEFT tensor name). Arrays malloc'd by the callee (caller
+ * frees each); any of w, g, m, v may be NULL when not wanted. */
+ls_status ls_lora_params(const ls_lora *L, ls_param **w, ls_param **g, ls_param **m, ls_param **v,
+                         int64_t *n);
+void ls_lora_zero_grad(ls_lora *L);
+
+/* Write adapter weights (grads = 0) or gradients (grads = 1) under PEFT names, f32,
+ * atomically (ls_st_writer / ls_st_write), with "format": "pt" and an optional metadata
+ * key/value (meta_key NULL: none). */
+ls_status ls_lora_export(const ls_lora *L, int grads, const char *path, const char *meta_key,
+                         const char *meta_value);
+
+int64_t ls_lora_count(const ls_lora *L); /* adapted modules */
+double ls_lora_alpha(const ls_lora *L);
+
+#endif
