@@ -3,8 +3,9 @@
  * fp64 PyTorch reference (tests/reference/grpo_ref.py; committed fixtures listed in
  * tests/reference/fixtures/grpo/cases.json): per-tensor gradients to 1e-3 relative
  * (DESIGN §6) and the loss, for grpo / dapo / dr_grpo, clipping both ways, β > 0
- * with a reference model, temperature; and a 5-step AdamW trajectory (loss and
- * grad norm per step, final weights as W − W₀ per tensor).
+ * with a reference model, temperature, LoRA adapters (PEFT names); and 5-step AdamW
+ * trajectories, full fine-tune and LoRA (loss and grad norm per step, final weights
+ * as W − W₀ per tensor).
  */
 #include <cjson/cJSON.h>
 #include <stdlib.h>
@@ -92,13 +93,6 @@ int test_grpo_reference_grads(void) {
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "cases")) {
         const char *name = cJSON_GetObjectItem(c, "name")->valuestring;
         const cJSON *args = cJSON_GetObjectItem(c, "args");
-        int lora = 0;
-        const cJSON *a;
-        cJSON_ArrayForEach(a, args) lora |= strcmp(a->valuestring, "--adapter") == 0;
-        if (lora) {
-            printf("  SKIP %s: LoRA is not implemented yet (issue 3 remainder)\n", name);
-            continue;
-        }
         char out[700], extra[800], cmd[4096];
         snprintf(out, sizeof out, "%s/%s.safetensors", tmp, name);
         snprintf(extra, sizeof extra, "--out '%s'", out);
@@ -128,7 +122,7 @@ int test_grpo_reference_grads(void) {
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     T_CHECK(system(cmd) == 0, "cleanup");
-    T_CHECK(ran >= 4, "only %d cases ran", ran);
+    T_CHECK(ran >= 5, "only %d cases ran", ran);
     return 0;
 }
 
@@ -142,13 +136,10 @@ int test_grpo_reference_trajectory(void) {
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "trajectories")) {
         const char *name = cJSON_GetObjectItem(c, "name")->valuestring;
         const cJSON *args = cJSON_GetObjectItem(c, "args");
-        int lora = 0;
-        const cJSON *a;
-        cJSON_ArrayForEach(a, args) lora |= strcmp(a->valuestring, "--adapter") == 0;
-        if (lora) {
-            printf("  SKIP trajectory %s: LoRA is not implemented yet (issue 3 remainder)\n", name);
-            continue;
-        }
+        const char *adapter = NULL;
+        for (int k = 0; k + 1 < cJSON_GetArraySize(args); k++)
+            if (!strcmp(cJSON_GetArrayItem(args, k)->valuestring, "--adapter"))
+                adapter = cJSON_GetArrayItem(args, k + 1)->valuestring;
         char out[700], extra[800], cmd[4096], path[800];
         snprintf(out, sizeof out, "%s/%s", tmp, name);
         snprintf(extra, sizeof extra, "--out '%s'", out);
@@ -176,10 +167,13 @@ int test_grpo_reference_trajectory(void) {
         cJSON_Delete(r);
         char want[800], got[800];
         snprintf(want, sizeof want, "%s/%s", FIX, cJSON_GetObjectItem(c, "final")->valuestring);
-        snprintf(got, sizeof got, "%s/model.safetensors", out);
+        /* full fine-tune: the checkpoint, W0 = the model; LoRA: the adapters, W0 = the initial adapters */
+        char base[800];
+        snprintf(got, sizeof got, "%s/%s", out, adapter ? "adapter_model.safetensors" : "model.safetensors");
+        snprintf(base, sizeof base, "%s/%s", FIX, adapter ? adapter : "next_dense/model.safetensors");
         double worst;
         int64_t n;
-        if (compare_files(got, want, FIX "/next_dense/model.safetensors", 1e-3, &worst, &n)) return 1;
+        if (compare_files(got, want, base, 1e-3, &worst, &n)) return 1;
         printf("  %s: final weights, %lld tensors, worst relative error of W - W0 %.2e\n", name, (long long)n, worst);
         ran++;
     }
@@ -187,6 +181,6 @@ int test_grpo_reference_trajectory(void) {
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     T_CHECK(system(cmd) == 0, "cleanup");
-    T_CHECK(ran >= 1, "no trajectory ran");
+    T_CHECK(ran >= 2, "trajectories ran: %d", ran);
     return 0;
 }

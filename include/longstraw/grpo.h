@@ -7,6 +7,7 @@
 #define LONGSTRAW_GRPO_H
 
 #include "longstraw/group.h"
+#include "longstraw/lora.h"
 #include "longstraw/model.h"
 
 typedef enum { LS_LOSS_GRPO = 0, LS_LOSS_DAPO, LS_LOSS_DR_GRPO } ls_loss_type;
@@ -27,6 +28,10 @@ typedef struct {
     int64_t page_size;
     ls_dtype state_dtype;
     ls_fwd_opts fwd;      /* capture chunk, LM-head rows, temperature */
+    /* what is trained: NULL = every weight (full fine-tune); otherwise LoRA adapters on
+     * the frozen `lora_base`, the policy being base + adapters merged (ls_lora_merge) */
+    ls_lora *lora;
+    const ls_hybrid_model *lora_base;
 } ls_grpo_opts;
 
 void ls_grpo_opts_default(ls_grpo_opts *o);
@@ -58,15 +63,19 @@ typedef struct {
     size_t prompt_bytes;
 } ls_grpo_metrics;
 
-/* AdamW state: first and second moments shaped like the model (fixed arena). */
+/* AdamW state: first and second moments shaped like the model (fixed arena); with
+ * LoRA the moments live with the adapters and only `step` is used. */
 typedef struct {
     ls_hybrid_model m, v;
     int64_t step;
+    int has_moments;
 } ls_adamw;
 
 ls_status ls_adamw_init(ls_adamw *a, const ls_hybrid_model *like, ls_arena *fixed);
+void ls_adamw_init_lora(ls_adamw *a);
 
-/* One transaction over one group. `grad` must be zeroed (ls_hybrid_alloc_like);
+/* One transaction over one group. `grad` must be zeroed (ls_hybrid_alloc_like); with
+ * LoRA it receives ∂L/∂W_eff, projected onto the adapters after the replay;
  * when `adam` is NULL the update stops after the gradients (no clipping, no step):
  * that is `longstraw grad`. `ref` may be NULL when β = 0. */
 ls_status ls_grpo_update(ls_hybrid_model *policy, const ls_hybrid_model *ref, ls_hybrid_model *grad,

@@ -65,6 +65,6 @@ ls_status ls_lora_export(const ls_lora *L, int grads, const char *path, const ch
                          const char *meta_value);
 
 int64_t ls_lora_count(const ls_lora *L); /* adapted modules */
-double ls_lora_alpha(const ls_lora *L);
+double ls_lora_alpha(const ls_lora *L); /* the alpha given at load / new */
 
 #endif

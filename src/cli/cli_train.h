@@ -15,6 +15,12 @@ typedef struct {
     const char *ref_model;
     int64_t threads;
     int eps_high_set;
+    /* LoRA: --adapter FILE, or new adapters from --lora-rank/--lora-targets */
+    const char *adapter;
+    int64_t lora_rank;
+    double lora_alpha;
+    const char *lora_targets;
+    int64_t lora_seed;
 } cli_train;
 
 extern const struct option cli_train_options[];

@@ -53,6 +53,35 @@ static ls_status copy_file(const char *src, const char *dst) {
     return LS_OK;
 }
 
+/* adapter_config.json as PEFT writes it (the fields a loader needs). */
+static ls_status write_adapter_config(const char *path, const cli_train *t, const ls_lora *lora) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return ls_err(LS_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
+    fprintf(f, "{\n  \"peft_type\": \"LORA\",\n  \"r\": %lld,\n  \"lora_alpha\": %g,\n  \"target_modules\": [",
+            (long long)t->lora_rank, ls_lora_alpha(lora));
+    if (!t->adapter) {
+        const char *p = t->lora_targets;
+        int first = 1;
+        while (*p) {
+            size_t n = strcspn(p, ",");
+            fprintf(f, "%s\"%.*s\"", first ? "" : ", ", (int)n, p);
+            first = 0;
+            p += n + (p[n] == ',');
+        }
+    }
+    fprintf(f, "],\n  \"modules\": %lld,\n  \"lora_dropout\": 0.0,\n  \"bias\": \"none\"\n}\n",
+            (long long)ls_lora_count(lora));
+    int ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (fclose(f) != 0) ok = 0;
+    if (!ok || rename(tmp, path) != 0) {
+        remove(tmp);
+        return ls_err(LS_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    }
+    return LS_OK;
+}
+
 static int run(const char *cmd, int argc, char **argv) {
     int is_step = !strcmp(cmd, "step");
     enum { O_MODEL = 1, O_GROUP, O_OUT, O_MODE, O_RECEIPT, O_HELP };
@@ -100,8 +129,10 @@ static int run(const char *cmd, int argc, char **argv) {
 
     ls_arenas ar;
     ls_arenas_init(&ar);
-    ls_hybrid_model m, ref, grad;
+    ls_hybrid_model m, ref, grad, merged;
     ls_adamw adam;
+    ls_lora *lora = NULL;
+    int use_lora = t.adapter || t.lora_rank;
     ls_group g;
     memset(&g, 0, sizeof g);
     int rc = 1;
@@ -114,15 +145,33 @@ static int run(const char *cmd, int argc, char **argv) {
     if (s == LS_OK && !g.rewards && !g.advantages)
         s = ls_err(LS_ERR_FORMAT, "%s: needs \"rewards\" or \"advantages\" to define the objective", group);
     if (s == LS_OK) s = ls_hybrid_alloc_like(&m, &grad, &ar.a[LS_ARENA_GRAD]);
-    if (s == LS_OK && is_step) s = ls_adamw_init(&adam, &m, &ar.a[LS_ARENA_FIXED]);
+    ls_hybrid_model *policy = &m;
+    const ls_hybrid_model *refp = t.ref_model ? &ref : NULL;
+    if (s == LS_OK && use_lora) {
+        /* LoRA: base frozen (and the default reference), policy = base + adapters */
+        s = t.adapter ? ls_lora_load(&lora, &m, t.adapter, t.lora_alpha, &ar.a[LS_ARENA_FIXED], &ar.a[LS_ARENA_GRAD])
+                      : ls_lora_new(&lora, &m, t.lora_targets, (int)t.lora_rank, t.lora_alpha, (uint64_t)t.lora_seed,
+                                    &ar.a[LS_ARENA_FIXED], &ar.a[LS_ARENA_GRAD]);
+        if (s == LS_OK) s = ls_hybrid_alloc_like(&m, &merged, &ar.a[LS_ARENA_FIXED]);
+        if (s == LS_OK) {
+            ls_lora_merge(lora, &m, &merged);
+            policy = &merged;
+            t.o.lora = lora;
+            t.o.lora_base = &m;
+            if (!refp) refp = &m;
+        }
+    }
+    if (s == LS_OK && is_step) {
+        if (use_lora) ls_adamw_init_lora(&adam);
+        else s = ls_adamw_init(&adam, &m, &ar.a[LS_ARENA_FIXED]);
+    }
     ls_grpo_metrics mt;
-    if (s == LS_OK)
-        s = ls_grpo_update(&m, t.ref_model ? &ref : NULL, &grad, is_step ? &adam : NULL, &g, &t.o, &ar, &mt);
+    if (s == LS_OK) s = ls_grpo_update(policy, refp, &grad, is_step ? &adam : NULL, &g, &t.o, &ar, &mt);
     if (s != LS_OK) goto fail;
     if (!is_step) {
         char lossbuf[64];
         snprintf(lossbuf, sizeof lossbuf, "%.10g", mt.loss);
-        s = ls_hybrid_export(&grad, out, LS_DTYPE_F32, "loss", lossbuf);
+        s = lora ? ls_lora_export(lora, 1, out, "loss", lossbuf) : ls_hybrid_export(&grad, out, LS_DTYPE_F32, "loss", lossbuf);
         if (s == LS_OK && receipt) s = cli_write_receipt(receipt, cmd, &m, &g, &t.o, &mt, &ar);
     } else {
         if (mkdir(out, 0755) != 0 && errno != EEXIST) {
@@ -130,11 +179,18 @@ static int run(const char *cmd, int argc, char **argv) {
             goto fail;
         }
         char path[4096], src[4096];
-        snprintf(path, sizeof path, "%s/model.safetensors", out);
-        s = ls_hybrid_export(&m, path, LS_DTYPE_F32, NULL, NULL);
-        snprintf(src, sizeof src, "%s/config.json", model);
-        snprintf(path, sizeof path, "%s/config.json", out);
-        if (s == LS_OK) s = copy_file(src, path);
+        if (lora) { /* PEFT layout: adapter_model.safetensors + adapter_config.json */
+            snprintf(path, sizeof path, "%s/adapter_model.safetensors", out);
+            s = ls_lora_export(lora, 0, path, NULL, NULL);
+            snprintf(path, sizeof path, "%s/adapter_config.json", out);
+            if (s == LS_OK) s = write_adapter_config(path, &t, lora);
+        } else {
+            snprintf(path, sizeof path, "%s/model.safetensors", out);
+            s = ls_hybrid_export(&m, path, LS_DTYPE_F32, NULL, NULL);
+            snprintf(src, sizeof src, "%s/config.json", model);
+            snprintf(path, sizeof path, "%s/config.json", out);
+            if (s == LS_OK) s = copy_file(src, path);
+        }
         snprintf(path, sizeof path, "%s/receipt.json", out);
         if (s == LS_OK) s = cli_write_receipt(receipt ? receipt : path, cmd, &m, &g, &t.o, &mt, &ar);
     }

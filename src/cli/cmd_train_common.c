@@ -24,6 +24,14 @@ void cli_train_help(void) {
            "optimizer (AdamW, torch semantics; no decay on norms, A_log, dt_bias):\n"
            "  --lr LR (1e-6)  --weight-decay WD (0)  --adam-beta1 B1 (0.9)  --adam-beta2 B2 (0.999)\n"
            "  --adam-eps EPS (1e-8)  --max-grad-norm N (1.0; 0 disables clipping)\n"
+           "what is trained (default: every weight):\n"
+           "  --lora-rank R          LoRA adapters of rank R on --lora-targets, base frozen; the\n"
+           "                         reference policy is then the base with adapters off\n"
+           "  --lora-alpha A         LoRA scaling alpha (scale alpha/R; default 16)\n"
+           "  --lora-targets LIST    projections to adapt (default q_proj,k_proj,v_proj,o_proj,\n"
+           "                         in_proj_qkvz,in_proj_ba,in_proj_qkv,in_proj_z,out_proj)\n"
+           "  --lora-seed N          seed of new adapters (default 0)\n"
+           "  --adapter FILE         start from existing PEFT adapters (safetensors)\n"
            "engine:\n"
            "  --no-capture           naive mode: each member's whole sequence under a tape\n"
            "  --capture-chunk N (2048)  --page-size S (64)  --state-dtype f32|bf16 (f32)\n"
@@ -32,7 +40,8 @@ void cli_train_help(void) {
 
 enum {
     OPT_EPS = 1000, OPT_EPS_HIGH, OPT_BETA, OPT_REF, OPT_LOSS, OPT_MAXLEN, OPT_SCALE, OPT_TEMP, OPT_ITERS,
-    OPT_LR, OPT_WD, OPT_B1, OPT_B2, OPT_AEPS, OPT_MAXGN, OPT_NOCAP, OPT_CHUNK, OPT_PAGE, OPT_SDT, OPT_THREADS
+    OPT_LR, OPT_WD, OPT_B1, OPT_B2, OPT_AEPS, OPT_MAXGN, OPT_NOCAP, OPT_CHUNK, OPT_PAGE, OPT_SDT, OPT_THREADS,
+    OPT_ADAPTER, OPT_LRANK, OPT_LALPHA, OPT_LTARGETS, OPT_LSEED
 };
 
 const struct option cli_train_options[] = {
@@ -46,6 +55,9 @@ const struct option cli_train_options[] = {
     {"max-grad-norm", required_argument, 0, OPT_MAXGN}, {"no-capture", no_argument, 0, OPT_NOCAP},
     {"capture-chunk", required_argument, 0, OPT_CHUNK}, {"page-size", required_argument, 0, OPT_PAGE},
     {"state-dtype", required_argument, 0, OPT_SDT},   {"threads", required_argument, 0, OPT_THREADS},
+    {"adapter", required_argument, 0, OPT_ADAPTER},   {"lora-rank", required_argument, 0, OPT_LRANK},
+    {"lora-alpha", required_argument, 0, OPT_LALPHA}, {"lora-targets", required_argument, 0, OPT_LTARGETS},
+    {"lora-seed", required_argument, 0, OPT_LSEED},
 };
 const int cli_train_n_options = (int)(sizeof cli_train_options / sizeof cli_train_options[0]);
 
@@ -69,6 +81,8 @@ void cli_train_init(cli_train *t) {
     memset(t, 0, sizeof *t);
     ls_grpo_opts_default(&t->o);
     t->eps_high_set = 0;
+    t->lora_alpha = 16;
+    t->lora_targets = "q_proj,k_proj,v_proj,o_proj,in_proj_qkvz,in_proj_ba,in_proj_qkv,in_proj_z,out_proj";
 }
 
 int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg) {
@@ -123,6 +137,11 @@ int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg) {
     case OPT_PAGE: if (cli_parse_i64(cmd, "--page-size", arg, 1, 1 << 20, &o->page_size)) return 2; break;
     case OPT_SDT: if (cli_parse_dtype(cmd, "--state-dtype", arg, &o->state_dtype)) return 2; break;
     case OPT_THREADS: if (cli_parse_i64(cmd, "--threads", arg, 1, 4096, &t->threads)) return 2; break;
+    case OPT_ADAPTER: t->adapter = arg; break;
+    case OPT_LRANK: if (cli_parse_i64(cmd, "--lora-rank", arg, 1, 1 << 16, &t->lora_rank)) return 2; break;
+    case OPT_LALPHA: if (cli_parse_f64(cmd, "--lora-alpha", arg, 1e-9, 1e9, &t->lora_alpha)) return 2; break;
+    case OPT_LTARGETS: t->lora_targets = arg; break;
+    case OPT_LSEED: if (cli_parse_i64(cmd, "--lora-seed", arg, 0, INT64_MAX, &t->lora_seed)) return 2; break;
     default: return -1; /* not ours */
     }
     return 0;
@@ -130,8 +149,12 @@ int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg) {
 
 int cli_train_finish(const char *cmd, cli_train *t) {
     if (!t->eps_high_set) t->o.eps_high = t->o.eps_low;
-    if (t->o.beta > 0 && !t->ref_model) {
-        fprintf(stderr, "longstraw %s: --beta %g needs --ref-model DIR (the reference policy)\n", cmd, t->o.beta);
+    if (t->adapter && t->lora_rank) {
+        fprintf(stderr, "longstraw %s: give --adapter or --lora-rank, not both\n", cmd);
+        return 2;
+    }
+    if (t->o.beta > 0 && !t->ref_model && !t->adapter && !t->lora_rank) {
+        fprintf(stderr, "longstraw %s: --beta %g needs --ref-model DIR (the reference policy; with LoRA the base serves)\n", cmd, t->o.beta);
         return 2;
     }
     ls_set_threads((int)t->threads);

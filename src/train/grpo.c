@@ -85,9 +85,30 @@ void ls_grpo_member_terms(float *dl, ls_grpo_terms *acc, const float *lp, const 
 }
 
 ls_status ls_adamw_init(ls_adamw *a, const ls_hybrid_model *like, ls_arena *fixed) {
-    a->step = 0;
+    memset(a, 0, sizeof *a);
+    a->has_moments = 1;
     LS_TRY(ls_hybrid_alloc_like(like, &a->m, fixed));
     return ls_hybrid_alloc_like(like, &a->v, fixed);
+}
+
+void ls_adamw_init_lora(ls_adamw *a) { memset(a, 0, sizeof *a); }
+
+/* The trainable tensors as parallel lists (weights, gradients, Adam m, v): every
+ * weight for a full fine-tune, the adapters with LoRA. m/v may be NULL. */
+static ls_status trainable(ls_hybrid_model *policy, ls_hybrid_model *grad, ls_adamw *adam, const ls_grpo_opts *o,
+                           ls_param **p, ls_param **g, ls_param **m, ls_param **v, int64_t *n) {
+    if (o->lora) return ls_lora_params(o->lora, p, g, m, v, n);
+    int64_t n1 = 0, n2 = 0, n3 = 0, n4 = 0;
+    *p = *g = NULL;
+    if (m) *m = NULL;
+    if (v) *v = NULL;
+    LS_TRY(ls_hybrid_params(policy, p, &n1));
+    LS_TRY(ls_hybrid_params(grad, g, &n2));
+    if (m) LS_TRY(ls_hybrid_params(&adam->m, m, &n3));
+    if (v) LS_TRY(ls_hybrid_params(&adam->v, v, &n4));
+    LS_ASSERT(n1 == n2 && (!m || n1 == n3) && (!v || n1 == n4), "parameter lists differ");
+    *n = n1;
+    return LS_OK;
 }
 
 /* ---- the transaction ------------------------------------------------------------ */
@@ -151,13 +172,9 @@ static double grad_norm(const ls_param *gp, int64_t n) {
 static ls_status optimize(ls_hybrid_model *policy, ls_hybrid_model *grad, ls_adamw *adam, const ls_grpo_opts *o,
                           double gnorm) {
     ls_param *pp = NULL, *gp = NULL, *mp = NULL, *vp = NULL;
-    int64_t n = 0, n2 = 0, n3 = 0, n4 = 0;
-    ls_status s = ls_hybrid_params(policy, &pp, &n);
-    if (s == LS_OK) s = ls_hybrid_params(grad, &gp, &n2);
-    if (s == LS_OK) s = ls_hybrid_params(&adam->m, &mp, &n3);
-    if (s == LS_OK) s = ls_hybrid_params(&adam->v, &vp, &n4);
+    int64_t n = 0;
+    ls_status s = trainable(policy, grad, adam, o, &pp, &gp, &mp, &vp, &n);
     if (s == LS_OK) {
-        LS_ASSERT(n == n2 && n == n3 && n == n4, "parameter lists differ");
         double clip = 1.0;
         if (o->max_grad_norm > 0) {
             double coef = o->max_grad_norm / (gnorm + 1e-6);
@@ -178,6 +195,8 @@ static ls_status optimize(ls_hybrid_model *policy, ls_hybrid_model *grad, ls_ada
                 p[i] = (float)((double)(p[i] * decay) - o->lr * mh / (sqrt(vh) + o->adam_eps));
             }
         }
+        /* LoRA: the policy is base + adapters; merge the updated adapters */
+        if (o->lora) ls_lora_merge(o->lora, o->lora_base, policy);
     }
     free(pp);
     free(gp);
@@ -242,9 +261,12 @@ ls_status ls_grpo_update(ls_hybrid_model *policy, const ls_hybrid_model *ref, ls
     }
     mt->t_ref = ls_now() - t0;
 
-    ls_param *gp = NULL;
-    int64_t ngp = 0;
-    LS_TRY(ls_hybrid_params(grad, &gp, &ngp));
+    if (o->lora && !o->lora_base) return ls_err(LS_ERR_ARG, "LoRA needs its base model");
+    ls_param *gp = NULL, *wp = NULL, *fg = NULL;
+    int64_t ngp = 0, nfg = 0;
+    LS_TRY(trainable(policy, grad, adam, o, &wp, &gp, NULL, NULL, &ngp));
+    free(wp);
+    LS_TRY(ls_hybrid_params(grad, &fg, &nfg)); /* the full-weight gradient buffers */
     ls_status s = LS_OK;
     for (int it = 0; it < o->num_iterations && s == LS_OK; it++) {
         /* 2. capture the policy's prompt state */
@@ -285,6 +307,7 @@ ls_status ls_grpo_update(ls_hybrid_model *policy, const ls_hybrid_model *ref, ls
         ls_arena_release(pr, pm);
         mt->t_replay += ls_now() - t0;
         if (s != LS_OK) break;
+        if (o->lora) ls_lora_backward(o->lora, grad); /* ∂L/∂W_eff → adapters */
         mt->loss = acc.loss;
         mt->kl = acc.tokens > 0 ? acc.kl_sum / acc.tokens : 0;
         mt->clip_low = acc.tokens > 0 ? acc.clip_low / acc.tokens : 0;
@@ -302,12 +325,15 @@ ls_status ls_grpo_update(ls_hybrid_model *policy, const ls_hybrid_model *ref, ls
         }
         if (adam) {
             s = optimize(policy, grad, adam, o, mt->grad_norm);
-            if (it + 1 < o->num_iterations)
-                for (int64_t k = 0; k < ngp; k++) memset(gp[k].p, 0, (size_t)gp[k].n * sizeof(float));
+            if (it + 1 < o->num_iterations) {
+                for (int64_t k = 0; k < nfg; k++) memset(fg[k].p, 0, (size_t)fg[k].n * sizeof(float));
+                if (o->lora) ls_lora_zero_grad(o->lora);
+            }
         }
         mt->t_optim += ls_now() - t0;
     }
     free(gp);
+    free(fg);
     ls_arena_release(sa, score_mark);
     mt->t_total = ls_now() - t_start;
     return s;
