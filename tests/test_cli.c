@@ -7,11 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "longstraw/config.h"
+#include "longstraw/safetensors.h"
 #include "testutil.h"
 
 int test_cli_help_and_flags(void);
 int test_cli_plan_27b(void);
 int test_cli_init_logprobs(void);
+int test_cli_grad_step(void);
 
 static char *run(const char *cmd, int *rc) {
     char full[8192];
@@ -20,7 +23,7 @@ static char *run(const char *cmd, int *rc) {
 }
 
 int test_cli_help_and_flags(void) {
-    static const char *cmds[] = {"", "init", "logprobs", "plan"};
+    static const char *cmds[] = {"", "init", "logprobs", "plan", "grad", "step"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char cmd[1024];
         int rc;
@@ -39,6 +42,13 @@ int test_cli_help_and_flags(void) {
         {"logprobs --model m --group g --page-size 0", "--page-size"},
         {"nosuchcommand", "unknown command"},
         {"init --config", "requires an argument"},
+        {"grad --model m --group g --out o --loss-type ppo", "--loss-type: \"ppo\""},
+        {"grad --model m --group g --out o --beta 0.1", "needs --ref-model"},
+        {"grad --model m --group g --out o --mode full", "--mode"},
+        {"grad --model m --group g --out o --epsilon 2", "--epsilon: 2 is out of range"},
+        {"step --model m --group g --out o --lr x", "--lr: \"x\" is not a number"},
+        {"step --model m --group g --out o --adapter a --lora-rank 4", "not both"},
+        {"grad --model m --group g --out o --num-iterations 2", "step only"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char cmd[1024];
@@ -146,6 +156,63 @@ int test_cli_init_logprobs(void) {
     out = run(cmd, &rc);
     T_CHECK(rc == 1 && out && strstr(out, "nothing/config.json"), "missing model: rc %d %s", rc, out ? out : "");
     free(out);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    T_CHECK(system(cmd) == 0, "cleanup");
+    return 0;
+}
+
+/* grad and step end to end: outputs exist, load, and the receipt carries what it promises. */
+int test_cli_grad_step(void) {
+    char dir[512], cmd[4096], path[800];
+    int rc;
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    snprintf(cmd, sizeof cmd, "%s init --config %s/tests/reference/fixtures/next_moe/config.json --seed 4 --out %s/m",
+             LS_CLI_PATH, LS_SOURCE_DIR, dir);
+    char *out = run(cmd, &rc);
+    T_CHECK(rc == 0, "init: %s", out ? out : "");
+    free(out);
+    snprintf(path, sizeof path, "%s/g.json", dir);
+    FILE *f = fopen(path, "w");
+    T_CHECK(f != NULL, "group");
+    fputs("{\"prompt\": [", f);
+    for (int i = 0; i < 150; i++) fprintf(f, "%s%d", i ? ", " : "", (i * 31 + 7) % 97);
+    fputs("], \"responses\": [[3, 4, 5], [9, 8, 7, 6, 5], [1]], \"rewards\": [1, 0, 0.5]}\n", f);
+    fclose(f);
+    static const char *variants[] = {"", "--lora-rank 2 --lora-targets q_proj,in_proj_qkvz,gate_proj --lora-alpha 4"};
+    static const char *files[] = {"model.safetensors", "adapter_model.safetensors"};
+    for (int v = 0; v < 2; v++) {
+        snprintf(cmd, sizeof cmd, "%s grad --model %s/m --group %s --out %s/g%d.safetensors --receipt %s/r%d.json %s",
+                 LS_CLI_PATH, dir, path, dir, v, dir, v, variants[v]);
+        out = run(cmd, &rc);
+        T_CHECK(rc == 0, "grad %d: %s", v, out ? out : "");
+        free(out);
+        snprintf(cmd, sizeof cmd, "%s step --model %s/m --group %s --out %s/s%d --lr 1e-3 --num-iterations 2 %s",
+                 LS_CLI_PATH, dir, path, dir, v, variants[v]);
+        out = run(cmd, &rc);
+        T_CHECK(rc == 0, "step %d: %s", v, out ? out : "");
+        free(out);
+        char rp[900], fp[900];
+        snprintf(rp, sizeof rp, "%s/s%d/receipt.json", dir, v);
+        snprintf(fp, sizeof fp, "%s/s%d/%s", dir, v, files[v]);
+        char *text;
+        T_OK(ls_read_file(rp, &text, NULL));
+        cJSON *r = cJSON_Parse(text);
+        free(text);
+        T_CHECK(r, "receipt is not JSON");
+        static const char *keys[] = {"phases_s", "arena_peak_bytes", "process_peak_rss_bytes", "m_live", "P", "G", "R",
+                                     "metrics", "iterations"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            T_CHECK(cJSON_GetObjectItem(r, keys[k]), "receipt lacks %s", keys[k]);
+        const cJSON *ml = cJSON_GetObjectItem(cJSON_GetObjectItem(r, "m_live"), "prompt");
+        T_CHECK(cJSON_GetObjectItem(ml, "predicted")->valuedouble == cJSON_GetObjectItem(ml, "measured")->valuedouble,
+                "prompt arena predicted != measured");
+        T_CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(r, "iterations")) == 2, "two iterations");
+        cJSON_Delete(r);
+        ls_st_file sf;
+        T_OK(ls_st_open(&sf, fp));
+        T_CHECK(ls_st_count(&sf) > 0, "empty output");
+        ls_st_close(&sf);
+    }
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     T_CHECK(system(cmd) == 0, "cleanup");
     return 0;
