@@ -7,7 +7,10 @@
 #include <string.h>
 
 #include "cli.h"
+#include <stdlib.h>
+
 #include "longstraw/config.h"
+#include "longstraw/model.h"
 #include "longstraw/state.h"
 
 static void help(void) {
@@ -65,17 +68,30 @@ int cmd_plan(int argc, char **argv) {
     ls_state_plan_t p;
     s = ls_state_plan(&p, &cfg, P, S, dt, (int)cp);
     if (s != LS_OK) return cli_fail("plan", s);
+    /* fixed and grad terms of M_live (DESIGN §1) for a full fine-tune in f32 */
+    ls_hf_tensor_spec *sp = NULL;
+    int64_t nsp = 0;
+    size_t params = 0;
+    if (ls_hybrid_hf_specs(&cfg, &sp, &nsp) == LS_OK) {
+        for (int64_t i = 0; i < nsp; i++) {
+            size_t n = 1;
+            for (int d = 0; d < sp[i].ndim; d++) n *= (size_t)sp[i].shape[d];
+            params += n;
+        }
+        free(sp);
+    }
     size_t kv_layer_page = p.n_attn ? p.kv_bytes_per_rank / (size_t)p.n_attn / (size_t)(p.pages_per_rank ? p.pages_per_rank : 1) : 0;
     if (json) {
         printf("{\"prompt\": %lld, \"captured_positions\": %lld, \"page_size\": %lld, \"cp\": %d, "
                "\"state_dtype\": \"%s\", \"attention_layers\": %d, \"gdn_layers\": %d, "
                "\"pages_per_layer\": %lld, \"pages_per_rank\": %lld, \"page_objects_per_rank\": %lld, "
                "\"kv_bytes_per_rank\": %zu, \"gdn_bytes_per_rank\": %zu, \"table_bytes_per_rank\": %zu, "
-               "\"total_bytes_per_rank\": %zu}\n",
+               "\"total_bytes_per_rank\": %zu, \"parameters\": %zu, \"weights_bytes_f32\": %zu, "
+               "\"adamw_bytes\": %zu, \"grad_bytes\": %zu}\n",
                (long long)P, (long long)p.positions, (long long)S, p.cp, dt == LS_DTYPE_BF16 ? "bf16" : "f32",
                p.n_attn, p.n_gdn, (long long)p.pages, (long long)p.pages_per_rank,
                (long long)p.pages_per_rank * p.n_attn * 2, p.kv_bytes_per_rank, p.gdn_bytes_per_rank,
-               p.table_bytes_per_rank, p.total_bytes_per_rank);
+               p.table_bytes_per_rank, p.total_bytes_per_rank, params, params * 4, params * 8, params * 4);
         return 0;
     }
     printf("prompt state plan: %s (%s)\n", path, cfg.model_type);
@@ -91,5 +107,10 @@ int cmd_plan(int argc, char **argv) {
     printf("  %-34s %20zu %12.4f\n", "GDN conv tail + recurrent state", p.gdn_bytes_per_rank, gib(p.gdn_bytes_per_rank));
     printf("  %-34s %20zu %12.4f\n", "page tables + layer headers", p.table_bytes_per_rank, gib(p.table_bytes_per_rank));
     printf("  %-34s %20zu %12.2f\n", "prompt arena total", p.total_bytes_per_rank, gib(p.total_bytes_per_rank));
+    printf("\n  other M_live terms, full fine-tune in f32 (%zu parameters):\n", params);
+    printf("  %-34s %20zu %12.2f\n", "fixed: weights", params * 4, gib(params * 4));
+    printf("  %-34s %20zu %12.2f\n", "fixed: AdamW moments", params * 8, gib(params * 8));
+    printf("  %-34s %20zu %12.2f\n", "grad", params * 4, gib(params * 4));
+    printf("  (branch: one member's tape, grows with R_i, not P; score: 4 bytes per response token)\n");
     return 0;
 }
