@@ -70,6 +70,11 @@ void ls_fwd_opts_default(ls_fwd_opts *o);
 ls_status ls_hybrid_capture(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids,
                             int64_t n, const ls_fwd_opts *o, ls_arena *scratch);
 
+/* Extend `st` by ids[0..n) as capture does; when `logits` is non-NULL also return the
+ * temperature-scaled logits [V] of the last token (the decode step of sampling). */
+ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids,
+                           int64_t n, float *logits, const ls_fwd_opts *o, ls_arena *scratch);
+
 /* Branch: run ids[0..T) at positions st->n .. st->n+T−1 against the read-only state
  * `st` (NULL = empty prefix: the plain forward) and write, for t in [out_from, T),
  * logprob[t − out_from] = log p(target[t − out_from] | ids[0..t]). Working memory

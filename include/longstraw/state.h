@@ -47,6 +47,14 @@ void ls_state_advance(ls_prompt_state *st, int64_t T);
 /* A read-only view of one attention layer's prefix for ls_attn_fwd. */
 ls_kv_prefix ls_state_prefix(const ls_prompt_state *st, int layer);
 
+/* A member's private continuation of a read-only state (sampling): `dst` can hold
+ * src->n + extra positions; full pages of `src` are shared by pointer (src must
+ * outlive dst and is never written), the partial last page of each attention layer
+ * is copied into a private page, GDN states and conv tails are copied. Everything
+ * dst allocates comes from `arena` (the branch arena). */
+ls_status ls_state_fork(ls_prompt_state *dst, const ls_prompt_state *src, int64_t extra,
+                        ls_arena *arena);
+
 /* The prompt-state inventory predicted from the config (per rank under CP). */
 typedef struct {
     int64_t positions;        /* captured positions (P − 1) */

@@ -320,12 +320,13 @@ static ls_status layer_fwd(const ls_hybrid_model *m, int l, float *x, int skip_f
     return LS_OK;
 }
 
-ls_status ls_hybrid_capture(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids,
-                            int64_t n, const ls_fwd_opts *o, ls_arena *scratch) {
+ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids,
+                           int64_t n, float *logits, const ls_fwd_opts *o, ls_arena *scratch) {
     const ls_config *c = &m->cfg;
     int64_t D = c->hidden, C = o->capture_chunk > 0 ? o->capture_chunk : 2048;
     for (int64_t c0 = 0; c0 < n; c0 += C) {
         int64_t T = n - c0 < C ? n - c0 : C;
+        int last_chunk = c0 + T == n;
         ls_arena_mark mk = ls_arena_get_mark(scratch);
         float *x = ALLOC_F(scratch, T * D); /* [T, D] residual stream of this chunk */
         NEED(x);
@@ -334,13 +335,26 @@ ls_status ls_hybrid_capture(const ls_hybrid_model *m, ls_prompt_state *st, const
             ls_kv_prefix pre = ls_state_prefix(st, l);
             layer_ctx L = {T, st->n, 0, c->kind[l] == LS_LAYER_ATTN ? &pre : NULL, st,
                            st->gdn[l].S, st->gdn[l].conv_tail, NULL, NULL, scratch};
-            /* The last layer's FFN feeds only the LM head, which capture never runs. */
-            LS_TRY(layer_fwd(m, l, x, l == c->n_layers - 1, &L));
+            /* The last layer's FFN feeds only the LM head: skipped unless logits are wanted. */
+            int skip = l == c->n_layers - 1 && !(logits && last_chunk);
+            LS_TRY(layer_fwd(m, l, x, skip, &L));
         }
         ls_state_advance(st, T);
+        if (logits && last_chunk) { /* logits of the last token, scaled by 1/temperature */
+            float *h = x + (T - 1) * D;
+            ls_rmsnorm_fwd(h, NULL, h, m->final_norm, 1, D, c->eps);
+            ls_linear_fwd(logits, h, m->lm_head, 1, D, c->vocab, 0);
+            float it = 1.0f / o->temperature;
+            for (int64_t v = 0; v < c->vocab; v++) logits[v] *= it;
+        }
         ls_arena_release(scratch, mk);
     }
     return LS_OK;
+}
+
+ls_status ls_hybrid_capture(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids,
+                            int64_t n, const ls_fwd_opts *o, ls_arena *scratch) {
+    return ls_hybrid_extend(m, st, ids, n, NULL, o, scratch);
 }
 
 ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *st,

@@ -114,3 +114,33 @@ ls_kv_prefix ls_state_prefix(const ls_prompt_state *st, int layer) {
     p.v_pages = st->attn[layer].v_pages;
     return p;
 }
+
+ls_status ls_state_fork(ls_prompt_state *dst, const ls_prompt_state *src, int64_t extra,
+                        ls_arena *arena) {
+    const ls_config *c = src->cfg;
+    LS_TRY(ls_state_init(dst, c, src->n + extra, src->page_size, src->dtype, arena));
+    dst->n = src->n;
+    int64_t full = src->n / src->page_size, partial = src->n % src->page_size;
+    size_t pb = page_bytes(c, src->page_size, src->dtype);
+    size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
+    size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        if (c->kind[l] == LS_LAYER_ATTN) {
+            ls_attn_state *a = &dst->attn[l];
+            const ls_attn_state *b = &src->attn[l];
+            for (int64_t p = 0; p < full; p++) a->k_pages[p] = b->k_pages[p], a->v_pages[p] = b->v_pages[p];
+            if (partial) { /* the page the member will append into: private */
+                a->k_pages[full] = ls_arena_alloc(arena, pb);
+                a->v_pages[full] = ls_arena_alloc(arena, pb);
+                if (!a->k_pages[full] || !a->v_pages[full]) return LS_ERR_NOMEM;
+                memcpy(a->k_pages[full], b->k_pages[full], pb);
+                memcpy(a->v_pages[full], b->v_pages[full], pb);
+            }
+        } else {
+            memcpy(dst->gdn[l].S, src->gdn[l].S, rec_n * sizeof(float));
+            memcpy(dst->gdn[l].conv_tail, src->gdn[l].conv_tail, conv_n * sizeof(float));
+        }
+    }
+    dst->n_pages = full + (partial ? 1 : 0);
+    return LS_OK;
+}

@@ -1,0 +1,116 @@
+/*
+ * rollout.c — temperature / top-p sampling and generation from a forked prompt state.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "longstraw/rollout.h"
+
+void ls_sample_opts_default(ls_sample_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->temperature = 1.0f;
+    o->top_p = 1.0f;
+    o->max_new_tokens = 256;
+}
+
+/* Heap-sift on indices by descending probability (no malloc, O(V log V) worst case). */
+static void sift(int32_t *idx, const float *p, int64_t n, int64_t i) {
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && p[idx[l]] < p[idx[m]]) m = l;
+        if (r < n && p[idx[r]] < p[idx[m]]) m = r;
+        if (m == i) return;
+        int32_t t = idx[i];
+        idx[i] = idx[m];
+        idx[m] = t;
+        i = m;
+    }
+}
+
+int32_t ls_sample_token(const float *logits, int64_t V, float top_p, int greedy, ls_rng *rng,
+                        float *work, int32_t *iwork, float *logprob) {
+    float mx = -INFINITY;
+    int32_t arg = 0;
+    for (int64_t v = 0; v < V; v++)
+        if (logits[v] > mx) mx = logits[v], arg = (int32_t)v;
+    double z = 0;
+    for (int64_t v = 0; v < V; v++) z += exp((double)(logits[v] - mx));
+    double lz = (double)mx + log(z);
+    if (greedy) {
+        *logprob = (float)((double)logits[arg] - lz);
+        return arg;
+    }
+    float *p = work; /* [V] probabilities */
+    for (int64_t v = 0; v < V; v++) p[v] = (float)exp((double)logits[v] - lz);
+    double u = ls_rng_uniform(rng);
+    int32_t pick = -1;
+    if (top_p >= 1.0f) {
+        double acc = 0, target = u;
+        for (int64_t v = 0; v < V && pick < 0; v++) {
+            acc += p[v];
+            if (acc > target) pick = (int32_t)v;
+        }
+    } else {
+        /* nucleus: pop tokens by descending probability until the mass reaches top_p
+         * (a min-heap over "−p" order built in place: heap of all, extract max) */
+        for (int64_t v = 0; v < V; v++) iwork[v] = (int32_t)v;
+        /* max-heap by p: sift uses "<" to float the larger up when we negate via order */
+        for (int64_t v = 0; v < V; v++) work[v] = -p[v];
+        for (int64_t i = V / 2 - 1; i >= 0; i--) sift(iwork, work, V, i);
+        int64_t n = V, k = 0;
+        double mass = 0;
+        while (n > 0 && mass < top_p) { /* move the largest to the end, in order */
+            int32_t top = iwork[0];
+            iwork[0] = iwork[n - 1];
+            iwork[n - 1] = top;
+            n--;
+            sift(iwork, work, n, 0);
+            mass += -work[top];
+            k++;
+        }
+        double target = u * mass, acc = 0;
+        for (int64_t j = 0; j < k && pick < 0; j++) {
+            int32_t t = iwork[V - 1 - j];
+            acc += -work[t];
+            if (acc > target) pick = t;
+        }
+        if (pick < 0) pick = iwork[V - k];
+    }
+    if (pick < 0) pick = arg; /* rounding at the very end of the mass */
+    *logprob = (float)((double)logits[pick] - lz);
+    return pick;
+}
+
+ls_status ls_generate(const ls_hybrid_model *m, const ls_prompt_state *prompt_state, int32_t last_token,
+                      const ls_sample_opts *so, ls_rng *rng, int32_t *out, float *logprobs, int64_t *len,
+                      const ls_fwd_opts *fo, ls_arena *branch, ls_arena *scratch) {
+    int64_t V = m->cfg.vocab;
+    *len = 0;
+    if (so->max_new_tokens < 1) return ls_err(LS_ERR_ARG, "max_new_tokens must be >= 1");
+    ls_arena_mark mk = ls_arena_get_mark(branch);
+    ls_prompt_state st;
+    ls_status s = ls_state_fork(&st, prompt_state, so->max_new_tokens, branch);
+    float *logits = ls_arena_alloc(branch, (size_t)V * sizeof(float));   /* [V] */
+    float *work = ls_arena_alloc(branch, (size_t)V * sizeof(float));     /* [V] */
+    int32_t *iwork = ls_arena_alloc(branch, (size_t)V * sizeof(int32_t)); /* [V] */
+    if (s == LS_OK && (!logits || !work || !iwork)) s = LS_ERR_NOMEM;
+    ls_fwd_opts o = *fo;
+    int greedy = so->temperature <= 0;
+    o.temperature = greedy ? 1.0f : so->temperature;
+    int32_t tok = last_token;
+    for (int64_t t = 0; s == LS_OK && t < so->max_new_tokens; t++) {
+        s = ls_hybrid_extend(m, &st, &tok, 1, logits, &o, scratch);
+        if (s != LS_OK) break;
+        float lp;
+        tok = ls_sample_token(logits, V, so->top_p, greedy, rng, work, iwork, &lp);
+        out[t] = tok;
+        logprobs[t] = lp;
+        *len = t + 1;
+        int stop = 0;
+        for (int k = 0; k < so->n_stop; k++) stop |= tok == so->stop[k];
+        if (stop) break;
+    }
+    ls_arena_release(branch, mk);
+    return s;
+}

@@ -1,0 +1,121 @@
+/*
+ * test_rollout.c — sampling from a captured prompt state: every sampled token's
+ * log-prob equals what scoring (capture + branch) computes for it afterwards; the
+ * prompt state is left untouched by the members' forks (pages shared read-only,
+ * the partial last page copied); greedy and top-p → 0 agree; stop tokens stop.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "longstraw/rollout.h"
+#include "longstraw/score.h"
+#include "testutil.h"
+
+int test_rollout_sample_vs_score(void);
+
+static uint64_t state_hash(const ls_prompt_state *st) {
+    const ls_config *c = st->cfg;
+    uint64_t h = 1469598103934665603ull;
+    size_t pb = (size_t)st->page_size * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(st->dtype);
+    size_t rec = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v * 4;
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        const unsigned char *bufs[2];
+        size_t lens[2];
+        int nb = 0;
+        if (c->kind[l] == LS_LAYER_ATTN) {
+            for (int64_t p = 0; p < st->n_pages; p++) {
+                const unsigned char *k = st->attn[l].k_pages[p], *v = st->attn[l].v_pages[p];
+                for (size_t i = 0; i < pb; i++) h = (h ^ k[i]) * 1099511628211ull;
+                for (size_t i = 0; i < pb; i++) h = (h ^ v[i]) * 1099511628211ull;
+            }
+        } else {
+            bufs[nb] = (const unsigned char *)st->gdn[l].S, lens[nb++] = rec;
+        }
+        for (int b = 0; b < nb; b++)
+            for (size_t i = 0; i < lens[b]; i++) h = (h ^ bufs[b][i]) * 1099511628211ull;
+    }
+    return h ^ (uint64_t)st->n;
+}
+
+int test_rollout_sample_vs_score(void) {
+    static const char *names[] = {"next_moe", "q35_dense"};
+    for (int f = 0; f < 2; f++) {
+        char dir[1024], path[1200];
+        snprintf(dir, sizeof dir, "%s/tests/reference/fixtures/%s", LS_SOURCE_DIR, names[f]);
+        ls_arenas ar;
+        ls_arenas_init(&ar);
+        ls_hybrid_model m;
+        T_OK(ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]));
+        ls_group g;
+        snprintf(path, sizeof path, "%s/group.json", dir);
+        T_OK(ls_group_load(&g, path, m.cfg.vocab));
+        ls_fwd_opts fo;
+        ls_fwd_opts_default(&fo);
+        ls_prompt_state st;
+        T_OK(ls_state_init(&st, &m.cfg, g.P - 1, 7, LS_DTYPE_F32, &ar.a[LS_ARENA_PROMPT])); /* 129 = 18·7 + 3 */
+        T_OK(ls_hybrid_capture(&m, &st, g.prompt, g.P - 1, &fo, &ar.a[LS_ARENA_SCRATCH]));
+        uint64_t h0 = state_hash(&st);
+        enum { N = 24 };
+        static const float temps[4] = {0.0f, 1.0f, 0.8f, 1.3f};
+        static const float tops[4] = {1.0f, 1.0f, 0.9f, 1e-7f};
+        int32_t out[4][N];
+        float lp[4][N];
+        int64_t len[4];
+        ls_rng rng;
+        ls_rng_seed(&rng, 11);
+        for (int k = 0; k < 4; k++) {
+            ls_sample_opts so;
+            ls_sample_opts_default(&so);
+            so.temperature = temps[k];
+            so.top_p = tops[k];
+            so.max_new_tokens = N;
+            T_OK(ls_generate(&m, &st, g.prompt[g.P - 1], &so, &rng, out[k], lp[k], &len[k], &fo,
+                             &ar.a[LS_ARENA_BRANCH], &ar.a[LS_ARENA_SCRATCH]));
+            T_CHECK(len[k] == N, "length %lld", (long long)len[k]);
+            T_CHECK(state_hash(&st) == h0, "%s: generation wrote into the prompt state", names[f]);
+            T_CHECK(ar.a[LS_ARENA_BRANCH].cur == 0, "branch arena not released");
+            /* score the sampled response at the same temperature (greedy: τ = 1) */
+            ls_group r;
+            memset(&r, 0, sizeof r);
+            r.P = g.P;
+            r.prompt = g.prompt;
+            r.G = 1;
+            int32_t *resp = out[k];
+            int64_t R = len[k];
+            r.resp = &resp;
+            r.R = &R;
+            ls_score_opts so2;
+            ls_score_opts_default(&so2);
+            so2.fwd.temperature = temps[k] > 0 ? temps[k] : 1.0f;
+            float *sc[1];
+            T_OK(ls_score_group(&m, &r, &so2, &ar, sc, NULL));
+            double d = t_max_abs_diff_f(lp[k], sc[0], R);
+            printf("  %-9s τ=%.1f top-p=%g: %lld tokens, max |sample-time logprob − scored| = %.2e\n", names[f],
+                   (double)temps[k], (double)tops[k], (long long)R, d);
+            T_CHECK(d <= 2e-5, "%s: sampled vs scored log-probs differ by %.3e", names[f], d);
+            ls_arena_reset(&ar.a[LS_ARENA_SCORE]);
+        }
+        /* top-p → 0 keeps only the most likely token: the greedy sequence */
+        T_CHECK(memcmp(out[0], out[3], sizeof out[0]) == 0, "%s: top-p 1e-7 differs from greedy", names[f]);
+        /* a stop token ends the response, kept as its last token */
+        ls_sample_opts so;
+        ls_sample_opts_default(&so);
+        so.temperature = 0;
+        so.max_new_tokens = N;
+        int32_t stop = out[0][5];
+        so.stop = &stop;
+        so.n_stop = 1;
+        int32_t o2[N];
+        float l2[N];
+        int64_t n2;
+        T_OK(ls_generate(&m, &st, g.prompt[g.P - 1], &so, &rng, o2, l2, &n2, &fo, &ar.a[LS_ARENA_BRANCH],
+                         &ar.a[LS_ARENA_SCRATCH]));
+        int64_t first = 0;
+        while (out[0][first] != stop) first++;
+        T_CHECK(n2 == first + 1 && o2[n2 - 1] == stop, "stop token: length %lld, expected %lld", (long long)n2,
+                (long long)first + 1);
+        ls_group_free(&g);
+        ls_arenas_free(&ar);
+    }
+    return 0;
+}
