@@ -80,6 +80,7 @@ static double capture_flops(const ls_config *c, int64_t n) {
 }
 
 int main(int argc, char **argv) {
+    ls_prefer_passive_omp(argv);
     static const struct option opts[] = {{"moe", no_argument, 0, 'm'},       {"prompts", required_argument, 0, 'p'},
                                          {"threads", required_argument, 0, 't'}, {"chunk", required_argument, 0, 'c'},
                                          {"help", no_argument, 0, 'h'},      {0, 0, 0, 0}};

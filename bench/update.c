@@ -90,6 +90,7 @@ static result run_one(const char *dir, int64_t P, int G, int64_t R, int naive) {
 }
 
 int main(int argc, char **argv) {
+    ls_prefer_passive_omp(argv);
     static const struct option opts[] = {{"prompts", required_argument, 0, 'p'}, {"groups", required_argument, 0, 'g'},
                                          {"response", required_argument, 0, 'r'}, {"no-naive-above", required_argument, 0, 'n'},
                                          {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},

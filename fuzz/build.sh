@@ -2,7 +2,7 @@
 # build.sh — build the libFuzzer harnesses (fuzz/fuzz_*.c) with clang-14,
 # AddressSanitizer and UndefinedBehaviorSanitizer (UB aborts: -fno-sanitize-recover).
 #
-#   fuzz/build.sh [NAME...]        # default: safetensors config group tokenizer
+#   fuzz/build.sh [NAME...]        # default: safetensors st_index config group tokenizer
 #
 # Binaries go to $LS_FUZZ_DIR/bin (default /tmp/ls-fuzz/bin), outside the tree.
 # Each harness is linked with only the library sources it needs (src/core + the
@@ -24,7 +24,7 @@ CORE=("$ROOT/src/core/status.c" "$ROOT/src/core/util.c" "$ROOT/src/core/arena.c"
 
 sources_for() {
     case "$1" in
-    safetensors) echo "$ROOT/src/io/safetensors.c" ;;
+    safetensors | st_index) echo "$ROOT/src/io/safetensors.c" ;;
     config) echo "$ROOT/src/io/config.c" ;;
     group) echo "$ROOT/src/io/group.c $ROOT/src/io/config.c" ;; # ls_read_file lives in config.c
     tokenizer) echo "$ROOT/src/io/tokenizer.c $ROOT/src/io/tokenizer_unicode.c $ROOT/src/io/config.c" ;;
@@ -33,7 +33,7 @@ sources_for() {
 }
 
 NAMES=("$@")
-[ ${#NAMES[@]} -eq 0 ] && NAMES=(safetensors config group tokenizer)
+[ ${#NAMES[@]} -eq 0 ] && NAMES=(safetensors st_index config group tokenizer)
 "$CC" --version | head -1
 for n in "${NAMES[@]}"; do
     srcs=$(sources_for "$n")

@@ -78,6 +78,14 @@ static void check_tensor(const ls_st_file *f, const ls_st_tensor *t) {
     FUZZ_CHECK(ls_st_find(f, t->name) == t, "\"%s\": ls_st_find does not return it", t->name);
     FUZZ_CHECK(ls_st_check_shape(t, t->ndim, t->shape, NULL) == LS_OK, "\"%s\": check_shape of its own shape",
                t->name);
+    if (t->ndim < LS_ST_MAX_DIMS) { /* one more dimension: a mismatch, reported naming the file */
+        int64_t more[LS_ST_MAX_DIMS];
+        memcpy(more, t->shape, sizeof more);
+        more[t->ndim] = 1;
+        ls_status c = ls_st_check_shape(t, t->ndim + 1, more, "fuzz");
+        FUZZ_CHECK(c == LS_ERR_FORMAT, "\"%s\": check_shape with ndim + 1 gave %s", t->name, ls_status_name(c));
+        fuzz_check_rejection(c, f->path);
+    }
 
     ls_status s;
     if (!t->supported) {

@@ -25,6 +25,7 @@ static const test_entry tests[] = {
 };
 
 int main(int argc, char **argv) {
+    ls_prefer_passive_omp(argv);
     int n = (int)(sizeof tests / sizeof tests[0]);
     int ran = 0, failed = 0;
     const char *threads = getenv("LS_TEST_THREADS");

@@ -72,6 +72,7 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
 }
 
 int main(int argc, char **argv) {
+    ls_prefer_passive_omp(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #ifdef _OPENMP
@@ -192,3 +193,9 @@ void ls_set_threads(int n) {
 }
 
 int ls_get_threads(void) { return g_threads > 0 ? g_threads : ls_num_cores(); }
+
+void ls_prefer_passive_omp(char **argv) {
+    if (getenv("OMP_WAIT_POLICY")) return;
+    if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+    execv("/proc/self/exe", argv); /* returns only on failure: carry on spinning */
+}

@@ -2,6 +2,7 @@
  * group.c — group-file parsing and validation (cJSON).
  */
 #include <cjson/cJSON.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,8 +101,17 @@ static ls_status parse_root(ls_group *g, const cJSON *root, const char *path, in
                 return LS_ERR_NOMEM;
             }
             ls_status s = parse_numbers(e, path, field, g->R[i], tmp);
-            /* any finite value: perturbed or off-policy log-probs may exceed 0 slightly */
-            for (int64_t t = 0; s == LS_OK && t < g->R[i]; t++) g->old_logprobs[i][t] = (float)tmp[t];
+            /* any finite value: perturbed or off-policy log-probs may exceed 0 slightly.
+             * They are stored as float: a finite double beyond FLT_MAX (-1e300) would
+             * become -inf there, so it is rejected here (found by fuzz/fuzz_group). */
+            for (int64_t t = 0; s == LS_OK && t < g->R[i]; t++) {
+                if (!(fabs(tmp[t]) <= FLT_MAX)) {
+                    s = ls_err(LS_ERR_FORMAT, "%s: \"%s\"[%lld] = %g is outside the float range", path, field,
+                               (long long)t, tmp[t]);
+                    break;
+                }
+                g->old_logprobs[i][t] = (float)tmp[t];
+            }
             free(tmp);
             LS_TRY(s);
             i++;

@@ -174,8 +174,10 @@ static const char *get_type(const cJSON *o) {
 }
 
 static int is_int_in(const cJSON *it, double lo, double hi) {
-    return cJSON_IsNumber(it) && it->valuedouble == (double)(int64_t)it->valuedouble &&
-           it->valuedouble >= lo && it->valuedouble < hi;
+    /* Range first: casting a double outside int64_t's range (1e300) is undefined
+     * behaviour (found by fuzz/fuzz_tokenizer; callers pass lo, hi within int64_t). */
+    return cJSON_IsNumber(it) && it->valuedouble >= lo && it->valuedouble < hi &&
+           it->valuedouble == (double)(int64_t)it->valuedouble;
 }
 
 /* ---- loading ----------------------------------------------------------------------- */
