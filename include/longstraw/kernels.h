@@ -146,6 +146,10 @@ void ls_attn_naive(float *o, float *lse, const float *q, const float *k, const f
 ls_status ls_lmhead_logprobs_fwd(float *logprob, float *lse, const float *h, const float *W,
                                  const int32_t *target, int64_t T, int64_t D, int64_t V,
                                  float temperature, int64_t chunk_rows, ls_arena *scratch);
+/* Both in one pass over the logits: logprob/lse as above and/or entropy (NULL skips). */
+ls_status ls_lmhead_fwd(float *logprob, float *lse, float *entropy, const float *h, const float *W,
+                        const int32_t *target, int64_t T, int64_t D, int64_t V, float temperature,
+                        int64_t chunk_rows, ls_arena *scratch);
 /* Entropy of the (temperature-scaled) next-token distribution per row, entropy[T]. */
 ls_status ls_lmhead_entropy(float *entropy, const float *h, const float *W, int64_t T, int64_t D,
                             int64_t V, float temperature, int64_t chunk_rows, ls_arena *scratch);

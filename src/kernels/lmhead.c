@@ -8,36 +8,6 @@
 
 #include "longstraw/kernels.h"
 
-ls_status ls_lmhead_logprobs_fwd(float *logprob, float *lse, const float *h, const float *W,
-                                 const int32_t *target, int64_t T, int64_t D, int64_t V,
-                                 float temperature, int64_t chunk_rows, ls_arena *scratch) {
-    if (T <= 0) return LS_OK;
-    if (chunk_rows <= 0) chunk_rows = 32;
-    if (chunk_rows > T) chunk_rows = T;
-    ls_arena_mark mk = ls_arena_get_mark(scratch);
-    float *logits = ls_arena_alloc(scratch, (size_t)chunk_rows * (size_t)V * sizeof(float)); /* [rows, V] */
-    if (!logits) return LS_ERR_NOMEM;
-    float inv_temp = 1.0f / temperature;
-    for (int64_t t0 = 0; t0 < T; t0 += chunk_rows) {
-        int64_t n = T - t0 < chunk_rows ? T - t0 : chunk_rows;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)V, (int)D, inv_temp,
-                    h + t0 * D, (int)D, W, (int)D, 0.0f, logits, (int)V);
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < n; r++) {
-            const float *row = logits + r * V;
-            float m = -INFINITY;
-            for (int64_t j = 0; j < V; j++) m = row[j] > m ? row[j] : m;
-            double s = 0;
-            for (int64_t j = 0; j < V; j++) s += exp((double)(row[j] - m));
-            double l = (double)m + log(s);
-            logprob[t0 + r] = (float)((double)row[target[t0 + r]] - l);
-            if (lse) lse[t0 + r] = (float)l;
-        }
-    }
-    ls_arena_release(scratch, mk);
-    return LS_OK;
-}
-
 /* Normalise chunk_rows as the forward does and take a [chunk_rows, V] f32 logits buffer from
  * `scratch` (the caller releases it); NULL with ls_err set on overflow or out of memory. */
 static float *logits_chunk_alloc(ls_arena *scratch, int64_t *chunk_rows, int64_t T, int64_t D,
@@ -57,11 +27,12 @@ static float *logits_chunk_alloc(ls_arena *scratch, int64_t *chunk_rows, int64_t
     return ls_arena_alloc(scratch, bytes);
 }
 
-/* entropy[T] = −Σ_v p_v·log p_v of softmax(h[t]·Wᵀ/temperature), in double per row:
- * with e_v = exp(z_v − max z) and s = Σ e_v, H = log s − Σ_v e_v·(z_v − max z)/s.
- * Scratch: one [chunk_rows, V] f32 logits chunk from `scratch`, released before return. */
-ls_status ls_lmhead_entropy(float *entropy, const float *h, const float *W, int64_t T, int64_t D,
-                            int64_t V, float temperature, int64_t chunk_rows, ls_arena *scratch) {
+/* One pass over the logits in row chunks: log-prob of the target and lse (when
+ * logprob is non-NULL) and the entropy −Σ p·log p = log s − Σ e_v·(z_v − max)/s with
+ * e_v = exp(z_v − max), s = Σ e_v (when entropy is non-NULL); double per row. */
+static ls_status lmhead_pass(float *logprob, float *lse, float *entropy, const float *h, const float *W,
+                             const int32_t *target, int64_t T, int64_t D, int64_t V, float temperature,
+                             int64_t chunk_rows, ls_arena *scratch) {
     if (T <= 0) return LS_OK;
     ls_arena_mark mk = ls_arena_get_mark(scratch);
     float *logits = logits_chunk_alloc(scratch, &chunk_rows, T, D, V, temperature); /* [rows, V] */
@@ -76,18 +47,37 @@ ls_status ls_lmhead_entropy(float *entropy, const float *h, const float *W, int6
             const float *row = logits + r * V;
             float m = -INFINITY;
             for (int64_t j = 0; j < V; j++) m = row[j] > m ? row[j] : m;
-            double s = 0, sz = 0;
+            double sum = 0, sz = 0;
             for (int64_t j = 0; j < V; j++) {
-                double d = (double)row[j] - (double)m;
-                double e = exp(d);
-                s += e;
+                double d = (double)row[j] - (double)m, e = exp(d);
+                sum += e;
                 sz += e * d;
             }
-            entropy[t0 + r] = (float)(log(s) - sz / s);
+            double l = (double)m + log(sum);
+            if (logprob) logprob[t0 + r] = (float)((double)row[target[t0 + r]] - l);
+            if (lse) lse[t0 + r] = (float)l;
+            if (entropy) entropy[t0 + r] = (float)(log(sum) - sz / sum);
         }
     }
     ls_arena_release(scratch, mk);
     return LS_OK;
+}
+
+ls_status ls_lmhead_fwd(float *logprob, float *lse, float *entropy, const float *h, const float *W,
+                        const int32_t *target, int64_t T, int64_t D, int64_t V, float temperature,
+                        int64_t chunk_rows, ls_arena *scratch) {
+    return lmhead_pass(logprob, lse, entropy, h, W, target, T, D, V, temperature, chunk_rows, scratch);
+}
+
+ls_status ls_lmhead_logprobs_fwd(float *logprob, float *lse, const float *h, const float *W,
+                                 const int32_t *target, int64_t T, int64_t D, int64_t V,
+                                 float temperature, int64_t chunk_rows, ls_arena *scratch) {
+    return lmhead_pass(logprob, lse, NULL, h, W, target, T, D, V, temperature, chunk_rows, scratch);
+}
+
+ls_status ls_lmhead_entropy(float *entropy, const float *h, const float *W, int64_t T, int64_t D,
+                            int64_t V, float temperature, int64_t chunk_rows, ls_arena *scratch) {
+    return lmhead_pass(NULL, NULL, entropy, h, W, NULL, T, D, V, temperature, chunk_rows, scratch);
 }
 
 /* dh[T,D] (=), dW[V,D] (+=; NULL skips). With z = h·Wᵀ/τ (recomputed per chunk) and the saved

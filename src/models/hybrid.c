@@ -417,10 +417,8 @@ ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *
         tb->x_final = xo, tb->h_final = h, tb->rstd_f = rstd;
     }
     ls_rmsnorm_fwd(h, rstd, xo, m->final_norm, n, D, c->eps);
-    LS_TRY(ls_lmhead_logprobs_fwd(logprob, taping ? tb->lse : NULL, h, m->lm_head, target, n, D, c->vocab,
-                                  o->temperature, o->lmhead_rows, scratch));
-    if (entropy)
-        LS_TRY(ls_lmhead_entropy(entropy, h, m->lm_head, n, D, c->vocab, o->temperature, o->lmhead_rows, scratch));
+    LS_TRY(ls_lmhead_fwd(logprob, taping ? tb->lse : NULL, entropy, h, m->lm_head, target, n, D, c->vocab,
+                         o->temperature, o->lmhead_rows, scratch));
     ls_arena_release(scratch, mk);
     if (taping) *tape_out = tb;
     return LS_OK;
