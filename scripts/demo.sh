@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job on an embedded default: build LongStraw, write a small random hybrid
 # model (examples/small_hybrid.json), capture a long prompt once, continue four
-# responses from the captured state, check them against the plain forward, and
-# print the prompt-state plan.   scripts/demo.sh [PROMPT_LEN]   (default 16384)
+# responses from the captured state, check them against the plain forward, run one
+# GRPO update as a transaction (capture → score → replay → AdamW) and print its
+# receipt, and print the prompt-state plan.   scripts/demo.sh [PROMPT_LEN]   (default 16384)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${1:-16384}
@@ -15,7 +16,8 @@ build/longstraw init --config examples/small_hybrid.json --seed 1 --out "$out/mo
 # A group: one P-token prompt, four responses of 64..256 tokens (deterministic ids).
 awk -v P="$P" 'BEGIN { srand(7); printf "{\"prompt\": ["; for (i = 0; i < P; i++) printf "%s%d", (i ? ", " : ""), int(rand() * 4096);
   printf "], \"responses\": ["; for (g = 0; g < 4; g++) { printf "%s[", (g ? ", " : ""); n = 64 * (g + 1);
-  for (i = 0; i < n; i++) printf "%s%d", (i ? ", " : ""), int(rand() * 4096); printf "]" } printf "]}\n" }' > "$out/group.json"
+  for (i = 0; i < n; i++) printf "%s%d", (i ? ", " : ""), int(rand() * 4096); printf "]" }
+  printf "], \"rewards\": [1, 0, 0.5, 0.25]}\n" }' > "$out/group.json"
 echo "== capture once + continue 4 responses (P = $P)"
 build/longstraw logprobs --model "$out/model" --group "$out/group.json" --stats > "$out/capture.json"
 echo "== the same group with bf16 prompt pages"
@@ -27,6 +29,9 @@ awk 'function load(f, a,   s, n, i, t) { getline s < f; gsub(/[\[\]{}"a-z:]/, ""
     for (i = 1; i <= n; i++) { d = c[i] - p[i]; if (d < 0) d = -d; if (d > mc) mc = d; d = b[i] - p[i]; if (d < 0) d = -d; if (d > mb) mb = d }
     printf "== %d response tokens: max |capture - plain| = %.2e (f32 pages), %.2e (bf16 pages)\n", n, mc, mb; exit }' \
   "$out/capture.json" "$out/capture_bf16.json" "$out/plain.json"
+echo "== one GRPO update: capture once, score, replay each member under its own tape, AdamW"
+build/longstraw step --model "$out/model" --group "$out/group.json" --state-dtype bf16 --lr 1e-5 --out "$out/step"
+cat "$out/step/receipt.json"
 echo "== prompt-state plan for this prompt, and for Qwen3.5-27B at 2M tokens on 8 CP ranks"
 build/longstraw plan --model "$out/model" --prompt "$P" --state-dtype f32
 build/longstraw plan --config examples/qwen3_5_27b.json --prompt 2088960 --cp 8
