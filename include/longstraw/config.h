@@ -37,6 +37,11 @@ ls_status ls_config_parse(ls_config *c, const char *text, const char *path);
 ls_status ls_config_load(ls_config *c, const char *path);
 /* Read a whole file into a NUL-terminated malloc'd buffer (caller frees). */
 ls_status ls_read_file(const char *path, char **out, size_t *len);
+/* Write `len` bytes to `path` atomically: `path`.tmp.<pid>, fsync, rename. A crash
+ * leaves either the old file or the new one, never a half-written one. */
+ls_status ls_write_file_atomic(const char *path, const void *data, size_t len);
+/* Copy a file with ls_write_file_atomic. */
+ls_status ls_copy_file_atomic(const char *src, const char *dst);
 
 static inline int64_t ls_cfg_key_dim(const ls_config *c) { return (int64_t)c->H_k * c->d_k; }
 static inline int64_t ls_cfg_value_dim(const ls_config *c) { return (int64_t)c->H_v * c->d_v; }

@@ -36,29 +36,12 @@ static void help(const char *cmd) {
     cli_train_help();
 }
 
-static ls_status copy_file(const char *src, const char *dst) {
-    char *text = NULL;
-    size_t len = 0;
-    LS_TRY(ls_read_file(src, &text, &len));
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dst, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    int ok = f && fwrite(text, 1, len, f) == len && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    if (f && fclose(f) != 0) ok = 0;
-    free(text);
-    if (!ok || rename(tmp, dst) != 0) {
-        remove(tmp);
-        return ls_err(LS_ERR_IO, "%s: cannot write: %s", dst, strerror(errno));
-    }
-    return LS_OK;
-}
-
 /* adapter_config.json as PEFT writes it (the fields a loader needs). */
 static ls_status write_adapter_config(const char *path, const cli_train *t, const ls_lora *lora) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) return ls_err(LS_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *f = open_memstream(&buf, &blen);
+    if (!f) return ls_err(LS_ERR_NOMEM, "%s: cannot build the adapter config", path);
     fprintf(f, "{\n  \"peft_type\": \"LORA\",\n  \"r\": %lld,\n  \"lora_alpha\": %g,\n  \"target_modules\": [",
             (long long)t->lora_rank, ls_lora_alpha(lora));
     if (!t->adapter) {
@@ -73,13 +56,13 @@ static ls_status write_adapter_config(const char *path, const cli_train *t, cons
     }
     fprintf(f, "],\n  \"modules\": %lld,\n  \"lora_dropout\": 0.0,\n  \"bias\": \"none\"\n}\n",
             (long long)ls_lora_count(lora));
-    int ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
-    if (fclose(f) != 0) ok = 0;
-    if (!ok || rename(tmp, path) != 0) {
-        remove(tmp);
-        return ls_err(LS_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    if (fclose(f) != 0) {
+        free(buf);
+        return ls_err(LS_ERR_NOMEM, "%s: cannot build the adapter config", path);
     }
-    return LS_OK;
+    ls_status s = ls_write_file_atomic(path, buf, blen);
+    free(buf);
+    return s;
 }
 
 static int run(const char *cmd, int argc, char **argv) {
@@ -190,7 +173,7 @@ static int run(const char *cmd, int argc, char **argv) {
             s = ls_hybrid_export(&m, path, LS_DTYPE_F32, NULL, NULL);
             snprintf(src, sizeof src, "%s/config.json", model);
             snprintf(path, sizeof path, "%s/config.json", out);
-            if (s == LS_OK) s = copy_file(src, path);
+            if (s == LS_OK) s = ls_copy_file_atomic(src, path);
         }
         snprintf(path, sizeof path, "%s/receipt.json", out);
         if (s == LS_OK) s = cli_write_receipt(receipt ? receipt : path, cmd, &m, &g, &t.o, &mt, &ar);

@@ -167,10 +167,10 @@ static void json_num(FILE *f, const char *k, double v, int comma) {
 
 ls_status cli_write_receipt(const char *path, const char *cmd, const ls_hybrid_model *m, const ls_group *g,
                             const ls_grpo_opts *o, const ls_grpo_metrics *mt, const ls_arenas *ar) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) return ls_err(LS_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *f = open_memstream(&buf, &blen); /* built in memory, written atomically */
+    if (!f) return ls_err(LS_ERR_NOMEM, "%s: cannot build the receipt", path);
     ls_state_plan_t plan;
     ls_state_plan(&plan, &m->cfg, g->P, o->page_size, o->state_dtype, 1);
     size_t params = 0;
@@ -218,11 +218,11 @@ ls_status cli_write_receipt(const char *path, const char *cmd, const ls_hybrid_m
     json_num(f, "completions/max_length", (double)mt->len_max, 1);
     json_num(f, "grad_norm", mt->grad_norm, 0);
     fprintf(f, "  }\n}\n");
-    int ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
-    if (fclose(f) != 0) ok = 0;
-    if (!ok || rename(tmp, path) != 0) {
-        remove(tmp);
-        return ls_err(LS_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    if (fclose(f) != 0) {
+        free(buf);
+        return ls_err(LS_ERR_NOMEM, "%s: cannot build the receipt", path);
     }
-    return LS_OK;
+    ls_status s = ls_write_file_atomic(path, buf, blen);
+    free(buf);
+    return s;
 }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "longstraw/config.h"
 
@@ -41,6 +42,30 @@ ls_status ls_read_file(const char *path, char **out, size_t *len) {
     *out = buf;
     if (len) *len = n;
     return LS_OK;
+}
+
+ls_status ls_write_file_atomic(const char *path, const void *data, size_t len) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return ls_err(LS_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
+    int ok = fwrite(data, 1, len, f) == len && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (fclose(f) != 0) ok = 0;
+    if (!ok || rename(tmp, path) != 0) {
+        ls_status s = ls_err(LS_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+        remove(tmp);
+        return s;
+    }
+    return LS_OK;
+}
+
+ls_status ls_copy_file_atomic(const char *src, const char *dst) {
+    char *text = NULL;
+    size_t len = 0;
+    LS_TRY(ls_read_file(src, &text, &len));
+    ls_status s = ls_write_file_atomic(dst, text, len);
+    free(text);
+    return s;
 }
 
 /* Integer field: absent → dflt (or error when required); must be an integer in [lo, hi]. */

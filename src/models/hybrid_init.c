@@ -3,12 +3,10 @@
  * demo). Initialisation follows specs/hybrid-qwen3next.md §8.3: decays that keep
  * the recurrent state alive, non-zero norm weights so the (1+w) convention matters.
  */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "longstraw/model.h"
 #include "longstraw/safetensors.h"
@@ -28,25 +26,6 @@ static void fill(float *x, int64_t n, const ls_hf_tensor_spec *sp, ls_rng *r) {
         }
         x[i] = (float)v;
     }
-}
-
-static ls_status copy_config(const char *src, const char *dir) {
-    char *text = NULL;
-    size_t len = 0;
-    LS_TRY(ls_read_file(src, &text, &len));
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    int ok = f && fwrite(text, 1, len, f) == len && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    if (f && fclose(f) != 0) ok = 0;
-    free(text);
-    if (!ok || rename(tmp, path) != 0) {
-        ls_status s = ls_err(LS_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
-        remove(tmp);
-        return s;
-    }
-    return LS_OK;
 }
 
 ls_status ls_hybrid_write_random(const char *config_path, const char *dir, uint64_t seed,
@@ -80,7 +59,9 @@ ls_status ls_hybrid_write_random(const char *config_path, const char *dir, uint6
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (s == LS_OK) s = ls_st_write(&w, path);
-    if (s == LS_OK) s = copy_config(config_path, dir);
+    char cfg_out[4096];
+    snprintf(cfg_out, sizeof cfg_out, "%s/config.json", dir);
+    if (s == LS_OK) s = ls_copy_file_atomic(config_path, cfg_out);
     ls_st_writer_free(&w);
     ls_arena_free(&data);
     free(sp);
