@@ -256,6 +256,7 @@ int test_model_arena_plan(void) {
 int test_config_reject(void) {
     static const struct { const char *text, *needle; } cases[] = {
         {"{", "invalid JSON"},
+        {"{\"model_type\": \"qwen3_next\"}\n{}", "line 2"},
         {"[]", "object"},
         {"{\"model_type\": \"llama\"}", "llama"},
         {"{\"model_type\": \"qwen3_next\"}", "vocab_size"},
@@ -302,6 +303,9 @@ int test_group_reject(void) {
         {"{\"prompt\": [1, 2], \"responses\": [[1], [2]], \"advantages\": [1, \"a\"]}", "advantages"},
         {"{\"prompt\": [1, 2], \"responses\": [[1], [2, 3]], \"old_logprobs\": [[-1], [-1]]}", "old_logprobs[1]"},
         {"{\"prompt\": [1, 2], \"responses\": [[1]], \"old_logprobs\": [[\"x\"]]}", "old_logprobs[0]"},
+        {"{\"prompt\": [1], \"responses\": [[1]], \"old_logprobs\": [[-1e300]]}", "old_logprobs[0]"},
+        {"{\"prompt\": [1], \"responses\": [[1]]} trailing", "line 1"},
+        {"{\"prompt\": [1],\n \"responses\": [[1]\n}", "line 3"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ls_group g;

@@ -44,6 +44,12 @@ ls_status ls_read_file(const char *path, char **out, size_t *len) {
     return LS_OK;
 }
 
+long ls_line_of(const char *text, long off) {
+    long line = 1;
+    for (long i = 0; i < off && text[i]; i++) line += text[i] == '\n';
+    return line;
+}
+
 ls_status ls_write_file_atomic(const char *path, const void *data, size_t len) {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
@@ -226,11 +232,12 @@ static ls_status parse_text(ls_config *c, const cJSON *o, const char *mt, int is
 }
 
 ls_status ls_config_parse(ls_config *c, const char *text, const char *path) {
-    cJSON *root = cJSON_Parse(text);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(text, &end, 1); /* 1: nothing may follow the object */
     if (!root) {
-        const char *at = cJSON_GetErrorPtr();
+        const char *at = end ? end : cJSON_GetErrorPtr();
         long off = at ? (long)(at - text) : -1;
-        return ls_err(LS_ERR_FORMAT, "%s: invalid JSON near byte %ld", path, off);
+        return ls_err(LS_ERR_FORMAT, "%s: invalid JSON near byte %ld (line %ld)", path, off, ls_line_of(text, off));
     }
     ls_status s = LS_OK;
     if (!cJSON_IsObject(root)) {

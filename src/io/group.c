@@ -63,7 +63,7 @@ static ls_status parse_root(ls_group *g, const cJSON *root, const char *path, in
     g->G = cJSON_GetArraySize(rs);
     g->resp = calloc((size_t)g->G, sizeof(int32_t *));
     g->R = calloc((size_t)g->G, sizeof(int64_t));
-    if (!g->resp || !g->R) return ls_err(LS_ERR_NOMEM, "%s: out of memory", path);
+    if (!g->resp || !g->R) return ls_err(LS_ERR_NOMEM, "%s: out of memory for %d responses", path, g->G);
     int i = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, rs) {
@@ -75,13 +75,13 @@ static ls_status parse_root(ls_group *g, const cJSON *root, const char *path, in
     const cJSON *rw = cJSON_GetObjectItemCaseSensitive(root, "rewards");
     if (rw && !cJSON_IsNull(rw)) {
         g->rewards = malloc((size_t)g->G * sizeof(double));
-        if (!g->rewards) return LS_ERR_NOMEM;
+        if (!g->rewards) return ls_err(LS_ERR_NOMEM, "%s: out of memory for \"rewards\"", path);
         LS_TRY(parse_numbers(rw, path, "rewards", g->G, g->rewards));
     }
     const cJSON *ad = cJSON_GetObjectItemCaseSensitive(root, "advantages");
     if (ad && !cJSON_IsNull(ad)) {
         g->advantages = malloc((size_t)g->G * sizeof(double));
-        if (!g->advantages) return LS_ERR_NOMEM;
+        if (!g->advantages) return ls_err(LS_ERR_NOMEM, "%s: out of memory for \"advantages\"", path);
         LS_TRY(parse_numbers(ad, path, "advantages", g->G, g->advantages));
     }
     const cJSON *ol = cJSON_GetObjectItemCaseSensitive(root, "old_logprobs");
@@ -89,7 +89,7 @@ static ls_status parse_root(ls_group *g, const cJSON *root, const char *path, in
         if (!cJSON_IsArray(ol) || cJSON_GetArraySize(ol) != g->G)
             return ls_err(LS_ERR_FORMAT, "%s: \"old_logprobs\" must be an array of %d arrays", path, g->G);
         g->old_logprobs = calloc((size_t)g->G, sizeof(float *));
-        if (!g->old_logprobs) return LS_ERR_NOMEM;
+        if (!g->old_logprobs) return ls_err(LS_ERR_NOMEM, "%s: out of memory for \"old_logprobs\"", path);
         i = 0;
         cJSON_ArrayForEach(e, ol) {
             char field[64];
@@ -122,10 +122,12 @@ static ls_status parse_root(ls_group *g, const cJSON *root, const char *path, in
 
 ls_status ls_group_parse(ls_group *g, const char *text, const char *path, int64_t vocab) {
     memset(g, 0, sizeof *g);
-    cJSON *root = cJSON_Parse(text);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(text, &end, 1); /* 1: nothing may follow the object */
     if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        return ls_err(LS_ERR_FORMAT, "%s: invalid JSON near byte %ld", path, at ? (long)(at - text) : -1L);
+        const char *at = end ? end : cJSON_GetErrorPtr();
+        long off = at ? (long)(at - text) : -1L;
+        return ls_err(LS_ERR_FORMAT, "%s: invalid JSON near byte %ld (line %ld)", path, off, ls_line_of(text, off));
     }
     ls_status s = parse_root(g, root, path, vocab);
     cJSON_Delete(root);
