@@ -286,6 +286,15 @@ static void attn_pad_rows(const float **kr, const float **vr, int64_t bk) {
     for (int64_t i = bk; i % ATTN_KT; i++) kr[i] = kr[bk - 1], vr[i] = vr[bk - 1];
 }
 
+/* Row pointers of kv head j for the call's own keys/values s0 .. s0+bk−1. */
+static void attn_own_rows(const float **kr, const float **vr, const float *k, const float *v, int j,
+                          int64_t kv_ld, int64_t hd, int64_t s0, int64_t bk) {
+    for (int64_t i = 0; i < bk; i++) {
+        kr[i] = k + (s0 + i) * kv_ld + (int64_t)j * hd;
+        vr[i] = v + (s0 + i) * kv_ld + (int64_t)j * hd;
+    }
+}
+
 /* Row pointers of prefix positions [p0, p0 + bk), kv head j (kv_ld = n_kv·hd): F32
  * pages are read in place, BF16 rows are converted into Kc, Vc [bk, hd]. */
 static void attn_prefix_rows(const float **kr, const float **vr, float *Kc, float *Vc,
@@ -336,10 +345,7 @@ static void attn_task(const attn_ctx *c, const attn_slab *sl, int j, int64_t t0,
     /* (b) own keys 0 .. t1−1; the causal mask only where a block reaches past t0 */
     for (int64_t s0 = 0; s0 < t1; s0 += ATTN_BK) {
         int64_t bk = t1 - s0 < ATTN_BK ? t1 - s0 : ATTN_BK;
-        for (int64_t i = 0; i < bk; i++) {
-            sl->kr[i] = c->k + (s0 + i) * kv_ld + (int64_t)j * hd;
-            sl->vr[i] = c->v + (s0 + i) * kv_ld + (int64_t)j * hd;
-        }
+        attn_own_rows(sl->kr, sl->vr, c->k, c->v, j, kv_ld, hd, s0, bk);
         attn_pad_rows(sl->kr, sl->vr, bk);
         attn_block(sl, c, Mp, bk, s0 + bk - 1 > t0, s0 - t0);
     }
@@ -623,10 +629,7 @@ static void attn_bwd_q_task(const attn_bctx *c, const attn_bslab *sl, int j, int
     }
     for (int64_t s0 = 0; s0 < t1; s0 += ATTN_BK) {
         int64_t bk = t1 - s0 < ATTN_BK ? t1 - s0 : ATTN_BK;
-        for (int64_t i = 0; i < bk; i++) {
-            sl->kr[i] = c->k + (s0 + i) * kv_ld + (int64_t)j * hd;
-            sl->vr[i] = c->v + (s0 + i) * kv_ld + (int64_t)j * hd;
-        }
+        attn_own_rows(sl->kr, sl->vr, c->k, c->v, j, kv_ld, hd, s0, bk);
         attn_pad_rows(sl->kr, sl->vr, bk);
         attn_bwd_q_block(sl, c, Mp, bk, s0 + bk - 1 > t0, s0 - t0);
     }
