@@ -40,9 +40,6 @@ void ls_grpo_opts_default(ls_grpo_opts *o);
  * correction (group, batch), or r − mean (none). */
 void ls_grpo_advantages(double *A, const double *rewards, int G, ls_scale_rewards scale);
 
-/* Per-member weight of the token sum: grpo 1/(G·R_i), dapo 1/ΣR, dr_grpo 1/(G·L). */
-void ls_grpo_normalisers(double *w, const int64_t *R, int G, ls_loss_type loss, int64_t max_len);
-
 /* Token terms of one member: loss contribution (already weighted by w) returned; dl[t] =
  * ∂L/∂logπ_θ(t) (=); counters for the metrics. ref may be NULL (β = 0). */
 typedef struct {
@@ -52,12 +49,16 @@ void ls_grpo_member_terms(float *dl, ls_grpo_terms *acc, const float *lp, const 
                           const float *ref, int64_t R, double A, double w, const ls_grpo_opts *o);
 
 typedef struct {
-    double loss, reward_mean, reward_std, adv_mean, adv_std;
+    double loss, reward_mean, reward_std, adv_mean, adv_std; /* reward_std: mean of per-group stds (TRL) */
     double clip_low, clip_high, kl, entropy, grad_norm;
     double len_mean;
     int64_t len_min, len_max;
-    int P, G;
-    double t_ref, t_capture, t_score, t_replay, t_optim, t_total;
+    int P, G;         /* of the first group */
+    int n_seq;        /* responses in the update */
+    int n_rewarded;   /* of which with rewards */
+    int skipped;      /* a non-finite loss or gradient: no optimizer step was taken */
+    char skip_reason[160];
+    double t_ref, t_capture, t_rollout, t_score, t_replay, t_optim, t_total;
     int n_iter;                                 /* iterations run */
     double iter_loss[64], iter_grad_norm[64];   /* per iteration (first 64) */
     size_t prompt_bytes;
@@ -74,7 +75,28 @@ typedef struct {
 ls_status ls_adamw_init(ls_adamw *a, const ls_hybrid_model *like, ls_arena *fixed);
 void ls_adamw_init_lora(ls_adamw *a);
 
-/* One transaction over one group. `grad` must be zeroed (ls_hybrid_alloc_like); with
+/* Rollouts (issue 4 §2): called once per group on the first iteration, right after
+ * the policy's prompt state of group `gi` is captured and before anything is scored.
+ * It fills g->G, g->resp, g->R (malloc'd: ls_group_free releases them) and
+ * g->rewards, sampling from `st` (read-only; forks go in the branch arena). */
+typedef struct {
+    ls_status (*fn)(void *ctx, int gi, ls_group *g, const ls_hybrid_model *policy, const ls_prompt_state *st,
+                    ls_arenas *ar);
+    void *ctx;
+} ls_rollout_hook;
+
+/* One update over n_groups groups (TRL's batch of n_groups·G completions): each group
+ * is captured, rolled out (hook non-NULL), scored and replayed in turn — one prompt
+ * state and one tape alive at a time — then one optimizer call. The normalisers
+ * count the whole batch (grpo: 1/(N·R_i), dapo: 1/ΣR, dr_grpo: 1/(N·L)); scale =
+ * batch uses the std of every reward. G >= 2 per group. A non-finite loss or
+ * gradient skips the optimizer call (mt->skipped, mt->skip_reason), weights and
+ * moments untouched, and returns LS_OK; the caller zeroes `grad` before the next. */
+ls_status ls_grpo_update_batch(ls_hybrid_model *policy, const ls_hybrid_model *ref, ls_hybrid_model *grad,
+                               ls_adamw *adam, ls_group *groups, int n_groups, const ls_rollout_hook *rollout,
+                               const ls_grpo_opts *o, ls_arenas *ar, ls_grpo_metrics *mt);
+
+/* One transaction over one group (a skipped step is an error here). `grad` must be zeroed (ls_hybrid_alloc_like); with
  * LoRA it receives ∂L/∂W_eff, projected onto the adapters after the replay;
  * when `adam` is NULL the update stops after the gradients (no clipping, no step):
  * that is `longstraw grad`. `ref` may be NULL when β = 0. */

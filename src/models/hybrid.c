@@ -12,6 +12,7 @@
 
 #include "hybrid_tape.h"
 #include "longstraw/kernels.h"
+#include "longstraw/trace.h"
 
 void ls_fwd_opts_default(ls_fwd_opts *o) {
     o->capture_chunk = 2048;
@@ -338,8 +339,10 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
             /* The last layer's FFN feeds only the LM head: skipped unless logits are wanted. */
             int skip = l == c->n_layers - 1 && !(logits && last_chunk);
             LS_TRY(layer_fwd(m, l, x, skip, &L));
+            ls_trace_layer_end(l, "fwd");
         }
         ls_state_advance(st, T);
+        if (!logits) ls_progress_add(T); /* capture; decoding reports its own progress */
         if (logits && last_chunk) { /* logits of the last token, scaled by 1/temperature */
             float *h = x + (T - 1) * D;
             ls_rmsnorm_fwd(h, NULL, h, m->final_norm, 1, D, c->eps);
@@ -404,6 +407,7 @@ ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *
         }
         layer_ctx L = {T, pos0, grad_from, pp, NULL, S, tail, taping ? &tb->layers[l] : NULL, tape_arena, scratch};
         LS_TRY(layer_fwd(m, l, x, 0, &L));
+        ls_trace_layer_end(l, "fwd");
     }
     int64_t n = T - out_from;
     float *xo = x + out_from * D; /* [n, D] rows that predict a target */

@@ -12,6 +12,7 @@
 
 #include "hybrid_tape.h"
 #include "longstraw/kernels.h"
+#include "longstraw/trace.h"
 
 #define ALLOC_F(arena, n) ((float *)ls_arena_alloc((arena), (size_t)(n) * sizeof(float)))
 #define CALLOC_F(arena, n) ((float *)ls_arena_calloc((arena), (size_t)(n), sizeof(float)))
@@ -266,7 +267,10 @@ ls_status ls_hybrid_branch_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad,
     LS_TRY(ls_lmhead_logprobs_bwd(dh, grad->lm_head, dlogprob, tb->h_final, m->lm_head, tb->target, tb->lse, n,
                                   D, c->vocab, tb->temperature, tb->lmhead_rows, scratch));
     ls_rmsnorm_bwd(dx + tb->out_from * D, grad->final_norm, dh, tb->x_final, tb->rstd_f, m->final_norm, n, D);
-    for (int l = (int)c->n_layers - 1; l >= 0; l--) LS_TRY(layer_bwd(m, grad, l, tb, dx, scratch));
+    for (int l = (int)c->n_layers - 1; l >= 0; l--) {
+        LS_TRY(layer_bwd(m, grad, l, tb, dx, scratch));
+        ls_trace_layer_end(l, "bwd");
+    }
     ls_embed_bwd(grad->embed, dx, tb->ids, T, D);
     ls_arena_release(scratch, mk);
     return LS_OK;

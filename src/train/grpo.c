@@ -9,10 +9,12 @@
  * Normalisers are fixed before the replay, so serial accumulation is exact.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "longstraw/grpo.h"
+#include "longstraw/trace.h"
 
 void ls_grpo_opts_default(ls_grpo_opts *o) {
     memset(o, 0, sizeof *o);
@@ -40,22 +42,6 @@ void ls_grpo_advantages(double *A, const double *r, int G, ls_scale_rewards scal
     for (int i = 0; i < G; i++) var += (r[i] - mean) * (r[i] - mean);
     double sd = G > 1 ? sqrt(var / (G - 1)) : 0.0; /* Bessel, as torch.std / TRL */
     for (int i = 0; i < G; i++) A[i] = scale == LS_SCALE_NONE ? r[i] - mean : (r[i] - mean) / (sd + 1e-4);
-}
-
-void ls_grpo_normalisers(double *w, const int64_t *R, int G, ls_loss_type loss, int64_t max_len) {
-    int64_t tot = 0, mx = 0;
-    for (int i = 0; i < G; i++) {
-        tot += R[i];
-        mx = R[i] > mx ? R[i] : mx;
-    }
-    if (max_len <= 0) max_len = mx;
-    for (int i = 0; i < G; i++) {
-        switch (loss) {
-        case LS_LOSS_GRPO: w[i] = 1.0 / ((double)G * (double)R[i]); break;
-        case LS_LOSS_DAPO: w[i] = 1.0 / (double)tot; break;
-        case LS_LOSS_DR_GRPO: w[i] = 1.0 / ((double)G * (double)max_len); break;
-        }
-    }
 }
 
 void ls_grpo_member_terms(float *dl, ls_grpo_terms *acc, const float *lp, const float *old,
@@ -144,6 +130,7 @@ static ls_status score_all(const ls_hybrid_model *m, const ls_group *g, const ls
                            const ls_prompt_state *st, float **out) {
     ls_arena *br = &ar->a[LS_ARENA_BRANCH];
     for (int i = 0; i < g->G; i++) {
+        ls_trace_set_member(i);
         ls_arena_mark mk = ls_arena_get_mark(br);
         int32_t *ids;
         int64_t T, from;
@@ -152,6 +139,7 @@ static ls_status score_all(const ls_hybrid_model *m, const ls_group *g, const ls
                                     &ar->a[LS_ARENA_SCRATCH]));
         ls_arena_release(br, mk);
     }
+    ls_trace_set_member(-1);
     return LS_OK;
 }
 
@@ -205,136 +193,327 @@ static ls_status optimize(ls_hybrid_model *policy, ls_hybrid_model *grad, ls_ada
     return s;
 }
 
-ls_status ls_grpo_update(ls_hybrid_model *policy, const ls_hybrid_model *ref, ls_hybrid_model *grad,
-                         ls_adamw *adam, const ls_group *g, const ls_grpo_opts *o, ls_arenas *ar,
-                         ls_grpo_metrics *mt) {
-    ls_arena *sa = &ar->a[LS_ARENA_SCORE], *br = &ar->a[LS_ARENA_BRANCH], *pr = &ar->a[LS_ARENA_PROMPT];
-    int G = g->G;
-    double t_start = ls_now(), t0;
-    memset(mt, 0, sizeof *mt);
-    mt->P = (int)g->P;
-    mt->G = G;
-    if (G < 1) return ls_err(LS_ERR_ARG, "a group needs at least one response");
+/* Per-group results that live in the score arena for the whole update. */
+typedef struct {
+    double *A;   /* [G] advantages */
+    float **old; /* [G] → [R_i] old log-probs */
+    float **rlp; /* [G] → [R_i] reference log-probs (β ≠ 0) */
+} group_scores;
+
+static ls_status check_group(const ls_group *g, int gi) {
+    if (g->G < 2)
+        return ls_err(LS_ERR_ARG, "group %d has %d response%s: GRPO needs G >= 2 (advantages are relative to the group)",
+                      gi, g->G, g->G == 1 ? "" : "s");
     if (!g->advantages && !g->rewards)
-        return ls_err(LS_ERR_ARG, "the group has neither \"rewards\" nor \"advantages\"");
-    if (o->beta != 0 && !ref) return ls_err(LS_ERR_ARG, "beta = %g needs a reference policy", o->beta);
-    if (!adam && o->num_iterations != 1) return ls_err(LS_ERR_ARG, "gradients only: num_iterations must be 1");
-    if (o->num_iterations < 1) return ls_err(LS_ERR_ARG, "num_iterations must be >= 1");
-    ls_arena_mark score_mark = ls_arena_get_mark(sa);
-    /* score arena: advantages, normalisers, old / ref log-probs, per-member scratch */
-    double *A = ls_arena_alloc(sa, (size_t)G * sizeof(double));
-    double *w = ls_arena_alloc(sa, (size_t)G * sizeof(double));
-    float **old = ls_arena_calloc(sa, (size_t)G, sizeof(float *));
-    float **rlp = ls_arena_calloc(sa, (size_t)G, sizeof(float *));
-    if (!A || !w || !old || !rlp) return LS_ERR_NOMEM;
-    int64_t rmax = 0;
+        return ls_err(LS_ERR_ARG, "group %d has neither \"rewards\" nor \"advantages\"", gi);
+    for (int i = 0; i < g->G; i++)
+        if (g->R[i] < 1) return ls_err(LS_ERR_ARG, "group %d, response %d is empty", gi, i);
+    return LS_OK;
+}
+
+/* Score-arena buffers of one group: old (unless given) and reference log-probs. */
+static ls_status alloc_scores(group_scores *gs, const ls_group *g, const ls_grpo_opts *o, ls_arena *sa) {
+    int G = g->G;
+    gs->A = ls_arena_alloc(sa, (size_t)G * sizeof(double));
+    gs->old = ls_arena_calloc(sa, (size_t)G, sizeof(float *));
+    gs->rlp = ls_arena_calloc(sa, (size_t)G, sizeof(float *));
+    if (!gs->A || !gs->old || !gs->rlp) return LS_ERR_NOMEM;
     for (int i = 0; i < G; i++) {
-        old[i] = g->old_logprobs ? g->old_logprobs[i] : ls_arena_alloc(sa, (size_t)g->R[i] * sizeof(float));
-        if (!old[i]) return LS_ERR_NOMEM;
-        if (o->beta != 0 && !(rlp[i] = ls_arena_alloc(sa, (size_t)g->R[i] * sizeof(float)))) return LS_ERR_NOMEM;
-        rmax = g->R[i] > rmax ? g->R[i] : rmax;
-        mt->len_mean += (double)g->R[i] / G;
-        mt->len_min = (i == 0 || g->R[i] < mt->len_min) ? g->R[i] : mt->len_min;
-        mt->len_max = g->R[i] > mt->len_max ? g->R[i] : mt->len_max;
+        gs->old[i] = g->old_logprobs ? g->old_logprobs[i] : ls_arena_alloc(sa, (size_t)g->R[i] * sizeof(float));
+        if (!gs->old[i]) return LS_ERR_NOMEM;
+        if (o->beta != 0 && !(gs->rlp[i] = ls_arena_alloc(sa, (size_t)g->R[i] * sizeof(float)))) return LS_ERR_NOMEM;
     }
+    return LS_OK;
+}
+
+/* Advantages of every group. scale = batch: r − group mean over the std of the
+ * whole batch (TRL's scale_rewards="batch"). */
+static void advantages(group_scores *gs, const ls_group *gr, int n, ls_scale_rewards scale) {
+    double sd = 0;
+    if (scale == LS_SCALE_BATCH) {
+        double mean = 0, var = 0;
+        int64_t N = 0;
+        for (int k = 0; k < n; k++)
+            for (int i = 0; i < gr[k].G && gr[k].rewards; i++) mean += gr[k].rewards[i], N++;
+        mean /= N > 0 ? (double)N : 1.0;
+        for (int k = 0; k < n; k++)
+            for (int i = 0; i < gr[k].G && gr[k].rewards; i++) var += (gr[k].rewards[i] - mean) * (gr[k].rewards[i] - mean);
+        sd = N > 1 ? sqrt(var / (double)(N - 1)) : 0.0;
+    }
+    for (int k = 0; k < n; k++) {
+        const ls_group *g = &gr[k];
+        if (g->advantages) {
+            memcpy(gs[k].A, g->advantages, (size_t)g->G * sizeof(double));
+        } else if (scale == LS_SCALE_BATCH) {
+            double mean = 0;
+            for (int i = 0; i < g->G; i++) mean += g->rewards[i] / g->G;
+            for (int i = 0; i < g->G; i++) gs[k].A[i] = (g->rewards[i] - mean) / (sd + 1e-4);
+        } else {
+            ls_grpo_advantages(gs[k].A, g->rewards, g->G, scale);
+        }
+    }
+}
+
+/* The loss is Σ_groups Σ_i c·u_i·Σ_t term: u_i is known when member i is replayed,
+ * the batch constant c only once every response is known (rollouts sample group by
+ * group), so c scales the finished gradient. grpo u = 1/R_i, c = 1/N; dapo u = 1,
+ * c = 1/ΣR; dr_grpo u = 1, c = 1/(N·L). */
+static double member_weight(ls_loss_type loss, int64_t R) { return loss == LS_LOSS_GRPO ? 1.0 / (double)R : 1.0; }
+
+static double batch_constant(const ls_group *gr, int n, ls_loss_type loss, int64_t max_len) {
+    int64_t N = 0, tot = 0, mx = 0;
+    for (int k = 0; k < n; k++)
+        for (int i = 0; i < gr[k].G; i++) {
+            N++;
+            tot += gr[k].R[i];
+            mx = gr[k].R[i] > mx ? gr[k].R[i] : mx;
+        }
+    if (max_len <= 0) max_len = mx;
+    switch (loss) {
+    case LS_LOSS_DAPO: return 1.0 / (double)tot;
+    case LS_LOSS_DR_GRPO: return 1.0 / ((double)N * (double)max_len);
+    default: return 1.0 / (double)N;
+    }
+}
+
+static void batch_metrics(ls_grpo_metrics *mt, const ls_group *gr, const group_scores *gs, int n) {
+    int64_t N = 0, nr = 0;
+    double len = 0, rsum = 0, rstd = 0, asum = 0;
+    mt->len_min = INT64_MAX;
+    for (int k = 0; k < n; k++) {
+        const ls_group *g = &gr[k];
+        double gm = 0, gv = 0;
+        for (int i = 0; i < g->G; i++) {
+            N++;
+            len += (double)g->R[i];
+            asum += gs[k].A[i];
+            mt->len_min = g->R[i] < mt->len_min ? g->R[i] : mt->len_min;
+            mt->len_max = g->R[i] > mt->len_max ? g->R[i] : mt->len_max;
+            if (g->rewards) gm += g->rewards[i] / g->G;
+        }
+        if (!g->rewards) continue;
+        for (int i = 0; i < g->G; i++) gv += (g->rewards[i] - gm) * (g->rewards[i] - gm);
+        rsum += gm * g->G;
+        rstd += g->G > 1 ? sqrt(gv / (g->G - 1)) : 0; /* TRL: mean of the per-group stds */
+        nr++;
+        mt->n_rewarded += g->G;
+    }
+    mt->G = n > 0 ? gr[0].G : 0;
+    mt->P = n > 0 ? (int)gr[0].P : 0;
+    mt->n_seq = (int)N;
+    mt->len_mean = N ? len / (double)N : 0;
+    mt->reward_mean = mt->n_rewarded ? rsum / (double)mt->n_rewarded : 0;
+    mt->reward_std = nr ? rstd / (double)nr : 0;
+    mt->adv_mean = N ? asum / (double)N : 0;
+    if (mt->len_min == INT64_MAX) mt->len_min = 0;
+}
+
+/* Reference log-probs of group g: capture its own prompt state on top of whatever the
+ * prompt arena holds, score, release. */
+static ls_status reference(const ls_hybrid_model *ref, const ls_group *g, const ls_grpo_opts *o, ls_arenas *ar,
+                           float **rlp) {
+    ls_arena *pr = &ar->a[LS_ARENA_PROMPT];
+    ls_arena_mark pm = ls_arena_get_mark(pr);
+    ls_prompt_state st;
+    ls_status s = LS_OK;
+    ls_trace_phase_begin("reference");
+    if (!o->no_capture) s = capture(ref, g, o, ar, &st);
+    if (s == LS_OK) s = score_all(ref, g, o, ar, o->no_capture ? NULL : &st, rlp);
+    ls_trace_phase_end("reference");
+    ls_arena_release(pr, pm);
+    return s;
+}
+
+static int64_t sum_R(const ls_group *g) {
+    int64_t t = 0;
+    for (int i = 0; i < g->G; i++) t += g->R[i];
+    return t;
+}
+
+/* Replay the members of one group under a tape, one at a time; accumulates the
+ * gradient (weights u_i) and the token terms. */
+static ls_status replay(ls_hybrid_model *policy, ls_hybrid_model *grad, const ls_group *g, const group_scores *gs,
+                        const ls_prompt_state *stp, const ls_grpo_opts *o, ls_arenas *ar, ls_grpo_terms *acc,
+                        double *ent_sum) {
+    ls_arena *sa = &ar->a[LS_ARENA_SCORE], *br = &ar->a[LS_ARENA_BRANCH];
+    ls_arena_mark sm = ls_arena_get_mark(sa);
+    int64_t rmax = 0;
+    for (int i = 0; i < g->G; i++) rmax = g->R[i] > rmax ? g->R[i] : rmax;
     float *lp = ls_arena_alloc(sa, (size_t)rmax * sizeof(float)), *dl = ls_arena_alloc(sa, (size_t)rmax * sizeof(float));
     float *ent = ls_arena_alloc(sa, (size_t)rmax * sizeof(float));
     if (!lp || !dl || !ent) return LS_ERR_NOMEM;
-    if (g->advantages) memcpy(A, g->advantages, (size_t)G * sizeof(double));
-    else ls_grpo_advantages(A, g->rewards, G, o->scale);
-    ls_grpo_normalisers(w, g->R, G, o->loss, o->max_completion_length);
-    if (g->rewards) {
-        for (int i = 0; i < G; i++) mt->reward_mean += g->rewards[i] / G;
-        for (int i = 0; i < G; i++) mt->reward_std += (g->rewards[i] - mt->reward_mean) * (g->rewards[i] - mt->reward_mean);
-        mt->reward_std = G > 1 ? sqrt(mt->reward_std / (G - 1)) : 0;
+    ls_status s = LS_OK;
+    ls_trace_phase_begin("replay");
+    ls_progress_begin("replay", sum_R(g));
+    for (int i = 0; i < g->G && s == LS_OK; i++) {
+        ls_arena_mark bm = ls_arena_get_mark(br);
+        int32_t *ids;
+        int64_t T, from;
+        ls_branch_tape *tape = NULL;
+        ls_trace_set_member(i);
+        s = member_ids(g, i, o->no_capture, br, &ids, &T, &from);
+        if (s == LS_OK)
+            s = ls_hybrid_branch_fwd(policy, stp, ids, T, from, from, g->resp[i], lp, ent, &tape, &o->fwd, br,
+                                     &ar->a[LS_ARENA_SCRATCH]);
+        if (s == LS_OK) {
+            ls_grpo_member_terms(dl, acc, lp, gs->old[i], o->beta != 0 ? gs->rlp[i] : NULL, g->R[i], gs->A[i],
+                                 member_weight(o->loss, g->R[i]), o);
+            for (int64_t t = 0; t < g->R[i]; t++) *ent_sum += ent[t];
+            s = ls_hybrid_branch_bwd(policy, grad, tape, dl, &ar->a[LS_ARENA_SCRATCH]);
+        }
+        ls_arena_release(br, bm);
+        ls_progress_add(g->R[i]);
     }
-    for (int i = 0; i < G; i++) mt->adv_mean += A[i] / G;
+    ls_trace_set_member(-1);
+    ls_progress_end();
+    ls_trace_phase_end("replay");
+    ls_arena_release(sa, sm);
+    return s;
+}
 
-    /* 1. reference log-probs: its own prompt state, captured, used, freed */
+/* One group of one iteration: capture; on the first iteration the rollout, the
+ * reference and the old log-probs; then the replay. The prompt state dies here. */
+static ls_status run_group(ls_hybrid_model *policy, const ls_hybrid_model *ref, ls_hybrid_model *grad, ls_group *g,
+                           int gi, group_scores *gs, int first, const ls_rollout_hook *rollout, const ls_grpo_opts *o,
+                           ls_arenas *ar, ls_grpo_terms *acc, double *ent_sum, ls_grpo_metrics *mt) {
+    ls_arena *pr = &ar->a[LS_ARENA_PROMPT];
+    ls_status s = LS_OK;
+    if (first && !rollout && o->beta != 0) LS_TRY(reference(ref, g, o, ar, gs->rlp)); /* before: peak stays P */
+    double t0 = ls_now();
+    ls_arena_mark pm = ls_arena_get_mark(pr);
+    ls_prompt_state st;
+    const ls_prompt_state *stp = NULL;
+    if (!o->no_capture) {
+        ls_trace_phase_begin("capture");
+        ls_progress_begin("capture", g->P - 1);
+        s = capture(policy, g, o, ar, &st);
+        ls_progress_end();
+        ls_trace_phase_end("capture");
+        stp = &st;
+        size_t pb = pr->cur - pm.cur;
+        mt->prompt_bytes = pb > mt->prompt_bytes ? pb : mt->prompt_bytes;
+    }
+    mt->t_capture += ls_now() - t0;
+    if (s == LS_OK && first && rollout) {
+        t0 = ls_now();
+        s = rollout->fn(rollout->ctx, gi, g, policy, stp, ar);
+        if (s == LS_OK) s = check_group(g, gi);
+        if (s == LS_OK) s = alloc_scores(gs, g, o, &ar->a[LS_ARENA_SCORE]);
+        if (s == LS_OK) advantages(gs, g, 1, o->scale);
+        mt->t_rollout += ls_now() - t0;
+        t0 = ls_now();
+        /* the reference needs the responses: its state goes on top of the policy's */
+        if (s == LS_OK && o->beta != 0) s = reference(ref, g, o, ar, gs->rlp);
+        mt->t_ref += ls_now() - t0;
+    }
     t0 = ls_now();
-    if (o->beta != 0) {
-        ls_arena_mark pm = ls_arena_get_mark(pr);
-        ls_prompt_state st;
-        if (!o->no_capture) LS_TRY(capture(ref, g, o, ar, &st));
-        LS_TRY(score_all(ref, g, o, ar, o->no_capture ? NULL : &st, rlp));
-        ls_arena_release(pr, pm);
+    if (s == LS_OK && first && !g->old_logprobs) {
+        ls_trace_phase_begin("score");
+        s = score_all(policy, g, o, ar, stp, gs->old);
+        ls_trace_phase_end("score");
     }
-    mt->t_ref = ls_now() - t0;
+    mt->t_score += ls_now() - t0;
+    t0 = ls_now();
+    if (s == LS_OK) s = replay(policy, grad, g, gs, stp, o, ar, acc, ent_sum);
+    mt->t_replay += ls_now() - t0;
+    ls_arena_release(pr, pm);
+    return s;
+}
 
+static void scale_params(const ls_param *gp, int64_t n, double c) {
+    for (int64_t k = 0; k < n; k++) {
+        float *g = gp[k].p, cf = (float)c;
+#pragma omp parallel for schedule(static) if (gp[k].n > 65536)
+        for (int64_t i = 0; i < gp[k].n; i++) g[i] *= cf;
+    }
+}
+
+ls_status ls_grpo_update_batch(ls_hybrid_model *policy, const ls_hybrid_model *ref, ls_hybrid_model *grad,
+                               ls_adamw *adam, ls_group *groups, int n_groups, const ls_rollout_hook *rollout,
+                               const ls_grpo_opts *o, ls_arenas *ar, ls_grpo_metrics *mt) {
+    ls_arena *sa = &ar->a[LS_ARENA_SCORE];
+    double t_start = ls_now(), t0;
+    memset(mt, 0, sizeof *mt);
+    if (n_groups < 1) return ls_err(LS_ERR_ARG, "an update needs at least one group");
+    if (o->beta != 0 && !ref) return ls_err(LS_ERR_ARG, "beta = %g needs a reference policy", o->beta);
+    if (!adam && o->num_iterations != 1) return ls_err(LS_ERR_ARG, "gradients only: num_iterations must be 1");
+    if (o->num_iterations < 1) return ls_err(LS_ERR_ARG, "num_iterations must be >= 1");
     if (o->lora && !o->lora_base) return ls_err(LS_ERR_ARG, "LoRA needs its base model");
+    if (rollout && o->no_capture) return ls_err(LS_ERR_ARG, "rollouts sample from a captured prompt state: not with no_capture");
+    if (rollout && n_groups > 1 && o->scale == LS_SCALE_BATCH)
+        return ls_err(LS_ERR_ARG, "scale_rewards = batch needs every reward before the first replay, but rollouts "
+                                  "sample group by group: use group or none, or one group per update");
+    ls_arena_mark score_mark = ls_arena_get_mark(sa);
+    group_scores *gs = ls_arena_calloc(sa, (size_t)n_groups, sizeof *gs);
+    if (!gs) return LS_ERR_NOMEM;
+    if (!rollout) {
+        for (int k = 0; k < n_groups; k++) {
+            LS_TRY(check_group(&groups[k], k));
+            LS_TRY(alloc_scores(&gs[k], &groups[k], o, sa));
+        }
+        advantages(gs, groups, n_groups, o->scale);
+    }
     ls_param *gp = NULL, *wp = NULL, *fg = NULL;
     int64_t ngp = 0, nfg = 0;
     LS_TRY(trainable(policy, grad, adam, o, &wp, &gp, NULL, NULL, &ngp));
     free(wp);
-    LS_TRY(ls_hybrid_params(grad, &fg, &nfg)); /* the full-weight gradient buffers */
-    ls_status s = LS_OK;
+    ls_status s = ls_hybrid_params(grad, &fg, &nfg); /* the full-weight gradient buffers */
     for (int it = 0; it < o->num_iterations && s == LS_OK; it++) {
-        /* 2. capture the policy's prompt state */
-        t0 = ls_now();
-        ls_arena_mark pm = ls_arena_get_mark(pr);
-        ls_prompt_state st;
-        const ls_prompt_state *stp = NULL;
-        if (!o->no_capture) {
-            s = capture(policy, g, o, ar, &st);
-            stp = &st;
-            mt->prompt_bytes = pr->cur - pm.cur;
-        }
-        mt->t_capture += ls_now() - t0;
-        /* 3. old log-probs (first iteration) */
-        t0 = ls_now();
-        if (s == LS_OK && it == 0 && !g->old_logprobs) s = score_all(policy, g, o, ar, stp, old);
-        mt->t_score += ls_now() - t0;
-        /* 4. replay, one member under a tape at a time */
-        t0 = ls_now();
         ls_grpo_terms acc = {0, 0, 0, 0, 0};
         double ent_sum = 0;
-        for (int i = 0; i < G && s == LS_OK; i++) {
-            ls_arena_mark bm = ls_arena_get_mark(br);
-            int32_t *ids;
-            int64_t T, from;
-            ls_branch_tape *tape = NULL;
-            s = member_ids(g, i, o->no_capture, br, &ids, &T, &from);
-            if (s == LS_OK)
-                s = ls_hybrid_branch_fwd(policy, stp, ids, T, from, from, g->resp[i], lp, ent, &tape, &o->fwd, br,
-                                         &ar->a[LS_ARENA_SCRATCH]);
-            if (s == LS_OK) {
-                ls_grpo_member_terms(dl, &acc, lp, old[i], o->beta != 0 ? rlp[i] : NULL, g->R[i], A[i], w[i], o);
-                for (int64_t t = 0; t < g->R[i]; t++) ent_sum += ent[t];
-                s = ls_hybrid_branch_bwd(policy, grad, tape, dl, &ar->a[LS_ARENA_SCRATCH]);
-            }
-            ls_arena_release(br, bm);
-        }
-        ls_arena_release(pr, pm);
-        mt->t_replay += ls_now() - t0;
+        for (int k = 0; k < n_groups && s == LS_OK; k++)
+            s = run_group(policy, ref, grad, &groups[k], k, &gs[k], it == 0, rollout, o, ar, &acc, &ent_sum, mt);
         if (s != LS_OK) break;
+        if (it == 0) batch_metrics(mt, groups, gs, n_groups);
+        t0 = ls_now();
+        ls_trace_phase_begin("optimize");
         if (o->lora) ls_lora_backward(o->lora, grad); /* ∂L/∂W_eff → adapters */
-        mt->loss = acc.loss;
+        double c = batch_constant(groups, n_groups, o->loss, o->max_completion_length);
+        scale_params(gp, ngp, c);
+        mt->loss = c * acc.loss;
         mt->kl = acc.tokens > 0 ? acc.kl_sum / acc.tokens : 0;
         mt->clip_low = acc.tokens > 0 ? acc.clip_low / acc.tokens : 0;
         mt->clip_high = acc.tokens > 0 ? acc.clip_high / acc.tokens : 0;
         mt->entropy = acc.tokens > 0 ? ent_sum / acc.tokens : 0;
-        /* 5. finalize: one optimizer call */
-        t0 = ls_now();
         mt->grad_norm = grad_norm(gp, ngp);
         if (it < 64) mt->iter_loss[it] = mt->loss, mt->iter_grad_norm[it] = mt->grad_norm;
         mt->n_iter = it + 1;
         if (!isfinite(mt->grad_norm) || !isfinite(mt->loss)) {
-            s = ls_err(LS_ERR_ARG, "non-finite %s in update (loss %g, grad norm %g); weights left untouched",
-                       isfinite(mt->loss) ? "gradient" : "loss", mt->loss, mt->grad_norm);
+            /* a NaN or Inf anywhere (rewards, log-probs, loss, gradients) reaches the
+             * loss or the norm: skip the step, weights and optimizer state untouched */
+            mt->skipped = 1;
+            snprintf(mt->skip_reason, sizeof mt->skip_reason, "non-finite %s (loss %g, grad norm %g)",
+                     isfinite(mt->loss) ? "gradient" : "loss", mt->loss, mt->grad_norm);
+            ls_trace_event("optimizer", "\"update\": %d, \"step\": %lld, \"grad_norm\": null, \"lr\": %g, \"skipped\": true",
+                           it, adam ? (long long)adam->step : 0LL, o->lr);
+            ls_trace_phase_end("optimize");
+            mt->t_optim += ls_now() - t0;
             break;
         }
         if (adam) {
             s = optimize(policy, grad, adam, o, mt->grad_norm);
+            ls_trace_event("optimizer", "\"iteration\": %d, \"step\": %lld, \"grad_norm\": %.9g, \"lr\": %g, \"skipped\": false",
+                           it, (long long)adam->step, mt->grad_norm, o->lr);
             if (it + 1 < o->num_iterations) {
                 for (int64_t k = 0; k < nfg; k++) memset(fg[k].p, 0, (size_t)fg[k].n * sizeof(float));
                 if (o->lora) ls_lora_zero_grad(o->lora);
             }
         }
+        ls_trace_phase_end("optimize");
         mt->t_optim += ls_now() - t0;
     }
     free(gp);
     free(fg);
     ls_arena_release(sa, score_mark);
     mt->t_total = ls_now() - t_start;
+    return s;
+}
+
+ls_status ls_grpo_update(ls_hybrid_model *policy, const ls_hybrid_model *ref, ls_hybrid_model *grad,
+                         ls_adamw *adam, const ls_group *g, const ls_grpo_opts *o, ls_arenas *ar,
+                         ls_grpo_metrics *mt) {
+    ls_group copy = *g; /* the batch form may fill groups (rollouts); without a hook it does not */
+    ls_status s = ls_grpo_update_batch(policy, ref, grad, adam, &copy, 1, NULL, o, ar, mt);
+    if (s == LS_OK && mt->skipped) s = ls_err(LS_ERR_ARG, "%s; weights left untouched", mt->skip_reason);
     return s;
 }

@@ -1,0 +1,47 @@
+/*
+ * trace.h — what a run writes about itself (issue 4 §5): one JSON object per line in
+ * RUN/trace.<rank>.jsonl (format: docs/trace.md), and a progress line on stderr.
+ *
+ * The tracer is process-wide and off until ls_trace_open; every call is then a no-op,
+ * so library code calls it unconditionally. Calls come from the main thread only
+ * (the layer loops are sequential; OpenMP runs inside them). Every event carries the
+ * live bytes of each arena, so the trace alone draws the memory timeline.
+ */
+#ifndef LONGSTRAW_TRACE_H
+#define LONGSTRAW_TRACE_H
+
+#include <stdint.h>
+
+#include "longstraw/core.h"
+
+/* Start tracing to `path` (created or appended: a resumed run continues its trace).
+ * `ar` is sampled at every event; `command` goes into the start event. */
+ls_status ls_trace_open(const char *path, int rank, ls_arenas *ar, const char *command);
+void ls_trace_close(void);
+int ls_trace_on(void);
+
+/* Phase begin/end. At the end the event carries the phase's time and the peak bytes
+ * of each arena while it ran (the arenas' own peaks keep their run-wide maxima). */
+void ls_trace_phase_begin(const char *phase);
+void ls_trace_phase_end(const char *phase);
+/* The update (0-based) later events belong to. */
+void ls_trace_set_update(int64_t update);
+/* The group member (−1 = none) later layer events belong to. */
+void ls_trace_set_member(int member);
+/* A layer finished its forward ("fwd") or backward ("bwd") pass. */
+void ls_trace_layer_end(int layer, const char *pass);
+/* Layer events off (e.g. during token-by-token decoding, where they would be one per
+ * token per layer); returns the previous setting. */
+int ls_trace_layers(int on);
+/* Any other event: `fields` is a JSON object body ("\"k\": 1, \"s\": \"x\"") or NULL. */
+void ls_trace_event(const char *ev, const char *fields_fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- progress on stderr -------------------------------------------------------------
+ * A bar redrawn in place when stderr is a terminal, plain lines (at most one per 10 s
+ * and one at the end) otherwise; off when quiet. */
+void ls_progress_enable(int on);
+void ls_progress_begin(const char *what, int64_t total); /* total units (tokens) */
+void ls_progress_add(int64_t done);                    /* units completed since the last call */
+void ls_progress_end(void);
+
+#endif

@@ -1,0 +1,193 @@
+/*
+ * trace.c — the run's trace (docs/trace.md) and the progress line on stderr.
+ * Process-wide state, used from the main thread only (see trace.h).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "longstraw/trace.h"
+
+static struct {
+    FILE *f;
+    ls_arenas *ar;
+    double t0;
+    int64_t update;
+    int member;
+    int layers;
+    const char *phase;    /* current phase (static strings) */
+    double phase_t0;
+    size_t saved_peak[LS_ARENA_COUNT];
+} T = {.update = -1, .member = -1, .layers = 1};
+
+int ls_trace_on(void) { return T.f != NULL; }
+
+/* "{"t": .., "ev": "..", "live": [..]" — the caller adds fields and closes. */
+static void head(const char *ev) {
+    fprintf(T.f, "{\"t\": %.6f, \"ev\": \"%s\", \"live\": [", ls_now() - T.t0, ev);
+    for (int a = 0; a < LS_ARENA_COUNT; a++) fprintf(T.f, "%s%zu", a ? ", " : "", T.ar->a[a].cur);
+    fputc(']', T.f);
+}
+
+static void tail(void) {
+    fputs("}\n", T.f);
+    fflush(T.f); /* a crash loses at most the event being written */
+}
+
+ls_status ls_trace_open(const char *path, int rank, ls_arenas *ar, const char *command) {
+    ls_trace_close();
+    FILE *f = fopen(path, "a");
+    if (!f) return ls_err(LS_ERR_IO, "%s: cannot open the trace for appending", path);
+    T.f = f;
+    T.ar = ar;
+    T.t0 = ls_now();
+    T.update = -1;
+    T.member = -1;
+    T.layers = 1;
+    T.phase = NULL;
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    head("start");
+    fprintf(T.f, ", \"rank\": %d, \"pid\": %ld, \"time_unix\": %.6f, \"command\": \"%s\", \"arenas\": [", rank,
+            (long)getpid(), (double)tv.tv_sec + tv.tv_usec * 1e-6, command);
+    for (int a = 0; a < LS_ARENA_COUNT; a++) fprintf(T.f, "%s\"%s\"", a ? ", " : "", ls_arena_id_name((ls_arena_id)a));
+    fputc(']', T.f);
+    tail();
+    return LS_OK;
+}
+
+void ls_trace_close(void) {
+    if (!T.f) return;
+    head("end");
+    tail();
+    fclose(T.f);
+    T.f = NULL;
+}
+
+void ls_trace_set_update(int64_t update) { T.update = update; }
+void ls_trace_set_member(int member) { T.member = member; }
+
+int ls_trace_layers(int on) {
+    int old = T.layers;
+    T.layers = on;
+    return old;
+}
+
+void ls_trace_phase_begin(const char *phase) {
+    if (!T.f) return;
+    /* measure the phase's own peak: remember the run-wide peaks, restart them at the
+     * current level, and fold them back at the end */
+    for (int a = 0; a < LS_ARENA_COUNT; a++) {
+        ls_arena *ar = &T.ar->a[a];
+        T.saved_peak[a] = ar->peak;
+        ls_arena_reset_peak(ar);
+    }
+    T.phase = phase;
+    T.phase_t0 = ls_now();
+    head("phase_begin");
+    fprintf(T.f, ", \"phase\": \"%s\", \"update\": %lld", phase, (long long)T.update);
+    tail();
+}
+
+void ls_trace_phase_end(const char *phase) {
+    if (!T.f) return;
+    head("phase_end");
+    fprintf(T.f, ", \"phase\": \"%s\", \"update\": %lld, \"s\": %.6f, \"peak\": [", phase, (long long)T.update,
+            ls_now() - T.phase_t0);
+    for (int a = 0; a < LS_ARENA_COUNT; a++) {
+        ls_arena *ar = &T.ar->a[a];
+        fprintf(T.f, "%s%zu", a ? ", " : "", ar->peak);
+        if (T.saved_peak[a] > ar->peak) ar->peak = T.saved_peak[a];
+    }
+    fputc(']', T.f);
+    tail();
+    T.phase = NULL;
+}
+
+void ls_trace_layer_end(int layer, const char *pass) {
+    if (!T.f || !T.layers) return;
+    head("layer_end");
+    fprintf(T.f, ", \"phase\": \"%s\", \"update\": %lld, \"pass\": \"%s\", \"layer\": %d, \"member\": %d",
+            T.phase ? T.phase : "", (long long)T.update, pass, layer, T.member);
+    tail();
+}
+
+void ls_trace_event(const char *ev, const char *fmt, ...) {
+    if (!T.f) return;
+    head(ev);
+    if (fmt) {
+        fputs(", ", T.f);
+        va_list ap;
+        va_start(ap, fmt);
+        vfprintf(T.f, fmt, ap);
+        va_end(ap);
+    }
+    tail();
+}
+
+/* ---- progress ------------------------------------------------------------------ */
+
+static struct {
+    int enabled, tty, active;
+    const char *what;
+    int64_t total, done;
+    double t0, last;
+} P;
+
+void ls_progress_enable(int on) {
+    P.enabled = on;
+    P.tty = isatty(STDERR_FILENO);
+}
+
+static void fmt_eta(char *buf, size_t n, double s) {
+    if (!(s >= 0) || s > 1e7) snprintf(buf, n, "--:--");
+    else if (s >= 3600) snprintf(buf, n, "%d:%02d:%02d", (int)s / 3600, (int)s / 60 % 60, (int)s % 60);
+    else snprintf(buf, n, "%d:%02d", (int)s / 60, (int)s % 60);
+}
+
+static void draw(int final) {
+    double now = ls_now(), el = now - P.t0;
+    double rate = el > 0 ? (double)P.done / el : 0;
+    double frac = P.total > 0 ? (double)P.done / (double)P.total : 1;
+    char eta[32];
+    fmt_eta(eta, sizeof eta, final ? el : (rate > 0 ? (double)(P.total - P.done) / rate : -1));
+    if (P.tty) {
+        char bar[31];
+        int k = (int)(frac * 30 + 0.5);
+        for (int i = 0; i < 30; i++) bar[i] = i < k ? '#' : '.';
+        bar[30] = 0;
+        fprintf(stderr, "\r  %-8s [%s] %3d%% %lld/%lld tok  %.0f tok/s  %s %s\033[K%s", P.what, bar,
+                (int)(frac * 100), (long long)P.done, (long long)P.total, rate, final ? "took" : "ETA", eta,
+                final ? "\n" : "");
+    } else {
+        fprintf(stderr, "  %s: %lld/%lld tokens (%d%%), %.0f tok/s, %s %s\n", P.what, (long long)P.done,
+                (long long)P.total, (int)(frac * 100), rate, final ? "took" : "ETA", eta);
+    }
+    P.last = now;
+}
+
+void ls_progress_begin(const char *what, int64_t total) {
+    if (!P.enabled) return;
+    P.active = 1;
+    P.what = what;
+    P.total = total;
+    P.done = 0;
+    P.t0 = P.last = ls_now();
+    if (P.tty) draw(0);
+}
+
+void ls_progress_add(int64_t done) {
+    if (!P.enabled || !P.active) return;
+    P.done += done;
+    double now = ls_now();
+    if (now - P.last >= (P.tty ? 0.2 : 10.0)) draw(0);
+}
+
+void ls_progress_end(void) {
+    if (!P.enabled || !P.active) return;
+    P.active = 0;
+    draw(1);
+}
