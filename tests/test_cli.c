@@ -23,7 +23,7 @@ static char *run(const char *cmd, int *rc) {
 }
 
 int test_cli_help_and_flags(void) {
-    static const char *cmds[] = {"", "init", "logprobs", "plan", "grad", "step"};
+    static const char *cmds[] = {"", "init", "logprobs", "plan", "grad", "step", "train", "report", "demo"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char cmd[1024];
         int rc;

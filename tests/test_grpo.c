@@ -16,6 +16,7 @@
 
 int test_grpo_prefix_frozen_vs_naive(void);
 int test_grpo_branch_arena_vs_G(void);
+int test_grpo_batch_vs_single_groups(void);
 
 static const char *cfg_dense =
     "{\"model_type\": \"qwen3_next\", \"vocab_size\": 151, \"hidden_size\": 48, \"num_hidden_layers\": 4,"
@@ -176,6 +177,112 @@ int test_grpo_branch_arena_vs_G(void) {
     T_CHECK(peak[1][LS_ARENA_BRANCH] > 0, "branch arena unused?");
     T_CHECK(tot[1] - tot[0] == peak[1][LS_ARENA_SCORE] - peak[0][LS_ARENA_SCORE] && tot[1] > tot[0],
             "total grows by more than the score arena");
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    T_CHECK(system(cmd) == 0, "cleanup");
+    return 0;
+}
+
+/* Several groups in one update (TRL's batch) against single-group updates: the batch
+ * gradient must be the single-group gradients weighted by each group's share of the
+ * normaliser — grpo and dr_grpo G_g/N, dapo T_g/T — for scale = group, and with
+ * scale = batch the same once each single group is given the batch-scaled advantages
+ * (computed here from the rewards: group mean, std over the whole batch, Bessel). */
+int test_grpo_batch_vs_single_groups(void) {
+    char dir[512];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    T_CHECK(write_model(dir, cfg_dense, 41) == 0, "model");
+    ls_arenas ar;
+    ls_arenas_init(&ar);
+    ls_hybrid_model m, gb, g1;
+    T_OK(ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]));
+    T_OK(ls_hybrid_alloc_like(&m, &gb, &ar.a[LS_ARENA_GRAD]));
+    T_OK(ls_hybrid_alloc_like(&m, &g1, &ar.a[LS_ARENA_GRAD]));
+    static const int64_t Ra[3] = {5, 12, 3}, Rb[4] = {7, 1, 9, 4};
+    ls_group grp[2];
+    make_group(&grp[0], 90, 3, Ra, m.cfg.vocab, 31);
+    make_group(&grp[1], 57, 4, Rb, m.cfg.vocab, 32);
+    grp[1].rewards[0] = 2.5; /* groups with different spreads: batch std differs from each group's */
+    ls_param *pb, *p1;
+    int64_t np, n1;
+    T_OK(ls_hybrid_params(&gb, &pb, &np));
+    T_OK(ls_hybrid_params(&g1, &p1, &n1));
+    int64_t tot = 0;
+    for (int64_t k = 0; k < np; k++) tot += pb[k].n;
+    double *want = malloc((size_t)tot * sizeof(double));
+    static const ls_loss_type losses[3] = {LS_LOSS_GRPO, LS_LOSS_DAPO, LS_LOSS_DR_GRPO};
+    static const char *lname[3] = {"grpo", "dapo", "dr_grpo"};
+    double T_g[2] = {5 + 12 + 3, 7 + 1 + 9 + 4}, N = 7;
+    for (int li = 0; li < 3; li++) {
+        for (int sc = 0; sc < 2; sc++) {
+            ls_grpo_opts o;
+            ls_grpo_opts_default(&o);
+            o.loss = losses[li];
+            o.scale = sc ? LS_SCALE_BATCH : LS_SCALE_GROUP;
+            o.max_completion_length = 16;
+            o.fwd.capture_chunk = 32;
+            for (int64_t k = 0; k < np; k++) memset(pb[k].p, 0, (size_t)pb[k].n * sizeof(float));
+            ls_grpo_metrics mb, ms;
+            T_OK(ls_grpo_update_batch(&m, NULL, &gb, NULL, grp, 2, NULL, &o, &ar, &mb));
+            T_CHECK(!mb.skipped && mb.n_seq == 7, "batch update");
+            /* the expectation from single-group updates */
+            memset(want, 0, (size_t)tot * sizeof(double));
+            double loss = 0, mean_all = 0, var = 0;
+            for (int k = 0; k < 2; k++)
+                for (int i = 0; i < grp[k].G; i++) mean_all += grp[k].rewards[i] / N;
+            for (int k = 0; k < 2; k++)
+                for (int i = 0; i < grp[k].G; i++) var += (grp[k].rewards[i] - mean_all) * (grp[k].rewards[i] - mean_all);
+            double sd = sqrt(var / (N - 1));
+            for (int k = 0; k < 2; k++) {
+                ls_group one = grp[k];
+                double adv[8];
+                if (sc) { /* batch-scaled advantages, given explicitly */
+                    double mu = 0;
+                    for (int i = 0; i < one.G; i++) mu += one.rewards[i] / one.G;
+                    for (int i = 0; i < one.G; i++) adv[i] = (one.rewards[i] - mu) / (sd + 1e-4);
+                    one.advantages = adv;
+                }
+                ls_grpo_opts os = o;
+                os.scale = LS_SCALE_GROUP;
+                for (int64_t q = 0; q < n1; q++) memset(p1[q].p, 0, (size_t)p1[q].n * sizeof(float));
+                T_OK(ls_grpo_update(&m, NULL, &g1, NULL, &one, &os, &ar, &ms));
+                double share = o.loss == LS_LOSS_DAPO ? T_g[k] / (T_g[0] + T_g[1]) : grp[k].G / N;
+                loss += share * ms.loss;
+                int64_t off = 0;
+                for (int64_t q = 0; q < n1; q++)
+                    for (int64_t i = 0; i < p1[q].n; i++) want[off++] += share * p1[q].p[i];
+            }
+            double num = 0, den = 0;
+            int64_t off = 0;
+            for (int64_t q = 0; q < np; q++)
+                for (int64_t i = 0; i < pb[q].n; i++, off++) {
+                    double d = pb[q].p[i] - want[off];
+                    num += d * d;
+                    den += want[off] * want[off];
+                }
+            double rel = sqrt(num / den);
+            printf("  %-7s scale %-5s: batch vs weighted single-group gradients rel %.2e, loss %.6f vs %.6f\n",
+                   lname[li], sc ? "batch" : "group", rel, mb.loss, loss);
+            T_CHECK(den > 0 && rel <= 1e-5, "%s/%s: gradient rel error %.3e", lname[li], sc ? "batch" : "group", rel);
+            T_CHECK(fabs(mb.loss - loss) <= 1e-6 * fmax(1.0, fabs(loss)), "%s: loss %.9f vs %.9f", lname[li], mb.loss,
+                    loss);
+        }
+    }
+    /* G = 1 is refused: GRPO advantages are relative to the group */
+    ls_group lone = grp[0];
+    lone.G = 1;
+    ls_grpo_opts o;
+    ls_grpo_opts_default(&o);
+    ls_grpo_metrics mt;
+    T_CHECK(ls_grpo_update_batch(&m, NULL, &gb, NULL, &lone, 1, NULL, &o, &ar, &mt) == LS_ERR_ARG &&
+                strstr(ls_err_msg(), "G >= 2"),
+            "G = 1 accepted: %s", ls_err_msg());
+    free(want);
+    free(pb);
+    free(p1);
+    ls_group_free(&grp[0]);
+    ls_group_free(&grp[1]);
+    ls_arenas_free(&ar);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     T_CHECK(system(cmd) == 0, "cleanup");

@@ -1,7 +1,8 @@
 /*
  * group.h — a GRPO group file: {"prompt": [ids], "responses": [[ids], ...],
  * "rewards": [...], "advantages": [...], "old_logprobs": [[...], ...]}; the last
- * three are optional. Every field is validated; errors name the file and field.
+ * three are optional. In training data (JSONL, one group per line) the prompt and the
+ * responses may be text, and "answer" may name what a rollout task expects. Every field is validated; errors name the file and field.
  */
 #ifndef LONGSTRAW_GROUP_H
 #define LONGSTRAW_GROUP_H
@@ -19,11 +20,23 @@ typedef struct {
     double *rewards;   /* [G] or NULL */
     double *advantages; /* [G] or NULL */
     float **old_logprobs; /* [G] → [R_i], or NULL */
+    char *prompt_text; /* the prompt when given as text (NUL-terminated), or NULL */
+    char *answer;      /* optional "answer" field (rollout tasks), or NULL */
 } ls_group;
+
+typedef struct ls_tokenizer ls_tokenizer;
+enum {
+    LS_GROUP_TRAIN = 1,       /* G >= 2 and "rewards" or "advantages" required */
+    LS_GROUP_PROMPT_ONLY = 2, /* only "prompt" (and "answer") read: rollouts sample the responses */
+};
 
 /* Parse `path`; ids must lie in [0, vocab). Memory: malloc (ls_group_free). */
 ls_status ls_group_load(ls_group *g, const char *path, int64_t vocab);
 ls_status ls_group_parse(ls_group *g, const char *text, const char *path, int64_t vocab);
+/* As ls_group_parse; "prompt" and each response may also be text, tokenized with
+ * `tok` (NULL: text is an error saying so). `path` labels messages ("data.jsonl:17"). */
+ls_status ls_group_parse_ex(ls_group *g, const char *text, const char *path, int64_t vocab,
+                            const ls_tokenizer *tok, int flags);
 void ls_group_free(ls_group *g);
 
 #endif

@@ -25,4 +25,11 @@ void ls_passkey_free(ls_passkey_item *it);
  * key is not followed by another digit; else 0. */
 double ls_passkey_reward(const ls_passkey_item *it, const char *response, size_t len);
 
+/* Exact match scores 1; otherwise partial credit below 0.5: 0.2 × the fraction of the
+ * first len(key) characters (after leading whitespace) that are digits + 0.3 × the
+ * fraction equal to the key's digit at that position. A random-weight model almost
+ * never hits the key, so the exact reward is constant and its advantages zero; the
+ * shaped one gives the demo a gradient. */
+double ls_passkey_reward_shaped(const ls_passkey_item *it, const char *response, size_t len);
+
 #endif

@@ -57,6 +57,11 @@ ls_status ls_tok_encode(const ls_tokenizer *t, const char *utf8, size_t len, int
 ls_status ls_tok_decode(const ls_tokenizer *t, const int32_t *ids, int64_t n, char **utf8,
                         size_t *len);
 
+/* A tokenizer.json (malloc'd text) of the plain byte-level tokenizer: ids 0..255 are
+ * the bytes (GPT-2 byte symbols), no merges, and 256 = "<|endoftext|>" (special). What
+ * `longstraw demo` uses, so it needs no download. */
+ls_status ls_tok_byte_level_json(char **json);
+
 /* 1 + the largest id of the vocab and the added tokens. */
 int64_t ls_tok_vocab_size(const ls_tokenizer *t);
 /* Id of a token spelt as in tokenizer.json ("Ġthe", "<|im_start|>"); -1 if absent. */

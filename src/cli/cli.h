@@ -14,6 +14,9 @@ int cmd_logprobs(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_grad(int argc, char **argv);
 int cmd_step(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_report(int argc, char **argv);
+int cmd_demo(int argc, char **argv);
 
 /* Parse an integer flag value in [lo, hi]; prints "longstraw CMD: --flag: ..." and
  * returns nonzero on failure. */

@@ -32,6 +32,22 @@ void cli_train_init(cli_train *t);
 int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg);
 int cli_train_finish(const char *cmd, cli_train *t);
 int cli_parse_f64(const char *cmd, const char *flag, const char *s, double lo, double hi, double *out);
+/* The models of a training command: the loaded checkpoint (`base`), the policy
+ * (base, or base + LoRA adapters merged), the reference (--ref-model, or the base
+ * with LoRA), gradients and, when wanted, the AdamW state. Sets t->o.lora/lora_base. */
+typedef struct {
+    ls_hybrid_model base, ref, grad, merged;
+    ls_hybrid_model *policy;
+    const ls_hybrid_model *refp;
+    ls_lora *lora;
+    ls_adamw adam;
+} cli_policy;
+ls_status cli_policy_setup(cli_policy *p, const char *model, cli_train *t, int with_adam, ls_arenas *ar);
+/* The trainable tensors' optimizer moments, as parallel lists (malloc'd, caller frees). */
+ls_status cli_policy_moments(cli_policy *p, ls_param **m, ls_param **v, int64_t *n);
+/* adapter_config.json as PEFT writes it (the fields a loader needs). */
+ls_status cli_write_adapter_config(const char *path, const cli_train *t, const ls_lora *lora);
+
 ls_status cli_write_receipt(const char *path, const char *cmd, const ls_hybrid_model *m, const ls_group *g,
                             const ls_grpo_opts *o, const ls_grpo_metrics *mt, const ls_arenas *ar);
 

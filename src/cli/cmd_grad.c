@@ -36,35 +36,6 @@ static void help(const char *cmd) {
     cli_train_help();
 }
 
-/* adapter_config.json as PEFT writes it (the fields a loader needs). */
-static ls_status write_adapter_config(const char *path, const cli_train *t, const ls_lora *lora) {
-    char *buf = NULL;
-    size_t blen = 0;
-    FILE *f = open_memstream(&buf, &blen);
-    if (!f) return ls_err(LS_ERR_NOMEM, "%s: cannot build the adapter config", path);
-    fprintf(f, "{\n  \"peft_type\": \"LORA\",\n  \"r\": %lld,\n  \"lora_alpha\": %g,\n  \"target_modules\": [",
-            (long long)t->lora_rank, ls_lora_alpha(lora));
-    if (!t->adapter) {
-        const char *p = t->lora_targets;
-        int first = 1;
-        while (*p) {
-            size_t n = strcspn(p, ",");
-            fprintf(f, "%s\"%.*s\"", first ? "" : ", ", (int)n, p);
-            first = 0;
-            p += n + (p[n] == ',');
-        }
-    }
-    fprintf(f, "],\n  \"modules\": %lld,\n  \"lora_dropout\": 0.0,\n  \"bias\": \"none\"\n}\n",
-            (long long)ls_lora_count(lora));
-    if (fclose(f) != 0) {
-        free(buf);
-        return ls_err(LS_ERR_NOMEM, "%s: cannot build the adapter config", path);
-    }
-    ls_status s = ls_write_file_atomic(path, buf, blen);
-    free(buf);
-    return s;
-}
-
 static int run(const char *cmd, int argc, char **argv) {
     int is_step = !strcmp(cmd, "step");
     enum { O_MODEL = 1, O_GROUP, O_OUT, O_MODE, O_RECEIPT, O_HELP };
@@ -113,70 +84,46 @@ static int run(const char *cmd, int argc, char **argv) {
 
     ls_arenas ar;
     ls_arenas_init(&ar);
-    ls_hybrid_model m, ref, grad, merged;
-    ls_adamw adam;
-    ls_lora *lora = NULL;
-    int use_lora = t.adapter || t.lora_rank;
+    cli_policy pol;
     ls_group g;
     memset(&g, 0, sizeof g);
     int rc = 1;
-    ls_status s = ls_hybrid_load(&m, model, &ar.a[LS_ARENA_FIXED]);
-    if (s == LS_OK && t.ref_model) s = ls_hybrid_load(&ref, t.ref_model, &ar.a[LS_ARENA_FIXED]);
-    if (s == LS_OK && t.ref_model && (ref.cfg.vocab != m.cfg.vocab || ref.cfg.n_layers != m.cfg.n_layers ||
-                                      ref.cfg.hidden != m.cfg.hidden))
-        s = ls_err(LS_ERR_ARG, "--ref-model %s: its config differs from --model %s", t.ref_model, model);
-    if (s == LS_OK) s = ls_group_load(&g, group, m.cfg.vocab);
+    ls_status s = cli_policy_setup(&pol, model, &t, is_step, &ar);
+    if (s == LS_OK) s = ls_group_load(&g, group, pol.base.cfg.vocab);
     if (s == LS_OK && !g.rewards && !g.advantages)
         s = ls_err(LS_ERR_FORMAT, "%s: needs \"rewards\" or \"advantages\" to define the objective", group);
-    if (s == LS_OK) s = ls_hybrid_alloc_like(&m, &grad, &ar.a[LS_ARENA_GRAD]);
-    ls_hybrid_model *policy = &m;
-    const ls_hybrid_model *refp = t.ref_model ? &ref : NULL;
-    if (s == LS_OK && use_lora) {
-        /* LoRA: base frozen (and the default reference), policy = base + adapters */
-        s = t.adapter ? ls_lora_load(&lora, &m, t.adapter, t.lora_alpha, &ar.a[LS_ARENA_FIXED], &ar.a[LS_ARENA_GRAD])
-                      : ls_lora_new(&lora, &m, t.lora_targets, (int)t.lora_rank, t.lora_alpha, (uint64_t)t.lora_seed,
-                                    &ar.a[LS_ARENA_FIXED], &ar.a[LS_ARENA_GRAD]);
-        if (s == LS_OK) s = ls_hybrid_alloc_like(&m, &merged, &ar.a[LS_ARENA_FIXED]);
-        if (s == LS_OK) {
-            ls_lora_merge(lora, &m, &merged);
-            policy = &merged;
-            t.o.lora = lora;
-            t.o.lora_base = &m;
-            if (!refp) refp = &m;
-        }
-    }
-    if (s == LS_OK && is_step) {
-        if (use_lora) ls_adamw_init_lora(&adam);
-        else s = ls_adamw_init(&adam, &m, &ar.a[LS_ARENA_FIXED]);
-    }
+    if (s == LS_OK && g.G < 2)
+        s = ls_err(LS_ERR_FORMAT, "%s: field \"responses\" has %d entry: GRPO needs G >= 2 responses per group",
+                   group, g.G);
     ls_grpo_metrics mt;
-    if (s == LS_OK) s = ls_grpo_update(policy, refp, &grad, is_step ? &adam : NULL, &g, &t.o, &ar, &mt);
+    if (s == LS_OK) s = ls_grpo_update(pol.policy, pol.refp, &pol.grad, is_step ? &pol.adam : NULL, &g, &t.o, &ar, &mt);
     if (s != LS_OK) goto fail;
     if (!is_step) {
         char lossbuf[64];
         snprintf(lossbuf, sizeof lossbuf, "%.10g", mt.loss);
-        s = lora ? ls_lora_export(lora, 1, out, "loss", lossbuf) : ls_hybrid_export(&grad, out, LS_DTYPE_F32, "loss", lossbuf);
-        if (s == LS_OK && receipt) s = cli_write_receipt(receipt, cmd, &m, &g, &t.o, &mt, &ar);
+        s = pol.lora ? ls_lora_export(pol.lora, 1, out, "loss", lossbuf)
+                     : ls_hybrid_export(&pol.grad, out, LS_DTYPE_F32, "loss", lossbuf);
+        if (s == LS_OK && receipt) s = cli_write_receipt(receipt, cmd, &pol.base, &g, &t.o, &mt, &ar);
     } else {
         if (mkdir(out, 0755) != 0 && errno != EEXIST) {
             s = ls_err(LS_ERR_IO, "%s: cannot create: %s", out, strerror(errno));
             goto fail;
         }
         char path[4096], src[4096];
-        if (lora) { /* PEFT layout: adapter_model.safetensors + adapter_config.json */
+        if (pol.lora) { /* PEFT layout: adapter_model.safetensors + adapter_config.json */
             snprintf(path, sizeof path, "%s/adapter_model.safetensors", out);
-            s = ls_lora_export(lora, 0, path, NULL, NULL);
+            s = ls_lora_export(pol.lora, 0, path, NULL, NULL);
             snprintf(path, sizeof path, "%s/adapter_config.json", out);
-            if (s == LS_OK) s = write_adapter_config(path, &t, lora);
+            if (s == LS_OK) s = cli_write_adapter_config(path, &t, pol.lora);
         } else {
             snprintf(path, sizeof path, "%s/model.safetensors", out);
-            s = ls_hybrid_export(&m, path, LS_DTYPE_F32, NULL, NULL);
+            s = ls_hybrid_export(&pol.base, path, LS_DTYPE_F32, NULL, NULL);
             snprintf(src, sizeof src, "%s/config.json", model);
             snprintf(path, sizeof path, "%s/config.json", out);
             if (s == LS_OK) s = ls_copy_file_atomic(src, path);
         }
         snprintf(path, sizeof path, "%s/receipt.json", out);
-        if (s == LS_OK) s = cli_write_receipt(receipt ? receipt : path, cmd, &m, &g, &t.o, &mt, &ar);
+        if (s == LS_OK) s = cli_write_receipt(receipt ? receipt : path, cmd, &pol.base, &g, &t.o, &mt, &ar);
     }
     if (s != LS_OK) goto fail;
     fprintf(stderr, "longstraw %s: loss %.6g, grad norm %.6g, clip low/high %.3f/%.3f, kl %.4g, %.2fs\n", cmd,

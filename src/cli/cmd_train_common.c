@@ -161,6 +161,81 @@ int cli_train_finish(const char *cmd, cli_train *t) {
     return 0;
 }
 
+ls_status cli_write_adapter_config(const char *path, const cli_train *t, const ls_lora *lora) {
+    (void)t;
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *f = open_memstream(&buf, &blen);
+    if (!f) return ls_err(LS_ERR_NOMEM, "%s: cannot build the adapter config", path);
+    fprintf(f, "{\n  \"peft_type\": \"LORA\",\n  \"r\": %lld,\n  \"lora_alpha\": %g,\n  \"target_modules\": [",
+            (long long)ls_lora_rank(lora), ls_lora_alpha(lora));
+    /* the distinct last name components of the adapted weights, in first-seen order */
+    int first = 1;
+    for (int64_t i = 0; i < ls_lora_count(lora); i++) {
+        const char *nm = ls_lora_module_name(lora, i), *dot = strrchr(nm, '.');
+        const char *leaf = dot ? dot + 1 : nm;
+        int seen = 0;
+        for (int64_t j = 0; j < i && !seen; j++) {
+            const char *o = ls_lora_module_name(lora, j), *od = strrchr(o, '.');
+            seen = !strcmp(od ? od + 1 : o, leaf);
+        }
+        if (!seen) fprintf(f, "%s\"%s\"", first ? "" : ", ", leaf);
+        first &= seen;
+    }
+    fprintf(f, "],\n  \"modules\": %lld,\n  \"lora_dropout\": 0.0,\n  \"bias\": \"none\"\n}\n",
+            (long long)ls_lora_count(lora));
+    if (fclose(f) != 0) {
+        free(buf);
+        return ls_err(LS_ERR_NOMEM, "%s: cannot build the adapter config", path);
+    }
+    ls_status s = ls_write_file_atomic(path, buf, blen);
+    free(buf);
+    return s;
+}
+
+ls_status cli_policy_setup(cli_policy *p, const char *model, cli_train *t, int with_adam, ls_arenas *ar) {
+    memset(p, 0, sizeof *p);
+    ls_arena *fixed = &ar->a[LS_ARENA_FIXED];
+    LS_TRY(ls_hybrid_load(&p->base, model, fixed));
+    if (t->ref_model) {
+        LS_TRY(ls_hybrid_load(&p->ref, t->ref_model, fixed));
+        if (p->ref.cfg.vocab != p->base.cfg.vocab || p->ref.cfg.n_layers != p->base.cfg.n_layers ||
+            p->ref.cfg.hidden != p->base.cfg.hidden)
+            return ls_err(LS_ERR_ARG, "--ref-model %s: its config differs from --model %s", t->ref_model, model);
+        p->refp = &p->ref;
+    }
+    LS_TRY(ls_hybrid_alloc_like(&p->base, &p->grad, &ar->a[LS_ARENA_GRAD]));
+    p->policy = &p->base;
+    if (t->adapter || t->lora_rank) {
+        /* LoRA: base frozen (and the default reference), policy = base + adapters */
+        LS_TRY(t->adapter ? ls_lora_load(&p->lora, &p->base, t->adapter, t->lora_alpha, fixed, &ar->a[LS_ARENA_GRAD])
+                          : ls_lora_new(&p->lora, &p->base, t->lora_targets, (int)t->lora_rank, t->lora_alpha,
+                                        (uint64_t)t->lora_seed, fixed, &ar->a[LS_ARENA_GRAD]));
+        LS_TRY(ls_hybrid_alloc_like(&p->base, &p->merged, fixed));
+        ls_lora_merge(p->lora, &p->base, &p->merged);
+        p->policy = &p->merged;
+        t->o.lora = p->lora;
+        t->o.lora_base = &p->base;
+        if (!p->refp) p->refp = &p->base;
+    }
+    if (!with_adam) return LS_OK;
+    if (p->lora) {
+        ls_adamw_init_lora(&p->adam);
+        return LS_OK;
+    }
+    return ls_adamw_init(&p->adam, &p->base, fixed);
+}
+
+ls_status cli_policy_moments(cli_policy *p, ls_param **m, ls_param **v, int64_t *n) {
+    *m = *v = NULL;
+    if (p->lora) return ls_lora_params(p->lora, NULL, NULL, m, v, n);
+    int64_t n2 = 0;
+    LS_TRY(ls_hybrid_params(&p->adam.m, m, n));
+    LS_TRY(ls_hybrid_params(&p->adam.v, v, &n2));
+    LS_ASSERT(*n == n2, "moment lists differ");
+    return LS_OK;
+}
+
 static void json_num(FILE *f, const char *k, double v, int comma) {
     fprintf(f, "  \"%s\": %.10g%s\n", k, isfinite(v) ? v : 0.0, comma ? "," : "");
 }

@@ -19,6 +19,9 @@ static const struct {
     {"plan", cmd_plan, "predict the prompt-state inventory per layer kind and rank"},
     {"grad", cmd_grad, "gradient of the GRPO loss over a group (no step)"},
     {"step", cmd_step, "one GRPO update: capture, score, replay, AdamW; writes the new checkpoint"},
+    {"train", cmd_train, "the training loop: JSONL groups or rollouts, checkpoints, resume, metrics"},
+    {"report", cmd_report, "receipt table of a run and RUN/memory.svg (live bytes per arena over time)"},
+    {"demo", cmd_demo, "GRPO with rollouts on the passkey task at a 16K prompt, on a small random model"},
 };
 
 static void usage(FILE *f) {

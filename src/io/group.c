@@ -10,6 +10,7 @@
 
 #include "longstraw/config.h"
 #include "longstraw/group.h"
+#include "longstraw/tokenizer.h"
 
 static ls_status parse_ids(const cJSON *a, const char *path, const char *field, int64_t vocab,
                            int32_t **out, int64_t *n) {
@@ -35,6 +36,33 @@ static ls_status parse_ids(const cJSON *a, const char *path, const char *field, 
     return LS_OK;
 }
 
+/* A field that is an id array, or text when a tokenizer is given. */
+static ls_status parse_seq(const cJSON *a, const char *path, const char *field, int64_t vocab,
+                           const ls_tokenizer *tok, int32_t **out, int64_t *n, char **text) {
+    if (!cJSON_IsString(a)) return parse_ids(a, path, field, vocab, out, n);
+    if (!tok)
+        return ls_err(LS_ERR_ARG, "%s: \"%s\" is text: give a tokenizer (--tokenizer tokenizer.json) or token ids",
+                      path, field);
+    size_t len = strlen(a->valuestring);
+    ls_status s = ls_tok_encode(tok, a->valuestring, len, out, n);
+    if (s != LS_OK) return ls_err_ctx(s, "%s: \"%s\"", path, field);
+    if (*n < 1) {
+        free(*out);
+        *out = NULL;
+        return ls_err(LS_ERR_FORMAT, "%s: \"%s\" is empty (no tokens)", path, field);
+    }
+    for (int64_t i = 0; i < *n; i++)
+        if ((*out)[i] >= vocab) {
+            ls_status e = ls_err(LS_ERR_ARG, "%s: \"%s\": token %lld has id %d, outside the model's vocabulary [0, %lld)",
+                                 path, field, (long long)i, (*out)[i], (long long)vocab);
+            free(*out);
+            *out = NULL;
+            return e;
+        }
+    if (text && !(*text = strdup(a->valuestring))) return LS_ERR_NOMEM;
+    return LS_OK;
+}
+
 static ls_status parse_numbers(const cJSON *a, const char *path, const char *field, int64_t want,
                                double *out) {
     if (!cJSON_IsArray(a)) return ls_err(LS_ERR_FORMAT, "%s: \"%s\" must be an array of numbers", path, field);
@@ -51,15 +79,25 @@ static ls_status parse_numbers(const cJSON *a, const char *path, const char *fie
     return LS_OK;
 }
 
-static ls_status parse_root(ls_group *g, const cJSON *root, const char *path, int64_t vocab) {
+static ls_status parse_root(ls_group *g, const cJSON *root, const char *path, int64_t vocab,
+                            const ls_tokenizer *tok, int flags) {
     if (!cJSON_IsObject(root)) return ls_err(LS_ERR_FORMAT, "%s: top level must be a JSON object", path);
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     if (!p) return ls_err(LS_ERR_FORMAT, "%s: missing field \"prompt\"", path);
-    LS_TRY(parse_ids(p, path, "prompt", vocab, &g->prompt, &g->P));
+    LS_TRY(parse_seq(p, path, "prompt", vocab, tok, &g->prompt, &g->P, &g->prompt_text));
+    const cJSON *an = cJSON_GetObjectItemCaseSensitive(root, "answer");
+    if (an && !cJSON_IsNull(an)) {
+        if (!cJSON_IsString(an)) return ls_err(LS_ERR_FORMAT, "%s: \"answer\" must be a string", path);
+        if (!(g->answer = strdup(an->valuestring))) return LS_ERR_NOMEM;
+    }
+    if (flags & LS_GROUP_PROMPT_ONLY) return LS_OK; /* responses come from rollouts */
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "responses");
     if (!rs) return ls_err(LS_ERR_FORMAT, "%s: missing field \"responses\"", path);
     if (!cJSON_IsArray(rs) || cJSON_GetArraySize(rs) < 1)
-        return ls_err(LS_ERR_FORMAT, "%s: \"responses\" must be a non-empty array of id arrays", path);
+        return ls_err(LS_ERR_FORMAT, "%s: \"responses\" must be a non-empty array of id arrays or strings", path);
+    if ((flags & LS_GROUP_TRAIN) && cJSON_GetArraySize(rs) < 2)
+        return ls_err(LS_ERR_FORMAT, "%s: \"responses\" has 1 entry: GRPO needs G >= 2 responses per group "
+                                     "(advantages are relative to the group)", path);
     g->G = cJSON_GetArraySize(rs);
     g->resp = calloc((size_t)g->G, sizeof(int32_t *));
     g->R = calloc((size_t)g->G, sizeof(int64_t));
@@ -69,7 +107,7 @@ static ls_status parse_root(ls_group *g, const cJSON *root, const char *path, in
     cJSON_ArrayForEach(e, rs) {
         char field[64];
         snprintf(field, sizeof field, "responses[%d]", i);
-        LS_TRY(parse_ids(e, path, field, vocab, &g->resp[i], &g->R[i]));
+        LS_TRY(parse_seq(e, path, field, vocab, tok, &g->resp[i], &g->R[i], NULL));
         i++;
     }
     const cJSON *rw = cJSON_GetObjectItemCaseSensitive(root, "rewards");
@@ -84,6 +122,8 @@ static ls_status parse_root(ls_group *g, const cJSON *root, const char *path, in
         if (!g->advantages) return ls_err(LS_ERR_NOMEM, "%s: out of memory for \"advantages\"", path);
         LS_TRY(parse_numbers(ad, path, "advantages", g->G, g->advantages));
     }
+    if ((flags & LS_GROUP_TRAIN) && !g->rewards && !g->advantages)
+        return ls_err(LS_ERR_FORMAT, "%s: needs \"rewards\" or \"advantages\" to define the objective", path);
     const cJSON *ol = cJSON_GetObjectItemCaseSensitive(root, "old_logprobs");
     if (ol && !cJSON_IsNull(ol)) {
         if (!cJSON_IsArray(ol) || cJSON_GetArraySize(ol) != g->G)
@@ -121,6 +161,11 @@ static ls_status parse_root(ls_group *g, const cJSON *root, const char *path, in
 }
 
 ls_status ls_group_parse(ls_group *g, const char *text, const char *path, int64_t vocab) {
+    return ls_group_parse_ex(g, text, path, vocab, NULL, 0);
+}
+
+ls_status ls_group_parse_ex(ls_group *g, const char *text, const char *path, int64_t vocab,
+                            const ls_tokenizer *tok, int flags) {
     memset(g, 0, sizeof *g);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(text, &end, 1); /* 1: nothing may follow the object */
@@ -129,7 +174,7 @@ ls_status ls_group_parse(ls_group *g, const char *text, const char *path, int64_
         long off = at ? (long)(at - text) : -1L;
         return ls_err(LS_ERR_FORMAT, "%s: invalid JSON near byte %ld (line %ld)", path, off, ls_line_of(text, off));
     }
-    ls_status s = parse_root(g, root, path, vocab);
+    ls_status s = parse_root(g, root, path, vocab, tok, flags);
     cJSON_Delete(root);
     if (s != LS_OK) ls_group_free(g);
     return s;
@@ -153,5 +198,7 @@ void ls_group_free(ls_group *g) {
     free(g->rewards);
     free(g->advantages);
     free(g->old_logprobs);
+    free(g->prompt_text);
+    free(g->answer);
     memset(g, 0, sizeof *g);
 }

@@ -1001,3 +1001,49 @@ ls_status ls_tok_decode(const ls_tokenizer *t, const int32_t *ids, int64_t n, ch
     *len = w;
     return LS_OK;
 }
+
+/* ---- a byte-level tokenizer without merges --------------------------------------- */
+
+ls_status ls_tok_byte_level_json(char **json) {
+    cJSON *root = cJSON_CreateObject(), *vocab = cJSON_CreateObject();
+    cJSON *model = cJSON_CreateObject(), *pre = cJSON_CreateObject(), *seq = cJSON_CreateArray();
+    cJSON *split = cJSON_CreateObject(), *pat = cJSON_CreateObject(), *bl = cJSON_CreateObject();
+    cJSON *added = cJSON_CreateArray(), *eos = cJSON_CreateObject(), *dec = cJSON_CreateObject();
+    int ok = root && vocab && model && pre && seq && split && pat && bl && added && eos && dec;
+    for (int b = 0; ok && b < 256; b++) {
+        char sym[8];
+        size_t n = put_utf8_2(sym, byte_to_cp(b));
+        sym[n] = 0;
+        ok = cJSON_AddNumberToObject(vocab, sym, b) != NULL;
+    }
+    ok = ok && cJSON_AddStringToObject(model, "type", "BPE") && cJSON_AddNullToObject(model, "dropout") &&
+         cJSON_AddFalseToObject(model, "ignore_merges") && cJSON_AddFalseToObject(model, "byte_fallback");
+    if (ok) cJSON_AddItemToObject(model, "vocab", vocab), vocab = NULL;
+    ok = ok && cJSON_AddArrayToObject(model, "merges");
+    ok = ok && cJSON_AddStringToObject(pat, "Regex", QWEN_PATTERN) && cJSON_AddStringToObject(split, "type", "Split") &&
+         cJSON_AddStringToObject(split, "behavior", "Isolated") && cJSON_AddFalseToObject(split, "invert");
+    if (ok) cJSON_AddItemToObject(split, "pattern", pat), pat = NULL;
+    ok = ok && cJSON_AddStringToObject(bl, "type", "ByteLevel") && cJSON_AddFalseToObject(bl, "add_prefix_space") &&
+         cJSON_AddFalseToObject(bl, "use_regex");
+    if (ok) cJSON_AddItemToArray(seq, split), cJSON_AddItemToArray(seq, bl), split = bl = NULL;
+    ok = ok && cJSON_AddStringToObject(pre, "type", "Sequence");
+    if (ok) cJSON_AddItemToObject(pre, "pretokenizers", seq), seq = NULL;
+    ok = ok && cJSON_AddNumberToObject(eos, "id", 256) && cJSON_AddStringToObject(eos, "content", "<|endoftext|>") &&
+         cJSON_AddFalseToObject(eos, "single_word") && cJSON_AddFalseToObject(eos, "lstrip") &&
+         cJSON_AddFalseToObject(eos, "rstrip") && cJSON_AddFalseToObject(eos, "normalized") &&
+         cJSON_AddTrueToObject(eos, "special");
+    if (ok) cJSON_AddItemToArray(added, eos), eos = NULL;
+    ok = ok && cJSON_AddStringToObject(dec, "type", "ByteLevel");
+    ok = ok && cJSON_AddStringToObject(root, "version", "1.0") && cJSON_AddNullToObject(root, "normalizer");
+    if (ok) {
+        cJSON_AddItemToObject(root, "pre_tokenizer", pre);
+        cJSON_AddItemToObject(root, "model", model);
+        cJSON_AddItemToObject(root, "added_tokens", added);
+        cJSON_AddItemToObject(root, "decoder", dec);
+        pre = model = added = dec = NULL;
+    }
+    *json = ok ? cJSON_Print(root) : NULL;
+    cJSON *left[] = {root, vocab, model, pre, seq, split, pat, bl, added, eos, dec};
+    for (size_t i = 0; i < sizeof left / sizeof left[0]; i++) cJSON_Delete(left[i]);
+    return *json ? LS_OK : ls_err(LS_ERR_NOMEM, "cannot build the byte-level tokenizer");
+}

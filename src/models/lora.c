@@ -668,3 +668,5 @@ ls_status ls_lora_export(const ls_lora *L, int grads, const char *path, const ch
 
 int64_t ls_lora_count(const ls_lora *L) { return L ? L->n : 0; }
 double ls_lora_alpha(const ls_lora *L) { return L ? L->alpha : 0.0; }
+int64_t ls_lora_rank(const ls_lora *L) { return L && L->n ? L->mod[0].r : 0; }
+const char *ls_lora_module_name(const ls_lora *L, int64_t i) { return L && i >= 0 && i < L->n ? L->mod[i].name : NULL; }

@@ -75,3 +75,14 @@ double ls_passkey_reward(const ls_passkey_item *it, const char *r, size_t len) {
     if (i + k < len && isdigit((unsigned char)r[i + k])) return 0.0;
     return 1.0;
 }
+
+double ls_passkey_reward_shaped(const ls_passkey_item *it, const char *r, size_t len) {
+    if (ls_passkey_reward(it, r, len) == 1.0) return 1.0;
+    size_t i = 0, k = strlen(it->answer), digits = 0, match = 0;
+    while (i < len && isspace((unsigned char)r[i])) i++;
+    for (size_t j = 0; j < k && i + j < len; j++) {
+        digits += isdigit((unsigned char)r[i + j]) != 0;
+        match += r[i + j] == it->answer[j];
+    }
+    return 0.2 * (double)digits / (double)k + 0.3 * (double)match / (double)k;
+}

@@ -1,0 +1,37 @@
+/*
+ * checkpoint.h — training checkpoints that a crash cannot leave half written.
+ *
+ * RUN/checkpoint-<U>/ holds the state after U updates: the weights (model.safetensors
+ * + config.json, or adapter_model.safetensors + adapter_config.json with LoRA), the
+ * optimizer moments (optimizer.safetensors) and trainer_state.json (data position,
+ * RNG, counters; written last). It is built in RUN/.checkpoint-<U>.tmp/ — every file
+ * written atomically (temp + fsync + rename) — and committed by renaming the
+ * directory, then fsyncing RUN/. A directory named checkpoint-<U> is therefore
+ * complete; a killed writer leaves only a .tmp directory, which the next run removes.
+ */
+#ifndef LONGSTRAW_CHECKPOINT_H
+#define LONGSTRAW_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "longstraw/core.h"
+#include "longstraw/model.h"
+
+/* Create (emptying a stale one) RUN/.checkpoint-<U>.tmp; its path in tmp[n]. */
+ls_status ls_ckpt_begin(const char *run, int64_t update, char *tmp, size_t n);
+/* Commit tmp as RUN/checkpoint-<U> (replacing an existing one); its path in dir[n]. */
+ls_status ls_ckpt_commit(const char *run, int64_t update, const char *tmp, char *dir, size_t n);
+/* The newest committed checkpoint: *update = −1 when there is none. Stale .tmp
+ * directories are removed. */
+ls_status ls_ckpt_latest(const char *run, int64_t *update, char *dir, size_t n);
+/* Remove committed checkpoints older than the newest `keep` (keep >= 1). */
+ls_status ls_ckpt_prune(const char *run, int keep);
+
+/* Optimizer moments of the trainable tensors (parallel lists, ls_grpo's order) and
+ * the step count, as optimizer.safetensors: exp_avg.<k>, exp_avg_sq.<k> (f32, 1-D).
+ * Loading checks the tensor count and every size against the lists. */
+ls_status ls_optim_save(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t step);
+ls_status ls_optim_load(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t *step);
+
+#endif

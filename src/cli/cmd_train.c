@@ -1,0 +1,817 @@
+/*
+ * cmd_train.c — `longstraw train`: the training loop. Each update is one GRPO
+ * transaction over --groups-per-update groups, read from JSONL (ids or text) or
+ * sampled from the policy (--rollout) on a built-in task or JSONL prompts, with
+ * rewards from the task, the data's "answer" or --reward-cmd. Writes RUN/metrics.jsonl,
+ * RUN/trace.0.jsonl, checkpoints (checkpoint.h) and RUN/receipt.json.
+ */
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli_train.h"
+#include "longstraw/checkpoint.h"
+#include "longstraw/reward.h"
+#include "longstraw/rollout.h"
+#include "longstraw/task.h"
+#include "longstraw/tokenizer.h"
+#include "longstraw/trace.h"
+
+static void help(void) {
+    printf("usage: longstraw train --model DIR --out RUN/ (--data FILE.jsonl | --rollout --task passkey) [options]\n"
+           "       longstraw train --resume RUN/ [options that override the saved ones]\n\n"
+           "GRPO training: one transaction per update (capture each prompt once, score, replay\n"
+           "each response under a tape, one AdamW call). Writes RUN/metrics.jsonl (one line per\n"
+           "update, TRL's metric names), RUN/trace.0.jsonl (see `longstraw report`),\n"
+           "RUN/checkpoint-<U>/ (weights, optimizer state, data position; committed atomically)\n"
+           "and RUN/receipt.json.\n\n"
+           "data:\n"
+           "  --model DIR            checkpoint directory (config.json + safetensors)\n"
+           "  --out RUN              run directory (created; must not hold checkpoints unless --resume)\n"
+           "  --data FILE            JSONL, one group per line: {\"prompt\": ids|text, \"responses\":\n"
+           "                         [ids|text, ...], \"rewards\": [...]} (or \"advantages\"); with\n"
+           "                         --rollout only \"prompt\" (and an optional \"answer\") is read\n"
+           "  --tokenizer FILE       tokenizer.json for text (default with --task: plain bytes)\n"
+           "  --updates N            number of updates (default: one pass over --data; 10 with --task)\n"
+           "  --groups-per-update K  groups per update (default 1); the data wraps around\n"
+           "  --seed N               sampling and task seed (default 0)\n"
+           "rollouts:\n"
+           "  --rollout              sample the responses from the captured prompt state\n"
+           "  --num-generations G    responses per prompt (default 8)\n"
+           "  --max-new-tokens N     response length limit (default 32)\n"
+           "  --top-p P              nucleus sampling mass (default 1); --temperature sets both the\n"
+           "                         sampling and the scoring temperature (TRL semantics)\n"
+           "  --stop LIST            stop tokens, ids or token strings, comma separated (default:\n"
+           "                         <|endoftext|> and <|im_end|> when the tokenizer has them)\n"
+           "  --task T               built-in prompts: passkey (exact-match reward) or\n"
+           "                         passkey-shaped (partial credit for digits; docs/architecture.md)\n"
+           "  --prompt-len N         passkey prompt length in tokens (default 16384)\n"
+           "  --reward-cmd CMD       rewards from a process: one JSON line {\"prompt\",\"response\",\n"
+           "                         \"index\",\"group\"} in, one number per line out\n"
+           "  --reward-timeout S     seconds to wait for each answer (default 60)\n"
+           "checkpoints and output:\n"
+           "  --save-every N         checkpoint every N updates (default 50; the last is always saved)\n"
+           "  --save-total-limit K   keep the newest K checkpoints (default 2)\n"
+           "  --resume RUN           continue from RUN's newest checkpoint with the saved flags\n"
+           "  --quiet                no progress bar\n"
+           "  --help                 this text\n\n");
+    cli_train_help();
+}
+
+typedef struct {
+    const char *model, *data, *out, *tokenizer, *resume, *task, *reward_cmd, *stop;
+    int64_t updates, groups_per_update, save_every, save_total_limit, seed, num_generations, max_new_tokens;
+    int64_t prompt_len;
+    double top_p, reward_timeout;
+    int rollout, quiet;
+    cli_train t;
+} train_args;
+
+enum {
+    O_MODEL = 2000, O_DATA, O_OUT, O_TOK, O_UPDATES, O_GPU, O_SEED, O_ROLLOUT, O_NGEN, O_MAXNEW, O_TOPP, O_STOP,
+    O_TASK, O_PLEN, O_RCMD, O_RTIMEOUT, O_SAVE, O_SAVELIM, O_RESUME, O_QUIET, O_HELP
+};
+
+static int parse_args(train_args *a, int argc, char **argv) {
+    struct option opts[96];
+    int n = 0;
+    static const struct { const char *name; int has_arg, id; } own[] = {
+        {"model", 1, O_MODEL}, {"data", 1, O_DATA}, {"out", 1, O_OUT}, {"tokenizer", 1, O_TOK},
+        {"updates", 1, O_UPDATES}, {"groups-per-update", 1, O_GPU}, {"seed", 1, O_SEED}, {"rollout", 0, O_ROLLOUT},
+        {"num-generations", 1, O_NGEN}, {"max-new-tokens", 1, O_MAXNEW}, {"top-p", 1, O_TOPP}, {"stop", 1, O_STOP},
+        {"task", 1, O_TASK}, {"prompt-len", 1, O_PLEN}, {"reward-cmd", 1, O_RCMD}, {"reward-timeout", 1, O_RTIMEOUT},
+        {"save-every", 1, O_SAVE}, {"save-total-limit", 1, O_SAVELIM}, {"resume", 1, O_RESUME}, {"quiet", 0, O_QUIET},
+        {"help", 0, O_HELP},
+    };
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+        opts[n++] = (struct option){own[i].name, own[i].has_arg ? required_argument : no_argument, 0, own[i].id};
+    LS_ASSERT(n + cli_train_n_options < 96, "option table too small");
+    for (int i = 0; i < cli_train_n_options; i++) opts[n++] = cli_train_options[i];
+    opts[n] = (struct option){0, 0, 0, 0};
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        const char *c = "train";
+        switch (ch) {
+        case O_MODEL: a->model = optarg; break;
+        case O_DATA: a->data = optarg; break;
+        case O_OUT: a->out = optarg; break;
+        case O_TOK: a->tokenizer = optarg; break;
+        case O_UPDATES: if (cli_parse_i64(c, "--updates", optarg, 1, INT64_MAX / 4, &a->updates)) return 2; break;
+        case O_GPU: if (cli_parse_i64(c, "--groups-per-update", optarg, 1, 1 << 20, &a->groups_per_update)) return 2; break;
+        case O_SEED: if (cli_parse_i64(c, "--seed", optarg, 0, INT64_MAX, &a->seed)) return 2; break;
+        case O_ROLLOUT: a->rollout = 1; break;
+        case O_NGEN: if (cli_parse_i64(c, "--num-generations", optarg, 2, 1 << 16, &a->num_generations)) return 2; break;
+        case O_MAXNEW: if (cli_parse_i64(c, "--max-new-tokens", optarg, 1, 1 << 24, &a->max_new_tokens)) return 2; break;
+        case O_TOPP: if (cli_parse_f64(c, "--top-p", optarg, 1e-9, 1, &a->top_p)) return 2; break;
+        case O_STOP: a->stop = optarg; break;
+        case O_TASK:
+            if (strcmp(optarg, "passkey") != 0 && strcmp(optarg, "passkey-shaped") != 0) {
+                fprintf(stderr, "longstraw train: --task: \"%s\" is not passkey or passkey-shaped\n", optarg);
+                return 2;
+            }
+            a->task = optarg;
+            break;
+        case O_PLEN: if (cli_parse_i64(c, "--prompt-len", optarg, 64, INT64_MAX / 64, &a->prompt_len)) return 2; break;
+        case O_RCMD: a->reward_cmd = optarg; break;
+        case O_RTIMEOUT: if (cli_parse_f64(c, "--reward-timeout", optarg, 1e-3, 1e7, &a->reward_timeout)) return 2; break;
+        case O_SAVE: if (cli_parse_i64(c, "--save-every", optarg, 1, INT64_MAX / 4, &a->save_every)) return 2; break;
+        case O_SAVELIM: if (cli_parse_i64(c, "--save-total-limit", optarg, 1, 1 << 20, &a->save_total_limit)) return 2; break;
+        case O_RESUME: a->resume = optarg; break;
+        case O_QUIET: a->quiet = 1; break;
+        case O_HELP:
+        case 'h': help(); return 1;
+        default: {
+            int r = ch == '?' ? -1 : cli_train_parse(c, &a->t, ch, optarg);
+            if (r == 2) return 2;
+            if (r < 0) return cli_usage_error(c, "bad option");
+        }
+        }
+    }
+    if (optind < argc) return cli_usage_error("train", "unexpected argument \"%s\"", argv[optind]);
+    return 0;
+}
+
+static void args_default(train_args *a) {
+    memset(a, 0, sizeof *a);
+    cli_train_init(&a->t);
+    a->groups_per_update = 1;
+    a->save_every = 50;
+    a->save_total_limit = 2;
+    a->num_generations = 8;
+    a->max_new_tokens = 32;
+    a->top_p = 1.0;
+    a->prompt_len = 16384;
+    a->reward_timeout = 60;
+}
+
+/* ---- the saved command line (RUN/args.json) ----------------------------------------- */
+
+static ls_status save_args(const char *run, int argc, char **argv) {
+    cJSON *arr = cJSON_CreateArray();
+    if (!arr) return LS_ERR_NOMEM;
+    for (int i = 1; i < argc; i++) cJSON_AddItemToArray(arr, cJSON_CreateString(argv[i]));
+    char *text = cJSON_Print(arr), path[4096];
+    cJSON_Delete(arr);
+    if (!text) return LS_ERR_NOMEM;
+    snprintf(path, sizeof path, "%s/args.json", run);
+    ls_status s = ls_write_file_atomic(path, text, strlen(text));
+    free(text);
+    return s;
+}
+
+/* argv' = ["train", saved..., given...]: later flags override. Strings malloc'd. */
+static ls_status load_args(const char *run, int argc, char **argv, int *nargc, char ***nargv) {
+    char path[4096], *text = NULL;
+    snprintf(path, sizeof path, "%s/args.json", run);
+    LS_TRY(ls_read_file(path, &text, NULL));
+    cJSON *arr = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsArray(arr)) {
+        cJSON_Delete(arr);
+        return ls_err(LS_ERR_FORMAT, "%s: expected a JSON array of the saved command-line flags", path);
+    }
+    int n = cJSON_GetArraySize(arr);
+    char **v = calloc((size_t)(n + argc + 1), sizeof(char *));
+    if (!v) return LS_ERR_NOMEM;
+    int k = 0;
+    v[k++] = strdup("train");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, arr) {
+        if (!cJSON_IsString(e)) {
+            cJSON_Delete(arr);
+            return ls_err(LS_ERR_FORMAT, "%s: entry %d is not a string", path, k - 1);
+        }
+        v[k++] = strdup(e->valuestring);
+    }
+    cJSON_Delete(arr);
+    for (int i = 1; i < argc; i++) v[k++] = strdup(argv[i]);
+    *nargc = k;
+    *nargv = v;
+    return LS_OK;
+}
+
+/* ---- JSONL data ------------------------------------------------------------------------ */
+
+typedef struct {
+    char *buf;
+    int64_t n;       /* non-blank lines */
+    size_t *off;     /* [n] start of each */
+    int64_t *lineno; /* [n] 1-based line number */
+} jsonl;
+
+static ls_status jsonl_open(jsonl *d, const char *path) {
+    memset(d, 0, sizeof *d);
+    size_t len;
+    LS_TRY(ls_read_file(path, &d->buf, &len));
+    int64_t cap = 0, line = 1;
+    for (size_t i = 0; i < len; line++) {
+        size_t j = i;
+        while (j < len && d->buf[j] != '\n') j++;
+        size_t k = i;
+        while (k < j && isspace((unsigned char)d->buf[k])) k++;
+        if (k < j) {
+            if (d->n == cap) {
+                cap = cap ? 2 * cap : 256;
+                size_t *o = realloc(d->off, (size_t)cap * sizeof(size_t));
+                int64_t *l = realloc(d->lineno, (size_t)cap * sizeof(int64_t));
+                if (o) d->off = o;
+                if (l) d->lineno = l;
+                if (!o || !l) return LS_ERR_NOMEM;
+            }
+            d->off[d->n] = i;
+            d->lineno[d->n++] = line;
+        }
+        if (j < len) d->buf[j] = 0; /* each line becomes its own string */
+        i = j + 1;
+    }
+    if (d->n == 0) return ls_err(LS_ERR_FORMAT, "%s: no groups (the file is empty)", path);
+    return LS_OK;
+}
+
+static void jsonl_free(jsonl *d) {
+    free(d->buf);
+    free(d->off);
+    free(d->lineno);
+    memset(d, 0, sizeof *d);
+}
+
+/* ---- the run --------------------------------------------------------------------------- */
+
+typedef struct {
+    train_args *a;
+    cli_policy pol;
+    ls_arenas ar;
+    ls_tokenizer *tok;
+    jsonl data;
+    ls_reward_cmd *rcmd;
+    ls_rng rng;
+    int64_t update;   /* updates done */
+    int64_t data_pos; /* next line (or passkey item) */
+    int64_t epoch;
+    ls_sample_opts so;
+    int32_t stop_ids[16];
+    ls_passkey_item *items; /* [groups_per_update] the passkey items of this update */
+    FILE *metrics;
+    char run[4096];
+} trainer;
+
+/* Stop tokens: --stop (ids or token strings) or the tokenizer's end-of-text tokens. */
+static ls_status stop_tokens(trainer *tr) {
+    tr->so.stop = tr->stop_ids;
+    tr->so.n_stop = 0;
+    if (!tr->a->stop) {
+        static const char *const eos[] = {"<|endoftext|>", "<|im_end|>"};
+        for (int i = 0; i < 2 && tr->tok; i++) {
+            int32_t id = ls_tok_token_id(tr->tok, eos[i]);
+            if (id >= 0 && id < tr->pol.base.cfg.vocab) tr->stop_ids[tr->so.n_stop++] = id;
+        }
+        return LS_OK;
+    }
+    const char *p = tr->a->stop;
+    while (*p) {
+        size_t n = strcspn(p, ",");
+        char tokname[256];
+        if (n == 0 || n >= sizeof tokname) return ls_err(LS_ERR_ARG, "--stop: empty or overlong entry in \"%s\"", tr->a->stop);
+        memcpy(tokname, p, n);
+        tokname[n] = 0;
+        char *end;
+        long long id = strtoll(tokname, &end, 10);
+        if (*end) id = tr->tok ? ls_tok_token_id(tr->tok, tokname) : -1;
+        if (id < 0 || id >= tr->pol.base.cfg.vocab)
+            return ls_err(LS_ERR_ARG, "--stop: \"%s\" is neither a token id below %lld nor a token of the tokenizer",
+                          tokname, (long long)tr->pol.base.cfg.vocab);
+        if (tr->so.n_stop == 16) return ls_err(LS_ERR_ARG, "--stop: at most 16 stop tokens");
+        tr->stop_ids[tr->so.n_stop++] = (int32_t)id;
+        p += n + (p[n] == ',');
+    }
+    return LS_OK;
+}
+
+/* A passkey prompt of about --prompt-len tokens (the byte length is adjusted until the
+ * token count fits). */
+static ls_status passkey_group(trainer *tr, ls_passkey_item *it, ls_group *g) {
+    int64_t target = tr->a->prompt_len;
+    double bytes = (double)target;
+    for (int attempt = 0;; attempt++) {
+        ls_rng save = tr->rng;
+        LS_TRY(ls_passkey_make(it, bytes < 256 ? 256 : (size_t)bytes, -1.0, &tr->rng));
+        int32_t *ids;
+        int64_t n;
+        ls_status s = ls_tok_encode(tr->tok, it->prompt, it->prompt_len, &ids, &n);
+        if (s != LS_OK) return s;
+        if ((n <= target && n >= target - target / 50 - 2) || attempt == 6 || n < 1) {
+            g->prompt = ids;
+            g->P = n;
+            g->prompt_text = strdup(it->prompt);
+            return g->prompt_text ? LS_OK : LS_ERR_NOMEM;
+        }
+        free(ids);
+        ls_passkey_free(it);
+        bytes = bytes * (double)target / (double)n * (n > target ? 0.995 : 1.0);
+        tr->rng = save; /* the same key and depth, a different length */
+    }
+}
+
+static ls_status next_group(trainer *tr, int k, ls_group *g) {
+    memset(g, 0, sizeof *g);
+    if (tr->a->task && !tr->a->data) {
+        ls_status s = passkey_group(tr, &tr->items[k], g);
+        tr->data_pos++;
+        return s;
+    }
+    int64_t i = tr->data_pos % tr->data.n;
+    char label[4200];
+    snprintf(label, sizeof label, "%s:%lld", tr->a->data, (long long)tr->data.lineno[i]);
+    ls_status s = ls_group_parse_ex(g, tr->data.buf + tr->data.off[i], label, tr->pol.base.cfg.vocab, tr->tok,
+                                    tr->a->rollout ? LS_GROUP_PROMPT_ONLY : LS_GROUP_TRAIN);
+    if (s == LS_OK && g->P < 2) s = ls_err(LS_ERR_FORMAT, "%s: \"prompt\" needs at least 2 tokens", label);
+    if (s == LS_OK && tr->a->rollout && !tr->rcmd && !g->answer)
+        s = ls_err(LS_ERR_ARG, "%s: no \"answer\" to reward the rollouts against (or give --reward-cmd)", label);
+    tr->data_pos++;
+    if (tr->data_pos % tr->data.n == 0) tr->epoch++;
+    return s;
+}
+
+/* 1 when the response, after leading whitespace, starts with the answer (and a numeric
+ * answer is not followed by another digit). */
+static double answer_reward(const char *ans, const char *r, size_t len) {
+    size_t i = 0, k = strlen(ans);
+    while (i < len && isspace((unsigned char)r[i])) i++;
+    if (len - i < k || memcmp(r + i, ans, k) != 0) return 0.0;
+    if (k && isdigit((unsigned char)ans[k - 1]) && i + k < len && isdigit((unsigned char)r[i + k])) return 0.0;
+    return 1.0;
+}
+
+/* Decode a sampled response; an id the tokenizer does not know (models pad their
+ * vocabulary beyond the tokenizer's) becomes U+FFFD instead of an error. */
+static ls_status decode_lenient(const ls_tokenizer *tok, const int32_t *ids, int64_t n, char **out, size_t *len) {
+    if (ls_tok_decode(tok, ids, n, out, len) == LS_OK) return LS_OK;
+    size_t cap = 16 * (size_t)n + 1, k = 0;
+    char *buf = malloc(cap);
+    if (!buf) return LS_ERR_NOMEM;
+    for (int64_t i = 0; i < n; i++) {
+        char *piece;
+        size_t pl;
+        if (ls_tok_decode(tok, ids + i, 1, &piece, &pl) != LS_OK) {
+            piece = strdup("\xEF\xBF\xBD");
+            pl = 3;
+            if (!piece) {
+                free(buf);
+                return LS_ERR_NOMEM;
+            }
+        }
+        if (k + pl + 1 > cap) {
+            cap = 2 * (k + pl + 1);
+            char *t = realloc(buf, cap);
+            if (!t) {
+                free(piece);
+                free(buf);
+                return LS_ERR_NOMEM;
+            }
+            buf = t;
+        }
+        memcpy(buf + k, piece, pl);
+        k += pl;
+        free(piece);
+    }
+    buf[k] = 0;
+    *out = buf;
+    *len = k;
+    return LS_OK;
+}
+
+/* The rollout hook (ls_rollout_hook): G samples from the captured state, then rewards. */
+static ls_status rollout(void *ctx, int gi, ls_group *g, const ls_hybrid_model *policy, const ls_prompt_state *st,
+                         ls_arenas *ar) {
+    trainer *tr = ctx;
+    int G = (int)tr->a->num_generations;
+    int64_t maxn = tr->a->max_new_tokens;
+    ls_trace_phase_begin("rollout");
+    int layers = ls_trace_layers(0);
+    ls_progress_begin("rollout", (int64_t)G * maxn);
+    g->G = G;
+    g->resp = calloc((size_t)G, sizeof(int32_t *));
+    g->R = calloc((size_t)G, sizeof(int64_t));
+    g->rewards = calloc((size_t)G, sizeof(double));
+    float *lp = malloc((size_t)maxn * sizeof(float));
+    ls_status s = g->resp && g->R && g->rewards && lp ? LS_OK : LS_ERR_NOMEM;
+    for (int i = 0; i < G && s == LS_OK; i++) {
+        if (!(g->resp[i] = malloc((size_t)maxn * sizeof(int32_t)))) s = LS_ERR_NOMEM;
+        if (s == LS_OK)
+            s = ls_generate(policy, st, g->prompt[g->P - 1], &tr->so, &tr->rng, g->resp[i], lp, &g->R[i],
+                            &tr->a->t.o.fwd, &ar->a[LS_ARENA_BRANCH], &ar->a[LS_ARENA_SCRATCH]);
+        ls_progress_add(maxn);
+    }
+    free(lp);
+    ls_progress_end();
+    ls_trace_layers(layers);
+    ls_trace_phase_end("rollout");
+    if (s != LS_OK) return s;
+    /* rewards on the decoded text */
+    ls_trace_phase_begin("reward");
+    char **text = calloc((size_t)G, sizeof(char *));
+    size_t *len = calloc((size_t)G, sizeof(size_t));
+    if (!text || !len) s = LS_ERR_NOMEM;
+    for (int i = 0; i < G && s == LS_OK; i++) s = decode_lenient(tr->tok, g->resp[i], g->R[i], &text[i], &len[i]);
+    if (s == LS_OK && tr->rcmd) {
+        const char *pt = g->prompt_text ? g->prompt_text : "";
+        s = ls_reward_cmd_score(tr->rcmd, pt, strlen(pt), (const char *const *)text, len, G,
+                                tr->update * tr->a->groups_per_update + gi, g->rewards);
+    } else if (s == LS_OK) {
+        for (int i = 0; i < G; i++) {
+            const ls_passkey_item *it = tr->a->data ? NULL : &tr->items[gi];
+            int shaped = tr->a->task && !strcmp(tr->a->task, "passkey-shaped");
+            g->rewards[i] = it ? (shaped ? ls_passkey_reward_shaped(it, text[i], len[i]) : ls_passkey_reward(it, text[i], len[i]))
+                               : answer_reward(g->answer, text[i], len[i]);
+        }
+    }
+    if (s == LS_OK && gi == 0 && text) /* one sample per update on the trace, for a human reading it */
+        ls_trace_event("sample", "\"update\": %lld, \"reward\": %g, \"tokens\": %lld", (long long)tr->update,
+                       g->rewards[0], (long long)g->R[0]);
+    for (int i = 0; text && i < G; i++) free(text[i]);
+    free(text);
+    free(len);
+    ls_trace_phase_end("reward");
+    return s;
+}
+
+static void zero_grads(trainer *tr) {
+    ls_param *p;
+    int64_t n;
+    if (ls_hybrid_params(&tr->pol.grad, &p, &n) == LS_OK) {
+        for (int64_t k = 0; k < n; k++) memset(p[k].p, 0, (size_t)p[k].n * sizeof(float));
+        free(p);
+    }
+    if (tr->pol.lora) ls_lora_zero_grad(tr->pol.lora);
+}
+
+/* ---- checkpoints and trainer state ----------------------------------------------------- */
+
+static ls_status write_state(trainer *tr, const char *path) {
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *f = open_memstream(&buf, &blen);
+    if (!f) return LS_ERR_NOMEM;
+    fprintf(f, "{\n  \"format\": 1,\n  \"update\": %lld,\n  \"data_position\": %lld,\n  \"epoch\": %lld,\n"
+               "  \"adam_step\": %lld,\n  \"rng\": [\"%016" PRIx64 "\", \"%016" PRIx64 "\", \"%016" PRIx64 "\", \"%016" PRIx64 "\"]\n}\n",
+            (long long)tr->update, (long long)tr->data_pos, (long long)tr->epoch, (long long)tr->pol.adam.step,
+            tr->rng.s[0], tr->rng.s[1], tr->rng.s[2], tr->rng.s[3]);
+    if (fclose(f) != 0) {
+        free(buf);
+        return LS_ERR_NOMEM;
+    }
+    ls_status s = ls_write_file_atomic(path, buf, blen);
+    free(buf);
+    return s;
+}
+
+static ls_status state_int(const cJSON *root, const char *path, const char *field, int64_t *out) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, field);
+    if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 9e15)
+        return ls_err(LS_ERR_FORMAT, "%s: field \"%s\" must be a non-negative integer", path, field);
+    *out = (int64_t)e->valuedouble;
+    return LS_OK;
+}
+
+static ls_status read_state(trainer *tr, const char *dir) {
+    char path[4200], *text = NULL;
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    LS_TRY(ls_read_file(path, &text, NULL));
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return ls_err(LS_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    int64_t step = 0;
+    ls_status s = state_int(root, path, "update", &tr->update);
+    if (s == LS_OK) s = state_int(root, path, "data_position", &tr->data_pos);
+    if (s == LS_OK) s = state_int(root, path, "epoch", &tr->epoch);
+    if (s == LS_OK) s = state_int(root, path, "adam_step", &step);
+    const cJSON *rng = cJSON_GetObjectItemCaseSensitive(root, "rng");
+    for (int i = 0; s == LS_OK && i < 4; i++) {
+        const cJSON *e = cJSON_GetArrayItem(rng, i);
+        char *end = NULL;
+        if (cJSON_IsString(e)) tr->rng.s[i] = strtoull(e->valuestring, &end, 16);
+        if (!cJSON_IsString(e) || !end || *end)
+            s = ls_err(LS_ERR_FORMAT, "%s: field \"rng\"[%d] must be a hex string", path, i);
+    }
+    cJSON_Delete(root);
+    return s;
+}
+
+/* Test hook: LONGSTRAW_TEST_CHECKPOINT_PAUSE_MS=N sleeps N ms after each file of a
+ * checkpoint, so a test can SIGKILL the writer in the middle (tests/test_train.c). */
+static void test_pause(void) {
+    const char *e = getenv("LONGSTRAW_TEST_CHECKPOINT_PAUSE_MS");
+    long ms = e ? strtol(e, NULL, 10) : 0;
+    if (ms > 0 && ms < 600000) usleep((useconds_t)ms * 1000);
+}
+
+static ls_status save_checkpoint(trainer *tr) {
+    char tmp[4200], dir[4200], path[4400], src[4400];
+    double t0 = ls_now();
+    ls_trace_phase_begin("checkpoint");
+    ls_status s = ls_ckpt_begin(tr->run, tr->update, tmp, sizeof tmp);
+    const cli_train *t = &tr->a->t;
+    if (s == LS_OK && tr->pol.lora) {
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors", tmp);
+        s = ls_lora_export(tr->pol.lora, 0, path, NULL, NULL);
+        snprintf(path, sizeof path, "%s/adapter_config.json", tmp);
+        if (s == LS_OK) s = cli_write_adapter_config(path, t, tr->pol.lora);
+    } else if (s == LS_OK) {
+        snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+        s = ls_hybrid_export(&tr->pol.base, path, LS_DTYPE_F32, NULL, NULL);
+        snprintf(src, sizeof src, "%s/config.json", tr->a->model);
+        snprintf(path, sizeof path, "%s/config.json", tmp);
+        if (s == LS_OK) s = ls_copy_file_atomic(src, path);
+    }
+    test_pause();
+    ls_param *m = NULL, *v = NULL;
+    int64_t n = 0;
+    if (s == LS_OK) s = cli_policy_moments(&tr->pol, &m, &v, &n);
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
+    if (s == LS_OK) s = ls_optim_save(path, m, v, n, tr->pol.adam.step);
+    free(m);
+    free(v);
+    test_pause();
+    snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
+    if (s == LS_OK) s = write_state(tr, path); /* last: the commit point is the rename below */
+    if (s == LS_OK) s = ls_ckpt_commit(tr->run, tr->update, tmp, dir, sizeof dir);
+    if (s == LS_OK) s = ls_ckpt_prune(tr->run, (int)tr->a->save_total_limit);
+    ls_trace_phase_end("checkpoint");
+    if (s == LS_OK) {
+        ls_trace_event("checkpoint", "\"update\": %lld, \"path\": \"checkpoint-%lld\", \"s\": %.3f", (long long)tr->update,
+                       (long long)tr->update, ls_now() - t0);
+        fprintf(stderr, "  checkpoint %s (%.1fs)\n", dir, ls_now() - t0);
+    }
+    return s;
+}
+
+/* Keep the metrics of updates [0, upto) only: a resumed run rewrites what came after
+ * its checkpoint. The file is rewritten atomically. */
+static ls_status trim_metrics(const char *path, int64_t upto) {
+    char *text = NULL;
+    size_t len = 0;
+    if (access(path, F_OK) != 0) return LS_OK;
+    LS_TRY(ls_read_file(path, &text, &len));
+    size_t keep = 0;
+    for (size_t i = 0; i < len;) {
+        size_t j = i;
+        while (j < len && text[j] != '\n') j++;
+        if (j == len) break; /* a cut last line */
+        long long u = -1;
+        const char *k = strstr(text + i, "\"update\": ");
+        if (k && k < text + j) u = strtoll(k + 10, NULL, 10);
+        if (u < 0 || u >= upto) break;
+        keep = j + 1;
+        i = j + 1;
+    }
+    ls_status s = keep == len ? LS_OK : ls_write_file_atomic(path, text, keep);
+    free(text);
+    return s;
+}
+
+static void json_metric(FILE *f, const char *k, double v) {
+    if (isfinite(v)) fprintf(f, ", \"%s\": %.8g", k, v);
+    else fprintf(f, ", \"%s\": null", k);
+}
+
+static void write_metrics(trainer *tr, const ls_grpo_metrics *mt, double step_time) {
+    FILE *f = tr->metrics;
+    fprintf(f, "{\"update\": %lld, \"step\": %lld", (long long)tr->update, (long long)tr->pol.adam.step);
+    json_metric(f, "loss", mt->loss);
+    json_metric(f, "reward", mt->reward_mean);
+    json_metric(f, "reward_std", mt->reward_std);
+    json_metric(f, "kl", mt->kl);
+    json_metric(f, "entropy", mt->entropy);
+    json_metric(f, "clip_ratio/low_mean", mt->clip_low);
+    json_metric(f, "clip_ratio/high_mean", mt->clip_high);
+    json_metric(f, "completions/mean_length", mt->len_mean);
+    json_metric(f, "completions/min_length", (double)mt->len_min);
+    json_metric(f, "completions/max_length", (double)mt->len_max);
+    json_metric(f, "grad_norm", mt->grad_norm);
+    json_metric(f, "learning_rate", tr->a->t.o.lr);
+    json_metric(f, "step_time", step_time);
+    fprintf(f, ", \"num_sequences\": %d, \"prompt_tokens\": %d, \"epoch\": %lld, \"data_position\": %lld, "
+               "\"skipped\": %s, \"time\": {\"capture\": %.4f, \"rollout\": %.4f, \"reference\": %.4f, "
+               "\"score\": %.4f, \"replay\": %.4f, \"optimize\": %.4f}}\n",
+            mt->n_seq, mt->P, (long long)tr->epoch, (long long)tr->data_pos, mt->skipped ? "true" : "false",
+            mt->t_capture, mt->t_rollout, mt->t_ref, mt->t_score, mt->t_replay, mt->t_optim);
+    fflush(f);
+    fsync(fileno(f));
+}
+
+static void trace_update_end(trainer *tr, const ls_group *g, const ls_grpo_metrics *mt) {
+    if (!ls_trace_on()) return;
+    ls_state_plan_t plan;
+    ls_state_plan(&plan, &tr->pol.base.cfg, g->P, tr->a->t.o.page_size, tr->a->t.o.state_dtype, 1);
+    size_t params = 0;
+    ls_param *pp;
+    int64_t np;
+    if (ls_hybrid_params(&tr->pol.base, &pp, &np) == LS_OK) {
+        for (int64_t k = 0; k < np; k++) params += (size_t)pp[k].n;
+        free(pp);
+    }
+    char R[512];
+    int off = 0;
+    for (int i = 0; i < g->G && off < (int)sizeof R - 24; i++) off += snprintf(R + off, sizeof R - (size_t)off, "%s%lld", i ? ", " : "", (long long)g->R[i]);
+    const ls_arenas *ar = &tr->ar;
+    ls_trace_event("update_end",
+                   "\"update\": %lld, \"P\": %lld, \"G\": %d, \"R\": [%s], \"predicted\": {\"prompt\": %zu, \"grad\": %zu, "
+                   "\"fixed\": %zu}, \"measured\": {\"prompt\": %zu, \"grad\": %zu, \"fixed\": %zu, \"branch\": %zu, "
+                   "\"score\": %zu, \"scratch\": %zu}, \"rss\": %zu",
+                   (long long)tr->update, (long long)g->P, g->G, R, tr->a->t.o.no_capture ? (size_t)0 : plan.total_bytes_per_rank,
+                   params * 4, params * 4 * (tr->pol.lora ? 2 : 3), mt->prompt_bytes, ar->a[LS_ARENA_GRAD].peak,
+                   ar->a[LS_ARENA_FIXED].peak, ar->a[LS_ARENA_BRANCH].peak, ar->a[LS_ARENA_SCORE].peak,
+                   ar->a[LS_ARENA_SCRATCH].peak, ls_peak_rss_bytes());
+}
+
+/* Everything before the first update: check flags, open files, load or resume. */
+static ls_status setup(trainer *tr, int argc, char **argv) {
+    train_args *a = tr->a;
+    snprintf(tr->run, sizeof tr->run, "%s", a->out);
+    if (mkdir(a->out, 0755) != 0 && errno != EEXIST) return ls_err(LS_ERR_IO, "%s: cannot create: %s", a->out, strerror(errno));
+    int64_t last;
+    char ckpt[4200] = "";
+    LS_TRY(ls_ckpt_latest(a->out, &last, ckpt, sizeof ckpt));
+    if (!a->resume && last >= 0)
+        return ls_err(LS_ERR_ARG, "%s already holds %s: continue it with --resume %s, or choose another --out", a->out,
+                      ckpt, a->out);
+    if (a->resume && last < 0) fprintf(stderr, "longstraw train: %s has no checkpoint yet: starting from the beginning\n", a->out);
+    if (!a->resume) LS_TRY(save_args(a->out, argc, argv));
+    char path[4200];
+    snprintf(path, sizeof path, "%s/trace.0.jsonl", a->out);
+    LS_TRY(ls_trace_open(path, 0, &tr->ar, "train"));
+    ls_trace_phase_begin("load");
+    /* weights: the checkpoint's (full fine-tune) or the base + the checkpoint's adapters */
+    const char *model = a->model;
+    char adapter[4400];
+    if (last >= 0 && !a->t.adapter && !a->t.lora_rank) model = ckpt;
+    if (last >= 0 && (a->t.adapter || a->t.lora_rank)) {
+        snprintf(adapter, sizeof adapter, "%s/adapter_model.safetensors", ckpt);
+        a->t.adapter = adapter;
+        a->t.lora_rank = 0;
+    }
+    LS_TRY(cli_policy_setup(&tr->pol, model, &a->t, 1, &tr->ar));
+    ls_rng_seed(&tr->rng, (uint64_t)a->seed);
+    if (last >= 0) {
+        ls_param *m = NULL, *v = NULL;
+        int64_t n = 0;
+        LS_TRY(read_state(tr, ckpt));
+        LS_TRY(cli_policy_moments(&tr->pol, &m, &v, &n));
+        snprintf(path, sizeof path, "%s/optimizer.safetensors", ckpt);
+        int64_t step = 0;
+        ls_status s = ls_optim_load(path, m, v, n, &step);
+        free(m);
+        free(v);
+        LS_TRY(s);
+        tr->pol.adam.step = step;
+        fprintf(stderr, "longstraw train: resumed from %s (update %lld, data position %lld, optimizer step %lld)\n", ckpt,
+                (long long)tr->update, (long long)tr->data_pos, (long long)step);
+    }
+    /* tokenizer: given, or plain bytes for the built-in task */
+    if (a->tokenizer) LS_TRY(ls_tok_load(&tr->tok, a->tokenizer));
+    else if (a->task) {
+        char *json;
+        LS_TRY(ls_tok_byte_level_json(&json));
+        ls_status s = ls_tok_load_json(&tr->tok, json, strlen(json), "(built-in byte-level tokenizer)");
+        free(json);
+        LS_TRY(s);
+    }
+    if (tr->tok && ls_tok_vocab_size(tr->tok) > tr->pol.base.cfg.vocab)
+        return ls_err(LS_ERR_ARG, "%s: the tokenizer has %lld ids but the model's vocab_size is %lld",
+                      a->tokenizer ? a->tokenizer : "(built-in tokenizer)", (long long)ls_tok_vocab_size(tr->tok),
+                      (long long)tr->pol.base.cfg.vocab);
+    if (a->data) LS_TRY(jsonl_open(&tr->data, a->data));
+    if (!a->updates) a->updates = a->data ? (tr->data.n + a->groups_per_update - 1) / a->groups_per_update : 10;
+    if (a->reward_cmd) {
+        LS_TRY(ls_reward_cmd_start(&tr->rcmd, a->reward_cmd));
+        LS_TRY(ls_reward_cmd_set_timeout(tr->rcmd, a->reward_timeout));
+    }
+    ls_sample_opts_default(&tr->so);
+    tr->so.temperature = a->t.o.fwd.temperature;
+    tr->so.top_p = (float)a->top_p;
+    tr->so.max_new_tokens = a->max_new_tokens;
+    if (a->rollout) LS_TRY(stop_tokens(tr));
+    tr->items = calloc((size_t)a->groups_per_update, sizeof *tr->items);
+    if (!tr->items) return LS_ERR_NOMEM;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", a->out);
+    LS_TRY(trim_metrics(path, tr->update));
+    if (!(tr->metrics = fopen(path, "a"))) return ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    ls_trace_phase_end("load");
+    return LS_OK;
+}
+
+static int check_flags(const train_args *a) {
+    if (!a->model || !a->out) return cli_usage_error("train", "--model and --out are required");
+    if (!a->data && !a->task) return cli_usage_error("train", "give --data FILE.jsonl, or --rollout --task passkey");
+    if (a->task && !a->rollout) return cli_usage_error("train", "--task samples its responses: add --rollout");
+    if (a->reward_cmd && !a->rollout) return cli_usage_error("train", "--reward-cmd scores rollouts: add --rollout");
+    if (a->rollout && a->t.o.no_capture) return cli_usage_error("train", "--rollout samples from the captured state: not with --no-capture");
+    if (a->rollout && !a->tokenizer && !a->task)
+        return cli_usage_error("train", "--rollout on --data needs --tokenizer (rewards read the decoded text)");
+    return 0;
+}
+
+static int run_train(int argc, char **argv) {
+    train_args a;
+    args_default(&a);
+    int r = parse_args(&a, argc, argv);
+    if (r) return r == 1 ? 0 : r;
+    int nargc = 0;
+    char **nargv = NULL;
+    if (a.resume) { /* the saved flags first, then the given ones */
+        ls_status s = load_args(a.resume, argc, argv, &nargc, &nargv);
+        if (s != LS_OK) return cli_fail("train", s);
+        const char *resume = a.resume;
+        args_default(&a);
+        if ((r = parse_args(&a, nargc, nargv))) return r == 1 ? 0 : r;
+        if (!a.out) a.out = resume;
+        if (strcmp(a.out, resume) != 0) return cli_usage_error("train", "--resume %s with --out %s: they must be the same run", resume, a.out);
+    }
+    if ((r = check_flags(&a))) return r;
+    if (cli_train_finish("train", &a.t)) return 2;
+    ls_progress_enable(!a.quiet);
+    trainer tr;
+    memset(&tr, 0, sizeof tr);
+    tr.a = &a;
+    ls_arenas_init(&tr.ar);
+    ls_status s = setup(&tr, a.resume ? nargc : argc, a.resume ? nargv : argv);
+    ls_group *groups = calloc((size_t)a.groups_per_update, sizeof(ls_group));
+    if (s == LS_OK && !groups) s = LS_ERR_NOMEM;
+    ls_rollout_hook hook = {rollout, &tr};
+    ls_grpo_metrics mt;
+    memset(&mt, 0, sizeof mt);
+    int skipped = 0;
+    int64_t first = tr.update;
+    if (s == LS_OK && tr.update >= a.updates)
+        fprintf(stderr, "longstraw train: %lld updates already done (--updates %lld): nothing to do\n",
+                (long long)tr.update, (long long)a.updates);
+    for (; s == LS_OK && tr.update < a.updates; tr.update++) {
+        double t0 = ls_now();
+        ls_trace_set_update(tr.update);
+        for (int k = 0; k < (int)a.groups_per_update; k++) {
+            ls_group_free(&groups[k]);
+            if (a.task && !a.data) ls_passkey_free(&tr.items[k]);
+        }
+        for (int k = 0; k < (int)a.groups_per_update && s == LS_OK; k++) s = next_group(&tr, k, &groups[k]);
+        if (s != LS_OK) break;
+        zero_grads(&tr);
+        s = ls_grpo_update_batch(tr.pol.policy, tr.pol.refp, &tr.pol.grad, &tr.pol.adam, groups, (int)a.groups_per_update,
+                                 a.rollout ? &hook : NULL, &a.t.o, &tr.ar, &mt);
+        if (s != LS_OK) break;
+        double dt = ls_now() - t0;
+        write_metrics(&tr, &mt, dt);
+        trace_update_end(&tr, &groups[0], &mt);
+        if (mt.skipped) {
+            skipped++;
+            fprintf(stderr, "update %lld/%lld SKIPPED: %s; weights and optimizer state untouched\n", (long long)tr.update + 1,
+                    (long long)a.updates, mt.skip_reason);
+        } else {
+            fprintf(stderr, "update %lld/%lld  reward %.4f ± %.4f  kl %.3g  entropy %.3f  len %.1f  grad_norm %.4g  %.1fs\n",
+                    (long long)tr.update + 1, (long long)a.updates, mt.reward_mean, mt.reward_std, mt.kl, mt.entropy,
+                    mt.len_mean, mt.grad_norm, dt);
+        }
+        int64_t done = tr.update + 1;
+        if (done % a.save_every == 0 || done == a.updates) {
+            tr.update = done; /* a checkpoint holds the state after `done` updates */
+            s = save_checkpoint(&tr);
+            tr.update = done - 1;
+        }
+    }
+    if (s == LS_OK && tr.update > first) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/receipt.json", a.out);
+        s = cli_write_receipt(path, "train", &tr.pol.base, &groups[0], &a.t.o, &mt, &tr.ar);
+        if (s == LS_OK)
+            fprintf(stderr, "longstraw train: %lld updates (%d skipped) in %s; receipt %s, `longstraw report %s` for the table and memory.svg\n",
+                    (long long)(tr.update - first), skipped, a.out, path, a.out);
+    }
+    int rc = s == LS_OK ? 0 : cli_fail("train", s);
+    for (int k = 0; groups && k < (int)a.groups_per_update; k++) {
+        ls_group_free(&groups[k]);
+        if (tr.items) ls_passkey_free(&tr.items[k]);
+    }
+    free(groups);
+    free(tr.items);
+    ls_reward_cmd_stop(tr.rcmd);
+    if (tr.metrics) fclose(tr.metrics);
+    ls_trace_close();
+    jsonl_free(&tr.data);
+    ls_tok_free(tr.tok);
+    ls_arenas_free(&tr.ar);
+    for (int i = 0; i < nargc; i++) free(nargv[i]);
+    free(nargv);
+    return rc;
+}
+
+int cmd_train(int argc, char **argv) { return run_train(argc, argv); }

@@ -1,0 +1,170 @@
+/*
+ * checkpoint.c — committing checkpoint directories and the optimizer-state file
+ * (checkpoint.h).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "longstraw/checkpoint.h"
+#include "longstraw/safetensors.h"
+
+/* Remove a flat directory (checkpoints hold files only). */
+static ls_status remove_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return errno == ENOENT ? LS_OK : ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct dirent *e;
+    char p[4096];
+    ls_status s = LS_OK;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+        if (unlink(p) != 0 && s == LS_OK) s = ls_err(LS_ERR_IO, "%s: cannot remove: %s", p, strerror(errno));
+    }
+    closedir(d);
+    if (s == LS_OK && rmdir(path) != 0) s = ls_err(LS_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    return s;
+}
+
+static ls_status fsync_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return ls_err(LS_ERR_IO, "%s: cannot open to fsync: %s", path, strerror(errno));
+    int r = fsync(fd);
+    close(fd);
+    return r == 0 ? LS_OK : ls_err(LS_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
+}
+
+ls_status ls_ckpt_begin(const char *run, int64_t update, char *tmp, size_t n) {
+    if ((size_t)snprintf(tmp, n, "%s/.checkpoint-%lld.tmp", run, (long long)update) >= n)
+        return ls_err(LS_ERR_ARG, "%s: path too long", run);
+    LS_TRY(remove_dir(tmp));
+    if (mkdir(tmp, 0755) != 0) return ls_err(LS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    return LS_OK;
+}
+
+ls_status ls_ckpt_commit(const char *run, int64_t update, const char *tmp, char *dir, size_t n) {
+    if ((size_t)snprintf(dir, n, "%s/checkpoint-%lld", run, (long long)update) >= n)
+        return ls_err(LS_ERR_ARG, "%s: path too long", run);
+    LS_TRY(fsync_dir(tmp));
+    LS_TRY(remove_dir(dir)); /* a rerun of the same update replaces it */
+    if (rename(tmp, dir) != 0) return ls_err(LS_ERR_IO, "%s -> %s: rename failed: %s", tmp, dir, strerror(errno));
+    return fsync_dir(run);
+}
+
+/* Committed checkpoints' update numbers, ascending (malloc'd); stale tmps removed. */
+static ls_status list(const char *run, int64_t **out, int64_t *count) {
+    *out = NULL;
+    *count = 0;
+    DIR *d = opendir(run);
+    if (!d) return ls_err(LS_ERR_IO, "%s: cannot open the run directory: %s", run, strerror(errno));
+    struct dirent *e;
+    int64_t cap = 0;
+    ls_status s = LS_OK;
+    while ((e = readdir(d)) && s == LS_OK) {
+        long long u;
+        char extra;
+        if (sscanf(e->d_name, ".checkpoint-%lld.tm%c", &u, &extra) == 2) {
+            char p[4096];
+            snprintf(p, sizeof p, "%s/%s", run, e->d_name);
+            s = remove_dir(p);
+            continue;
+        }
+        if (sscanf(e->d_name, "checkpoint-%lld%c", &u, &extra) != 1 || u < 0) continue;
+        if (*count == cap) {
+            cap = cap ? 2 * cap : 16;
+            int64_t *t = realloc(*out, (size_t)cap * sizeof(int64_t));
+            if (!t) {
+                s = LS_ERR_NOMEM;
+                break;
+            }
+            *out = t;
+        }
+        (*out)[(*count)++] = u;
+    }
+    closedir(d);
+    for (int64_t i = 1; i < *count; i++) /* insertion sort: few entries */
+        for (int64_t j = i; j > 0 && (*out)[j - 1] > (*out)[j]; j--) {
+            int64_t t = (*out)[j];
+            (*out)[j] = (*out)[j - 1];
+            (*out)[j - 1] = t;
+        }
+    return s;
+}
+
+ls_status ls_ckpt_latest(const char *run, int64_t *update, char *dir, size_t n) {
+    int64_t *u, c;
+    *update = -1;
+    LS_TRY(list(run, &u, &c));
+    if (c > 0) {
+        *update = u[c - 1];
+        snprintf(dir, n, "%s/checkpoint-%lld", run, (long long)*update);
+    }
+    free(u);
+    return LS_OK;
+}
+
+ls_status ls_ckpt_prune(const char *run, int keep) {
+    int64_t *u, c;
+    LS_TRY(list(run, &u, &c));
+    ls_status s = LS_OK;
+    for (int64_t i = 0; i + keep < c && s == LS_OK; i++) {
+        char p[4096];
+        snprintf(p, sizeof p, "%s/checkpoint-%lld", run, (long long)u[i]);
+        s = remove_dir(p);
+    }
+    free(u);
+    return s;
+}
+
+ls_status ls_optim_save(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t step) {
+    ls_st_writer w;
+    ls_st_writer_init(&w);
+    char name[64], buf[32];
+    ls_status s = LS_OK;
+    for (int64_t k = 0; k < n && s == LS_OK; k++) {
+        int64_t shape[1] = {m[k].n};
+        snprintf(name, sizeof name, "exp_avg.%lld", (long long)k);
+        s = ls_st_writer_add_f32(&w, name, LS_DTYPE_F32, 1, shape, m[k].p);
+        snprintf(name, sizeof name, "exp_avg_sq.%lld", (long long)k);
+        if (s == LS_OK) s = ls_st_writer_add_f32(&w, name, LS_DTYPE_F32, 1, shape, v[k].p);
+    }
+    snprintf(buf, sizeof buf, "%lld", (long long)step);
+    if (s == LS_OK) s = ls_st_writer_add_meta(&w, "step", buf);
+    snprintf(buf, sizeof buf, "%lld", (long long)n);
+    if (s == LS_OK) s = ls_st_writer_add_meta(&w, "tensors", buf);
+    if (s == LS_OK) s = ls_st_write(&w, path);
+    ls_st_writer_free(&w);
+    return s;
+}
+
+ls_status ls_optim_load(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t *step) {
+    ls_st_file f;
+    LS_TRY(ls_st_open(&f, path));
+    ls_status s = LS_OK;
+    const char *st = ls_st_meta_get(&f, "step"), *nt = ls_st_meta_get(&f, "tensors");
+    char *end = NULL;
+    long long sv = st ? strtoll(st, &end, 10) : -1;
+    if (!st || !end || *end || sv < 0)
+        s = ls_err(LS_ERR_FORMAT, "%s: metadata \"step\" is missing or not a count", path);
+    else if (!nt || strtoll(nt, NULL, 10) != n || ls_st_count(&f) != 2 * n)
+        s = ls_err(LS_ERR_FORMAT, "%s: holds moments of %s tensors (%lld entries), but %lld are trained: "
+                                  "a different model or LoRA setup", path, nt ? nt : "?", (long long)ls_st_count(&f),
+                   (long long)n);
+    char name[64];
+    for (int64_t k = 0; k < n && s == LS_OK; k++) {
+        for (int which = 0; which < 2 && s == LS_OK; which++) {
+            snprintf(name, sizeof name, "%s.%lld", which ? "exp_avg_sq" : "exp_avg", (long long)k);
+            const ls_st_tensor *t = ls_st_find(&f, name);
+            if (!t) s = ls_err(LS_ERR_FORMAT, "%s: tensor \"%s\" is missing", path, name);
+            else s = ls_st_read_f32(t, which ? v[k].p : m[k].p, which ? v[k].n : m[k].n, path);
+        }
+    }
+    if (s == LS_OK) *step = sv;
+    ls_st_close(&f);
+    return s;
+}

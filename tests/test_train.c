@@ -1,0 +1,451 @@
+/*
+ * test_train.c — `longstraw train` and `longstraw demo` end to end:
+ *  - one update of `train` on a JSONL line equals `step` on the same group (the step
+ *    path is checked against the fp64 reference in test_grpo_ref.c);
+ *  - SIGKILL in the middle of a checkpoint write: the previous checkpoint is intact,
+ *    --resume continues from it and ends with the same weights, optimizer state and
+ *    metrics as an uninterrupted run;
+ *  - a step with a non-finite gradient is skipped and leaves weights and moments as
+ *    they were;
+ *  - malformed data is rejected naming the file, line and field;
+ *  - rollouts with --reward-cmd and text data; the demo prints its receipt.
+ */
+#include <cjson/cJSON.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "longstraw/config.h"
+#include "longstraw/safetensors.h"
+#include "longstraw/tokenizer.h"
+#include "testutil.h"
+
+int test_train_matches_step(void);
+int test_train_sigkill_resume(void);
+int test_train_nan_step_skipped(void);
+int test_train_rejects_bad_data(void);
+int test_train_rollout_reward_cmd(void);
+int test_demo_receipt(void);
+
+/* Run a shell command (stderr folded into the output). */
+static char *run(int *rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static char *run(int *rc, const char *fmt, ...) {
+    char cmd[16384];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(cmd, sizeof cmd - 8, fmt, ap);
+    va_end(ap);
+    if (n < 0 || n >= (int)sizeof cmd - 8) return NULL;
+    strcat(cmd, " 2>&1");
+    return t_run_capture(cmd, rc);
+}
+
+static int write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f) return 1;
+    fputs(text, f);
+    return fclose(f) != 0;
+}
+
+/* A group line of ids: prompt of P tokens, responses of the given lengths, rewards. */
+static void group_line(FILE *f, int P, int G, const int *R, const double *rw, int seed, const char *adv) {
+    fputs("{\"prompt\": [", f);
+    for (int i = 0; i < P; i++) fprintf(f, "%s%d", i ? ", " : "", (i * 31 + seed * 7 + 3) % 97);
+    fputs("], \"responses\": [", f);
+    for (int g = 0; g < G; g++) {
+        fputs(g ? ", [" : "[", f);
+        for (int t = 0; t < R[g]; t++) fprintf(f, "%s%d", t ? ", " : "", (t * 13 + g * 5 + seed) % 97);
+        fputc(']', f);
+    }
+    if (adv) fprintf(f, "], \"advantages\": %s}\n", adv);
+    else {
+        fputs("], \"rewards\": [", f);
+        for (int g = 0; g < G; g++) fprintf(f, "%s%g", g ? ", " : "", rw[g]);
+        fputs("]}\n", f);
+    }
+}
+
+static int make_data(const char *path, int lines, int nan_line) {
+    FILE *f = fopen(path, "w");
+    if (!f) return 1;
+    static const int R[4] = {3, 6, 2, 5};
+    static const double rw[4] = {1.0, 0.0, 0.5, 0.25};
+    for (int l = 0; l < lines; l++)
+        group_line(f, 40 + 9 * l, 3 + (l % 2), R, rw, l,
+                   l != nan_line ? NULL : l % 2 ? "[1e300, -1e300, 1e300, -1e300]" : "[1e300, -1e300, 1e300]");
+    return fclose(f) != 0;
+}
+
+/* max |a − b| over every tensor of two safetensors files with the same names; −1 when
+ * they differ in names or sizes. */
+static double st_diff(const char *a, const char *b) {
+    ls_st_file fa, fb;
+    if (ls_st_open(&fa, a) != LS_OK) return -1;
+    if (ls_st_open(&fb, b) != LS_OK) {
+        ls_st_close(&fa);
+        return -1;
+    }
+    double worst = ls_st_count(&fa) == ls_st_count(&fb) && ls_st_count(&fa) > 0 ? 0 : -1;
+    for (int64_t i = 0; i < ls_st_count(&fa) && worst >= 0; i++) {
+        const ls_st_tensor *ta = ls_st_at(&fa, i), *tb = ls_st_find(&fb, ta->name);
+        if (!tb || tb->numel != ta->numel) {
+            worst = -1;
+            break;
+        }
+        float *x = malloc((size_t)(ta->numel + 1) * sizeof(float)), *y = malloc((size_t)(ta->numel + 1) * sizeof(float));
+        if (x && y && ls_st_read_f32(ta, x, ta->numel, NULL) == LS_OK && ls_st_read_f32(tb, y, tb->numel, NULL) == LS_OK) {
+            for (int64_t k = 0; k < ta->numel; k++) {
+                double d = fabs((double)x[k] - (double)y[k]);
+                if (!(d <= worst)) worst = d; /* NaN propagates as "larger" */
+            }
+        } else {
+            worst = -1;
+        }
+        free(x);
+        free(y);
+    }
+    ls_st_close(&fa);
+    ls_st_close(&fb);
+    return worst;
+}
+
+static int init_model(const char *dir, const char *config, int seed) {
+    int rc;
+    char *out = run(&rc, "%s init --config %s --seed %d --out %s/m", LS_CLI_PATH, config, seed, dir);
+    if (rc != 0) fprintf(stderr, "  init: %s\n", out ? out : "");
+    free(out);
+    return rc;
+}
+
+static int cleanup(const char *dir) {
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd);
+}
+
+/* Parse metrics.jsonl into an array of objects (cJSON, caller deletes). */
+static cJSON *read_metrics(const char *run_dir) {
+    char path[700], *text;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    if (ls_read_file(path, &text, NULL) != LS_OK) return NULL;
+    cJSON *arr = cJSON_CreateArray();
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *o = cJSON_Parse(line);
+        if (!o) {
+            cJSON_Delete(arr);
+            free(text);
+            return NULL;
+        }
+        cJSON_AddItemToArray(arr, o);
+    }
+    free(text);
+    return arr;
+}
+
+static double num(const cJSON *o, const char *k) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(e) ? e->valuedouble : NAN;
+}
+
+int test_train_matches_step(void) {
+    char dir[512], cfg[700], data[700], grp[700], a[900], b[900];
+    int rc;
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    snprintf(cfg, sizeof cfg, "%s/tests/reference/fixtures/next_dense/config.json", LS_SOURCE_DIR);
+    T_CHECK(init_model(dir, cfg, 5) == 0, "init");
+    snprintf(data, sizeof data, "%s/d.jsonl", dir);
+    T_CHECK(make_data(data, 2, -1) == 0, "data");
+    /* the first line alone as a group file */
+    snprintf(grp, sizeof grp, "%s/g.json", dir);
+    FILE *f = fopen(grp, "w");
+    static const int R[4] = {3, 6, 2, 5};
+    static const double rw[4] = {1.0, 0.0, 0.5, 0.25};
+    group_line(f, 40, 3, R, rw, 0, NULL);
+    fclose(f);
+    const char *flags = "--lr 1e-3 --beta 0 --epsilon 0.2 --max-grad-norm 0.5 --threads 2";
+    char *out = run(&rc, "%s train --model %s/m --data %s --out %s/run --updates 1 --quiet %s", LS_CLI_PATH, dir, data,
+                    dir, flags);
+    T_CHECK(rc == 0 && out && strstr(out, "update 1/1"), "train: rc %d %s", rc, out ? out : "");
+    free(out);
+    out = run(&rc, "%s step --model %s/m --group %s --out %s/step %s", LS_CLI_PATH, dir, grp, dir, flags);
+    T_CHECK(rc == 0, "step: %s", out ? out : "");
+    free(out);
+    snprintf(a, sizeof a, "%s/run/checkpoint-1/model.safetensors", dir);
+    snprintf(b, sizeof b, "%s/step/model.safetensors", dir);
+    double d = st_diff(a, b);
+    printf("  train (1 update) vs step on the same group: max |ΔW| = %.3g\n", d);
+    T_CHECK(d >= 0 && d <= 1e-7, "train vs step: %g", d);
+    /* what a run directory holds */
+    static const char *files[] = {"args.json", "metrics.jsonl", "trace.0.jsonl", "receipt.json",
+                                  "checkpoint-1/optimizer.safetensors", "checkpoint-1/trainer_state.json",
+                                  "checkpoint-1/config.json"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(a, sizeof a, "%s/run/%s", dir, files[i]);
+        T_CHECK(access(a, R_OK) == 0, "missing %s", a);
+    }
+    snprintf(a, sizeof a, "%s/run", dir);
+    cJSON *m = read_metrics(a);
+    T_CHECK(m && cJSON_GetArraySize(m) == 1, "metrics lines");
+    static const char *names[] = {"reward", "reward_std", "kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",
+                                  "completions/mean_length", "grad_norm", "step_time"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        T_CHECK(isfinite(num(cJSON_GetArrayItem(m, 0), names[i])), "metric %s missing", names[i]);
+    T_CHECK(fabs(num(cJSON_GetArrayItem(m, 0), "reward") - 0.5) <= 1e-12, "reward mean of (1, 0, 0.5)");
+    T_CHECK(fabs(num(cJSON_GetArrayItem(m, 0), "completions/mean_length") - 11.0 / 3) <= 1e-6, "mean length");
+    cJSON_Delete(m);
+    /* a second run into the same directory must not silently start over */
+    out = run(&rc, "%s train --model %s/m --data %s --out %s/run --updates 1 --quiet", LS_CLI_PATH, dir, data, dir);
+    T_CHECK(rc == 1 && out && strstr(out, "--resume"), "rerun into a run dir: rc %d %s", rc, out ? out : "");
+    free(out);
+    T_CHECK(cleanup(dir) == 0, "cleanup");
+    return 0;
+}
+
+int test_train_sigkill_resume(void) {
+    char dir[512], cfg[700], data[700], a[900], b[900];
+    int rc;
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    snprintf(cfg, sizeof cfg, "%s/tests/reference/fixtures/next_dense/config.json", LS_SOURCE_DIR);
+    T_CHECK(init_model(dir, cfg, 6) == 0, "init");
+    snprintf(data, sizeof data, "%s/d.jsonl", dir);
+    T_CHECK(make_data(data, 3, -1) == 0, "data");
+    /* 5 updates over 3 lines (the data wraps), two groups per update, a checkpoint
+     * after every update */
+    const char *flags = "--updates 5 --groups-per-update 2 --save-every 1 --save-total-limit 5 --lr 2e-3 --quiet --threads 2";
+    char *out = run(&rc, "%s train --model %s/m --data %s --out %s/A %s", LS_CLI_PATH, dir, data, dir, flags);
+    T_CHECK(rc == 0, "uninterrupted run: %s", out ? out : "");
+    free(out);
+    /* the same run, killed while it writes checkpoint-3 */
+    pid_t pid = fork();
+    T_CHECK(pid >= 0, "fork");
+    if (pid == 0) {
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd, "exec %s train --model %s/m --data %s --out %s/B %s >/dev/null 2>&1", LS_CLI_PATH, dir,
+                 data, dir, flags);
+        setenv("LONGSTRAW_TEST_CHECKPOINT_PAUSE_MS", "400", 1);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    snprintf(a, sizeof a, "%s/B/.checkpoint-3.tmp/model.safetensors", dir);
+    int seen = 0;
+    for (int i = 0; i < 6000 && !seen; i++) { /* up to 60 s */
+        seen = access(a, F_OK) == 0;
+        if (!seen) usleep(10000);
+    }
+    T_CHECK(seen, "checkpoint-3 never started");
+    T_CHECK(kill(pid, SIGKILL) == 0, "kill");
+    int st;
+    T_CHECK(waitpid(pid, &st, 0) == pid && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "not killed by SIGKILL");
+    snprintf(a, sizeof a, "%s/B/checkpoint-3", dir);
+    T_CHECK(access(a, F_OK) != 0, "a checkpoint-3 exists although its writer was killed");
+    snprintf(a, sizeof a, "%s/B/checkpoint-2/trainer_state.json", dir);
+    T_CHECK(access(a, R_OK) == 0, "the previous checkpoint is incomplete");
+    snprintf(a, sizeof a, "%s/B/checkpoint-2/model.safetensors", dir);
+    snprintf(b, sizeof b, "%s/A/checkpoint-2/model.safetensors", dir);
+    double d = st_diff(a, b);
+    T_CHECK(d >= 0 && d <= 1e-6, "checkpoint-2 differs from the uninterrupted run's: %g", d);
+    /* resume: the saved flags, nothing else */
+    out = run(&rc, "%s train --resume %s/B", LS_CLI_PATH, dir);
+    T_CHECK(rc == 0 && out && strstr(out, "resumed from") && strstr(out, "update 2"), "resume: rc %d %s", rc,
+            out ? out : "");
+    free(out);
+    snprintf(a, sizeof a, "%s/B/.checkpoint-3.tmp", dir);
+    T_CHECK(access(a, F_OK) != 0, "the stale partial checkpoint was not removed");
+    static const char *files[] = {"model.safetensors", "optimizer.safetensors"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(a, sizeof a, "%s/B/checkpoint-5/%s", dir, files[k]);
+        snprintf(b, sizeof b, "%s/A/checkpoint-5/%s", dir, files[k]);
+        d = st_diff(a, b);
+        printf("  killed during checkpoint-3 + resumed vs uninterrupted: %s max diff %.3g\n", files[k], d);
+        T_CHECK(d >= 0 && d <= 1e-6, "%s differs after resume: %g", files[k], d);
+    }
+    snprintf(a, sizeof a, "%s/A", dir);
+    snprintf(b, sizeof b, "%s/B", dir);
+    cJSON *ma = read_metrics(a), *mb = read_metrics(b);
+    T_CHECK(ma && mb && cJSON_GetArraySize(ma) == 5 && cJSON_GetArraySize(mb) == 5, "metrics: 5 lines each");
+    for (int u = 0; u < 5; u++) {
+        const cJSON *x = cJSON_GetArrayItem(ma, u), *y = cJSON_GetArrayItem(mb, u);
+        T_CHECK(num(x, "update") == u && num(y, "update") == u, "metrics line %d is update %g", u, num(y, "update"));
+        double dl = fabs(num(x, "loss") - num(y, "loss")), dg = fabs(num(x, "grad_norm") - num(y, "grad_norm"));
+        T_CHECK(dl <= 1e-7 && dg <= 1e-6 * fmax(1, num(x, "grad_norm")), "update %d: loss %g vs %g", u, num(x, "loss"),
+                num(y, "loss"));
+        T_CHECK(num(y, "data_position") == 2 * (u + 1), "update %d data position %g", u, num(y, "data_position"));
+    }
+    cJSON_Delete(ma);
+    cJSON_Delete(mb);
+    T_CHECK(cleanup(dir) == 0, "cleanup");
+    return 0;
+}
+
+int test_train_nan_step_skipped(void) {
+    char dir[512], cfg[700], data[700], a[900], b[900];
+    int rc;
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    snprintf(cfg, sizeof cfg, "%s/tests/reference/fixtures/next_dense/config.json", LS_SOURCE_DIR);
+    T_CHECK(init_model(dir, cfg, 7) == 0, "init");
+    snprintf(data, sizeof data, "%s/d.jsonl", dir);
+    /* line 2's advantages overflow float in the token terms: an infinite gradient */
+    T_CHECK(make_data(data, 3, 1) == 0, "data");
+    char *out = run(&rc, "%s train --model %s/m --data %s --out %s/run --save-every 1 --save-total-limit 5 --lr 1e-3 --quiet",
+                    LS_CLI_PATH, dir, data, dir);
+    T_CHECK(rc == 0 && out && strstr(out, "update 2/3 SKIPPED: non-finite") && strstr(out, "update 3/3  reward"),
+            "rc %d %s", rc, out ? out : "");
+    free(out);
+    snprintf(a, sizeof a, "%s/run/checkpoint-1/model.safetensors", dir);
+    snprintf(b, sizeof b, "%s/run/checkpoint-2/model.safetensors", dir);
+    double d = st_diff(a, b);
+    T_CHECK(d == 0, "the skipped step changed the weights: %g", d);
+    snprintf(a, sizeof a, "%s/run/checkpoint-1/optimizer.safetensors", dir);
+    snprintf(b, sizeof b, "%s/run/checkpoint-2/optimizer.safetensors", dir);
+    d = st_diff(a, b);
+    T_CHECK(d == 0, "the skipped step changed the optimizer moments: %g", d);
+    snprintf(a, sizeof a, "%s/run/checkpoint-3/model.safetensors", dir);
+    snprintf(b, sizeof b, "%s/run/checkpoint-2/model.safetensors", dir);
+    d = st_diff(a, b);
+    T_CHECK(d > 0, "the step after the skip did not train");
+    snprintf(a, sizeof a, "%s/run", dir);
+    cJSON *m = read_metrics(a);
+    T_CHECK(m && cJSON_GetArraySize(m) == 3, "metrics lines");
+    T_CHECK(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 1), "skipped")) &&
+                cJSON_IsFalse(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 2), "skipped")),
+            "skipped flags");
+    T_CHECK(num(cJSON_GetArrayItem(m, 1), "step") == 1 && num(cJSON_GetArrayItem(m, 2), "step") == 2,
+            "optimizer steps 1, 1, 2");
+    cJSON_Delete(m);
+    T_CHECK(cleanup(dir) == 0, "cleanup");
+    return 0;
+}
+
+int test_train_rejects_bad_data(void) {
+    char dir[512], cfg[700], data[700];
+    int rc;
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    snprintf(cfg, sizeof cfg, "%s/tests/reference/fixtures/next_dense/config.json", LS_SOURCE_DIR);
+    T_CHECK(init_model(dir, cfg, 8) == 0, "init");
+    static const struct { const char *line, *needle; } bad[] = {
+        {"{\"prompt\": [1, 2, 3], \"responses\": [[1]], \"rewards\": [1]}", "\"responses\" has 1 entry: GRPO needs G >= 2"},
+        {"{\"prompt\": [1, 2, 3], \"responses\": [[1], [4, 200]], \"rewards\": [1, 0]}",
+         "\"responses[1]\"[1] = 200 is not a token id in [0, 97)"},
+        {"{\"prompt\": [1, 2, 3], \"responses\": [[1], []], \"rewards\": [1, 0]}", "\"responses[1]\" is empty"},
+        {"{\"prompt\": [1, 2, 3], \"responses\": [[1], [2]]}", "needs \"rewards\" or \"advantages\""},
+        {"{\"prompt\": [1, 2, 3], \"responses\": [[1], [2]], \"rewards\": [1]}", "\"rewards\" has 1 entries, expected 2"},
+        {"{\"prompt\": \"some text\", \"responses\": [[1], [2]], \"rewards\": [1, 0]}", "\"prompt\" is text: give a tokenizer"},
+        {"{\"prompt\": [1, 2, 3], \"responses\": [[1], [2]], \"rewards\": [1, \"x\"]}", "\"rewards\"[1] must be a finite number"},
+        {"{\"prompt\": [1, 2, 3], \"responses\": [[1], [2]], \"rewards\": [1, 0]", "invalid JSON"},
+        {"{\"prompt\": [1, 2, 3], \"responses\": [[1], [2.5]], \"rewards\": [1, 0]}", "\"responses[1]\"[0] = 2.5 is not a token id"},
+    };
+    snprintf(data, sizeof data, "%s/d.jsonl", dir);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        /* the bad group sits on line 3, after a good one and a blank line */
+        FILE *f = fopen(data, "w");
+        T_CHECK(f != NULL, "data");
+        fputs("{\"prompt\": [1, 2, 3], \"responses\": [[1], [2]], \"rewards\": [1, 0]}\n\n", f);
+        fprintf(f, "%s\n", bad[i].line);
+        fclose(f);
+        char *out = run(&rc, "%s train --model %s/m --data %s --out %s/run%zu --quiet", LS_CLI_PATH, dir, data, dir, i);
+        char where[800];
+        snprintf(where, sizeof where, "%s:3: ", data);
+        T_CHECK(rc == 1 && out && strstr(out, where) && strstr(out, bad[i].needle), "case %zu: rc %d, wanted \"%s%s\", got %s",
+                i, rc, where, bad[i].needle, out ? out : "");
+        free(out);
+    }
+    T_CHECK(write_text(data, "\n\n") == 0, "empty data");
+    char *out = run(&rc, "%s train --model %s/m --data %s --out %s/runE --quiet", LS_CLI_PATH, dir, data, dir);
+    T_CHECK(rc == 1 && out && strstr(out, "no groups"), "empty data: %s", out ? out : "");
+    free(out);
+    out = run(&rc, "%s train --resume %s/nowhere", LS_CLI_PATH, dir);
+    T_CHECK(rc == 1 && out && strstr(out, "nowhere/args.json"), "resume of nothing: %s", out ? out : "");
+    free(out);
+    out = run(&rc, "%s train --model %s/m --out %s/runF --task passkey", LS_CLI_PATH, dir, dir);
+    T_CHECK(rc == 2 && out && strstr(out, "add --rollout"), "task without rollout: %s", out ? out : "");
+    free(out);
+    T_CHECK(cleanup(dir) == 0, "cleanup");
+    return 0;
+}
+
+int test_train_rollout_reward_cmd(void) {
+    char dir[512], cfg[700], data[700], tok[700];
+    int rc;
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    /* a model whose ids cover the byte-level tokenizer's 257 */
+    snprintf(cfg, sizeof cfg, "%s/c.json", dir);
+    T_CHECK(write_text(cfg, "{\"model_type\": \"qwen3_next\", \"vocab_size\": 260, \"hidden_size\": 32, \"num_hidden_layers\": 2,"
+                            " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 16,"
+                            " \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 2, \"linear_key_head_dim\": 8,"
+                            " \"linear_value_head_dim\": 8, \"intermediate_size\": 48, \"num_experts\": 0,"
+                            " \"full_attention_interval\": 2}") == 0, "config");
+    T_CHECK(init_model(dir, cfg, 9) == 0, "init");
+    char *json;
+    T_OK(ls_tok_byte_level_json(&json));
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", dir);
+    T_CHECK(write_text(tok, json) == 0, "tokenizer");
+    free(json);
+    snprintf(data, sizeof data, "%s/prompts.jsonl", dir);
+    T_CHECK(write_text(data, "{\"prompt\": \"The capital of France is\"}\n{\"prompt\": \"Zwei plus zwei ist \\u00e9gal\"}\n"
+                             "{\"prompt\": \"def f(x):\\n    return\"}\n") == 0, "prompts");
+    /* reward = the item's index within its group: mean (G−1)/2, group std known */
+    const char *rcmd = "sed -u -e 's/.*\\\"index\\\": *\\([0-9]*\\).*/\\1/'";
+    char *out = run(&rc, "%s train --model %s/m --tokenizer %s --data %s --out %s/run --rollout --num-generations 4 "
+                    "--max-new-tokens 5 --updates 2 --groups-per-update 2 --temperature 1.0 --top-p 0.95 --lr 1e-3 "
+                    "--reward-cmd \"%s\" --quiet", LS_CLI_PATH, dir, tok, data, dir, rcmd);
+    T_CHECK(rc == 0, "rollout train: rc %d %s", rc, out ? out : "");
+    free(out);
+    char path[800];
+    snprintf(path, sizeof path, "%s/run", dir);
+    cJSON *m = read_metrics(path);
+    T_CHECK(m && cJSON_GetArraySize(m) == 2, "metrics");
+    for (int u = 0; u < 2; u++) {
+        const cJSON *o = cJSON_GetArrayItem(m, u);
+        double r = num(o, "reward"), sd = num(o, "reward_std"), len = num(o, "completions/mean_length");
+        T_CHECK(fabs(r - 1.5) <= 1e-12 && fabs(sd - sqrt(5.0 / 3.0)) <= 1e-7, "update %d reward %g ± %g", u, r, sd);
+        T_CHECK(len >= 1 && len <= 5 && num(o, "num_sequences") == 8, "update %d length %g", u, len);
+        T_CHECK(num(o, "data_position") == 2 * (u + 1), "data position");
+    }
+    cJSON_Delete(m);
+    /* the trace has rollout and reward phases */
+    char *trace;
+    snprintf(path, sizeof path, "%s/run/trace.0.jsonl", dir);
+    T_OK(ls_read_file(path, &trace, NULL));
+    T_CHECK(strstr(trace, "\"phase\": \"rollout\"") && strstr(trace, "\"phase\": \"reward\"") &&
+                strstr(trace, "\"ev\": \"layer_end\"") && strstr(trace, "\"pass\": \"bwd\""),
+            "trace phases");
+    free(trace);
+    /* a reward process that answers nonsense is an error naming it */
+    out = run(&rc, "%s train --model %s/m --tokenizer %s --data %s --out %s/run2 --rollout --num-generations 2 "
+                   "--max-new-tokens 2 --updates 1 --reward-cmd 'sed -u s/.*/abc/' --quiet",
+              LS_CLI_PATH, dir, tok, data, dir);
+    T_CHECK(rc == 1 && out && strstr(out, "abc"), "bad reward answer: rc %d %s", rc, out ? out : "");
+    free(out);
+    T_CHECK(cleanup(dir) == 0, "cleanup");
+    return 0;
+}
+
+int test_demo_receipt(void) {
+    char dir[512], path[800];
+    int rc;
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    char *out = run(&rc, "%s demo --out %s/demo --prompt-len 700 --updates 2 --num-generations 4 --quiet --threads 2",
+                    LS_CLI_PATH, dir);
+    T_CHECK(rc == 0 && out && strstr(out, "predicted vs measured") && strstr(out, "replay") &&
+                strstr(out, "memory.svg") && strstr(out, "update 2/2"),
+            "demo: rc %d %s", rc, out ? out : "");
+    free(out);
+    snprintf(path, sizeof path, "%s/demo/run/memory.svg", dir);
+    char *svg;
+    T_OK(ls_read_file(path, &svg, NULL));
+    T_CHECK(strncmp(svg, "<svg", 4) == 0 || strncmp(svg, "<?xml", 5) == 0, "svg header");
+    free(svg);
+    /* rerunning replaces the demo's run; a foreign directory is refused */
+    out = run(&rc, "%s demo --out %s/demo --prompt-len 600 --updates 1 --num-generations 2 --quiet", LS_CLI_PATH, dir);
+    T_CHECK(rc == 0, "demo rerun: %s", out ? out : "");
+    free(out);
+    out = run(&rc, "%s demo --out %s --updates 1 --quiet", LS_CLI_PATH, dir);
+    T_CHECK(rc == 1 && out && strstr(out, "not a demo directory"), "foreign dir: %s", out ? out : "");
+    free(out);
+    T_CHECK(cleanup(dir) == 0, "cleanup");
+    return 0;
+}
