@@ -3,15 +3,17 @@
  * over several batches of one process, a 300 KB prompt against a child that replies as
  * it reads with 128 KB answer lines (deadlocks unless writes and reads interleave),
  * clear errors (not a number, early exit, signal, timeout, extra lines, EPIPE without
- * SIGPIPE), and JSON escaping checked byte for byte from what the child received.
- * The children are /bin/sh and awk only.
+ * SIGPIPE), no inherited fds, a stop that kills what ignores EOF, and JSON escaping
+ * checked byte for byte from what the child received. The children are sh and awk only.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "longstraw/reward.h"
 #include "testutil.h"
@@ -98,9 +100,24 @@ int test_reward_cmd_batches(void) {
         T_OK(ls_reward_cmd_score(rc, prompt, big, NULL, NULL, 0, 0, NULL)); /* n = 0: nothing sent */
         t0 = ls_now();
         ls_reward_cmd_stop(rc);
-        T_CHECK(ls_now() - t0 < 2, "stop of a child that exits on EOF took %.2f s", ls_now() - t0);
+        T_CHECK(ls_now() - t0 < 3, "stop of a child that exits on EOF took %.2f s", ls_now() - t0);
     }
     free(prompt);
+
+    /* The child inherits no fd beyond 0-2, not even one opened without O_CLOEXEC. */
+    int leak = open("/dev/null", O_RDONLY);
+    T_CHECK(leak > 2, "open /dev/null");
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "while read -r l; do if [ -e /proc/$$/fd/%d ]; then echo 1; else echo 0; fi; done", leak);
+    ls_reward_cmd *rc;
+    T_OK(ls_reward_cmd_start(&rc, cmd));
+    static const char *const one[] = {"x"};
+    static const size_t one_len[] = {1};
+    double inherited = NAN;
+    T_OK(ls_reward_cmd_score(rc, "p", 1, one, one_len, 1, 0, &inherited));
+    ls_reward_cmd_stop(rc);
+    close(leak);
+    T_CHECK(inherited == 0.0, "the child inherited fd %d (answer %g)", leak, inherited);
     return 0;
 }
 
@@ -154,8 +171,8 @@ int test_reward_cmd_errors(void) {
         {"read -r l; echo 1; exit 3", 3, 0, 5, {"exited with status 3", "before answering item 1", NULL}},
         {"exec 2>/dev/null; no_such_command_ls_reward", 1, 0, 5, {"exited with status 127", "not found", NULL}},
         {"kill -9 $$", 2, 0, 5, {"killed by signal 9", "item 0", NULL}},
-        {"sleep 30", 2, 1, 3, {"timeout after 1 s", "item 0", "0 of 2 answered", NULL}},
-        {"read -r l; echo 1; sleep 30", 2, 1, 3, {"timeout after 1 s", "item 1", NULL}},
+        {"sleep 30", 2, 1, 4, {"timeout after 1 s", "item 0", "0 of 2 answered", NULL}},
+        {"read -r l; echo 1; sleep 30", 2, 1, 4, {"timeout after 1 s", "item 1", NULL}},
         {"while read -r l; do echo 1 2; done", 1, 0, 5, {"\"1 2\"", "not a number", NULL}},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
@@ -208,7 +225,7 @@ int test_reward_cmd_errors(void) {
         double t0 = ls_now();
         ls_reward_cmd_stop(rc);
         double dt = ls_now() - t0;
-        T_CHECK(dt > 2 && dt < 6, "stop of a child that ignores EOF took %.2f s (grace 3 s, then SIGKILL)", dt);
+        T_CHECK(dt > 2 && dt < 8, "stop of a child that ignores EOF took %.2f s (grace 3 s, then SIGKILL)", dt);
         FILE *f = fopen(pidfile, "r");
         long bg = 0;
         T_CHECK(f && fscanf(f, "%ld", &bg) == 1 && bg > 1, "background pid");
@@ -288,9 +305,9 @@ int test_reward_cmd_json(void) {
      * (surrogate: ED alone is a subpart); C0 AF (overlong); F4 90 80 80 (> U+10FFFF). */
     static const char prompt[] = "He said \"hi\"\n\tback\\slash \x01\x1f\x7f end \xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80"
                                  " [\xFF][\xE2\x82x][\xED\xA0\x80][\xC0\xAF][\xF4\x90\x80\x80][\xC3]";
-    static const char prompt_dec[] = "He said \"hi\"\n\tback\\slash \x01\x1f\x7f end \xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80"
-                                     " [" FFFD "][" FFFD "x][" FFFD FFFD FFFD "][" FFFD FFFD "][" FFFD FFFD FFFD FFFD
-                                     "][" FFFD "]";
+    static const char prompt_dec[] = "He said \"hi\"\n\tback\\slash \x01\x1f\x7f end "
+                                     "\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80 [" FFFD "][" FFFD "x][" FFFD FFFD FFFD
+                                     "][" FFFD FFFD "][" FFFD FFFD FFFD FFFD "][" FFFD "]";
     static const char prompt_raw[] = "\"prompt\": \"He said \\\"hi\\\"\\n\\tback\\\\slash \\u0001\\u001f\\u007f end ";
     /* a truncated sequence at the very end; an embedded NUL; \r \b \f and '/'; empty */
     static const char *const resp[] = {"ok\xE2\x82", "a\0b", "\r\b\f/", ""};
@@ -324,7 +341,8 @@ int test_reward_cmd_json(void) {
         size_t ll = (size_t)(nl - line);
         T_CHECK(lines < n, "more than %d request lines", n);
         for (size_t k = 0; k < ll; k++)
-            T_CHECK((unsigned char)line[k] >= 0x20, "raw control byte 0x%02x in line %d", (unsigned char)line[k], lines);
+            T_CHECK((unsigned char)line[k] >= 0x20, "raw control byte 0x%02x in line %d", (unsigned char)line[k],
+                    lines);
         T_CHECK(strlen(line) == ll, "NUL byte in line %d", lines);
         double d = fabs(rew[lines] - (double)ll);
         T_CHECK(d <= 0, "line %d: the child counted %g bytes, the file has %zu", lines, rew[lines], ll);

@@ -13,6 +13,7 @@
  * valid UTF-8 are sent as U+FFFD (one per maximal invalid subpart), so every request is
  * valid UTF-8 JSON. An answer that is empty, has trailing text, or is NaN/±Inf is an
  * error. Smallest child (answers 1 to every request): `while read -r l; do echo 1; done`.
+ * A handle is used by one thread at a time.
  */
 #ifndef LONGSTRAW_REWARD_H
 #define LONGSTRAW_REWARD_H
@@ -24,13 +25,15 @@
 
 typedef struct ls_reward_cmd ls_reward_cmd;
 
-/* Start `/bin/sh -c CMD` with pipes to its stdin and stdout (stderr inherited).
- * The child inherits no other descriptor (ours are O_CLOEXEC, and every fd ≥ 3 is
- * closed at spawn), gets SIGPIPE at its default action and an empty signal mask, and
- * runs in its own process group so that ls_reward_cmd_stop can kill a whole pipeline
- * (a terminal's Ctrl-C therefore reaches only us; the child sees EOF on stdin when we
- * exit). The handle and its buffers are malloc'd (lifetime: until stop). A command
- * that does not exist is only noticed at the first score (sh exits with status 127). */
+/* Start `/bin/sh -c CMD` with pipes to its stdin and stdout (stderr inherited), by
+ * posix_spawn (vfork-like: cheap even when we hold tens of GB). The child inherits no
+ * other descriptor (ours are O_CLOEXEC; with glibc ≥ 2.34 every fd ≥ 3 is also closed
+ * at spawn, covering fds others opened without O_CLOEXEC), gets SIGPIPE at its default
+ * action and an empty signal mask, and runs in its own process group so that
+ * ls_reward_cmd_stop can kill a whole pipeline (a terminal's Ctrl-C therefore reaches
+ * only us; the child sees EOF on stdin when we exit). The handle and its buffers are
+ * malloc'd (lifetime: until stop). Fails only when /bin/sh cannot be spawned: a command
+ * that does not exist is noticed at the first score (sh exits with status 127). */
 ls_status ls_reward_cmd_start(ls_reward_cmd **out, const char *cmd);
 
 /* Seconds to wait for each answer (default 60; the clock restarts at the start of

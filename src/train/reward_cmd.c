@@ -6,7 +6,9 @@
  * large the prompt (we never block in write while its answers fill its stdout pipe).
  * Protocol and error contract: include/longstraw/reward.h.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* pipe2, posix_spawn_file_actions_addclosefrom_np */
+#endif
 
 #include <ctype.h>
 #include <errno.h>
