@@ -396,6 +396,41 @@ int test_tokenizer_basics(void) {
             ls_err_msg());
     snprintf(path, sizeof path, "%s/missing.json", dir);
     T_CHECK(ls_tok_load(&t, path) == LS_ERR_IO && strstr(ls_err_msg(), path), "missing file: %s", ls_err_msg());
+    /* the built-in byte-level tokenizer: 257 ids, every byte string round-trips */
+    char *bj;
+    T_OK(ls_tok_byte_level_json(&bj));
+    ls_tokenizer *bt;
+    T_OK(ls_tok_load_json(&bt, bj, strlen(bj), "byte-level"));
+    T_CHECK(ls_tok_vocab_size(bt) == 257 && ls_tok_token_id(bt, "<|endoftext|>") == 256, "byte-level vocab");
+    const char *txt = "pass key 12345\n\t\xc3\xa9\xe4\xb8\xad<|endoftext|>";
+    int32_t *bids;
+    int64_t nb;
+    T_OK(ls_tok_encode(bt, txt, strlen(txt), &bids, &nb));
+    T_CHECK(nb == (int64_t)strlen(txt) - 13 + 1 && bids[nb - 1] == 256 && bids[0] == 'p', "byte-level ids (%lld)",
+            (long long)nb);
+    char *back;
+    size_t bl;
+    T_OK(ls_tok_decode(bt, bids, nb, &back, &bl));
+    T_CHECK(bl == strlen(txt) && memcmp(back, txt, bl) == 0, "byte-level round trip");
+    free(back);
+    free(bids);
+    ls_tok_free(bt);
+    /* sparse ids: a few tokens with one huge id are refused before any allocation */
+    char *sp = strdup(bj);
+    char *at = strstr(sp, "\"id\":\t256");
+    if (!at) at = strstr(sp, "\"id\": 256");
+    T_CHECK(at != NULL, "cannot find the added token id in the byte-level JSON");
+    char *sparse = malloc(strlen(sp) + 16);
+    size_t pre = (size_t)(strchr(at, '2') - sp);
+    memcpy(sparse, sp, pre);
+    strcpy(sparse + pre, "60000000");
+    strcat(sparse, at + (strchr(at, '2') - at) + 3);
+    T_CHECK(ls_tok_load_json(&bt, sparse, strlen(sparse), "sparse.json") == LS_ERR_FORMAT &&
+                strstr(ls_err_msg(), "sparse.json") && strstr(ls_err_msg(), "is 60000000"),
+            "sparse ids: %s", ls_err_msg());
+    free(sparse);
+    free(sp);
+    free(bj);
 
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

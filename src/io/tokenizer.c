@@ -447,6 +447,13 @@ static ls_status load_tables(ls_tokenizer *t, const cJSON *root, const char *fil
     added_json *added = NULL;
     int n_added = 0;
     LS_TRY(parse_added(cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), &added, &n_added, &max_id, file));
+    /* tables are indexed by id: a few tokens with one huge id would cost gigabytes */
+    if (max_id > 2 * (n_vocab + n_added) + 65536) {
+        free(added);
+        return ls_err(LS_ERR_FORMAT, "%s: the largest token id is %lld but there are only %lld tokens: ids this sparse "
+                                     "are not a tokenizer this loader accepts", file, (long long)max_id - 1,
+                      (long long)(n_vocab + n_added));
+    }
     ls_status st = LS_OK;
     t->n_ids = max_id;
     size_t n = (size_t)max_id;
