@@ -30,6 +30,7 @@ int test_train_nan_step_skipped(void);
 int test_train_rejects_bad_data(void);
 int test_train_rollout_reward_cmd(void);
 int test_demo_receipt(void);
+int test_train_lora_resume(void);
 
 /* Run a shell command (stderr folded into the output). */
 static char *run(int *rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -337,6 +338,9 @@ int test_train_rejects_bad_data(void) {
         {"{\"prompt\": [1, 2, 3], \"responses\": [[1], [2]], \"rewards\": [1, \"x\"]}", "\"rewards\"[1] must be a finite number"},
         {"{\"prompt\": [1, 2, 3], \"responses\": [[1], [2]], \"rewards\": [1, 0]", "invalid JSON"},
         {"{\"prompt\": [1, 2, 3], \"responses\": [[1], [2.5]], \"rewards\": [1, 0]}", "\"responses[1]\"[0] = 2.5 is not a token id"},
+        {"{\"prompt\": [1, 2, 3], \"responses\": [], \"rewards\": []}", "\"responses\" must be a non-empty array"},
+        {"[1, 2, 3]", "top level must be a JSON object"},
+        {"{\"responses\": [[1], [2]], \"rewards\": [1, 0]}", "missing field \"prompt\""},
     };
     snprintf(data, sizeof data, "%s/d.jsonl", dir);
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -446,6 +450,44 @@ int test_demo_receipt(void) {
     out = run(&rc, "%s demo --out %s --updates 1 --quiet", LS_CLI_PATH, dir);
     T_CHECK(rc == 1 && out && strstr(out, "not a demo directory"), "foreign dir: %s", out ? out : "");
     free(out);
+    T_CHECK(cleanup(dir) == 0, "cleanup");
+    return 0;
+}
+
+/* LoRA: a run stopped after 2 updates and resumed to 3 ends with the adapters and
+ * adapter moments of an uninterrupted 3-update run; the resumed checkpoint's
+ * adapter_config.json keeps r and the targets. */
+int test_train_lora_resume(void) {
+    char dir[512], cfg[700], data[700], a[900], b[900];
+    int rc;
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    snprintf(cfg, sizeof cfg, "%s/tests/reference/fixtures/next_dense/config.json", LS_SOURCE_DIR);
+    T_CHECK(init_model(dir, cfg, 10) == 0, "init");
+    snprintf(data, sizeof data, "%s/d.jsonl", dir);
+    T_CHECK(make_data(data, 3, -1) == 0, "data");
+    const char *flags = "--lora-rank 2 --lora-targets q_proj,in_proj_qkvz --lr 1e-2 --save-every 1 --quiet";
+    char *out = run(&rc, "%s train --model %s/m --data %s --out %s/A --updates 3 %s", LS_CLI_PATH, dir, data, dir, flags);
+    T_CHECK(rc == 0, "run A: %s", out ? out : "");
+    free(out);
+    out = run(&rc, "%s train --model %s/m --data %s --out %s/B --updates 2 %s", LS_CLI_PATH, dir, data, dir, flags);
+    T_CHECK(rc == 0, "run B: %s", out ? out : "");
+    free(out);
+    out = run(&rc, "%s train --resume %s/B --updates 3", LS_CLI_PATH, dir);
+    T_CHECK(rc == 0 && out && strstr(out, "update 3/3"), "resume B: %s", out ? out : "");
+    free(out);
+    static const char *files[] = {"adapter_model.safetensors", "optimizer.safetensors"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(a, sizeof a, "%s/A/checkpoint-3/%s", dir, files[k]);
+        snprintf(b, sizeof b, "%s/B/checkpoint-3/%s", dir, files[k]);
+        double d = st_diff(a, b);
+        T_CHECK(d == 0, "LoRA %s after resume differs: %g", files[k], d);
+    }
+    snprintf(b, sizeof b, "%s/B/checkpoint-3/adapter_config.json", dir);
+    char *text;
+    T_OK(ls_read_file(b, &text, NULL));
+    T_CHECK(strstr(text, "\"r\": 2") && strstr(text, "\"q_proj\"") && strstr(text, "\"in_proj_qkvz\""), "adapter config: %s",
+            text);
+    free(text);
     T_CHECK(cleanup(dir) == 0, "cleanup");
     return 0;
 }
