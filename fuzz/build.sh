@@ -26,7 +26,7 @@ sources_for() {
     case "$1" in
     safetensors | st_index) echo "$ROOT/src/io/safetensors.c" ;;
     config) echo "$ROOT/src/io/config.c" ;;
-    group) echo "$ROOT/src/io/group.c $ROOT/src/io/config.c" ;; # ls_read_file lives in config.c
+    group) echo "$ROOT/src/io/group.c $ROOT/src/io/config.c $ROOT/src/io/tokenizer.c $ROOT/src/io/tokenizer_unicode.c" ;; # ls_read_file lives in config.c
     tokenizer) echo "$ROOT/src/io/tokenizer.c $ROOT/src/io/tokenizer_unicode.c $ROOT/src/io/config.c" ;;
     *) echo "build.sh: unknown harness '$1'" >&2; return 1 ;;
     esac

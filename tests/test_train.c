@@ -114,12 +114,31 @@ static double st_diff(const char *a, const char *b) {
     return worst;
 }
 
+/* st_diff of dir/ra/checkpoint-<k>/file and dir/rb/checkpoint-<k>/file. */
+static double ckpt_diff(const char *dir, const char *ra, const char *rb, int k, const char *file) {
+    char a[900], b[900];
+    snprintf(a, sizeof a, "%s/%s/checkpoint-%d/%s", dir, ra, k, file);
+    snprintf(b, sizeof b, "%s/%s/checkpoint-%d/%s", dir, rb, k, file);
+    return st_diff(a, b);
+}
+
 static int init_model(const char *dir, const char *config, int seed) {
     int rc;
     char *out = run(&rc, "%s init --config %s --seed %d --out %s/m", LS_CLI_PATH, config, seed, dir);
     if (rc != 0) fprintf(stderr, "  init: %s\n", out ? out : "");
     free(out);
     return rc;
+}
+
+/* A temporary directory with a model of the next_dense fixture's config at dir/m
+ * (seed) and, when lines > 0, dir/d.jsonl of that many group lines. */
+static int setup_dense(char *dir, size_t n, char *data, size_t dn, int seed, int lines, int nan_line) {
+    char cfg[700];
+    if (t_make_tmpdir(dir, n) != 0) return 1;
+    snprintf(cfg, sizeof cfg, "%s/tests/reference/fixtures/next_dense/config.json", LS_SOURCE_DIR);
+    if (init_model(dir, cfg, seed) != 0) return 1;
+    snprintf(data, dn, "%s/d.jsonl", dir);
+    return lines > 0 ? make_data(data, lines, nan_line) : 0;
 }
 
 static int cleanup(const char *dir) {
@@ -153,13 +172,9 @@ static double num(const cJSON *o, const char *k) {
 }
 
 int test_train_matches_step(void) {
-    char dir[512], cfg[700], data[700], grp[700], a[900], b[900];
+    char dir[512], data[700], grp[700], a[900], b[900];
     int rc;
-    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
-    snprintf(cfg, sizeof cfg, "%s/tests/reference/fixtures/next_dense/config.json", LS_SOURCE_DIR);
-    T_CHECK(init_model(dir, cfg, 5) == 0, "init");
-    snprintf(data, sizeof data, "%s/d.jsonl", dir);
-    T_CHECK(make_data(data, 2, -1) == 0, "data");
+    T_CHECK(setup_dense(dir, sizeof dir, data, sizeof data, 5, 2, -1) == 0, "setup");
     /* the first line alone as a group file */
     snprintf(grp, sizeof grp, "%s/g.json", dir);
     FILE *f = fopen(grp, "w");
@@ -207,13 +222,9 @@ int test_train_matches_step(void) {
 }
 
 int test_train_sigkill_resume(void) {
-    char dir[512], cfg[700], data[700], a[900], b[900];
+    char dir[512], data[700], a[900], b[900];
     int rc;
-    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
-    snprintf(cfg, sizeof cfg, "%s/tests/reference/fixtures/next_dense/config.json", LS_SOURCE_DIR);
-    T_CHECK(init_model(dir, cfg, 6) == 0, "init");
-    snprintf(data, sizeof data, "%s/d.jsonl", dir);
-    T_CHECK(make_data(data, 3, -1) == 0, "data");
+    T_CHECK(setup_dense(dir, sizeof dir, data, sizeof data, 6, 3, -1) == 0, "setup");
     /* 5 updates over 3 lines (the data wraps), two groups per update, a checkpoint
      * after every update */
     const char *flags = "--updates 5 --groups-per-update 2 --save-every 1 --save-total-limit 5 --lr 2e-3 --quiet --threads 2";
@@ -245,9 +256,7 @@ int test_train_sigkill_resume(void) {
     T_CHECK(access(a, F_OK) != 0, "a checkpoint-3 exists although its writer was killed");
     snprintf(a, sizeof a, "%s/B/checkpoint-2/trainer_state.json", dir);
     T_CHECK(access(a, R_OK) == 0, "the previous checkpoint is incomplete");
-    snprintf(a, sizeof a, "%s/B/checkpoint-2/model.safetensors", dir);
-    snprintf(b, sizeof b, "%s/A/checkpoint-2/model.safetensors", dir);
-    double d = st_diff(a, b);
+    double d = ckpt_diff(dir, "A", "B", 2, "model.safetensors");
     T_CHECK(d >= 0 && d <= 1e-6, "checkpoint-2 differs from the uninterrupted run's: %g", d);
     /* resume: the saved flags, nothing else */
     out = run(&rc, "%s train --resume %s/B", LS_CLI_PATH, dir);
@@ -258,9 +267,7 @@ int test_train_sigkill_resume(void) {
     T_CHECK(access(a, F_OK) != 0, "the stale partial checkpoint was not removed");
     static const char *files[] = {"model.safetensors", "optimizer.safetensors"};
     for (int k = 0; k < 2; k++) {
-        snprintf(a, sizeof a, "%s/B/checkpoint-5/%s", dir, files[k]);
-        snprintf(b, sizeof b, "%s/A/checkpoint-5/%s", dir, files[k]);
-        d = st_diff(a, b);
+        d = ckpt_diff(dir, "A", "B", 5, files[k]);
         printf("  killed during checkpoint-3 + resumed vs uninterrupted: %s max diff %.3g\n", files[k], d);
         T_CHECK(d >= 0 && d <= 1e-6, "%s differs after resume: %g", files[k], d);
     }
@@ -283,14 +290,10 @@ int test_train_sigkill_resume(void) {
 }
 
 int test_train_nan_step_skipped(void) {
-    char dir[512], cfg[700], data[700], a[900], b[900];
+    char dir[512], data[700], a[900], b[900];
     int rc;
-    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
-    snprintf(cfg, sizeof cfg, "%s/tests/reference/fixtures/next_dense/config.json", LS_SOURCE_DIR);
-    T_CHECK(init_model(dir, cfg, 7) == 0, "init");
-    snprintf(data, sizeof data, "%s/d.jsonl", dir);
     /* line 2's advantages overflow float in the token terms: an infinite gradient */
-    T_CHECK(make_data(data, 3, 1) == 0, "data");
+    T_CHECK(setup_dense(dir, sizeof dir, data, sizeof data, 7, 3, 1) == 0, "setup");
     char *out = run(&rc, "%s train --model %s/m --data %s --out %s/run --save-every 1 --save-total-limit 5 --lr 1e-3 --quiet",
                     LS_CLI_PATH, dir, data, dir);
     T_CHECK(rc == 0 && out && strstr(out, "update 2/3 SKIPPED: non-finite") && strstr(out, "update 3/3  reward"),
@@ -322,11 +325,9 @@ int test_train_nan_step_skipped(void) {
 }
 
 int test_train_rejects_bad_data(void) {
-    char dir[512], cfg[700], data[700];
+    char dir[512], data[700];
     int rc;
-    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
-    snprintf(cfg, sizeof cfg, "%s/tests/reference/fixtures/next_dense/config.json", LS_SOURCE_DIR);
-    T_CHECK(init_model(dir, cfg, 8) == 0, "init");
+    T_CHECK(setup_dense(dir, sizeof dir, data, sizeof data, 8, 0, -1) == 0, "setup");
     static const struct { const char *line, *needle; } bad[] = {
         {"{\"prompt\": [1, 2, 3], \"responses\": [[1]], \"rewards\": [1]}", "\"responses\" has 1 entry: GRPO needs G >= 2"},
         {"{\"prompt\": [1, 2, 3], \"responses\": [[1], [4, 200]], \"rewards\": [1, 0]}",
@@ -458,13 +459,9 @@ int test_demo_receipt(void) {
  * adapter moments of an uninterrupted 3-update run; the resumed checkpoint's
  * adapter_config.json keeps r and the targets. */
 int test_train_lora_resume(void) {
-    char dir[512], cfg[700], data[700], a[900], b[900];
+    char dir[512], data[700], b[900];
     int rc;
-    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
-    snprintf(cfg, sizeof cfg, "%s/tests/reference/fixtures/next_dense/config.json", LS_SOURCE_DIR);
-    T_CHECK(init_model(dir, cfg, 10) == 0, "init");
-    snprintf(data, sizeof data, "%s/d.jsonl", dir);
-    T_CHECK(make_data(data, 3, -1) == 0, "data");
+    T_CHECK(setup_dense(dir, sizeof dir, data, sizeof data, 10, 3, -1) == 0, "setup");
     const char *flags = "--lora-rank 2 --lora-targets q_proj,in_proj_qkvz --lr 1e-2 --save-every 1 --quiet";
     char *out = run(&rc, "%s train --model %s/m --data %s --out %s/A --updates 3 %s", LS_CLI_PATH, dir, data, dir, flags);
     T_CHECK(rc == 0, "run A: %s", out ? out : "");
@@ -477,9 +474,7 @@ int test_train_lora_resume(void) {
     free(out);
     static const char *files[] = {"adapter_model.safetensors", "optimizer.safetensors"};
     for (int k = 0; k < 2; k++) {
-        snprintf(a, sizeof a, "%s/A/checkpoint-3/%s", dir, files[k]);
-        snprintf(b, sizeof b, "%s/B/checkpoint-3/%s", dir, files[k]);
-        double d = st_diff(a, b);
+        double d = ckpt_diff(dir, "A", "B", 3, files[k]);
         T_CHECK(d == 0, "LoRA %s after resume differs: %g", files[k], d);
     }
     snprintf(b, sizeof b, "%s/B/checkpoint-3/adapter_config.json", dir);

@@ -5,6 +5,7 @@
 #define LONGSTRAW_CLI_TRAIN_H
 
 #include <getopt.h>
+#include <stdio.h>
 #include <math.h>
 
 #include "cli.h"
@@ -45,6 +46,9 @@ typedef struct {
 ls_status cli_policy_setup(cli_policy *p, const char *model, cli_train *t, int with_adam, ls_arenas *ar);
 /* The trainable tensors' optimizer moments, as parallel lists (malloc'd, caller frees). */
 ls_status cli_policy_moments(cli_policy *p, ls_param **m, ls_param **v, int64_t *n);
+/* Close an open_memstream stream over (*buf, *len), write its text to `path`
+ * atomically (ls_write_file_atomic) and free the buffer. */
+ls_status cli_write_memstream(const char *path, FILE *f, char **buf, size_t *len);
 /* adapter_config.json as PEFT writes it (the fields a loader needs). */
 ls_status cli_write_adapter_config(const char *path, const cli_train *t, const ls_lora *lora);
 

@@ -54,10 +54,10 @@ static void help(void) {
            "metrics and memory picture are. Runs anywhere: nothing is downloaded.\n\n"
            "  --out DIR            demo directory (default longstraw-demo; rerunning replaces its run/)\n"
            "  --prompt-len N       prompt length in tokens (default 16384)\n"
-           "  --updates N          GRPO updates (default 10)\n"
+           "  --updates N          GRPO updates (default 16)\n"
            "  --num-generations G  responses per prompt (default 8)\n"
            "  --max-new-tokens N   response length limit (default 8)\n"
-           "  --lr LR              AdamW learning rate (default 5e-4)\n"
+           "  --lr LR              AdamW learning rate (default 1e-3)\n"
            "  --seed N             model, task and sampling seed (default 1)\n"
            "  --threads N          worker threads (default: all cores)\n"
            "  --quiet              no progress bar\n"
@@ -111,8 +111,8 @@ int cmd_demo(int argc, char **argv) {
         {"seed", required_argument, 0, 's'},    {"threads", required_argument, 0, 't'},
         {"quiet", no_argument, 0, 'q'},         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
-    const char *out = "longstraw-demo", *lr = "5e-4";
-    int64_t plen = 16384, updates = 10, G = 8, maxnew = 8, seed = 1, threads = 0;
+    const char *out = "longstraw-demo", *lr = "1e-3";
+    int64_t plen = 16384, updates = 16, G = 8, maxnew = 8, seed = 1, threads = 0;
     int quiet = 0, ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {

@@ -167,17 +167,24 @@ static ls_status save_args(const char *run, int argc, char **argv) {
     return s;
 }
 
+/* Parse a JSON file whose top level must be an array (is_array) or an object. */
+static ls_status read_json(const char *path, int is_array, cJSON **out) {
+    char *text = NULL;
+    LS_TRY(ls_read_file(path, &text, NULL));
+    *out = cJSON_Parse(text);
+    free(text);
+    if (is_array ? cJSON_IsArray(*out) : cJSON_IsObject(*out)) return LS_OK;
+    cJSON_Delete(*out);
+    *out = NULL;
+    return ls_err(LS_ERR_FORMAT, "%s: not valid JSON, or its top level is not %s", path, is_array ? "an array" : "an object");
+}
+
 /* argv' = ["train", saved..., given...]: later flags override. Strings malloc'd. */
 static ls_status load_args(const char *run, int argc, char **argv, int *nargc, char ***nargv) {
-    char path[4096], *text = NULL;
+    char path[4096];
     snprintf(path, sizeof path, "%s/args.json", run);
-    LS_TRY(ls_read_file(path, &text, NULL));
-    cJSON *arr = cJSON_Parse(text);
-    free(text);
-    if (!cJSON_IsArray(arr)) {
-        cJSON_Delete(arr);
-        return ls_err(LS_ERR_FORMAT, "%s: expected a JSON array of the saved command-line flags", path);
-    }
+    cJSON *arr;
+    LS_TRY(read_json(path, 1, &arr));
     int n = cJSON_GetArraySize(arr);
     char **v = calloc((size_t)(n + argc + 1), sizeof(char *));
     if (!v) return LS_ERR_NOMEM;
@@ -464,13 +471,7 @@ static ls_status write_state(trainer *tr, const char *path) {
                "  \"adam_step\": %lld,\n  \"rng\": [\"%016" PRIx64 "\", \"%016" PRIx64 "\", \"%016" PRIx64 "\", \"%016" PRIx64 "\"]\n}\n",
             (long long)tr->update, (long long)tr->data_pos, (long long)tr->epoch, (long long)tr->pol.adam.step,
             tr->rng.s[0], tr->rng.s[1], tr->rng.s[2], tr->rng.s[3]);
-    if (fclose(f) != 0) {
-        free(buf);
-        return LS_ERR_NOMEM;
-    }
-    ls_status s = ls_write_file_atomic(path, buf, blen);
-    free(buf);
-    return s;
+    return cli_write_memstream(path, f, &buf, &blen);
 }
 
 static ls_status state_int(const cJSON *root, const char *path, const char *field, int64_t *out) {
@@ -482,15 +483,10 @@ static ls_status state_int(const cJSON *root, const char *path, const char *fiel
 }
 
 static ls_status read_state(trainer *tr, const char *dir) {
-    char path[4200], *text = NULL;
+    char path[4200];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
-    LS_TRY(ls_read_file(path, &text, NULL));
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return ls_err(LS_ERR_FORMAT, "%s: not a JSON object", path);
-    }
+    cJSON *root;
+    LS_TRY(read_json(path, 0, &root));
     int64_t step = 0;
     ls_status s = state_int(root, path, "update", &tr->update);
     if (s == LS_OK) s = state_int(root, path, "data_position", &tr->data_pos);

@@ -161,6 +161,14 @@ int cli_train_finish(const char *cmd, cli_train *t) {
     return 0;
 }
 
+ls_status cli_write_memstream(const char *path, FILE *f, char **buf, size_t *len) {
+    ls_status s = fclose(f) == 0 ? ls_write_file_atomic(path, *buf, *len)
+                                 : ls_err(LS_ERR_NOMEM, "%s: cannot build the file in memory", path);
+    free(*buf);
+    *buf = NULL;
+    return s;
+}
+
 ls_status cli_write_adapter_config(const char *path, const cli_train *t, const ls_lora *lora) {
     (void)t;
     char *buf = NULL;
@@ -184,13 +192,7 @@ ls_status cli_write_adapter_config(const char *path, const cli_train *t, const l
     }
     fprintf(f, "],\n  \"modules\": %lld,\n  \"lora_dropout\": 0.0,\n  \"bias\": \"none\"\n}\n",
             (long long)ls_lora_count(lora));
-    if (fclose(f) != 0) {
-        free(buf);
-        return ls_err(LS_ERR_NOMEM, "%s: cannot build the adapter config", path);
-    }
-    ls_status s = ls_write_file_atomic(path, buf, blen);
-    free(buf);
-    return s;
+    return cli_write_memstream(path, f, &buf, &blen);
 }
 
 ls_status cli_policy_setup(cli_policy *p, const char *model, cli_train *t, int with_adam, ls_arenas *ar) {
@@ -293,11 +295,5 @@ ls_status cli_write_receipt(const char *path, const char *cmd, const ls_hybrid_m
     json_num(f, "completions/max_length", (double)mt->len_max, 1);
     json_num(f, "grad_norm", mt->grad_norm, 0);
     fprintf(f, "  }\n}\n");
-    if (fclose(f) != 0) {
-        free(buf);
-        return ls_err(LS_ERR_NOMEM, "%s: cannot build the receipt", path);
-    }
-    ls_status s = ls_write_file_atomic(path, buf, blen);
-    free(buf);
-    return s;
+    return cli_write_memstream(path, f, &buf, &blen);
 }
