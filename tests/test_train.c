@@ -31,6 +31,7 @@ int test_train_rejects_bad_data(void);
 int test_train_rollout_reward_cmd(void);
 int test_demo_receipt(void);
 int test_train_lora_resume(void);
+int test_train_sigint_checkpoints(void);
 
 /* Run a shell command (stderr folded into the output). */
 static char *run(int *rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -483,6 +484,52 @@ int test_train_lora_resume(void) {
     T_CHECK(strstr(text, "\"r\": 2") && strstr(text, "\"q_proj\"") && strstr(text, "\"in_proj_qkvz\""), "adapter config: %s",
             text);
     free(text);
+    T_CHECK(cleanup(dir) == 0, "cleanup");
+    return 0;
+}
+
+/* Ctrl-C: the update in flight finishes, a checkpoint is written for it, the exit
+ * status is 128 + SIGINT, and --resume continues from there. */
+int test_train_sigint_checkpoints(void) {
+    char dir[512], data[700], path[900];
+    int rc;
+    T_CHECK(setup_dense(dir, sizeof dir, data, sizeof data, 11, 3, -1) == 0, "setup");
+    pid_t pid = fork();
+    T_CHECK(pid >= 0, "fork");
+    if (pid == 0) {
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd, "exec %s train --model %s/m --data %s --out %s/run --updates 100000 --save-every 100000 "
+                 "--quiet >/dev/null 2>&1", LS_CLI_PATH, dir, data, dir);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    snprintf(path, sizeof path, "%s/run/metrics.jsonl", dir);
+    int lines = 0;
+    for (int i = 0; i < 6000 && lines < 3; i++) { /* up to 60 s for three updates */
+        char *text;
+        lines = 0;
+        if (ls_read_file(path, &text, NULL) == LS_OK) {
+            for (char *c = text; *c; c++) lines += *c == '\n';
+            free(text);
+        }
+        if (lines < 3) usleep(10000);
+    }
+    T_CHECK(lines >= 3, "no progress");
+    T_CHECK(kill(pid, SIGINT) == 0, "kill");
+    int st;
+    T_CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGINT, "exit status %d", st);
+    snprintf(path, sizeof path, "%s/run", dir);
+    cJSON *m = read_metrics(path);
+    T_CHECK(m && cJSON_GetArraySize(m) >= 3, "metrics");
+    int done = cJSON_GetArraySize(m);
+    cJSON_Delete(m);
+    snprintf(path, sizeof path, "%s/run/checkpoint-%d/trainer_state.json", dir, done);
+    T_CHECK(access(path, R_OK) == 0, "no checkpoint for the %d finished updates", done);
+    char *out = run(&rc, "%s train --resume %s/run --updates %d", LS_CLI_PATH, dir, done + 1);
+    char want[64];
+    snprintf(want, sizeof want, "update %d/%d", done + 1, done + 1);
+    T_CHECK(rc == 0 && out && strstr(out, want), "resume after Ctrl-C: %s", out ? out : "");
+    free(out);
     T_CHECK(cleanup(dir) == 0, "cleanup");
     return 0;
 }

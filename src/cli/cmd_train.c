@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,8 @@ static void help(void) {
            "  --save-every N         checkpoint every N updates (default 50; the last is always saved)\n"
            "  --save-total-limit K   keep the newest K checkpoints (default 2)\n"
            "  --resume RUN           continue from RUN's newest checkpoint with the saved flags\n"
+           "                         (Ctrl-C or SIGTERM finishes the update in flight, saves a\n"
+           "                         checkpoint and stops with status 130 / 143)\n"
            "  --quiet                no progress bar\n"
            "  --help                 this text\n\n");
     cli_train_help();
@@ -707,6 +710,14 @@ static ls_status setup(trainer *tr, int argc, char **argv) {
     return LS_OK;
 }
 
+/* Ctrl-C / SIGTERM: finish the update in flight, write a checkpoint, stop. A second
+ * signal falls back to the default action (the last checkpoint is still intact). */
+static volatile sig_atomic_t stop_requested;
+static void on_stop(int sig) {
+    stop_requested = sig;
+    signal(sig, SIG_DFL);
+}
+
 static int check_flags(const train_args *a) {
     if (!a->model || !a->out) return cli_usage_error("train", "--model and --out are required");
     if (!a->data && !a->task) return cli_usage_error("train", "give --data FILE.jsonl, or --rollout --task passkey");
@@ -749,6 +760,9 @@ static int run_train(int argc, char **argv) {
     memset(&mt, 0, sizeof mt);
     int skipped = 0;
     int64_t first = tr.update;
+    stop_requested = 0;
+    signal(SIGINT, on_stop);
+    signal(SIGTERM, on_stop);
     if (s == LS_OK && tr.update >= a.updates)
         fprintf(stderr, "longstraw train: %lld updates already done (--updates %lld): nothing to do\n",
                 (long long)tr.update, (long long)a.updates);
@@ -778,12 +792,20 @@ static int run_train(int argc, char **argv) {
                     mt.len_mean, mt.grad_norm, dt);
         }
         int64_t done = tr.update + 1;
-        if (done % a.save_every == 0 || done == a.updates) {
+        if (done % a.save_every == 0 || done == a.updates || stop_requested) {
             tr.update = done; /* a checkpoint holds the state after `done` updates */
             s = save_checkpoint(&tr);
             tr.update = done - 1;
         }
+        if (stop_requested && s == LS_OK) {
+            fprintf(stderr, "longstraw train: stopped by signal %d after update %lld; continue with --resume %s\n",
+                    (int)stop_requested, (long long)done, a.out);
+            tr.update++;
+            break;
+        }
     }
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     if (s == LS_OK && tr.update > first) {
         char path[4200];
         snprintf(path, sizeof path, "%s/receipt.json", a.out);
@@ -792,7 +814,7 @@ static int run_train(int argc, char **argv) {
             fprintf(stderr, "longstraw train: %lld updates (%d skipped) in %s; receipt %s, `longstraw report %s` for the table and memory.svg\n",
                     (long long)(tr.update - first), skipped, a.out, path, a.out);
     }
-    int rc = s == LS_OK ? 0 : cli_fail("train", s);
+    int rc = s != LS_OK ? cli_fail("train", s) : stop_requested ? 128 + (int)stop_requested : 0;
     for (int k = 0; groups && k < (int)a.groups_per_update; k++) {
         ls_group_free(&groups[k]);
         if (tr.items) ls_passkey_free(&tr.items[k]);
