@@ -26,7 +26,7 @@ for n in "${NAMES[@]}"; do
     case "$n" in
     safetensors | st_index) srcs=("$ROOT/src/io/safetensors.c") ;;
     config) srcs=("$ROOT/src/io/config.c") ;;
-    group) srcs=("$ROOT/src/io/group.c" "$ROOT/src/io/config.c") ;;
+    group) srcs=("$ROOT/src/io/group.c" "$ROOT/src/io/config.c" "$ROOT/src/io/tokenizer.c" "$ROOT/src/io/tokenizer_unicode.c") ;;
     tokenizer) srcs=("$ROOT/src/io/tokenizer.c" "$ROOT/src/io/tokenizer_unicode.c" "$ROOT/src/io/config.c") ;;
     *) echo "coverage.sh: unknown harness '$n'" >&2; exit 2 ;;
     esac

@@ -174,11 +174,16 @@ def seeds_config():
 # ---- group (one JSON object per file / per JSONL line) ------------------------------
 def seeds_group():
     S = "group"
+    # fuzz_group.c takes its mode from the first byte: '0' plain ls_group_parse_ex,
+    # '1' train (tokenizer, G >= 2, rewards), '2' prompt-only (rollouts)
+    def put(name, fname, data, mode="0"):
+        globals()["put"](name, fname, mode + data if isinstance(data, str) else mode.encode() + data)
     for sub in ["next_dense", "q35_moe"]:
         for fn in ["group.json", "group_train.json"]:
             with open(os.path.join(FIX, sub, fn)) as f:
                 obj = json.load(f)
-            put(S, "fixture_%s_%s" % (sub, fn), json.dumps(obj, separators=(",", ":")))  # one JSONL line
+            put(S, "fixture_%s_%s" % (sub, fn), json.dumps(obj, separators=(",", ":")),  # one JSONL line
+                "1" if fn == "group_train.json" else "0")
     with open(os.path.join(FIX, "next_dense", "group.json")) as f:
         put(S, "fixture_next_dense_pretty.json", f.read())
     base = {"prompt": [1, 2, 3], "responses": [[4, 5], [6]]}

@@ -342,6 +342,7 @@ int test_train_rejects_bad_data(void) {
         {"{\"prompt\": [1, 2, 3], \"responses\": [[1], [2.5]], \"rewards\": [1, 0]}", "\"responses[1]\"[0] = 2.5 is not a token id"},
         {"{\"prompt\": [1, 2, 3], \"responses\": [], \"rewards\": []}", "\"responses\" must be a non-empty array"},
         {"[1, 2, 3]", "top level must be a JSON object"},
+        {"{\"prompt\": [1, 2, 3], \"responses\": [\"a\\u0000b\", [2]], \"rewards\": [1, 0]}", "holds \\u0000 (NUL)"},
         {"{\"responses\": [[1], [2]], \"rewards\": [1, 0]}", "missing field \"prompt\""},
     };
     snprintf(data, sizeof data, "%s/d.jsonl", dir);

@@ -164,9 +164,24 @@ ls_status ls_group_parse(ls_group *g, const char *text, const char *path, int64_
     return ls_group_parse_ex(g, text, path, vocab, NULL, 0);
 }
 
+/* Offset of an escaped NUL (\u0000) inside a JSON string of `text`, or −1. cJSON keeps
+ * no string lengths: the text after it would be dropped silently. */
+static long escaped_nul(const char *text) {
+    for (const char *p = text; (p = strstr(p, "\\u0000")) != NULL; p++) {
+        size_t bs = 0; /* the escape is real when an even number of backslashes precede it */
+        while (p - (long)bs > text && p[-(long)bs - 1] == '\\') bs++;
+        if (bs % 2 == 0) return (long)(p - text);
+    }
+    return -1;
+}
+
 ls_status ls_group_parse_ex(ls_group *g, const char *text, const char *path, int64_t vocab,
                             const ls_tokenizer *tok, int flags) {
     memset(g, 0, sizeof *g);
+    long nul = escaped_nul(text);
+    if (nul >= 0)
+        return ls_err(LS_ERR_FORMAT, "%s: a string holds \\u0000 (NUL) near byte %ld (line %ld): not supported in text",
+                      path, nul, ls_line_of(text, nul));
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(text, &end, 1); /* 1: nothing may follow the object */
     if (!root) {
