@@ -249,7 +249,8 @@ static int kb_linear_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
     float *R = pf_normal(pl, T * N, rng, 1.0f), *out = pf(pl, T * N);
     float *dx = pf(pl, T * K), *dW = pf(pl, N * K), *dx2 = pf(pl, T * K), *dW2 = pf(pl, N * K);
     lin_ctx c = {pd(pl, T * K), pd(pl, N * K), pd(pl, T * N), pd(pl, T * N), T, K, N};
-    fdsel sx = sel_make(pl, T * K, 0, rng), sW = sel_make(pl, N * K, 0, rng);
+    /* every element when small; 2000 sampled (and both ends) when large */
+    fdsel sx = sel_make(pl, T * K, T * K > 4096 ? 2000 : 0, rng), sW = sel_make(pl, N * K, N * K > 4096 ? 2000 : 0, rng);
     double *gx = pd(pl, T * K), *gW = pd(pl, N * K);
     T_CHECK(!pl->oom, "out of memory");
     to_d(c.x, x, T * K);
@@ -260,6 +261,10 @@ static int kb_linear_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
     fill_f(out, T * N, NAN);
     ls_linear_fwd(out, x, W, T, K, N, 0);
     if (cmp_fwd(ks, "out", out, c.out, T * N)) return 1;
+    fill_f(out, T * N, PREFILL); /* accumulate: += onto what is there */
+    ls_linear_fwd(out, x, W, T, K, N, 1);
+    for (int64_t i = 0; i < T * N; i++) out[i] -= PREFILL;
+    if (cmp_fwd(ks, "out (accumulate)", out, c.out, T * N)) return 1;
     fd_grad(gx, c.x, sx, lin_loss, &c);
     fd_grad(gW, c.W, sW, lin_loss, &c);
 
@@ -279,7 +284,8 @@ static int kb_linear_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
 }
 
 static int kb_linear(kstat *ks, ls_rng *rng) {
-    static const int64_t cases[][8] = {{5, 7, 3}, {9, 33, 17}};
+    /* T <= 4 takes the few-row path (no sgemm), serial and threaded (N·K > 65536) */
+    static const int64_t cases[][8] = {{5, 7, 3}, {9, 33, 17}, {1, 200, 300}, {3, 300, 257}, {4, 64, 5}};
     return run_cases(ks, rng, kb_linear_case, cases, sizeof cases / sizeof cases[0]);
 }
 

@@ -75,6 +75,14 @@ ls_status ls_hybrid_capture(const ls_hybrid_model *m, ls_prompt_state *st, const
 ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids,
                            int64_t n, float *logits, const ls_fwd_opts *o, ls_arena *scratch);
 
+/* One decode step of n sequences at once: sequence i extends its own state sts[i]
+ * (e.g. a fork, ls_state_fork) by the token ids[i]; logits[i·V .. (i+1)·V) = its next
+ * token's logits divided by the temperature. Projections, FFNs and the LM head run as
+ * one batch of n rows (matrix products instead of n matrix-vector passes over the
+ * weights); the conv, delta rule and attention run per row against each state. */
+ls_status ls_hybrid_decode(const ls_hybrid_model *m, ls_prompt_state *const *sts, const int32_t *ids, int n,
+                           float *logits, const ls_fwd_opts *o, ls_arena *scratch);
+
 /* Branch: run ids[0..T) at positions st->n .. st->n+T−1 against the read-only state
  * `st` (NULL = empty prefix: the plain forward) and write, for t in [out_from, T),
  * logprob[t − out_from] = log p(target[t − out_from] | ids[0..t]). Working memory

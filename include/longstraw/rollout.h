@@ -33,4 +33,13 @@ ls_status ls_generate(const ls_hybrid_model *m, const ls_prompt_state *prompt_st
                       const ls_sample_opts *so, ls_rng *rng, int32_t *out, float *logprobs, int64_t *len,
                       const ls_fwd_opts *fo, ls_arena *branch, ls_arena *scratch);
 
+/* G responses at once, all continuing `prompt_state` from x_P: out[i][0..len[i]) and
+ * logprobs[i][..] (capacity max_new_tokens each). Each member decodes on its own fork
+ * (branch arena, released before return); every step runs the live members as one
+ * batch (ls_hybrid_decode), and a member that emits a stop token leaves the batch.
+ * Tokens are drawn from `rng` member by member within each step. */
+ls_status ls_generate_group(const ls_hybrid_model *m, const ls_prompt_state *prompt_state, int32_t last_token,
+                            int G, const ls_sample_opts *so, ls_rng *rng, int32_t **out, float **logprobs,
+                            int64_t *len, const ls_fwd_opts *fo, ls_arena *branch, ls_arena *scratch);
+
 #endif

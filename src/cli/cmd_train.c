@@ -411,16 +411,19 @@ static ls_status rollout(void *ctx, int gi, ls_group *g, const ls_hybrid_model *
     g->resp = calloc((size_t)G, sizeof(int32_t *));
     g->R = calloc((size_t)G, sizeof(int64_t));
     g->rewards = calloc((size_t)G, sizeof(double));
-    float *lp = malloc((size_t)maxn * sizeof(float));
-    ls_status s = g->resp && g->R && g->rewards && lp ? LS_OK : LS_ERR_NOMEM;
+    float *lp = malloc((size_t)G * (size_t)maxn * sizeof(float));
+    float **lps = malloc((size_t)G * sizeof(float *));
+    ls_status s = g->resp && g->R && g->rewards && lp && lps ? LS_OK : LS_ERR_NOMEM;
     for (int i = 0; i < G && s == LS_OK; i++) {
+        lps[i] = lp + (int64_t)i * maxn;
         if (!(g->resp[i] = malloc((size_t)maxn * sizeof(int32_t)))) s = LS_ERR_NOMEM;
-        if (s == LS_OK)
-            s = ls_generate(policy, st, g->prompt[g->P - 1], &tr->so, &tr->rng, g->resp[i], lp, &g->R[i],
-                            &tr->a->t.o.fwd, &ar->a[LS_ARENA_BRANCH], &ar->a[LS_ARENA_SCRATCH]);
-        ls_progress_add(maxn);
     }
+    /* all G members decode together, one batched step per token */
+    if (s == LS_OK)
+        s = ls_generate_group(policy, st, g->prompt[g->P - 1], G, &tr->so, &tr->rng, g->resp, lps, g->R, &tr->a->t.o.fwd,
+                              &ar->a[LS_ARENA_BRANCH], &ar->a[LS_ARENA_SCRATCH]);
     free(lp);
+    free(lps);
     ls_progress_end();
     ls_trace_layers(layers);
     ls_trace_phase_end("rollout");

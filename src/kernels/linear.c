@@ -6,12 +6,35 @@
 
 #include "longstraw/kernels.h"
 
+/* Few rows (decoding): sgemm packs all of W on every call, which for one row costs
+ * three passes over the weights instead of one. Here each weight row is read once and
+ * dotted with every input row while it is in L1; output rows are split over threads. */
+#define LS_LINEAR_SMALL_T 4
+static void linear_small(float *out, const float *x, const float *W, int64_t T, int64_t K, int64_t N,
+                         int accumulate) {
+#pragma omp parallel for schedule(static) if (N * K > 65536)
+    for (int64_t n = 0; n < N; n++) {
+        const float *w = W + n * K;
+        for (int64_t t = 0; t < T; t++) {
+            const float *xt = x + t * K;
+            float s = 0;
+#pragma omp simd reduction(+ : s)
+            for (int64_t k = 0; k < K; k++) s += xt[k] * w[k];
+            out[t * N + n] = accumulate ? out[t * N + n] + s : s;
+        }
+    }
+}
+
 /* out[T,N] (= or +=) x[T,K] · W[N,K]ᵀ */
 void ls_linear_fwd(float *out, const float *x, const float *W, int64_t T, int64_t K, int64_t N,
                    int accumulate) {
     if (T <= 0 || N <= 0) return;
     if (K <= 0) {
         if (!accumulate) memset(out, 0, (size_t)T * (size_t)N * sizeof(float));
+        return;
+    }
+    if (T <= LS_LINEAR_SMALL_T) {
+        linear_small(out, x, W, T, K, N, accumulate);
         return;
     }
     LS_ASSERT(T <= INT32_MAX && K <= INT32_MAX && N <= INT32_MAX, "sgemm dims exceed int");

@@ -38,6 +38,10 @@ typedef struct {
     ls_layer_tape *tp;          /* NULL: no tape */
     ls_arena *ta;               /* tape arena (tp != NULL) */
     ls_arena *sc;               /* scratch */
+    /* batched decode (ls_hybrid_decode): row i of the T rows is one token of its own
+     * sequence, continuing seqs[i]; the mixers run per row, everything else batched */
+    ls_prompt_state *const *seqs;
+    int layer;
 } layer_ctx;
 
 /* Gated DeltaNet mixer (spec §2): x[T,D] += out_proj(gated_norm(GDR(conv(qkv)), z)). */
@@ -76,8 +80,13 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
         NEED(tp->tail0);
         memcpy(tp->tail0, L->tail, (size_t)(Wm * cd) * sizeof(float));
     }
-    ls_conv_fwd(y + s0 * cd, cpre ? cpre + s0 * cd : NULL, L->tail, qkv + s0 * cd, w->conv_w, T - s0,
-                cd, c->conv_k);
+    if (L->seqs) /* one token per sequence, each against its own conv tail */
+        for (int64_t i = 0; i < T; i++)
+            ls_conv_fwd(y + i * cd, NULL, L->seqs[i]->gdn[L->layer].conv_tail, qkv + i * cd, w->conv_w, 1, cd,
+                        c->conv_k);
+    else
+        ls_conv_fwd(y + s0 * cd, cpre ? cpre + s0 * cd : NULL, L->tail, qkv + s0 * cd, w->conv_w, T - s0, cd,
+                    c->conv_k);
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; t++) {
         const float *yt = y + t * cd;
@@ -100,8 +109,13 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
         NEED(tp->S0 && tape_h);
         memcpy(tp->S0, L->S, sn * sizeof(float));
     }
-    LS_TRY(ls_gdr_chunk_fwd(o + s0 * vd, tape_h, L->S, q + s0 * kd, k + s0 * kd, v + s0 * vd, beta + s0 * Hv,
-                            g + s0 * Hv, T - s0, dm, L->sc));
+    if (L->seqs)
+        for (int64_t i = 0; i < T; i++)
+            LS_TRY(ls_gdr_chunk_fwd(o + i * vd, NULL, L->seqs[i]->gdn[L->layer].S, q + i * kd, k + i * kd, v + i * vd,
+                                    beta + i * Hv, g + i * Hv, 1, dm, L->sc));
+    else
+        LS_TRY(ls_gdr_chunk_fwd(o + s0 * vd, tape_h, L->S, q + s0 * kd, k + s0 * kd, v + s0 * vd, beta + s0 * Hv,
+                                g + s0 * Hv, T - s0, dm, L->sc));
     ls_gated_rmsnorm_fwd(on, grstd, o, z, w->gnorm, T * Hv, c->d_v, c->eps);
     ls_linear_fwd(x, on, w->gdn_out, T, vd, D, 1);
     if (tp) {
@@ -142,11 +156,23 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
     ls_linear_fwd(v, xn, w->attn_in + (2 * qd + kvd) * D, T, D, kvd, 0);
     ls_rmsnorm_fwd(qr, rsq, q, w->q_norm, T * c->n_heads, c->head_dim, c->eps);
     ls_rmsnorm_fwd(kr, rsk, k, w->k_norm, T * c->n_kv, c->head_dim, c->eps);
-    ls_rope_fwd(qr, T, c->n_heads, c->head_dim, c->rot_dim, c->rope_theta, L->pos0);
-    ls_rope_fwd(kr, T, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, L->pos0);
-    LS_TRY(ls_attn_fwd(o, lse, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim,
-                       1.0f / sqrtf((float)c->head_dim), L->sc));
-    if (L->append) LS_TRY(ls_state_append_kv(L->append, layer, kr, v, T));
+    float scale = 1.0f / sqrtf((float)c->head_dim);
+    if (L->seqs) { /* one token per sequence: its position, its pages */
+        for (int64_t i = 0; i < T; i++) {
+            ls_prompt_state *st = L->seqs[i];
+            ls_rope_fwd(qr + i * qd, 1, c->n_heads, c->head_dim, c->rot_dim, c->rope_theta, st->n);
+            ls_rope_fwd(kr + i * kvd, 1, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, st->n);
+            ls_kv_prefix pre = ls_state_prefix(st, layer);
+            LS_TRY(ls_attn_fwd(o + i * qd, NULL, qr + i * qd, kr + i * kvd, v + i * kvd, &pre, 1, c->n_heads, c->n_kv,
+                               c->head_dim, scale, L->sc));
+            LS_TRY(ls_state_append_kv(st, layer, kr + i * kvd, v + i * kvd, 1));
+        }
+    } else {
+        ls_rope_fwd(qr, T, c->n_heads, c->head_dim, c->rot_dim, c->rope_theta, L->pos0);
+        ls_rope_fwd(kr, T, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, L->pos0);
+        LS_TRY(ls_attn_fwd(o, lse, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
+        if (L->append) LS_TRY(ls_state_append_kv(L->append, layer, kr, v, T));
+    }
 #pragma omp parallel for schedule(static) if (T * qd > 65536)
     for (int64_t i = 0; i < T * qd; i++) og[i] = o[i] / (1.0f + expf(-gate[i]));
     ls_linear_fwd(x, og, w->attn_out, T, qd, D, 1);
@@ -335,7 +361,7 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
         for (int l = 0; l < c->n_layers; l++) {
             ls_kv_prefix pre = ls_state_prefix(st, l);
             layer_ctx L = {T, st->n, 0, c->kind[l] == LS_LAYER_ATTN ? &pre : NULL, st,
-                           st->gdn[l].S, st->gdn[l].conv_tail, NULL, NULL, scratch};
+                           st->gdn[l].S, st->gdn[l].conv_tail, NULL, NULL, scratch, NULL, l};
             /* The last layer's FFN feeds only the LM head: skipped unless logits are wanted. */
             int skip = l == c->n_layers - 1 && !(logits && last_chunk);
             LS_TRY(layer_fwd(m, l, x, skip, &L));
@@ -358,6 +384,27 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
 ls_status ls_hybrid_capture(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids,
                             int64_t n, const ls_fwd_opts *o, ls_arena *scratch) {
     return ls_hybrid_extend(m, st, ids, n, NULL, o, scratch);
+}
+
+ls_status ls_hybrid_decode(const ls_hybrid_model *m, ls_prompt_state *const *sts, const int32_t *ids, int n,
+                           float *logits, const ls_fwd_opts *o, ls_arena *scratch) {
+    const ls_config *c = &m->cfg;
+    int64_t D = c->hidden, V = c->vocab;
+    ls_arena_mark mk = ls_arena_get_mark(scratch);
+    float *x = ALLOC_F(scratch, (int64_t)n * D); /* [n, D]: one row per sequence */
+    NEED(x);
+    ls_embed_fwd(x, ids, m->embed, n, D);
+    for (int l = 0; l < c->n_layers; l++) {
+        layer_ctx L = {n, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, scratch, sts, l};
+        LS_TRY(layer_fwd(m, l, x, 0, &L));
+    }
+    for (int i = 0; i < n; i++) ls_state_advance(sts[i], 1);
+    ls_rmsnorm_fwd(x, NULL, x, m->final_norm, n, D, c->eps);
+    ls_linear_fwd(logits, x, m->lm_head, n, D, V, 0);
+    float it = 1.0f / o->temperature;
+    for (int64_t i = 0; i < (int64_t)n * V; i++) logits[i] *= it;
+    ls_arena_release(scratch, mk);
+    return LS_OK;
 }
 
 ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *st,
@@ -405,7 +452,8 @@ ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *
             pre = ls_state_prefix(st, l);
             pp = &pre;
         }
-        layer_ctx L = {T, pos0, grad_from, pp, NULL, S, tail, taping ? &tb->layers[l] : NULL, tape_arena, scratch};
+        layer_ctx L = {T, pos0, grad_from, pp, NULL, S, tail, taping ? &tb->layers[l] : NULL, tape_arena, scratch,
+                       NULL, l};
         LS_TRY(layer_fwd(m, l, x, 0, &L));
         ls_trace_layer_end(l, "fwd");
     }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "longstraw/rollout.h"
+#include "longstraw/trace.h"
 
 void ls_sample_opts_default(ls_sample_opts *o) {
     memset(o, 0, sizeof *o);
@@ -82,35 +83,52 @@ int32_t ls_sample_token(const float *logits, int64_t V, float top_p, int greedy,
     return pick;
 }
 
-ls_status ls_generate(const ls_hybrid_model *m, const ls_prompt_state *prompt_state, int32_t last_token,
-                      const ls_sample_opts *so, ls_rng *rng, int32_t *out, float *logprobs, int64_t *len,
-                      const ls_fwd_opts *fo, ls_arena *branch, ls_arena *scratch) {
+ls_status ls_generate_group(const ls_hybrid_model *m, const ls_prompt_state *prompt_state, int32_t last_token,
+                            int G, const ls_sample_opts *so, ls_rng *rng, int32_t **out, float **logprobs,
+                            int64_t *len, const ls_fwd_opts *fo, ls_arena *branch, ls_arena *scratch) {
     int64_t V = m->cfg.vocab;
-    *len = 0;
+    for (int i = 0; i < G; i++) len[i] = 0;
     if (so->max_new_tokens < 1) return ls_err(LS_ERR_ARG, "max_new_tokens must be >= 1");
+    if (G < 1) return ls_err(LS_ERR_ARG, "a group needs at least one member");
     ls_arena_mark mk = ls_arena_get_mark(branch);
-    ls_prompt_state st;
-    ls_status s = ls_state_fork(&st, prompt_state, so->max_new_tokens, branch);
-    float *logits = ls_arena_alloc(branch, (size_t)V * sizeof(float));   /* [V] */
-    float *work = ls_arena_alloc(branch, (size_t)V * sizeof(float));     /* [V] */
-    int32_t *iwork = ls_arena_alloc(branch, (size_t)V * sizeof(int32_t)); /* [V] */
-    if (s == LS_OK && (!logits || !work || !iwork)) s = LS_ERR_NOMEM;
+    ls_prompt_state *st = ls_arena_calloc(branch, (size_t)G, sizeof *st);      /* [G] private forks */
+    ls_prompt_state **act = ls_arena_alloc(branch, (size_t)G * sizeof *act);   /* [G] the live ones */
+    int *who = ls_arena_alloc(branch, (size_t)G * sizeof(int));                /* [G] their members */
+    int32_t *tok = ls_arena_alloc(branch, (size_t)G * sizeof(int32_t));        /* [G] next input */
+    float *logits = ls_arena_alloc(branch, (size_t)G * (size_t)V * sizeof(float)); /* [G, V] */
+    float *work = ls_arena_alloc(branch, (size_t)V * sizeof(float));           /* [V] */
+    int32_t *iwork = ls_arena_alloc(branch, (size_t)V * sizeof(int32_t));      /* [V] */
+    ls_status s = st && act && who && tok && logits && work && iwork ? LS_OK : LS_ERR_NOMEM;
+    for (int i = 0; i < G && s == LS_OK; i++) s = ls_state_fork(&st[i], prompt_state, so->max_new_tokens, branch);
     ls_fwd_opts o = *fo;
     int greedy = so->temperature <= 0;
     o.temperature = greedy ? 1.0f : so->temperature;
-    int32_t tok = last_token;
-    for (int64_t t = 0; s == LS_OK && t < so->max_new_tokens; t++) {
-        s = ls_hybrid_extend(m, &st, &tok, 1, logits, &o, scratch);
+    int n = G;
+    for (int i = 0; i < G && s == LS_OK; i++) act[i] = &st[i], who[i] = i, tok[i] = last_token;
+    for (int64_t t = 0; s == LS_OK && t < so->max_new_tokens && n > 0; t++) {
+        s = ls_hybrid_decode(m, act, tok, n, logits, &o, scratch);
         if (s != LS_OK) break;
-        float lp;
-        tok = ls_sample_token(logits, V, so->top_p, greedy, rng, work, iwork, &lp);
-        out[t] = tok;
-        logprobs[t] = lp;
-        *len = t + 1;
-        int stop = 0;
-        for (int k = 0; k < so->n_stop; k++) stop |= tok == so->stop[k];
-        if (stop) break;
+        ls_progress_add(n);
+        int kept = 0;
+        for (int j = 0; j < n; j++) { /* members in order: the RNG is drawn in a fixed order */
+            int i = who[j];
+            float lp;
+            int32_t y = ls_sample_token(logits + (int64_t)j * V, V, so->top_p, greedy, rng, work, iwork, &lp);
+            out[i][t] = y;
+            logprobs[i][t] = lp;
+            len[i] = t + 1;
+            int stop = 0;
+            for (int k = 0; k < so->n_stop; k++) stop |= y == so->stop[k];
+            if (!stop) act[kept] = act[j], who[kept] = i, tok[kept] = y, kept++;
+        }
+        n = kept;
     }
     ls_arena_release(branch, mk);
     return s;
+}
+
+ls_status ls_generate(const ls_hybrid_model *m, const ls_prompt_state *prompt_state, int32_t last_token,
+                      const ls_sample_opts *so, ls_rng *rng, int32_t *out, float *logprobs, int64_t *len,
+                      const ls_fwd_opts *fo, ls_arena *branch, ls_arena *scratch) {
+    return ls_generate_group(m, prompt_state, last_token, 1, so, rng, &out, &logprobs, len, fo, branch, scratch);
 }
