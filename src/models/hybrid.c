@@ -26,6 +26,10 @@ void ls_fwd_opts_default(ls_fwd_opts *o) {
         if (!(p)) return LS_ERR_NOMEM;   \
     } while (0)
 
+/* Untaped spans of at most this many tokens take the token-serial delta rule (the
+ * chunked form's 64-row blocks cost more than they save for a decode step). */
+#define GDN_SERIAL_MAX_T 4
+
 static float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 /* Per-call context of one layer. */
@@ -81,6 +85,7 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
         memcpy(tp->tail0, L->tail, (size_t)(Wm * cd) * sizeof(float));
     }
     if (L->seqs) /* one token per sequence, each against its own conv tail */
+#pragma omp parallel for schedule(static) if (T > 1)
         for (int64_t i = 0; i < T; i++)
             ls_conv_fwd(y + i * cd, NULL, L->seqs[i]->gdn[L->layer].conv_tail, qkv + i * cd, w->conv_w, 1, cd,
                         c->conv_k);
@@ -109,13 +114,18 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
         NEED(tp->S0 && tape_h);
         memcpy(tp->S0, L->S, sn * sizeof(float));
     }
-    if (L->seqs)
+    if (L->seqs) { /* one recurrence step per sequence, the sequences side by side */
+#pragma omp parallel for schedule(static) if (T > 1)
         for (int64_t i = 0; i < T; i++)
-            LS_TRY(ls_gdr_chunk_fwd(o + i * vd, NULL, L->seqs[i]->gdn[L->layer].S, q + i * kd, k + i * kd, v + i * vd,
-                                    beta + i * Hv, g + i * Hv, 1, dm, L->sc));
-    else
+            ls_gdr_serial_fwd(o + i * vd, L->seqs[i]->gdn[L->layer].S, q + i * kd, k + i * kd, v + i * vd, beta + i * Hv,
+                              g + i * Hv, 1, dm);
+    } else if (!tp && T - s0 <= GDN_SERIAL_MAX_T) { /* decoding: no chunk to amortise */
+        ls_gdr_serial_fwd(o + s0 * vd, L->S, q + s0 * kd, k + s0 * kd, v + s0 * vd, beta + s0 * Hv, g + s0 * Hv,
+                          T - s0, dm);
+    } else {
         LS_TRY(ls_gdr_chunk_fwd(o + s0 * vd, tape_h, L->S, q + s0 * kd, k + s0 * kd, v + s0 * vd, beta + s0 * Hv,
                                 g + s0 * Hv, T - s0, dm, L->sc));
+    }
     ls_gated_rmsnorm_fwd(on, grstd, o, z, w->gnorm, T * Hv, c->d_v, c->eps);
     ls_linear_fwd(x, on, w->gdn_out, T, vd, D, 1);
     if (tp) {
