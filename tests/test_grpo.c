@@ -17,6 +17,7 @@
 int test_grpo_prefix_frozen_vs_naive(void);
 int test_grpo_branch_arena_vs_G(void);
 int test_grpo_batch_vs_single_groups(void);
+int test_grpo_first_ratio_is_one(void);
 
 static const char *cfg_dense =
     "{\"model_type\": \"qwen3_next\", \"vocab_size\": 151, \"hidden_size\": 48, \"num_hidden_layers\": 4,"
@@ -282,6 +283,38 @@ int test_grpo_batch_vs_single_groups(void) {
     free(p1);
     ls_group_free(&grp[0]);
     ls_group_free(&grp[1]);
+    ls_arenas_free(&ar);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    T_CHECK(system(cmd) == 0, "cleanup");
+    return 0;
+}
+
+/* Scoring (no tape) and replay (tape) run the same tokens through the same code path,
+ * so at the first iteration every ratio is exactly 1: with ε = 0 nothing may clip.
+ * Short responses matter: decoding takes the token-serial delta rule for short spans,
+ * a branch must not. */
+int test_grpo_first_ratio_is_one(void) {
+    char dir[512];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    T_CHECK(write_model(dir, cfg_dense, 43) == 0, "model");
+    ls_arenas ar;
+    ls_arenas_init(&ar);
+    ls_hybrid_model m, gr;
+    T_OK(ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]));
+    T_OK(ls_hybrid_alloc_like(&m, &gr, &ar.a[LS_ARENA_GRAD]));
+    static const int64_t R[6] = {1, 2, 3, 4, 5, 70};
+    ls_group g;
+    make_group(&g, 77, 6, R, m.cfg.vocab, 51);
+    ls_grpo_opts o;
+    ls_grpo_opts_default(&o);
+    o.eps_low = o.eps_high = 0;
+    ls_grpo_metrics mt;
+    T_OK(ls_grpo_update(&m, NULL, &gr, NULL, &g, &o, &ar, &mt));
+    printf("  ε = 0, R = 1..5 and 70: clip low %.3g high %.3g\n", mt.clip_low, mt.clip_high);
+    T_CHECK(mt.clip_low == 0 && mt.clip_high == 0, "ratios differ from 1 at the first iteration (clip %g / %g)",
+            mt.clip_low, mt.clip_high);
+    ls_group_free(&g);
     ls_arenas_free(&ar);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

@@ -46,6 +46,10 @@ typedef struct {
      * sequence, continuing seqs[i]; the mixers run per row, everything else batched */
     ls_prompt_state *const *seqs;
     int layer;
+    int decode; /* extend/decode (no tape): short spans take the token-serial delta rule.
+                 * Never set in a branch, so scoring (untaped) and replay (taped) of the
+                 * same tokens compute bit-identical log-probs: ratios are exactly 1 at
+                 * the first iteration. */
 } layer_ctx;
 
 /* Gated DeltaNet mixer (spec §2): x[T,D] += out_proj(gated_norm(GDR(conv(qkv)), z)). */
@@ -119,7 +123,7 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
         for (int64_t i = 0; i < T; i++)
             ls_gdr_serial_fwd(o + i * vd, L->seqs[i]->gdn[L->layer].S, q + i * kd, k + i * kd, v + i * vd, beta + i * Hv,
                               g + i * Hv, 1, dm);
-    } else if (!tp && T - s0 <= GDN_SERIAL_MAX_T) { /* decoding: no chunk to amortise */
+    } else if (L->decode && T - s0 <= GDN_SERIAL_MAX_T) { /* decoding: no chunk to amortise */
         ls_gdr_serial_fwd(o + s0 * vd, L->S, q + s0 * kd, k + s0 * kd, v + s0 * vd, beta + s0 * Hv, g + s0 * Hv,
                           T - s0, dm);
     } else {
@@ -371,7 +375,7 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
         for (int l = 0; l < c->n_layers; l++) {
             ls_kv_prefix pre = ls_state_prefix(st, l);
             layer_ctx L = {T, st->n, 0, c->kind[l] == LS_LAYER_ATTN ? &pre : NULL, st,
-                           st->gdn[l].S, st->gdn[l].conv_tail, NULL, NULL, scratch, NULL, l};
+                           st->gdn[l].S, st->gdn[l].conv_tail, NULL, NULL, scratch, NULL, l, 1};
             /* The last layer's FFN feeds only the LM head: skipped unless logits are wanted. */
             int skip = l == c->n_layers - 1 && !(logits && last_chunk);
             LS_TRY(layer_fwd(m, l, x, skip, &L));
@@ -405,8 +409,12 @@ ls_status ls_hybrid_decode(const ls_hybrid_model *m, ls_prompt_state *const *sts
     NEED(x);
     ls_embed_fwd(x, ids, m->embed, n, D);
     for (int l = 0; l < c->n_layers; l++) {
-        layer_ctx L = {n, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, scratch, sts, l};
-        LS_TRY(layer_fwd(m, l, x, 0, &L));
+        layer_ctx L = {n, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, scratch, sts, l, 1};
+        ls_status s = layer_fwd(m, l, x, 0, &L);
+        if (s != LS_OK) {
+            ls_arena_release(scratch, mk);
+            return s;
+        }
     }
     for (int i = 0; i < n; i++) ls_state_advance(sts[i], 1);
     ls_rmsnorm_fwd(x, NULL, x, m->final_norm, n, D, c->eps);
@@ -463,7 +471,7 @@ ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *
             pp = &pre;
         }
         layer_ctx L = {T, pos0, grad_from, pp, NULL, S, tail, taping ? &tb->layers[l] : NULL, tape_arena, scratch,
-                       NULL, l};
+                       NULL, l, 0};
         LS_TRY(layer_fwd(m, l, x, 0, &L));
         ls_trace_layer_end(l, "fwd");
     }
