@@ -321,6 +321,17 @@ int test_train_nan_step_skipped(void) {
     T_CHECK(num(cJSON_GetArrayItem(m, 1), "step") == 1 && num(cJSON_GetArrayItem(m, 2), "step") == 2,
             "optimizer steps 1, 1, 2");
     cJSON_Delete(m);
+    /* a run whose last update is skipped still writes a receipt that is JSON */
+    out = run(&rc, "%s train --model %s/m --data %s --out %s/run2 --updates 2 --quiet", LS_CLI_PATH, dir, data, dir);
+    T_CHECK(rc == 0 && out && strstr(out, "update 2/2 SKIPPED"), "run2: %s", out ? out : "");
+    free(out);
+    snprintf(a, sizeof a, "%s/run2/receipt.json", dir);
+    char *text;
+    T_OK(ls_read_file(a, &text, NULL));
+    cJSON *rj = cJSON_Parse(text);
+    T_CHECK(rj != NULL, "receipt after a skipped update is not JSON: %s", text);
+    cJSON_Delete(rj);
+    free(text);
     T_CHECK(cleanup(dir) == 0, "cleanup");
     return 0;
 }

@@ -238,8 +238,16 @@ ls_status cli_policy_moments(cli_policy *p, ls_param **m, ls_param **v, int64_t 
     return LS_OK;
 }
 
+/* "k": v, or "k": null for NaN / Inf (which JSON cannot spell) */
+static void json_field(FILE *f, const char *k, double v) {
+    if (isfinite(v)) fprintf(f, "\"%s\": %.10g", k, v);
+    else fprintf(f, "\"%s\": null", k);
+}
+
 static void json_num(FILE *f, const char *k, double v, int comma) {
-    fprintf(f, "  \"%s\": %.10g%s\n", k, isfinite(v) ? v : 0.0, comma ? "," : "");
+    fputs("  ", f);
+    json_field(f, k, v);
+    fputs(comma ? ",\n" : "\n", f);
 }
 
 ls_status cli_write_receipt(const char *path, const char *cmd, const ls_hybrid_model *m, const ls_group *g,
@@ -275,11 +283,16 @@ ls_status cli_write_receipt(const char *path, const char *cmd, const ls_hybrid_m
                "    \"branch\": {\"measured\": %zu},\n    \"score\": {\"measured\": %zu},\n"
                "    \"scratch\": {\"measured\": %zu}\n  },\n",
             o->no_capture ? (size_t)0 : plan.total_bytes_per_rank, ar->a[LS_ARENA_PROMPT].peak, params * 4,
-            ar->a[LS_ARENA_GRAD].peak, params * 4 * (strcmp(cmd, "step") == 0 ? 3 : 1), ar->a[LS_ARENA_FIXED].peak,
+            ar->a[LS_ARENA_GRAD].peak, params * 4 * (strcmp(cmd, "grad") != 0 ? 3 : 1), ar->a[LS_ARENA_FIXED].peak,
             ar->a[LS_ARENA_BRANCH].peak, ar->a[LS_ARENA_SCORE].peak, ar->a[LS_ARENA_SCRATCH].peak);
     fprintf(f, "  \"iterations\": [");
-    for (int i = 0; i < mt->n_iter && i < 64; i++)
-        fprintf(f, "%s{\"loss\": %.10g, \"grad_norm\": %.10g}", i ? ", " : "", mt->iter_loss[i], mt->iter_grad_norm[i]);
+    for (int i = 0; i < mt->n_iter && i < 64; i++) {
+        fprintf(f, "%s{", i ? ", " : "");
+        json_field(f, "loss", mt->iter_loss[i]);
+        fputs(", ", f);
+        json_field(f, "grad_norm", mt->iter_grad_norm[i]);
+        fputc('}', f);
+    }
     fprintf(f, "],\n");
     fprintf(f, "  \"metrics\": {\n");
     json_num(f, "loss", mt->loss, 1);
