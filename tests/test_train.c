@@ -15,6 +15,8 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,6 +34,7 @@ int test_train_rollout_reward_cmd(void);
 int test_demo_receipt(void);
 int test_train_lora_resume(void);
 int test_train_sigint_checkpoints(void);
+int test_train_error_keeps_progress(void);
 
 /* Run a shell command (stderr folded into the output). */
 static char *run(int *rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -482,8 +485,12 @@ int test_train_lora_resume(void) {
     out = run(&rc, "%s train --model %s/m --data %s --out %s/B --updates 2 %s", LS_CLI_PATH, dir, data, dir, flags);
     T_CHECK(rc == 0, "run B: %s", out ? out : "");
     free(out);
-    out = run(&rc, "%s train --resume %s/B --updates 3", LS_CLI_PATH, dir);
+    out = run(&rc, "%s train --resume %s/B/ --updates 3", LS_CLI_PATH, dir); /* the same directory, spelt with a slash */
     T_CHECK(rc == 0 && out && strstr(out, "update 3/3"), "resume B: %s", out ? out : "");
+    free(out);
+    /* the override is saved with the run: a plain resume now has nothing left to do */
+    out = run(&rc, "%s train --resume %s/B", LS_CLI_PATH, dir);
+    T_CHECK(rc == 0 && out && strstr(out, "3 updates already done (--updates 3)"), "second resume: %s", out ? out : "");
     free(out);
     static const char *files[] = {"adapter_model.safetensors", "optimizer.safetensors"};
     for (int k = 0; k < 2; k++) {
@@ -542,6 +549,51 @@ int test_train_sigint_checkpoints(void) {
     snprintf(want, sizeof want, "update %d/%d", done + 1, done + 1);
     T_CHECK(rc == 0 && out && strstr(out, want), "resume after Ctrl-C: %s", out ? out : "");
     free(out);
+    T_CHECK(cleanup(dir) == 0, "cleanup");
+    return 0;
+}
+
+/* A failure inside an update (here the reward process dies at its 9th answer, in the
+ * third update) checkpoints the updates already finished before the error is
+ * reported; a second trainer on a run directory in use is refused. */
+int test_train_error_keeps_progress(void) {
+    char dir[512], data[700], path[900], tok[700];
+    int rc;
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    snprintf(path, sizeof path, "%s/c.json", dir);
+    T_CHECK(write_text(path, "{\"model_type\": \"qwen3_next\", \"vocab_size\": 260, \"hidden_size\": 32, \"num_hidden_layers\": 2,"
+                             " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 16,"
+                             " \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 2, \"linear_key_head_dim\": 8,"
+                             " \"linear_value_head_dim\": 8, \"intermediate_size\": 48, \"num_experts\": 0,"
+                             " \"full_attention_interval\": 2}") == 0, "config");
+    T_CHECK(init_model(dir, path, 12) == 0, "init");
+    char *json;
+    T_OK(ls_tok_byte_level_json(&json));
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", dir);
+    T_CHECK(write_text(tok, json) == 0, "tokenizer");
+    free(json);
+    snprintf(data, sizeof data, "%s/p.jsonl", dir);
+    T_CHECK(write_text(data, "{\"prompt\": [1, 2, 3, 4]}\n{\"prompt\": \"hello there\"}\n") == 0, "prompts");
+    const char *rcmd = "n=0; while read l; do n=$((n+1)); [ $n -gt 8 ] && exit 3; echo $n; done";
+    char *out = run(&rc, "%s train --model %s/m --tokenizer %s --data %s --out %s/run --rollout --num-generations 4 "
+                    "--max-new-tokens 3 --updates 5 --save-every 100 --reward-cmd '%s' --quiet",
+                    LS_CLI_PATH, dir, tok, data, dir, rcmd);
+    T_CHECK(rc == 1 && out && strstr(out, "the 2 finished updates are in checkpoint-2") && strstr(out, "exited with status 3"),
+            "rc %d %s", rc, out ? out : "");
+    free(out);
+    snprintf(path, sizeof path, "%s/run/checkpoint-2/trainer_state.json", dir);
+    char *text;
+    T_OK(ls_read_file(path, &text, NULL));
+    T_CHECK(strstr(text, "\"update\": 2") && strstr(text, "\"data_position\": 2"), "trainer state: %s", text);
+    free(text);
+    /* a run directory in use: hold its lock from here, as a running trainer would */
+    snprintf(path, sizeof path, "%s/run/.lock", dir);
+    int fd = open(path, O_RDWR);
+    T_CHECK(fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0, "lock");
+    out = run(&rc, "%s train --resume %s/run --quiet", LS_CLI_PATH, dir);
+    T_CHECK(rc == 1 && out && strstr(out, "in use by another longstraw train"), "locked run: rc %d %s", rc, out ? out : "");
+    free(out);
+    close(fd);
     T_CHECK(cleanup(dir) == 0, "cleanup");
     return 0;
 }

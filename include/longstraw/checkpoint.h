@@ -8,6 +8,8 @@
  * written atomically (temp + fsync + rename) — and committed by renaming the
  * directory, then fsyncing RUN/. A directory named checkpoint-<U> is therefore
  * complete; a killed writer leaves only a .tmp directory, which the next run removes.
+ * Deleting one (pruning, or replacing it) first renames it to .checkpoint-<U>.del, so a
+ * directory named checkpoint-<U> is never partly deleted either.
  */
 #ifndef LONGSTRAW_CHECKPOINT_H
 #define LONGSTRAW_CHECKPOINT_H

@@ -26,6 +26,7 @@ void ls_trace_phase_begin(const char *phase);
 void ls_trace_phase_end(const char *phase);
 /* The update (0-based) later events belong to. */
 void ls_trace_set_update(int64_t update);
+int64_t ls_trace_update(void);
 /* The group member (−1 = none) later layer events belong to. */
 void ls_trace_set_member(int member);
 /* A layer finished its forward ("fwd") or backward ("bwd") pass. */

@@ -10,7 +10,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,10 +159,33 @@ static void args_default(train_args *a) {
 
 /* ---- the saved command line (RUN/args.json) ----------------------------------------- */
 
+/* Flags whose value is a path: saved absolute, so a resume from another directory
+ * finds the same files (the reward command runs in the resume's directory). */
+static int is_path_flag(const char *f) {
+    static const char *const flags[] = {"--model", "--data", "--tokenizer", "--out", "--ref-model", "--adapter"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        if (!strcmp(f, flags[i])) return 1;
+    return 0;
+}
+
+/* RUN/args.json: the command line without --resume, paths made absolute. A resume
+ * rewrites it with the merged flags, so its overrides (e.g. --updates) stick. */
 static ls_status save_args(const char *run, int argc, char **argv) {
     cJSON *arr = cJSON_CreateArray();
     if (!arr) return LS_ERR_NOMEM;
-    for (int i = 1; i < argc; i++) cJSON_AddItemToArray(arr, cJSON_CreateString(argv[i]));
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--resume")) {
+            i++; /* and its value */
+            continue;
+        }
+        if (!strncmp(argv[i], "--resume=", 9)) continue;
+        cJSON_AddItemToArray(arr, cJSON_CreateString(argv[i]));
+        char abs[PATH_MAX];
+        if (is_path_flag(argv[i]) && i + 1 < argc) {
+            i++;
+            cJSON_AddItemToArray(arr, cJSON_CreateString(realpath(argv[i], abs) ? abs : argv[i]));
+        }
+    }
     char *text = cJSON_Print(arr), path[4096];
     cJSON_Delete(arr);
     if (!text) return LS_ERR_NOMEM;
@@ -168,6 +193,28 @@ static ls_status save_args(const char *run, int argc, char **argv) {
     ls_status s = ls_write_file_atomic(path, text, strlen(text));
     free(text);
     return s;
+}
+
+/* One trainer per run directory: an exclusive lock on RUN/.lock for the whole run
+ * (released by the kernel however the process ends). */
+static ls_status lock_run(const char *run, int *fd) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/.lock", run);
+    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (*fd < 0) return ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+        char pid[32] = "";
+        ssize_t n = read(*fd, pid, sizeof pid - 1);
+        pid[n > 0 ? n : 0] = 0;
+        close(*fd);
+        *fd = -1;
+        return ls_err(LS_ERR_ARG, "%s is in use by another longstraw train (pid %s)", run, pid[0] ? pid : "?");
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(*fd, 0) != 0 || write(*fd, pid, (size_t)n) != n) { /* informational only */
+    }
+    return LS_OK;
 }
 
 /* Parse a JSON file whose top level must be an array (is_array) or an object. */
@@ -190,14 +237,20 @@ static ls_status load_args(const char *run, int argc, char **argv, int *nargc, c
     LS_TRY(read_json(path, 1, &arr));
     int n = cJSON_GetArraySize(arr);
     char **v = calloc((size_t)(n + argc + 1), sizeof(char *));
-    if (!v) return LS_ERR_NOMEM;
+    if (!v) {
+        cJSON_Delete(arr);
+        return LS_ERR_NOMEM;
+    }
     int k = 0;
     v[k++] = strdup("train");
     const cJSON *e;
     cJSON_ArrayForEach(e, arr) {
         if (!cJSON_IsString(e)) {
+            ls_status bad = ls_err(LS_ERR_FORMAT, "%s: entry %d is not a string", path, k - 1);
             cJSON_Delete(arr);
-            return ls_err(LS_ERR_FORMAT, "%s: entry %d is not a string", path, k - 1);
+            for (int i = 0; i < k; i++) free(v[i]);
+            free(v);
+            return bad;
         }
         v[k++] = strdup(e->valuestring);
     }
@@ -271,6 +324,8 @@ typedef struct {
     ls_passkey_item *items; /* [groups_per_update] the passkey items of this update */
     FILE *metrics;
     char run[4096];
+    char adapter[4400]; /* a resumed LoRA run's adapters (checkpoint path) */
+    int lock_fd;
 } trainer;
 
 /* Stop tokens: --stop (ids or token strings) or the tokenizer's end-of-text tokens. */
@@ -434,6 +489,8 @@ static ls_status rollout(void *ctx, int gi, ls_group *g, const ls_hybrid_model *
     size_t *len = calloc((size_t)G, sizeof(size_t));
     if (!text || !len) s = LS_ERR_NOMEM;
     for (int i = 0; i < G && s == LS_OK; i++) s = decode_lenient(tr->tok, g->resp[i], g->R[i], &text[i], &len[i]);
+    if (s == LS_OK && tr->rcmd && !g->prompt_text) /* id prompts: the process still gets text */
+        s = decode_lenient(tr->tok, g->prompt, g->P, &g->prompt_text, &(size_t){0});
     if (s == LS_OK && tr->rcmd) {
         const char *pt = g->prompt_text ? g->prompt_text : "";
         s = ls_reward_cmd_score(tr->rcmd, pt, strlen(pt), (const char *const *)text, len, G,
@@ -587,7 +644,12 @@ static void json_metric(FILE *f, const char *k, double v) {
     else fprintf(f, ", \"%s\": null", k);
 }
 
-static void write_metrics(trainer *tr, const ls_grpo_metrics *mt, double step_time) {
+static void write_metrics(trainer *tr, const ls_grpo_metrics *mt, double step_time, const ls_group *g, int n) {
+    int64_t ptok = 0, pmax = 0;
+    for (int k = 0; k < n; k++) {
+        ptok += g[k].P;
+        pmax = g[k].P > pmax ? g[k].P : pmax;
+    }
     FILE *f = tr->metrics;
     fprintf(f, "{\"update\": %lld, \"step\": %lld", (long long)tr->update, (long long)tr->pol.adam.step);
     json_metric(f, "loss", mt->loss);
@@ -603,10 +665,10 @@ static void write_metrics(trainer *tr, const ls_grpo_metrics *mt, double step_ti
     json_metric(f, "grad_norm", mt->grad_norm);
     json_metric(f, "learning_rate", tr->a->t.o.lr);
     json_metric(f, "step_time", step_time);
-    fprintf(f, ", \"num_sequences\": %d, \"prompt_tokens\": %d, \"epoch\": %lld, \"data_position\": %lld, "
+    fprintf(f, ", \"num_sequences\": %d, \"prompt_tokens\": %lld, \"max_prompt_tokens\": %lld, \"epoch\": %lld, \"data_position\": %lld, "
                "\"skipped\": %s, \"time\": {\"capture\": %.4f, \"rollout\": %.4f, \"reference\": %.4f, "
                "\"score\": %.4f, \"replay\": %.4f, \"optimize\": %.4f}}\n",
-            mt->n_seq, mt->P, (long long)tr->epoch, (long long)tr->data_pos, mt->skipped ? "true" : "false",
+            mt->n_seq, (long long)ptok, (long long)pmax, (long long)tr->epoch, (long long)tr->data_pos, mt->skipped ? "true" : "false",
             mt->t_capture, mt->t_rollout, mt->t_ref, mt->t_score, mt->t_replay, mt->t_optim);
     fflush(f);
     fsync(fileno(f));
@@ -642,6 +704,7 @@ static ls_status setup(trainer *tr, int argc, char **argv) {
     train_args *a = tr->a;
     snprintf(tr->run, sizeof tr->run, "%s", a->out);
     if (mkdir(a->out, 0755) != 0 && errno != EEXIST) return ls_err(LS_ERR_IO, "%s: cannot create: %s", a->out, strerror(errno));
+    LS_TRY(lock_run(a->out, &tr->lock_fd)); /* before anything in RUN/ is touched */
     int64_t last;
     char ckpt[4200] = "";
     LS_TRY(ls_ckpt_latest(a->out, &last, ckpt, sizeof ckpt));
@@ -649,18 +712,17 @@ static ls_status setup(trainer *tr, int argc, char **argv) {
         return ls_err(LS_ERR_ARG, "%s already holds %s: continue it with --resume %s, or choose another --out", a->out,
                       ckpt, a->out);
     if (a->resume && last < 0) fprintf(stderr, "longstraw train: %s has no checkpoint yet: starting from the beginning\n", a->out);
-    if (!a->resume) LS_TRY(save_args(a->out, argc, argv));
-    char path[4200];
+    LS_TRY(save_args(a->out, argc, argv));
+    char path[4400];
     snprintf(path, sizeof path, "%s/trace.0.jsonl", a->out);
     LS_TRY(ls_trace_open(path, 0, &tr->ar, "train"));
     ls_trace_phase_begin("load");
     /* weights: the checkpoint's (full fine-tune) or the base + the checkpoint's adapters */
     const char *model = a->model;
-    char adapter[4400];
     if (last >= 0 && !a->t.adapter && !a->t.lora_rank) model = ckpt;
     if (last >= 0 && (a->t.adapter || a->t.lora_rank)) {
-        snprintf(adapter, sizeof adapter, "%s/adapter_model.safetensors", ckpt);
-        a->t.adapter = adapter;
+        snprintf(tr->adapter, sizeof tr->adapter, "%s/adapter_model.safetensors", ckpt);
+        a->t.adapter = tr->adapter;
         a->t.lora_rank = 0;
     }
     LS_TRY(cli_policy_setup(&tr->pol, model, &a->t, 1, &tr->ar));
@@ -704,6 +766,10 @@ static ls_status setup(trainer *tr, int argc, char **argv) {
     tr->so.top_p = (float)a->top_p;
     tr->so.max_new_tokens = a->max_new_tokens;
     if (a->rollout) LS_TRY(stop_tokens(tr));
+    /* dr_grpo normalises by the completion-length limit (TRL's max_completion_length):
+     * with rollouts that is --max-new-tokens unless given */
+    if (a->rollout && a->t.o.loss == LS_LOSS_DR_GRPO && a->t.o.max_completion_length == 0)
+        a->t.o.max_completion_length = a->max_new_tokens;
     tr->items = calloc((size_t)a->groups_per_update, sizeof *tr->items);
     if (!tr->items) return LS_ERR_NOMEM;
     snprintf(path, sizeof path, "%s/metrics.jsonl", a->out);
@@ -746,7 +812,10 @@ static int run_train(int argc, char **argv) {
         args_default(&a);
         if ((r = parse_args(&a, nargc, nargv))) return r == 1 ? 0 : r;
         if (!a.out) a.out = resume;
-        if (strcmp(a.out, resume) != 0) return cli_usage_error("train", "--resume %s with --out %s: they must be the same run", resume, a.out);
+        struct stat s1, s2;
+        if (stat(a.out, &s1) != 0 || stat(resume, &s2) != 0 || s1.st_dev != s2.st_dev || s1.st_ino != s2.st_ino)
+            return cli_usage_error("train", "--resume %s with --out %s: they must be the same run", resume, a.out);
+        a.out = resume;
     }
     if ((r = check_flags(&a))) return r;
     if (cli_train_finish("train", &a.t)) return 2;
@@ -754,6 +823,7 @@ static int run_train(int argc, char **argv) {
     trainer tr;
     memset(&tr, 0, sizeof tr);
     tr.a = &a;
+    tr.lock_fd = -1;
     ls_arenas_init(&tr.ar);
     ls_status s = setup(&tr, a.resume ? nargc : argc, a.resume ? nargv : argv);
     ls_group *groups = calloc((size_t)a.groups_per_update, sizeof(ls_group));
@@ -769,40 +839,65 @@ static int run_train(int argc, char **argv) {
     if (s == LS_OK && tr.update >= a.updates)
         fprintf(stderr, "longstraw train: %lld updates already done (--updates %lld): nothing to do\n",
                 (long long)tr.update, (long long)a.updates);
+    int64_t saved = tr.update; /* updates the newest checkpoint holds */
+    int big = 0;                /* the group with the longest prompt, for receipts */
     for (; s == LS_OK && tr.update < a.updates; tr.update++) {
         double t0 = ls_now();
         ls_trace_set_update(tr.update);
+        /* what this update consumes, to give it back if it fails before its step */
+        int64_t pos0 = tr.data_pos, epoch0 = tr.epoch, step0 = tr.pol.adam.step;
+        ls_rng rng0 = tr.rng;
         for (int k = 0; k < (int)a.groups_per_update; k++) {
             ls_group_free(&groups[k]);
             if (a.task && !a.data) ls_passkey_free(&tr.items[k]);
         }
         for (int k = 0; k < (int)a.groups_per_update && s == LS_OK; k++) s = next_group(&tr, k, &groups[k]);
-        if (s != LS_OK) break;
-        zero_grads(&tr);
-        s = ls_grpo_update_batch(tr.pol.policy, tr.pol.refp, &tr.pol.grad, &tr.pol.adam, groups, (int)a.groups_per_update,
-                                 a.rollout ? &hook : NULL, &a.t.o, &tr.ar, &mt);
-        if (s != LS_OK) break;
+        if (s == LS_OK) {
+            zero_grads(&tr);
+            s = ls_grpo_update_batch(tr.pol.policy, tr.pol.refp, &tr.pol.grad, &tr.pol.adam, groups,
+                                     (int)a.groups_per_update, a.rollout ? &hook : NULL, &a.t.o, &tr.ar, &mt);
+        }
+        if (s != LS_OK) {
+            /* a data, rollout or reward error (e.g. the reward process killed with the
+             * job): the weights are those of the last finished update unless this one
+             * stepped; then checkpoint what is finished so nothing done is lost */
+            if (tr.pol.adam.step == step0 && tr.update > saved) {
+                char why[1024];
+                snprintf(why, sizeof why, "%s", ls_err_msg());
+                tr.data_pos = pos0, tr.epoch = epoch0, tr.rng = rng0;
+                if (save_checkpoint(&tr) == LS_OK)
+                    fprintf(stderr, "longstraw train: update %lld failed; the %lld finished updates are in checkpoint-%lld\n",
+                            (long long)tr.update + 1, (long long)tr.update, (long long)tr.update);
+                s = ls_err(s, "%s", why);
+            }
+            break;
+        }
         double dt = ls_now() - t0;
-        write_metrics(&tr, &mt, dt);
-        trace_update_end(&tr, &groups[0], &mt);
+        big = 0;
+        for (int k = 1; k < (int)a.groups_per_update; k++) big = groups[k].P > groups[big].P ? k : big;
+        write_metrics(&tr, &mt, dt, groups, (int)a.groups_per_update);
+        trace_update_end(&tr, &groups[big], &mt);
         if (mt.skipped) {
             skipped++;
-            fprintf(stderr, "update %lld/%lld SKIPPED: %s; weights and optimizer state untouched\n", (long long)tr.update + 1,
-                    (long long)a.updates, mt.skip_reason);
+            fprintf(stderr, "update %lld/%lld SKIPPED: %s; %s\n", (long long)tr.update + 1, (long long)a.updates,
+                    mt.skip_reason, mt.n_iter > 1 ? "this iteration took no step (earlier iterations of the update did)"
+                                                  : "weights and optimizer state untouched");
         } else {
             fprintf(stderr, "update %lld/%lld  reward %.4f ± %.4f  kl %.3g  entropy %.3f  len %.1f  grad_norm %.4g  %.1fs\n",
                     (long long)tr.update + 1, (long long)a.updates, mt.reward_mean, mt.reward_std, mt.kl, mt.entropy,
                     mt.len_mean, mt.grad_norm, dt);
         }
         int64_t done = tr.update + 1;
-        if (done % a.save_every == 0 || done == a.updates || stop_requested) {
+        int stop = stop_requested; /* read once: the checkpoint and the message agree */
+        if (done % a.save_every == 0 || done == a.updates || stop) {
             tr.update = done; /* a checkpoint holds the state after `done` updates */
             s = save_checkpoint(&tr);
             tr.update = done - 1;
+            if (s == LS_OK) saved = done;
         }
-        if (stop_requested && s == LS_OK) {
-            fprintf(stderr, "longstraw train: stopped by signal %d after update %lld; continue with --resume %s\n",
-                    (int)stop_requested, (long long)done, a.out);
+        if (stop && s == LS_OK) {
+            fprintf(stderr, "longstraw train: stopped by signal %d after update %lld; continue with --resume %s\n", stop,
+                    (long long)done, a.out);
             tr.update++;
             break;
         }
@@ -812,7 +907,7 @@ static int run_train(int argc, char **argv) {
     if (s == LS_OK && tr.update > first) {
         char path[4200];
         snprintf(path, sizeof path, "%s/receipt.json", a.out);
-        s = cli_write_receipt(path, "train", &tr.pol.base, &groups[0], &a.t.o, &mt, &tr.ar);
+        s = cli_write_receipt(path, "train", &tr.pol.base, &groups[big], &a.t.o, &mt, &tr.ar);
         if (s == LS_OK)
             fprintf(stderr, "longstraw train: %lld updates (%d skipped) in %s; receipt %s, `longstraw report %s` for the table and memory.svg\n",
                     (long long)(tr.update - first), skipped, a.out, path, a.out);
@@ -827,6 +922,7 @@ static int run_train(int argc, char **argv) {
     ls_reward_cmd_stop(tr.rcmd);
     if (tr.metrics) fclose(tr.metrics);
     ls_trace_close();
+    if (tr.lock_fd >= 0) close(tr.lock_fd);
     jsonl_free(&tr.data);
     ls_tok_free(tr.tok);
     ls_arenas_free(&tr.ar);

@@ -68,6 +68,7 @@ void ls_trace_close(void) {
 }
 
 void ls_trace_set_update(int64_t update) { T.update = update; }
+int64_t ls_trace_update(void) { return T.update; }
 void ls_trace_set_member(int member) { T.member = member; }
 
 int ls_trace_layers(int on) {

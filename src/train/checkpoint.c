@@ -31,6 +31,24 @@ static ls_status remove_dir(const char *path) {
     return s;
 }
 
+static ls_status fsync_dir(const char *path);
+
+/* Delete a committed checkpoint without ever leaving a partial one under its name:
+ * rename it to .checkpoint-<U>.del (fsync RUN/), then remove that. A crash in between
+ * leaves a .del directory, which list() removes. */
+static ls_status retire(const char *run, int64_t update) {
+    char dir[4200], del[4200];
+    snprintf(dir, sizeof dir, "%s/checkpoint-%lld", run, (long long)update);
+    snprintf(del, sizeof del, "%s/.checkpoint-%lld.del", run, (long long)update);
+    LS_TRY(remove_dir(del));
+    if (rename(dir, del) != 0) {
+        if (errno == ENOENT) return LS_OK;
+        return ls_err(LS_ERR_IO, "%s -> %s: rename failed: %s", dir, del, strerror(errno));
+    }
+    LS_TRY(fsync_dir(run));
+    return remove_dir(del);
+}
+
 static ls_status fsync_dir(const char *path) {
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return ls_err(LS_ERR_IO, "%s: cannot open to fsync: %s", path, strerror(errno));
@@ -51,7 +69,7 @@ ls_status ls_ckpt_commit(const char *run, int64_t update, const char *tmp, char 
     if ((size_t)snprintf(dir, n, "%s/checkpoint-%lld", run, (long long)update) >= n)
         return ls_err(LS_ERR_ARG, "%s: path too long", run);
     LS_TRY(fsync_dir(tmp));
-    LS_TRY(remove_dir(dir)); /* a rerun of the same update replaces it */
+    LS_TRY(retire(run, update)); /* a rerun of the same update replaces it */
     if (rename(tmp, dir) != 0) return ls_err(LS_ERR_IO, "%s -> %s: rename failed: %s", tmp, dir, strerror(errno));
     return fsync_dir(run);
 }
@@ -68,7 +86,8 @@ static ls_status list(const char *run, int64_t **out, int64_t *count) {
     while ((e = readdir(d)) && s == LS_OK) {
         long long u;
         char extra;
-        if (sscanf(e->d_name, ".checkpoint-%lld.tm%c", &u, &extra) == 2) {
+        if (sscanf(e->d_name, ".checkpoint-%lld.tm%c", &u, &extra) == 2 ||
+            sscanf(e->d_name, ".checkpoint-%lld.de%c", &u, &extra) == 2) {
             char p[4096];
             snprintf(p, sizeof p, "%s/%s", run, e->d_name);
             s = remove_dir(p);
@@ -99,7 +118,11 @@ static ls_status list(const char *run, int64_t **out, int64_t *count) {
 ls_status ls_ckpt_latest(const char *run, int64_t *update, char *dir, size_t n) {
     int64_t *u, c;
     *update = -1;
-    LS_TRY(list(run, &u, &c));
+    ls_status s = list(run, &u, &c);
+    if (s != LS_OK) {
+        free(u);
+        return s;
+    }
     if (c > 0) {
         *update = u[c - 1];
         snprintf(dir, n, "%s/checkpoint-%lld", run, (long long)*update);
@@ -110,13 +133,8 @@ ls_status ls_ckpt_latest(const char *run, int64_t *update, char *dir, size_t n) 
 
 ls_status ls_ckpt_prune(const char *run, int keep) {
     int64_t *u, c;
-    LS_TRY(list(run, &u, &c));
-    ls_status s = LS_OK;
-    for (int64_t i = 0; i + keep < c && s == LS_OK; i++) {
-        char p[4096];
-        snprintf(p, sizeof p, "%s/checkpoint-%lld", run, (long long)u[i]);
-        s = remove_dir(p);
-    }
+    ls_status s = list(run, &u, &c);
+    for (int64_t i = 0; i + keep < c && s == LS_OK; i++) s = retire(run, u[i]);
     free(u);
     return s;
 }

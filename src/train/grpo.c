@@ -299,7 +299,8 @@ static void batch_metrics(ls_grpo_metrics *mt, const ls_group *gr, const group_s
         mt->n_rewarded += g->G;
     }
     mt->G = n > 0 ? gr[0].G : 0;
-    mt->P = n > 0 ? (int)gr[0].P : 0;
+    mt->P = 0; /* the longest prompt of the batch */
+    for (int k = 0; k < n; k++) mt->P = gr[k].P > mt->P ? (int)gr[k].P : mt->P;
     mt->n_seq = (int)N;
     mt->len_mean = N ? len / (double)N : 0;
     mt->reward_mean = mt->n_rewarded ? rsum / (double)mt->n_rewarded : 0;
@@ -444,20 +445,18 @@ ls_status ls_grpo_update_batch(ls_hybrid_model *policy, const ls_hybrid_model *r
         return ls_err(LS_ERR_ARG, "scale_rewards = batch needs every reward before the first replay, but rollouts "
                                   "sample group by group: use group or none, or one group per update");
     ls_arena_mark score_mark = ls_arena_get_mark(sa);
-    group_scores *gs = ls_arena_calloc(sa, (size_t)n_groups, sizeof *gs);
-    if (!gs) return LS_ERR_NOMEM;
-    if (!rollout) {
-        for (int k = 0; k < n_groups; k++) {
-            LS_TRY(check_group(&groups[k], k));
-            LS_TRY(alloc_scores(&gs[k], &groups[k], o, sa));
-        }
-        advantages(gs, groups, n_groups, o->scale);
-    }
     ls_param *gp = NULL, *wp = NULL, *fg = NULL;
     int64_t ngp = 0, nfg = 0;
-    LS_TRY(trainable(policy, grad, adam, o, &wp, &gp, NULL, NULL, &ngp));
+    group_scores *gs = ls_arena_calloc(sa, (size_t)n_groups, sizeof *gs);
+    ls_status s = gs ? LS_OK : LS_ERR_NOMEM;
+    for (int k = 0; !rollout && k < n_groups && s == LS_OK; k++) {
+        s = check_group(&groups[k], k);
+        if (s == LS_OK) s = alloc_scores(&gs[k], &groups[k], o, sa);
+    }
+    if (s == LS_OK && !rollout) advantages(gs, groups, n_groups, o->scale);
+    if (s == LS_OK) s = trainable(policy, grad, adam, o, &wp, &gp, NULL, NULL, &ngp);
     free(wp);
-    ls_status s = ls_hybrid_params(grad, &fg, &nfg); /* the full-weight gradient buffers */
+    if (s == LS_OK) s = ls_hybrid_params(grad, &fg, &nfg); /* the full-weight gradient buffers */
     for (int it = 0; it < o->num_iterations && s == LS_OK; it++) {
         ls_grpo_terms acc = {0, 0, 0, 0, 0};
         double ent_sum = 0;
@@ -484,16 +483,20 @@ ls_status ls_grpo_update_batch(ls_hybrid_model *policy, const ls_hybrid_model *r
             mt->skipped = 1;
             snprintf(mt->skip_reason, sizeof mt->skip_reason, "non-finite %s (loss %g, grad norm %g)",
                      isfinite(mt->loss) ? "gradient" : "loss", mt->loss, mt->grad_norm);
-            ls_trace_event("optimizer", "\"update\": %d, \"step\": %lld, \"grad_norm\": null, \"lr\": %g, \"skipped\": true",
-                           it, adam ? (long long)adam->step : 0LL, o->lr);
+            ls_trace_event("optimizer",
+                           "\"update\": %lld, \"iteration\": %d, \"step\": %lld, \"grad_norm\": null, \"lr\": %g, "
+                           "\"skipped\": true",
+                           (long long)ls_trace_update(), it, adam ? (long long)adam->step : 0LL, o->lr);
             ls_trace_phase_end("optimize");
             mt->t_optim += ls_now() - t0;
             break;
         }
         if (adam) {
             s = optimize(policy, grad, adam, o, mt->grad_norm);
-            ls_trace_event("optimizer", "\"iteration\": %d, \"step\": %lld, \"grad_norm\": %.9g, \"lr\": %g, \"skipped\": false",
-                           it, (long long)adam->step, mt->grad_norm, o->lr);
+            ls_trace_event("optimizer",
+                           "\"update\": %lld, \"iteration\": %d, \"step\": %lld, \"grad_norm\": %.9g, \"lr\": %g, "
+                           "\"skipped\": false",
+                           (long long)ls_trace_update(), it, (long long)adam->step, mt->grad_norm, o->lr);
             if (it + 1 < o->num_iterations) {
                 for (int64_t k = 0; k < nfg; k++) memset(fg[k].p, 0, (size_t)fg[k].n * sizeof(float));
                 if (o->lora) ls_lora_zero_grad(o->lora);
