@@ -435,6 +435,26 @@ int test_train_rollout_reward_cmd(void) {
                 strstr(trace, "\"ev\": \"layer_end\"") && strstr(trace, "\"pass\": \"bwd\""),
             "trace phases");
     free(trace);
+    /* rewards from each prompt's "answer" (exact match), and the built-in passkey task
+     * with the built-in byte-level tokenizer: rewards are 0 or 1 */
+    snprintf(path, sizeof path, "%s/answers.jsonl", dir);
+    T_CHECK(write_text(path, "{\"prompt\": \"2 + 2 =\", \"answer\": \"4\"}\n{\"prompt\": \"Say a\", \"answer\": \"a\"}\n") == 0,
+            "answers");
+    const char *runs[2][2] = {{"run3", "--data answers.jsonl --tokenizer tokenizer.json"}, {"run4", "--task passkey --prompt-len 400"}};
+    for (int k = 0; k < 2; k++) {
+        out = run(&rc, "cd %s && %s train --model m --out %s --rollout %s --num-generations 3 --max-new-tokens 4 "
+                       "--updates 2 --quiet", dir, LS_CLI_PATH, runs[k][0], runs[k][1]);
+        T_CHECK(rc == 0, "%s: rc %d %s", runs[k][1], rc, out ? out : "");
+        free(out);
+        snprintf(path, sizeof path, "%s/%s", dir, runs[k][0]);
+        m = read_metrics(path);
+        T_CHECK(m && cJSON_GetArraySize(m) == 2, "%s: metrics", runs[k][1]);
+        for (int u = 0; u < 2; u++) {
+            double r3 = 3 * num(cJSON_GetArrayItem(m, u), "reward"); /* mean of three 0/1 rewards */
+            T_CHECK(fabs(r3 - round(r3)) <= 1e-9 && r3 >= 0 && r3 <= 3, "%s: reward %g", runs[k][1], r3 / 3);
+        }
+        cJSON_Delete(m);
+    }
     /* a reward process that answers nonsense is an error naming it */
     out = run(&rc, "%s train --model %s/m --tokenizer %s --data %s --out %s/run2 --rollout --num-generations 2 "
                    "--max-new-tokens 2 --updates 1 --reward-cmd 'sed -u s/.*/abc/' --quiet",
