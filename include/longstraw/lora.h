@@ -67,6 +67,9 @@ ls_status ls_lora_export(const ls_lora *L, int grads, const char *path, const ch
 int64_t ls_lora_count(const ls_lora *L); /* adapted modules */
 double ls_lora_alpha(const ls_lora *L); /* the alpha given at load / new */
 int64_t ls_lora_rank(const ls_lora *L);  /* r of the first module (PEFT's "r") */
+/* Does some module adapt internal tensor `field` (offsetof(ls_hybrid_layer, ...)) of
+ * `layer`? layer −1 is the LM head (field ignored). */
+int ls_lora_adapts(const ls_lora *L, int layer, size_t field);
 /* HF weight name (without ".weight") of module i, or NULL when i is out of range. */
 const char *ls_lora_module_name(const ls_lora *L, int64_t i);
 

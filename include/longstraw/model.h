@@ -130,6 +130,12 @@ ls_status ls_hybrid_params(const ls_hybrid_model *m, ls_param **out, int64_t *n)
 /* A model-shaped set of zeroed buffers (gradients, optimizer moments) from `arena`,
  * aliasing lm_head to embed when tied. */
 ls_status ls_hybrid_alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena);
+/* Gradient buffers for LoRA: only the tensors some adapter adapts get one (zeroed);
+ * the others stay NULL and the backward skips their weight gradients — the frozen
+ * weights cost neither gradient memory nor the dW products. */
+typedef struct ls_lora ls_lora;
+ls_status ls_hybrid_alloc_grad_lora(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena,
+                                    const ls_lora *lora);
 /* Write `m` (weights or gradients in the internal layout) as HF tensors under the
  * checkpoint's own names and layout (fused or split, per-expert or fused experts),
  * as `dtype`, atomically to `path`. */

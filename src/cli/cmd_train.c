@@ -517,7 +517,8 @@ static void zero_grads(trainer *tr) {
     ls_param *p;
     int64_t n;
     if (ls_hybrid_params(&tr->pol.grad, &p, &n) == LS_OK) {
-        for (int64_t k = 0; k < n; k++) memset(p[k].p, 0, (size_t)p[k].n * sizeof(float));
+        for (int64_t k = 0; k < n; k++)
+            if (p[k].p) memset(p[k].p, 0, (size_t)p[k].n * sizeof(float)); /* NULL: frozen under LoRA */
         free(p);
     }
     if (tr->pol.lora) ls_lora_zero_grad(tr->pol.lora);

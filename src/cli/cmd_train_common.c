@@ -30,8 +30,10 @@ void cli_train_help(void) {
            "  --lora-rank R          LoRA adapters of rank R on --lora-targets, base frozen; the\n"
            "                         reference policy is then the base with adapters off\n"
            "  --lora-alpha A         LoRA scaling alpha (scale alpha/R; default 16)\n"
-           "  --lora-targets LIST    projections to adapt (default q_proj,k_proj,v_proj,o_proj,\n"
-           "                         in_proj_qkvz,in_proj_ba,in_proj_qkv,in_proj_z,out_proj)\n"
+           "  --lora-targets LIST    projections to adapt (default: attention q/k/v/o_proj and the\n"
+           "                         linear-attention in/out projections of the checkpoint's layout:\n"
+           "                         in_proj_qkvz,in_proj_ba (Qwen3-Next) or in_proj_qkv,in_proj_z,\n"
+           "                         in_proj_b,in_proj_a (Qwen3.5), out_proj)\n"
            "  --lora-seed N          seed of new adapters (default 0)\n"
            "  --adapter FILE         start from existing PEFT adapters (safetensors)\n"
            "engine:\n"
@@ -84,7 +86,7 @@ void cli_train_init(cli_train *t) {
     ls_grpo_opts_default(&t->o);
     t->eps_high_set = 0;
     t->lora_alpha = 16;
-    t->lora_targets = "q_proj,k_proj,v_proj,o_proj,in_proj_qkvz,in_proj_ba,in_proj_qkv,in_proj_z,out_proj";
+    t->lora_targets = NULL; /* default: the attention and linear-attention projections of the model's layout */
 }
 
 int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg) {
@@ -208,13 +210,20 @@ ls_status cli_policy_setup(cli_policy *p, const char *model, cli_train *t, int w
             return ls_err(LS_ERR_ARG, "--ref-model %s: its config differs from --model %s", t->ref_model, model);
         p->refp = &p->ref;
     }
-    LS_TRY(ls_hybrid_alloc_like(&p->base, &p->grad, &ar->a[LS_ARENA_GRAD]));
     p->policy = &p->base;
+    if (!t->adapter && !t->lora_rank) LS_TRY(ls_hybrid_alloc_like(&p->base, &p->grad, &ar->a[LS_ARENA_GRAD]));
     if (t->adapter || t->lora_rank) {
         /* LoRA: base frozen (and the default reference), policy = base + adapters */
         LS_TRY(t->adapter ? ls_lora_load(&p->lora, &p->base, t->adapter, t->lora_alpha, fixed, &ar->a[LS_ARENA_GRAD])
-                          : ls_lora_new(&p->lora, &p->base, t->lora_targets, (int)t->lora_rank, t->lora_alpha,
+                          : ls_lora_new(&p->lora, &p->base,
+                                        t->lora_targets ? t->lora_targets
+                                        : p->base.fused_gdn ? "q_proj,k_proj,v_proj,o_proj,in_proj_qkvz,in_proj_ba,out_proj"
+                                                            : "q_proj,k_proj,v_proj,o_proj,in_proj_qkv,in_proj_z,in_proj_b,"
+                                                              "in_proj_a,out_proj",
+                                        (int)t->lora_rank, t->lora_alpha,
                                         (uint64_t)t->lora_seed, fixed, &ar->a[LS_ARENA_GRAD]));
+        /* gradients only where an adapter reads them: frozen weights get none */
+        LS_TRY(ls_hybrid_alloc_grad_lora(&p->base, &p->grad, &ar->a[LS_ARENA_GRAD], p->lora));
         LS_TRY(ls_hybrid_alloc_like(&p->base, &p->merged, fixed));
         ls_lora_merge(p->lora, &p->base, &p->merged);
         p->policy = &p->merged;

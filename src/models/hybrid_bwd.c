@@ -23,6 +23,10 @@
 
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+/* A sub-block of a gradient tensor, or NULL when the tensor has no gradient buffer
+ * (frozen under LoRA: its weight gradient is skipped, not computed). */
+#define GOFF(p, off) ((p) ? (p) + (off) : NULL)
+
 /* Gated DeltaNet mixer backward: dres[T,D] → dxn[T,D] (+=), weight grads (+=). */
 static ls_status gdn_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
                          const ls_layer_tape *tp, const float *dres, float *dxn, int64_t T,
@@ -59,8 +63,8 @@ static ls_status gdn_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls_
             float gg = dg[t * Hv + h];
             float da = gg * -expf(w->A_log[h]) * sigmoidf(ba[Hv + h] + w->dt_bias[h]);
             dba[t * 2 * Hv + Hv + h] = da;
-            gw->dt_bias[h] += da;
-            gw->A_log[h] += gg * tp->g[t * Hv + h];
+            if (gw->dt_bias) gw->dt_bias[h] += da;
+            if (gw->A_log) gw->A_log[h] += gg * tp->g[t * Hv + h];
         }
     }
     /* L2 norms of q, k and the v copy, back into the conv output rows */
@@ -75,8 +79,9 @@ static ls_status gdn_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls_
     ls_conv_bwd(dqkv + s0 * cd, gw->conv_w, NULL, dy + s0 * cd, tp->cpre + s0 * cd, tp->qkv + s0 * cd,
                 tp->tail0, w->conv_w, T - s0, cd, c->conv_k);
     ls_linear_bwd(dxn, gw->gdn_in, dqkv, tp->xn1, w->gdn_in, T, D, cd, 1);
-    ls_linear_bwd(dxn, gw->gdn_in + cd * D, d_z, tp->xn1, w->gdn_in + cd * D, T, D, vd, 1);
-    ls_linear_bwd(dxn, gw->gdn_in + (cd + vd) * D, dba, tp->xn1, w->gdn_in + (cd + vd) * D, T, D, 2 * Hv, 1);
+    ls_linear_bwd(dxn, GOFF(gw->gdn_in, cd * D), d_z, tp->xn1, w->gdn_in + cd * D, T, D, vd, 1);
+    ls_linear_bwd(dxn, GOFF(gw->gdn_in, (cd + vd) * D), dba, tp->xn1, w->gdn_in + (cd + vd) * D, T, D, 2 * Hv,
+                  1);
     ls_arena_release(sc, mk);
     return LS_OK;
 }
@@ -113,9 +118,9 @@ static ls_status attn_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls
     ls_rmsnorm_bwd(dq, gw->q_norm, dq, tp->qraw, tp->rsq, w->q_norm, T * c->n_heads, hd);
     ls_rmsnorm_bwd(dk, gw->k_norm, dk, tp->kraw, tp->rsk, w->k_norm, T * c->n_kv, hd);
     ls_linear_bwd(dxn, gw->attn_in, dq, tp->xn1, w->attn_in, T, D, qd, 1);
-    ls_linear_bwd(dxn, gw->attn_in + qd * D, d_gate, tp->xn1, w->attn_in + qd * D, T, D, qd, 1);
-    ls_linear_bwd(dxn, gw->attn_in + 2 * qd * D, dk, tp->xn1, w->attn_in + 2 * qd * D, T, D, kvd, 1);
-    ls_linear_bwd(dxn, gw->attn_in + (2 * qd + kvd) * D, dv, tp->xn1, w->attn_in + (2 * qd + kvd) * D, T, D,
+    ls_linear_bwd(dxn, GOFF(gw->attn_in, qd * D), d_gate, tp->xn1, w->attn_in + qd * D, T, D, qd, 1);
+    ls_linear_bwd(dxn, GOFF(gw->attn_in, 2 * qd * D), dk, tp->xn1, w->attn_in + 2 * qd * D, T, D, kvd, 1);
+    ls_linear_bwd(dxn, GOFF(gw->attn_in, (2 * qd + kvd) * D), dv, tp->xn1, w->attn_in + (2 * qd + kvd) * D, T, D,
                   kvd, 1);
     ls_arena_release(sc, mk);
     return LS_OK;
@@ -175,8 +180,8 @@ static ls_status moe_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls_
             }
             dwt[r[i]] = (float)dot;
         }
-        LS_TRY(swiglu_bwd(dxs, gw->exp_gu + (int64_t)e * 2 * Im * D, gw->exp_down + (int64_t)e * D * Im, dys, xs,
-                          gu, act, Wgu, Wdn, n, D, Im, 0, sc));
+        LS_TRY(swiglu_bwd(dxs, GOFF(gw->exp_gu, (int64_t)e * 2 * Im * D), GOFF(gw->exp_down, (int64_t)e * D * Im), dys,
+                          xs, gu, act, Wgu, Wdn, n, D, Im, 0, sc));
         for (int64_t i = 0; i < n; i++) {
             float *dx = dxn + (r[i] / K) * D;
             for (int64_t d = 0; d < D; d++) dx[d] += dxs[i * D + d];
@@ -271,7 +276,7 @@ ls_status ls_hybrid_branch_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad,
         LS_TRY(layer_bwd(m, grad, l, tb, dx, scratch));
         ls_trace_layer_end(l, "bwd");
     }
-    ls_embed_bwd(grad->embed, dx, tb->ids, T, D);
+    if (grad->embed) ls_embed_bwd(grad->embed, dx, tb->ids, T, D);
     ls_arena_release(scratch, mk);
     return LS_OK;
 }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "longstraw/lora.h"
 #include "longstraw/model.h"
 #include "longstraw/safetensors.h"
 
@@ -85,15 +86,30 @@ ls_status ls_hybrid_params(const ls_hybrid_model *m, ls_param **out, int64_t *n)
 typedef struct {
     ls_arena *arena;
     int failed;
+    const ls_hybrid_model *dst; /* with `lora`: only the slots its modules adapt */
+    const ls_lora *lora;
 } alloc_ctx;
 
 static void alloc_slot(float **slot, int64_t n, int no_decay, const char *what, void *vctx) {
     alloc_ctx *ac = vctx;
+    if (ac->lora) {
+        const char *sp = (const char *)slot, *l0 = (const char *)ac->dst->layers;
+        size_t lsz = sizeof(ls_hybrid_layer);
+        int keep;
+        if (sp >= l0 && sp < l0 + (size_t)ac->dst->cfg.n_layers * lsz)
+            keep = ls_lora_adapts(ac->lora, (int)((size_t)(sp - l0) / lsz), (size_t)(sp - l0) % lsz);
+        else
+            keep = slot == &ac->dst->lm_head && ls_lora_adapts(ac->lora, -1, 0);
+        if (!keep) {
+            *slot = NULL;
+            return;
+        }
+    }
     *slot = ls_arena_calloc(ac->arena, (size_t)n, sizeof(float));
     if (!*slot) ac->failed = 1;
 }
 
-ls_status ls_hybrid_alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena) {
+static ls_status alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena, const ls_lora *lora) {
     memset(dst, 0, sizeof *dst);
     dst->cfg = src->cfg;
     snprintf(dst->prefix, sizeof dst->prefix, "%s", src->prefix);
@@ -102,11 +118,20 @@ ls_status ls_hybrid_alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst,
     dst->n_params = src->n_params;
     dst->layers = ls_arena_calloc(arena, (size_t)src->cfg.n_layers, sizeof(ls_hybrid_layer));
     if (!dst->layers) return LS_ERR_NOMEM;
-    alloc_ctx ac = {arena, 0};
+    alloc_ctx ac = {arena, 0, dst, lora};
     visit(dst, alloc_slot, &ac);
     if (ac.failed) return LS_ERR_NOMEM;
     if (dst->cfg.tie_embeddings) dst->lm_head = dst->embed;
     return LS_OK;
+}
+
+ls_status ls_hybrid_alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena) {
+    return alloc_like(src, dst, arena, NULL);
+}
+
+ls_status ls_hybrid_alloc_grad_lora(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena,
+                                    const ls_lora *lora) {
+    return alloc_like(src, dst, arena, lora);
 }
 
 /* ---- export ------------------------------------------------------------------ */

@@ -670,3 +670,9 @@ int64_t ls_lora_count(const ls_lora *L) { return L ? L->n : 0; }
 double ls_lora_alpha(const ls_lora *L) { return L ? L->alpha : 0.0; }
 int64_t ls_lora_rank(const ls_lora *L) { return L && L->n ? L->mod[0].r : 0; }
 const char *ls_lora_module_name(const ls_lora *L, int64_t i) { return L && i >= 0 && i < L->n ? L->mod[i].name : NULL; }
+
+int ls_lora_adapts(const ls_lora *L, int layer, size_t field) {
+    for (int64_t i = 0; L && i < L->n; i++)
+        if (L->mod[i].layer == layer && (layer < 0 || L->mod[i].field == field)) return 1;
+    return 0;
+}

@@ -498,7 +498,8 @@ ls_status ls_grpo_update_batch(ls_hybrid_model *policy, const ls_hybrid_model *r
                            "\"skipped\": false",
                            (long long)ls_trace_update(), it, (long long)adam->step, mt->grad_norm, o->lr);
             if (it + 1 < o->num_iterations) {
-                for (int64_t k = 0; k < nfg; k++) memset(fg[k].p, 0, (size_t)fg[k].n * sizeof(float));
+                for (int64_t k = 0; k < nfg; k++)
+                    if (fg[k].p) memset(fg[k].p, 0, (size_t)fg[k].n * sizeof(float)); /* NULL: frozen */
                 if (o->lora) ls_lora_zero_grad(o->lora);
             }
         }
