@@ -15,12 +15,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "longstraw/grpo.h"
 #include "longstraw/lora.h"
 #include "longstraw/model.h"
 #include "longstraw/safetensors.h"
 #include "testutil.h"
 
 int test_lora_merge_and_grad(void);
+int test_lora_grad_subset(void);
 
 #define FIX LS_SOURCE_DIR "/tests/reference/fixtures"
 #define PEFT "base_model.model."
@@ -460,5 +462,61 @@ int test_lora_merge_and_grad(void) {
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     T_CHECK(system(cmd) == 0, "cleanup");
+    return 0;
+}
+
+/* Gradient buffers only for adapted tensors (ls_hybrid_alloc_grad_lora): the frozen
+ * tensors get none, and a GRPO gradient through them gives the adapters exactly the
+ * gradient the full buffer set gives. */
+int test_lora_grad_subset(void) {
+    ls_arenas ar;
+    ls_arenas_init(&ar);
+    ls_arena *fixed = &ar.a[LS_ARENA_FIXED], *grad = &ar.a[LS_ARENA_GRAD];
+    ls_hybrid_model nd, eff, gfull, gsub;
+    T_OK(ls_hybrid_load(&nd, FIX "/next_dense", fixed));
+    ls_lora *La, *Lb;
+    T_OK(ls_lora_new(&La, &nd, "q_proj,in_proj_qkvz,down_proj", 2, 4.0, 3, fixed, grad));
+    T_OK(ls_lora_new(&Lb, &nd, "q_proj,in_proj_qkvz,down_proj", 2, 4.0, 3, fixed, grad));
+    if (randomize_B(La, 5) || randomize_B(Lb, 5)) return 1;
+    T_OK(ls_hybrid_alloc_like(&nd, &eff, fixed));
+    ls_lora_merge(La, &nd, &eff);
+    size_t g0 = grad->cur;
+    T_OK(ls_hybrid_alloc_like(&nd, &gfull, grad));
+    size_t g1 = grad->cur;
+    T_OK(ls_hybrid_alloc_grad_lora(&nd, &gsub, grad, Lb));
+    size_t g2 = grad->cur;
+    const ls_config *c = &nd.cfg;
+    T_CHECK(!gsub.embed && !gsub.lm_head && !gsub.final_norm, "top-level gradients allocated");
+    for (int l = 0; l < c->n_layers; l++) {
+        const ls_hybrid_layer *w = &gsub.layers[l];
+        int attn = c->kind[l] == LS_LAYER_ATTN;
+        T_CHECK(!w->input_norm && !w->post_norm && !w->mlp_gu && w->mlp_down, "layer %d: norms / MLP", l);
+        T_CHECK(attn ? (w->attn_in && !w->attn_out && !w->q_norm) : (w->gdn_in && !w->gdn_out && !w->conv_w && !w->A_log),
+                "layer %d: mixer gradients", l);
+    }
+    printf("  grad buffers: full %zu bytes, adapted tensors only %zu bytes\n", g1 - g0, g2 - g1);
+    T_CHECK(g2 - g1 < (g1 - g0) / 2, "subset not smaller");
+    ls_group g;
+    T_OK(ls_group_load(&g, FIX "/next_dense/group_train.json", c->vocab));
+    ls_grpo_opts o;
+    ls_grpo_opts_default(&o);
+    o.lora_base = &nd;
+    ls_grpo_metrics ma, mb;
+    o.lora = La;
+    T_OK(ls_grpo_update(&eff, NULL, &gfull, NULL, &g, &o, &ar, &ma));
+    o.lora = Lb;
+    T_OK(ls_grpo_update(&eff, NULL, &gsub, NULL, &g, &o, &ar, &mb));
+    ls_param *pa, *pb;
+    int64_t na, nb;
+    T_OK(ls_lora_params(La, NULL, &pa, NULL, NULL, &na));
+    T_OK(ls_lora_params(Lb, NULL, &pb, NULL, NULL, &nb));
+    T_CHECK(na == nb && na > 0 && ma.grad_norm > 0, "adapter lists");
+    for (int64_t i = 0; i < na; i++)
+        T_CHECK(memcmp(pa[i].p, pb[i].p, (size_t)pa[i].n * sizeof(float)) == 0, "%s: gradients differ", pa[i].what);
+    T_CHECK(ma.grad_norm == mb.grad_norm, "grad norm %.9g vs %.9g", ma.grad_norm, mb.grad_norm);
+    free(pa);
+    free(pb);
+    ls_group_free(&g);
+    ls_arenas_free(&ar);
     return 0;
 }
