@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_model.h"
 #include "longstraw/model.h"
 #include "longstraw/state.h"
 
@@ -105,18 +106,11 @@ int main(int argc, char **argv) {
     }
     ls_set_threads(threads);
     char dir[] = "/tmp/ls_bench_capture_XXXXXX";
-    if (!mkdtemp(dir)) return 1;
-    char path[256];
-    snprintf(path, sizeof path, "%s/in.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return 1;
-    fputs(moe ? moe_cfg : dense_cfg, f);
-    fclose(f);
+    if (bench_write_model("capture", dir, moe ? moe_cfg : dense_cfg, LS_DTYPE_BF16)) return 1;
     ls_arenas ar;
     ls_arenas_init(&ar);
     ls_hybrid_model m;
-    if (ls_hybrid_write_random(path, dir, 1, LS_DTYPE_BF16) != LS_OK ||
-        ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]) != LS_OK) {
+    if (ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]) != LS_OK) {
         fprintf(stderr, "capture: %s\n", ls_err_msg());
         return 1;
     }
@@ -149,7 +143,5 @@ int main(int argc, char **argv) {
         free(ids);
     }
     ls_arenas_free(&ar);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : 1;
+    return bench_remove_model(dir);
 }

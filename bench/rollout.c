@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_model.h"
 #include "longstraw/rollout.h"
 
 static const char *cfg =
@@ -49,17 +50,11 @@ int main(int argc, char **argv) {
     }
     ls_set_threads(threads);
     char dir[] = "/tmp/ls_bench_rollout_XXXXXX";
-    if (!mkdtemp(dir)) return 1;
-    char path[256];
-    snprintf(path, sizeof path, "%s/in.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return 1;
-    fputs(cfg, f);
-    fclose(f);
+    if (bench_write_model("rollout", dir, cfg, LS_DTYPE_F32)) return 1;
     ls_arenas ar;
     ls_arenas_init(&ar);
     ls_hybrid_model m;
-    if (ls_hybrid_write_random(path, dir, 1, LS_DTYPE_F32) != LS_OK || ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]) != LS_OK) {
+    if (ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]) != LS_OK) {
         fprintf(stderr, "rollout: %s\n", ls_err_msg());
         return 1;
     }
@@ -119,7 +114,5 @@ int main(int argc, char **argv) {
     }
     free(ids);
     ls_arenas_free(&ar);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : 1;
+    return bench_remove_model(dir);
 }

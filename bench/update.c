@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench_model.h"
 #include "longstraw/grpo.h"
 
 static const char *cfg =
@@ -117,17 +118,7 @@ int main(int argc, char **argv) {
     }
     ls_set_threads(threads);
     char dir[] = "/tmp/ls_bench_update_XXXXXX";
-    if (!mkdtemp(dir)) return 1;
-    char path[256];
-    snprintf(path, sizeof path, "%s/in.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return 1;
-    fputs(cfg, f);
-    fclose(f);
-    if (ls_hybrid_write_random(path, dir, 1, LS_DTYPE_BF16) != LS_OK) {
-        fprintf(stderr, "update: %s\n", ls_err_msg());
-        return 1;
-    }
+    if (bench_write_model("update", dir, cfg, LS_DTYPE_BF16)) return 1;
     printf("GRPO update, small hybrid config, R = %lld, %d threads, bf16 prompt pages\n", (long long)R, ls_get_threads());
     printf("| P | G | LongStraw s | naive s | time ratio | LongStraw arenas MiB | naive arenas MiB | memory ratio |"
            " LongStraw RSS MiB | naive RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|\n");
@@ -152,7 +143,5 @@ int main(int argc, char **argv) {
             fflush(stdout);
         }
     }
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : 1;
+    return bench_remove_model(dir);
 }

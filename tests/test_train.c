@@ -145,6 +145,25 @@ static int setup_dense(char *dir, size_t n, char *data, size_t dn, int seed, int
     return lines > 0 ? make_data(data, lines, nan_line) : 0;
 }
 
+/* A temporary directory with a tiny model whose 260 ids cover the byte-level
+ * tokenizer's 257 (dir/m) and that tokenizer (path in tok). */
+static int setup_bytes(char *dir, size_t n, char *tok, size_t tn, int seed) {
+    char cfg[700], *json;
+    if (t_make_tmpdir(dir, n) != 0) return 1;
+    snprintf(cfg, sizeof cfg, "%s/c.json", dir);
+    if (write_text(cfg, "{\"model_type\": \"qwen3_next\", \"vocab_size\": 260, \"hidden_size\": 32, \"num_hidden_layers\": 2,"
+                        " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 16,"
+                        " \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 2, \"linear_key_head_dim\": 8,"
+                        " \"linear_value_head_dim\": 8, \"intermediate_size\": 48, \"num_experts\": 0,"
+                        " \"full_attention_interval\": 2}") != 0 ||
+        init_model(dir, cfg, seed) != 0 || ls_tok_byte_level_json(&json) != LS_OK)
+        return 1;
+    snprintf(tok, tn, "%s/tokenizer.json", dir);
+    int r = write_text(tok, json);
+    free(json);
+    return r;
+}
+
 static int cleanup(const char *dir) {
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
@@ -389,22 +408,9 @@ int test_train_rejects_bad_data(void) {
 }
 
 int test_train_rollout_reward_cmd(void) {
-    char dir[512], cfg[700], data[700], tok[700];
+    char dir[512], data[700], tok[700];
     int rc;
-    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
-    /* a model whose ids cover the byte-level tokenizer's 257 */
-    snprintf(cfg, sizeof cfg, "%s/c.json", dir);
-    T_CHECK(write_text(cfg, "{\"model_type\": \"qwen3_next\", \"vocab_size\": 260, \"hidden_size\": 32, \"num_hidden_layers\": 2,"
-                            " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 16,"
-                            " \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 2, \"linear_key_head_dim\": 8,"
-                            " \"linear_value_head_dim\": 8, \"intermediate_size\": 48, \"num_experts\": 0,"
-                            " \"full_attention_interval\": 2}") == 0, "config");
-    T_CHECK(init_model(dir, cfg, 9) == 0, "init");
-    char *json;
-    T_OK(ls_tok_byte_level_json(&json));
-    snprintf(tok, sizeof tok, "%s/tokenizer.json", dir);
-    T_CHECK(write_text(tok, json) == 0, "tokenizer");
-    free(json);
+    T_CHECK(setup_bytes(dir, sizeof dir, tok, sizeof tok, 9) == 0, "setup");
     snprintf(data, sizeof data, "%s/prompts.jsonl", dir);
     T_CHECK(write_text(data, "{\"prompt\": \"The capital of France is\"}\n{\"prompt\": \"Zwei plus zwei ist \\u00e9gal\"}\n"
                              "{\"prompt\": \"def f(x):\\n    return\"}\n") == 0, "prompts");
@@ -579,19 +585,7 @@ int test_train_sigint_checkpoints(void) {
 int test_train_error_keeps_progress(void) {
     char dir[512], data[700], path[900], tok[700];
     int rc;
-    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
-    snprintf(path, sizeof path, "%s/c.json", dir);
-    T_CHECK(write_text(path, "{\"model_type\": \"qwen3_next\", \"vocab_size\": 260, \"hidden_size\": 32, \"num_hidden_layers\": 2,"
-                             " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 16,"
-                             " \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 2, \"linear_key_head_dim\": 8,"
-                             " \"linear_value_head_dim\": 8, \"intermediate_size\": 48, \"num_experts\": 0,"
-                             " \"full_attention_interval\": 2}") == 0, "config");
-    T_CHECK(init_model(dir, path, 12) == 0, "init");
-    char *json;
-    T_OK(ls_tok_byte_level_json(&json));
-    snprintf(tok, sizeof tok, "%s/tokenizer.json", dir);
-    T_CHECK(write_text(tok, json) == 0, "tokenizer");
-    free(json);
+    T_CHECK(setup_bytes(dir, sizeof dir, tok, sizeof tok, 12) == 0, "setup");
     snprintf(data, sizeof data, "%s/p.jsonl", dir);
     T_CHECK(write_text(data, "{\"prompt\": [1, 2, 3, 4]}\n{\"prompt\": \"hello there\"}\n") == 0, "prompts");
     const char *rcmd = "n=0; while read l; do n=$((n+1)); [ $n -gt 8 ] && exit 3; echo $n; done";
