@@ -11,6 +11,15 @@
 
 #include "longstraw/model.h"
 
+/* The small hybrid config of issue 2: hidden 512, 8 layers (full attention at 3 and
+ * 7), 4 query heads × 128, 2 KV heads, GDN 4 key / 8 value heads × 64, vocab 4096. */
+#define BENCH_SMALL_DENSE                                                                                         \
+    "{\"model_type\": \"qwen3_next\", \"vocab_size\": 4096, \"hidden_size\": 512, \"num_hidden_layers\": 8,"       \
+    " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 128, \"partial_rotary_factor\": 0.25,"   \
+    " \"rope_theta\": 10000000, \"linear_num_key_heads\": 4, \"linear_num_value_heads\": 8,"                         \
+    " \"linear_key_head_dim\": 64, \"linear_value_head_dim\": 64, \"intermediate_size\": 1536,"                     \
+    " \"num_experts\": 0, \"full_attention_interval\": 4}"
+
 static inline int bench_write_model(const char *prog, char *dir, const char *cfg_json, ls_dtype dtype) {
     if (!mkdtemp(dir)) {
         fprintf(stderr, "%s: cannot create a temporary directory from %s\n", prog, dir);

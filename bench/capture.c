@@ -20,12 +20,7 @@
 #include "longstraw/model.h"
 #include "longstraw/state.h"
 
-static const char *dense_cfg =
-    "{\"model_type\": \"qwen3_next\", \"vocab_size\": 4096, \"hidden_size\": 512, \"num_hidden_layers\": 8,"
-    " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 128, \"partial_rotary_factor\": 0.25,"
-    " \"rope_theta\": 10000000, \"linear_num_key_heads\": 4, \"linear_num_value_heads\": 8,"
-    " \"linear_key_head_dim\": 64, \"linear_value_head_dim\": 64, \"intermediate_size\": 1536,"
-    " \"num_experts\": 0, \"full_attention_interval\": 4}";
+static const char *dense_cfg = BENCH_SMALL_DENSE; /* bench_model.h */
 static const char *moe_cfg =
     "{\"model_type\": \"qwen3_next\", \"vocab_size\": 4096, \"hidden_size\": 512, \"num_hidden_layers\": 8,"
     " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 128, \"partial_rotary_factor\": 0.25,"
