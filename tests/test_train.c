@@ -391,6 +391,7 @@ int test_train_rejects_bad_data(void) {
         snprintf(where, sizeof where, "%s:3: ", data);
         T_CHECK(rc == 1 && out && strstr(out, where) && strstr(out, bad[i].needle), "case %zu: rc %d, wanted \"%s%s\", got %s",
                 i, rc, where, bad[i].needle, out ? out : "");
+        T_CHECK(!strstr(out, "update 1/"), "case %zu: the bad line was found only after training started: %s", i, out);
         free(out);
     }
     T_CHECK(write_text(data, "\n\n") == 0, "empty data");

@@ -28,6 +28,8 @@ typedef struct ls_tokenizer ls_tokenizer;
 enum {
     LS_GROUP_TRAIN = 1,       /* G >= 2 and "rewards" or "advantages" required */
     LS_GROUP_PROMPT_ONLY = 2, /* only "prompt" (and "answer") read: rollouts sample the responses */
+    LS_GROUP_SYNTAX = 4,      /* quick check: text fields must be non-empty strings but are not
+                               * tokenized (their P or R_i is 0, old_logprobs of them unchecked) */
 };
 
 /* Parse `path`; ids must lie in [0, vocab). Memory: malloc (ls_group_free). */

@@ -45,6 +45,7 @@ static void help(void) {
            "  --updates N            number of updates (default: one pass over --data; 10 with --task)\n"
            "  --groups-per-update K  groups per update (default 1); the data wraps around\n"
            "  --seed N               sampling and task seed (default 0)\n"
+           "  --no-validate          skip checking every line before the first update\n"
            "rollouts:\n"
            "  --rollout              sample the responses from the captured prompt state\n"
            "  --num-generations G    responses per prompt (default 8)\n"
@@ -75,13 +76,13 @@ typedef struct {
     int64_t updates, groups_per_update, save_every, save_total_limit, seed, num_generations, max_new_tokens;
     int64_t prompt_len;
     double top_p, reward_timeout;
-    int rollout, quiet;
+    int rollout, quiet, no_validate;
     cli_train t;
 } train_args;
 
 enum {
     O_MODEL = 2000, O_DATA, O_OUT, O_TOK, O_UPDATES, O_GPU, O_SEED, O_ROLLOUT, O_NGEN, O_MAXNEW, O_TOPP, O_STOP,
-    O_TASK, O_PLEN, O_RCMD, O_RTIMEOUT, O_SAVE, O_SAVELIM, O_RESUME, O_QUIET, O_HELP
+    O_TASK, O_PLEN, O_RCMD, O_RTIMEOUT, O_SAVE, O_SAVELIM, O_RESUME, O_QUIET, O_NOVAL, O_HELP
 };
 
 static int parse_args(train_args *a, int argc, char **argv) {
@@ -93,7 +94,7 @@ static int parse_args(train_args *a, int argc, char **argv) {
         {"num-generations", 1, O_NGEN}, {"max-new-tokens", 1, O_MAXNEW}, {"top-p", 1, O_TOPP}, {"stop", 1, O_STOP},
         {"task", 1, O_TASK}, {"prompt-len", 1, O_PLEN}, {"reward-cmd", 1, O_RCMD}, {"reward-timeout", 1, O_RTIMEOUT},
         {"save-every", 1, O_SAVE}, {"save-total-limit", 1, O_SAVELIM}, {"resume", 1, O_RESUME}, {"quiet", 0, O_QUIET},
-        {"help", 0, O_HELP},
+        {"no-validate", 0, O_NOVAL}, {"help", 0, O_HELP},
     };
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
         opts[n++] = (struct option){own[i].name, own[i].has_arg ? required_argument : no_argument, 0, own[i].id};
@@ -131,6 +132,7 @@ static int parse_args(train_args *a, int argc, char **argv) {
         case O_SAVELIM: if (cli_parse_i64(c, "--save-total-limit", optarg, 1, 1 << 20, &a->save_total_limit)) return 2; break;
         case O_RESUME: a->resume = optarg; break;
         case O_QUIET: a->quiet = 1; break;
+        case O_NOVAL: a->no_validate = 1; break;
         case O_HELP:
         case 'h': help(); return 1;
         default: {
@@ -327,6 +329,26 @@ typedef struct {
     char adapter[4400]; /* a resumed LoRA run's adapters (checkpoint path) */
     int lock_fd;
 } trainer;
+
+/* Every line checked before the first update (JSON, fields, ids, G, rewards; text is not
+ * tokenized here), so a typo on line 90,000 does not end a run hours in. */
+static ls_status validate_data(trainer *tr) {
+    double t0 = ls_now();
+    /* without a tokenizer text is an error, found here too */
+    int flags = (tr->tok ? LS_GROUP_SYNTAX : 0) | (tr->a->rollout ? LS_GROUP_PROMPT_ONLY : LS_GROUP_TRAIN);
+    for (int64_t i = 0; i < tr->data.n; i++) {
+        char label[4200];
+        snprintf(label, sizeof label, "%s:%lld", tr->a->data, (long long)tr->data.lineno[i]);
+        ls_group g;
+        ls_status s = ls_group_parse_ex(&g, tr->data.buf + tr->data.off[i], label, tr->pol.base.cfg.vocab, NULL, flags);
+        ls_group_free(&g);
+        if (s != LS_OK) return ls_err_ctx(s, "checking the data before training (--no-validate skips this)");
+    }
+    double dt = ls_now() - t0;
+    if (dt > 1.0)
+        fprintf(stderr, "longstraw train: checked %lld lines of %s in %.1fs\n", (long long)tr->data.n, tr->a->data, dt);
+    return LS_OK;
+}
 
 /* Stop tokens: --stop (ids or token strings) or the tokenizer's end-of-text tokens. */
 static ls_status stop_tokens(trainer *tr) {
@@ -757,6 +779,7 @@ static ls_status setup(trainer *tr, int argc, char **argv) {
                       a->tokenizer ? a->tokenizer : "(built-in tokenizer)", (long long)ls_tok_vocab_size(tr->tok),
                       (long long)tr->pol.base.cfg.vocab);
     if (a->data) LS_TRY(jsonl_open(&tr->data, a->data));
+    if (a->data && !a->no_validate) LS_TRY(validate_data(tr));
     if (!a->updates) a->updates = a->data ? (tr->data.n + a->groups_per_update - 1) / a->groups_per_update : 10;
     if (a->reward_cmd) {
         LS_TRY(ls_reward_cmd_start(&tr->rcmd, a->reward_cmd));

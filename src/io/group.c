@@ -38,8 +38,13 @@ static ls_status parse_ids(const cJSON *a, const char *path, const char *field, 
 
 /* A field that is an id array, or text when a tokenizer is given. */
 static ls_status parse_seq(const cJSON *a, const char *path, const char *field, int64_t vocab,
-                           const ls_tokenizer *tok, int32_t **out, int64_t *n, char **text) {
+                           const ls_tokenizer *tok, int flags, int32_t **out, int64_t *n, char **text) {
     if (!cJSON_IsString(a)) return parse_ids(a, path, field, vocab, out, n);
+    if (flags & LS_GROUP_SYNTAX) { /* checked, not tokenized */
+        *out = NULL;
+        *n = 0;
+        return a->valuestring[0] ? LS_OK : ls_err(LS_ERR_FORMAT, "%s: \"%s\" is an empty string", path, field);
+    }
     if (!tok)
         return ls_err(LS_ERR_ARG, "%s: \"%s\" is text: give a tokenizer (--tokenizer tokenizer.json) or token ids",
                       path, field);
@@ -84,7 +89,7 @@ static ls_status parse_root(ls_group *g, const cJSON *root, const char *path, in
     if (!cJSON_IsObject(root)) return ls_err(LS_ERR_FORMAT, "%s: top level must be a JSON object", path);
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     if (!p) return ls_err(LS_ERR_FORMAT, "%s: missing field \"prompt\"", path);
-    LS_TRY(parse_seq(p, path, "prompt", vocab, tok, &g->prompt, &g->P, &g->prompt_text));
+    LS_TRY(parse_seq(p, path, "prompt", vocab, tok, flags, &g->prompt, &g->P, &g->prompt_text));
     const cJSON *an = cJSON_GetObjectItemCaseSensitive(root, "answer");
     if (an && !cJSON_IsNull(an)) {
         if (!cJSON_IsString(an)) return ls_err(LS_ERR_FORMAT, "%s: \"answer\" must be a string", path);
@@ -107,7 +112,7 @@ static ls_status parse_root(ls_group *g, const cJSON *root, const char *path, in
     cJSON_ArrayForEach(e, rs) {
         char field[64];
         snprintf(field, sizeof field, "responses[%d]", i);
-        LS_TRY(parse_seq(e, path, field, vocab, tok, &g->resp[i], &g->R[i], NULL));
+        LS_TRY(parse_seq(e, path, field, vocab, tok, flags, &g->resp[i], &g->R[i], NULL));
         i++;
     }
     const cJSON *rw = cJSON_GetObjectItemCaseSensitive(root, "rewards");
@@ -134,6 +139,10 @@ static ls_status parse_root(ls_group *g, const cJSON *root, const char *path, in
         cJSON_ArrayForEach(e, ol) {
             char field[64];
             snprintf(field, sizeof field, "old_logprobs[%d]", i);
+            if ((flags & LS_GROUP_SYNTAX) && g->R[i] == 0) { /* a text response: its length is not known here */
+                i++;
+                continue;
+            }
             double *tmp = malloc((size_t)g->R[i] * sizeof(double));
             g->old_logprobs[i] = malloc((size_t)g->R[i] * sizeof(float));
             if (!tmp || !g->old_logprobs[i]) {
