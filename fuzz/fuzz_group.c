@@ -18,6 +18,8 @@
  * TRAIN: G >= 2 and rewards or advantages. PROMPT_ONLY: no responses (G = 0, nothing
  * allocated). Otherwise G >= 1 = the length of "responses", every response non-empty
  * with ids in range (text responses decode back to their text), optional numbers finite.
+ * With a tokenizer, the syntax-only check (LS_GROUP_SYNTAX, what `train` runs over every
+ * line before the first update) must accept every input the full reader accepts.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -146,6 +148,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         check_accepted(&g, text, tok, flags);
     }
     ls_group_free(&g);
+    if (tok) {
+        /* the quick pre-training check (LS_GROUP_SYNTAX: text not tokenized) must accept
+         * whatever the full reader accepts; it may accept more (tokenizer errors) */
+        ls_group q;
+        memset(&q, 0xA5, sizeof q);
+        ls_status sq = ls_group_parse_ex(&q, text, LABEL, VOCAB, NULL, flags | LS_GROUP_SYNTAX);
+        FUZZ_CHECK(!(s == LS_OK && sq != LS_OK), "the syntax check rejects what the reader accepts: %s", ls_err_msg());
+        if (sq != LS_OK) fuzz_check_rejection(sq, LABEL);
+        ls_group_free(&q);
+    }
     free(text);
     return 0;
 }
