@@ -621,7 +621,7 @@ static ls_status save_checkpoint(trainer *tr) {
     int64_t n = 0;
     if (s == LS_OK) s = cli_policy_moments(&tr->pol, &m, &v, &n);
     snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
-    if (s == LS_OK) s = ls_optim_save(path, m, v, n, tr->pol.adam.step);
+    if (s == LS_OK) s = ls_optim_save(path, m, v, n, tr->pol.adam.step, tr->pol.lora != NULL);
     free(m);
     free(v);
     test_pause();
@@ -757,7 +757,7 @@ static ls_status setup(trainer *tr, int argc, char **argv) {
         LS_TRY(cli_policy_moments(&tr->pol, &m, &v, &n));
         snprintf(path, sizeof path, "%s/optimizer.safetensors", ckpt);
         int64_t step = 0;
-        ls_status s = ls_optim_load(path, m, v, n, &step);
+        ls_status s = ls_optim_load(path, m, v, n, &step, tr->pol.lora != NULL);
         free(m);
         free(v);
         LS_TRY(s);

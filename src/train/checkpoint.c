@@ -139,16 +139,25 @@ ls_status ls_ckpt_prune(const char *run, int keep) {
     return s;
 }
 
-ls_status ls_optim_save(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t step) {
+/* The tensor name of moment `which` (0: exp_avg, 1: exp_avg_sq) of parameter k: by
+ * its own name when the list has names that identify it (LoRA: the PEFT tensor names,
+ * whose order differs between new and loaded adapters), else by position. */
+static void moment_name(char *out, size_t cap, int which, const ls_param *p, int64_t k, int by_name) {
+    if (by_name) snprintf(out, cap, "%s.%s", which ? "exp_avg_sq" : "exp_avg", p->what);
+    else snprintf(out, cap, "%s.%lld", which ? "exp_avg_sq" : "exp_avg", (long long)k);
+}
+
+ls_status ls_optim_save(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t step,
+                        int by_name) {
     ls_st_writer w;
     ls_st_writer_init(&w);
-    char name[64], buf[32];
+    char name[512], buf[32];
     ls_status s = LS_OK;
     for (int64_t k = 0; k < n && s == LS_OK; k++) {
         int64_t shape[1] = {m[k].n};
-        snprintf(name, sizeof name, "exp_avg.%lld", (long long)k);
+        moment_name(name, sizeof name, 0, &m[k], k, by_name);
         s = ls_st_writer_add_f32(&w, name, LS_DTYPE_F32, 1, shape, m[k].p);
-        snprintf(name, sizeof name, "exp_avg_sq.%lld", (long long)k);
+        moment_name(name, sizeof name, 1, &m[k], k, by_name);
         if (s == LS_OK) s = ls_st_writer_add_f32(&w, name, LS_DTYPE_F32, 1, shape, v[k].p);
     }
     snprintf(buf, sizeof buf, "%lld", (long long)step);
@@ -160,7 +169,8 @@ ls_status ls_optim_save(const char *path, const ls_param *m, const ls_param *v, 
     return s;
 }
 
-ls_status ls_optim_load(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t *step) {
+ls_status ls_optim_load(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t *step,
+                        int by_name) {
     ls_st_file f;
     LS_TRY(ls_st_open(&f, path));
     ls_status s = LS_OK;
@@ -173,10 +183,10 @@ ls_status ls_optim_load(const char *path, const ls_param *m, const ls_param *v, 
         s = ls_err(LS_ERR_FORMAT, "%s: holds moments of %s tensors (%lld entries), but %lld are trained: "
                                   "a different model or LoRA setup", path, nt ? nt : "?", (long long)ls_st_count(&f),
                    (long long)n);
-    char name[64];
+    char name[512];
     for (int64_t k = 0; k < n && s == LS_OK; k++) {
         for (int which = 0; which < 2 && s == LS_OK; which++) {
-            snprintf(name, sizeof name, "%s.%lld", which ? "exp_avg_sq" : "exp_avg", (long long)k);
+            moment_name(name, sizeof name, which, &m[k], k, by_name);
             const ls_st_tensor *t = ls_st_find(&f, name);
             if (!t) s = ls_err(LS_ERR_FORMAT, "%s: tensor \"%s\" is missing", path, name);
             else s = ls_st_read_f32(t, which ? v[k].p : m[k].p, which ? v[k].n : m[k].n, path);
