@@ -32,9 +32,9 @@ ls_status ls_ckpt_prune(const char *run, int keep);
 
 /* Optimizer moments of the trainable tensors (parallel lists, ls_grpo's order) and
  * the step count, as optimizer.safetensors: exp_avg.<k>, exp_avg_sq.<k> (f32, 1-D), or
- * with by_name exp_avg.<m[k].what> (LoRA: PEFT tensor names, since loaded adapters are
- * kept in name order and new ones in layer order). Loading checks the tensor count and
- * every size against the lists. */
+ * with by_name exp_avg.<m[k].what> (LoRA: PEFT tensor names, so the moments find their
+ * adapters whatever order a loader keeps). Loading checks the tensor count and every
+ * size against the lists. */
 ls_status ls_optim_save(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t step,
                         int by_name);
 ls_status ls_optim_load(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t *step,

@@ -26,8 +26,8 @@ typedef struct ls_lora ls_lora; /* opaque; everything inside from the given aren
 /* Adapters from a PEFT safetensors file; each module must name a 2-D HF weight the model
  * holds (in the checkpoint's own layout: m->prefix, m->fused_gdn, m->fused_experts), with
  * A [r, in] and B [out, r] matching its shape; errors name the tensor. Modules are kept in
- * the name order of their lora_A tensors. Weights, Adam moments (zeroed) from `fixed`;
- * adapter gradients (zeroed) from `grad`. */
+ * the model's layer order, as ls_lora_new keeps them. Weights, Adam moments (zeroed)
+ * from `fixed`; adapter gradients (zeroed) from `grad`. */
 ls_status ls_lora_load(ls_lora **out, const ls_hybrid_model *m, const char *path, double alpha,
                        ls_arena *fixed, ls_arena *grad);
 

@@ -39,6 +39,7 @@ typedef struct {
     int map;        /* MAP_* */
     int64_t row0;   /* MAP_RANGE: internal row of HF row 0 */
     int64_t out, in;
+    int64_t order;  /* position in the model's layer order (make_targets) */
 } lora_target;
 
 typedef struct {
@@ -167,6 +168,7 @@ static ls_status make_targets(const ls_hybrid_model *m, lora_target **out, int64
         return ls_err(LS_ERR_ARG, "LoRA: a weight name of this model exceeds %zu characters",
                       sizeof tl.t->name - 1);
     }
+    for (int64_t i = 0; i < tl.n; i++) tl.t[i].order = i;
     *out = tl.t;
     *n = tl.n;
     return LS_OK;
@@ -330,6 +332,20 @@ static ls_status module_of(const char *path, const char *tname, char *mod, size_
     return LS_OK;
 }
 
+typedef struct {
+    int64_t order;
+    lora_mod mod;
+} ordered_mod;
+
+static int cmp_ordered(const void *a, const void *b) {
+    int64_t x = ((const ordered_mod *)a)->order, y = ((const ordered_mod *)b)->order;
+    return (x > y) - (x < y);
+}
+
+static ls_status load_pass2(ls_lora *L, const ls_hybrid_model *m, const ls_st_file *f, const char *path,
+                            double alpha, ls_arena *fixed, ls_arena *grad, const lora_target *tg, int64_t ntg,
+                            ordered_mod *om);
+
 static ls_status load_modules(ls_lora **out, const ls_hybrid_model *m, const ls_st_file *f, const char *path,
                               double alpha, ls_arena *fixed, ls_arena *grad, const lora_target *tg, int64_t ntg) {
     char mod[NAME_CAP], other[NAME_CAP + 32];
@@ -347,8 +363,25 @@ static ls_status load_modules(ls_lora **out, const ls_hybrid_model *m, const ls_
     if (n == 0) return ls_err(LS_ERR_FORMAT, "%s: no LoRA adapter tensors (*%s) in the file", path, SUFFIX_A);
     ls_lora *L;
     LS_TRY(new_lora(&L, n, alpha, fixed));
-    /* pass 2: modules in name order of their A tensors */
-    int64_t k = 0;
+    /* pass 2: the modules, then put in the model's layer order (as ls_lora_new keeps
+     * them), so a run resumed from saved adapters sees its tensors in the same order */
+    ordered_mod *om = malloc((size_t)n * sizeof *om);
+    if (!om) return ls_err(LS_ERR_NOMEM, "%s: out of memory for %lld modules", path, (long long)n);
+    ls_status s = load_pass2(L, m, f, path, alpha, fixed, grad, tg, ntg, om);
+    if (s == LS_OK) {
+        qsort(om, (size_t)n, sizeof *om, cmp_ordered);
+        for (int64_t i = 0; i < n; i++) L->mod[i] = om[i].mod;
+        *out = L;
+    }
+    free(om);
+    return s;
+}
+
+static ls_status load_pass2(ls_lora *L, const ls_hybrid_model *m, const ls_st_file *f, const char *path,
+                            double alpha, ls_arena *fixed, ls_arena *grad, const lora_target *tg, int64_t ntg,
+                            ordered_mod *om) {
+    char mod[NAME_CAP], other[NAME_CAP + 32];
+    int64_t k = 0, n = L->n;
     for (int64_t i = 0; i < ls_st_count(f); i++) {
         const ls_st_tensor *ta = ls_st_at(f, i);
         int is_a;
@@ -382,13 +415,13 @@ static ls_status load_modules(ls_lora **out, const ls_hybrid_model *m, const ls_
             return ls_err(LS_ERR_FORMAT, "%s: adapter tensor \"%s\" has shape [%lld, %lld], expected [%lld, %lld]",
                           path, tb->name, (long long)tb->shape[0], (long long)tb->shape[1], (long long)t->out,
                           (long long)r);
-        lora_mod *md = &L->mod[k++];
+        lora_mod *md = &om[k].mod;
+        om[k++].order = t->order;
         LS_TRY(init_module(md, m, t, r, alpha, fixed, grad));
         LS_TRY(ls_st_read_f32(ta, md->A, r * t->in, ta->name));
         LS_TRY(ls_st_read_f32(tb, md->B, t->out * r, tb->name));
     }
     LS_ASSERT(k == n);
-    *out = L;
     return LS_OK;
 }
 
