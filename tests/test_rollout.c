@@ -38,18 +38,26 @@ static uint64_t state_hash(const ls_prompt_state *st) {
     return h ^ (uint64_t)st->n;
 }
 
+/* A fixture's model (fixed arena of fresh arenas) and its group.json. */
+static int load_fixture(const char *name, ls_arenas *ar, ls_hybrid_model *m, ls_group *g) {
+    char dir[1024], path[1200];
+    snprintf(dir, sizeof dir, "%s/tests/reference/fixtures/%s", LS_SOURCE_DIR, name);
+    ls_arenas_init(ar);
+    snprintf(path, sizeof path, "%s/group.json", dir);
+    if (ls_hybrid_load(m, dir, &ar->a[LS_ARENA_FIXED]) != LS_OK || ls_group_load(g, path, m->cfg.vocab) != LS_OK) {
+        fprintf(stderr, "  %s: %s\n", name, ls_err_msg());
+        return 1;
+    }
+    return 0;
+}
+
 int test_rollout_sample_vs_score(void) {
     static const char *names[] = {"next_moe", "q35_dense"};
     for (int f = 0; f < 2; f++) {
-        char dir[1024], path[1200];
-        snprintf(dir, sizeof dir, "%s/tests/reference/fixtures/%s", LS_SOURCE_DIR, names[f]);
         ls_arenas ar;
-        ls_arenas_init(&ar);
         ls_hybrid_model m;
-        T_OK(ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]));
         ls_group g;
-        snprintf(path, sizeof path, "%s/group.json", dir);
-        T_OK(ls_group_load(&g, path, m.cfg.vocab));
+        T_CHECK(load_fixture(names[f], &ar, &m, &g) == 0, "%s", names[f]);
         ls_fwd_opts fo;
         ls_fwd_opts_default(&fo);
         ls_prompt_state st;
@@ -130,15 +138,10 @@ int test_rollout_sample_vs_score(void) {
 int test_rollout_decode_batch(void) {
     static const char *names[] = {"next_moe", "q35_dense"};
     for (int f = 0; f < 2; f++) {
-        char dir[1024], path[1200];
-        snprintf(dir, sizeof dir, "%s/tests/reference/fixtures/%s", LS_SOURCE_DIR, names[f]);
         ls_arenas ar;
-        ls_arenas_init(&ar);
         ls_hybrid_model m;
-        T_OK(ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]));
         ls_group g;
-        snprintf(path, sizeof path, "%s/group.json", dir);
-        T_OK(ls_group_load(&g, path, m.cfg.vocab));
+        T_CHECK(load_fixture(names[f], &ar, &m, &g) == 0, "%s", names[f]);
         ls_fwd_opts fo;
         ls_fwd_opts_default(&fo);
         fo.temperature = 0.9f;
