@@ -514,6 +514,30 @@ int test_lora_grad_subset(void) {
     for (int64_t i = 0; i < na; i++)
         T_CHECK(memcmp(pa[i].p, pb[i].p, (size_t)pa[i].n * sizeof(float)) == 0, "%s: gradients differ", pa[i].what);
     T_CHECK(ma.grad_norm == mb.grad_norm, "grad norm %.9g vs %.9g", ma.grad_norm, mb.grad_norm);
+    /* the policy owning only its adapted tensors (the rest aliased to the base) is the
+     * same policy: bit-identical gradients, and the base is never written */
+    ls_hybrid_model alias;
+    size_t f0 = fixed->cur;
+    T_OK(ls_hybrid_alloc_merged_lora(&nd, &alias, fixed, Lb));
+    size_t f1 = fixed->cur;
+    ls_lora_merge(Lb, &nd, &alias);
+    T_CHECK(alias.embed == nd.embed && alias.lm_head == nd.lm_head && alias.layers[0].mlp_gu == nd.layers[0].mlp_gu &&
+                alias.layers[0].mlp_down != nd.layers[0].mlp_down,
+            "aliasing: frozen tensors shared, adapted ones owned");
+    printf("  policy tensors: full merged copy %zu bytes, adapted tensors only %zu bytes\n", g1 - g0, f1 - f0);
+    ls_param *pc;
+    int64_t nc;
+    for (int64_t i = 0; i < nb; i++) memset(pb[i].p, 0, (size_t)pb[i].n * sizeof(float));
+    ls_hybrid_model gsub2;
+    T_OK(ls_hybrid_alloc_grad_lora(&nd, &gsub2, grad, Lb));
+    ls_grpo_metrics mc;
+    T_OK(ls_grpo_update(&alias, NULL, &gsub2, NULL, &g, &o, &ar, &mc));
+    T_OK(ls_lora_params(Lb, NULL, &pc, NULL, NULL, &nc));
+    for (int64_t i = 0; i < na; i++)
+        T_CHECK(memcmp(pa[i].p, pc[i].p, (size_t)pa[i].n * sizeof(float)) == 0, "%s: aliased policy differs", pa[i].what);
+    T_CHECK(mc.grad_norm == ma.grad_norm && f1 - f0 < (g1 - g0) / 2, "aliased policy: grad norm %.9g, %zu bytes",
+            mc.grad_norm, f1 - f0);
+    free(pc);
     free(pa);
     free(pb);
     ls_group_free(&g);

@@ -136,6 +136,11 @@ ls_status ls_hybrid_alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst,
 typedef struct ls_lora ls_lora;
 ls_status ls_hybrid_alloc_grad_lora(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena,
                                     const ls_lora *lora);
+/* The LoRA policy's tensors: own (uninitialised) buffers for the adapted tensors, which
+ * ls_lora_merge fills with base + delta; every other tensor points at `base`'s (shared,
+ * never written: the merge skips a tensor whose source and destination coincide). */
+ls_status ls_hybrid_alloc_merged_lora(const ls_hybrid_model *base, ls_hybrid_model *dst, ls_arena *arena,
+                                      const ls_lora *lora);
 /* Write `m` (weights or gradients in the internal layout) as HF tensors under the
  * checkpoint's own names and layout (fused or split, per-expert or fused experts),
  * as `dtype`, atomically to `path`. */

@@ -224,7 +224,8 @@ ls_status cli_policy_setup(cli_policy *p, const char *model, cli_train *t, int w
                                         (uint64_t)t->lora_seed, fixed, &ar->a[LS_ARENA_GRAD]));
         /* gradients only where an adapter reads them: frozen weights get none */
         LS_TRY(ls_hybrid_alloc_grad_lora(&p->base, &p->grad, &ar->a[LS_ARENA_GRAD], p->lora));
-        LS_TRY(ls_hybrid_alloc_like(&p->base, &p->merged, fixed));
+        /* the merged policy owns only the adapted tensors; the rest are the base's */
+        LS_TRY(ls_hybrid_alloc_merged_lora(&p->base, &p->merged, fixed, p->lora));
         ls_lora_merge(p->lora, &p->base, &p->merged);
         p->policy = &p->merged;
         t->o.lora = p->lora;

@@ -88,6 +88,7 @@ typedef struct {
     int failed;
     const ls_hybrid_model *dst; /* with `lora`: only the slots its modules adapt */
     const ls_lora *lora;
+    const ls_hybrid_model *alias; /* non-NULL: the other slots point at this model's tensors */
 } alloc_ctx;
 
 static void alloc_slot(float **slot, int64_t n, int no_decay, const char *what, void *vctx) {
@@ -96,12 +97,16 @@ static void alloc_slot(float **slot, int64_t n, int no_decay, const char *what, 
         const char *sp = (const char *)slot, *l0 = (const char *)ac->dst->layers;
         size_t lsz = sizeof(ls_hybrid_layer);
         int keep;
-        if (sp >= l0 && sp < l0 + (size_t)ac->dst->cfg.n_layers * lsz)
+        const char *peer; /* the same slot in the alias model */
+        if (sp >= l0 && sp < l0 + (size_t)ac->dst->cfg.n_layers * lsz) {
             keep = ls_lora_adapts(ac->lora, (int)((size_t)(sp - l0) / lsz), (size_t)(sp - l0) % lsz);
-        else
+            peer = ac->alias ? (const char *)ac->alias->layers + (sp - l0) : NULL;
+        } else {
             keep = slot == &ac->dst->lm_head && ls_lora_adapts(ac->lora, -1, 0);
+            peer = ac->alias ? (const char *)ac->alias + (sp - (const char *)ac->dst) : NULL;
+        }
         if (!keep) {
-            *slot = NULL;
+            *slot = peer ? *(float *const *)peer : NULL;
             return;
         }
     }
@@ -109,7 +114,8 @@ static void alloc_slot(float **slot, int64_t n, int no_decay, const char *what, 
     if (!*slot) ac->failed = 1;
 }
 
-static ls_status alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena, const ls_lora *lora) {
+static ls_status alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena, const ls_lora *lora,
+                            const ls_hybrid_model *alias) {
     memset(dst, 0, sizeof *dst);
     dst->cfg = src->cfg;
     snprintf(dst->prefix, sizeof dst->prefix, "%s", src->prefix);
@@ -118,7 +124,7 @@ static ls_status alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls
     dst->n_params = src->n_params;
     dst->layers = ls_arena_calloc(arena, (size_t)src->cfg.n_layers, sizeof(ls_hybrid_layer));
     if (!dst->layers) return LS_ERR_NOMEM;
-    alloc_ctx ac = {arena, 0, dst, lora};
+    alloc_ctx ac = {arena, 0, dst, lora, alias};
     visit(dst, alloc_slot, &ac);
     if (ac.failed) return LS_ERR_NOMEM;
     if (dst->cfg.tie_embeddings) dst->lm_head = dst->embed;
@@ -126,12 +132,17 @@ static ls_status alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls
 }
 
 ls_status ls_hybrid_alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena) {
-    return alloc_like(src, dst, arena, NULL);
+    return alloc_like(src, dst, arena, NULL, NULL);
 }
 
 ls_status ls_hybrid_alloc_grad_lora(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena,
                                     const ls_lora *lora) {
-    return alloc_like(src, dst, arena, lora);
+    return alloc_like(src, dst, arena, lora, NULL);
+}
+
+ls_status ls_hybrid_alloc_merged_lora(const ls_hybrid_model *base, ls_hybrid_model *dst, ls_arena *arena,
+                                      const ls_lora *lora) {
+    return alloc_like(base, dst, arena, lora, base);
 }
 
 /* ---- export ------------------------------------------------------------------ */
