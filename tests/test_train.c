@@ -482,6 +482,18 @@ int test_demo_receipt(void) {
     T_CHECK(rc == 0 && out && strstr(out, "predicted vs measured") && strstr(out, "replay") &&
                 strstr(out, "memory.svg") && strstr(out, "update 2/2"),
             "demo: rc %d %s", rc, out ? out : "");
+    /* the receipt's M_live terms: the prompt state and the gradients are exactly what
+     * the config predicts */
+    const char *pv = strstr(out, "predicted vs measured");
+    T_CHECK(pv != NULL, "no predicted vs measured block");
+    static const char *terms[] = {"\n  prompt ", "\n  grad ", "\n  fixed "};
+    for (int k = 0; k < 3; k++) {
+        const char *line = strstr(pv, terms[k]);
+        T_CHECK(line != NULL, "receipt: no %s row", terms[k] + 3);
+        const char *eol = strchr(line + 1, '\n');
+        T_CHECK(eol && eol - line > 6 && strncmp(eol - 5, "1.000", 5) == 0, "receipt: %s predicted != measured: %.*s",
+                terms[k] + 3, eol ? (int)(eol - line) : 40, line + 1);
+    }
     free(out);
     snprintf(path, sizeof path, "%s/demo/run/memory.svg", dir);
     char *svg;
