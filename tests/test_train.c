@@ -420,7 +420,7 @@ int test_train_rollout_reward_cmd(void) {
     const char *rcmd = "sed -u -e 's/.*\\\"index\\\": *\\([0-9]*\\).*/\\1/'";
     char *out = run(&rc, "%s train --model %s/m --tokenizer %s --data %s --out %s/run --rollout --num-generations 4 "
                     "--max-new-tokens 5 --updates 2 --groups-per-update 2 --temperature 1.0 --top-p 0.95 --lr 1e-3 "
-                    "--reward-cmd \"%s\" --quiet", LS_CLI_PATH, dir, tok, data, dir, rcmd);
+                    "--trace-layers 1 --reward-cmd \"%s\" --quiet", LS_CLI_PATH, dir, tok, data, dir, rcmd);
     T_CHECK(rc == 0, "rollout train: rc %d %s", rc, out ? out : "");
     free(out);
     char path[800];
@@ -442,6 +442,11 @@ int test_train_rollout_reward_cmd(void) {
     T_CHECK(strstr(trace, "\"phase\": \"rollout\"") && strstr(trace, "\"phase\": \"reward\"") &&
                 strstr(trace, "\"ev\": \"layer_end\"") && strstr(trace, "\"pass\": \"bwd\""),
             "trace phases");
+    /* --trace-layers 1: layer events for the first update only */
+    int late = 0;
+    for (char *l = strtok(trace, "\n"); l; l = strtok(NULL, "\n"))
+        late += strstr(l, "\"ev\": \"layer_end\"") && !strstr(l, "\"update\": 0,");
+    T_CHECK(late == 0, "%d layer events after the first update despite --trace-layers 1", late);
     free(trace);
     /* rewards from each prompt's "answer" (exact match), and the built-in passkey task
      * with the built-in byte-level tokenizer: rewards are 0 or 1 */

@@ -67,6 +67,8 @@ static void help(void) {
            "                         (Ctrl-C or SIGTERM finishes the update in flight, saves a\n"
            "                         checkpoint and stops with status 130 / 143)\n"
            "  --quiet                no progress bar\n"
+           "  --trace-layers N       layer events in the trace for the first N updates of this\n"
+           "                         process (default 3; -1 every update; phases are always traced)\n"
            "  --help                 this text\n\n");
     cli_train_help();
 }
@@ -74,7 +76,7 @@ static void help(void) {
 typedef struct {
     const char *model, *data, *out, *tokenizer, *resume, *task, *reward_cmd, *stop;
     int64_t updates, groups_per_update, save_every, save_total_limit, seed, num_generations, max_new_tokens;
-    int64_t prompt_len;
+    int64_t prompt_len, trace_layers;
     double top_p, reward_timeout;
     int rollout, quiet, no_validate;
     cli_train t;
@@ -82,7 +84,7 @@ typedef struct {
 
 enum {
     O_MODEL = 2000, O_DATA, O_OUT, O_TOK, O_UPDATES, O_GPU, O_SEED, O_ROLLOUT, O_NGEN, O_MAXNEW, O_TOPP, O_STOP,
-    O_TASK, O_PLEN, O_RCMD, O_RTIMEOUT, O_SAVE, O_SAVELIM, O_RESUME, O_QUIET, O_NOVAL, O_HELP
+    O_TASK, O_PLEN, O_RCMD, O_RTIMEOUT, O_SAVE, O_SAVELIM, O_RESUME, O_QUIET, O_NOVAL, O_TLAYERS, O_HELP
 };
 
 static int parse_args(train_args *a, int argc, char **argv) {
@@ -94,7 +96,7 @@ static int parse_args(train_args *a, int argc, char **argv) {
         {"num-generations", 1, O_NGEN}, {"max-new-tokens", 1, O_MAXNEW}, {"top-p", 1, O_TOPP}, {"stop", 1, O_STOP},
         {"task", 1, O_TASK}, {"prompt-len", 1, O_PLEN}, {"reward-cmd", 1, O_RCMD}, {"reward-timeout", 1, O_RTIMEOUT},
         {"save-every", 1, O_SAVE}, {"save-total-limit", 1, O_SAVELIM}, {"resume", 1, O_RESUME}, {"quiet", 0, O_QUIET},
-        {"no-validate", 0, O_NOVAL}, {"help", 0, O_HELP},
+        {"no-validate", 0, O_NOVAL}, {"trace-layers", 1, O_TLAYERS}, {"help", 0, O_HELP},
     };
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
         opts[n++] = (struct option){own[i].name, own[i].has_arg ? required_argument : no_argument, 0, own[i].id};
@@ -133,6 +135,7 @@ static int parse_args(train_args *a, int argc, char **argv) {
         case O_RESUME: a->resume = optarg; break;
         case O_QUIET: a->quiet = 1; break;
         case O_NOVAL: a->no_validate = 1; break;
+        case O_TLAYERS: if (cli_parse_i64(c, "--trace-layers", optarg, -1, INT64_MAX / 4, &a->trace_layers)) return 2; break;
         case O_HELP:
         case 'h': help(); return 1;
         default: {
@@ -157,6 +160,7 @@ static void args_default(train_args *a) {
     a->top_p = 1.0;
     a->prompt_len = 16384;
     a->reward_timeout = 60;
+    a->trace_layers = 3;
 }
 
 /* ---- the saved command line (RUN/args.json) ----------------------------------------- */
@@ -868,6 +872,9 @@ static int run_train(int argc, char **argv) {
     for (; s == LS_OK && tr.update < a.updates; tr.update++) {
         double t0 = ls_now();
         ls_trace_set_update(tr.update);
+        /* per-layer events cost a line per layer per member and chunk: keep the trace
+         * bounded on long runs */
+        ls_trace_layers(a.trace_layers < 0 || tr.update - first < a.trace_layers);
         /* what this update consumes, to give it back if it fails before its step */
         int64_t pos0 = tr.data_pos, epoch0 = tr.epoch, step0 = tr.pol.adam.step;
         ls_rng rng0 = tr.rng;
