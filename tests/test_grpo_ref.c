@@ -162,7 +162,13 @@ int test_grpo_reference_trajectory(void) {
             double rl = cJSON_GetArrayItem(wl, s)->valuedouble, rg = cJSON_GetArrayItem(wg, s)->valuedouble;
             printf("  %s step %d: loss %+.7f (ref %+.7f), grad norm %.6f (ref %.6f)\n", name, s + 1, l, rl, gn, rg);
             T_CHECK(fabs(l - rl) <= 1e-4 * fmax(1.0, fabs(rl)), "step %d loss %.8g vs %.8g", s + 1, l, rl);
-            T_CHECK(fabs(gn - rg) <= 1e-3 * rg, "step %d grad norm %.8g vs %.8g", s + 1, gn, rg);
+            /* step 1 runs on exactly the reference's weights: a tight match. Later steps
+             * drift: AdamW divides each element's gradient by its own RMS, so elements
+             * whose true gradient is near zero turn float rounding into lr-sized steps
+             * (LoRA side branches vs merged weights differ by 6e-4 vs 1e-3 at step 4,
+             * both with final W − W0 within 2e-4 below) */
+            double gtol = s == 0 ? 1e-5 : 2e-3;
+            T_CHECK(fabs(gn - rg) <= gtol * rg, "step %d grad norm %.8g vs %.8g", s + 1, gn, rg);
         }
         cJSON_Delete(r);
         char want[800], got[800];

@@ -538,6 +538,25 @@ int test_lora_grad_subset(void) {
     T_CHECK(mc.grad_norm == ma.grad_norm && f1 - f0 < (g1 - g0) / 2, "aliased policy: grad norm %.9g, %zu bytes",
             mc.grad_norm, f1 - f0);
     free(pc);
+    /* side branches (policy = base + adapters on the fly, no gradient buffers at all):
+     * the same gradients up to float rounding (B ≠ 0 here, so dA and dB both live) */
+    T_CHECK(ls_lora_side_ok(Lb), "side mode refused");
+    for (int64_t i = 0; i < nb; i++) memset(pb[i].p, 0, (size_t)pb[i].n * sizeof(float));
+    ls_hybrid_model side = nd, gnone;
+    side.lora = Lb;
+    T_OK(ls_hybrid_alloc_none(&nd, &gnone, grad));
+    ls_grpo_metrics md;
+    T_OK(ls_grpo_update(&side, NULL, &gnone, NULL, &g, &o, &ar, &md));
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < na; i++)
+        for (int64_t e = 0; e < pa[i].n; e++) {
+            double d = (double)pb[i].p[e] - pa[i].p[e];
+            num += d * d;
+            den += (double)pa[i].p[e] * pa[i].p[e];
+        }
+    printf("  side branches vs merged: adapter gradients rel %.2e, grad norm %.9g vs %.9g, loss %.9g vs %.9g\n",
+           sqrt(num / den), md.grad_norm, ma.grad_norm, md.loss, ma.loss);
+    T_CHECK(den > 0 && sqrt(num / den) <= 1e-5, "side-branch gradients differ: rel %.3e", sqrt(num / den));
     free(pa);
     free(pb);
     ls_group_free(&g);

@@ -64,6 +64,18 @@ void ls_lora_zero_grad(ls_lora *L);
 ls_status ls_lora_export(const ls_lora *L, int grads, const char *path, const char *meta_key,
                          const char *meta_value);
 
+/* Side branches (the policy = base + adapters without a merged copy): after the base
+ * projection out[T, N] = x[T, K]·W[off .. off+N)ᵀ of internal tensor `field` of `layer`
+ * (rows off .. off+N of it; layer −1 = LM head), add s·(x·Aᵀ)·Bᵀ on the rows adapters
+ * cover. The backward adds dx += s·(dy·B)·A and accumulates dA, dB (+=) from the
+ * projection's input x. Transients from `sc`. ls_lora_side_ok: no adapter on the LM
+ * head (whose fused log-prob kernel has no side branch): side mode is possible. */
+int ls_lora_side_ok(const ls_lora *L);
+ls_status ls_lora_linear_fwd(const ls_lora *L, int layer, size_t field, int64_t off, int64_t N, float *out,
+                             const float *x, int64_t T, ls_arena *sc);
+ls_status ls_lora_linear_bwd(ls_lora *L, int layer, size_t field, int64_t off, int64_t N, float *dx,
+                             const float *dy, const float *x, int64_t T, ls_arena *sc);
+
 int64_t ls_lora_count(const ls_lora *L); /* adapted modules */
 double ls_lora_alpha(const ls_lora *L); /* the alpha given at load / new */
 int64_t ls_lora_rank(const ls_lora *L);  /* r of the first module (PEFT's "r") */

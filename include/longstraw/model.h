@@ -40,8 +40,14 @@ typedef struct {
     float *sh_gate;  /* [D] */
 } ls_hybrid_layer;
 
+typedef struct ls_lora ls_lora;
+
 typedef struct {
     ls_config cfg;
+    /* LoRA side branches (lora.h): non-NULL, every adapted projection adds s·B·A·x to
+     * the frozen weights' output and the backward feeds the adapters; the struct is then
+     * a view of the base (same tensors) — the policy beside the base as reference */
+    const ls_lora *lora;
     float *embed;      /* [V, D] */
     float *final_norm; /* [D] */
     float *lm_head;    /* [V, D] (= embed when tied) */
@@ -130,10 +136,12 @@ ls_status ls_hybrid_params(const ls_hybrid_model *m, ls_param **out, int64_t *n)
 /* A model-shaped set of zeroed buffers (gradients, optimizer moments) from `arena`,
  * aliasing lm_head to embed when tied. */
 ls_status ls_hybrid_alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena);
+/* The same shape with every tensor NULL: the gradient set of LoRA side branches, where
+ * no base weight gets a gradient (the backward skips every dW). */
+ls_status ls_hybrid_alloc_none(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena);
 /* Gradient buffers for LoRA: only the tensors some adapter adapts get one (zeroed);
  * the others stay NULL and the backward skips their weight gradients — the frozen
  * weights cost neither gradient memory nor the dW products. */
-typedef struct ls_lora ls_lora;
 ls_status ls_hybrid_alloc_grad_lora(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena,
                                     const ls_lora *lora);
 /* The LoRA policy's tensors: own (uninitialised) buffers for the adapted tensors, which

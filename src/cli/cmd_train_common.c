@@ -222,11 +222,19 @@ ls_status cli_policy_setup(cli_policy *p, const char *model, cli_train *t, int w
                                                               "in_proj_a,out_proj",
                                         (int)t->lora_rank, t->lora_alpha,
                                         (uint64_t)t->lora_seed, fixed, &ar->a[LS_ARENA_GRAD]));
-        /* gradients only where an adapter reads them: frozen weights get none */
-        LS_TRY(ls_hybrid_alloc_grad_lora(&p->base, &p->grad, &ar->a[LS_ARENA_GRAD], p->lora));
-        /* the merged policy owns only the adapted tensors; the rest are the base's */
-        LS_TRY(ls_hybrid_alloc_merged_lora(&p->base, &p->merged, fixed, p->lora));
-        ls_lora_merge(p->lora, &p->base, &p->merged);
+        if (ls_lora_side_ok(p->lora)) {
+            /* side branches: the policy is the base plus adapters applied on the fly —
+             * no merged copy, and no base weight gets a gradient buffer */
+            LS_TRY(ls_hybrid_alloc_none(&p->base, &p->grad, &ar->a[LS_ARENA_GRAD]));
+            p->merged = p->base;
+            p->merged.lora = p->lora;
+        } else {
+            /* an adapter on the LM head (its fused log-prob kernel has no side branch):
+             * merge — a copy of the adapted tensors, gradients only for them */
+            LS_TRY(ls_hybrid_alloc_grad_lora(&p->base, &p->grad, &ar->a[LS_ARENA_GRAD], p->lora));
+            LS_TRY(ls_hybrid_alloc_merged_lora(&p->base, &p->merged, fixed, p->lora));
+            ls_lora_merge(p->lora, &p->base, &p->merged);
+        }
         p->policy = &p->merged;
         t->o.lora = p->lora;
         t->o.lora_base = &p->base;

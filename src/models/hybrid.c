@@ -8,10 +8,12 @@
  * kept (hybrid_tape.h); without one, transients come from scratch and are released.
  */
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "hybrid_tape.h"
 #include "longstraw/kernels.h"
+#include "longstraw/lora.h"
 #include "longstraw/trace.h"
 
 void ls_fwd_opts_default(ls_fwd_opts *o) {
@@ -29,6 +31,23 @@ void ls_fwd_opts_default(ls_fwd_opts *o) {
 /* Untaped spans of at most this many tokens take the token-serial delta rule (the
  * chunked form's 64-row blocks cost more than they save for a decode step). */
 #define GDN_SERIAL_MAX_T 4
+
+/* LoRA side branch after a base projection (lora.h): rows [off, off+N) of internal
+ * tensor `fld` of `layer`. A no-op without adapters. */
+#define LORA_FWD(m, layer, fld, off, N, out, x, T, sc)                                                          \
+    do {                                                                                                        \
+        if ((m)->lora)                                                                                          \
+            LS_TRY(ls_lora_linear_fwd((m)->lora, (layer), offsetof(ls_hybrid_layer, fld), (off), (N), (out), (x), \
+                                      (T), (sc)));                                                              \
+    } while (0)
+
+/* Which adapters an FFN's two projections carry (rows of gate|up and of down). */
+typedef struct {
+    const ls_lora *lora;
+    int layer;
+    size_t gu, down;
+    int64_t gu_off, down_off;
+} ffn_lora;
 
 static float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
@@ -81,6 +100,9 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
     ls_linear_fwd(qkv, xn, w->gdn_in, T, D, cd, 0);
     ls_linear_fwd(z, xn, w->gdn_in + cd * D, T, D, vd, 0);
     ls_linear_fwd(ba, xn, w->gdn_in + (cd + vd) * D, T, D, 2 * Hv, 0);
+    LORA_FWD(m, L->layer, gdn_in, 0, cd, qkv, xn, T, L->sc);
+    LORA_FWD(m, L->layer, gdn_in, cd, vd, z, xn, T, L->sc);
+    LORA_FWD(m, L->layer, gdn_in, cd + vd, 2 * Hv, ba, xn, T, L->sc);
     int64_t s0 = L->seg0;
     if (s0 > 0) ls_conv_fwd(y, cpre, L->tail, qkv, w->conv_w, s0, cd, c->conv_k);
     if (tp) {
@@ -132,6 +154,7 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
     }
     ls_gated_rmsnorm_fwd(on, grstd, o, z, w->gnorm, T * Hv, c->d_v, c->eps);
     ls_linear_fwd(x, on, w->gdn_out, T, vd, D, 1);
+    LORA_FWD(m, L->layer, gdn_out, 0, D, x, on, T, L->sc);
     if (tp) {
         tp->seg0 = s0;
         tp->qkv = qkv, tp->cpre = cpre, tp->y = y, tp->z = z, tp->ba = ba;
@@ -168,6 +191,10 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
     ls_linear_fwd(gate, xn, w->attn_in + qd * D, T, D, qd, 0);
     ls_linear_fwd(k, xn, w->attn_in + 2 * qd * D, T, D, kvd, 0);
     ls_linear_fwd(v, xn, w->attn_in + (2 * qd + kvd) * D, T, D, kvd, 0);
+    LORA_FWD(m, layer, attn_in, 0, qd, q, xn, T, L->sc);
+    LORA_FWD(m, layer, attn_in, qd, qd, gate, xn, T, L->sc);
+    LORA_FWD(m, layer, attn_in, 2 * qd, kvd, k, xn, T, L->sc);
+    LORA_FWD(m, layer, attn_in, 2 * qd + kvd, kvd, v, xn, T, L->sc);
     ls_rmsnorm_fwd(qr, rsq, q, w->q_norm, T * c->n_heads, c->head_dim, c->eps);
     ls_rmsnorm_fwd(kr, rsk, k, w->k_norm, T * c->n_kv, c->head_dim, c->eps);
     float scale = 1.0f / sqrtf((float)c->head_dim);
@@ -190,6 +217,7 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
 #pragma omp parallel for schedule(static) if (T * qd > 65536)
     for (int64_t i = 0; i < T * qd; i++) og[i] = o[i] / (1.0f + expf(-gate[i]));
     ls_linear_fwd(x, og, w->attn_out, T, qd, D, 1);
+    LORA_FWD(m, layer, attn_out, 0, D, x, og, T, L->sc);
     if (tp) {
         tp->qraw = q, tp->kraw = k, tp->rsq = rsq, tp->rsk = rsk, tp->qr = qr, tp->kr = kr, tp->v = v;
         tp->gate = gate, tp->ao = o, tp->lse = lse, tp->aog = og;
@@ -203,15 +231,17 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
 /* SwiGLU rows xs[n,D]: out[n,D] (= or +=) down(SiLU(gate(xs)) ⊙ up(xs)). gu[n,2I], act[n,I]
  * are kept when the caller passes them; otherwise they come from scratch. */
 static ls_status swiglu_ffn(float *out, float *gu, float *act, const float *xs, int64_t n, int64_t D,
-                            int64_t I, const float *gu_w, const float *down_w, int accumulate,
+                            int64_t I, const float *gu_w, const float *down_w, int accumulate, const ffn_lora *fl,
                             ls_arena *sc) {
     ls_arena_mark mk = ls_arena_get_mark(sc);
     if (!gu) gu = ALLOC_F(sc, n * 2 * I);
     if (!act) act = ALLOC_F(sc, n * I);
     NEED(gu && act);
     ls_linear_fwd(gu, xs, gu_w, n, D, 2 * I, 0);
+    if (fl->lora) LS_TRY(ls_lora_linear_fwd(fl->lora, fl->layer, fl->gu, fl->gu_off, 2 * I, gu, xs, n, sc));
     ls_swiglu_fwd(act, gu, n, I);
     ls_linear_fwd(out, act, down_w, n, I, D, accumulate);
+    if (fl->lora) LS_TRY(ls_lora_linear_fwd(fl->lora, fl->layer, fl->down, fl->down_off, D, out, act, n, sc));
     ls_arena_release(sc, mk);
     return LS_OK;
 }
@@ -274,6 +304,7 @@ static ls_status moe_ffn(const ls_hybrid_model *m, const ls_hybrid_layer *w, flo
     int64_t *rows = ls_arena_alloc(sc, (size_t)(T * K) * sizeof(int64_t));
     NEED(probs && sel && wt && logits && count && rows);
     ls_linear_fwd(logits, xn, w->router, T, D, E, 0);
+    LORA_FWD(m, L->layer, router, 0, E, logits, xn, T, sc);
     ls_moe_route(probs, sel, wt, logits, T, E, K, c->norm_topk);
     LS_TRY(ls_moe_group(count, rows, sel, T, E, K, sc));
     int64_t maxn = 0;
@@ -286,8 +317,10 @@ static ls_status moe_ffn(const ls_hybrid_model *m, const ls_hybrid_layer *w, flo
         if (n == 0) continue;
         const int64_t *r = rows + count[e];
         for (int64_t i = 0; i < n; i++) memcpy(xs + i * D, xn + (r[i] / K) * D, (size_t)D * sizeof(float));
+        ffn_lora fl = {m->lora, L->layer, offsetof(ls_hybrid_layer, exp_gu), offsetof(ls_hybrid_layer, exp_down),
+                       (int64_t)e * 2 * Im, (int64_t)e * D};
         LS_TRY(swiglu_ffn(ys, NULL, NULL, xs, n, D, Im, w->exp_gu + (int64_t)e * 2 * Im * D,
-                          w->exp_down + (int64_t)e * D * Im, 0, sc));
+                          w->exp_down + (int64_t)e * D * Im, 0, &fl, sc));
         for (int64_t i = 0; i < n; i++) {
             float p = wt[r[i]];
             float *xt = x + (r[i] / K) * D;
@@ -301,8 +334,10 @@ static ls_status moe_ffn(const ls_hybrid_model *m, const ls_hybrid_layer *w, flo
         float *sg = ALLOC_F(A, T);     /* [T] gate logit */
         float *sgu = tp ? ALLOC_F(A, T * 2 * Is) : NULL, *sact = tp ? ALLOC_F(A, T * Is) : NULL;
         NEED(sh && sg && (!tp || (sgu && sact)));
-        LS_TRY(swiglu_ffn(sh, sgu, sact, xn, T, D, Is, w->sh_gu, w->sh_down, 0, sc));
+        ffn_lora fl = {m->lora, L->layer, offsetof(ls_hybrid_layer, sh_gu), offsetof(ls_hybrid_layer, sh_down), 0, 0};
+        LS_TRY(swiglu_ffn(sh, sgu, sact, xn, T, D, Is, w->sh_gu, w->sh_down, 0, &fl, sc));
         ls_linear_fwd(sg, xn, w->sh_gate, T, D, 1, 0);
+        LORA_FWD(m, L->layer, sh_gate, 0, 1, sg, xn, T, sc);
 #pragma omp parallel for schedule(static)
         for (int64_t t = 0; t < T; t++) {
             float s = 1.0f / (1.0f + expf(-sg[t]));
@@ -353,7 +388,8 @@ static ls_status layer_fwd(const ls_hybrid_model *m, int l, float *x, int skip_f
             float *gu = tp ? ALLOC_F(A, T * 2 * c->intermediate) : NULL;
             float *act = tp ? ALLOC_F(A, T * c->intermediate) : NULL;
             NEED(!tp || (gu && act));
-            LS_TRY(swiglu_ffn(x, gu, act, xn2, T, D, c->intermediate, w->mlp_gu, w->mlp_down, 1, L->sc));
+            ffn_lora fl = {m->lora, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0};
+            LS_TRY(swiglu_ffn(x, gu, act, xn2, T, D, c->intermediate, w->mlp_gu, w->mlp_down, 1, &fl, L->sc));
             if (tp) tp->gu = gu, tp->act = act;
         }
     }

@@ -8,10 +8,12 @@
  * will collect it.
  */
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "hybrid_tape.h"
 #include "longstraw/kernels.h"
+#include "longstraw/lora.h"
 #include "longstraw/trace.h"
 
 #define ALLOC_F(arena, n) ((float *)ls_arena_alloc((arena), (size_t)(n) * sizeof(float)))
@@ -27,8 +29,24 @@ static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
  * (frozen under LoRA: its weight gradient is skipped, not computed). */
 #define GOFF(p, off) ((p) ? (p) + (off) : NULL)
 
+/* LoRA side branch of a projection's backward (lora.h): dx += s·(dy·B)·A and the
+ * adapters' gradients. The model holds its adapters const (the weights are not
+ * written); their gradient buffers are. */
+#define LORA_BWD(m, layer, fld, off, N, dx, dy, x, T, sc)                                                        \
+    do {                                                                                                         \
+        if ((m)->lora)                                                                                           \
+            LS_TRY(ls_lora_linear_bwd((ls_lora *)(m)->lora, (layer), offsetof(ls_hybrid_layer, fld), (off), (N),  \
+                                      (dx), (dy), (x), (T), (sc)));                                              \
+    } while (0)
+#define LORA_FWD(m, layer, fld, off, N, out, x, T, sc)                                                          \
+    do {                                                                                                        \
+        if ((m)->lora)                                                                                          \
+            LS_TRY(ls_lora_linear_fwd((m)->lora, (layer), offsetof(ls_hybrid_layer, fld), (off), (N), (out), (x), \
+                                      (T), (sc)));                                                              \
+    } while (0)
+
 /* Gated DeltaNet mixer backward: dres[T,D] → dxn[T,D] (+=), weight grads (+=). */
-static ls_status gdn_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
+static ls_status gdn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
                          const ls_layer_tape *tp, const float *dres, float *dxn, int64_t T,
                          ls_arena *sc) {
     const ls_config *c = &m->cfg;
@@ -49,6 +67,7 @@ static ls_status gdn_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls_
     float *dqkv = CALLOC_F(sc, T * cd); /* [T, conv_dim] */
     NEED(d_on && d_o && d_z && dqn && dkn && dv && dbeta && dg && dba && dy && dqkv);
     ls_linear_bwd(d_on, gw->gdn_out, dres, tp->on, w->gdn_out, T, vd, D, 0);
+    LORA_BWD(m, l, gdn_out, 0, D, d_on, dres, tp->on, T, sc);
     ls_gated_rmsnorm_bwd(d_o, d_z, gw->gnorm, d_on, tp->o, tp->z, tp->grstd, w->gnorm, T * Hv, c->d_v);
     ls_gdr_dims dm = {c->H_k, c->H_v, c->d_k, c->d_v, 1.0f / sqrtf((float)c->d_k)};
     LS_TRY(ls_gdr_chunk_bwd(dqn + s0 * kd, dkn + s0 * kd, dv + s0 * vd, dbeta + s0 * Hv, dg + s0 * Hv, NULL,
@@ -82,13 +101,16 @@ static ls_status gdn_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls_
     ls_linear_bwd(dxn, GOFF(gw->gdn_in, cd * D), d_z, tp->xn1, w->gdn_in + cd * D, T, D, vd, 1);
     ls_linear_bwd(dxn, GOFF(gw->gdn_in, (cd + vd) * D), dba, tp->xn1, w->gdn_in + (cd + vd) * D, T, D, 2 * Hv,
                   1);
+    LORA_BWD(m, l, gdn_in, 0, cd, dxn, dqkv, tp->xn1, T, sc);
+    LORA_BWD(m, l, gdn_in, cd, vd, dxn, d_z, tp->xn1, T, sc);
+    LORA_BWD(m, l, gdn_in, cd + vd, 2 * Hv, dxn, dba, tp->xn1, T, sc);
     ls_arena_release(sc, mk);
     return LS_OK;
 }
 
 /* Gated attention backward: dres[T,D] → dxn[T,D] (+=). grad_from > 0 (naive mode)
  * detaches the K/V of earlier positions. */
-static ls_status attn_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
+static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
                           const ls_layer_tape *tp, const float *dres, float *dxn, int64_t T,
                           int64_t pos0, int64_t grad_from, ls_arena *sc) {
     const ls_config *c = &m->cfg;
@@ -101,6 +123,7 @@ static ls_status attn_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls
     float *dv = ALLOC_F(sc, T * kvd);
     NEED(d_aog && d_gate && dq && dk && dv);
     ls_linear_bwd(d_aog, gw->attn_out, dres, tp->aog, w->attn_out, T, qd, D, 0);
+    LORA_BWD(m, l, attn_out, 0, D, d_aog, dres, tp->aog, T, sc);
     for (int64_t i = 0; i < T * qd; i++) {
         float s = sigmoidf(tp->gate[i]);
         d_gate[i] = d_aog[i] * tp->ao[i] * s * (1.0f - s);
@@ -122,29 +145,48 @@ static ls_status attn_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls
     ls_linear_bwd(dxn, GOFF(gw->attn_in, 2 * qd * D), dk, tp->xn1, w->attn_in + 2 * qd * D, T, D, kvd, 1);
     ls_linear_bwd(dxn, GOFF(gw->attn_in, (2 * qd + kvd) * D), dv, tp->xn1, w->attn_in + (2 * qd + kvd) * D, T, D,
                   kvd, 1);
+    LORA_BWD(m, l, attn_in, 0, qd, dxn, dq, tp->xn1, T, sc);
+    LORA_BWD(m, l, attn_in, qd, qd, dxn, d_gate, tp->xn1, T, sc);
+    LORA_BWD(m, l, attn_in, 2 * qd, kvd, dxn, dk, tp->xn1, T, sc);
+    LORA_BWD(m, l, attn_in, 2 * qd + kvd, kvd, dxn, dv, tp->xn1, T, sc);
     ls_arena_release(sc, mk);
     return LS_OK;
 }
 
 /* SwiGLU backward on rows: dout[n,D] → dxs[n,D] (= or +=), weight grads (+=). gu[n,2I]
  * and act[n,I] are the forward's. */
+/* Which adapters an FFN's two projections carry (rows of gate|up and of down). */
+typedef struct {
+    ls_lora *lora;
+    int layer;
+    size_t gu, down;
+    int64_t gu_off, down_off;
+} ffn_lora;
+
+static ffn_lora ffn_of(const ls_hybrid_model *m, int l, size_t gu, size_t down, int64_t gu_off, int64_t down_off) {
+    ffn_lora f = {(ls_lora *)m->lora, l, gu, down, gu_off, down_off};
+    return f;
+}
+
 static ls_status swiglu_bwd(float *dxs, float *dgu_w, float *ddown_w, const float *dout, const float *xs,
                             const float *gu, const float *act, const float *gu_w, const float *down_w,
-                            int64_t n, int64_t D, int64_t I, int accumulate, ls_arena *sc) {
+                            int64_t n, int64_t D, int64_t I, int accumulate, const ffn_lora *fl, ls_arena *sc) {
     ls_arena_mark mk = ls_arena_get_mark(sc);
     float *d_act = ALLOC_F(sc, n * I);   /* [n, I] */
     float *dgu = ALLOC_F(sc, n * 2 * I); /* [n, 2I] */
     NEED(d_act && dgu);
     ls_linear_bwd(d_act, ddown_w, dout, act, down_w, n, I, D, 0);
+    if (fl->lora) LS_TRY(ls_lora_linear_bwd(fl->lora, fl->layer, fl->down, fl->down_off, D, d_act, dout, act, n, sc));
     ls_swiglu_bwd(dgu, d_act, gu, n, I);
     ls_linear_bwd(dxs, dgu_w, dgu, xs, gu_w, n, D, 2 * I, accumulate);
+    if (fl->lora) LS_TRY(ls_lora_linear_bwd(fl->lora, fl->layer, fl->gu, fl->gu_off, 2 * I, dxs, dgu, xs, n, sc));
     ls_arena_release(sc, mk);
     return LS_OK;
 }
 
 /* Sparse MoE backward (spec §5): experts are recomputed from the saved routing;
  * the router gets its gradient through the top-k combine weights. */
-static ls_status moe_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
+static ls_status moe_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
                          const ls_layer_tape *tp, const float *dres, float *dxn, int64_t T,
                          ls_arena *sc) {
     const ls_config *c = &m->cfg;
@@ -169,8 +211,10 @@ static ls_status moe_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls_
         const float *Wgu = w->exp_gu + (int64_t)e * 2 * Im * D, *Wdn = w->exp_down + (int64_t)e * D * Im;
         for (int64_t i = 0; i < n; i++) memcpy(xs + i * D, tp->xn2 + (r[i] / K) * D, (size_t)D * sizeof(float));
         ls_linear_fwd(gu, xs, Wgu, n, D, 2 * Im, 0); /* recompute the expert */
+        LORA_FWD(m, l, exp_gu, (int64_t)e * 2 * Im, 2 * Im, gu, xs, n, sc);
         ls_swiglu_fwd(act, gu, n, Im);
         ls_linear_fwd(ys, act, Wdn, n, Im, D, 0);
+        LORA_FWD(m, l, exp_down, (int64_t)e * D, D, ys, act, n, sc);
         for (int64_t i = 0; i < n; i++) {
             const float *dr = dres + (r[i] / K) * D;
             double dot = 0;
@@ -180,8 +224,10 @@ static ls_status moe_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls_
             }
             dwt[r[i]] = (float)dot;
         }
+        ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, exp_gu), offsetof(ls_hybrid_layer, exp_down),
+                             (int64_t)e * 2 * Im, (int64_t)e * D);
         LS_TRY(swiglu_bwd(dxs, GOFF(gw->exp_gu, (int64_t)e * 2 * Im * D), GOFF(gw->exp_down, (int64_t)e * D * Im), dys,
-                          xs, gu, act, Wgu, Wdn, n, D, Im, 0, sc));
+                          xs, gu, act, Wgu, Wdn, n, D, Im, 0, &fl, sc));
         for (int64_t i = 0; i < n; i++) {
             float *dx = dxn + (r[i] / K) * D;
             for (int64_t d = 0; d < D; d++) dx[d] += dxs[i * D + d];
@@ -207,6 +253,7 @@ static ls_status moe_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls_
         for (int e = 0; e < E; e++) dl[e] = (float)(p[e] * (dp[e] - s));
     }
     ls_linear_bwd(dxn, gw->router, dlog, tp->xn2, w->router, T, D, E, 1);
+    LORA_BWD(m, l, router, 0, E, dxn, dlog, tp->xn2, T, sc);
     if (c->shared_inter > 0) {
         int64_t Is = c->shared_inter;
         float *dsh = ALLOC_F(sc, T * D); /* [T, D] */
@@ -221,9 +268,11 @@ static ls_status moe_bwd(const ls_hybrid_model *m, const ls_hybrid_layer *w, ls_
             }
             ds[t] = (float)(dot * sg * (1.0f - sg));
         }
+        ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, sh_gu), offsetof(ls_hybrid_layer, sh_down), 0, 0);
         LS_TRY(swiglu_bwd(dxn, gw->sh_gu, gw->sh_down, dsh, tp->xn2, tp->sh_gu, tp->sh_act, w->sh_gu, w->sh_down,
-                          T, D, Is, 1, sc));
+                          T, D, Is, 1, &fl, sc));
         ls_linear_bwd(dxn, gw->sh_gate, ds, tp->xn2, w->sh_gate, T, D, 1, 1);
+        LORA_BWD(m, l, sh_gate, 0, 1, dxn, ds, tp->xn2, T, sc);
     }
     ls_arena_release(sc, mk);
     return LS_OK;
@@ -242,18 +291,21 @@ static ls_status layer_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, int 
     NEED(dxn);
     /* FFN: x_out = x_mid + FFN(norm2(x_mid)) */
     if (c->moe[l])
-        LS_TRY(moe_bwd(m, w, gw, tp, dx, dxn, T, sc));
+        LS_TRY(moe_bwd(m, l, w, gw, tp, dx, dxn, T, sc));
     else
+    {
+        ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0);
         LS_TRY(swiglu_bwd(dxn, gw->mlp_gu, gw->mlp_down, dx, tp->xn2, tp->gu, tp->act, w->mlp_gu, w->mlp_down, T,
-                          D, c->intermediate, 1, sc));
+                          D, c->intermediate, 1, &fl, sc));
+    }
     ls_rmsnorm_bwd(dxn, gw->post_norm, dxn, tp->x_mid, tp->rstd2, w->post_norm, T, D);
     for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i];
     /* mixer: x_mid = x_in + Mixer(norm1(x_in)) */
     memset(dxn, 0, (size_t)(T * D) * sizeof(float));
     if (c->kind[l] == LS_LAYER_GDN)
-        LS_TRY(gdn_bwd(m, w, gw, tp, dx, dxn, T, sc));
+        LS_TRY(gdn_bwd(m, l, w, gw, tp, dx, dxn, T, sc));
     else
-        LS_TRY(attn_bwd(m, w, gw, tp, dx, dxn, T, tb->pos0, tb->grad_from, sc));
+        LS_TRY(attn_bwd(m, l, w, gw, tp, dx, dxn, T, tb->pos0, tb->grad_from, sc));
     ls_rmsnorm_bwd(dxn, gw->input_norm, dxn, tp->x_in, tp->rstd1, w->input_norm, T, D);
     for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i];
     ls_arena_release(sc, mk);

@@ -89,10 +89,15 @@ typedef struct {
     const ls_hybrid_model *dst; /* with `lora`: only the slots its modules adapt */
     const ls_lora *lora;
     const ls_hybrid_model *alias; /* non-NULL: the other slots point at this model's tensors */
+    int none;                     /* every slot NULL */
 } alloc_ctx;
 
 static void alloc_slot(float **slot, int64_t n, int no_decay, const char *what, void *vctx) {
     alloc_ctx *ac = vctx;
+    if (ac->none) {
+        *slot = NULL;
+        return;
+    }
     if (ac->lora) {
         const char *sp = (const char *)slot, *l0 = (const char *)ac->dst->layers;
         size_t lsz = sizeof(ls_hybrid_layer);
@@ -115,7 +120,7 @@ static void alloc_slot(float **slot, int64_t n, int no_decay, const char *what, 
 }
 
 static ls_status alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena, const ls_lora *lora,
-                            const ls_hybrid_model *alias) {
+                            const ls_hybrid_model *alias, int none) {
     memset(dst, 0, sizeof *dst);
     dst->cfg = src->cfg;
     snprintf(dst->prefix, sizeof dst->prefix, "%s", src->prefix);
@@ -124,7 +129,7 @@ static ls_status alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls
     dst->n_params = src->n_params;
     dst->layers = ls_arena_calloc(arena, (size_t)src->cfg.n_layers, sizeof(ls_hybrid_layer));
     if (!dst->layers) return LS_ERR_NOMEM;
-    alloc_ctx ac = {arena, 0, dst, lora, alias};
+    alloc_ctx ac = {arena, 0, dst, lora, alias, none};
     visit(dst, alloc_slot, &ac);
     if (ac.failed) return LS_ERR_NOMEM;
     if (dst->cfg.tie_embeddings) dst->lm_head = dst->embed;
@@ -132,17 +137,21 @@ static ls_status alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls
 }
 
 ls_status ls_hybrid_alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena) {
-    return alloc_like(src, dst, arena, NULL, NULL);
+    return alloc_like(src, dst, arena, NULL, NULL, 0);
+}
+
+ls_status ls_hybrid_alloc_none(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena) {
+    return alloc_like(src, dst, arena, NULL, NULL, 1);
 }
 
 ls_status ls_hybrid_alloc_grad_lora(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena,
                                     const ls_lora *lora) {
-    return alloc_like(src, dst, arena, lora, NULL);
+    return alloc_like(src, dst, arena, lora, NULL, 0);
 }
 
 ls_status ls_hybrid_alloc_merged_lora(const ls_hybrid_model *base, ls_hybrid_model *dst, ls_arena *arena,
                                       const ls_lora *lora) {
-    return alloc_like(base, dst, arena, lora, base);
+    return alloc_like(base, dst, arena, lora, base, 0);
 }
 
 /* ---- export ------------------------------------------------------------------ */

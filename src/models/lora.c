@@ -65,6 +65,10 @@ struct ls_lora {
     lora_mod *mod; /* (n) */
     int64_t n;
     double alpha;
+    /* modules by layer (side branches look them up per projection): idx[start[l+1] ..
+     * start[l+2]) are the modules of layer l, idx[start[0] .. start[1]) the LM head's */
+    int64_t *idx, *start;
+    int n_layers;
 };
 
 /* ---- the adaptable weights of a model ----------------------------------------------- */
@@ -425,6 +429,24 @@ static ls_status load_pass2(ls_lora *L, const ls_hybrid_model *m, const ls_st_fi
     return LS_OK;
 }
 
+/* The per-layer module index (fixed arena). */
+static ls_status build_index(ls_lora *L, int n_layers, ls_arena *fixed) {
+    L->n_layers = n_layers;
+    L->start = ls_arena_calloc(fixed, (size_t)n_layers + 2, sizeof(int64_t));
+    L->idx = ls_arena_alloc(fixed, (size_t)(L->n > 0 ? L->n : 1) * sizeof(int64_t));
+    if (!L->start || !L->idx) return ls_err(LS_ERR_NOMEM, "LoRA: module index");
+    for (int64_t i = 0; i < L->n; i++) L->start[L->mod[i].layer + 2]++; /* counts, layer −1 → slot 1 */
+    for (int k = 1; k < n_layers + 2; k++) L->start[k] += L->start[k - 1];
+    int64_t *fill = calloc((size_t)n_layers + 1, sizeof(int64_t));
+    if (!fill) return ls_err(LS_ERR_NOMEM, "LoRA: module index");
+    for (int64_t i = 0; i < L->n; i++) {
+        int k = L->mod[i].layer + 1;
+        L->idx[L->start[k] + fill[k]++] = i;
+    }
+    free(fill);
+    return LS_OK;
+}
+
 ls_status ls_lora_load(ls_lora **out, const ls_hybrid_model *m, const char *path, double alpha,
                        ls_arena *fixed, ls_arena *grad) {
     *out = NULL;
@@ -441,6 +463,7 @@ ls_status ls_lora_load(ls_lora **out, const ls_hybrid_model *m, const char *path
     }
     ls_arena_mark mf = ls_arena_get_mark(fixed), mg = ls_arena_get_mark(grad);
     s = load_modules(out, m, &f, path, alpha, fixed, grad, tg, ntg);
+    if (s == LS_OK) s = build_index(*out, (int)m->cfg.n_layers, fixed);
     if (s != LS_OK) { /* give back whatever the failed load took */
         *out = NULL;
         ls_arena_release(fixed, mf);
@@ -581,6 +604,7 @@ ls_status ls_lora_new(ls_lora **out, const ls_hybrid_model *m, const char *targe
     }
     ls_arena_mark mf = ls_arena_get_mark(fixed), mg = ls_arena_get_mark(grad);
     s = new_modules(out, m, targets, rank, alpha, seed, fixed, grad, tg, ntg, names, nn);
+    if (s == LS_OK) s = build_index(*out, (int)m->cfg.n_layers, fixed);
     if (s != LS_OK) {
         *out = NULL;
         ls_arena_release(fixed, mf);
@@ -708,4 +732,78 @@ int ls_lora_adapts(const ls_lora *L, int layer, size_t field) {
     for (int64_t i = 0; L && i < L->n; i++)
         if (L->mod[i].layer == layer && (layer < 0 || L->mod[i].field == field)) return 1;
     return 0;
+}
+
+/* ---- side branches: W·x + s·B·(A·x) without forming W + s·B·A ------------------------- */
+
+int ls_lora_side_ok(const ls_lora *L) { return L && L->start && L->start[1] == L->start[0]; }
+
+/* Internal rows [a, z) of segment sg that fall in [off, off + N); 0 when none. */
+static int64_t seg_overlap(const lora_seg *sg, int64_t off, int64_t N, int64_t *a) {
+    int64_t lo = sg->row0 > off ? sg->row0 : off, hi = sg->row0 + sg->n < off + N ? sg->row0 + sg->n : off + N;
+    *a = lo;
+    return hi > lo ? hi - lo : 0;
+}
+
+static int mod_hits(const lora_mod *md, size_t field, int64_t off, int64_t N) {
+    if (md->field != field) return 0;
+    int64_t a;
+    for (int64_t s = 0; s < md->nseg; s++)
+        if (seg_overlap(&md->seg[s], off, N, &a)) return 1;
+    return 0;
+}
+
+ls_status ls_lora_linear_fwd(const ls_lora *L, int layer, size_t field, int64_t off, int64_t N, float *out,
+                             const float *x, int64_t T, ls_arena *sc) {
+    if (!L || T <= 0) return LS_OK;
+    for (int64_t j = L->start[layer + 1]; j < L->start[layer + 2]; j++) {
+        const lora_mod *md = &L->mod[L->idx[j]];
+        if (!mod_hits(md, field, off, N)) continue;
+        int in = (int)md->in, r = (int)md->r;
+        ls_arena_mark mk = ls_arena_get_mark(sc);
+        float *u = ls_arena_alloc(sc, (size_t)T * (size_t)r * sizeof(float)); /* (T, r) = x·Aᵀ */
+        if (!u) return ls_err_ctx(LS_ERR_NOMEM, "LoRA side branch of %s", md->name);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, r, in, 1.0f, x, in, md->A, in, 0.0f, u, r);
+        for (int64_t s = 0; s < md->nseg; s++) {
+            int64_t a, n = seg_overlap(&md->seg[s], off, N, &a);
+            if (!n) continue;
+            const float *Bs = md->B + (md->seg[s].hf0 + (a - md->seg[s].row0)) * r; /* (n, r) */
+            /* out[:, a − off .. +n) += s · u · Bsᵀ */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)n, r, md->scale, u, r, Bs, r, 1.0f,
+                        out + (a - off), (int)N);
+        }
+        ls_arena_release(sc, mk);
+    }
+    return LS_OK;
+}
+
+ls_status ls_lora_linear_bwd(ls_lora *L, int layer, size_t field, int64_t off, int64_t N, float *dx,
+                             const float *dy, const float *x, int64_t T, ls_arena *sc) {
+    if (!L || T <= 0) return LS_OK;
+    for (int64_t j = L->start[layer + 1]; j < L->start[layer + 2]; j++) {
+        lora_mod *md = &L->mod[L->idx[j]];
+        if (!mod_hits(md, field, off, N)) continue;
+        int in = (int)md->in, r = (int)md->r;
+        ls_arena_mark mk = ls_arena_get_mark(sc);
+        float *u = ls_arena_alloc(sc, (size_t)T * (size_t)r * sizeof(float));  /* (T, r) = x·Aᵀ */
+        float *v = ls_arena_calloc(sc, (size_t)T * (size_t)r, sizeof(float)); /* (T, r) = dy·B over the rows */
+        if (!u || !v) return ls_err_ctx(LS_ERR_NOMEM, "LoRA side branch of %s", md->name);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, r, in, 1.0f, x, in, md->A, in, 0.0f, u, r);
+        for (int64_t s = 0; s < md->nseg; s++) {
+            int64_t a, n = seg_overlap(&md->seg[s], off, N, &a);
+            if (!n) continue;
+            int64_t hf = md->seg[s].hf0 + (a - md->seg[s].row0);
+            const float *dys = dy + (a - off); /* (T, n), stride N */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, r, (int)n, 1.0f, dys, (int)N, md->B + hf * r, r,
+                        1.0f, v, r);
+            /* dB[hf .. hf+n) += s · dysᵀ · u */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, r, (int)T, md->scale, dys, (int)N, u, r, 1.0f,
+                        md->gB + hf * r, r);
+        }
+        /* dA += s · vᵀ · x;  dx += s · v · A */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, in, (int)T, md->scale, v, r, x, in, 1.0f, md->gA, in);
+        if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, in, r, md->scale, v, r, md->A, in, 1.0f, dx, in);
+        ls_arena_release(sc, mk);
+    }
+    return LS_OK;
 }

@@ -183,8 +183,9 @@ static ls_status optimize(ls_hybrid_model *policy, ls_hybrid_model *grad, ls_ada
                 p[i] = (float)((double)(p[i] * decay) - o->lr * mh / (sqrt(vh) + o->adam_eps));
             }
         }
-        /* LoRA: the policy is base + adapters; merge the updated adapters */
-        if (o->lora) ls_lora_merge(o->lora, o->lora_base, policy);
+        /* merged LoRA: the policy is a copy of base + adapters; refresh it (side branches
+         * read the adapters themselves) */
+        if (o->lora && !policy->lora) ls_lora_merge(o->lora, o->lora_base, policy);
     }
     free(pp);
     free(gp);
@@ -466,7 +467,8 @@ ls_status ls_grpo_update_batch(ls_hybrid_model *policy, const ls_hybrid_model *r
         if (it == 0) batch_metrics(mt, groups, gs, n_groups);
         t0 = ls_now();
         ls_trace_phase_begin("optimize");
-        if (o->lora) ls_lora_backward(o->lora, grad); /* ∂L/∂W_eff → adapters */
+        /* merged LoRA: ∂L/∂W_eff → adapters (side branches fed the adapters directly) */
+        if (o->lora && !policy->lora) ls_lora_backward(o->lora, grad);
         double c = batch_constant(groups, n_groups, o->loss, o->max_completion_length);
         scale_params(gp, ngp, c);
         mt->loss = c * acc.loss;
