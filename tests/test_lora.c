@@ -11,6 +11,7 @@
  *  (4) export → load round trip under PEFT names, gradient export, load errors.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@
 
 int test_lora_merge_and_grad(void);
 int test_lora_grad_subset(void);
+int test_lora_side_branch_fd(void);
 
 #define FIX LS_SOURCE_DIR "/tests/reference/fixtures"
 #define PEFT "base_model.model."
@@ -560,6 +562,111 @@ int test_lora_grad_subset(void) {
     free(pa);
     free(pb);
     ls_group_free(&g);
+    ls_arenas_free(&ar);
+    return 0;
+}
+
+/* The side branch of one projection (ls_lora_linear_fwd/_bwd) against a double
+ * forward written here, out[t, j] = s·Σ B[j,:]·(A·x_t) on the adapter's rows, and
+ * its backward by central differences (h = 1e-6) of L = Σ out·R in double: dx, dA,
+ * dB. The adapter is in_proj_z of q35_dense (rows [cd, cd+vd) of the fused GDN input
+ * projection); a call for another row block (the qkv rows) must leave it out. */
+int test_lora_side_branch_fd(void) {
+    ls_arenas ar;
+    ls_arenas_init(&ar);
+    ls_arena *fixed = &ar.a[LS_ARENA_FIXED], *grad = &ar.a[LS_ARENA_GRAD], *sc = &ar.a[LS_ARENA_SCRATCH];
+    ls_hybrid_model m;
+    T_OK(ls_hybrid_load(&m, FIX "/q35_dense", fixed));
+    ls_lora *L;
+    T_OK(ls_lora_new(&L, &m, "in_proj_z", 3, 6.0, 2, fixed, grad));
+    if (randomize_B(L, 9)) return 1;
+    const ls_config *c = &m.cfg;
+    int layer = -1;
+    for (int l = 0; l < c->n_layers && layer < 0; l++)
+        if (c->kind[l] == LS_LAYER_GDN) layer = l;
+    T_CHECK(layer >= 0, "no GDN layer");
+    int64_t D = c->hidden, cd = ls_cfg_conv_dim(c), vd = ls_cfg_value_dim(c), T = 3;
+    size_t field = offsetof(ls_hybrid_layer, gdn_in);
+    /* this layer's module: A (r, D) then B (vd, r) in ls_lora_params order */
+    ls_param *w, *g;
+    int64_t np;
+    T_OK(ls_lora_params(L, &w, &g, NULL, NULL, &np));
+    int64_t mi = -1;
+    char want[96];
+    snprintf(want, sizeof want, "layers.%d.linear_attn.in_proj_z.lora_A", layer);
+    for (int64_t i = 0; i < np && mi < 0; i += 2)
+        if (strstr(w[i].what, want)) mi = i;
+    T_CHECK(mi >= 0, "module of layer %d not found", layer);
+    const int64_t r = w[mi].n / D;
+    float *A = w[mi].p, *B = w[mi + 1].p, *gA = g[mi].p, *gB = g[mi + 1].p;
+    T_CHECK(r == 3 && w[mi + 1].n == vd * r, "module shapes");
+    const double s = 6.0 / 3.0;
+    ls_rng rng;
+    ls_rng_seed(&rng, 77);
+    float *x = malloc((size_t)(T * D) * sizeof(float)), *out = calloc((size_t)(T * vd), sizeof(float));
+    float *R = malloc((size_t)(T * vd) * sizeof(float)), *dx = calloc((size_t)(T * D), sizeof(float));
+    float *other = calloc((size_t)(T * cd), sizeof(float));
+    t_fill_normal(x, T * D, &rng, 1.0f);
+    t_fill_normal(R, T * vd, &rng, 1.0f);
+    /* forward: the rows of this projection call are exactly the adapter's */
+    T_OK(ls_lora_linear_fwd(L, layer, field, cd, vd, out, x, T, sc));
+    T_OK(ls_lora_linear_fwd(L, layer, field, 0, cd, other, x, T, sc)); /* the qkv block: untouched */
+    for (int64_t i = 0; i < T * cd; i++) T_CHECK(other[i] == 0.0f, "a row block outside the adapter was written");
+    double fe = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < vd; j++) {
+            double acc = 0;
+            for (int64_t k = 0; k < r; k++) {
+                double ax = 0;
+                for (int64_t d = 0; d < D; d++) ax += (double)A[k * D + d] * x[t * D + d];
+                acc += (double)B[j * r + k] * ax;
+            }
+            double e = fabs(s * acc - out[t * vd + j]);
+            if (!(e <= fe)) fe = e;
+        }
+    T_CHECK(fe <= 1e-4, "side-branch forward differs from the double forward by %.3e", fe);
+    /* backward */
+    ls_lora_zero_grad(L);
+    T_OK(ls_lora_linear_bwd(L, layer, field, cd, vd, dx, R, x, T, sc));
+    /* central differences in double of L(x, A, B) = Σ R ⊙ s·(x·Aᵀ)·Bᵀ */
+    double *xd = malloc((size_t)(T * D) * sizeof(double)), *Ad = malloc((size_t)(r * D) * sizeof(double));
+    double *Bd = malloc((size_t)(vd * r) * sizeof(double));
+    for (int64_t i = 0; i < T * D; i++) xd[i] = x[i];
+    for (int64_t i = 0; i < r * D; i++) Ad[i] = A[i];
+    for (int64_t i = 0; i < vd * r; i++) Bd[i] = B[i];
+    double *vars[3] = {xd, Ad, Bd};
+    const float *an[3] = {dx, gA, gB};
+    const int64_t nv[3] = {T * D, r * D, vd * r};
+    static const char *vname[3] = {"dx", "dA", "dB"};
+    double worst = 0;
+    for (int v = 0; v < 3; v++) {
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < nv[v]; i++) {
+            double keep = vars[v][i], lp = 0, lm = 0;
+            for (int pass = 0; pass < 2; pass++) {
+                vars[v][i] = keep + (pass ? -1e-6 : 1e-6);
+                double Ls = 0;
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t k = 0; k < r; k++) {
+                        double ax = 0;
+                        for (int64_t d = 0; d < D; d++) ax += Ad[k * D + d] * xd[t * D + d];
+                        for (int64_t j = 0; j < vd; j++) Ls += R[t * vd + j] * s * Bd[j * r + k] * ax;
+                    }
+                if (pass) lm = Ls;
+                else lp = Ls;
+            }
+            vars[v][i] = keep;
+            double fd = (lp - lm) / 2e-6, d = fd - an[v][i];
+            num += d * d;
+            den += fd * fd;
+        }
+        double rel = sqrt(num / den);
+        printf("  side branch %s: relative error vs central differences %.2e (%lld elements)\n", vname[v], rel,
+               (long long)nv[v]);
+        T_CHECK(den > 0 && rel <= 1e-4, "%s: relative error %.3e", vname[v], rel);
+        if (!(rel <= worst)) worst = rel;
+    }
+    free(xd), free(Ad), free(Bd), free(x), free(out), free(R), free(dx), free(other), free(w), free(g);
     ls_arenas_free(&ar);
     return 0;
 }
