@@ -52,6 +52,11 @@ ls_status cli_write_memstream(const char *path, FILE *f, char **buf, size_t *len
 /* adapter_config.json as PEFT writes it (the fields a loader needs). */
 ls_status cli_write_adapter_config(const char *path, const cli_train *t, const ls_lora *lora);
 
+/* M_live terms predicted from the config (DESIGN §1): gradient bytes, fixed bytes
+ * (weights, and the AdamW moments when `optimizer`; with LoRA side branches the base
+ * plus adapters and their moments). A LoRA on the LM head (merged mode) also holds the
+ * copies and gradients of the adapted tensors, which this leaves out. */
+void cli_predict_bytes(const ls_hybrid_model *base, const ls_lora *lora, int optimizer, size_t *grad, size_t *fixed);
 ls_status cli_write_receipt(const char *path, const char *cmd, const ls_hybrid_model *m, const ls_group *g,
                             const ls_grpo_opts *o, const ls_grpo_metrics *mt, const ls_arenas *ar);
 

@@ -705,13 +705,8 @@ static void trace_update_end(trainer *tr, const ls_group *g, const ls_grpo_metri
     if (!ls_trace_on()) return;
     ls_state_plan_t plan;
     ls_state_plan(&plan, &tr->pol.base.cfg, g->P, tr->a->t.o.page_size, tr->a->t.o.state_dtype, 1);
-    size_t params = 0;
-    ls_param *pp;
-    int64_t np;
-    if (ls_hybrid_params(&tr->pol.base, &pp, &np) == LS_OK) {
-        for (int64_t k = 0; k < np; k++) params += (size_t)pp[k].n;
-        free(pp);
-    }
+    size_t pgrad, pfixed;
+    cli_predict_bytes(&tr->pol.base, tr->pol.lora, 1, &pgrad, &pfixed);
     char R[512];
     int off = 0;
     for (int i = 0; i < g->G && off < (int)sizeof R - 24; i++) off += snprintf(R + off, sizeof R - (size_t)off, "%s%lld", i ? ", " : "", (long long)g->R[i]);
@@ -721,7 +716,7 @@ static void trace_update_end(trainer *tr, const ls_group *g, const ls_grpo_metri
                    "\"fixed\": %zu}, \"measured\": {\"prompt\": %zu, \"grad\": %zu, \"fixed\": %zu, \"branch\": %zu, "
                    "\"score\": %zu, \"scratch\": %zu}, \"rss\": %zu",
                    (long long)tr->update, (long long)g->P, g->G, R, tr->a->t.o.no_capture ? (size_t)0 : plan.total_bytes_per_rank,
-                   params * 4, params * 4 * (tr->pol.lora ? 2 : 3), mt->prompt_bytes, ar->a[LS_ARENA_GRAD].peak,
+                   pgrad, pfixed, mt->prompt_bytes, ar->a[LS_ARENA_GRAD].peak,
                    ar->a[LS_ARENA_FIXED].peak, ar->a[LS_ARENA_BRANCH].peak, ar->a[LS_ARENA_SCORE].peak,
                    ar->a[LS_ARENA_SCRATCH].peak, ls_peak_rss_bytes());
 }

@@ -270,6 +270,27 @@ static void json_num(FILE *f, const char *k, double v, int comma) {
     fputs(comma ? ",\n" : "\n", f);
 }
 
+void cli_predict_bytes(const ls_hybrid_model *base, const ls_lora *lora, int optimizer, size_t *grad, size_t *fixed) {
+    size_t params = 0, adapters = 0;
+    ls_param *pp;
+    int64_t np;
+    if (ls_hybrid_params(base, &pp, &np) == LS_OK) {
+        for (int64_t k = 0; k < np; k++) params += (size_t)pp[k].n;
+        free(pp);
+    }
+    if (lora && ls_lora_params(lora, &pp, NULL, NULL, NULL, &np) == LS_OK) {
+        for (int64_t k = 0; k < np; k++) adapters += (size_t)pp[k].n;
+        free(pp);
+    }
+    if (!lora) {
+        *grad = 4 * params;
+        *fixed = 4 * params * (optimizer ? 3 : 1);
+    } else { /* side branches: adapter gradients only; base + adapters with their moments */
+        *grad = 4 * adapters;
+        *fixed = 4 * params + 12 * adapters;
+    }
+}
+
 ls_status cli_write_receipt(const char *path, const char *cmd, const ls_hybrid_model *m, const ls_group *g,
                             const ls_grpo_opts *o, const ls_grpo_metrics *mt, const ls_arenas *ar) {
     char *buf = NULL;
@@ -278,13 +299,8 @@ ls_status cli_write_receipt(const char *path, const char *cmd, const ls_hybrid_m
     if (!f) return ls_err(LS_ERR_NOMEM, "%s: cannot build the receipt", path);
     ls_state_plan_t plan;
     ls_state_plan(&plan, &m->cfg, g->P, o->page_size, o->state_dtype, 1);
-    size_t params = 0;
-    ls_param *pp;
-    int64_t np;
-    if (ls_hybrid_params(m, &pp, &np) == LS_OK) {
-        for (int64_t k = 0; k < np; k++) params += (size_t)pp[k].n;
-        free(pp);
-    }
+    size_t pgrad, pfixed;
+    cli_predict_bytes(m, o->lora, strcmp(cmd, "grad") != 0, &pgrad, &pfixed);
     fprintf(f, "{\n  \"command\": \"%s\",\n  \"mode\": \"%s\",\n  \"P\": %d,\n  \"G\": %d,\n  \"R\": [", cmd,
             o->no_capture ? "naive" : "prefix-frozen", mt->P, mt->G);
     for (int i = 0; i < g->G; i++) fprintf(f, "%s%lld", i ? ", " : "", (long long)g->R[i]);
@@ -302,8 +318,8 @@ ls_status cli_write_receipt(const char *path, const char *cmd, const ls_hybrid_m
                "    \"fixed\": {\"predicted_min\": %zu, \"measured\": %zu},\n"
                "    \"branch\": {\"measured\": %zu},\n    \"score\": {\"measured\": %zu},\n"
                "    \"scratch\": {\"measured\": %zu}\n  },\n",
-            o->no_capture ? (size_t)0 : plan.total_bytes_per_rank, ar->a[LS_ARENA_PROMPT].peak, params * 4,
-            ar->a[LS_ARENA_GRAD].peak, params * 4 * (strcmp(cmd, "grad") != 0 ? 3 : 1), ar->a[LS_ARENA_FIXED].peak,
+            o->no_capture ? (size_t)0 : plan.total_bytes_per_rank, ar->a[LS_ARENA_PROMPT].peak, pgrad,
+            ar->a[LS_ARENA_GRAD].peak, pfixed, ar->a[LS_ARENA_FIXED].peak,
             ar->a[LS_ARENA_BRANCH].peak, ar->a[LS_ARENA_SCORE].peak, ar->a[LS_ARENA_SCRATCH].peak);
     fprintf(f, "  \"iterations\": [");
     for (int i = 0; i < mt->n_iter && i < 64; i++) {
