@@ -32,23 +32,6 @@ void ls_fwd_opts_default(ls_fwd_opts *o) {
  * chunked form's 64-row blocks cost more than they save for a decode step). */
 #define GDN_SERIAL_MAX_T 4
 
-/* LoRA side branch after a base projection (lora.h): rows [off, off+N) of internal
- * tensor `fld` of `layer`. A no-op without adapters. */
-#define LORA_FWD(m, layer, fld, off, N, out, x, T, sc)                                                          \
-    do {                                                                                                        \
-        if ((m)->lora)                                                                                          \
-            LS_TRY(ls_lora_linear_fwd((m)->lora, (layer), offsetof(ls_hybrid_layer, fld), (off), (N), (out), (x), \
-                                      (T), (sc)));                                                              \
-    } while (0)
-
-/* Which adapters an FFN's two projections carry (rows of gate|up and of down). */
-typedef struct {
-    const ls_lora *lora;
-    int layer;
-    size_t gu, down;
-    int64_t gu_off, down_off;
-} ffn_lora;
-
 static float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 /* Per-call context of one layer. */
@@ -317,8 +300,8 @@ static ls_status moe_ffn(const ls_hybrid_model *m, const ls_hybrid_layer *w, flo
         if (n == 0) continue;
         const int64_t *r = rows + count[e];
         for (int64_t i = 0; i < n; i++) memcpy(xs + i * D, xn + (r[i] / K) * D, (size_t)D * sizeof(float));
-        ffn_lora fl = {m->lora, L->layer, offsetof(ls_hybrid_layer, exp_gu), offsetof(ls_hybrid_layer, exp_down),
-                       (int64_t)e * 2 * Im, (int64_t)e * D};
+        ffn_lora fl = ffn_of(m, L->layer, offsetof(ls_hybrid_layer, exp_gu), offsetof(ls_hybrid_layer, exp_down),
+                             (int64_t)e * 2 * Im, (int64_t)e * D);
         LS_TRY(swiglu_ffn(ys, NULL, NULL, xs, n, D, Im, w->exp_gu + (int64_t)e * 2 * Im * D,
                           w->exp_down + (int64_t)e * D * Im, 0, &fl, sc));
         for (int64_t i = 0; i < n; i++) {
@@ -334,7 +317,7 @@ static ls_status moe_ffn(const ls_hybrid_model *m, const ls_hybrid_layer *w, flo
         float *sg = ALLOC_F(A, T);     /* [T] gate logit */
         float *sgu = tp ? ALLOC_F(A, T * 2 * Is) : NULL, *sact = tp ? ALLOC_F(A, T * Is) : NULL;
         NEED(sh && sg && (!tp || (sgu && sact)));
-        ffn_lora fl = {m->lora, L->layer, offsetof(ls_hybrid_layer, sh_gu), offsetof(ls_hybrid_layer, sh_down), 0, 0};
+        ffn_lora fl = ffn_of(m, L->layer, offsetof(ls_hybrid_layer, sh_gu), offsetof(ls_hybrid_layer, sh_down), 0, 0);
         LS_TRY(swiglu_ffn(sh, sgu, sact, xn, T, D, Is, w->sh_gu, w->sh_down, 0, &fl, sc));
         ls_linear_fwd(sg, xn, w->sh_gate, T, D, 1, 0);
         LORA_FWD(m, L->layer, sh_gate, 0, 1, sg, xn, T, sc);
@@ -388,7 +371,7 @@ static ls_status layer_fwd(const ls_hybrid_model *m, int l, float *x, int skip_f
             float *gu = tp ? ALLOC_F(A, T * 2 * c->intermediate) : NULL;
             float *act = tp ? ALLOC_F(A, T * c->intermediate) : NULL;
             NEED(!tp || (gu && act));
-            ffn_lora fl = {m->lora, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0};
+            ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0);
             LS_TRY(swiglu_ffn(x, gu, act, xn2, T, D, c->intermediate, w->mlp_gu, w->mlp_down, 1, &fl, L->sc));
             if (tp) tp->gu = gu, tp->act = act;
         }

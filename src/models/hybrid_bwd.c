@@ -38,12 +38,6 @@ static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
             LS_TRY(ls_lora_linear_bwd((ls_lora *)(m)->lora, (layer), offsetof(ls_hybrid_layer, fld), (off), (N),  \
                                       (dx), (dy), (x), (T), (sc)));                                              \
     } while (0)
-#define LORA_FWD(m, layer, fld, off, N, out, x, T, sc)                                                          \
-    do {                                                                                                        \
-        if ((m)->lora)                                                                                          \
-            LS_TRY(ls_lora_linear_fwd((m)->lora, (layer), offsetof(ls_hybrid_layer, fld), (off), (N), (out), (x), \
-                                      (T), (sc)));                                                              \
-    } while (0)
 
 /* Gated DeltaNet mixer backward: dres[T,D] → dxn[T,D] (+=), weight grads (+=). */
 static ls_status gdn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
@@ -155,19 +149,6 @@ static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer
 
 /* SwiGLU backward on rows: dout[n,D] → dxs[n,D] (= or +=), weight grads (+=). gu[n,2I]
  * and act[n,I] are the forward's. */
-/* Which adapters an FFN's two projections carry (rows of gate|up and of down). */
-typedef struct {
-    ls_lora *lora;
-    int layer;
-    size_t gu, down;
-    int64_t gu_off, down_off;
-} ffn_lora;
-
-static ffn_lora ffn_of(const ls_hybrid_model *m, int l, size_t gu, size_t down, int64_t gu_off, int64_t down_off) {
-    ffn_lora f = {(ls_lora *)m->lora, l, gu, down, gu_off, down_off};
-    return f;
-}
-
 static ls_status swiglu_bwd(float *dxs, float *dgu_w, float *ddown_w, const float *dout, const float *xs,
                             const float *gu, const float *act, const float *gu_w, const float *down_w,
                             int64_t n, int64_t D, int64_t I, int accumulate, const ffn_lora *fl, ls_arena *sc) {
@@ -176,10 +157,12 @@ static ls_status swiglu_bwd(float *dxs, float *dgu_w, float *ddown_w, const floa
     float *dgu = ALLOC_F(sc, n * 2 * I); /* [n, 2I] */
     NEED(d_act && dgu);
     ls_linear_bwd(d_act, ddown_w, dout, act, down_w, n, I, D, 0);
-    if (fl->lora) LS_TRY(ls_lora_linear_bwd(fl->lora, fl->layer, fl->down, fl->down_off, D, d_act, dout, act, n, sc));
+    if (fl->lora)
+        LS_TRY(ls_lora_linear_bwd((ls_lora *)fl->lora, fl->layer, fl->down, fl->down_off, D, d_act, dout, act, n, sc));
     ls_swiglu_bwd(dgu, d_act, gu, n, I);
     ls_linear_bwd(dxs, dgu_w, dgu, xs, gu_w, n, D, 2 * I, accumulate);
-    if (fl->lora) LS_TRY(ls_lora_linear_bwd(fl->lora, fl->layer, fl->gu, fl->gu_off, 2 * I, dxs, dgu, xs, n, sc));
+    if (fl->lora)
+        LS_TRY(ls_lora_linear_bwd((ls_lora *)fl->lora, fl->layer, fl->gu, fl->gu_off, 2 * I, dxs, dgu, xs, n, sc));
     ls_arena_release(sc, mk);
     return LS_OK;
 }

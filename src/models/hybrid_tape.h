@@ -72,4 +72,33 @@ void ls_moe_route(float *probs, int32_t *sel, float *wt, const float *logits, in
 ls_status ls_moe_group(int64_t *count, int64_t *rows, const int32_t *sel, int64_t T, int E, int K,
                        ls_arena *sc);
 
+/* ---- LoRA side branches, shared by the forward and the backward -------------------- */
+#include <stddef.h>
+
+#include "longstraw/lora.h"
+
+/* After a base projection: rows [off, off+N) of internal tensor `fld` of `layer`
+ * (lora.h). A no-op without adapters; returns on error. */
+#define LORA_FWD(m, layer, fld, off, N, out, x, T, sc)                                                          \
+    do {                                                                                                        \
+        if ((m)->lora)                                                                                          \
+            LS_TRY(ls_lora_linear_fwd((m)->lora, (layer), offsetof(ls_hybrid_layer, fld), (off), (N), (out), (x), \
+                                      (T), (sc)));                                                              \
+    } while (0)
+
+/* Which adapters an FFN's two projections carry (rows of gate|up and of down). The
+ * model holds its adapters const: the backward writes only their gradient buffers. */
+typedef struct {
+    const ls_lora *lora;
+    int layer;
+    size_t gu, down;
+    int64_t gu_off, down_off;
+} ffn_lora;
+
+static inline ffn_lora ffn_of(const ls_hybrid_model *m, int l, size_t gu, size_t down, int64_t gu_off,
+                              int64_t down_off) {
+    ffn_lora f = {m->lora, l, gu, down, gu_off, down_off};
+    return f;
+}
+
 #endif
