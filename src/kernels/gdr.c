@@ -187,6 +187,23 @@ void ls_gdr_serial_fwd(float *o, float *state, const float *q, const float *k, c
 
 /* ---- chunked form ---------------------------------------------------------- */
 
+/* C's MR×16 tile (stride ldc, 32-byte aligned) = beta·C + the accumulators c0 | c1
+ * (columns 0–7 | 8–15); beta == 0 never reads C. Shared by mm_tile and mm_tile_at. */
+static inline __attribute__((always_inline)) void tile_store(int MR, const gdr_v8 *c0, const gdr_v8 *c1, float *C,
+                                                            int64_t ldc, float beta) {
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++) {
+        gdr_v8 *cr = (gdr_v8 *)(C + r * ldc);
+        if (beta == 0.0f) {
+            cr[0] = c0[r];
+            cr[1] = c1[r];
+        } else {
+            cr[0] = beta * cr[0] + c0[r];
+            cr[1] = beta * cr[1] + c1[r];
+        }
+    }
+}
+
 /* One MR×16 tile of C = beta·C + A·B over p < k. beta == 0 never reads C.
  * A (MR rows, stride lda), B (k rows of 16, stride ldb), C (stride ldc);
  * B and C 32-byte aligned. */
@@ -207,17 +224,7 @@ static inline __attribute__((always_inline)) void mm_tile(int MR, int64_t k, con
             c1[r] += a * b1;
         }
     }
-#pragma GCC unroll 6
-    for (int r = 0; r < MR; r++) {
-        gdr_v8 *cr = (gdr_v8 *)(C + r * ldc);
-        if (beta == 0.0f) {
-            cr[0] = c0[r];
-            cr[1] = c1[r];
-        } else {
-            cr[0] = beta * cr[0] + c0[r];
-            cr[1] = beta * cr[1] + c1[r];
-        }
-    }
+    tile_store(MR, c0, c1, C, ldc, beta);
 }
 
 /* C[m,n] = beta·C + A[m,k]·B[k,n] (row-major; n, ldb, ldc multiples of 16; B, C
@@ -568,17 +575,7 @@ static inline __attribute__((always_inline)) void mm_tile_at(int MR, int64_t p0,
             c1[r] += Ap[r] * b1;
         }
     }
-#pragma GCC unroll 6
-    for (int r = 0; r < MR; r++) {
-        gdr_v8 *cr = (gdr_v8 *)(C + r * ldc);
-        if (beta == 0.0f) {
-            cr[0] = c0[r];
-            cr[1] = c1[r];
-        } else {
-            cr[0] = beta * cr[0] + c0[r];
-            cr[1] = beta * cr[1] + c1[r];
-        }
-    }
+    tile_store(MR, c0, c1, C, ldc, beta);
 }
 
 /* C[m,n] = beta·C + Aᵀ·B with A stored (k, m) row-major (stride lda); n, ldb, ldc
