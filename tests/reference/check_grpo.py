@@ -181,22 +181,8 @@ class DetachedPrefix(hr.HybridModel):
         T = x.shape[0]
         Hk, Hv, dk, dv = c.Hk, c.Hv, c.dk, c.dv
         r = Hv // Hk
-        if self.has(p + "in_proj_qkvz.weight"):
-            P = (x @ self.W(p + "in_proj_qkvz.weight").T).view(T, Hk, 2 * dk + 2 * r * dv)
-            q, k = P[:, :, :dk], P[:, :, dk:2 * dk]
-            v = P[:, :, 2 * dk:2 * dk + r * dv].reshape(T, Hk, r, dv).reshape(T, Hv, dv)
-            z = P[:, :, 2 * dk + r * dv:].reshape(T, Hk, r, dv).reshape(T, Hv, dv)
-            Q = (x @ self.W(p + "in_proj_ba.weight").T).view(T, Hk, 2 * r)
-            b, a = Q[:, :, :r].reshape(T, Hv), Q[:, :, r:].reshape(T, Hv)
-        else:
-            qkv = x @ self.W(p + "in_proj_qkv.weight").T
-            q = qkv[:, :Hk * dk].reshape(T, Hk, dk)
-            k = qkv[:, Hk * dk:2 * Hk * dk].reshape(T, Hk, dk)
-            v = qkv[:, 2 * Hk * dk:].reshape(T, Hv, dv)
-            z = (x @ self.W(p + "in_proj_z.weight").T).reshape(T, Hv, dv)
-            b = x @ self.W(p + "in_proj_b.weight").T
-            a = x @ self.W(p + "in_proj_a.weight").T
-        X = self._d(torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], -1))
+        X, z, b, a = hr.gdn_inputs(self, i, x)
+        X = self._d(X)
         cw = self.W(p + "conv1d.weight")
         Y = hr.causal_conv_silu(X, cw.reshape(cw.shape[0], cw.shape[-1]))
         q = Y[:, :Hk * dk].reshape(T, Hk, dk)
@@ -223,13 +209,8 @@ class DetachedPrefix(hr.HybridModel):
         p = "layers.%d.self_attn." % i
         T = x.shape[0]
         nh, nkv, hd = c.n_h, c.n_kv, c.hd
-        qg = (x @ self.W(p + "q_proj.weight").T).view(T, nh, 2 * hd)
-        q = qg[:, :, :hd]
-        gate = qg[:, :, hd:].reshape(T, nh * hd)
-        k = (x @ self.W(p + "k_proj.weight").T).view(T, nkv, hd)
-        v = self._d((x @ self.W(p + "v_proj.weight").T).view(T, nkv, hd))
-        q = hr.rmsnorm_1pw(q, self.W(p + "q_norm.weight"), c.eps)
-        k = hr.rmsnorm_1pw(k, self.W(p + "k_norm.weight"), c.eps)
+        q, gate, k, v = hr.attn_inputs(self, i, x)
+        v = self._d(v)
         pos = torch.arange(T)
         q = hr.rope_partial(q, pos, c.rot, c.rope_theta)
         k = self._d(hr.rope_partial(k, pos, c.rot, c.rope_theta))

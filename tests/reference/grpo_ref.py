@@ -121,24 +121,7 @@ class Net:
         T = x.shape[0]
         Hk, Hv, dk, dv = c.Hk, c.Hv, c.dk, c.dv
         r = Hv // Hk
-        if self.has(p + "in_proj_qkvz.weight"):
-            P = (x @ self.W(p + "in_proj_qkvz.weight").T).view(T, Hk, 2 * dk + 2 * r * dv)
-            q = P[:, :, :dk]
-            k = P[:, :, dk:2 * dk]
-            v = P[:, :, 2 * dk:2 * dk + r * dv].reshape(T, Hv, dv)
-            z = P[:, :, 2 * dk + r * dv:].reshape(T, Hv, dv)
-            Q = (x @ self.W(p + "in_proj_ba.weight").T).view(T, Hk, 2 * r)
-            b = Q[:, :, :r].reshape(T, Hv)
-            a = Q[:, :, r:].reshape(T, Hv)
-        else:
-            qkv = x @ self.W(p + "in_proj_qkv.weight").T
-            q = qkv[:, :Hk * dk]
-            k = qkv[:, Hk * dk:2 * Hk * dk]
-            v = qkv[:, 2 * Hk * dk:]
-            z = (x @ self.W(p + "in_proj_z.weight").T).reshape(T, Hv, dv)
-            b = x @ self.W(p + "in_proj_b.weight").T
-            a = x @ self.W(p + "in_proj_a.weight").T
-        X = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], -1)  # pre-conv [Q|K|V]
+        X, z, b, a = hr.gdn_inputs(self, i, x)  # X: pre-conv [Q|K|V]
         Wk = c.conv_k
         Xf = torch.cat([st["conv"], X], 0)  # [W-1+T, C]
         cw = self.W(p + "conv1d.weight")
@@ -175,13 +158,7 @@ class Net:
         p = "layers.%d.self_attn." % i
         T = x.shape[0]
         nh, nkv, hd = c.n_h, c.n_kv, c.hd
-        qg = (x @ self.W(p + "q_proj.weight").T).view(T, nh, 2 * hd)
-        q = qg[:, :, :hd]
-        gate = qg[:, :, hd:].reshape(T, nh * hd)
-        k = (x @ self.W(p + "k_proj.weight").T).view(T, nkv, hd)
-        v = (x @ self.W(p + "v_proj.weight").T).view(T, nkv, hd)
-        q = rmsnorm_1pw(q, self.W(p + "q_norm.weight"), c.eps)
-        k = rmsnorm_1pw(k, self.W(p + "k_norm.weight"), c.eps)
+        q, gate, k, v = hr.attn_inputs(self, i, x)
         pos = torch.arange(pos0, pos0 + T)
         q = rope_partial(q, pos, c.rot, c.rope_theta)
         k = rope_partial(k, pos, c.rot, c.rope_theta)
@@ -201,17 +178,10 @@ class Net:
 
     # --- FFN ---------------------------------------------------------------
     def dense_mlp(self, i, x):
-        p = "layers.%d.mlp." % i
-        return swiglu(x, self.W(p + "gate_proj.weight"), self.W(p + "up_proj.weight"), self.W(p + "down_proj.weight"))
+        return hr.dense_mlp(self, i, x)
 
     def expert_weights(self, i, e):
-        p = "layers.%d.mlp.experts." % i
-        if self.has(p + "gate_up_proj"):
-            gu = self.W(p + "gate_up_proj")[e]  # [2I, D], gate rows first
-            I = gu.shape[0] // 2
-            return gu[:I], gu[I:], self.W(p + "down_proj")[e]
-        q = p + "%d." % e
-        return self.W(q + "gate_proj.weight"), self.W(q + "up_proj.weight"), self.W(q + "down_proj.weight")
+        return hr.expert_weights(self, i, e)
 
     def moe(self, i, x):
         c = self.cfg

@@ -274,6 +274,74 @@ def swiglu(x, wg, wu, wd):
 # model
 # ----------------------------------------------------------------------------
 
+# --- projections shared by every model class of tests/reference (m: anything with
+# .cfg, .W(name) and .has(name) -- HybridModel, grpo_ref's PrefixModel, check_grpo's
+# DetachedPrefix); what differs between them (state, detach points) starts after these.
+
+def gdn_inputs(m, i, x):
+    """Gated DeltaNet input projections of layer i, either HF layout (Qwen3-Next fused
+    in_proj_qkvz/in_proj_ba with per-key-head interleaving, or Qwen3.5 split). Returns
+    X [T, 2*Hk*dk + Hv*dv] (the pre-conv [Q|K|V]), z [T, Hv, dv], b and a [T, Hv]."""
+    c = m.cfg
+    p = "layers.%d.linear_attn." % i
+    T = x.shape[0]
+    Hk, Hv, dk, dv = c.Hk, c.Hv, c.dk, c.dv
+    r = Hv // Hk
+    if m.has(p + "in_proj_qkvz.weight"):
+        P = (x @ m.W(p + "in_proj_qkvz.weight").T).view(T, Hk, 2 * dk + 2 * r * dv)
+        q = P[:, :, :dk]
+        k = P[:, :, dk:2 * dk]
+        v = P[:, :, 2 * dk:2 * dk + r * dv].reshape(T, Hk, r, dv).reshape(T, Hv, dv)
+        z = P[:, :, 2 * dk + r * dv:].reshape(T, Hk, r, dv).reshape(T, Hv, dv)
+        Q = (x @ m.W(p + "in_proj_ba.weight").T).view(T, Hk, 2 * r)
+        b = Q[:, :, :r].reshape(T, Hv)
+        a = Q[:, :, r:].reshape(T, Hv)
+    else:
+        qkv = x @ m.W(p + "in_proj_qkv.weight").T
+        q = qkv[:, :Hk * dk]
+        k = qkv[:, Hk * dk:2 * Hk * dk]
+        v = qkv[:, 2 * Hk * dk:]
+        z = (x @ m.W(p + "in_proj_z.weight").T).reshape(T, Hv, dv)
+        b = x @ m.W(p + "in_proj_b.weight").T
+        a = x @ m.W(p + "in_proj_a.weight").T
+    X = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], -1)
+    return X, z, b, a
+
+
+def attn_inputs(m, i, x):
+    """Gated attention input projections of layer i: q [T, n_h, hd] and k [T, n_kv, hd]
+    after their zero-centred RMSNorm (before RoPE), gate [T, n_h*hd], v [T, n_kv, hd].
+    q_proj rows are per head [q | gate]."""
+    c = m.cfg
+    p = "layers.%d.self_attn." % i
+    T = x.shape[0]
+    nh, nkv, hd = c.n_h, c.n_kv, c.hd
+    qg = (x @ m.W(p + "q_proj.weight").T).view(T, nh, 2 * hd)
+    gate = qg[:, :, hd:].reshape(T, nh * hd)
+    k = (x @ m.W(p + "k_proj.weight").T).view(T, nkv, hd)
+    v = (x @ m.W(p + "v_proj.weight").T).view(T, nkv, hd)
+    q = rmsnorm_1pw(qg[:, :, :hd], m.W(p + "q_norm.weight"), c.eps)
+    k = rmsnorm_1pw(k, m.W(p + "k_norm.weight"), c.eps)
+    return q, gate, k, v
+
+
+def dense_mlp(m, i, x):
+    p = "layers.%d.mlp." % i
+    return swiglu(x, m.W(p + "gate_proj.weight"), m.W(p + "up_proj.weight"), m.W(p + "down_proj.weight"))
+
+
+def expert_weights(m, i, e):
+    """(gate [I, D], up [I, D], down [D, I]) of expert e: per-expert tensors or HF v5 fused
+    experts.gate_up_proj [E, 2I, D] (gate rows first) / experts.down_proj [E, D, I]."""
+    p = "layers.%d.mlp.experts." % i
+    if m.has(p + "gate_up_proj"):
+        gu = m.W(p + "gate_up_proj")[e]
+        I = gu.shape[0] // 2
+        return gu[:I], gu[I:], m.W(p + "down_proj")[e]
+    q = p + "%d." % e
+    return m.W(q + "gate_proj.weight"), m.W(q + "up_proj.weight"), m.W(q + "down_proj.weight")
+
+
 class HybridModel:
     def __init__(self, model_dir, cfg_raw=None, weights=None):
         if cfg_raw is None:
@@ -309,24 +377,7 @@ class HybridModel:
         T = x.shape[0]
         Hk, Hv, dk, dv = c.Hk, c.Hv, c.dk, c.dv
         r = Hv // Hk
-        if self.has(p + "in_proj_qkvz.weight"):
-            P = (x @ self.W(p + "in_proj_qkvz.weight").T).view(T, Hk, 2 * dk + 2 * r * dv)
-            q = P[:, :, :dk]
-            k = P[:, :, dk:2 * dk]
-            v = P[:, :, 2 * dk:2 * dk + r * dv].reshape(T, Hk, r, dv).reshape(T, Hv, dv)
-            z = P[:, :, 2 * dk + r * dv:].reshape(T, Hk, r, dv).reshape(T, Hv, dv)
-            Q = (x @ self.W(p + "in_proj_ba.weight").T).view(T, Hk, 2 * r)
-            b = Q[:, :, :r].reshape(T, Hv)
-            a = Q[:, :, r:].reshape(T, Hv)
-        else:
-            qkv = x @ self.W(p + "in_proj_qkv.weight").T
-            q = qkv[:, :Hk * dk].reshape(T, Hk, dk)
-            k = qkv[:, Hk * dk:2 * Hk * dk].reshape(T, Hk, dk)
-            v = qkv[:, 2 * Hk * dk:].reshape(T, Hv, dv)
-            z = (x @ self.W(p + "in_proj_z.weight").T).reshape(T, Hv, dv)
-            b = x @ self.W(p + "in_proj_b.weight").T
-            a = x @ self.W(p + "in_proj_a.weight").T
-        X = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], -1)
+        X, z, b, a = gdn_inputs(self, i, x)
         cw = self.W(p + "conv1d.weight")
         cw = cw.reshape(cw.shape[0], cw.shape[-1])
         Y = causal_conv_silu(X, cw)
@@ -350,13 +401,7 @@ class HybridModel:
         p = "layers.%d.self_attn." % i
         T = x.shape[0]
         nh, nkv, hd = c.n_h, c.n_kv, c.hd
-        qg = (x @ self.W(p + "q_proj.weight").T).view(T, nh, 2 * hd)
-        q = qg[:, :, :hd]
-        gate = qg[:, :, hd:].reshape(T, nh * hd)
-        k = (x @ self.W(p + "k_proj.weight").T).view(T, nkv, hd)
-        v = (x @ self.W(p + "v_proj.weight").T).view(T, nkv, hd)
-        q = rmsnorm_1pw(q, self.W(p + "q_norm.weight"), c.eps)
-        k = rmsnorm_1pw(k, self.W(p + "k_norm.weight"), c.eps)
+        q, gate, k, v = attn_inputs(self, i, x)
         pos = torch.arange(T)
         q = rope_partial(q, pos, c.rot, c.rope_theta)
         k = rope_partial(k, pos, c.rot, c.rope_theta)
@@ -374,17 +419,10 @@ class HybridModel:
 
     # --- FFN ---
     def dense_mlp(self, i, x):
-        p = "layers.%d.mlp." % i
-        return swiglu(x, self.W(p + "gate_proj.weight"), self.W(p + "up_proj.weight"), self.W(p + "down_proj.weight"))
+        return dense_mlp(self, i, x)
 
     def expert_weights(self, i, e):
-        p = "layers.%d.mlp.experts." % i
-        if self.has(p + "gate_up_proj"):
-            gu = self.W(p + "gate_up_proj")[e]  # [2I, D], gate rows first
-            I = gu.shape[0] // 2
-            return gu[:I], gu[I:], self.W(p + "down_proj")[e]  # down [D, I]
-        q = p + "%d." % e
-        return self.W(q + "gate_proj.weight"), self.W(q + "up_proj.weight"), self.W(q + "down_proj.weight")
+        return expert_weights(self, i, e)
 
     def moe(self, i, x):
         c = self.cfg
