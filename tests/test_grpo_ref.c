@@ -163,10 +163,12 @@ int test_grpo_reference_trajectory(void) {
             printf("  %s step %d: loss %+.7f (ref %+.7f), grad norm %.6f (ref %.6f)\n", name, s + 1, l, rl, gn, rg);
             T_CHECK(fabs(l - rl) <= 1e-4 * fmax(1.0, fabs(rl)), "step %d loss %.8g vs %.8g", s + 1, l, rl);
             /* step 1 runs on exactly the reference's weights: a tight match. Later steps
-             * drift: AdamW divides each element's gradient by its own RMS, so elements
-             * whose true gradient is near zero turn float rounding into lr-sized steps
-             * (LoRA side branches vs merged weights differ by 6e-4 vs 1e-3 at step 4,
-             * both with final W − W0 within 2e-4 below) */
+             * of the clipped LoRA trajectory drift (measured 1.4e-4, 1.0e-3, 2.3e-4 at
+             * steps 3-5 with side branches, 6e-4 at step 4 when merged), although the
+             * same trajectory without clipping (epsilon 0.99 / 100) stays within 7.6e-6
+             * at every step and the fp64 run keeps every token >= 3.3e-3 (log-ratio)
+             * from a clip boundary. The cause is not established; 2e-3 was 1e-3 before
+             * the side branches. Final W - W0 is checked at 1e-3 below (2.0e-4). */
             double gtol = s == 0 ? 1e-5 : 2e-3;
             T_CHECK(fabs(gn - rg) <= gtol * rg, "step %d grad norm %.8g vs %.8g", s + 1, gn, rg);
         }
