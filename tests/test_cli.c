@@ -156,8 +156,7 @@ int test_cli_init_logprobs(void) {
     out = run(cmd, &rc);
     T_CHECK(rc == 1 && out && strstr(out, "nothing/config.json"), "missing model: rc %d %s", rc, out ? out : "");
     free(out);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    T_CHECK(system(cmd) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
 
@@ -213,7 +212,6 @@ int test_cli_grad_step(void) {
         T_CHECK(ls_st_count(&sf) > 0, "empty output");
         ls_st_close(&sf);
     }
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    T_CHECK(system(cmd) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }

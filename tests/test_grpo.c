@@ -134,9 +134,7 @@ int test_grpo_prefix_frozen_vs_naive(void) {
         free(p2);
         ls_group_free(&g);
         ls_arenas_free(&ar);
-        char cmd[700];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        T_CHECK(system(cmd) == 0, "cleanup");
+        T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     }
     return 0;
 }
@@ -178,9 +176,7 @@ int test_grpo_branch_arena_vs_G(void) {
     T_CHECK(peak[1][LS_ARENA_BRANCH] > 0, "branch arena unused?");
     T_CHECK(tot[1] - tot[0] == peak[1][LS_ARENA_SCORE] - peak[0][LS_ARENA_SCORE] && tot[1] > tot[0],
             "total grows by more than the score arena");
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    T_CHECK(system(cmd) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
 
@@ -284,9 +280,7 @@ int test_grpo_batch_vs_single_groups(void) {
     ls_group_free(&grp[0]);
     ls_group_free(&grp[1]);
     ls_arenas_free(&ar);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    T_CHECK(system(cmd) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
 
@@ -316,8 +310,6 @@ int test_grpo_first_ratio_is_one(void) {
             mt.clip_low, mt.clip_high);
     ls_group_free(&g);
     ls_arenas_free(&ar);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    T_CHECK(system(cmd) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }

@@ -119,9 +119,7 @@ int test_grpo_reference_grads(void) {
         ran++;
     }
     cJSON_Delete(j);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    T_CHECK(system(cmd) == 0, "cleanup");
+    T_CHECK(t_remove_dir(tmp) == 0, "cleanup");
     T_CHECK(ran >= 5, "only %d cases ran", ran);
     return 0;
 }
@@ -189,9 +187,7 @@ int test_grpo_reference_trajectory(void) {
         ran++;
     }
     cJSON_Delete(j);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    T_CHECK(system(cmd) == 0, "cleanup");
+    T_CHECK(t_remove_dir(tmp) == 0, "cleanup");
     T_CHECK(ran >= 2, "trajectories ran: %d", ran);
     return 0;
 }

@@ -461,9 +461,7 @@ int test_lora_merge_and_grad(void) {
         T_CHECK(E == NULL && fixed->cur == cf && grad->cur == cg, "failed ls_lora_load kept memory");
     }
     ls_arenas_free(&ar);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    T_CHECK(system(cmd) == 0, "cleanup");
+    T_CHECK(t_remove_dir(tmp) == 0, "cleanup");
     return 0;
 }
 

@@ -197,9 +197,7 @@ int test_model_capture_vs_plain(void) {
         printf("  config %d (%s%s): max |capture - plain| f32 %.2e, bf16 %.2e\n", c, m.cfg.model_type,
                m.cfg.n_experts ? ", MoE" : "", worst_f32, worst_bf16);
         ls_arenas_free(&ar);
-        char cmd[600];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        T_CHECK(system(cmd) == 0, "cleanup");
+        T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     }
     return 0;
 }
@@ -246,9 +244,7 @@ int test_model_arena_plan(void) {
                 ls_arena_id_name((ls_arena_id)a), peaks[0][a], peaks[1][a]);
     }
     T_CHECK(peaks[1][LS_ARENA_PROMPT] > 4 * peaks[0][LS_ARENA_PROMPT], "prompt arena should grow with P");
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    T_CHECK(system(cmd) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
 
@@ -360,9 +356,7 @@ int test_model_load_reject(void) {
         T_CHECK(strstr(ls_err_msg(), cases[i].needle) != NULL, "case %zu: \"%s\" lacks \"%s\"", i, ls_err_msg(),
                 cases[i].needle);
     }
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    T_CHECK(system(cmd) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
 
@@ -402,9 +396,7 @@ int test_model_export_roundtrip(void) {
         ls_st_model_close(&a);
         ls_st_model_close(&b);
         ls_arenas_free(&ar);
-        char cmd[700];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-        T_CHECK(system(cmd) == 0, "cleanup");
+        T_CHECK(t_remove_dir(tmp) == 0, "cleanup");
     }
     return 0;
 }

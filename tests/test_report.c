@@ -43,11 +43,6 @@ static int copy_fixture(const char *name, char *dir, size_t cap) {
     return system(cmd);
 }
 
-static int remove_dir(const char *dir) {
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd);
-}
 
 /* The part of the output about one rank: from "rank R:" to the next blank line. */
 static const char *section(const char *out, int rank, const char **end) {
@@ -174,7 +169,7 @@ int test_report_table(void) {
     FILE *f = fopen(svg, "r");
     if (f) fclose(f);
     T_CHECK(!f, "--no-svg wrote %s", svg);
-    T_CHECK(remove_dir(dir) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
 
@@ -235,7 +230,7 @@ int test_report_svg(void) {
     FILE *f = fopen(path, "r");
     if (f) fclose(f);
     T_CHECK(!bad && !f, "--out: bad SVG or RUN/memory.svg written anyway");
-    T_CHECK(remove_dir(dir) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
 
@@ -260,7 +255,7 @@ int test_report_truncated_line(void) {
             cut, whole);
     free(cut);
     free(whole);
-    T_CHECK(remove_dir(dir) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
 
@@ -312,7 +307,7 @@ int test_report_malformed(void) {
     T_CHECK(out && rc == 1 && strstr(out, "metrics.jsonl:2: field \"reward\": expected a number"), "metrics: rc %d, %s",
             rc, out ? out : "");
     free(out);
-    T_CHECK(remove_dir(dir) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
 
@@ -348,7 +343,7 @@ int test_report_downsample(void) {
     T_CHECK(ok && events == n + 1 && points > 0 && points <= 4000, "events %lld, points %lld", events, points);
     T_CHECK(peak, "the spike was lost in downsampling");
     T_CHECK(len < 2000000, "SVG of %zu bytes", len);
-    T_CHECK(remove_dir(dir) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
 
@@ -373,6 +368,6 @@ int test_report_usage(void) {
         T_CHECK(i + 1 != sizeof cases / sizeof cases[0] || strstr(out, dir), "message does not name %s", dir);
         free(out);
     }
-    T_CHECK(remove_dir(dir) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }

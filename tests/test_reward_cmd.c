@@ -248,8 +248,7 @@ int test_reward_cmd_errors(void) {
             nanosleep(&ts, NULL);
         }
         T_CHECK(st == 0 || st == 'Z', "background `sleep 60` (pid %ld) survived the stop: state %c", bg, st);
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        T_CHECK(system(cmd) == 0, "rm");
+        T_CHECK(t_remove_dir(dir) == 0, "rm");
     }
 
     /* Bad arguments. */
@@ -370,7 +369,6 @@ int test_reward_cmd_json(void) {
         line = nl + 1;
     }
     T_CHECK(lines == n, "%d request lines for %d items", lines, n);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    T_CHECK(system(cmd) == 0, "rm");
+    T_CHECK(t_remove_dir(dir) == 0, "rm");
     return 0;
 }

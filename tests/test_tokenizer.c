@@ -432,9 +432,7 @@ int test_tokenizer_basics(void) {
     free(sp);
     free(bj);
 
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "  (could not remove %s)\n", dir);
+    if (t_remove_dir(dir) != 0) fprintf(stderr, "  (could not remove %s)\n", dir);
     return 0;
 }
 
@@ -551,8 +549,7 @@ int test_tokenizer_vs_js(void) {
         snprintf(cmd, sizeof cmd, "cat '%s' >&2", errf);
         if (system(cmd) != 0) fprintf(stderr, "  (no node stderr)\n");
     }
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "  (could not remove %s)\n", dir);
+    if (t_remove_dir(dir) != 0) fprintf(stderr, "  (could not remove %s)\n", dir);
     if (rc != 0) free(js);
     T_CHECK(js && rc == 0, "node encode.js failed (exit %d)", rc);
 

@@ -165,11 +165,6 @@ static int setup_bytes(char *dir, size_t n, char *tok, size_t tn, int seed) {
     return r;
 }
 
-static int cleanup(const char *dir) {
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd);
-}
 
 /* Parse metrics.jsonl into an array of objects (cJSON, caller deletes). */
 static cJSON *read_metrics(const char *run_dir) {
@@ -241,7 +236,7 @@ int test_train_matches_step(void) {
     out = run(&rc, "%s train --model %s/m --data %s --out %s/run --updates 1 --quiet", LS_CLI_PATH, dir, data, dir);
     T_CHECK(rc == 1 && out && strstr(out, "--resume"), "rerun into a run dir: rc %d %s", rc, out ? out : "");
     free(out);
-    T_CHECK(cleanup(dir) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
 
@@ -309,7 +304,7 @@ int test_train_sigkill_resume(void) {
     }
     cJSON_Delete(ma);
     cJSON_Delete(mb);
-    T_CHECK(cleanup(dir) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
 
@@ -355,7 +350,7 @@ int test_train_nan_step_skipped(void) {
     T_CHECK(rj != NULL, "receipt after a skipped update is not JSON: %s", text);
     cJSON_Delete(rj);
     free(text);
-    T_CHECK(cleanup(dir) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
 
@@ -405,7 +400,7 @@ int test_train_rejects_bad_data(void) {
     out = run(&rc, "%s train --model %s/m --out %s/runF --task passkey", LS_CLI_PATH, dir, dir);
     T_CHECK(rc == 2 && out && strstr(out, "add --rollout"), "task without rollout: %s", out ? out : "");
     free(out);
-    T_CHECK(cleanup(dir) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
 
@@ -474,7 +469,7 @@ int test_train_rollout_reward_cmd(void) {
               LS_CLI_PATH, dir, tok, data, dir);
     T_CHECK(rc == 1 && out && strstr(out, "abc"), "bad reward answer: rc %d %s", rc, out ? out : "");
     free(out);
-    T_CHECK(cleanup(dir) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
 
@@ -512,7 +507,7 @@ int test_demo_receipt(void) {
     out = run(&rc, "%s demo --out %s --updates 1 --quiet", LS_CLI_PATH, dir);
     T_CHECK(rc == 1 && out && strstr(out, "not a demo directory"), "foreign dir: %s", out ? out : "");
     free(out);
-    T_CHECK(cleanup(dir) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
 
@@ -555,7 +550,7 @@ int test_train_lora_resume(void) {
         T_OK(ls_read_file(b, &text, NULL));
         T_CHECK(strstr(text, "\"r\": 2") && strstr(text, "\"q_proj\""), "adapter config: %s", text);
         free(text);
-        T_CHECK(cleanup(dir) == 0, "cleanup");
+        T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     }
     return 0;
 }
@@ -602,7 +597,7 @@ int test_train_sigint_checkpoints(void) {
     snprintf(want, sizeof want, "update %d/%d", done + 1, done + 1);
     T_CHECK(rc == 0 && out && strstr(out, want), "resume after Ctrl-C: %s", out ? out : "");
     free(out);
-    T_CHECK(cleanup(dir) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
 
@@ -635,6 +630,6 @@ int test_train_error_keeps_progress(void) {
     T_CHECK(rc == 1 && out && strstr(out, "in use by another longstraw train"), "locked run: rc %d %s", rc, out ? out : "");
     free(out);
     close(fd);
-    T_CHECK(cleanup(dir) == 0, "cleanup");
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }

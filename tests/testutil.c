@@ -70,6 +70,12 @@ int t_make_tmpdir(char *out, size_t cap) {
     return mkdtemp(out) ? 0 : -1;
 }
 
+int t_remove_dir(const char *dir) {
+    char cmd[4200];
+    if ((size_t)snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir) >= sizeof cmd) return -1;
+    return system(cmd) == 0 ? 0 : -1;
+}
+
 char *t_run_capture(const char *cmd, int *exit_code) {
     FILE *p = popen(cmd, "r");
     if (!p) return NULL;

@@ -40,6 +40,8 @@ int t_all_finite_f(const float *a, int64_t n);
 void t_fill_normal(float *x, int64_t n, ls_rng *r, float std);
 /* A fresh empty temp directory (under $TMPDIR or /tmp); path written to out. */
 int t_make_tmpdir(char *out, size_t cap);
+/* Remove a directory tree (rm -rf); 0 on success. */
+int t_remove_dir(const char *dir);
 /* Run a shell command, capture stdout into a malloc'd buffer (caller frees). */
 char *t_run_capture(const char *cmd, int *exit_code);
 
