@@ -294,8 +294,6 @@ static void gdr_solve(float *V, const float *NA, int64_t n, int64_t dvp, int64_t
     }
 }
 
-/* Kt (dkp, stride GDR_LDG) columns [0, round_up(n, 8)) = transpose of K rows (stride dkp), in
- * 8×8 blocks (unpack / shuffle / lane swap). */
 #if defined(__clang__) || __GNUC__ >= 12
 #define GDR_SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
 #else
@@ -307,12 +305,14 @@ static void gdr_solve(float *V, const float *NA, int64_t n, int64_t dvp, int64_t
 #define GDR_P1 2, 3, 10, 11, 6, 7, 14, 15
 #define GDR_H0 0, 1, 2, 3, 8, 9, 10, 11 /* 128-bit halves */
 #define GDR_H1 4, 5, 6, 7, 12, 13, 14, 15
-static void gdr_transpose(float *Kt, const float *K, int64_t n, int64_t dkp) {
-    const int64_t L = GDR_LDG;
-    for (int64_t r0 = 0; r0 < n; r0 += 8)
-        for (int64_t d0 = 0; d0 < dkp; d0 += 8) {
+/* dst (cols, rows) stride ldd = transpose of src (rows, cols) stride lds, in 8×8 blocks
+ * (unpack / shuffle / lane swap); rows and cols multiples of 8, rows of both 32-byte aligned. */
+static void gdr_transpose_ld(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows,
+                             int64_t cols) {
+    for (int64_t r0 = 0; r0 < rows; r0 += 8)
+        for (int64_t d0 = 0; d0 < cols; d0 += 8) {
             gdr_v8 x[8], t[8], s[8];
-            for (int r = 0; r < 8; r++) x[r] = *(const gdr_v8 *)(K + (r0 + r) * dkp + d0);
+            for (int r = 0; r < 8; r++) x[r] = *(const gdr_v8 *)(src + (r0 + r) * lds + d0);
             for (int r = 0; r < 8; r += 2) {
                 t[r] = GDR_SHUF(x[r], x[r + 1], GDR_LO);
                 t[r + 1] = GDR_SHUF(x[r], x[r + 1], GDR_HI);
@@ -323,10 +323,10 @@ static void gdr_transpose(float *Kt, const float *K, int64_t n, int64_t dkp) {
                 s[r + 2] = GDR_SHUF(t[r + 1], t[r + 3], GDR_P0);
                 s[r + 3] = GDR_SHUF(t[r + 1], t[r + 3], GDR_P1);
             }
-            float *o = Kt + d0 * L + r0;
+            float *o = dst + d0 * ldd + r0;
             for (int c = 0; c < 4; c++) {
-                *(gdr_v8 *)(o + c * L) = GDR_SHUF(s[c], s[c + 4], GDR_H0);
-                *(gdr_v8 *)(o + (c + 4) * L) = GDR_SHUF(s[c], s[c + 4], GDR_H1);
+                *(gdr_v8 *)(o + c * ldd) = GDR_SHUF(s[c], s[c + 4], GDR_H0);
+                *(gdr_v8 *)(o + (c + 4) * ldd) = GDR_SHUF(s[c], s[c + 4], GDR_H1);
             }
         }
 }
@@ -344,7 +344,7 @@ static void gdr_chunk_keys(gdr_work *wk, const float *q, const float *k, int64_t
         memcpy(Kd, k + (t * H_k + hk) * dk, (size_t)dk * sizeof(float));
         for (int64_t d = dk; d < dkp; d++) Qd[d] = Kd[d] = 0.0f;
     }
-    gdr_transpose(wk->Kt, QK + n * dkp, n, dkp);
+    gdr_transpose_ld(wk->Kt, GDR_LDG, QK + n * dkp, dkp, round_up(n, 8), dkp); /* Kt (dkp, GDR_LDG) */
     mm(2 * n, round_up(n, GDR_NR), dkp, QK, dkp, wk->Kt, L, wk->GK, L, 0.0f, 0);
 }
 
@@ -625,31 +625,6 @@ static void mm_lo(int64_t m, int64_t n, int64_t k, const float *A, int64_t lda, 
     }
 }
 
-/* dst (cols, rows) stride ldd = transpose of src (rows, cols) stride lds, in 8×8
- * blocks as gdr_transpose; rows and cols multiples of 8, rows of both 32-byte aligned. */
-static void gdr_transpose_ld(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows,
-                             int64_t cols) {
-    for (int64_t r0 = 0; r0 < rows; r0 += 8)
-        for (int64_t d0 = 0; d0 < cols; d0 += 8) {
-            gdr_v8 x[8], t[8], s[8];
-            for (int r = 0; r < 8; r++) x[r] = *(const gdr_v8 *)(src + (r0 + r) * lds + d0);
-            for (int r = 0; r < 8; r += 2) {
-                t[r] = GDR_SHUF(x[r], x[r + 1], GDR_LO);
-                t[r + 1] = GDR_SHUF(x[r], x[r + 1], GDR_HI);
-            }
-            for (int r = 0; r < 8; r += 4) {
-                s[r] = GDR_SHUF(t[r], t[r + 2], GDR_P0);
-                s[r + 1] = GDR_SHUF(t[r], t[r + 2], GDR_P1);
-                s[r + 2] = GDR_SHUF(t[r + 1], t[r + 3], GDR_P0);
-                s[r + 3] = GDR_SHUF(t[r + 1], t[r + 3], GDR_P1);
-            }
-            float *o = dst + d0 * ldd + r0;
-            for (int c = 0; c < 4; c++) {
-                *(gdr_v8 *)(o + c * ldd) = GDR_SHUF(s[c], s[c + 4], GDR_H0);
-                *(gdr_v8 *)(o + (c + 4) * ldd) = GDR_SHUF(s[c], s[c + 4], GDR_H1);
-            }
-        }
-}
 
 /* Back substitution (I + A)ᵀ X = B in place on X (rows < n, stride ldx, dvp columns),
  * with NA = −A strictly lower (stride GDR_LDG): X_r = B_r + Σ_{i>r} NA_{ir} X_i, in
