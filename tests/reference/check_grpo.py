@@ -179,21 +179,12 @@ class DetachedPrefix(hr.HybridModel):
         c = self.cfg
         p = "layers.%d.linear_attn." % i
         T = x.shape[0]
-        Hk, Hv, dk, dv = c.Hk, c.Hv, c.dk, c.dv
-        r = Hv // Hk
+        Hv, dv = c.Hv, c.dv
         X, z, b, a = hr.gdn_inputs(self, i, x)
         X = self._d(X)
         cw = self.W(p + "conv1d.weight")
         Y = hr.causal_conv_silu(X, cw.reshape(cw.shape[0], cw.shape[-1]))
-        q = Y[:, :Hk * dk].reshape(T, Hk, dk)
-        k = Y[:, Hk * dk:2 * Hk * dk].reshape(T, Hk, dk)
-        v = Y[:, 2 * Hk * dk:].reshape(T, Hv, dv)
-        beta = torch.sigmoid(b)
-        g = -torch.exp(self.W(p + "A_log")) * hr.softplus(a + self.W(p + "dt_bias"))
-        q = hr.l2norm(q) * (dk ** -0.5)
-        k = hr.l2norm(k)
-        idx = torch.arange(Hv) // r
-        q, k = q[:, idx], k[:, idx]
+        q, k, v, beta, g = hr.gdn_recurrence_inputs(self, i, Y, b, a)
         if self.cut is None:
             o, _ = hr.gated_delta_rule(q, k, v, beta, g)
         else:

@@ -46,8 +46,6 @@ STD_EPS = 1e-4
 silu = hr.silu
 rmsnorm_1pw = hr.rmsnorm_1pw
 gated_rmsnorm = hr.gated_rmsnorm
-l2norm = hr.l2norm
-softplus = hr.softplus
 rope_partial = hr.rope_partial
 swiglu = hr.swiglu
 
@@ -119,8 +117,7 @@ class Net:
         c = self.cfg
         p = "layers.%d.linear_attn." % i
         T = x.shape[0]
-        Hk, Hv, dk, dv = c.Hk, c.Hv, c.dk, c.dv
-        r = Hv // Hk
+        Hv, dv = c.Hv, c.dv
         X, z, b, a = hr.gdn_inputs(self, i, x)  # X: pre-conv [Q|K|V]
         Wk = c.conv_k
         Xf = torch.cat([st["conv"], X], 0)  # [W-1+T, C]
@@ -130,15 +127,7 @@ class Net:
         for j in range(Wk):
             y = y + Xf[j:j + T] * cw[:, j]
         Y = silu(y)
-        q = Y[:, :Hk * dk].reshape(T, Hk, dk)
-        k = Y[:, Hk * dk:2 * Hk * dk].reshape(T, Hk, dk)
-        v = Y[:, 2 * Hk * dk:].reshape(T, Hv, dv)
-        beta = torch.sigmoid(b)
-        g = -torch.exp(self.W(p + "A_log")) * softplus(a + self.W(p + "dt_bias"))
-        q = l2norm(q) * (dk ** -0.5)
-        k = l2norm(k)
-        q = torch.repeat_interleave(q, r, dim=1)
-        k = torch.repeat_interleave(k, r, dim=1)
+        q, k, v, beta, g = hr.gdn_recurrence_inputs(self, i, Y, b, a)
         S = st["S"]
         outs = []
         for t in range(T):

@@ -308,6 +308,24 @@ def gdn_inputs(m, i, x):
     return X, z, b, a
 
 
+def gdn_recurrence_inputs(m, i, Y, b, a):
+    """From the conv output Y [T, 2*Hk*dk + Hv*dv] and the gate projections b, a of layer
+    i: q (L2-normalised, times dk^-1/2) and k (L2-normalised), both expanded to the Hv
+    value heads (value head h reads key head h // (Hv/Hk)), v [T, Hv, dv], beta = sigmoid(b)
+    and the log decay g = -exp(A_log) * softplus(a + dt_bias), each [T, Hv]."""
+    c = m.cfg
+    p = "layers.%d.linear_attn." % i
+    T = Y.shape[0]
+    Hk, Hv, dk, dv = c.Hk, c.Hv, c.dk, c.dv
+    q = l2norm(Y[:, :Hk * dk].reshape(T, Hk, dk)) * (dk ** -0.5)
+    k = l2norm(Y[:, Hk * dk:2 * Hk * dk].reshape(T, Hk, dk))
+    v = Y[:, 2 * Hk * dk:].reshape(T, Hv, dv)
+    beta = torch.sigmoid(b)
+    g = -torch.exp(m.W(p + "A_log")) * softplus(a + m.W(p + "dt_bias"))
+    idx = torch.arange(Hv) // (Hv // Hk)
+    return q[:, idx], k[:, idx], v, beta, g
+
+
 def attn_inputs(m, i, x):
     """Gated attention input projections of layer i: q [T, n_h, hd] and k [T, n_kv, hd]
     after their zero-centred RMSNorm (before RoPE), gate [T, n_h*hd], v [T, n_kv, hd].
@@ -375,22 +393,12 @@ class HybridModel:
         c = self.cfg
         p = "layers.%d.linear_attn." % i
         T = x.shape[0]
-        Hk, Hv, dk, dv = c.Hk, c.Hv, c.dk, c.dv
-        r = Hv // Hk
+        Hv, dv = c.Hv, c.dv
         X, z, b, a = gdn_inputs(self, i, x)
         cw = self.W(p + "conv1d.weight")
         cw = cw.reshape(cw.shape[0], cw.shape[-1])
         Y = causal_conv_silu(X, cw)
-        q = Y[:, :Hk * dk].reshape(T, Hk, dk)
-        k = Y[:, Hk * dk:2 * Hk * dk].reshape(T, Hk, dk)
-        v = Y[:, 2 * Hk * dk:].reshape(T, Hv, dv)
-        beta = torch.sigmoid(b)
-        g = -torch.exp(self.W(p + "A_log")) * softplus(a + self.W(p + "dt_bias"))
-        q = l2norm(q) * (dk ** -0.5)
-        k = l2norm(k)
-        idx = torch.arange(Hv) // r  # value head h uses key head h // r
-        q = q[:, idx]
-        k = k[:, idx]
+        q, k, v, beta, g = gdn_recurrence_inputs(self, i, Y, b, a)
         o, _ = gated_delta_rule(q, k, v, beta, g)
         o = gated_rmsnorm(o, z, self.W(p + "norm.weight"), c.eps)
         return o.reshape(T, Hv * dv) @ self.W(p + "out_proj.weight").T
