@@ -245,10 +245,9 @@ static void advantages(group_scores *gs, const ls_group *gr, int n, ls_scale_rew
         const ls_group *g = &gr[k];
         if (g->advantages) {
             memcpy(gs[k].A, g->advantages, (size_t)g->G * sizeof(double));
-        } else if (scale == LS_SCALE_BATCH) {
-            double mean = 0;
-            for (int i = 0; i < g->G; i++) mean += g->rewards[i] / g->G;
-            for (int i = 0; i < g->G; i++) gs[k].A[i] = (g->rewards[i] - mean) / (sd + 1e-4);
+        } else if (scale == LS_SCALE_BATCH) { /* r − group mean, over the batch's std */
+            ls_grpo_advantages(gs[k].A, g->rewards, g->G, LS_SCALE_NONE);
+            for (int i = 0; i < g->G; i++) gs[k].A[i] /= sd + 1e-4;
         } else {
             ls_grpo_advantages(gs[k].A, g->rewards, g->G, scale);
         }
