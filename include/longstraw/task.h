@@ -21,8 +21,11 @@ typedef struct {
  * (negative: uniform random). Deterministic given the RNG state. */
 ls_status ls_passkey_make(ls_passkey_item *it, size_t prompt_bytes, double depth, ls_rng *rng);
 void ls_passkey_free(ls_passkey_item *it);
-/* 1 when the response, after leading whitespace, starts with exactly the key and the
- * key is not followed by another digit; else 0. */
+/* 1 when the response, after leading whitespace, starts with `answer` and a numeric
+ * answer is not followed by another digit ("12345" does not match "123456"); else 0.
+ * The exact-match reward of the passkey task and of JSONL "answer" fields. */
+double ls_answer_reward(const char *answer, const char *response, size_t len);
+/* ls_answer_reward against the item's key. */
 double ls_passkey_reward(const ls_passkey_item *it, const char *response, size_t len);
 
 /* Exact match scores 1; otherwise partial credit below 0.5: 0.2 × the fraction of the

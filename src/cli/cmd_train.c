@@ -431,15 +431,6 @@ static ls_status next_group(trainer *tr, int k, ls_group *g) {
     return s;
 }
 
-/* 1 when the response, after leading whitespace, starts with the answer (and a numeric
- * answer is not followed by another digit). */
-static double answer_reward(const char *ans, const char *r, size_t len) {
-    size_t i = 0, k = strlen(ans);
-    while (i < len && isspace((unsigned char)r[i])) i++;
-    if (len - i < k || memcmp(r + i, ans, k) != 0) return 0.0;
-    if (k && isdigit((unsigned char)ans[k - 1]) && i + k < len && isdigit((unsigned char)r[i + k])) return 0.0;
-    return 1.0;
-}
 
 /* Decode a sampled response; an id the tokenizer does not know (models pad their
  * vocabulary beyond the tokenizer's) becomes U+FFFD instead of an error. */
@@ -526,7 +517,7 @@ static ls_status rollout(void *ctx, int gi, ls_group *g, const ls_hybrid_model *
             const ls_passkey_item *it = tr->a->data ? NULL : &tr->items[gi];
             int shaped = tr->a->task && !strcmp(tr->a->task, "passkey-shaped");
             g->rewards[i] = it ? (shaped ? ls_passkey_reward_shaped(it, text[i], len[i]) : ls_passkey_reward(it, text[i], len[i]))
-                               : answer_reward(g->answer, text[i], len[i]);
+                               : ls_answer_reward(g->answer, text[i], len[i]);
         }
     }
     if (s == LS_OK && gi == 0 && text) /* one sample per update on the trace, for a human reading it */

@@ -68,12 +68,16 @@ void ls_passkey_free(ls_passkey_item *it) {
     it->prompt = NULL;
 }
 
-double ls_passkey_reward(const ls_passkey_item *it, const char *r, size_t len) {
-    size_t i = 0, k = strlen(it->answer);
+double ls_answer_reward(const char *ans, const char *r, size_t len) {
+    size_t i = 0, k = strlen(ans);
     while (i < len && isspace((unsigned char)r[i])) i++;
-    if (len - i < k || memcmp(r + i, it->answer, k) != 0) return 0.0;
-    if (i + k < len && isdigit((unsigned char)r[i + k])) return 0.0;
+    if (len - i < k || memcmp(r + i, ans, k) != 0) return 0.0;
+    if (k && isdigit((unsigned char)ans[k - 1]) && i + k < len && isdigit((unsigned char)r[i + k])) return 0.0;
     return 1.0;
+}
+
+double ls_passkey_reward(const ls_passkey_item *it, const char *r, size_t len) {
+    return ls_answer_reward(it->answer, r, len);
 }
 
 double ls_passkey_reward_shaped(const ls_passkey_item *it, const char *r, size_t len) {
