@@ -332,6 +332,7 @@ typedef struct {
     char run[4096];
     char adapter[4400]; /* a resumed LoRA run's adapters (checkpoint path) */
     int lock_fd;
+    size_t pred_grad, pred_fixed; /* M_live terms predicted from the config (cli_predict_bytes) */
 } trainer;
 
 /* Every line checked before the first update (JSON, fields, ids, G, rewards; text is not
@@ -696,8 +697,6 @@ static void trace_update_end(trainer *tr, const ls_group *g, const ls_grpo_metri
     if (!ls_trace_on()) return;
     ls_state_plan_t plan;
     ls_state_plan(&plan, &tr->pol.base.cfg, g->P, tr->a->t.o.page_size, tr->a->t.o.state_dtype, 1);
-    size_t pgrad, pfixed;
-    cli_predict_bytes(&tr->pol.base, tr->pol.lora, 1, &pgrad, &pfixed);
     char R[512];
     int off = 0;
     for (int i = 0; i < g->G && off < (int)sizeof R - 24; i++) off += snprintf(R + off, sizeof R - (size_t)off, "%s%lld", i ? ", " : "", (long long)g->R[i]);
@@ -707,7 +706,7 @@ static void trace_update_end(trainer *tr, const ls_group *g, const ls_grpo_metri
                    "\"fixed\": %zu}, \"measured\": {\"prompt\": %zu, \"grad\": %zu, \"fixed\": %zu, \"branch\": %zu, "
                    "\"score\": %zu, \"scratch\": %zu}, \"rss\": %zu",
                    (long long)tr->update, (long long)g->P, g->G, R, tr->a->t.o.no_capture ? (size_t)0 : plan.total_bytes_per_rank,
-                   pgrad, pfixed, mt->prompt_bytes, ar->a[LS_ARENA_GRAD].peak,
+                   tr->pred_grad, tr->pred_fixed, mt->prompt_bytes, ar->a[LS_ARENA_GRAD].peak,
                    ar->a[LS_ARENA_FIXED].peak, ar->a[LS_ARENA_BRANCH].peak, ar->a[LS_ARENA_SCORE].peak,
                    ar->a[LS_ARENA_SCRATCH].peak, ls_peak_rss_bytes());
 }
@@ -739,6 +738,7 @@ static ls_status setup(trainer *tr, int argc, char **argv) {
         a->t.lora_rank = 0;
     }
     LS_TRY(cli_policy_setup(&tr->pol, model, &a->t, 1, &tr->ar));
+    cli_predict_bytes(&tr->pol.base, tr->pol.lora, 1, &tr->pred_grad, &tr->pred_fixed);
     ls_rng_seed(&tr->rng, (uint64_t)a->seed);
     if (last >= 0) {
         ls_param *m = NULL, *v = NULL;
