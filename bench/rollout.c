@@ -53,6 +53,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "rollout: %s\n", ls_err_msg());
         return 1;
     }
+    ls_model mh = ls_hybrid_handle(&m);
     int32_t *ids = malloc((size_t)P * sizeof(int32_t));
     ls_rng r;
     ls_rng_seed(&r, 5);
@@ -60,7 +61,7 @@ int main(int argc, char **argv) {
     ls_fwd_opts fo;
     ls_fwd_opts_default(&fo);
     ls_prompt_state st;
-    if (ls_state_init(&st, &m.cfg, P - 1, 64, LS_DTYPE_BF16, &ar.a[LS_ARENA_PROMPT]) != LS_OK ||
+    if (ls_state_init(&st, &m.cfg, P - 1, 64, LS_DTYPE_BF16, NULL, &ar.a[LS_ARENA_PROMPT]) != LS_OK ||
         ls_hybrid_capture(&m, &st, ids, P - 1, &fo, &ar.a[LS_ARENA_SCRATCH]) != LS_OK) {
         fprintf(stderr, "rollout: %s\n", ls_err_msg());
         return 1;
@@ -87,12 +88,12 @@ int main(int argc, char **argv) {
         ls_status s = LS_OK;
         double t0 = ls_now();
         for (int i = 0; i < G && s == LS_OK; i++)
-            s = ls_generate(&m, &st, ids[P - 1], &so, &r, a[i], la[i], &na[i], &fo, &ar.a[LS_ARENA_BRANCH],
+            s = ls_generate(&mh, &st, ids[P - 1], &so, &r, a[i], la[i], &na[i], &fo, &ar.a[LS_ARENA_BRANCH],
                             &ar.a[LS_ARENA_SCRATCH]);
         double t_one = ls_now() - t0;
         t0 = ls_now();
         if (s == LS_OK)
-            s = ls_generate_group(&m, &st, ids[P - 1], G, &so, &r, b, lb, nb, &fo, &ar.a[LS_ARENA_BRANCH],
+            s = ls_generate_group(&mh, &st, ids[P - 1], G, &so, &r, b, lb, nb, &fo, &ar.a[LS_ARENA_BRANCH],
                                   &ar.a[LS_ARENA_SCRATCH]);
         double t_batch = ls_now() - t0;
         if (s != LS_OK) {

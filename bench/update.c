@@ -36,12 +36,11 @@ static result run_one(const char *dir, int64_t P, int G, int64_t R, int naive) {
         close(fd[0]);
         ls_arenas ar;
         ls_arenas_init(&ar);
-        ls_hybrid_model m, grad;
+        ls_policy pol;
         ls_adamw adam;
         result r = {0, 0, 0, 0};
-        if (ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]) == LS_OK &&
-            ls_hybrid_alloc_like(&m, &grad, &ar.a[LS_ARENA_GRAD]) == LS_OK &&
-            ls_adamw_init(&adam, &m, &ar.a[LS_ARENA_FIXED]) == LS_OK) {
+        ls_policy_spec spec = {.model_dir = dir};
+        if (ls_policy_open(&pol, &spec, &ar) == LS_OK && ls_adamw_init(&adam, &pol, &ar.a[LS_ARENA_FIXED]) == LS_OK) {
             ls_group g;
             memset(&g, 0, sizeof g);
             g.P = P;
@@ -65,7 +64,7 @@ static result run_one(const char *dir, int64_t P, int G, int64_t R, int naive) {
             o.state_dtype = LS_DTYPE_BF16;
             ls_grpo_metrics mt;
             double t0 = ls_now();
-            if (ls_grpo_update(&m, NULL, &grad, &adam, &g, &o, &ar, &mt) == LS_OK) {
+            if (ls_grpo_update(&pol, &adam, &g, &o, &ar, &mt) == LS_OK) {
                 r.seconds = ls_now() - t0;
                 for (int a = 0; a < LS_ARENA_COUNT; a++) r.arena_bytes += (double)ar.a[a].peak;
                 r.rss = (double)ls_peak_rss_bytes();

@@ -10,8 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "longstraw/grpo.h"
-#include "longstraw/score.h"
+#include "test_family.h"
 #include "testutil.h"
 
 int test_grpo_prefix_frozen_vs_naive(void);
@@ -89,7 +88,7 @@ int test_grpo_prefix_frozen_vs_naive(void) {
         ls_score_opts so;
         ls_score_opts_default(&so);
         float *lp[4];
-        T_OK(ls_score_group(&m, &g, &so, &ar, lp, NULL));
+        T_OK(t_score_group(&m, &g, &so, &ar, lp, NULL));
         g.old_logprobs = calloc(4, sizeof(float *));
         ls_rng r;
         ls_rng_seed(&r, 77);
@@ -104,9 +103,9 @@ int test_grpo_prefix_frozen_vs_naive(void) {
         o.eps_high = 0.28;
         o.fwd.capture_chunk = 50;
         ls_grpo_metrics m1, m2;
-        T_OK(ls_grpo_update(&m, &ref, &g1, NULL, &g, &o, &ar, &m1));
+        T_OK(t_grpo_update(&m, &ref, &g1, NULL, &g, &o, &ar, &m1));
         o.no_capture = 1;
-        T_OK(ls_grpo_update(&m, &ref, &g2, NULL, &g, &o, &ar, &m2));
+        T_OK(t_grpo_update(&m, &ref, &g2, NULL, &g, &o, &ar, &m2));
         printf("  %s: loss %.6f vs naive %.6f, clip low %.3f high %.3f, kl %.4f, grad norm %.4f\n",
                c ? "MoE" : "dense", m1.loss, m2.loss, m1.clip_low, m1.clip_high, m1.kl, m1.grad_norm);
         T_CHECK(m1.clip_low > 0 && m1.clip_high > 0, "clipping must be active both ways");
@@ -151,7 +150,7 @@ int test_grpo_branch_arena_vs_G(void) {
         ls_hybrid_model m, gr;
         ls_adamw adam;
         T_OK(ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]));
-        T_OK(ls_adamw_init(&adam, &m, &ar.a[LS_ARENA_FIXED]));
+        T_OK(t_adamw_init(&adam, &m, &ar.a[LS_ARENA_FIXED]));
         T_OK(ls_hybrid_alloc_like(&m, &gr, &ar.a[LS_ARENA_GRAD]));
         int64_t R[8];
         for (int i = 0; i < 8; i++) R[i] = 40;
@@ -160,7 +159,7 @@ int test_grpo_branch_arena_vs_G(void) {
         ls_grpo_opts o;
         ls_grpo_opts_default(&o);
         ls_grpo_metrics mt;
-        T_OK(ls_grpo_update(&m, NULL, &gr, &adam, &g, &o, &ar, &mt));
+        T_OK(t_grpo_update(&m, NULL, &gr, &adam, &g, &o, &ar, &mt));
         for (int a = 0; a < LS_ARENA_COUNT; a++) peak[k][a] = ar.a[a].peak;
         ls_group_free(&g);
         ls_arenas_free(&ar);
@@ -220,7 +219,7 @@ int test_grpo_batch_vs_single_groups(void) {
             o.fwd.capture_chunk = 32;
             for (int64_t k = 0; k < np; k++) memset(pb[k].p, 0, (size_t)pb[k].n * sizeof(float));
             ls_grpo_metrics mb, ms;
-            T_OK(ls_grpo_update_batch(&m, NULL, &gb, NULL, grp, 2, NULL, &o, &ar, &mb));
+            T_OK(t_grpo_update_batch(&m, NULL, &gb, NULL, grp, 2, &o, &ar, &mb));
             T_CHECK(!mb.skipped && mb.n_seq == 7, "batch update");
             /* the expectation from single-group updates */
             memset(want, 0, (size_t)tot * sizeof(double));
@@ -242,7 +241,7 @@ int test_grpo_batch_vs_single_groups(void) {
                 ls_grpo_opts os = o;
                 os.scale = LS_SCALE_GROUP;
                 for (int64_t q = 0; q < n1; q++) memset(p1[q].p, 0, (size_t)p1[q].n * sizeof(float));
-                T_OK(ls_grpo_update(&m, NULL, &g1, NULL, &one, &os, &ar, &ms));
+                T_OK(t_grpo_update(&m, NULL, &g1, NULL, &one, &os, &ar, &ms));
                 double share = o.loss == LS_LOSS_DAPO ? T_g[k] / (T_g[0] + T_g[1]) : grp[k].G / N;
                 loss += share * ms.loss;
                 int64_t off = 0;
@@ -271,7 +270,7 @@ int test_grpo_batch_vs_single_groups(void) {
     ls_grpo_opts o;
     ls_grpo_opts_default(&o);
     ls_grpo_metrics mt;
-    T_CHECK(ls_grpo_update_batch(&m, NULL, &gb, NULL, &lone, 1, NULL, &o, &ar, &mt) == LS_ERR_ARG &&
+    T_CHECK(t_grpo_update_batch(&m, NULL, &gb, NULL, &lone, 1, &o, &ar, &mt) == LS_ERR_ARG &&
                 strstr(ls_err_msg(), "G >= 2"),
             "G = 1 accepted: %s", ls_err_msg());
     free(want);
@@ -304,7 +303,7 @@ int test_grpo_first_ratio_is_one(void) {
     ls_grpo_opts_default(&o);
     o.eps_low = o.eps_high = 0;
     ls_grpo_metrics mt;
-    T_OK(ls_grpo_update(&m, NULL, &gr, NULL, &g, &o, &ar, &mt));
+    T_OK(t_grpo_update(&m, NULL, &gr, NULL, &g, &o, &ar, &mt));
     printf("  ε = 0, R = 1..5 and 70: clip low %.3g high %.3g\n", mt.clip_low, mt.clip_high);
     T_CHECK(mt.clip_low == 0 && mt.clip_high == 0, "ratios differ from 1 at the first iteration (clip %g / %g)",
             mt.clip_low, mt.clip_high);

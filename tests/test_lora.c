@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "longstraw/grpo.h"
+#include "test_family.h"
 #include "longstraw/lora.h"
 #include "longstraw/model.h"
 #include "longstraw/safetensors.h"
@@ -149,7 +149,7 @@ static int check_grad_fd(const char *label, const ls_hybrid_model *m, ls_lora *L
     ls_rng rng;
     ls_rng_seed(&rng, seed);
     for (int64_t i = 0; i < np; i++) t_fill_normal(pd[i].p, pd[i].n, &rng, 1.0f);
-    T_OK(ls_lora_params(L, &w, &g, NULL, NULL, &nl));
+    T_OK(ls_lora_params(L, &w, &g, &nl));
     T_CHECK(nl == 2 * ls_lora_count(L), "%s: %lld params", label, (long long)nl);
     ls_lora_zero_grad(L);
     ls_lora_backward(L, &dW);
@@ -220,7 +220,7 @@ static int check_grad_fd(const char *label, const ls_hybrid_model *m, ls_lora *L
 static int randomize_B(ls_lora *L, uint64_t seed) {
     ls_param *w;
     int64_t n;
-    T_OK(ls_lora_params(L, &w, NULL, NULL, NULL, &n));
+    T_OK(ls_lora_params(L, &w, NULL, &n));
     ls_rng rng;
     ls_rng_seed(&rng, seed);
     for (int64_t i = 1; i < n; i += 2) t_fill_normal(w[i].p, w[i].n, &rng, 0.1f);
@@ -295,16 +295,15 @@ int test_lora_merge_and_grad(void) {
     T_CHECK(ls_lora_count(N) == want && want == 12, "q35_dense: %lld modules, expected %lld (12)",
             (long long)ls_lora_count(N), (long long)want);
     {
-        ls_param *w, *g, *mo, *v;
+        ls_param *w, *g;
         int64_t n;
-        T_OK(ls_lora_params(N, &w, &g, &mo, &v, &n));
+        T_OK(ls_lora_params(N, &w, &g, &n));
         T_CHECK(n == 2 * want, "params %lld", (long long)n);
         for (int64_t i = 0; i < n; i++) {
-            T_CHECK(w[i].no_decay == 0 && w[i].n == g[i].n && w[i].n == mo[i].n && w[i].n == v[i].n &&
-                        strcmp(w[i].what, g[i].what) == 0 && strncmp(w[i].what, PEFT, strlen(PEFT)) == 0,
+            T_CHECK(w[i].no_decay == 0 && w[i].n == g[i].n && strcmp(w[i].what, g[i].what) == 0 &&
+                        strncmp(w[i].what, PEFT, strlen(PEFT)) == 0,
                     "param lists disagree at %lld (%s)", (long long)i, w[i].what);
-            for (int64_t e = 0; e < w[i].n; e++)
-                T_CHECK(g[i].p[e] == 0 && mo[i].p[e] == 0 && v[i].p[e] == 0, "%s: grad/moments not zeroed", w[i].what);
+            for (int64_t e = 0; e < w[i].n; e++) T_CHECK(g[i].p[e] == 0, "%s: grad not zeroed", w[i].what);
             if (i % 2 == 1) { /* B = 0 */
                 for (int64_t e = 0; e < w[i].n; e++) T_CHECK(w[i].p[e] == 0.0f, "%s: B not zero", w[i].what);
                 T_CHECK(w[i].n % 3 == 0, "%s: rank", w[i].what);
@@ -316,8 +315,6 @@ int test_lora_merge_and_grad(void) {
         }
         free(w);
         free(g);
-        free(mo);
-        free(v);
     }
     { /* B = 0: merge reproduces the base bit for bit */
         ls_arena_mark mk = ls_arena_get_mark(work);
@@ -396,8 +393,8 @@ int test_lora_merge_and_grad(void) {
                 (long long)ls_lora_count(R), (long long)ls_lora_count(M));
         ls_param *wm, *wr, *gm;
         int64_t nm, nr;
-        T_OK(ls_lora_params(M, &wm, &gm, NULL, NULL, &nm));
-        T_OK(ls_lora_params(R, &wr, NULL, NULL, NULL, &nr));
+        T_OK(ls_lora_params(M, &wm, &gm, &nm));
+        T_OK(ls_lora_params(R, &wr, NULL, &nr));
         T_CHECK(nm == nr, "param counts");
         for (int64_t i = 0; i < nm; i++) {
             int64_t j = 0;
@@ -500,16 +497,13 @@ int test_lora_grad_subset(void) {
     T_OK(ls_group_load(&g, FIX "/next_dense/group_train.json", c->vocab));
     ls_grpo_opts o;
     ls_grpo_opts_default(&o);
-    o.lora_base = &nd;
     ls_grpo_metrics ma, mb;
-    o.lora = La;
-    T_OK(ls_grpo_update(&eff, NULL, &gfull, NULL, &g, &o, &ar, &ma));
-    o.lora = Lb;
-    T_OK(ls_grpo_update(&eff, NULL, &gsub, NULL, &g, &o, &ar, &mb));
+    T_OK(t_grpo_update_lora(&eff, NULL, &gfull, NULL, La, &nd, &g, &o, &ar, &ma));
+    T_OK(t_grpo_update_lora(&eff, NULL, &gsub, NULL, Lb, &nd, &g, &o, &ar, &mb));
     ls_param *pa, *pb;
     int64_t na, nb;
-    T_OK(ls_lora_params(La, NULL, &pa, NULL, NULL, &na));
-    T_OK(ls_lora_params(Lb, NULL, &pb, NULL, NULL, &nb));
+    T_OK(ls_lora_params(La, NULL, &pa, &na));
+    T_OK(ls_lora_params(Lb, NULL, &pb, &nb));
     T_CHECK(na == nb && na > 0 && ma.grad_norm > 0, "adapter lists");
     for (int64_t i = 0; i < na; i++)
         T_CHECK(memcmp(pa[i].p, pb[i].p, (size_t)pa[i].n * sizeof(float)) == 0, "%s: gradients differ", pa[i].what);
@@ -531,8 +525,8 @@ int test_lora_grad_subset(void) {
     ls_hybrid_model gsub2;
     T_OK(ls_hybrid_alloc_grad_lora(&nd, &gsub2, grad, Lb));
     ls_grpo_metrics mc;
-    T_OK(ls_grpo_update(&alias, NULL, &gsub2, NULL, &g, &o, &ar, &mc));
-    T_OK(ls_lora_params(Lb, NULL, &pc, NULL, NULL, &nc));
+    T_OK(t_grpo_update_lora(&alias, NULL, &gsub2, NULL, Lb, &nd, &g, &o, &ar, &mc));
+    T_OK(ls_lora_params(Lb, NULL, &pc, &nc));
     for (int64_t i = 0; i < na; i++)
         T_CHECK(memcmp(pa[i].p, pc[i].p, (size_t)pa[i].n * sizeof(float)) == 0, "%s: aliased policy differs", pa[i].what);
     T_CHECK(mc.grad_norm == ma.grad_norm && f1 - f0 < (g1 - g0) / 2, "aliased policy: grad norm %.9g, %zu bytes",
@@ -546,7 +540,7 @@ int test_lora_grad_subset(void) {
     side.lora = Lb;
     T_OK(ls_hybrid_alloc_none(&nd, &gnone, grad));
     ls_grpo_metrics md;
-    T_OK(ls_grpo_update(&side, NULL, &gnone, NULL, &g, &o, &ar, &md));
+    T_OK(t_grpo_update_lora(&side, NULL, &gnone, NULL, Lb, &nd, &g, &o, &ar, &md));
     double num = 0, den = 0;
     for (int64_t i = 0; i < na; i++)
         for (int64_t e = 0; e < pa[i].n; e++) {
@@ -588,7 +582,7 @@ int test_lora_side_branch_fd(void) {
     /* this layer's module: A (r, D) then B (vd, r) in ls_lora_params order */
     ls_param *w, *g;
     int64_t np;
-    T_OK(ls_lora_params(L, &w, &g, NULL, NULL, &np));
+    T_OK(ls_lora_params(L, &w, &g, &np));
     int64_t mi = -1;
     char want[96];
     snprintf(want, sizeof want, "layers.%d.linear_attn.in_proj_z.lora_A", layer);

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "longstraw/safetensors.h"
-#include "longstraw/score.h"
+#include "test_family.h"
 #include "testutil.h"
 
 int test_model_reference_fixtures(void);
@@ -26,7 +26,7 @@ int test_model_export_roundtrip(void);
 /* Score a group with the given options; out[i] in the score arena of `ar`. */
 static int score(const ls_hybrid_model *m, const ls_group *g, const ls_score_opts *o, ls_arenas *ar,
                  float **out) {
-    ls_status s = ls_score_group(m, g, o, ar, out, NULL);
+    ls_status s = t_score_group(m, g, o, ar, out, NULL);
     if (s != LS_OK) {
         fprintf(stderr, "  score: %s\n", ls_err_msg());
         return 1;
@@ -224,7 +224,7 @@ int test_model_arena_plan(void) {
         o.state_dtype = k ? LS_DTYPE_BF16 : LS_DTYPE_F32;
         float *out[2];
         ls_score_stats st;
-        T_OK(ls_score_group(&m, &g, &o, &ar, out, &st));
+        T_OK(t_score_group(&m, &g, &o, &ar, out, &st));
         ls_state_plan_t plan;
         T_OK(ls_state_plan(&plan, &m.cfg, Ps[k], o.page_size, o.state_dtype, 1));
         printf("  P=%-6lld prompt arena %zu bytes, plan %zu bytes\n", (long long)Ps[k], st.prompt_bytes,

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "longstraw/rollout.h"
-#include "longstraw/score.h"
+#include "test_family.h"
 #include "testutil.h"
 
 int test_rollout_sample_vs_score(void);
@@ -58,10 +58,11 @@ int test_rollout_sample_vs_score(void) {
         ls_hybrid_model m;
         ls_group g;
         T_CHECK(load_fixture(names[f], &ar, &m, &g) == 0, "%s", names[f]);
+        ls_model mh = ls_hybrid_handle(&m);
         ls_fwd_opts fo;
         ls_fwd_opts_default(&fo);
         ls_prompt_state st;
-        T_OK(ls_state_init(&st, &m.cfg, g.P - 1, 7, LS_DTYPE_F32, &ar.a[LS_ARENA_PROMPT])); /* 129 = 18·7 + 3 */
+        T_OK(ls_state_init(&st, &m.cfg, g.P - 1, 7, LS_DTYPE_F32, NULL, &ar.a[LS_ARENA_PROMPT])); /* 129 = 18·7 + 3 */
         T_OK(ls_hybrid_capture(&m, &st, g.prompt, g.P - 1, &fo, &ar.a[LS_ARENA_SCRATCH]));
         uint64_t h0 = state_hash(&st);
         enum { N = 24 };
@@ -78,7 +79,7 @@ int test_rollout_sample_vs_score(void) {
             so.temperature = temps[k];
             so.top_p = tops[k];
             so.max_new_tokens = N;
-            T_OK(ls_generate(&m, &st, g.prompt[g.P - 1], &so, &rng, out[k], lp[k], &len[k], &fo,
+            T_OK(ls_generate(&mh, &st, g.prompt[g.P - 1], &so, &rng, out[k], lp[k], &len[k], &fo,
                              &ar.a[LS_ARENA_BRANCH], &ar.a[LS_ARENA_SCRATCH]));
             T_CHECK(len[k] == N, "length %lld", (long long)len[k]);
             T_CHECK(state_hash(&st) == h0, "%s: generation wrote into the prompt state", names[f]);
@@ -97,7 +98,7 @@ int test_rollout_sample_vs_score(void) {
             ls_score_opts_default(&so2);
             so2.fwd.temperature = temps[k] > 0 ? temps[k] : 1.0f;
             float *sc[1];
-            T_OK(ls_score_group(&m, &r, &so2, &ar, sc, NULL));
+            T_OK(t_score_group(&m, &r, &so2, &ar, sc, NULL));
             double d = t_max_abs_diff_f(lp[k], sc[0], R);
             printf("  %-9s τ=%.1f top-p=%g: %lld tokens, max |sample-time logprob − scored| = %.2e\n", names[f],
                    (double)temps[k], (double)tops[k], (long long)R, d);
@@ -117,7 +118,7 @@ int test_rollout_sample_vs_score(void) {
         int32_t o2[N];
         float l2[N];
         int64_t n2;
-        T_OK(ls_generate(&m, &st, g.prompt[g.P - 1], &so, &rng, o2, l2, &n2, &fo, &ar.a[LS_ARENA_BRANCH],
+        T_OK(ls_generate(&mh, &st, g.prompt[g.P - 1], &so, &rng, o2, l2, &n2, &fo, &ar.a[LS_ARENA_BRANCH],
                          &ar.a[LS_ARENA_SCRATCH]));
         int64_t first = 0;
         while (out[0][first] != stop) first++;
@@ -142,11 +143,12 @@ int test_rollout_decode_batch(void) {
         ls_hybrid_model m;
         ls_group g;
         T_CHECK(load_fixture(names[f], &ar, &m, &g) == 0, "%s", names[f]);
+        ls_model mh = ls_hybrid_handle(&m);
         ls_fwd_opts fo;
         ls_fwd_opts_default(&fo);
         fo.temperature = 0.9f;
         ls_prompt_state st;
-        T_OK(ls_state_init(&st, &m.cfg, g.P - 1, 7, LS_DTYPE_BF16, &ar.a[LS_ARENA_PROMPT]));
+        T_OK(ls_state_init(&st, &m.cfg, g.P - 1, 7, LS_DTYPE_BF16, NULL, &ar.a[LS_ARENA_PROMPT]));
         T_OK(ls_hybrid_capture(&m, &st, g.prompt, g.P - 1, &fo, &ar.a[LS_ARENA_SCRATCH]));
         enum { NB = 3, STEPS = 20 };
         int64_t V = m.cfg.vocab;
@@ -178,7 +180,7 @@ int test_rollout_decode_batch(void) {
         ls_arena_reset(br);
         /* a sampled group, one member stopping early; f32 pages, as scoring keeps a
          * branch's own K/V in f32 (bf16 pages would round the sampled tokens' K/V) */
-        T_OK(ls_state_init(&st, &m.cfg, g.P - 1, 7, LS_DTYPE_F32, &ar.a[LS_ARENA_PROMPT]));
+        T_OK(ls_state_init(&st, &m.cfg, g.P - 1, 7, LS_DTYPE_F32, NULL, &ar.a[LS_ARENA_PROMPT]));
         T_OK(ls_hybrid_capture(&m, &st, g.prompt, g.P - 1, &fo, &ar.a[LS_ARENA_SCRATCH]));
         enum { G = 5, N = 16 };
         int32_t ob[G][N], *out[G];
@@ -194,7 +196,7 @@ int test_rollout_decode_batch(void) {
         so.n_stop = 1;
         ls_rng rng;
         ls_rng_seed(&rng, 3);
-        T_OK(ls_generate_group(&m, &st, g.prompt[g.P - 1], G, &so, &rng, out, lps, len, &fo, br,
+        T_OK(ls_generate_group(&mh, &st, g.prompt[g.P - 1], G, &so, &rng, out, lps, len, &fo, br,
                                &ar.a[LS_ARENA_SCRATCH]));
         T_CHECK(br->cur == 0, "branch arena not released");
         ls_group r;
@@ -208,7 +210,7 @@ int test_rollout_decode_batch(void) {
         ls_score_opts_default(&sco);
         sco.fwd.temperature = 1.1f;
         float *sc[G];
-        T_OK(ls_score_group(&m, &r, &sco, &ar, sc, NULL));
+        T_OK(t_score_group(&m, &r, &sco, &ar, sc, NULL));
         int differ = 0;
         for (int i = 0; i < G; i++) {
             T_CHECK(len[i] == N || out[i][len[i] - 1] == stop, "member %d: length %lld without a stop", i, (long long)len[i]);

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "longstraw/core.h"
-#include "longstraw/model.h"
+#include "longstraw/family.h"
 
 /* Create (emptying a stale one) RUN/.checkpoint-<U>.tmp; its path in tmp[n]. */
 ls_status ls_ckpt_begin(const char *run, int64_t update, char *tmp, size_t n);

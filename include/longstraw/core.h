@@ -149,4 +149,19 @@ int ls_num_cores(void);
  * slower under load (measured, docs/architecture.md). */
 void ls_prefer_passive_omp(char **argv);
 
+/* ---- output files ---------------------------------------------------------- */
+/* May an atomic writer replace `path` (temp file + rename over it)? LS_OK when
+ * nothing is there or a regular file is; LS_ERR_ARG naming the path and what it is
+ * when it is a directory, FIFO, device, socket or symbolic link (a link is refused,
+ * not followed: the rename would replace the link, not its target), or when a
+ * component of its directory is not a directory. */
+ls_status ls_check_output_file(const char *path);
+/* Create the new temp file `tmp` of an atomic writer for writing: a stale one (a
+ * crashed run with the same pid) is removed first; O_CREAT|O_EXCL|O_NOFOLLOW, so it
+ * never opens a planted symlink, FIFO or device (and never blocks). *fd on LS_OK. */
+ls_status ls_create_temp_file(const char *tmp, int *fd);
+/* mkdir -m 0755 `path` unless it is already a directory (a symlink to one counts);
+ * LS_ERR_ARG naming the path and what it is when it exists as anything else. */
+ls_status ls_make_dir(const char *path);
+
 #endif

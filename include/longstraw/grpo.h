@@ -6,9 +6,9 @@
 #ifndef LONGSTRAW_GRPO_H
 #define LONGSTRAW_GRPO_H
 
+#include "longstraw/family.h"
 #include "longstraw/group.h"
-#include "longstraw/lora.h"
-#include "longstraw/model.h"
+#include "longstraw/score.h"
 
 typedef enum { LS_LOSS_GRPO = 0, LS_LOSS_DAPO, LS_LOSS_DR_GRPO } ls_loss_type;
 typedef enum { LS_SCALE_GROUP = 0, LS_SCALE_BATCH, LS_SCALE_NONE } ls_scale_rewards;
@@ -27,11 +27,7 @@ typedef struct {
     int no_capture;       /* naive mode: each member's whole sequence under a tape */
     int64_t page_size;
     ls_dtype state_dtype;
-    ls_fwd_opts fwd;      /* capture chunk, LM-head rows, temperature */
-    /* what is trained: NULL = every weight (full fine-tune); otherwise LoRA adapters on
-     * the frozen `lora_base`, the policy being base + adapters merged (ls_lora_merge) */
-    ls_lora *lora;
-    const ls_hybrid_model *lora_base;
+    ls_fwd_opts fwd;      /* capture chunk, LM-head rows, temperature, communicator */
 } ls_grpo_opts;
 
 void ls_grpo_opts_default(ls_grpo_opts *o);
@@ -64,23 +60,22 @@ typedef struct {
     size_t prompt_bytes;
 } ls_grpo_metrics;
 
-/* AdamW state: first and second moments shaped like the model (fixed arena); with
- * LoRA the moments live with the adapters and only `step` is used. */
+/* AdamW state: first and second moments of the trainable tensors, parallel to the
+ * policy's w/g lists (same `what`), zeroed, from `fixed`. */
 typedef struct {
-    ls_hybrid_model m, v;
+    ls_param *m, *v;
+    int64_t n;
     int64_t step;
-    int has_moments;
 } ls_adamw;
 
-ls_status ls_adamw_init(ls_adamw *a, const ls_hybrid_model *like, ls_arena *fixed);
-void ls_adamw_init_lora(ls_adamw *a);
+ls_status ls_adamw_init(ls_adamw *a, const ls_policy *p, ls_arena *fixed);
 
 /* Rollouts (issue 4 §2): called once per group on the first iteration, right after
  * the policy's prompt state of group `gi` is captured and before anything is scored.
  * It fills g->G, g->resp, g->R (malloc'd: ls_group_free releases them) and
  * g->rewards, sampling from `st` (read-only; forks go in the branch arena). */
 typedef struct {
-    ls_status (*fn)(void *ctx, int gi, ls_group *g, const ls_hybrid_model *policy, const ls_prompt_state *st,
+    ls_status (*fn)(void *ctx, int gi, ls_group *g, const ls_model *policy, const ls_prompt_state *st,
                     ls_arenas *ar);
     void *ctx;
 } ls_rollout_hook;
@@ -91,17 +86,24 @@ typedef struct {
  * count the whole batch (grpo: 1/(N·R_i), dapo: 1/ΣR, dr_grpo: 1/(N·L)); scale =
  * batch uses the std of every reward. G >= 2 per group. A non-finite loss or
  * gradient skips the optimizer call (mt->skipped, mt->skip_reason), weights and
- * moments untouched, and returns LS_OK; the caller zeroes `grad` before the next. */
-ls_status ls_grpo_update_batch(ls_hybrid_model *policy, const ls_hybrid_model *ref, ls_hybrid_model *grad,
-                               ls_adamw *adam, ls_group *groups, int n_groups, const ls_rollout_hook *rollout,
-                               const ls_grpo_opts *o, ls_arenas *ar, ls_grpo_metrics *mt);
+ * moments untouched, and returns LS_OK; the caller zeroes the gradients
+ * (p->fam->policy_zero_grad) before the next. Under CP (o->fwd.comm with several
+ * ranks) every rank calls this with the same groups; the gradients of the
+ * replicated parameters are summed across ranks before the optimizer, so every rank
+ * ends with the same weights. */
+ls_status ls_grpo_update_batch(ls_policy *p, ls_adamw *adam, ls_group *groups, int n_groups,
+                               const ls_rollout_hook *rollout, const ls_grpo_opts *o, ls_arenas *ar,
+                               ls_grpo_metrics *mt);
 
-/* One transaction over one group (a skipped step is an error here). `grad` must be zeroed (ls_hybrid_alloc_like); with
- * LoRA it receives ∂L/∂W_eff, projected onto the adapters after the replay;
- * when `adam` is NULL the update stops after the gradients (no clipping, no step):
- * that is `longstraw grad`. `ref` may be NULL when β = 0. */
-ls_status ls_grpo_update(ls_hybrid_model *policy, const ls_hybrid_model *ref, ls_hybrid_model *grad,
-                         ls_adamw *adam, const ls_group *g, const ls_grpo_opts *o, ls_arenas *ar,
+/* 64-bit FNV-1a hash of the tensors' bytes (the receipt's trainable-tensor hash). */
+uint64_t ls_params_hash(const ls_param *ps, int64_t n);
+
+/* One transaction over one group (a skipped step is an error here). The gradients
+ * must be zero; with merged LoRA they receive ∂L/∂W_eff, projected onto the adapters
+ * after the replay. When `adam` is NULL the update stops after the gradients (no
+ * clipping, no step): that is `longstraw grad`. The reference is p->ref (needed
+ * when β ≠ 0). */
+ls_status ls_grpo_update(ls_policy *p, ls_adamw *adam, const ls_group *g, const ls_grpo_opts *o, ls_arenas *ar,
                          ls_grpo_metrics *mt);
 
 #endif

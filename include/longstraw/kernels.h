@@ -135,6 +135,21 @@ ls_status ls_attn_bwd(float *dq, float *dk, float *dv, void *const *dk_prefix,
                       void *const *dv_prefix, const float *dout, const float *o, const float *lse,
                       const float *q, const float *k, const float *v, const ls_kv_prefix *prefix,
                       int64_t T, int n_h, int n_kv, int hd, float scale, ls_arena *scratch);
+/* The partial of a context-parallel rank (DESIGN §8): attention of T queries over the
+ * prefix only (no own keys, every prefix position visible). o [T,n_h,hd] normalised
+ * over the prefix, lse [T,n_h] its log-sum-exp (−inf and o = 0 where the prefix is
+ * empty). Partials combine exactly with ls_attn_merge. */
+ls_status ls_attn_prefix_fwd(float *o, float *lse, const float *q, const ls_kv_prefix *prefix, int64_t T,
+                             int n_h, int n_kv, int hd, float scale, ls_arena *scratch);
+/* (o, lse) ← the log-sum-exp merge of (o, lse) and (o2, lse2): attention over the union
+ * of both key sets. [T, n_h, hd] / [T, n_h]. */
+void ls_attn_merge(float *o, float *lse, const float *o2, const float *lse2, int64_t T, int n_h, int hd);
+/* Backward of a partial given the *merged* output o and lse (the softmax over every
+ * rank's keys): dq (=) is this prefix's share of ∂L/∂q — the shares of all partials
+ * sum to the whole — and dk_prefix/dv_prefix (+=, NULL skips) its keys' gradients. */
+ls_status ls_attn_prefix_bwd(float *dq, void *const *dk_prefix, void *const *dv_prefix, const float *dout,
+                             const float *o, const float *lse, const float *q, const ls_kv_prefix *prefix,
+                             int64_t T, int n_h, int n_kv, int hd, float scale, ls_arena *scratch);
 /* Naive reference: full score rows in double. For tests only (O(T·(n+T)) memory). */
 void ls_attn_naive(float *o, float *lse, const float *q, const float *k, const float *v,
                    const ls_kv_prefix *prefix, int64_t T, int n_h, int n_kv, int hd, float scale);

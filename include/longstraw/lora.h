@@ -26,8 +26,7 @@ typedef struct ls_lora ls_lora; /* opaque; everything inside from the given aren
 /* Adapters from a PEFT safetensors file; each module must name a 2-D HF weight the model
  * holds (in the checkpoint's own layout: m->prefix, m->fused_gdn, m->fused_experts), with
  * A [r, in] and B [out, r] matching its shape; errors name the tensor. Modules are kept in
- * the model's layer order, as ls_lora_new keeps them. Weights, Adam moments (zeroed)
- * from `fixed`; adapter gradients (zeroed) from `grad`. */
+ * the model's layer order, as ls_lora_new keeps them. Weights from `fixed`; adapter gradients (zeroed) from `grad`. */
 ls_status ls_lora_load(ls_lora **out, const ls_hybrid_model *m, const char *path, double alpha,
                        ls_arena *fixed, ls_arena *grad);
 
@@ -50,12 +49,11 @@ void ls_lora_merge(const ls_lora *L, const ls_hybrid_model *base, ls_hybrid_mode
  * order). Only the adapted rows of dW are read. */
 void ls_lora_backward(ls_lora *L, const ls_hybrid_model *dW);
 
-/* Parallel lists (same order: per module A then B) of adapter weights, gradients, Adam m
- * and v, for the optimizer (no_decay = 0: adapters get weight decay as in the
- * reference; `what` = the PEFT tensor name). Arrays malloc'd by the callee (caller
- * frees each); any of w, g, m, v may be NULL when not wanted. */
-ls_status ls_lora_params(const ls_lora *L, ls_param **w, ls_param **g, ls_param **m, ls_param **v,
-                         int64_t *n);
+/* Parallel lists (same order: per module A then B) of adapter weights and gradients,
+ * for the optimizer (no_decay = 0: adapters get weight decay as in the reference;
+ * `what` = the PEFT tensor name). Arrays malloc'd by the callee (caller frees each);
+ * w or g may be NULL when not wanted. The Adam moments belong to the optimizer. */
+ls_status ls_lora_params(const ls_lora *L, ls_param **w, ls_param **g, int64_t *n);
 void ls_lora_zero_grad(ls_lora *L);
 
 /* Write adapter weights (grads = 0) or gradients (grads = 1) under PEFT names, f32,

@@ -10,6 +10,7 @@
 
 #include "longstraw/config.h"
 #include "longstraw/core.h"
+#include "longstraw/family.h"
 #include "longstraw/state.h"
 
 /* Internal per-layer weights, all f32 in the fixed arena; [out, in] row-major. */
@@ -63,14 +64,6 @@ typedef struct {
  * converted to f32 into `fixed` (the fixed arena). */
 ls_status ls_hybrid_load(ls_hybrid_model *m, const char *dir, ls_arena *fixed);
 
-/* Runtime options of a forward. */
-typedef struct {
-    int64_t capture_chunk; /* tokens per capture chunk (default 2048) */
-    int64_t lmhead_rows;   /* LM-head row chunk (default 64) */
-    float temperature;     /* logits divided before the log-softmax (default 1) */
-} ls_fwd_opts;
-void ls_fwd_opts_default(ls_fwd_opts *o);
-
 /* Capture: stream ids[0..n) (x_1..x_{P−1}) through all layers in chunks, with no
  * tape, extending `st` (DESIGN §3). Transients come from `scratch` and die per chunk. */
 ls_status ls_hybrid_capture(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids,
@@ -98,9 +91,6 @@ ls_status ls_hybrid_branch_logprobs(const ls_hybrid_model *m, const ls_prompt_st
                                     const int32_t *target, float *logprob, const ls_fwd_opts *o,
                                     ls_arena *work);
 
-/* What a branch forward saves for its backward (opaque; lives in the tape arena). */
-typedef struct ls_branch_tape ls_branch_tape;
-
 /* Branch forward as ls_hybrid_branch_logprobs, optionally recording a tape.
  * tape_out non-NULL: every buffer the backward needs is kept in `tape_arena` (the
  * branch arena) and *tape_out set; NULL: no tape, transients from `scratch`.
@@ -123,13 +113,6 @@ ls_status ls_hybrid_branch_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad,
                                ls_arena *scratch);
 
 /* ---- parameters --------------------------------------------------------------- */
-typedef struct {
-    float *p;     /* the tensor's data */
-    int64_t n;    /* elements */
-    int no_decay; /* norms, A_log, dt_bias: no weight decay */
-    const char *what; /* short description for messages */
-} ls_param;
-
 /* Every distinct trainable tensor of the internal layout, in a fixed order (the tied
  * LM head is not listed twice). *out malloc'd. */
 ls_status ls_hybrid_params(const ls_hybrid_model *m, ls_param **out, int64_t *n);
@@ -182,5 +165,19 @@ ls_status ls_hybrid_hf_specs(const ls_config *c, ls_hf_tensor_spec **out, int64_
  * `dir`/config.json; both atomically. `dir` must exist. */
 ls_status ls_hybrid_write_random(const char *config_path, const char *dir, uint64_t seed,
                                  ls_dtype dtype);
+
+/* ---- the family table (hybrid_family.c) ----------------------------------------- */
+extern const ls_family ls_hybrid_family;
+/* A handle on a hybrid model (not copied: `m` must outlive it). */
+ls_model ls_hybrid_handle(ls_hybrid_model *m);
+/* A trainable set over models the caller owns (tests, benchmarks): `policy` runs the
+ * forward and backward, `grad` receives the gradients, `ref` may be NULL; with `lora`
+ * the adapters are trained on the frozen `lora_base` (policy = lora_base + adapters,
+ * by side branches when policy->lora is set, else merged into `policy`). Release with
+ * ls_policy_close (frees the lists, not the models). */
+ls_status ls_hybrid_policy_wrap(ls_policy *p, ls_hybrid_model *policy, const ls_hybrid_model *ref,
+                                ls_hybrid_model *grad, ls_lora *lora, const ls_hybrid_model *lora_base);
+/* The hybrid model behind a policy's handle (tests). */
+static inline ls_hybrid_model *ls_hybrid_of(const ls_model *m) { return (ls_hybrid_model *)m->impl; }
 
 #endif

@@ -6,7 +6,7 @@
 #ifndef LONGSTRAW_ROLLOUT_H
 #define LONGSTRAW_ROLLOUT_H
 
-#include "longstraw/model.h"
+#include "longstraw/family.h"
 
 typedef struct {
     float temperature; /* 0 = greedy */
@@ -29,16 +29,16 @@ int32_t ls_sample_token(const float *logits, int64_t V, float top_p, int greedy,
  * last prompt token x_P: out[0..*len) (capacity max_new_tokens), logprobs[0..*len)
  * the sampling-time log-probs. The prompt state is read-only; the member's fork and
  * its new pages live in `branch` and are released before return. */
-ls_status ls_generate(const ls_hybrid_model *m, const ls_prompt_state *prompt_state, int32_t last_token,
+ls_status ls_generate(const ls_model *m, const ls_prompt_state *prompt_state, int32_t last_token,
                       const ls_sample_opts *so, ls_rng *rng, int32_t *out, float *logprobs, int64_t *len,
                       const ls_fwd_opts *fo, ls_arena *branch, ls_arena *scratch);
 
 /* G responses at once, all continuing `prompt_state` from x_P: out[i][0..len[i]) and
  * logprobs[i][..] (capacity max_new_tokens each). Each member decodes on its own fork
  * (branch arena, released before return); every step runs the live members as one
- * batch (ls_hybrid_decode), and a member that emits a stop token leaves the batch.
+ * batch (the family's decode step), and a member that emits a stop token leaves the batch.
  * Tokens are drawn from `rng` member by member within each step. */
-ls_status ls_generate_group(const ls_hybrid_model *m, const ls_prompt_state *prompt_state, int32_t last_token,
+ls_status ls_generate_group(const ls_model *m, const ls_prompt_state *prompt_state, int32_t last_token,
                             int G, const ls_sample_opts *so, ls_rng *rng, int32_t **out, float **logprobs,
                             int64_t *len, const ls_fwd_opts *fo, ls_arena *branch, ls_arena *scratch);
 

@@ -1,13 +1,14 @@
 /*
- * score.h — per-token log-probs of every member of a group: capture the prompt once
- * and continue each member from the read-only state, or (no_capture) run each
- * member's whole sequence in one plain forward (the reference path).
+ * score.h — per-token log-probs of every member of a group (DESIGN §3 step 2): capture
+ * the prompt once and continue each member from the read-only state, or (no_capture)
+ * run each member's whole sequence in one plain forward (the reference path). The
+ * `logprobs` command and the transaction's score phase both run these functions.
  */
 #ifndef LONGSTRAW_SCORE_H
 #define LONGSTRAW_SCORE_H
 
+#include "longstraw/family.h"
 #include "longstraw/group.h"
-#include "longstraw/model.h"
 
 typedef struct {
     int no_capture;
@@ -20,12 +21,27 @@ void ls_score_opts_default(ls_score_opts *o);
 
 typedef struct {
     double capture_s, score_s;
-    size_t prompt_bytes; /* prompt arena bytes after capture */
+    size_t prompt_bytes; /* prompt arena bytes after capture (this rank's) */
 } ls_score_stats;
 
-/* out[i][t] = log p(y_{i,t+1} | prompt, y_{i,1..t}); out[i] from the score arena.
- * The prompt state lives in the prompt arena until the call returns (then reset). */
-ls_status ls_score_group(const ls_hybrid_model *m, const ls_group *g, const ls_score_opts *o,
-                         ls_arenas *ar, float **out, ls_score_stats *stats);
+/* Capture x_1..x_{P−1} of `g` under `m` into a fresh state `st` from the prompt arena
+ * (under CP, o->fwd.comm: this rank's pages only). */
+ls_status ls_score_capture(const ls_model *m, const ls_group *g, const ls_score_opts *o, ls_arenas *ar,
+                           ls_prompt_state *st);
+
+/* The token ids member i runs: [x_P, y_1..y_{R−1}] against a state, or the whole
+ * [x_1..x_P, y_1..y_{R−1}] when naive; targets are y_1..y_R either way. ids from `a`. */
+ls_status ls_score_member_ids(const ls_group *g, int i, int naive, ls_arena *a, int32_t **ids, int64_t *T,
+                              int64_t *out_from);
+
+/* out[i][t] = log p(y_{i,t+1} | prompt, y_{i,1..t}) for every member, no tape; out[i]
+ * allocated by the caller. st NULL: the plain forward of each whole sequence. */
+ls_status ls_score_members(const ls_model *m, const ls_group *g, const ls_prompt_state *st,
+                           const ls_score_opts *o, ls_arenas *ar, float **out);
+
+/* Both, with out[i] from the score arena; the prompt state lives in the prompt arena
+ * until the call returns (then released). */
+ls_status ls_score_group(const ls_model *m, const ls_group *g, const ls_score_opts *o, ls_arenas *ar,
+                         float **out, ls_score_stats *stats);
 
 #endif

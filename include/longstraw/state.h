@@ -8,6 +8,7 @@
 #ifndef LONGSTRAW_STATE_H
 #define LONGSTRAW_STATE_H
 
+#include "longstraw/comm.h"
 #include "longstraw/config.h"
 #include "longstraw/core.h"
 #include "longstraw/kernels.h"
@@ -22,13 +23,22 @@ typedef struct {
     float *S;         /* [H_v, d_k, d_v] */
 } ls_gdn_state;
 
+/* Under context parallelism (DESIGN §8) the pages are split across the ranks of
+ * `comm` in contiguous blocks (pages [page_lo, page_lo + cap_pages) here, the first
+ * pages/N + (r < pages mod N) of the rest): a rank allocates and holds only the
+ * positions [lo, hi) of its pages. Page tables are local (index 0 = page page_lo).
+ * The GDN state is replicated: after capture every rank holds the state at the end. */
 typedef struct {
     const ls_config *cfg;
-    int64_t n;         /* positions held */
-    int64_t capacity;  /* positions the page tables can hold */
+    int64_t n;         /* positions captured so far, over all ranks (the next position) */
+    int64_t capacity;  /* positions the state can hold, over all ranks */
     int64_t page_size; /* S */
-    int64_t n_pages;   /* pages allocated per attention layer */
-    int64_t cap_pages;
+    int64_t n_pages;   /* local pages allocated per attention layer */
+    int64_t cap_pages; /* local pages the tables can hold */
+    const ls_comm *comm; /* NULL or one rank: every page is local */
+    int rank, nranks;
+    int64_t page_lo;   /* global index of local page 0 */
+    int64_t lo, hi;    /* the positions this rank owns */
     ls_dtype dtype;    /* K/V page storage: F32 or BF16 */
     ls_attn_state *attn; /* [n_layers]; used for attention layers */
     ls_gdn_state *gdn;   /* [n_layers]; used for GDN layers */
@@ -36,15 +46,22 @@ typedef struct {
 } ls_prompt_state;
 
 /* Allocate an empty state able to hold `capacity` positions (page tables sized now,
- * pages allocated as positions arrive), from `arena` (the prompt arena). */
+ * pages allocated as positions arrive), from `arena` (the prompt arena); with a
+ * communicator of N > 1 ranks, only this rank's share of the pages. */
 ls_status ls_state_init(ls_prompt_state *st, const ls_config *cfg, int64_t capacity,
-                        int64_t page_size, ls_dtype dtype, ls_arena *arena);
+                        int64_t page_size, ls_dtype dtype, const ls_comm *comm, ls_arena *arena);
+/* Which rank's block holds global page `page` (contiguous layout). */
+int ls_state_page_owner(const ls_prompt_state *st, int64_t page);
+/* The positions [*lo, *hi) rank r owns (contiguous layout). */
+void ls_state_rank_range(const ls_prompt_state *st, int r, int64_t *lo, int64_t *hi);
 /* Append T positions of K/V ([T, n_kv, hd] f32 each) to attention layer `layer`.
- * Positions start at st->n; the caller advances st->n after all layers (ls_state_advance). */
+ * Positions start at st->n and must lie in this rank's [lo, hi); the caller
+ * advances st->n after all layers (ls_state_advance). */
 ls_status ls_state_append_kv(ls_prompt_state *st, int layer, const float *k, const float *v,
                              int64_t T);
 void ls_state_advance(ls_prompt_state *st, int64_t T);
-/* A read-only view of one attention layer's prefix for ls_attn_fwd. */
+/* A read-only view of one attention layer's local pages for ls_attn_fwd: the
+ * positions [lo, min(n, hi)) this rank holds (every position with one rank). */
 ls_kv_prefix ls_state_prefix(const ls_prompt_state *st, int layer);
 
 /* A member's private continuation of a read-only state (sampling): `dst` can hold

@@ -24,6 +24,9 @@ int ls_trace_on(void);
  * of each arena while it ran (the arenas' own peaks keep their run-wide maxima). */
 void ls_trace_phase_begin(const char *phase);
 void ls_trace_phase_end(const char *phase);
+/* The phase between the last begin and its end ("setup" outside any), tracked even
+ * when no trace is written, so a failure can name where it happened. */
+const char *ls_trace_current_phase(void);
 /* The update (0-based) later events belong to. */
 void ls_trace_set_update(int64_t update);
 int64_t ls_trace_update(void);

@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include "longstraw/comm.h"
 #include "longstraw/core.h"
 
 int cmd_init(int argc, char **argv);
@@ -23,8 +24,13 @@ int cmd_demo(int argc, char **argv);
 int cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi,
                   int64_t *out);
 int cli_parse_dtype(const char *cmd, const char *flag, const char *s, ls_dtype *out);
-/* Print "longstraw CMD: <status>: <message>" and return exit code 1. */
+/* Print "longstraw CMD: <status>: <message>" and return exit code 1. Under CP
+ * (several ranks) the message names the rank and the phase, and every rank ends. */
 int cli_fail(const char *cmd, ls_status s);
+/* This process's rank in the world (0 without MPI); rank 0 alone writes stdout and outputs. */
+int cli_rank(void);
+/* The world when it has several ranks (the CP degree is the world size), else NULL. */
+const ls_comm *cli_cp_comm(void);
 /* Print a usage error and return exit code 2. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -33,31 +33,24 @@ void cli_train_init(cli_train *t);
 int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg);
 int cli_train_finish(const char *cmd, cli_train *t);
 int cli_parse_f64(const char *cmd, const char *flag, const char *s, double lo, double hi, double *out);
-/* The models of a training command: the loaded checkpoint (`base`), the policy
- * (base, or base + LoRA adapters merged), the reference (--ref-model, or the base
- * with LoRA), gradients and, when wanted, the AdamW state. Sets t->o.lora/lora_base. */
+/* The trainable set of a training command (family.h): the checkpoint's family opens
+ * the policy (full fine-tune, or LoRA adapters on the frozen base), its gradients and
+ * reference; the AdamW moments when wanted. */
 typedef struct {
-    ls_hybrid_model base, ref, grad, merged;
-    ls_hybrid_model *policy;
-    const ls_hybrid_model *refp;
-    ls_lora *lora;
+    ls_policy_spec spec;
+    ls_policy p;
     ls_adamw adam;
+    const ls_config *cfg; /* the policy's */
 } cli_policy;
 ls_status cli_policy_setup(cli_policy *p, const char *model, cli_train *t, int with_adam, ls_arenas *ar);
-/* The trainable tensors' optimizer moments, as parallel lists (malloc'd, caller frees). */
-ls_status cli_policy_moments(cli_policy *p, ls_param **m, ls_param **v, int64_t *n);
+void cli_policy_close(cli_policy *p);
 /* Close an open_memstream stream over (*buf, *len), write its text to `path`
  * atomically (ls_write_file_atomic) and free the buffer. */
 ls_status cli_write_memstream(const char *path, FILE *f, char **buf, size_t *len);
-/* adapter_config.json as PEFT writes it (the fields a loader needs). */
-ls_status cli_write_adapter_config(const char *path, const cli_train *t, const ls_lora *lora);
 
-/* M_live terms predicted from the config (DESIGN §1): gradient bytes, fixed bytes
- * (weights, and the AdamW moments when `optimizer`; with LoRA side branches the base
- * plus adapters and their moments). A LoRA on the LM head (merged mode) also holds the
- * copies and gradients of the adapted tensors, which this leaves out. */
-void cli_predict_bytes(const ls_hybrid_model *base, const ls_lora *lora, int optimizer, size_t *grad, size_t *fixed);
-ls_status cli_write_receipt(const char *path, const char *cmd, const ls_hybrid_model *m, const ls_group *g,
+/* The receipt: phases, arena peaks beside the M_live terms predicted from the config
+ * (DESIGN §1), metrics, and the trainable tensors' hash on every rank. */
+ls_status cli_write_receipt(const char *path, const char *cmd, const cli_policy *pol, const ls_group *g,
                             const ls_grpo_opts *o, const ls_grpo_metrics *mt, const ls_arenas *ar);
 
 #endif

@@ -89,50 +89,37 @@ static int run(const char *cmd, int argc, char **argv) {
     memset(&g, 0, sizeof g);
     int rc = 1;
     ls_status s = cli_policy_setup(&pol, model, &t, is_step, &ar);
-    if (s == LS_OK) s = ls_group_load(&g, group, pol.base.cfg.vocab);
+    if (s == LS_OK) s = ls_group_load(&g, group, pol.cfg->vocab);
     if (s == LS_OK && !g.rewards && !g.advantages)
         s = ls_err(LS_ERR_FORMAT, "%s: needs \"rewards\" or \"advantages\" to define the objective", group);
     if (s == LS_OK && g.G < 2)
         s = ls_err(LS_ERR_FORMAT, "%s: field \"responses\" has %d entry: GRPO needs G >= 2 responses per group",
                    group, g.G);
     ls_grpo_metrics mt;
-    if (s == LS_OK) s = ls_grpo_update(pol.policy, pol.refp, &pol.grad, is_step ? &pol.adam : NULL, &g, &t.o, &ar, &mt);
+    if (s == LS_OK) s = ls_grpo_update(&pol.p, is_step ? &pol.adam : NULL, &g, &t.o, &ar, &mt);
     if (s != LS_OK) goto fail;
+    int root = cli_rank() == 0; /* rank 0 alone writes outputs (the receipt gathers every rank) */
     if (!is_step) {
         char lossbuf[64];
         snprintf(lossbuf, sizeof lossbuf, "%.10g", mt.loss);
-        s = pol.lora ? ls_lora_export(pol.lora, 1, out, "loss", lossbuf)
-                     : ls_hybrid_export(&pol.grad, out, LS_DTYPE_F32, "loss", lossbuf);
-        if (s == LS_OK && receipt) s = cli_write_receipt(receipt, cmd, &pol.base, &g, &t.o, &mt, &ar);
+        if (root) s = pol.p.fam->policy_save_grads(&pol.p, out, "loss", lossbuf);
+        if (s == LS_OK && receipt) s = cli_write_receipt(receipt, cmd, &pol, &g, &t.o, &mt, &ar);
     } else {
-        if (mkdir(out, 0755) != 0 && errno != EEXIST) {
-            s = ls_err(LS_ERR_IO, "%s: cannot create: %s", out, strerror(errno));
-            goto fail;
-        }
-        char path[4096], src[4096];
-        if (pol.lora) { /* PEFT layout: adapter_model.safetensors + adapter_config.json */
-            snprintf(path, sizeof path, "%s/adapter_model.safetensors", out);
-            s = ls_lora_export(pol.lora, 0, path, NULL, NULL);
-            snprintf(path, sizeof path, "%s/adapter_config.json", out);
-            if (s == LS_OK) s = cli_write_adapter_config(path, &t, pol.lora);
-        } else {
-            snprintf(path, sizeof path, "%s/model.safetensors", out);
-            s = ls_hybrid_export(&pol.base, path, LS_DTYPE_F32, NULL, NULL);
-            snprintf(src, sizeof src, "%s/config.json", model);
-            snprintf(path, sizeof path, "%s/config.json", out);
-            if (s == LS_OK) s = ls_copy_file_atomic(src, path);
-        }
+        char path[4096];
+        if (root && mkdir(out, 0755) != 0 && errno != EEXIST) s = ls_err(LS_ERR_IO, "%s: cannot create: %s", out, strerror(errno));
+        if (root && s == LS_OK) s = pol.p.fam->policy_save(&pol.p, &pol.spec, out);
         snprintf(path, sizeof path, "%s/receipt.json", out);
-        if (s == LS_OK) s = cli_write_receipt(receipt ? receipt : path, cmd, &pol.base, &g, &t.o, &mt, &ar);
+        if (s == LS_OK) s = cli_write_receipt(receipt ? receipt : path, cmd, &pol, &g, &t.o, &mt, &ar);
     }
     if (s != LS_OK) goto fail;
-    fprintf(stderr, "longstraw %s: loss %.6g, grad norm %.6g, clip low/high %.3f/%.3f, kl %.4g, %.2fs\n", cmd,
+    if (root) fprintf(stderr, "longstraw %s: loss %.6g, grad norm %.6g, clip low/high %.3f/%.3f, kl %.4g, %.2fs\n", cmd,
             mt.loss, mt.grad_norm, mt.clip_low, mt.clip_high, mt.kl, mt.t_total);
     rc = 0;
     goto done;
 fail:
     rc = cli_fail(cmd, s);
 done:
+    cli_policy_close(&pol);
     ls_group_free(&g);
     ls_arenas_free(&ar);
     return rc;

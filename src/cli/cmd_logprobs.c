@@ -66,18 +66,19 @@ int cmd_logprobs(int argc, char **argv) {
     if (!model) return cli_usage_error("logprobs", "--model is required");
     if (!group) return cli_usage_error("logprobs", "--group is required");
     ls_set_threads((int)threads);
+    so.fwd.comm = cli_cp_comm(); /* CP degree = world size: each rank holds its share of the pages */
 
     ls_arenas ar;
     ls_arenas_init(&ar);
-    ls_hybrid_model m;
+    ls_model m;
     ls_group g;
     memset(&g, 0, sizeof g);
     int rc = 1;
     double t0 = ls_now();
-    ls_status s = ls_hybrid_load(&m, model, &ar.a[LS_ARENA_FIXED]);
+    ls_status s = ls_model_load(&m, model, &ar.a[LS_ARENA_FIXED]);
     if (s != LS_OK) goto fail;
     double t_load = ls_now() - t0;
-    s = ls_group_load(&g, group, m.cfg.vocab);
+    s = ls_group_load(&g, group, ls_model_config(&m)->vocab);
     if (s != LS_OK) goto fail;
     float **lp = ls_arena_alloc(&ar.a[LS_ARENA_SCORE], (size_t)g.G * sizeof(float *));
     if (!lp) {
@@ -87,6 +88,10 @@ int cmd_logprobs(int argc, char **argv) {
     ls_score_stats st;
     s = ls_score_group(&m, &g, &so, &ar, lp, &st);
     if (s != LS_OK) goto fail;
+    if (cli_rank() != 0) { /* rank 0 alone prints: one JSON document, as with one rank */
+        rc = 0;
+        goto done;
+    }
     printf("{\"logprobs\": [");
     for (int i = 0; i < g.G; i++) {
         printf(i ? ", [" : "[");

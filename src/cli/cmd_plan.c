@@ -71,15 +71,18 @@ int cmd_plan(int argc, char **argv) {
     /* fixed and grad terms of M_live (DESIGN §1) for a full fine-tune in f32 */
     ls_hf_tensor_spec *sp = NULL;
     int64_t nsp = 0;
-    size_t params = 0;
+    size_t params = 0, w_bytes = 0, m_bytes = 0;
+    int over = 0;
     if (ls_hybrid_hf_specs(&cfg, &sp, &nsp) == LS_OK) {
-        for (int64_t i = 0; i < nsp; i++) {
+        for (int64_t i = 0; i < nsp && !over; i++) {
             size_t n = 1;
-            for (int d = 0; d < sp[i].ndim; d++) n *= (size_t)sp[i].shape[d];
-            params += n;
+            for (int d = 0; d < sp[i].ndim && !over; d++) over = ls_mul_size(n, (size_t)sp[i].shape[d], &n);
+            over = over || ls_add_size(params, n, &params);
         }
         free(sp);
     }
+    if (over || ls_mul_size(params, 4, &w_bytes) || ls_mul_size(params, 8, &m_bytes))
+        return cli_fail("plan", ls_err(LS_ERR_ARG, "%s: the parameter count's byte size overflows 64 bits", path));
     size_t kv_layer_page = p.n_attn ? p.kv_bytes_per_rank / (size_t)p.n_attn / (size_t)(p.pages_per_rank ? p.pages_per_rank : 1) : 0;
     if (json) {
         printf("{\"prompt\": %lld, \"captured_positions\": %lld, \"page_size\": %lld, \"cp\": %d, "
@@ -91,7 +94,7 @@ int cmd_plan(int argc, char **argv) {
                (long long)P, (long long)p.positions, (long long)S, p.cp, dt == LS_DTYPE_BF16 ? "bf16" : "f32",
                p.n_attn, p.n_gdn, (long long)p.pages, (long long)p.pages_per_rank,
                (long long)p.pages_per_rank * p.n_attn * 2, p.kv_bytes_per_rank, p.gdn_bytes_per_rank,
-               p.table_bytes_per_rank, p.total_bytes_per_rank, params, params * 4, params * 8, params * 4);
+               p.table_bytes_per_rank, p.total_bytes_per_rank, params, w_bytes, m_bytes, w_bytes);
         return 0;
     }
     printf("prompt state plan: %s (%s)\n", path, cfg.model_type);
@@ -108,9 +111,9 @@ int cmd_plan(int argc, char **argv) {
     printf("  %-34s %20zu %12.4f\n", "page tables + layer headers", p.table_bytes_per_rank, gib(p.table_bytes_per_rank));
     printf("  %-34s %20zu %12.2f\n", "prompt arena total", p.total_bytes_per_rank, gib(p.total_bytes_per_rank));
     printf("\n  other M_live terms, full fine-tune in f32 (%zu parameters):\n", params);
-    printf("  %-34s %20zu %12.2f\n", "fixed: weights", params * 4, gib(params * 4));
-    printf("  %-34s %20zu %12.2f\n", "fixed: AdamW moments", params * 8, gib(params * 8));
-    printf("  %-34s %20zu %12.2f\n", "grad", params * 4, gib(params * 4));
+    printf("  %-34s %20zu %12.2f\n", "fixed: weights", w_bytes, gib(w_bytes));
+    printf("  %-34s %20zu %12.2f\n", "fixed: AdamW moments", m_bytes, gib(m_bytes));
+    printf("  %-34s %20zu %12.2f\n", "grad", w_bytes, gib(w_bytes));
     printf("  (branch: one member's tape, grows with R_i, not P; score: 4 bytes per response token)\n");
     return 0;
 }

@@ -345,7 +345,7 @@ static ls_status validate_data(trainer *tr) {
         char label[4200];
         snprintf(label, sizeof label, "%s:%lld", tr->a->data, (long long)tr->data.lineno[i]);
         ls_group g;
-        ls_status s = ls_group_parse_ex(&g, tr->data.buf + tr->data.off[i], label, tr->pol.base.cfg.vocab, NULL, flags);
+        ls_status s = ls_group_parse_ex(&g, tr->data.buf + tr->data.off[i], label, tr->pol.cfg->vocab, NULL, flags);
         ls_group_free(&g);
         if (s != LS_OK) return ls_err_ctx(s, "checking the data before training (--no-validate skips this)");
     }
@@ -363,7 +363,7 @@ static ls_status stop_tokens(trainer *tr) {
         static const char *const eos[] = {"<|endoftext|>", "<|im_end|>"};
         for (int i = 0; i < 2 && tr->tok; i++) {
             int32_t id = ls_tok_token_id(tr->tok, eos[i]);
-            if (id >= 0 && id < tr->pol.base.cfg.vocab) tr->stop_ids[tr->so.n_stop++] = id;
+            if (id >= 0 && id < tr->pol.cfg->vocab) tr->stop_ids[tr->so.n_stop++] = id;
         }
         return LS_OK;
     }
@@ -377,9 +377,9 @@ static ls_status stop_tokens(trainer *tr) {
         char *end;
         long long id = strtoll(tokname, &end, 10);
         if (*end) id = tr->tok ? ls_tok_token_id(tr->tok, tokname) : -1;
-        if (id < 0 || id >= tr->pol.base.cfg.vocab)
+        if (id < 0 || id >= tr->pol.cfg->vocab)
             return ls_err(LS_ERR_ARG, "--stop: \"%s\" is neither a token id below %lld nor a token of the tokenizer",
-                          tokname, (long long)tr->pol.base.cfg.vocab);
+                          tokname, (long long)tr->pol.cfg->vocab);
         if (tr->so.n_stop == 16) return ls_err(LS_ERR_ARG, "--stop: at most 16 stop tokens");
         tr->stop_ids[tr->so.n_stop++] = (int32_t)id;
         p += n + (p[n] == ',');
@@ -422,7 +422,7 @@ static ls_status next_group(trainer *tr, int k, ls_group *g) {
     int64_t i = tr->data_pos % tr->data.n;
     char label[4200];
     snprintf(label, sizeof label, "%s:%lld", tr->a->data, (long long)tr->data.lineno[i]);
-    ls_status s = ls_group_parse_ex(g, tr->data.buf + tr->data.off[i], label, tr->pol.base.cfg.vocab, tr->tok,
+    ls_status s = ls_group_parse_ex(g, tr->data.buf + tr->data.off[i], label, tr->pol.cfg->vocab, tr->tok,
                                     tr->a->rollout ? LS_GROUP_PROMPT_ONLY : LS_GROUP_TRAIN);
     if (s == LS_OK && g->P < 2) s = ls_err(LS_ERR_FORMAT, "%s: \"prompt\" needs at least 2 tokens", label);
     if (s == LS_OK && tr->a->rollout && !tr->rcmd && !g->answer)
@@ -472,7 +472,7 @@ static ls_status decode_lenient(const ls_tokenizer *tok, const int32_t *ids, int
 }
 
 /* The rollout hook (ls_rollout_hook): G samples from the captured state, then rewards. */
-static ls_status rollout(void *ctx, int gi, ls_group *g, const ls_hybrid_model *policy, const ls_prompt_state *st,
+static ls_status rollout(void *ctx, int gi, ls_group *g, const ls_model *policy, const ls_prompt_state *st,
                          ls_arenas *ar) {
     trainer *tr = ctx;
     int G = (int)tr->a->num_generations;
@@ -531,16 +531,7 @@ static ls_status rollout(void *ctx, int gi, ls_group *g, const ls_hybrid_model *
     return s;
 }
 
-static void zero_grads(trainer *tr) {
-    ls_param *p;
-    int64_t n;
-    if (ls_hybrid_params(&tr->pol.grad, &p, &n) == LS_OK) {
-        for (int64_t k = 0; k < n; k++)
-            if (p[k].p) memset(p[k].p, 0, (size_t)p[k].n * sizeof(float)); /* NULL: frozen under LoRA */
-        free(p);
-    }
-    if (tr->pol.lora) ls_lora_zero_grad(tr->pol.lora);
-}
+static void zero_grads(trainer *tr) { tr->pol.p.fam->policy_zero_grad(&tr->pol.p); }
 
 /* ---- checkpoints and trainer state ----------------------------------------------------- */
 
@@ -595,31 +586,17 @@ static void test_pause(void) {
 }
 
 static ls_status save_checkpoint(trainer *tr) {
-    char tmp[4200], dir[4200], path[4400], src[4400];
+    char tmp[4200], dir[4200], path[4400];
     double t0 = ls_now();
     ls_trace_phase_begin("checkpoint");
     ls_status s = ls_ckpt_begin(tr->run, tr->update, tmp, sizeof tmp);
-    const cli_train *t = &tr->a->t;
-    if (s == LS_OK && tr->pol.lora) {
-        snprintf(path, sizeof path, "%s/adapter_model.safetensors", tmp);
-        s = ls_lora_export(tr->pol.lora, 0, path, NULL, NULL);
-        snprintf(path, sizeof path, "%s/adapter_config.json", tmp);
-        if (s == LS_OK) s = cli_write_adapter_config(path, t, tr->pol.lora);
-    } else if (s == LS_OK) {
-        snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-        s = ls_hybrid_export(&tr->pol.base, path, LS_DTYPE_F32, NULL, NULL);
-        snprintf(src, sizeof src, "%s/config.json", tr->a->model);
-        snprintf(path, sizeof path, "%s/config.json", tmp);
-        if (s == LS_OK) s = ls_copy_file_atomic(src, path);
-    }
+    ls_policy_spec sp = tr->pol.spec;
+    sp.model_dir = tr->a->model; /* config.json from the run's model (a resumed policy may come from a checkpoint) */
+    if (s == LS_OK) s = tr->pol.p.fam->policy_save(&tr->pol.p, &sp, tmp);
     test_pause();
-    ls_param *m = NULL, *v = NULL;
-    int64_t n = 0;
-    if (s == LS_OK) s = cli_policy_moments(&tr->pol, &m, &v, &n);
     snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
-    if (s == LS_OK) s = ls_optim_save(path, m, v, n, tr->pol.adam.step, tr->pol.lora != NULL);
-    free(m);
-    free(v);
+    if (s == LS_OK)
+        s = ls_optim_save(path, tr->pol.adam.m, tr->pol.adam.v, tr->pol.adam.n, tr->pol.adam.step, tr->pol.p.adapters);
     test_pause();
     snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
     if (s == LS_OK) s = write_state(tr, path); /* last: the commit point is the rename below */
@@ -696,7 +673,7 @@ static void write_metrics(trainer *tr, const ls_grpo_metrics *mt, double step_ti
 static void trace_update_end(trainer *tr, const ls_group *g, const ls_grpo_metrics *mt) {
     if (!ls_trace_on()) return;
     ls_state_plan_t plan;
-    ls_state_plan(&plan, &tr->pol.base.cfg, g->P, tr->a->t.o.page_size, tr->a->t.o.state_dtype, 1);
+    ls_state_plan(&plan, tr->pol.cfg, g->P, tr->a->t.o.page_size, tr->a->t.o.state_dtype, 1);
     char R[512];
     int off = 0;
     for (int i = 0; i < g->G && off < (int)sizeof R - 24; i++) off += snprintf(R + off, sizeof R - (size_t)off, "%s%lld", i ? ", " : "", (long long)g->R[i]);
@@ -738,19 +715,13 @@ static ls_status setup(trainer *tr, int argc, char **argv) {
         a->t.lora_rank = 0;
     }
     LS_TRY(cli_policy_setup(&tr->pol, model, &a->t, 1, &tr->ar));
-    cli_predict_bytes(&tr->pol.base, tr->pol.lora, 1, &tr->pred_grad, &tr->pred_fixed);
+    tr->pol.p.fam->policy_predict(&tr->pol.p, 1, &tr->pred_grad, &tr->pred_fixed);
     ls_rng_seed(&tr->rng, (uint64_t)a->seed);
     if (last >= 0) {
-        ls_param *m = NULL, *v = NULL;
-        int64_t n = 0;
         LS_TRY(read_state(tr, ckpt));
-        LS_TRY(cli_policy_moments(&tr->pol, &m, &v, &n));
         snprintf(path, sizeof path, "%s/optimizer.safetensors", ckpt);
         int64_t step = 0;
-        ls_status s = ls_optim_load(path, m, v, n, &step, tr->pol.lora != NULL);
-        free(m);
-        free(v);
-        LS_TRY(s);
+        LS_TRY(ls_optim_load(path, tr->pol.adam.m, tr->pol.adam.v, tr->pol.adam.n, &step, tr->pol.p.adapters));
         tr->pol.adam.step = step;
         fprintf(stderr, "longstraw train: resumed from %s (update %lld, data position %lld, optimizer step %lld)\n", ckpt,
                 (long long)tr->update, (long long)tr->data_pos, (long long)step);
@@ -764,10 +735,10 @@ static ls_status setup(trainer *tr, int argc, char **argv) {
         free(json);
         LS_TRY(s);
     }
-    if (tr->tok && ls_tok_vocab_size(tr->tok) > tr->pol.base.cfg.vocab)
+    if (tr->tok && ls_tok_vocab_size(tr->tok) > tr->pol.cfg->vocab)
         return ls_err(LS_ERR_ARG, "%s: the tokenizer has %lld ids but the model's vocab_size is %lld",
                       a->tokenizer ? a->tokenizer : "(built-in tokenizer)", (long long)ls_tok_vocab_size(tr->tok),
-                      (long long)tr->pol.base.cfg.vocab);
+                      (long long)tr->pol.cfg->vocab);
     if (a->data) LS_TRY(jsonl_open(&tr->data, a->data));
     if (a->data && !a->no_validate) LS_TRY(validate_data(tr));
     if (!a->updates) a->updates = a->data ? (tr->data.n + a->groups_per_update - 1) / a->groups_per_update : 10;
@@ -833,7 +804,7 @@ static int run_train(int argc, char **argv) {
     }
     if ((r = check_flags(&a))) return r;
     if (cli_train_finish("train", &a.t)) return 2;
-    ls_progress_enable(!a.quiet);
+    ls_progress_enable(!a.quiet && cli_rank() == 0);
     trainer tr;
     memset(&tr, 0, sizeof tr);
     tr.a = &a;
@@ -871,7 +842,7 @@ static int run_train(int argc, char **argv) {
         for (int k = 0; k < (int)a.groups_per_update && s == LS_OK; k++) s = next_group(&tr, k, &groups[k]);
         if (s == LS_OK) {
             zero_grads(&tr);
-            s = ls_grpo_update_batch(tr.pol.policy, tr.pol.refp, &tr.pol.grad, &tr.pol.adam, groups,
+            s = ls_grpo_update_batch(&tr.pol.p, &tr.pol.adam, groups,
                                      (int)a.groups_per_update, a.rollout ? &hook : NULL, &a.t.o, &tr.ar, &mt);
         }
         if (s != LS_OK) {
@@ -924,7 +895,7 @@ static int run_train(int argc, char **argv) {
     if (s == LS_OK && tr.update > first) {
         char path[4200];
         snprintf(path, sizeof path, "%s/receipt.json", a.out);
-        s = cli_write_receipt(path, "train", &tr.pol.base, &groups[big], &a.t.o, &mt, &tr.ar);
+        s = cli_write_receipt(path, "train", &tr.pol, &groups[big], &a.t.o, &mt, &tr.ar);
         if (s == LS_OK)
             fprintf(stderr, "longstraw train: %lld updates (%d skipped) in %s; receipt %s, `longstraw report %s` for the table and memory.svg\n",
                     (long long)(tr.update - first), skipped, a.out, path, a.out);
@@ -941,6 +912,7 @@ static int run_train(int argc, char **argv) {
     ls_trace_close();
     if (tr.lock_fd >= 0) close(tr.lock_fd);
     jsonl_free(&tr.data);
+    cli_policy_close(&tr.pol);
     ls_tok_free(tr.tok);
     ls_arenas_free(&tr.ar);
     for (int i = 0; i < nargc; i++) free(nargv[i]);

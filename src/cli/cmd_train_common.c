@@ -162,6 +162,7 @@ int cli_train_finish(const char *cmd, cli_train *t) {
         return 2;
     }
     ls_set_threads((int)t->threads);
+    t->o.fwd.comm = cli_cp_comm(); /* CP degree = world size */
     return 0;
 }
 
@@ -173,90 +174,21 @@ ls_status cli_write_memstream(const char *path, FILE *f, char **buf, size_t *len
     return s;
 }
 
-ls_status cli_write_adapter_config(const char *path, const cli_train *t, const ls_lora *lora) {
-    (void)t;
-    char *buf = NULL;
-    size_t blen = 0;
-    FILE *f = open_memstream(&buf, &blen);
-    if (!f) return ls_err(LS_ERR_NOMEM, "%s: cannot build the adapter config", path);
-    fprintf(f, "{\n  \"peft_type\": \"LORA\",\n  \"r\": %lld,\n  \"lora_alpha\": %g,\n  \"target_modules\": [",
-            (long long)ls_lora_rank(lora), ls_lora_alpha(lora));
-    /* the distinct last name components of the adapted weights, in first-seen order */
-    int first = 1;
-    for (int64_t i = 0; i < ls_lora_count(lora); i++) {
-        const char *nm = ls_lora_module_name(lora, i), *dot = strrchr(nm, '.');
-        const char *leaf = dot ? dot + 1 : nm;
-        int seen = 0;
-        for (int64_t j = 0; j < i && !seen; j++) {
-            const char *o = ls_lora_module_name(lora, j), *od = strrchr(o, '.');
-            seen = !strcmp(od ? od + 1 : o, leaf);
-        }
-        if (!seen) fprintf(f, "%s\"%s\"", first ? "" : ", ", leaf);
-        first &= seen;
-    }
-    fprintf(f, "],\n  \"modules\": %lld,\n  \"lora_dropout\": 0.0,\n  \"bias\": \"none\"\n}\n",
-            (long long)ls_lora_count(lora));
-    return cli_write_memstream(path, f, &buf, &blen);
-}
-
 ls_status cli_policy_setup(cli_policy *p, const char *model, cli_train *t, int with_adam, ls_arenas *ar) {
     memset(p, 0, sizeof *p);
-    ls_arena *fixed = &ar->a[LS_ARENA_FIXED];
-    LS_TRY(ls_hybrid_load(&p->base, model, fixed));
-    if (t->ref_model) {
-        LS_TRY(ls_hybrid_load(&p->ref, t->ref_model, fixed));
-        if (p->ref.cfg.vocab != p->base.cfg.vocab || p->ref.cfg.n_layers != p->base.cfg.n_layers ||
-            p->ref.cfg.hidden != p->base.cfg.hidden)
-            return ls_err(LS_ERR_ARG, "--ref-model %s: its config differs from --model %s", t->ref_model, model);
-        p->refp = &p->ref;
-    }
-    p->policy = &p->base;
-    if (!t->adapter && !t->lora_rank) LS_TRY(ls_hybrid_alloc_like(&p->base, &p->grad, &ar->a[LS_ARENA_GRAD]));
-    if (t->adapter || t->lora_rank) {
-        /* LoRA: base frozen (and the default reference), policy = base + adapters */
-        LS_TRY(t->adapter ? ls_lora_load(&p->lora, &p->base, t->adapter, t->lora_alpha, fixed, &ar->a[LS_ARENA_GRAD])
-                          : ls_lora_new(&p->lora, &p->base,
-                                        t->lora_targets ? t->lora_targets
-                                        : p->base.fused_gdn ? "q_proj,k_proj,v_proj,o_proj,in_proj_qkvz,in_proj_ba,out_proj"
-                                                            : "q_proj,k_proj,v_proj,o_proj,in_proj_qkv,in_proj_z,in_proj_b,"
-                                                              "in_proj_a,out_proj",
-                                        (int)t->lora_rank, t->lora_alpha,
-                                        (uint64_t)t->lora_seed, fixed, &ar->a[LS_ARENA_GRAD]));
-        if (ls_lora_side_ok(p->lora)) {
-            /* side branches: the policy is the base plus adapters applied on the fly —
-             * no merged copy, and no base weight gets a gradient buffer */
-            LS_TRY(ls_hybrid_alloc_none(&p->base, &p->grad, &ar->a[LS_ARENA_GRAD]));
-            p->merged = p->base;
-            p->merged.lora = p->lora;
-        } else {
-            /* an adapter on the LM head (its fused log-prob kernel has no side branch):
-             * merge — a copy of the adapted tensors, gradients only for them */
-            LS_TRY(ls_hybrid_alloc_grad_lora(&p->base, &p->grad, &ar->a[LS_ARENA_GRAD], p->lora));
-            LS_TRY(ls_hybrid_alloc_merged_lora(&p->base, &p->merged, fixed, p->lora));
-            ls_lora_merge(p->lora, &p->base, &p->merged);
-        }
-        p->policy = &p->merged;
-        t->o.lora = p->lora;
-        t->o.lora_base = &p->base;
-        if (!p->refp) p->refp = &p->base;
-    }
-    if (!with_adam) return LS_OK;
-    if (p->lora) {
-        ls_adamw_init_lora(&p->adam);
-        return LS_OK;
-    }
-    return ls_adamw_init(&p->adam, &p->base, fixed);
+    p->spec = (ls_policy_spec){.model_dir = model,
+                               .ref_dir = t->ref_model,
+                               .adapter = t->adapter,
+                               .lora_rank = t->lora_rank,
+                               .lora_alpha = t->lora_alpha,
+                               .lora_targets = t->lora_targets,
+                               .lora_seed = (uint64_t)t->lora_seed};
+    LS_TRY(ls_policy_open(&p->p, &p->spec, ar));
+    p->cfg = ls_model_config(&p->p.policy);
+    return with_adam ? ls_adamw_init(&p->adam, &p->p, &ar->a[LS_ARENA_FIXED]) : LS_OK;
 }
 
-ls_status cli_policy_moments(cli_policy *p, ls_param **m, ls_param **v, int64_t *n) {
-    *m = *v = NULL;
-    if (p->lora) return ls_lora_params(p->lora, NULL, NULL, m, v, n);
-    int64_t n2 = 0;
-    LS_TRY(ls_hybrid_params(&p->adam.m, m, n));
-    LS_TRY(ls_hybrid_params(&p->adam.v, v, &n2));
-    LS_ASSERT(*n == n2, "moment lists differ");
-    return LS_OK;
-}
+void cli_policy_close(cli_policy *p) { ls_policy_close(&p->p); }
 
 /* "k": v, or "k": null for NaN / Inf (which JSON cannot spell) */
 static void json_field(FILE *f, const char *k, double v) {
@@ -270,37 +202,38 @@ static void json_num(FILE *f, const char *k, double v, int comma) {
     fputs(comma ? ",\n" : "\n", f);
 }
 
-void cli_predict_bytes(const ls_hybrid_model *base, const ls_lora *lora, int optimizer, size_t *grad, size_t *fixed) {
-    size_t params = 0, adapters = 0;
-    ls_param *pp;
-    int64_t np;
-    if (ls_hybrid_params(base, &pp, &np) == LS_OK) {
-        for (int64_t k = 0; k < np; k++) params += (size_t)pp[k].n;
-        free(pp);
-    }
-    if (lora && ls_lora_params(lora, &pp, NULL, NULL, NULL, &np) == LS_OK) {
-        for (int64_t k = 0; k < np; k++) adapters += (size_t)pp[k].n;
-        free(pp);
-    }
-    if (!lora) {
-        *grad = 4 * params;
-        *fixed = 4 * params * (optimizer ? 3 : 1);
-    } else { /* side branches: adapter gradients only; base + adapters with their moments */
-        *grad = 4 * adapters;
-        *fixed = 4 * params + 12 * adapters;
-    }
-}
-
-ls_status cli_write_receipt(const char *path, const char *cmd, const ls_hybrid_model *m, const ls_group *g,
+ls_status cli_write_receipt(const char *path, const char *cmd, const cli_policy *pol, const ls_group *g,
                             const ls_grpo_opts *o, const ls_grpo_metrics *mt, const ls_arenas *ar) {
+    const ls_comm *comm = o->fwd.comm;
+    int N = comm ? ls_comm_size(comm) : 1;
+    /* every rank's hash of the trainable tensors and prompt-arena peak (collective) */
+    uint64_t h = ls_params_hash(pol->p.w, pol->p.n), *hs = calloc((size_t)N, sizeof *hs);
+    uint64_t pk = ar->a[LS_ARENA_PROMPT].peak, *pks = calloc((size_t)N, sizeof *pks);
+    uint64_t rss = ls_peak_rss_bytes(), *rsss = calloc((size_t)N, sizeof *rsss);
+    if (!hs || !pks || !rsss) {
+        free(hs), free(pks), free(rsss);
+        return ls_err(LS_ERR_NOMEM, "%s: cannot gather %d ranks' numbers", path, N);
+    }
+    ls_status cs = LS_OK;
+    if (comm) {
+        cs = ls_comm_allgather(comm, &h, hs, sizeof h);
+        if (cs == LS_OK) cs = ls_comm_allgather(comm, &pk, pks, sizeof pk);
+        if (cs == LS_OK) cs = ls_comm_allgather(comm, &rss, rsss, sizeof rss);
+    } else {
+        hs[0] = h, pks[0] = pk, rsss[0] = rss;
+    }
+    if (cs != LS_OK || (comm && ls_comm_rank(comm) != 0)) { /* rank 0 alone writes */
+        free(hs), free(pks), free(rsss);
+        return cs;
+    }
     char *buf = NULL;
     size_t blen = 0;
     FILE *f = open_memstream(&buf, &blen); /* built in memory, written atomically */
     if (!f) return ls_err(LS_ERR_NOMEM, "%s: cannot build the receipt", path);
     ls_state_plan_t plan;
-    ls_state_plan(&plan, &m->cfg, g->P, o->page_size, o->state_dtype, 1);
+    ls_state_plan(&plan, pol->cfg, g->P, o->page_size, o->state_dtype, N);
     size_t pgrad, pfixed;
-    cli_predict_bytes(m, o->lora, strcmp(cmd, "grad") != 0, &pgrad, &pfixed);
+    pol->p.fam->policy_predict(&pol->p, strcmp(cmd, "grad") != 0, &pgrad, &pfixed);
     fprintf(f, "{\n  \"command\": \"%s\",\n  \"mode\": \"%s\",\n  \"P\": %d,\n  \"G\": %d,\n  \"R\": [", cmd,
             o->no_capture ? "naive" : "prefix-frozen", mt->P, mt->G);
     for (int i = 0; i < g->G; i++) fprintf(f, "%s%lld", i ? ", " : "", (long long)g->R[i]);
@@ -311,6 +244,16 @@ ls_status cli_write_receipt(const char *path, const char *cmd, const ls_hybrid_m
     for (int a = 0; a < LS_ARENA_COUNT; a++)
         fprintf(f, "%s\"%s\": %zu", a ? ", " : "", ls_arena_id_name((ls_arena_id)a), ar->a[a].peak);
     fprintf(f, "},\n  \"process_peak_rss_bytes\": %zu,\n", ls_peak_rss_bytes());
+    /* per rank (DESIGN §8): prompt arena peak beside the plan's per-rank prediction, peak
+     * RSS, and the trainable tensors' hash (identical on every rank after a step) */
+    fprintf(f, "  \"cp\": %d,\n  \"ranks\": [", N);
+    for (int r = 0; r < N; r++)
+        fprintf(f, "%s{\"rank\": %d, \"prompt_peak_bytes\": %llu, \"prompt_predicted_bytes\": %zu, "
+                   "\"peak_rss_bytes\": %llu, \"trainable_hash\": \"%016llx\"}",
+                r ? ", " : "", r, (unsigned long long)pks[r], o->no_capture ? (size_t)0 : plan.total_bytes_per_rank,
+                (unsigned long long)rsss[r], (unsigned long long)hs[r]);
+    fprintf(f, "],\n");
+    free(hs), free(pks), free(rsss);
     /* M_live terms (DESIGN §1): predicted from the config beside measured */
     fprintf(f, "  \"m_live\": {\n"
                "    \"prompt\": {\"predicted\": %zu, \"measured\": %zu},\n"

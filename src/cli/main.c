@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "longstraw/trace.h"
 
 static const struct {
     const char *name;
@@ -30,6 +31,8 @@ static void usage(FILE *f) {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
 }
+
+static int run(int argc, char **argv);
 
 int cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi,
                   int64_t *out) {
@@ -59,9 +62,28 @@ int cli_parse_dtype(const char *cmd, const char *flag, const char *s, ls_dtype *
     return 0;
 }
 
+int cli_rank(void) {
+    ls_comm *w = ls_comm_world();
+    return w ? ls_comm_rank(w) : 0;
+}
+
+const ls_comm *cli_cp_comm(void) {
+    ls_comm *w = ls_comm_world();
+    return w && ls_comm_size(w) > 1 ? w : NULL;
+}
+
 int cli_fail(const char *cmd, ls_status s) {
-    fprintf(stderr, "longstraw %s: %s: %s\n", cmd, ls_status_name(s), ls_err_msg());
-    return 1;
+    const ls_comm *cp = cli_cp_comm();
+    if (!cp) {
+        fprintf(stderr, "longstraw %s: %s: %s\n", cmd, ls_status_name(s), ls_err_msg());
+        return 1;
+    }
+    /* under CP the other ranks wait in a collective for this one: end them all, saying
+     * where (outputs are written by rank 0 only after every phase, atomically) */
+    fprintf(stderr, "longstraw %s: rank %d of %d failed in phase \"%s\": %s: %s; ending every rank\n", cmd,
+            ls_comm_rank(cp), ls_comm_size(cp), ls_trace_current_phase(), ls_status_name(s), ls_err_msg());
+    fflush(stderr);
+    ls_comm_abort(cp, 1);
 }
 
 int cli_usage_error(const char *cmd, const char *fmt, ...) {
@@ -76,6 +98,18 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
 
 int main(int argc, char **argv) {
     ls_prefer_passive_omp(argv);
+    ls_comm *world = NULL;
+    ls_status cs = ls_comm_init(&argc, &argv, &world);
+    if (cs != LS_OK) {
+        fprintf(stderr, "longstraw: cannot start the communicator: %s\n", ls_err_msg());
+        return 1;
+    }
+    int rc = run(argc, argv);
+    ls_comm_finalize();
+    return rc;
+}
+
+static int run(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
         return 2;

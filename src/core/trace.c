@@ -77,7 +77,13 @@ int ls_trace_layers(int on) {
     return old;
 }
 
+/* The phase running now, kept whether or not a trace is written: a fault names it. */
+static const char *current_phase;
+
+const char *ls_trace_current_phase(void) { return current_phase ? current_phase : "setup"; }
+
 void ls_trace_phase_begin(const char *phase) {
+    current_phase = phase;
     if (!T.f) return;
     /* measure the phase's own peak: remember the run-wide peaks, restart them at the
      * current level, and fold them back at the end */
@@ -94,6 +100,7 @@ void ls_trace_phase_begin(const char *phase) {
 }
 
 void ls_trace_phase_end(const char *phase) {
+    current_phase = NULL;
     if (!T.f) return;
     head("phase_end");
     fprintf(T.f, ", \"phase\": \"%s\", \"update\": %lld, \"s\": %.6f, \"peak\": [", phase, (long long)T.update,

@@ -1,11 +1,16 @@
 /*
- * util.c — dtype conversion, RNG, timers, peak RSS and thread control.
+ * util.c — dtype conversion, RNG, timers, peak RSS, thread control, and the checks
+ * the atomic file writers make on their destination and temp file.
  */
 #include "longstraw/core.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -198,4 +203,87 @@ void ls_prefer_passive_omp(char **argv) {
     if (getenv("OMP_WAIT_POLICY")) return;
     if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
     execv("/proc/self/exe", argv); /* returns only on failure: carry on spinning */
+}
+
+/* ---- output files ---- */
+static const char *file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISLNK(m)) return "a symbolic link";
+    return "not a regular file";
+}
+
+/* `path` up to its last '/' ("." when it has none). */
+static void parent_of(const char *path, char *out, size_t cap) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(out, cap, ".");
+    else if (slash == path) snprintf(out, cap, "/");
+    else snprintf(out, cap, "%.*s", (int)(slash - path), path);
+}
+
+ls_status ls_check_output_file(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT) return LS_OK;
+        if (errno == ENOTDIR) {
+            char dir[4096];
+            parent_of(path, dir, sizeof dir);
+            return ls_err(LS_ERR_ARG, "%s: cannot create it: %s (or a directory above it) is not a directory", path,
+                          dir);
+        }
+        return ls_err(LS_ERR_IO, "%s: cannot access: %s", path, strerror(errno));
+    }
+    if (S_ISREG(st.st_mode)) return LS_OK;
+    if (S_ISLNK(st.st_mode)) {
+        char to[4096];
+        ssize_t n = readlink(path, to, sizeof to - 1);
+        to[n > 0 ? n : 0] = 0;
+        return ls_err(LS_ERR_ARG, "%s is a symbolic link (to %s), not a regular file: refusing to replace it "
+                                  "(name the file itself)", path, n > 0 ? to : "?");
+    }
+    return ls_err(LS_ERR_ARG, "%s is %s, not a regular file: refusing to replace it", path, file_kind(st.st_mode));
+}
+
+ls_status ls_create_temp_file(const char *tmp, int *fd) {
+    struct stat st;
+    if (lstat(tmp, &st) == 0) {
+        /* ours by name (path.tmp.<pid>); a directory there is not */
+        if (S_ISDIR(st.st_mode))
+            return ls_err(LS_ERR_ARG, "%s is a directory: cannot use it as a temp file", tmp);
+        if (unlink(tmp) != 0 && errno != ENOENT)
+            return ls_err(LS_ERR_IO, "%s: cannot remove stale temp file: %s", tmp, strerror(errno));
+    }
+    *fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (*fd < 0) {
+        if (errno == ENOTDIR) {
+            char dir[4096];
+            parent_of(tmp, dir, sizeof dir);
+            return ls_err(LS_ERR_ARG, "%s: cannot create it: %s (or a directory above it) is not a directory", tmp,
+                          dir);
+        }
+        return ls_err(LS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    }
+    return LS_OK;
+}
+
+ls_status ls_make_dir(const char *path) {
+    if (mkdir(path, 0755) == 0) return LS_OK;
+    int e = errno;
+    struct stat st;
+    if (e == EEXIST && stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) return LS_OK;
+        return ls_err(LS_ERR_ARG, "%s exists and is %s, not a directory", path,
+                      S_ISREG(st.st_mode) ? "a regular file" : file_kind(st.st_mode));
+    }
+    if (e == EEXIST) /* a dangling symlink */
+        return ls_err(LS_ERR_ARG, "%s exists and is a symbolic link to nothing, not a directory", path);
+    if (e == ENOTDIR) {
+        char dir[4096];
+        parent_of(path, dir, sizeof dir);
+        return ls_err(LS_ERR_ARG, "%s: cannot create it: %s (or a directory above it) is not a directory", path, dir);
+    }
+    return ls_err(LS_ERR_IO, "%s: cannot create: %s", path, strerror(e));
 }

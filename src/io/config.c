@@ -52,14 +52,25 @@ long ls_line_of(const char *text, long off) {
 
 ls_status ls_write_file_atomic(const char *path, const void *data, size_t len) {
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return ls_err(LS_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)
+        return ls_err(LS_ERR_ARG, "%s: path too long", path);
+    /* only a regular file (or nothing) is replaced; the temp file is new (never a
+     * planted symlink or FIFO) */
+    LS_TRY(ls_check_output_file(path));
+    int fd;
+    LS_TRY(ls_create_temp_file(tmp, &fd));
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        ls_status s = ls_err(LS_ERR_IO, "%s: fdopen failed: %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        return s;
+    }
     int ok = fwrite(data, 1, len, f) == len && fflush(f) == 0 && fsync(fileno(f)) == 0;
     if (fclose(f) != 0) ok = 0;
     if (!ok || rename(tmp, path) != 0) {
         ls_status s = ls_err(LS_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
-        remove(tmp);
+        unlink(tmp);
         return s;
     }
     return LS_OK;

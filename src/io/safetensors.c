@@ -1005,17 +1005,14 @@ ls_status ls_st_write(const ls_st_writer *w, const char *path) {
         goto fail;
     }
     snprintf(tmp, plen, "%s.tmp.%ld", path, (long)getpid());
-    /* A stale temp file of a crashed run (same pid after a container restart) is
-     * ours to replace; O_EXCL then refuses to follow a planted symlink. */
-    if (unlink(tmp) != 0 && errno != ENOENT) {
-        s = ls_err(LS_ERR_IO, "%s: cannot remove stale temp file: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        s = ls_err(LS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto fail;
-    }
+    /* Only a regular file (or nothing) at `path` is replaced. A stale temp file of a
+     * crashed run (same pid after a container restart) is ours to replace; the new
+     * one is opened O_EXCL|O_NOFOLLOW, never a planted symlink or FIFO. */
+    s = ls_check_output_file(path);
+    if (s != LS_OK) goto fail;
+    int fd;
+    s = ls_create_temp_file(tmp, &fd);
+    if (s != LS_OK) goto fail;
     created = 1;
     fp = fdopen(fd, "wb");
     if (!fp) {

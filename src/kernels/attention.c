@@ -100,6 +100,7 @@ typedef struct {
     float *lse;                 /* [T, n_h] or NULL */
     int64_t n, r; /* prefix length, query heads per kv head */
     int n_h, n_kv, hd;
+    int own;      /* 0: the prefix only (a CP rank's partial), k and v unused */
     float qscale; /* scale · log2 e */
 } attn_ctx;
 
@@ -343,7 +344,7 @@ static void attn_task(const attn_ctx *c, const attn_slab *sl, int j, int64_t t0,
         attn_block(sl, c, Mp, bk, 0, 0);
     }
     /* (b) own keys 0 .. t1−1; the causal mask only where a block reaches past t0 */
-    for (int64_t s0 = 0; s0 < t1; s0 += ATTN_BK) {
+    for (int64_t s0 = 0; c->own && s0 < t1; s0 += ATTN_BK) {
         int64_t bk = t1 - s0 < ATTN_BK ? t1 - s0 : ATTN_BK;
         attn_own_rows(sl->kr, sl->vr, c->k, c->v, j, kv_ld, hd, s0, bk);
         attn_pad_rows(sl->kr, sl->vr, bk);
@@ -352,14 +353,14 @@ static void attn_task(const attn_ctx *c, const attn_slab *sl, int j, int64_t t0,
     /* normalise and write back */
     for (int64_t m = 0; m < M; m++) {
         int64_t t = t0 + m / r, h = (int64_t)j * r + m % r;
-        float inv = 1.0f / sl->l[m];
+        float inv = sl->l[m] > 0 ? 1.0f / sl->l[m] : 0.0f; /* no key seen (empty partial): o = 0 */
         float *od = c->o + (t * c->n_h + h) * hd;
         /* stride B */
         const float *os = sl->Ot + (m / ATTN_BAND) * ATTN_BAND * hd + m % ATTN_BAND;
         for (int64_t d = 0; d < hd; d++) od[d] = os[d * ATTN_BAND] * inv;
         if (c->lse)
-            c->lse[t * c->n_h + h] =
-                (float)(((double)sl->mx[m] + log2((double)sl->l[m])) * ATTN_LN2);
+            c->lse[t * c->n_h + h] = sl->l[m] > 0 ? (float)(((double)sl->mx[m] + log2((double)sl->l[m])) * ATTN_LN2)
+                                                  : -INFINITY;
     }
 }
 
@@ -397,13 +398,13 @@ static ls_status attn_check(const ls_kv_prefix *prefix, int64_t T, int n_h, int 
 /* Scratch (from `scratch`, released before return), per thread: 2·Mp·hd + 2·Mp +
  * B·BKt + 2·BK·hd floats and 2·BKt row pointers; Mp = Bq·r rounded up to B
  * (Bq·r ≤ max(256, r)), BKt = 256 rounded up to 6. */
-ls_status ls_attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v,
-                      const ls_kv_prefix *prefix, int64_t T, int n_h, int n_kv, int hd,
-                      float scale, ls_arena *scratch) {
+static ls_status attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v,
+                          const ls_kv_prefix *prefix, int64_t T, int n_h, int n_kv, int hd, float scale, int own,
+                          ls_arena *scratch) {
     LS_TRY(attn_check(prefix, T, n_h, n_kv, hd));
     if (T == 0) return LS_OK;
     if (!scratch) return ls_err(LS_ERR_ARG, "attention: no scratch arena");
-    LS_ASSERT(o && q && k && v, "attention: NULL tensor");
+    LS_ASSERT(o && q && (!own || (k && v)), "attention: NULL tensor");
     const int64_t n = prefix ? prefix->n : 0;
     const int64_t r = n_h / n_kv;
 
@@ -453,7 +454,7 @@ ls_status ls_attn_fwd(float *o, float *lse, const float *q, const float *k, cons
     }
 
     attn_ctx c = {.q = q, .k = k, .v = v, .prefix = prefix, .o = o, .lse = lse, .n = n, .r = r,
-                  .n_h = n_h, .n_kv = n_kv, .hd = hd,
+                  .n_h = n_h, .n_kv = n_kv, .hd = hd, .own = own,
                   .qscale = (float)((double)scale * ATTN_LOG2E)};
     /* Most expensive (latest) query blocks first, for the dynamic schedule. */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
@@ -469,6 +470,33 @@ ls_status ls_attn_fwd(float *o, float *lse, const float *q, const float *k, cons
     }
     ls_arena_release(scratch, mk);
     return LS_OK;
+}
+
+ls_status ls_attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v,
+                      const ls_kv_prefix *prefix, int64_t T, int n_h, int n_kv, int hd,
+                      float scale, ls_arena *scratch) {
+    return attn_fwd(o, lse, q, k, v, prefix, T, n_h, n_kv, hd, scale, 1, scratch);
+}
+
+ls_status ls_attn_prefix_fwd(float *o, float *lse, const float *q, const ls_kv_prefix *prefix, int64_t T,
+                             int n_h, int n_kv, int hd, float scale, ls_arena *scratch) {
+    LS_ASSERT(lse, "a partial needs its log-sum-exp");
+    return attn_fwd(o, lse, q, NULL, NULL, prefix, T, n_h, n_kv, hd, scale, 0, scratch);
+}
+
+void ls_attn_merge(float *o, float *lse, const float *o2, const float *lse2, int64_t T, int n_h, int hd) {
+    const int64_t rows = T * n_h;
+#pragma omp parallel for schedule(static) if (rows * hd > 65536)
+    for (int64_t i = 0; i < rows; i++) {
+        double a = lse[i], b = lse2[i], m = a > b ? a : b;
+        if (m == -INFINITY) continue; /* both empty: stays o = 0, lse = −inf */
+        double wa = exp(a - m), wb = exp(b - m), inv = 1.0 / (wa + wb);
+        float fa = (float)(wa * inv), fb = (float)(wb * inv);
+        float *x = o + i * hd;
+        const float *y = o2 + i * hd;
+        for (int d = 0; d < hd; d++) x[d] = fa * x[d] + fb * y[d];
+        lse[i] = (float)(m + log(wa + wb));
+    }
 }
 
 /* ---- backward ----------------------------------------------------------------------
@@ -508,6 +536,7 @@ typedef struct {
     void *const *dv_prefix;     /* pages [S, n_kv, hd] f32, or NULL */
     int64_t T, n, r; /* queries, prefix length, query heads per kv head */
     int n_h, n_kv, hd;
+    int own;             /* 0: prefix keys only (a CP rank's part), no own keys */
     float scale, qscale; /* scale, scale · log2 e */
 } attn_bctx;
 
@@ -627,7 +656,7 @@ static void attn_bwd_q_task(const attn_bctx *c, const attn_bslab *sl, int j, int
         attn_pad_rows(sl->kr, sl->vr, bk);
         attn_bwd_q_block(sl, c, Mp, bk, 0, 0);
     }
-    for (int64_t s0 = 0; s0 < t1; s0 += ATTN_BK) {
+    for (int64_t s0 = 0; c->own && s0 < t1; s0 += ATTN_BK) {
         int64_t bk = t1 - s0 < ATTN_BK ? t1 - s0 : ATTN_BK;
         attn_own_rows(sl->kr, sl->vr, c->k, c->v, j, kv_ld, hd, s0, bk);
         attn_pad_rows(sl->kr, sl->vr, bk);
@@ -816,14 +845,14 @@ static void attn_btask_sort(attn_btask *t, int64_t n) {
  * D [T, n_h] floats, the task list, and per thread 4·Rx·hd + 2·Rr·(B + 1) floats,
  * 2·Rr row pointers and (BF16 prefix) 2·BK·hd floats; Rx = max(Mp, 256) rows,
  * Rr = max(Mp, BKt, Cq·r + 5) with Mp ≤ max(256, r) rounded up to B, Cq·r ≤ max(256, r). */
-ls_status ls_attn_bwd(float *dq, float *dk, float *dv, void *const *dk_prefix,
-                      void *const *dv_prefix, const float *dout, const float *o, const float *lse,
-                      const float *q, const float *k, const float *v, const ls_kv_prefix *prefix,
-                      int64_t T, int n_h, int n_kv, int hd, float scale, ls_arena *scratch) {
+static ls_status attn_bwd(float *dq, float *dk, float *dv, void *const *dk_prefix, void *const *dv_prefix,
+                          const float *dout, const float *o, const float *lse, const float *q, const float *k,
+                          const float *v, const ls_kv_prefix *prefix, int64_t T, int n_h, int n_kv, int hd,
+                          float scale, int own, ls_arena *scratch) {
     LS_TRY(attn_check(prefix, T, n_h, n_kv, hd));
     if (T == 0) return LS_OK;
     if (!scratch) return ls_err(LS_ERR_ARG, "attention backward: no scratch arena");
-    LS_ASSERT(dq && dk && dv && dout && o && lse && q && k && v,
+    LS_ASSERT(dq && dout && o && lse && q && (!own || (dk && dv && k && v)),
               "attention backward: NULL tensor");
     const int64_t n = prefix ? prefix->n : 0;
     const int64_t r = n_h / n_kv;
@@ -853,7 +882,7 @@ ls_status ls_attn_bwd(float *dq, float *dk, float *dv, void *const *dk_prefix,
     Bk = (Bk + ATTN_BAND - 1) / ATTN_BAND * ATTN_BAND;
     if (Bk > ATTN_BK) Bk = ATTN_BK;
     const int64_t Cq = ATTN_ROWS / r > 0 ? ATTN_ROWS / r : 1; /* query tokens per chunk */
-    const int64_t nqb = (T + Bq - 1) / Bq, nkb = (T + Bk - 1) / Bk;
+    const int64_t nqb = (T + Bq - 1) / Bq, nkb = own ? (T + Bk - 1) / Bk : 0;
     const int64_t npb = pgrad ? (n + ATTN_BK - 1) / ATTN_BK : 0;
     const int64_t ntasks = (nqb + nkb + npb) * n_kv;
     if (ntasks < nt) nt = (int)ntasks;
@@ -914,7 +943,7 @@ ls_status ls_attn_bwd(float *dq, float *dk, float *dv, void *const *dk_prefix,
                                            ((double)n + 0.5 * (double)(t0 + t1)),
                                        ATTN_BT_Q, j, t0, t1};
         }
-        for (int64_t s0 = 0; s0 < T; s0 += Bk) {
+        for (int64_t s0 = 0; own && s0 < T; s0 += Bk) {
             int64_t s1 = s0 + Bk < T ? s0 + Bk : T;
             tasks[nk++] = (attn_btask){4.0 * (double)((s1 - s0) * r) *
                                            ((double)T - 0.5 * (double)(s0 + s1)),
@@ -944,7 +973,7 @@ ls_status ls_attn_bwd(float *dq, float *dk, float *dv, void *const *dk_prefix,
     attn_bctx c = {.q = q, .k = k, .v = v, .dout = dout, .lse = lse, .dd = dd,
                    .prefix = prefix, .dq = dq, .dk = dk, .dv = dv,
                    .dk_prefix = pgrad ? dk_prefix : NULL, .dv_prefix = pgrad ? dv_prefix : NULL,
-                   .T = T, .n = n, .r = r, .n_h = n_h, .n_kv = n_kv, .hd = hd, .scale = scale,
+                   .T = T, .n = n, .r = r, .n_h = n_h, .n_kv = n_kv, .hd = hd, .own = own, .scale = scale,
                    .qscale = (float)((double)scale * ATTN_LOG2E)};
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
     for (int64_t i = 0; i < ntasks; i++) {
@@ -961,6 +990,21 @@ ls_status ls_attn_bwd(float *dq, float *dk, float *dv, void *const *dk_prefix,
     }
     ls_arena_release(scratch, mk);
     return LS_OK;
+}
+
+ls_status ls_attn_bwd(float *dq, float *dk, float *dv, void *const *dk_prefix,
+                      void *const *dv_prefix, const float *dout, const float *o, const float *lse,
+                      const float *q, const float *k, const float *v, const ls_kv_prefix *prefix,
+                      int64_t T, int n_h, int n_kv, int hd, float scale, ls_arena *scratch) {
+    return attn_bwd(dq, dk, dv, dk_prefix, dv_prefix, dout, o, lse, q, k, v, prefix, T, n_h, n_kv, hd, scale, 1,
+                    scratch);
+}
+
+ls_status ls_attn_prefix_bwd(float *dq, void *const *dk_prefix, void *const *dv_prefix, const float *dout,
+                             const float *o, const float *lse, const float *q, const ls_kv_prefix *prefix,
+                             int64_t T, int n_h, int n_kv, int hd, float scale, ls_arena *scratch) {
+    return attn_bwd(dq, NULL, NULL, dk_prefix, dv_prefix, dout, o, lse, q, NULL, NULL, prefix, T, n_h, n_kv, hd,
+                    scale, 0, scratch);
 }
 
 /* Prefix element (position p, kv head j, dim d) as double. */

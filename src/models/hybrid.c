@@ -12,15 +12,10 @@
 #include <string.h>
 
 #include "hybrid_tape.h"
+#include "longstraw/cp.h"
 #include "longstraw/kernels.h"
 #include "longstraw/lora.h"
 #include "longstraw/trace.h"
-
-void ls_fwd_opts_default(ls_fwd_opts *o) {
-    o->capture_chunk = 2048;
-    o->lmhead_rows = 64;
-    o->temperature = 1.0f;
-}
 
 #define ALLOC_F(arena, n) ((float *)ls_arena_alloc((arena), (size_t)(n) * sizeof(float)))
 #define NEED(p)                          \
@@ -52,6 +47,9 @@ typedef struct {
                  * Never set in a branch, so scoring (untaped) and replay (taped) of the
                  * same tokens compute bit-identical log-probs: ratios are exactly 1 at
                  * the first iteration. */
+    /* a branch against a prompt state split over ranks: attention over the prefix is
+     * this rank's partial, merged across the ranks (cp.h); NULL otherwise */
+    const ls_comm *cp;
 } layer_ctx;
 
 /* Gated DeltaNet mixer (spec §2): x[T,D] += out_proj(gated_norm(GDR(conv(qkv)), z)). */
@@ -194,7 +192,17 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
     } else {
         ls_rope_fwd(qr, T, c->n_heads, c->head_dim, c->rot_dim, c->rope_theta, L->pos0);
         ls_rope_fwd(kr, T, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, L->pos0);
-        LS_TRY(ls_attn_fwd(o, lse, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
+        if (L->cp) { /* this rank's pages (+ the own keys on rank 0), then the merge */
+            float *lb = lse ? lse : ALLOC_F(L->sc, T * c->n_heads); /* [T, n_h] */
+            NEED(lb);
+            if (ls_comm_rank(L->cp) == 0)
+                LS_TRY(ls_attn_fwd(o, lb, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
+            else
+                LS_TRY(ls_attn_prefix_fwd(o, lb, qr, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
+            LS_TRY(ls_cp_merge(o, lb, T * c->n_heads, c->head_dim, L->cp, L->sc));
+        } else {
+            LS_TRY(ls_attn_fwd(o, lse, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
+        }
         if (L->append) LS_TRY(ls_state_append_kv(L->append, layer, kr, v, T));
     }
 #pragma omp parallel for schedule(static) if (T * qd > 65536)
@@ -205,6 +213,7 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
         tp->qraw = q, tp->kraw = k, tp->rsq = rsq, tp->rsk = rsk, tp->qr = qr, tp->kr = kr, tp->v = v;
         tp->gate = gate, tp->ao = o, tp->lse = lse, tp->aog = og;
         tp->has_prefix = L->prefix != NULL;
+        tp->cp = L->cp;
         if (L->prefix) tp->prefix = *L->prefix;
     }
     ls_arena_release(L->sc, mk);
@@ -333,6 +342,8 @@ static ls_status moe_ffn(const ls_hybrid_model *m, const ls_hybrid_layer *w, flo
     return LS_OK;
 }
 
+static ls_status ffn_fwd(const ls_hybrid_model *m, int l, float *x, float *xn, layer_ctx *L);
+
 /* One decoder layer on x[T,D] (spec §5): mixer then FFN, each with its residual. */
 static ls_status layer_fwd(const ls_hybrid_model *m, int l, float *x, int skip_ffn, layer_ctx *L) {
     const ls_config *c = &m->cfg;
@@ -355,7 +366,20 @@ static ls_status layer_fwd(const ls_hybrid_model *m, int l, float *x, int skip_f
         LS_TRY(gdn_mixer(m, w, x, xn, L));
     else
         LS_TRY(attn_mixer(m, w, l, x, xn, L));
-    if (!skip_ffn) {
+    if (!skip_ffn) LS_TRY(ffn_fwd(m, l, x, xn, L));
+    ls_arena_release(L->sc, mk); /* with a tape, everything kept came from the tape arena */
+    return LS_OK;
+}
+
+/* The FFN half of layer l on x[T,D] (spec §5): x += FFN(post_norm(x)). `xn` [T, D] is
+ * a free buffer when there is no tape. */
+static ls_status ffn_fwd(const ls_hybrid_model *m, int l, float *x, float *xn, layer_ctx *L) {
+    const ls_config *c = &m->cfg;
+    const ls_hybrid_layer *w = &m->layers[l];
+    int64_t T = L->T, D = c->hidden;
+    ls_layer_tape *tp = L->tp;
+    ls_arena *A = tp ? L->ta : L->sc;
+    {
         float *xn2 = xn;
         if (tp) {
             tp->x_mid = ALLOC_F(A, T * D);
@@ -376,7 +400,6 @@ static ls_status layer_fwd(const ls_hybrid_model *m, int l, float *x, int skip_f
             if (tp) tp->gu = gu, tp->act = act;
         }
     }
-    ls_arena_release(L->sc, mk); /* with a tape, everything kept came from the tape arena */
     return LS_OK;
 }
 
@@ -394,7 +417,7 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
         for (int l = 0; l < c->n_layers; l++) {
             ls_kv_prefix pre = ls_state_prefix(st, l);
             layer_ctx L = {T, st->n, 0, c->kind[l] == LS_LAYER_ATTN ? &pre : NULL, st,
-                           st->gdn[l].S, st->gdn[l].conv_tail, NULL, NULL, scratch, NULL, l, 1};
+                           st->gdn[l].S, st->gdn[l].conv_tail, NULL, NULL, scratch, NULL, l, 1, NULL};
             /* The last layer's FFN feeds only the LM head: skipped unless logits are wanted. */
             int skip = l == c->n_layers - 1 && !(logits && last_chunk);
             LS_TRY(layer_fwd(m, l, x, skip, &L));
@@ -414,8 +437,192 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
     return LS_OK;
 }
 
+/* ---- capture under context parallelism (DESIGN §8) -------------------------------
+ * Each rank captures its own shard [lo, hi) of the prompt, layer by layer (the shard's
+ * residual stream stays alive across layers: this is the one buffer sized by P/N).
+ * Gated DeltaNet: the recurrent state and conv tail relay from rank r−1 to rank r per
+ * layer, so the ranks run as a wavefront over the layers. Full attention: the shard's
+ * queries attend over its own earlier pages plus their own keys (ls_attn_fwd), then
+ * over the pages of every earlier rank, which arrive block by block (never a whole
+ * remote K/V in memory) and merge by log-sum-exp (ls_attn_merge); afterwards the rank
+ * sends its own pages on to the later ranks. Messages only go from lower to higher
+ * ranks, in one program order on every rank, so the schedule cannot deadlock. At the
+ * end the last rank's GDN states (the state at the prompt's end) are broadcast. */
+
+#define CP_TAG(layer, kind) ((layer) * 4 + (kind))
+
+/* Pages per transferred block: about one capture chunk. */
+static int64_t cp_block_pages(const ls_prompt_state *st, const ls_fwd_opts *o) {
+    int64_t C = o->capture_chunk > 0 ? o->capture_chunk : 2048, b = C / st->page_size;
+    return b > 0 ? b : 1;
+}
+
+/* Send this rank's pages of attention layer l to every later rank, block by block. */
+static ls_status cp_send_pages(const ls_prompt_state *st, int l, int64_t bp, ls_arena *sc) {
+    const ls_config *c = st->cfg;
+    size_t pb = (size_t)st->page_size * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(st->dtype);
+    int64_t np = ls_state_prefix(st, l).n;
+    np = (np + st->page_size - 1) / st->page_size; /* pages holding positions */
+    if (np == 0) return LS_OK;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * pb); /* [2, bp pages]: K | V */
+    NEED(buf);
+    ls_status s = LS_OK;
+    for (int dst = st->rank + 1; dst < st->nranks && s == LS_OK; dst++)
+        for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
+            int64_t nb = np - p0 < bp ? np - p0 : bp;
+            for (int64_t i = 0; i < nb; i++) {
+                memcpy(buf + (size_t)i * pb, st->attn[l].k_pages[p0 + i], pb);
+                memcpy(buf + (size_t)(nb + i) * pb, st->attn[l].v_pages[p0 + i], pb);
+            }
+            s = ls_comm_send(st->comm, buf, 2 * (size_t)nb * pb, dst, CP_TAG(l, 1));
+        }
+    ls_arena_release(sc, mk);
+    return s;
+}
+
+/* Attention layer l of the shard: x[Tr, D] += o_proj(attn ⊙ σ(gate)), then the FFN. */
+static ls_status cp_attn_layer(const ls_hybrid_model *m, int l, ls_prompt_state *st, float *x, int64_t Tr,
+                               int skip_ffn, const ls_fwd_opts *o, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    const ls_hybrid_layer *w = &m->layers[l];
+    int64_t D = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv * c->head_dim;
+    int64_t C = o->capture_chunk > 0 ? o->capture_chunk : 2048, lo = st->lo;
+    int nh = c->n_heads, hd = c->head_dim;
+    float scale = 1.0f / sqrtf((float)hd);
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *qs = ALLOC_F(sc, Tr * qd);     /* [Tr, n_h, hd] normed + roped queries */
+    float *gs = ALLOC_F(sc, Tr * qd);     /* [Tr, n_h·hd] gate */
+    float *os = ALLOC_F(sc, Tr * qd);     /* [Tr, n_h, hd] attention output */
+    float *ls = ALLOC_F(sc, Tr * nh);     /* [Tr, n_h] its log-sum-exp */
+    NEED(qs && gs && os && ls);
+    /* (1) per chunk: projections, own pages + own keys, append K/V */
+    for (int64_t c0 = 0; c0 < Tr; c0 += C) {
+        int64_t T = Tr - c0 < C ? Tr - c0 : C;
+        ls_arena_mark ck = ls_arena_get_mark(sc);
+        float *xn = ALLOC_F(sc, T * D), *k = ALLOC_F(sc, T * kvd), *v = ALLOC_F(sc, T * kvd);
+        NEED(xn && k && v);
+        float *q = qs + c0 * qd, *gate = gs + c0 * qd;
+        ls_rmsnorm_fwd(xn, NULL, x + c0 * D, w->input_norm, T, D, c->eps);
+        ls_linear_fwd(q, xn, w->attn_in, T, D, qd, 0);
+        ls_linear_fwd(gate, xn, w->attn_in + qd * D, T, D, qd, 0);
+        ls_linear_fwd(k, xn, w->attn_in + 2 * qd * D, T, D, kvd, 0);
+        ls_linear_fwd(v, xn, w->attn_in + (2 * qd + kvd) * D, T, D, kvd, 0);
+        LORA_FWD(m, l, attn_in, 0, qd, q, xn, T, sc);
+        LORA_FWD(m, l, attn_in, qd, qd, gate, xn, T, sc);
+        LORA_FWD(m, l, attn_in, 2 * qd, kvd, k, xn, T, sc);
+        LORA_FWD(m, l, attn_in, 2 * qd + kvd, kvd, v, xn, T, sc);
+        ls_rmsnorm_fwd(q, NULL, q, w->q_norm, T * nh, hd, c->eps);
+        ls_rmsnorm_fwd(k, NULL, k, w->k_norm, T * c->n_kv, hd, c->eps);
+        ls_rope_fwd(q, T, nh, hd, c->rot_dim, c->rope_theta, lo + c0);
+        ls_rope_fwd(k, T, c->n_kv, hd, c->rot_dim, c->rope_theta, lo + c0);
+        st->n = lo + c0;
+        ls_kv_prefix pre = ls_state_prefix(st, l);
+        LS_TRY(ls_attn_fwd(os + c0 * qd, ls + c0 * nh, q, k, v, &pre, T, nh, c->n_kv, hd, scale, sc));
+        LS_TRY(ls_state_append_kv(st, l, k, v, T));
+        ls_arena_release(sc, ck);
+    }
+    st->n = lo + Tr;
+    /* (2) every earlier rank's pages, block by block, merged into (os, ls) */
+    int64_t bp = cp_block_pages(st, o), S = st->page_size;
+    size_t pb = (size_t)S * (size_t)kvd * ls_dtype_size(st->dtype);
+    for (int src = 0; src < st->rank; src++) { /* received even by an empty shard: the sender sends */
+        int64_t rlo, rhi;
+        ls_state_rank_range(st, src, &rlo, &rhi);
+        int64_t np = (rhi - rlo + S - 1) / S;
+        for (int64_t p0 = 0; p0 < np; p0 += bp) {
+            int64_t nb = np - p0 < bp ? np - p0 : bp;
+            ls_arena_mark bk = ls_arena_get_mark(sc);
+            char *buf = ls_arena_alloc(sc, 2 * (size_t)nb * pb); /* [2, nb pages]: K | V */
+            void **kp = ls_arena_alloc(sc, (size_t)nb * sizeof(void *)), **vp = ls_arena_alloc(sc, (size_t)nb * sizeof(void *));
+            int64_t Cq = Tr < C ? (Tr > 0 ? Tr : 1) : C;
+            float *ob = ALLOC_F(sc, Cq * qd), *lb = ALLOC_F(sc, Cq * nh); /* one query chunk's partial */
+            NEED(buf && kp && vp && ob && lb);
+            LS_TRY(ls_comm_recv(st->comm, buf, 2 * (size_t)nb * pb, src, CP_TAG(l, 1)));
+            for (int64_t i = 0; i < nb; i++) kp[i] = buf + (size_t)i * pb, vp[i] = buf + (size_t)(nb + i) * pb;
+            int64_t bn = rhi - (rlo + p0 * S);
+            ls_kv_prefix blk = {bn < nb * S ? bn : nb * S, S, st->dtype, kp, vp};
+            for (int64_t c0 = 0; c0 < Tr; c0 += Cq) {
+                int64_t T = Tr - c0 < Cq ? Tr - c0 : Cq;
+                LS_TRY(ls_attn_prefix_fwd(ob, lb, qs + c0 * qd, &blk, T, nh, c->n_kv, hd, scale, sc));
+                ls_attn_merge(os + c0 * qd, ls + c0 * nh, ob, lb, T, nh, hd);
+            }
+            ls_arena_release(sc, bk);
+        }
+    }
+    /* (3) this rank's pages on to the later ranks */
+    LS_TRY(cp_send_pages(st, l, bp, sc));
+    /* (4) gate, output projection, FFN */
+    for (int64_t c0 = 0; c0 < Tr; c0 += C) {
+        int64_t T = Tr - c0 < C ? Tr - c0 : C;
+        ls_arena_mark ck = ls_arena_get_mark(sc);
+        float *og = os + c0 * qd, *xc = x + c0 * D;
+        for (int64_t i = 0; i < T * qd; i++) og[i] /= 1.0f + expf(-gs[c0 * qd + i]);
+        ls_linear_fwd(xc, og, w->attn_out, T, qd, D, 1);
+        LORA_FWD(m, l, attn_out, 0, D, xc, og, T, sc);
+        if (!skip_ffn) {
+            float *xn = ALLOC_F(sc, T * D);
+            NEED(xn);
+            layer_ctx L = {T, lo + c0, 0, NULL, NULL, NULL, NULL, NULL, NULL, sc, NULL, l, 0, NULL};
+            LS_TRY(ffn_fwd(m, l, xc, xn, &L));
+        }
+        ls_arena_release(sc, ck);
+    }
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids, int64_t n,
+                            const ls_fwd_opts *o, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    if (st->n != 0 || n != st->capacity)
+        return ls_err(LS_ERR_ARG, "a prompt state split over ranks is captured whole, once (%lld of %lld positions)",
+                      (long long)n, (long long)st->capacity);
+    int r = st->rank, N = st->nranks;
+    int64_t D = c->hidden, C = o->capture_chunk > 0 ? o->capture_chunk : 2048;
+    int64_t lo = st->lo, Tr = st->hi - st->lo;
+    size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
+    size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *x = ALLOC_F(sc, (Tr > 0 ? Tr : 1) * D); /* [Tr, D] the shard's residual stream */
+    NEED(x);
+    ls_embed_fwd(x, ids + lo, m->embed, Tr, D);
+    ls_status s = LS_OK;
+    for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
+        int skip = l == c->n_layers - 1; /* the last FFN feeds only the LM head */
+        if (c->kind[l] == LS_LAYER_GDN) {
+            ls_gdn_state *g = &st->gdn[l];
+            if (r > 0) s = ls_comm_recv(st->comm, g->S, rec_n * sizeof(float), r - 1, CP_TAG(l, 2));
+            if (s == LS_OK && r > 0 && conv_n)
+                s = ls_comm_recv(st->comm, g->conv_tail, conv_n * sizeof(float), r - 1, CP_TAG(l, 3));
+            for (int64_t c0 = 0; c0 < Tr && s == LS_OK; c0 += C) {
+                int64_t T = Tr - c0 < C ? Tr - c0 : C;
+                layer_ctx L = {T, lo + c0, 0, NULL, NULL, g->S, g->conv_tail, NULL, NULL, sc, NULL, l, 1, NULL};
+                s = layer_fwd(m, l, x + c0 * D, skip, &L);
+            }
+            if (s == LS_OK && r + 1 < N) s = ls_comm_send(st->comm, g->S, rec_n * sizeof(float), r + 1, CP_TAG(l, 2));
+            if (s == LS_OK && r + 1 < N && conv_n)
+                s = ls_comm_send(st->comm, g->conv_tail, conv_n * sizeof(float), r + 1, CP_TAG(l, 3));
+        } else {
+            s = cp_attn_layer(m, l, st, x, Tr, skip, o, sc);
+        }
+        ls_trace_layer_end(l, "fwd");
+    }
+    ls_progress_add(Tr);
+    /* the state at the prompt's end, on every rank */
+    for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
+        if (c->kind[l] != LS_LAYER_GDN) continue;
+        s = ls_comm_bcast(st->comm, st->gdn[l].S, rec_n * sizeof(float), N - 1);
+        if (s == LS_OK && conv_n) s = ls_comm_bcast(st->comm, st->gdn[l].conv_tail, conv_n * sizeof(float), N - 1);
+    }
+    st->n = n;
+    ls_arena_release(sc, mk);
+    return s;
+}
+
 ls_status ls_hybrid_capture(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids,
                             int64_t n, const ls_fwd_opts *o, ls_arena *scratch) {
+    if (st->nranks > 1) return capture_cp(m, st, ids, n, o, scratch);
     return ls_hybrid_extend(m, st, ids, n, NULL, o, scratch);
 }
 
@@ -428,7 +635,7 @@ ls_status ls_hybrid_decode(const ls_hybrid_model *m, ls_prompt_state *const *sts
     NEED(x);
     ls_embed_fwd(x, ids, m->embed, n, D);
     for (int l = 0; l < c->n_layers; l++) {
-        layer_ctx L = {n, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, scratch, sts, l, 1};
+        layer_ctx L = {n, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, scratch, sts, l, 1, NULL};
         ls_status s = layer_fwd(m, l, x, 0, &L);
         if (s != LS_OK) {
             ls_arena_release(scratch, mk);
@@ -490,7 +697,7 @@ ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *
             pp = &pre;
         }
         layer_ctx L = {T, pos0, grad_from, pp, NULL, S, tail, taping ? &tb->layers[l] : NULL, tape_arena, scratch,
-                       NULL, l, 0};
+                       NULL, l, 0, st && st->nranks > 1 ? st->comm : NULL};
         LS_TRY(layer_fwd(m, l, x, 0, &L));
         ls_trace_layer_end(l, "fwd");
     }

@@ -123,9 +123,21 @@ static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer
         d_gate[i] = d_aog[i] * tp->ao[i] * s * (1.0f - s);
         d_aog[i] *= s; /* now ∂L/∂ao */
     }
-    LS_TRY(ls_attn_bwd(dq, dk, dv, NULL, NULL, d_aog, tp->ao, tp->lse, tp->qr, tp->kr, tp->v,
-                       tp->has_prefix ? &tp->prefix : NULL, T, c->n_heads, c->n_kv, (int)hd,
-                       1.0f / sqrtf((float)hd), sc));
+    if (tp->cp && ls_comm_rank(tp->cp) != 0) { /* this rank's pages: its share of dq only */
+        LS_TRY(ls_attn_prefix_bwd(dq, NULL, NULL, d_aog, tp->ao, tp->lse, tp->qr, &tp->prefix, T, c->n_heads,
+                                  c->n_kv, (int)hd, 1.0f / sqrtf((float)hd), sc));
+        memset(dk, 0, (size_t)(T * kvd) * sizeof(float));
+        memset(dv, 0, (size_t)(T * kvd) * sizeof(float));
+    } else {
+        LS_TRY(ls_attn_bwd(dq, dk, dv, NULL, NULL, d_aog, tp->ao, tp->lse, tp->qr, tp->kr, tp->v,
+                           tp->has_prefix ? &tp->prefix : NULL, T, c->n_heads, c->n_kv, (int)hd,
+                           1.0f / sqrtf((float)hd), sc));
+    }
+    if (tp->cp) { /* the shares of every rank's pages (and rank 0's own keys) summed: exact */
+        LS_TRY(ls_comm_allreduce_f32(tp->cp, dq, T * c->n_heads * hd, LS_REDUCE_SUM));
+        LS_TRY(ls_comm_allreduce_f32(tp->cp, dk, T * kvd, LS_REDUCE_SUM));
+        LS_TRY(ls_comm_allreduce_f32(tp->cp, dv, T * kvd, LS_REDUCE_SUM));
+    }
     if (grad_from > 0) { /* naive mode: the prompt's K/V are detached */
         memset(dk, 0, (size_t)(grad_from * kvd) * sizeof(float));
         memset(dv, 0, (size_t)(grad_from * kvd) * sizeof(float));

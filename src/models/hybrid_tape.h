@@ -40,6 +40,7 @@ typedef struct {
     float *aog;    /* [T, n_h·hd] ao ⊙ σ(gate) (o_proj input) */
     ls_kv_prefix prefix;
     int has_prefix;
+    const ls_comm *cp; /* the prefix is this rank's share of a split prompt state (cp.h) */
     /* FFN */
     float *x_mid;  /* [T, D] residual after the mixer */
     float *xn2;    /* [T, D] */

@@ -58,7 +58,6 @@ typedef struct {
     int64_t nseg;
     float *A, *B;   /* (r, in), (out, r) — fixed arena */
     float *gA, *gB; /* gradients — grad arena */
-    float *mA, *mB, *vA, *vB; /* Adam moments — fixed arena */
 } lora_mod;
 
 struct ls_lora {
@@ -278,13 +277,9 @@ static ls_status init_module(lora_mod *md, const ls_hybrid_model *m, const lora_
               (long long)t->out);
     md->A = alloc_f(fixed, r, t->in);
     md->B = alloc_f(fixed, t->out, r);
-    md->mA = alloc_f(fixed, r, t->in);
-    md->mB = alloc_f(fixed, t->out, r);
-    md->vA = alloc_f(fixed, r, t->in);
-    md->vB = alloc_f(fixed, t->out, r);
     md->gA = alloc_f(grad, r, t->in);
     md->gB = alloc_f(grad, t->out, r);
-    if (!md->A || !md->B || !md->mA || !md->mB || !md->vA || !md->vB || !md->gA || !md->gB)
+    if (!md->A || !md->B || !md->gA || !md->gB)
         return ls_err(LS_ERR_NOMEM, "LoRA on %s.weight: cannot allocate rank-%lld adapter", t->name, (long long)r);
     return LS_OK;
 }
@@ -669,12 +664,12 @@ void ls_lora_backward(ls_lora *L, const ls_hybrid_model *dW) {
 }
 
 /* ---- parameters, export ------------------------------------------------------------------- */
-ls_status ls_lora_params(const ls_lora *L, ls_param **w, ls_param **g, ls_param **m, ls_param **v, int64_t *n) {
+ls_status ls_lora_params(const ls_lora *L, ls_param **w, ls_param **g, int64_t *n) {
     LS_ASSERT(L && n);
     int64_t cnt = 2 * L->n;
-    ls_param **outs[4] = {w, g, m, v};
-    ls_param *lists[4] = {NULL, NULL, NULL, NULL};
-    for (int k = 0; k < 4; k++) {
+    ls_param **outs[2] = {w, g};
+    ls_param *lists[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
         if (!outs[k]) continue;
         lists[k] = malloc((size_t)(cnt > 0 ? cnt : 1) * sizeof(ls_param));
         if (!lists[k]) {
@@ -684,14 +679,14 @@ ls_status ls_lora_params(const ls_lora *L, ls_param **w, ls_param **g, ls_param 
     }
     for (int64_t i = 0; i < L->n; i++) {
         const lora_mod *md = &L->mod[i];
-        float *const pa[4] = {md->A, md->gA, md->mA, md->vA}, *const pb[4] = {md->B, md->gB, md->mB, md->vB};
-        for (int k = 0; k < 4; k++) {
+        float *const pa[2] = {md->A, md->gA}, *const pb[2] = {md->B, md->gB};
+        for (int k = 0; k < 2; k++) {
             if (!lists[k]) continue;
             lists[k][2 * i] = (ls_param){pa[k], md->r * md->in, 0, md->name_a};
             lists[k][2 * i + 1] = (ls_param){pb[k], md->out * md->r, 0, md->name_b};
         }
     }
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < 2; k++)
         if (outs[k]) *outs[k] = lists[k];
     *n = cnt;
     return LS_OK;

@@ -4,6 +4,7 @@
  * arrive; nothing else in the state grows with P. ls_state_plan mirrors every
  * allocation made here, so the arena's byte count equals the plan exactly (tested).
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "longstraw/state.h"
@@ -12,7 +13,29 @@ static size_t page_bytes(const ls_config *c, int64_t S, ls_dtype dt) {
     return ls_align_up((size_t)S * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(dt));
 }
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+/* page_bytes with every multiplication checked: nonzero on overflow (as ls_mul_size). */
+static int page_bytes_checked(const ls_config *c, int64_t S, ls_dtype dt, size_t *out) {
+    size_t b;
+    if (ls_mul_size((size_t)S, (size_t)c->n_kv, &b) || ls_mul_size(b, (size_t)c->head_dim, &b) ||
+        ls_mul_size(b, ls_dtype_size(dt), &b) || b > SIZE_MAX - LS_ALIGN)
+        return 1;
+    *out = ls_align_up(b);
+    return 0;
+}
+
+/* a * b * c, 0 on success (as ls_mul_size) */
+static int mul3(size_t a, size_t b, size_t c, size_t *out) {
+    return ls_mul_size(a, b, out) || ls_mul_size(*out, c, out);
+}
+
+/* ls_align_up(n), 0 on success */
+static int align_checked(size_t n, size_t *out) {
+    if (n > SIZE_MAX - LS_ALIGN) return 1;
+    *out = ls_align_up(n);
+    return 0;
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt_len,
                         int64_t page_size, ls_dtype dtype, int cp) {
@@ -29,29 +52,79 @@ ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt
     p->pages_per_rank = ceil_div(p->pages, cp);
     p->n_attn = ls_cfg_count_kind(cfg, LS_LAYER_ATTN);
     p->n_gdn = ls_cfg_count_kind(cfg, LS_LAYER_GDN);
-    size_t L = (size_t)cfg->n_layers;
-    p->kv_bytes_per_rank = (size_t)p->n_attn * 2 * (size_t)p->pages_per_rank * page_bytes(cfg, page_size, dtype);
-    p->table_bytes_per_rank = ls_align_up(L * sizeof(ls_attn_state)) + ls_align_up(L * sizeof(ls_gdn_state)) +
-                              (size_t)p->n_attn * 2 * ls_align_up((size_t)p->pages_per_rank * sizeof(void *));
-    size_t conv = ls_align_up((size_t)(cfg->conv_k - 1) * (size_t)ls_cfg_conv_dim(cfg) * sizeof(float));
-    size_t rec = ls_align_up((size_t)cfg->H_v * (size_t)cfg->d_k * (size_t)cfg->d_v * sizeof(float));
-    p->gdn_bytes_per_rank = (size_t)p->n_gdn * (conv + rec);
-    p->total_bytes_per_rank = p->kv_bytes_per_rank + p->table_bytes_per_rank + p->gdn_bytes_per_rank;
+    size_t L = (size_t)cfg->n_layers, ppr = (size_t)p->pages_per_rank, na2 = (size_t)p->n_attn * 2;
+    /* Every product and sum checked: at the lengths this tool is for, a wrapped size
+     * would print a small, wrong plan (and size an arena by it). */
+    size_t pb, kv, tab, ptab, conv, rec, gdn, total, t0, t1;
+    if (page_bytes_checked(cfg, page_size, dtype, &pb))
+        return ls_err(LS_ERR_ARG, "page size %lld: one K/V page of %d x %d values overflows a 64-bit byte count",
+                      (long long)page_size, cfg->n_kv, cfg->head_dim);
+    kv = ptab = 0; /* without attention layers: no pages, no page tables */
+    if (p->n_attn > 0 && (mul3(na2, ppr, pb, &kv) || ls_mul_size(ppr, sizeof(void *), &ptab) ||
+                          align_checked(ptab, &ptab) || ls_mul_size(na2, ptab, &ptab)))
+        return ls_err(LS_ERR_ARG,
+                      "prompt length %lld with page size %lld: the K/V pages of %d attention layers "
+                      "(%lld pages per rank) overflow a 64-bit byte count",
+                      (long long)prompt_len, (long long)page_size, p->n_attn, (long long)p->pages_per_rank);
+    if (ls_mul_size(L, sizeof(ls_attn_state), &t0) || align_checked(t0, &t0) ||
+        ls_mul_size(L, sizeof(ls_gdn_state), &t1) || align_checked(t1, &t1) || ls_add_size(t0, t1, &tab) ||
+        ls_add_size(tab, ptab, &tab) ||
+        mul3((size_t)(cfg->conv_k - 1), (size_t)ls_cfg_conv_dim(cfg), sizeof(float), &conv) ||
+        align_checked(conv, &conv) || mul3((size_t)cfg->H_v, (size_t)cfg->d_k, (size_t)cfg->d_v, &rec) ||
+        ls_mul_size(rec, sizeof(float), &rec) || align_checked(rec, &rec) || ls_add_size(conv, rec, &gdn) ||
+        ls_mul_size((size_t)p->n_gdn, gdn, &gdn) || ls_add_size(kv, tab, &total) || ls_add_size(total, gdn, &total))
+        return ls_err(LS_ERR_ARG, "prompt length %lld with page size %lld: the prompt state's byte count overflows "
+                                  "64 bits", (long long)prompt_len, (long long)page_size);
+    p->kv_bytes_per_rank = kv;
+    p->table_bytes_per_rank = tab;
+    p->gdn_bytes_per_rank = gdn;
+    p->total_bytes_per_rank = total;
     return LS_OK;
 }
 
+/* Contiguous blocks: rank r holds pages [first(r), first(r + 1)). */
+static int64_t block_first(int64_t pages, int N, int r) {
+    int64_t base = pages / N, rem = pages % N;
+    return (int64_t)r * base + (r < rem ? r : rem);
+}
+
+int ls_state_page_owner(const ls_prompt_state *st, int64_t page) {
+    int64_t pages = ceil_div(st->capacity, st->page_size);
+    int r = 0;
+    while (r + 1 < st->nranks && block_first(pages, st->nranks, r + 1) <= page) r++;
+    return r;
+}
+
+void ls_state_rank_range(const ls_prompt_state *st, int r, int64_t *lo, int64_t *hi) {
+    int64_t pages = ceil_div(st->capacity, st->page_size);
+    *lo = block_first(pages, st->nranks, r) * st->page_size;
+    *hi = block_first(pages, st->nranks, r + 1) * st->page_size;
+    if (*lo > st->capacity) *lo = st->capacity;
+    if (*hi > st->capacity) *hi = st->capacity;
+}
+
 ls_status ls_state_init(ls_prompt_state *st, const ls_config *cfg, int64_t capacity,
-                        int64_t page_size, ls_dtype dtype, ls_arena *arena) {
+                        int64_t page_size, ls_dtype dtype, const ls_comm *comm, ls_arena *arena) {
     if (page_size < 1) return ls_err(LS_ERR_ARG, "page size must be >= 1 (got %lld)", (long long)page_size);
     if (dtype != LS_DTYPE_F32 && dtype != LS_DTYPE_BF16)
         return ls_err(LS_ERR_ARG, "state dtype must be f32 or bf16");
+    size_t pb;
+    if (page_bytes_checked(cfg, page_size, dtype, &pb)) /* page_bytes below is then exact */
+        return ls_err(LS_ERR_ARG, "page size %lld: one K/V page of %d x %d values overflows a 64-bit byte count",
+                      (long long)page_size, cfg->n_kv, cfg->head_dim);
     memset(st, 0, sizeof *st);
     st->cfg = cfg;
     st->capacity = capacity;
     st->page_size = page_size;
-    st->cap_pages = ceil_div(capacity, page_size);
     st->dtype = dtype;
     st->arena = arena;
+    st->comm = comm;
+    st->rank = comm ? ls_comm_rank(comm) : 0;
+    st->nranks = comm ? ls_comm_size(comm) : 1;
+    int64_t pages = ceil_div(capacity, page_size);
+    st->page_lo = block_first(pages, st->nranks, st->rank);
+    st->cap_pages = block_first(pages, st->nranks, st->rank + 1) - st->page_lo;
+    ls_state_rank_range(st, st->rank, &st->lo, &st->hi);
     size_t L = (size_t)cfg->n_layers;
     st->attn = ls_arena_calloc(arena, L, sizeof(ls_attn_state));
     st->gdn = ls_arena_calloc(arena, L, sizeof(ls_gdn_state));
@@ -83,9 +156,12 @@ ls_status ls_state_append_kv(ls_prompt_state *st, int layer, const float *k, con
     size_t esz = ls_dtype_size(st->dtype);
     size_t pb = page_bytes(c, st->page_size, st->dtype);
     ls_attn_state *a = &st->attn[layer];
+    if (st->n < st->lo || st->n + T > st->hi)
+        return ls_err(LS_ERR_ARG, "rank %d holds positions [%lld, %lld); cannot append [%lld, %lld)", st->rank,
+                      (long long)st->lo, (long long)st->hi, (long long)st->n, (long long)(st->n + T));
     for (int64_t t = 0; t < T;) {
         int64_t pos = st->n + t;
-        int64_t pg = pos / st->page_size, off = pos % st->page_size;
+        int64_t pg = pos / st->page_size - st->page_lo, off = pos % st->page_size;
         if (!a->k_pages[pg]) {
             a->k_pages[pg] = ls_arena_alloc(st->arena, pb);
             a->v_pages[pg] = ls_arena_alloc(st->arena, pb);
@@ -107,7 +183,8 @@ void ls_state_advance(ls_prompt_state *st, int64_t T) { st->n += T; }
 
 ls_kv_prefix ls_state_prefix(const ls_prompt_state *st, int layer) {
     ls_kv_prefix p;
-    p.n = st->n;
+    int64_t end = st->n < st->hi ? st->n : st->hi;
+    p.n = end > st->lo ? end - st->lo : 0;
     p.page_size = st->page_size;
     p.dtype = st->dtype;
     p.k_pages = st->attn[layer].k_pages;
@@ -118,7 +195,10 @@ ls_kv_prefix ls_state_prefix(const ls_prompt_state *st, int layer) {
 ls_status ls_state_fork(ls_prompt_state *dst, const ls_prompt_state *src, int64_t extra,
                         ls_arena *arena) {
     const ls_config *c = src->cfg;
-    LS_TRY(ls_state_init(dst, c, src->n + extra, src->page_size, src->dtype, arena));
+    if (src->nranks > 1)
+        return ls_err(LS_ERR_UNSUPPORTED, "sampling from a prompt state split over %d ranks is not supported yet",
+                      src->nranks);
+    LS_TRY(ls_state_init(dst, c, src->n + extra, src->page_size, src->dtype, NULL, arena));
     dst->n = src->n;
     int64_t full = src->n / src->page_size, partial = src->n % src->page_size;
     size_t pb = page_bytes(c, src->page_size, src->dtype);

@@ -14,21 +14,65 @@
 #include "longstraw/checkpoint.h"
 #include "longstraw/safetensors.h"
 
-/* Remove a flat directory (checkpoints hold files only). */
-static ls_status remove_dir(const char *path) {
-    DIR *d = opendir(path);
-    if (!d) return errno == ENOENT ? LS_OK : ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+/* Remove the entries of the open directory `fd` (named `path` in messages), depth
+ * first, never following a symbolic link: a link is unlinked as a link, a
+ * subdirectory is opened O_NOFOLLOW relative to its parent (openat), so nothing
+ * outside the tree is touched even if an entry is swapped for a link meanwhile.
+ * Takes ownership of fd. */
+static ls_status remove_entries(int fd, const char *path, int depth) {
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        ls_status s = ls_err(LS_ERR_IO, "%s: cannot list: %s", path, strerror(errno));
+        close(fd);
+        return s;
+    }
     struct dirent *e;
     char p[4096];
     ls_status s = LS_OK;
-    while ((e = readdir(d))) {
+    while (s == LS_OK && (errno = 0, e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-        if (unlink(p) != 0 && s == LS_OK) s = ls_err(LS_ERR_IO, "%s: cannot remove: %s", p, strerror(errno));
+        struct stat st;
+        if (fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+            if (errno != ENOENT) s = ls_err(LS_ERR_IO, "%s: cannot stat: %s", p, strerror(errno));
+            continue;
+        }
+        if (S_ISDIR(st.st_mode)) {
+            if (depth >= 32) {
+                s = ls_err(LS_ERR_IO, "%s: nested too deeply to remove (checkpoints hold files)", p);
+                break;
+            }
+            int sub = openat(fd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (sub < 0) s = ls_err(LS_ERR_IO, "%s: cannot open: %s", p, strerror(errno));
+            else s = remove_entries(sub, p, depth + 1);
+            if (s == LS_OK && unlinkat(fd, e->d_name, AT_REMOVEDIR) != 0)
+                s = ls_err(LS_ERR_IO, "%s: cannot remove: %s", p, strerror(errno));
+        } else if (unlinkat(fd, e->d_name, 0) != 0 && errno != ENOENT) {
+            s = ls_err(LS_ERR_IO, "%s: cannot remove: %s", p, strerror(errno));
+        }
     }
+    if (s == LS_OK && errno != 0) s = ls_err(LS_ERR_IO, "%s: cannot list: %s", path, strerror(errno));
     closedir(d);
-    if (s == LS_OK && rmdir(path) != 0) s = ls_err(LS_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
     return s;
+}
+
+/* Remove `path` inside a run directory (a checkpoint, a stale .tmp or .del). A
+ * symbolic link there is removed as a link, never followed; a directory is removed
+ * with everything in it, links inside likewise unlinked, not traversed. */
+static ls_status remove_dir(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return errno == ENOENT ? LS_OK : ls_err(LS_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) {
+        if (unlink(path) != 0 && errno != ENOENT)
+            return ls_err(LS_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+        return LS_OK;
+    }
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    LS_TRY(remove_entries(fd, path, 0));
+    if (rmdir(path) != 0) return ls_err(LS_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    return LS_OK;
 }
 
 static ls_status fsync_dir(const char *path);

@@ -42,6 +42,10 @@ void ls_grpo_advantages(double *A, const double *r, int G, ls_scale_rewards scal
     for (int i = 0; i < G; i++) var += (r[i] - mean) * (r[i] - mean);
     double sd = G > 1 ? sqrt(var / (G - 1)) : 0.0; /* Bessel, as torch.std / TRL */
     for (int i = 0; i < G; i++) A[i] = scale == LS_SCALE_NONE ? r[i] - mean : (r[i] - mean) / (sd + 1e-4);
+    /* rewards whose mean or std overflows give no usable advantage: NaN, so the loss
+     * is NaN and the update is skipped (weights untouched) */
+    if (!isfinite(mean) || !isfinite(sd))
+        for (int i = 0; i < G; i++) A[i] = NAN;
 }
 
 void ls_grpo_member_terms(float *dl, ls_grpo_terms *acc, const float *lp, const float *old,
@@ -70,77 +74,25 @@ void ls_grpo_member_terms(float *dl, ls_grpo_terms *acc, const float *lp, const 
     }
 }
 
-ls_status ls_adamw_init(ls_adamw *a, const ls_hybrid_model *like, ls_arena *fixed) {
+ls_status ls_adamw_init(ls_adamw *a, const ls_policy *p, ls_arena *fixed) {
     memset(a, 0, sizeof *a);
-    a->has_moments = 1;
-    LS_TRY(ls_hybrid_alloc_like(like, &a->m, fixed));
-    return ls_hybrid_alloc_like(like, &a->v, fixed);
-}
-
-void ls_adamw_init_lora(ls_adamw *a) { memset(a, 0, sizeof *a); }
-
-/* The trainable tensors as parallel lists (weights, gradients, Adam m, v): every
- * weight for a full fine-tune, the adapters with LoRA. m/v may be NULL. */
-static ls_status trainable(ls_hybrid_model *policy, ls_hybrid_model *grad, ls_adamw *adam, const ls_grpo_opts *o,
-                           ls_param **p, ls_param **g, ls_param **m, ls_param **v, int64_t *n) {
-    if (o->lora) return ls_lora_params(o->lora, p, g, m, v, n);
-    int64_t n1 = 0, n2 = 0, n3 = 0, n4 = 0;
-    *p = *g = NULL;
-    if (m) *m = NULL;
-    if (v) *v = NULL;
-    LS_TRY(ls_hybrid_params(policy, p, &n1));
-    LS_TRY(ls_hybrid_params(grad, g, &n2));
-    if (m) LS_TRY(ls_hybrid_params(&adam->m, m, &n3));
-    if (v) LS_TRY(ls_hybrid_params(&adam->v, v, &n4));
-    LS_ASSERT(n1 == n2 && (!m || n1 == n3) && (!v || n1 == n4), "parameter lists differ");
-    *n = n1;
+    a->m = ls_arena_calloc(fixed, (size_t)(p->n > 0 ? p->n : 1), sizeof(ls_param));
+    a->v = ls_arena_calloc(fixed, (size_t)(p->n > 0 ? p->n : 1), sizeof(ls_param));
+    if (!a->m || !a->v) return LS_ERR_NOMEM;
+    for (int64_t k = 0; k < p->n; k++) {
+        a->m[k] = a->v[k] = p->w[k];
+        a->m[k].p = ls_arena_calloc(fixed, (size_t)p->w[k].n, sizeof(float));
+        a->v[k].p = ls_arena_calloc(fixed, (size_t)p->w[k].n, sizeof(float));
+        if (!a->m[k].p || !a->v[k].p) return LS_ERR_NOMEM;
+    }
+    a->n = p->n;
     return LS_OK;
 }
 
 /* ---- the transaction ------------------------------------------------------------ */
 
-/* The token ids a member runs: [x_P, y_1..y_{R−1}] against a state, or the whole
- * [x_1..x_P, y_1..y_{R−1}] in naive mode; targets are y_1..y_R either way. */
-static ls_status member_ids(const ls_group *g, int i, int naive, ls_arena *a, int32_t **ids,
-                            int64_t *T, int64_t *out_from) {
-    int64_t P = g->P, R = g->R[i];
-    *T = naive ? P + R - 1 : R;
-    *out_from = naive ? P - 1 : 0;
-    *ids = ls_arena_alloc(a, (size_t)*T * sizeof(int32_t));
-    if (!*ids) return LS_ERR_NOMEM;
-    if (naive) {
-        memcpy(*ids, g->prompt, (size_t)P * sizeof(int32_t));
-        memcpy(*ids + P, g->resp[i], (size_t)(R - 1) * sizeof(int32_t));
-    } else {
-        (*ids)[0] = g->prompt[P - 1];
-        memcpy(*ids + 1, g->resp[i], (size_t)(R - 1) * sizeof(int32_t));
-    }
-    return LS_OK;
-}
-
-/* Capture x_1..x_{P−1} of `m` into a fresh state in the prompt arena. */
-static ls_status capture(const ls_hybrid_model *m, const ls_group *g, const ls_grpo_opts *o, ls_arenas *ar,
-                         ls_prompt_state *st) {
-    LS_TRY(ls_state_init(st, &m->cfg, g->P - 1, o->page_size, o->state_dtype, &ar->a[LS_ARENA_PROMPT]));
-    return ls_hybrid_capture(m, st, g->prompt, g->P - 1, &o->fwd, &ar->a[LS_ARENA_SCRATCH]);
-}
-
-/* Score every member under `m` (no tape): out[i][R_i] must be allocated. */
-static ls_status score_all(const ls_hybrid_model *m, const ls_group *g, const ls_grpo_opts *o, ls_arenas *ar,
-                           const ls_prompt_state *st, float **out) {
-    ls_arena *br = &ar->a[LS_ARENA_BRANCH];
-    for (int i = 0; i < g->G; i++) {
-        ls_trace_set_member(i);
-        ls_arena_mark mk = ls_arena_get_mark(br);
-        int32_t *ids;
-        int64_t T, from;
-        LS_TRY(member_ids(g, i, o->no_capture, br, &ids, &T, &from));
-        LS_TRY(ls_hybrid_branch_fwd(m, st, ids, T, from, 0, g->resp[i], out[i], NULL, NULL, &o->fwd, NULL,
-                                    &ar->a[LS_ARENA_SCRATCH]));
-        ls_arena_release(br, mk);
-    }
-    ls_trace_set_member(-1);
-    return LS_OK;
+static ls_score_opts score_opts(const ls_grpo_opts *o) {
+    return (ls_score_opts){o->no_capture, o->page_size, o->state_dtype, o->fwd};
 }
 
 static double grad_norm(const ls_param *gp, int64_t n) {
@@ -157,41 +109,29 @@ static double grad_norm(const ls_param *gp, int64_t n) {
 
 /* Clip (torch.nn.utils.clip_grad_norm_ semantics) and one AdamW step (torch AdamW:
  * decoupled decay first, bias-corrected moments, eps outside the sqrt). */
-static ls_status optimize(ls_hybrid_model *policy, ls_hybrid_model *grad, ls_adamw *adam, const ls_grpo_opts *o,
-                          double gnorm) {
-    ls_param *pp = NULL, *gp = NULL, *mp = NULL, *vp = NULL;
-    int64_t n = 0;
-    ls_status s = trainable(policy, grad, adam, o, &pp, &gp, &mp, &vp, &n);
-    if (s == LS_OK) {
-        double clip = 1.0;
-        if (o->max_grad_norm > 0) {
-            double coef = o->max_grad_norm / (gnorm + 1e-6);
-            if (coef < 1.0) clip = coef;
-        }
-        adam->step++;
-        double bc1 = 1.0 - pow(o->beta1, (double)adam->step), bc2 = 1.0 - pow(o->beta2, (double)adam->step);
-        float b1 = (float)o->beta1, b2 = (float)o->beta2;
-        for (int64_t k = 0; k < n; k++) {
-            float decay = (o->weight_decay != 0 && !pp[k].no_decay) ? (float)(1.0 - o->lr * o->weight_decay) : 1.0f;
-            float *p = pp[k].p, *gr = gp[k].p, *m = mp[k].p, *v = vp[k].p;
-#pragma omp parallel for schedule(static) if (pp[k].n > 65536)
-            for (int64_t i = 0; i < pp[k].n; i++) {
-                float gi = (float)(gr[i] * clip);
-                m[i] = b1 * m[i] + (1.0f - b1) * gi;
-                v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-                double mh = m[i] / bc1, vh = v[i] / bc2;
-                p[i] = (float)((double)(p[i] * decay) - o->lr * mh / (sqrt(vh) + o->adam_eps));
-            }
-        }
-        /* merged LoRA: the policy is a copy of base + adapters; refresh it (side branches
-         * read the adapters themselves) */
-        if (o->lora && !policy->lora) ls_lora_merge(o->lora, o->lora_base, policy);
+static void optimize(ls_policy *p, ls_adamw *adam, const ls_grpo_opts *o, double gnorm) {
+    double clip = 1.0;
+    if (o->max_grad_norm > 0) {
+        double coef = o->max_grad_norm / (gnorm + 1e-6);
+        if (coef < 1.0) clip = coef;
     }
-    free(pp);
-    free(gp);
-    free(mp);
-    free(vp);
-    return s;
+    adam->step++;
+    double bc1 = 1.0 - pow(o->beta1, (double)adam->step), bc2 = 1.0 - pow(o->beta2, (double)adam->step);
+    float b1 = (float)o->beta1, b2 = (float)o->beta2;
+    LS_ASSERT(adam->n == p->n, "optimizer holds %lld moments for %lld tensors", (long long)adam->n, (long long)p->n);
+    for (int64_t k = 0; k < p->n; k++) {
+        float decay = (o->weight_decay != 0 && !p->w[k].no_decay) ? (float)(1.0 - o->lr * o->weight_decay) : 1.0f;
+        float *w = p->w[k].p, *gr = p->g[k].p, *m = adam->m[k].p, *v = adam->v[k].p;
+#pragma omp parallel for schedule(static) if (p->w[k].n > 65536)
+        for (int64_t i = 0; i < p->w[k].n; i++) {
+            float gi = (float)(gr[i] * clip);
+            m[i] = b1 * m[i] + (1.0f - b1) * gi;
+            v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+            double mh = m[i] / bc1, vh = v[i] / bc2;
+            w[i] = (float)((double)(w[i] * decay) - o->lr * mh / (sqrt(vh) + o->adam_eps));
+        }
+    }
+    p->fam->policy_step_done(p);
 }
 
 /* Per-group results that live in the score arena for the whole update. */
@@ -311,15 +251,16 @@ static void batch_metrics(ls_grpo_metrics *mt, const ls_group *gr, const group_s
 
 /* Reference log-probs of group g: capture its own prompt state on top of whatever the
  * prompt arena holds, score, release. */
-static ls_status reference(const ls_hybrid_model *ref, const ls_group *g, const ls_grpo_opts *o, ls_arenas *ar,
+static ls_status reference(const ls_model *ref, const ls_group *g, const ls_grpo_opts *o, ls_arenas *ar,
                            float **rlp) {
     ls_arena *pr = &ar->a[LS_ARENA_PROMPT];
     ls_arena_mark pm = ls_arena_get_mark(pr);
     ls_prompt_state st;
+    ls_score_opts so = score_opts(o);
     ls_status s = LS_OK;
     ls_trace_phase_begin("reference");
-    if (!o->no_capture) s = capture(ref, g, o, ar, &st);
-    if (s == LS_OK) s = score_all(ref, g, o, ar, o->no_capture ? NULL : &st, rlp);
+    if (!o->no_capture) s = ls_score_capture(ref, g, &so, ar, &st);
+    if (s == LS_OK) s = ls_score_members(ref, g, o->no_capture ? NULL : &st, &so, ar, rlp);
     ls_trace_phase_end("reference");
     ls_arena_release(pr, pm);
     return s;
@@ -333,7 +274,7 @@ static int64_t sum_R(const ls_group *g) {
 
 /* Replay the members of one group under a tape, one at a time; accumulates the
  * gradient (weights u_i) and the token terms. */
-static ls_status replay(ls_hybrid_model *policy, ls_hybrid_model *grad, const ls_group *g, const group_scores *gs,
+static ls_status replay(ls_policy *p, const ls_group *g, const group_scores *gs,
                         const ls_prompt_state *stp, const ls_grpo_opts *o, ls_arenas *ar, ls_grpo_terms *acc,
                         double *ent_sum) {
     ls_arena *sa = &ar->a[LS_ARENA_SCORE], *br = &ar->a[LS_ARENA_BRANCH];
@@ -352,15 +293,15 @@ static ls_status replay(ls_hybrid_model *policy, ls_hybrid_model *grad, const ls
         int64_t T, from;
         ls_branch_tape *tape = NULL;
         ls_trace_set_member(i);
-        s = member_ids(g, i, o->no_capture, br, &ids, &T, &from);
+        s = ls_score_member_ids(g, i, o->no_capture, br, &ids, &T, &from);
         if (s == LS_OK)
-            s = ls_hybrid_branch_fwd(policy, stp, ids, T, from, from, g->resp[i], lp, ent, &tape, &o->fwd, br,
-                                     &ar->a[LS_ARENA_SCRATCH]);
+            s = p->fam->branch_fwd(&p->policy, stp, ids, T, from, from, g->resp[i], lp, ent, &tape, &o->fwd, br,
+                                   &ar->a[LS_ARENA_SCRATCH]);
         if (s == LS_OK) {
             ls_grpo_member_terms(dl, acc, lp, gs->old[i], o->beta != 0 ? gs->rlp[i] : NULL, g->R[i], gs->A[i],
                                  member_weight(o->loss, g->R[i]), o);
             for (int64_t t = 0; t < g->R[i]; t++) *ent_sum += ent[t];
-            s = ls_hybrid_branch_bwd(policy, grad, tape, dl, &ar->a[LS_ARENA_SCRATCH]);
+            s = p->fam->branch_bwd(&p->policy, &p->grad, tape, dl, &o->fwd, &ar->a[LS_ARENA_SCRATCH]);
         }
         ls_arena_release(br, bm);
         ls_progress_add(g->R[i]);
@@ -374,12 +315,13 @@ static ls_status replay(ls_hybrid_model *policy, ls_hybrid_model *grad, const ls
 
 /* One group of one iteration: capture; on the first iteration the rollout, the
  * reference and the old log-probs; then the replay. The prompt state dies here. */
-static ls_status run_group(ls_hybrid_model *policy, const ls_hybrid_model *ref, ls_hybrid_model *grad, ls_group *g,
-                           int gi, group_scores *gs, int first, const ls_rollout_hook *rollout, const ls_grpo_opts *o,
-                           ls_arenas *ar, ls_grpo_terms *acc, double *ent_sum, ls_grpo_metrics *mt) {
+static ls_status run_group(ls_policy *p, ls_group *g, int gi, group_scores *gs, int first,
+                           const ls_rollout_hook *rollout, const ls_grpo_opts *o, ls_arenas *ar, ls_grpo_terms *acc,
+                           double *ent_sum, ls_grpo_metrics *mt) {
     ls_arena *pr = &ar->a[LS_ARENA_PROMPT];
+    ls_score_opts so = score_opts(o);
     ls_status s = LS_OK;
-    if (first && !rollout && o->beta != 0) LS_TRY(reference(ref, g, o, ar, gs->rlp)); /* before: peak stays P */
+    if (first && !rollout && o->beta != 0) LS_TRY(reference(&p->ref, g, o, ar, gs->rlp)); /* before: peak stays P */
     double t0 = ls_now();
     ls_arena_mark pm = ls_arena_get_mark(pr);
     ls_prompt_state st;
@@ -387,7 +329,7 @@ static ls_status run_group(ls_hybrid_model *policy, const ls_hybrid_model *ref, 
     if (!o->no_capture) {
         ls_trace_phase_begin("capture");
         ls_progress_begin("capture", g->P - 1);
-        s = capture(policy, g, o, ar, &st);
+        s = ls_score_capture(&p->policy, g, &so, ar, &st);
         ls_progress_end();
         ls_trace_phase_end("capture");
         stp = &st;
@@ -397,25 +339,25 @@ static ls_status run_group(ls_hybrid_model *policy, const ls_hybrid_model *ref, 
     mt->t_capture += ls_now() - t0;
     if (s == LS_OK && first && rollout) {
         t0 = ls_now();
-        s = rollout->fn(rollout->ctx, gi, g, policy, stp, ar);
+        s = rollout->fn(rollout->ctx, gi, g, &p->policy, stp, ar);
         if (s == LS_OK) s = check_group(g, gi);
         if (s == LS_OK) s = alloc_scores(gs, g, o, &ar->a[LS_ARENA_SCORE]);
         if (s == LS_OK) advantages(gs, g, 1, o->scale);
         mt->t_rollout += ls_now() - t0;
         t0 = ls_now();
         /* the reference needs the responses: its state goes on top of the policy's */
-        if (s == LS_OK && o->beta != 0) s = reference(ref, g, o, ar, gs->rlp);
+        if (s == LS_OK && o->beta != 0) s = reference(&p->ref, g, o, ar, gs->rlp);
         mt->t_ref += ls_now() - t0;
     }
     t0 = ls_now();
     if (s == LS_OK && first && !g->old_logprobs) {
         ls_trace_phase_begin("score");
-        s = score_all(policy, g, o, ar, stp, gs->old);
+        s = ls_score_members(&p->policy, g, stp, &so, ar, gs->old);
         ls_trace_phase_end("score");
     }
     mt->t_score += ls_now() - t0;
     t0 = ls_now();
-    if (s == LS_OK) s = replay(policy, grad, g, gs, stp, o, ar, acc, ent_sum);
+    if (s == LS_OK) s = replay(p, g, gs, stp, o, ar, acc, ent_sum);
     mt->t_replay += ls_now() - t0;
     ls_arena_release(pr, pm);
     return s;
@@ -429,24 +371,53 @@ static void scale_params(const ls_param *gp, int64_t n, double c) {
     }
 }
 
-ls_status ls_grpo_update_batch(ls_hybrid_model *policy, const ls_hybrid_model *ref, ls_hybrid_model *grad,
-                               ls_adamw *adam, ls_group *groups, int n_groups, const ls_rollout_hook *rollout,
-                               const ls_grpo_opts *o, ls_arenas *ar, ls_grpo_metrics *mt) {
+/* A 64-bit FNV-1a hash of the trainable tensors' bytes (NULL buffers skipped). */
+uint64_t ls_params_hash(const ls_param *ps, int64_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t k = 0; k < n; k++) {
+        const unsigned char *b = (const unsigned char *)ps[k].p;
+        for (int64_t i = 0; b && i < ps[k].n * (int64_t)sizeof(float); i++) h = (h ^ b[i]) * 1099511628211ull;
+    }
+    return h;
+}
+
+/* Gradient finalization under CP (DESIGN §8). The attention merge's backward sums the
+ * ranks' contributions inside every layer, so each rank's replay ends with the whole
+ * gradient of the replicated parameters; they agree bit for bit when every rank
+ * computed the same way. A hash tells; if any rank differs (e.g. other thread counts
+ * reordered a sum) rank 0's gradients are broadcast, so every rank takes the same
+ * step whatever happened. */
+static ls_status finalize_grads(const ls_policy *p, const ls_comm *c) {
+    int N = c ? ls_comm_size(c) : 1;
+    if (N <= 1) return LS_OK;
+    uint64_t h = ls_params_hash(p->g, p->n), *all = calloc((size_t)N, sizeof *all);
+    if (!all) return ls_err(LS_ERR_NOMEM, "cannot gather %d gradient hashes", N);
+    ls_status s = ls_comm_allgather(c, &h, all, sizeof h);
+    int same = 1;
+    for (int r = 1; r < N && s == LS_OK; r++) same &= all[r] == all[0];
+    free(all);
+    if (s != LS_OK || same) return s;
+    ls_trace_event("grad_broadcast", "\"reason\": \"gradient hashes differ across ranks\"");
+    for (int64_t k = 0; k < p->n && s == LS_OK; k++)
+        if (p->g[k].p) s = ls_comm_bcast(c, p->g[k].p, (size_t)p->g[k].n * sizeof(float), 0);
+    return s;
+}
+
+ls_status ls_grpo_update_batch(ls_policy *p, ls_adamw *adam, ls_group *groups, int n_groups,
+                               const ls_rollout_hook *rollout, const ls_grpo_opts *o, ls_arenas *ar,
+                               ls_grpo_metrics *mt) {
     ls_arena *sa = &ar->a[LS_ARENA_SCORE];
     double t_start = ls_now(), t0;
     memset(mt, 0, sizeof *mt);
     if (n_groups < 1) return ls_err(LS_ERR_ARG, "an update needs at least one group");
-    if (o->beta != 0 && !ref) return ls_err(LS_ERR_ARG, "beta = %g needs a reference policy", o->beta);
+    if (o->beta != 0 && !p->ref.impl) return ls_err(LS_ERR_ARG, "beta = %g needs a reference policy", o->beta);
     if (!adam && o->num_iterations != 1) return ls_err(LS_ERR_ARG, "gradients only: num_iterations must be 1");
     if (o->num_iterations < 1) return ls_err(LS_ERR_ARG, "num_iterations must be >= 1");
-    if (o->lora && !o->lora_base) return ls_err(LS_ERR_ARG, "LoRA needs its base model");
     if (rollout && o->no_capture) return ls_err(LS_ERR_ARG, "rollouts sample from a captured prompt state: not with no_capture");
     if (rollout && n_groups > 1 && o->scale == LS_SCALE_BATCH)
         return ls_err(LS_ERR_ARG, "scale_rewards = batch needs every reward before the first replay, but rollouts "
                                   "sample group by group: use group or none, or one group per update");
     ls_arena_mark score_mark = ls_arena_get_mark(sa);
-    ls_param *gp = NULL, *wp = NULL, *fg = NULL;
-    int64_t ngp = 0, nfg = 0;
     group_scores *gs = ls_arena_calloc(sa, (size_t)n_groups, sizeof *gs);
     ls_status s = gs ? LS_OK : LS_ERR_NOMEM;
     for (int k = 0; !rollout && k < n_groups && s == LS_OK; k++) {
@@ -454,28 +425,29 @@ ls_status ls_grpo_update_batch(ls_hybrid_model *policy, const ls_hybrid_model *r
         if (s == LS_OK) s = alloc_scores(&gs[k], &groups[k], o, sa);
     }
     if (s == LS_OK && !rollout) advantages(gs, groups, n_groups, o->scale);
-    if (s == LS_OK) s = trainable(policy, grad, adam, o, &wp, &gp, NULL, NULL, &ngp);
-    free(wp);
-    if (s == LS_OK) s = ls_hybrid_params(grad, &fg, &nfg); /* the full-weight gradient buffers */
     for (int it = 0; it < o->num_iterations && s == LS_OK; it++) {
         ls_grpo_terms acc = {0, 0, 0, 0, 0};
         double ent_sum = 0;
         for (int k = 0; k < n_groups && s == LS_OK; k++)
-            s = run_group(policy, ref, grad, &groups[k], k, &gs[k], it == 0, rollout, o, ar, &acc, &ent_sum, mt);
+            s = run_group(p, &groups[k], k, &gs[k], it == 0, rollout, o, ar, &acc, &ent_sum, mt);
         if (s != LS_OK) break;
         if (it == 0) batch_metrics(mt, groups, gs, n_groups);
         t0 = ls_now();
         ls_trace_phase_begin("optimize");
-        /* merged LoRA: ∂L/∂W_eff → adapters (side branches fed the adapters directly) */
-        if (o->lora && !policy->lora) ls_lora_backward(o->lora, grad);
+        p->fam->policy_grads_done(p);
+        s = finalize_grads(p, o->fwd.comm);
+        if (s != LS_OK) {
+            ls_trace_phase_end("optimize");
+            break;
+        }
         double c = batch_constant(groups, n_groups, o->loss, o->max_completion_length);
-        scale_params(gp, ngp, c);
+        scale_params(p->g, p->n, c);
         mt->loss = c * acc.loss;
         mt->kl = acc.tokens > 0 ? acc.kl_sum / acc.tokens : 0;
         mt->clip_low = acc.tokens > 0 ? acc.clip_low / acc.tokens : 0;
         mt->clip_high = acc.tokens > 0 ? acc.clip_high / acc.tokens : 0;
         mt->entropy = acc.tokens > 0 ? ent_sum / acc.tokens : 0;
-        mt->grad_norm = grad_norm(gp, ngp);
+        mt->grad_norm = grad_norm(p->g, p->n);
         if (it < 64) mt->iter_loss[it] = mt->loss, mt->iter_grad_norm[it] = mt->grad_norm;
         mt->n_iter = it + 1;
         if (!isfinite(mt->grad_norm) || !isfinite(mt->loss)) {
@@ -493,32 +465,25 @@ ls_status ls_grpo_update_batch(ls_hybrid_model *policy, const ls_hybrid_model *r
             break;
         }
         if (adam) {
-            s = optimize(policy, grad, adam, o, mt->grad_norm);
+            optimize(p, adam, o, mt->grad_norm);
             ls_trace_event("optimizer",
                            "\"update\": %lld, \"iteration\": %d, \"step\": %lld, \"grad_norm\": %.9g, \"lr\": %g, "
                            "\"skipped\": false",
                            (long long)ls_trace_update(), it, (long long)adam->step, mt->grad_norm, o->lr);
-            if (it + 1 < o->num_iterations) {
-                for (int64_t k = 0; k < nfg; k++)
-                    if (fg[k].p) memset(fg[k].p, 0, (size_t)fg[k].n * sizeof(float)); /* NULL: frozen */
-                if (o->lora) ls_lora_zero_grad(o->lora);
-            }
+            if (it + 1 < o->num_iterations) p->fam->policy_zero_grad(p);
         }
         ls_trace_phase_end("optimize");
         mt->t_optim += ls_now() - t0;
     }
-    free(gp);
-    free(fg);
     ls_arena_release(sa, score_mark);
     mt->t_total = ls_now() - t_start;
     return s;
 }
 
-ls_status ls_grpo_update(ls_hybrid_model *policy, const ls_hybrid_model *ref, ls_hybrid_model *grad,
-                         ls_adamw *adam, const ls_group *g, const ls_grpo_opts *o, ls_arenas *ar,
+ls_status ls_grpo_update(ls_policy *p, ls_adamw *adam, const ls_group *g, const ls_grpo_opts *o, ls_arenas *ar,
                          ls_grpo_metrics *mt) {
     ls_group copy = *g; /* the batch form may fill groups (rollouts); without a hook it does not */
-    ls_status s = ls_grpo_update_batch(policy, ref, grad, adam, &copy, 1, NULL, o, ar, mt);
+    ls_status s = ls_grpo_update_batch(p, adam, &copy, 1, NULL, o, ar, mt);
     if (s == LS_OK && mt->skipped) s = ls_err(LS_ERR_ARG, "%s; weights left untouched", mt->skip_reason);
     return s;
 }

@@ -83,10 +83,10 @@ int32_t ls_sample_token(const float *logits, int64_t V, float top_p, int greedy,
     return pick;
 }
 
-ls_status ls_generate_group(const ls_hybrid_model *m, const ls_prompt_state *prompt_state, int32_t last_token,
+ls_status ls_generate_group(const ls_model *m, const ls_prompt_state *prompt_state, int32_t last_token,
                             int G, const ls_sample_opts *so, ls_rng *rng, int32_t **out, float **logprobs,
                             int64_t *len, const ls_fwd_opts *fo, ls_arena *branch, ls_arena *scratch) {
-    int64_t V = m->cfg.vocab;
+    int64_t V = ls_model_config(m)->vocab;
     for (int i = 0; i < G; i++) len[i] = 0;
     if (so->max_new_tokens < 1) return ls_err(LS_ERR_ARG, "max_new_tokens must be >= 1");
     if (G < 1) return ls_err(LS_ERR_ARG, "a group needs at least one member");
@@ -106,7 +106,7 @@ ls_status ls_generate_group(const ls_hybrid_model *m, const ls_prompt_state *pro
     int n = G;
     for (int i = 0; i < G && s == LS_OK; i++) act[i] = &st[i], who[i] = i, tok[i] = last_token;
     for (int64_t t = 0; s == LS_OK && t < so->max_new_tokens && n > 0; t++) {
-        s = ls_hybrid_decode(m, act, tok, n, logits, &o, scratch);
+        s = m->fam->decode(m, act, tok, n, logits, &o, scratch);
         if (s != LS_OK) break;
         ls_progress_add(n);
         int kept = 0;
@@ -127,7 +127,7 @@ ls_status ls_generate_group(const ls_hybrid_model *m, const ls_prompt_state *pro
     return s;
 }
 
-ls_status ls_generate(const ls_hybrid_model *m, const ls_prompt_state *prompt_state, int32_t last_token,
+ls_status ls_generate(const ls_model *m, const ls_prompt_state *prompt_state, int32_t last_token,
                       const ls_sample_opts *so, ls_rng *rng, int32_t *out, float *logprobs, int64_t *len,
                       const ls_fwd_opts *fo, ls_arena *branch, ls_arena *scratch) {
     return ls_generate_group(m, prompt_state, last_token, 1, so, rng, &out, &logprobs, len, fo, branch, scratch);

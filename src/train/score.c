@@ -1,11 +1,13 @@
 /*
  * score.c — the scoring phase over a group (DESIGN §3 steps 1–2): capture the
  * prompt x_1..x_{P−1} once, then each member's branch [x_P, y_1..y_{R−1}] against
- * the read-only state; or the plain full-sequence forward per member.
+ * the read-only state; or the plain full-sequence forward per member. The
+ * transaction (grpo.c) scores through the same functions.
  */
 #include <string.h>
 
 #include "longstraw/score.h"
+#include "longstraw/trace.h"
 
 void ls_score_opts_default(ls_score_opts *o) {
     memset(o, 0, sizeof *o);
@@ -14,51 +16,71 @@ void ls_score_opts_default(ls_score_opts *o) {
     ls_fwd_opts_default(&o->fwd);
 }
 
-ls_status ls_score_group(const ls_hybrid_model *m, const ls_group *g, const ls_score_opts *o,
-                         ls_arenas *ar, float **out, ls_score_stats *stats) {
-    ls_arena *score = &ar->a[LS_ARENA_SCORE], *branch = &ar->a[LS_ARENA_BRANCH];
-    ls_arena *prompt = &ar->a[LS_ARENA_PROMPT], *scratch = &ar->a[LS_ARENA_SCRATCH];
+ls_status ls_score_capture(const ls_model *m, const ls_group *g, const ls_score_opts *o, ls_arenas *ar,
+                           ls_prompt_state *st) {
+    LS_TRY(ls_state_init(st, ls_model_config(m), g->P - 1, o->page_size, o->state_dtype, o->fwd.comm,
+                         &ar->a[LS_ARENA_PROMPT]));
+    return m->fam->capture(m, st, g->prompt, g->P - 1, &o->fwd, &ar->a[LS_ARENA_SCRATCH]);
+}
+
+ls_status ls_score_member_ids(const ls_group *g, int i, int naive, ls_arena *a, int32_t **ids, int64_t *T,
+                              int64_t *out_from) {
+    int64_t P = g->P, R = g->R[i];
+    *T = naive ? P + R - 1 : R;
+    *out_from = naive ? P - 1 : 0;
+    *ids = ls_arena_alloc(a, (size_t)*T * sizeof(int32_t)); /* [T] */
+    if (!*ids) return LS_ERR_NOMEM;
+    if (naive) {
+        memcpy(*ids, g->prompt, (size_t)P * sizeof(int32_t));
+        memcpy(*ids + P, g->resp[i], (size_t)(R - 1) * sizeof(int32_t));
+    } else {
+        (*ids)[0] = g->prompt[P - 1];
+        memcpy(*ids + 1, g->resp[i], (size_t)(R - 1) * sizeof(int32_t));
+    }
+    return LS_OK;
+}
+
+ls_status ls_score_members(const ls_model *m, const ls_group *g, const ls_prompt_state *st,
+                           const ls_score_opts *o, ls_arenas *ar, float **out) {
+    ls_arena *br = &ar->a[LS_ARENA_BRANCH];
+    ls_status s = LS_OK;
+    for (int i = 0; i < g->G && s == LS_OK; i++) {
+        ls_trace_set_member(i);
+        ls_arena_mark mk = ls_arena_get_mark(br);
+        int32_t *ids;
+        int64_t T, from;
+        s = ls_score_member_ids(g, i, st == NULL, br, &ids, &T, &from);
+        if (s == LS_OK)
+            s = m->fam->branch_fwd(m, st, ids, T, from, 0, g->resp[i], out[i], NULL, NULL, &o->fwd, NULL,
+                                   &ar->a[LS_ARENA_SCRATCH]);
+        ls_arena_release(br, mk);
+    }
+    ls_trace_set_member(-1);
+    return s;
+}
+
+ls_status ls_score_group(const ls_model *m, const ls_group *g, const ls_score_opts *o, ls_arenas *ar,
+                         float **out, ls_score_stats *stats) {
+    ls_arena *prompt = &ar->a[LS_ARENA_PROMPT];
     ls_score_stats st_local;
     if (!stats) stats = &st_local;
     memset(stats, 0, sizeof *stats);
     for (int i = 0; i < g->G; i++) {
-        out[i] = ls_arena_alloc(score, (size_t)g->R[i] * sizeof(float)); /* [R_i] */
+        out[i] = ls_arena_alloc(&ar->a[LS_ARENA_SCORE], (size_t)g->R[i] * sizeof(float)); /* [R_i] */
         if (!out[i]) return LS_ERR_NOMEM;
     }
-    int64_t P = g->P;
     double t0 = ls_now();
-    if (o->no_capture) {
-        for (int i = 0; i < g->G; i++) {
-            int64_t R = g->R[i], T = P + R - 1;
-            ls_arena_mark mk = ls_arena_get_mark(branch);
-            int32_t *ids = ls_arena_alloc(branch, (size_t)T * sizeof(int32_t)); /* [P + R − 1] */
-            if (!ids) return LS_ERR_NOMEM;
-            memcpy(ids, g->prompt, (size_t)P * sizeof(int32_t));
-            memcpy(ids + P, g->resp[i], (size_t)(R - 1) * sizeof(int32_t));
-            LS_TRY(ls_hybrid_branch_logprobs(m, NULL, ids, T, P - 1, g->resp[i], out[i], &o->fwd, branch));
-            ls_arena_release(branch, mk);
-        }
-        stats->score_s = ls_now() - t0;
-        return LS_OK;
-    }
     ls_arena_mark pm = ls_arena_get_mark(prompt);
     ls_prompt_state st;
-    LS_TRY(ls_state_init(&st, &m->cfg, P - 1, o->page_size, o->state_dtype, prompt));
-    LS_TRY(ls_hybrid_capture(m, &st, g->prompt, P - 1, &o->fwd, scratch));
-    stats->capture_s = ls_now() - t0;
-    stats->prompt_bytes = prompt->cur - pm.cur;
-    t0 = ls_now();
-    for (int i = 0; i < g->G; i++) {
-        int64_t R = g->R[i];
-        ls_arena_mark mk = ls_arena_get_mark(branch);
-        int32_t *ids = ls_arena_alloc(branch, (size_t)R * sizeof(int32_t)); /* [x_P, y_1..y_{R−1}] */
-        if (!ids) return LS_ERR_NOMEM;
-        ids[0] = g->prompt[P - 1];
-        memcpy(ids + 1, g->resp[i], (size_t)(R - 1) * sizeof(int32_t));
-        LS_TRY(ls_hybrid_branch_logprobs(m, &st, ids, R, 0, g->resp[i], out[i], &o->fwd, branch));
-        ls_arena_release(branch, mk);
+    ls_status s = LS_OK;
+    if (!o->no_capture) {
+        s = ls_score_capture(m, g, o, ar, &st);
+        stats->capture_s = ls_now() - t0;
+        stats->prompt_bytes = prompt->cur - pm.cur;
     }
+    t0 = ls_now();
+    if (s == LS_OK) s = ls_score_members(m, g, o->no_capture ? NULL : &st, o, ar, out);
     stats->score_s = ls_now() - t0;
     ls_arena_release(prompt, pm);
-    return LS_OK;
+    return s;
 }

@@ -1,0 +1,136 @@
+/*
+ * family.h — the seam between the transaction and a model family (DESIGN §5,
+ * STYLE "A family is a table, not a type name"). A family is a table of functions
+ * behind an opaque model handle: load, capture (extend a prompt state, no tape),
+ * branch forward with or without a tape, branch backward, decode step, parameter
+ * list, export, and the trainable set of a training command (the policy: full
+ * fine-tune or adapters, its gradients and reference). The transaction, AdamW, the
+ * trainer and the CLI's training commands see only this header; a family's own
+ * structs live in src/models/<family>*.c and its header (model.h for the hybrid).
+ */
+#ifndef LONGSTRAW_FAMILY_H
+#define LONGSTRAW_FAMILY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "longstraw/comm.h"
+#include "longstraw/config.h"
+#include "longstraw/core.h"
+#include "longstraw/state.h"
+
+/* Runtime options of a forward. */
+typedef struct {
+    int64_t capture_chunk; /* tokens per capture chunk (default 2048) */
+    int64_t lmhead_rows;   /* LM-head row chunk (default 64) */
+    float temperature;     /* logits divided before the log-softmax (default 1) */
+    /* Context parallelism (DESIGN §8): NULL or one rank = every page is local. With
+     * several ranks the prompt state holds this rank's pages only; capture fills
+     * them shard by shard and every attention over the prompt merges the ranks'
+     * partial outputs by log-sum-exp. */
+    const ls_comm *comm;
+} ls_fwd_opts;
+void ls_fwd_opts_default(ls_fwd_opts *o);
+
+/* One trainable tensor (weights, gradients and moments are parallel lists of these). */
+typedef struct {
+    float *p;         /* the tensor's data (NULL: no buffer, e.g. a frozen weight's gradient) */
+    int64_t n;        /* elements */
+    int no_decay;     /* norms, A_log, dt_bias: no weight decay */
+    const char *what; /* short description (PEFT tensor name for adapters) */
+} ls_param;
+
+typedef struct ls_family ls_family;
+
+/* A loaded model of some family: the handle the transaction holds. */
+typedef struct {
+    const ls_family *fam;
+    void *impl; /* the family's own struct (ls_hybrid_model for the hybrid) */
+} ls_model;
+
+/* What a branch forward saves for its backward: family-defined, in the tape arena. */
+typedef struct ls_branch_tape ls_branch_tape;
+
+/* What a training command trains and against what. */
+typedef struct {
+    const char *model_dir; /* the checkpoint */
+    const char *ref_dir;   /* reference checkpoint, or NULL (with adapters: the base) */
+    const char *adapter;   /* PEFT adapters to continue, or NULL */
+    int64_t lora_rank;     /* > 0: new adapters of this rank (adapter NULL) */
+    double lora_alpha;
+    const char *lora_targets; /* NULL: the family's default */
+    uint64_t lora_seed;
+} ls_policy_spec;
+
+/* The trainable set of an update: the policy the forward and backward run, its
+ * gradient buffers (grad arena), the reference (impl NULL: none) and the trainable
+ * tensors as parallel lists w[k] / g[k] (every weight for a full fine-tune, the
+ * adapters with LoRA). `priv` is the family's. */
+typedef struct {
+    const ls_family *fam;
+    ls_model policy, ref, grad;
+    ls_param *w, *g;
+    int64_t n;
+    int adapters; /* 1: the trainable tensors are adapters (PEFT files on export) */
+    void *priv;
+} ls_policy;
+
+struct ls_family {
+    const char *name;
+    /* 1 when this family reads checkpoints of the config's model_type */
+    int (*accepts)(const ls_config *cfg);
+    ls_status (*load)(ls_model *m, const char *dir, ls_arena *fixed);
+    const ls_config *(*config)(const ls_model *m);
+    /* Capture ids[0..n) (x_1..x_{P−1}) into `st`, no tape (DESIGN §3). */
+    ls_status (*capture)(const ls_model *m, ls_prompt_state *st, const int32_t *ids, int64_t n,
+                         const ls_fwd_opts *o, ls_arena *scratch);
+    /* Branch: ids[0..T) at positions st->n.. against the read-only `st` (NULL: the
+     * plain forward); logprob[t − out_from] for t in [out_from, T); grad_from is the
+     * first position whose path carries gradient (naive mode's detach point);
+     * entropy optional; tape_out non-NULL records a tape in tape_arena. */
+    ls_status (*branch_fwd)(const ls_model *m, const ls_prompt_state *st, const int32_t *ids, int64_t T,
+                            int64_t out_from, int64_t grad_from, const int32_t *target, float *logprob,
+                            float *entropy, ls_branch_tape **tape_out, const ls_fwd_opts *o, ls_arena *tape_arena,
+                            ls_arena *scratch);
+    /* Parameter gradients (+=) into `grad` (a gradient set of the same family). */
+    ls_status (*branch_bwd)(const ls_model *m, ls_model *grad, const ls_branch_tape *tape, const float *dlogprob,
+                            const ls_fwd_opts *o, ls_arena *scratch);
+    /* One decode step of n sequences, each extending its own state by one token. */
+    ls_status (*decode)(const ls_model *m, ls_prompt_state *const *sts, const int32_t *ids, int n, float *logits,
+                        const ls_fwd_opts *o, ls_arena *scratch);
+    /* Every distinct tensor, in a fixed order (*out malloc'd). */
+    ls_status (*params)(const ls_model *m, ls_param **out, int64_t *n);
+    /* Write a model's tensors (weights or a gradient set) under the checkpoint's names. */
+    ls_status (*export)(const ls_model *m, const char *path, ls_dtype dtype, const char *meta_key,
+                        const char *meta_value);
+    /* ---- the trainable set -------------------------------------------------- */
+    ls_status (*policy_open)(ls_policy *p, const ls_policy_spec *spec, ls_arenas *ar);
+    void (*policy_close)(ls_policy *p);
+    /* after the last backward of an update, before the gradients are read (merged
+     * LoRA: project ∂L/∂W_eff onto the adapters) */
+    void (*policy_grads_done)(ls_policy *p);
+    /* after an optimizer step wrote p->w (merged LoRA: re-merge the policy) */
+    void (*policy_step_done)(ls_policy *p);
+    void (*policy_zero_grad)(ls_policy *p);
+    /* Weights into directory `dir` (model.safetensors + config.json, or PEFT adapter
+     * files), every file atomic. */
+    ls_status (*policy_save)(const ls_policy *p, const ls_policy_spec *spec, const char *dir);
+    /* Gradients of the trainable tensors as one safetensors file. */
+    ls_status (*policy_save_grads)(const ls_policy *p, const char *path, const char *meta_key,
+                                   const char *meta_value);
+    /* M_live terms predicted from the config: gradient and fixed bytes (weights, and
+     * AdamW moments of the trainable tensors when `optimizer`). */
+    void (*policy_predict)(const ls_policy *p, int optimizer, size_t *grad, size_t *fixed);
+};
+
+/* ---- the registry (src/models/family.c) ------------------------------------ */
+/* The family that reads checkpoints of cfg's model_type; NULL with an error naming it. */
+const ls_family *ls_family_for(const ls_config *cfg, const char *path);
+/* Load `dir` (config.json + safetensors) with the family its config names. */
+ls_status ls_model_load(ls_model *m, const char *dir, ls_arena *fixed);
+ls_status ls_policy_open(ls_policy *p, const ls_policy_spec *spec, ls_arenas *ar);
+void ls_policy_close(ls_policy *p);
+
+static inline const ls_config *ls_model_config(const ls_model *m) { return m->fam->config(m); }
+
+#endif

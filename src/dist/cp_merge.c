@@ -1,0 +1,46 @@
+/*
+ * cp_merge.c — the log-sum-exp merge of attention partials across ranks (cp.h).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "longstraw/cp.h"
+
+ls_status ls_cp_merge(float *o, float *lse, int64_t rows, int hd, const ls_comm *comm, ls_arena *scratch) {
+    if (!comm || ls_comm_size(comm) == 1) return LS_OK;
+    ls_arena_mark mk = ls_arena_get_mark(scratch);
+    const int64_t w = hd + 1;
+    float *m = ls_arena_alloc(scratch, (size_t)rows * sizeof(float));       /* [rows] global max */
+    float *buf = ls_arena_alloc(scratch, (size_t)(rows * w) * sizeof(float)); /* [rows, hd + 1]: n | a */
+    if (!m || !buf) {
+        ls_arena_release(scratch, mk);
+        return ls_err(LS_ERR_NOMEM, "CP merge of %lld rows", (long long)rows);
+    }
+    memcpy(m, lse, (size_t)rows * sizeof(float));
+    ls_status s = ls_comm_allreduce_f32(comm, m, rows, LS_REDUCE_MAX);
+    if (s == LS_OK) {
+#pragma omp parallel for schedule(static) if (rows * hd > 65536)
+        for (int64_t i = 0; i < rows; i++) {
+            float e = m[i] == -INFINITY ? 0.0f : expf(lse[i] - m[i]); /* e^{ℓ_r − m}; 0 for an empty partial */
+            for (int d = 0; d < hd; d++) buf[i * w + d] = e * o[i * hd + d];
+            buf[i * w + hd] = e;
+        }
+        s = ls_comm_allreduce_f32(comm, buf, rows * w, LS_REDUCE_SUM);
+    }
+    if (s == LS_OK) {
+#pragma omp parallel for schedule(static) if (rows * hd > 65536)
+        for (int64_t i = 0; i < rows; i++) {
+            float a = buf[i * w + hd];
+            if (!(a > 0)) { /* no rank saw a key */
+                memset(o + i * hd, 0, (size_t)hd * sizeof(float));
+                lse[i] = -INFINITY;
+                continue;
+            }
+            float inv = 1.0f / a;
+            for (int d = 0; d < hd; d++) o[i * hd + d] = buf[i * w + d] * inv;
+            lse[i] = m[i] + logf(a);
+        }
+    }
+    ls_arena_release(scratch, mk);
+    return s;
+}

@@ -1,0 +1,52 @@
+/*
+ * family.c — the registry of model families (family.h): which family reads a
+ * checkpoint, decided by its config.json. One entry today (the hybrid family).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "longstraw/model.h"
+
+static const ls_family *const families[] = {&ls_hybrid_family};
+
+void ls_fwd_opts_default(ls_fwd_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->capture_chunk = 2048;
+    o->lmhead_rows = 64;
+    o->temperature = 1.0f;
+}
+
+const ls_family *ls_family_for(const ls_config *cfg, const char *path) {
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (families[i]->accepts(cfg)) return families[i];
+    ls_err(LS_ERR_UNSUPPORTED, "%s: model_type \"%s\" is read by no model family", path, cfg->model_type);
+    return NULL;
+}
+
+static ls_status family_of_dir(const char *dir, const ls_family **fam) {
+    char path[4096];
+    ls_config cfg;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    LS_TRY(ls_config_load(&cfg, path));
+    *fam = ls_family_for(&cfg, path);
+    return *fam ? LS_OK : LS_ERR_UNSUPPORTED;
+}
+
+ls_status ls_model_load(ls_model *m, const char *dir, ls_arena *fixed) {
+    const ls_family *fam;
+    LS_TRY(family_of_dir(dir, &fam));
+    return fam->load(m, dir, fixed);
+}
+
+ls_status ls_policy_open(ls_policy *p, const ls_policy_spec *spec, ls_arenas *ar) {
+    const ls_family *fam;
+    memset(p, 0, sizeof *p);
+    LS_TRY(family_of_dir(spec->model_dir, &fam));
+    ls_status s = fam->policy_open(p, spec, ar);
+    if (s != LS_OK && p->fam) ls_policy_close(p);
+    return s;
+}
+
+void ls_policy_close(ls_policy *p) {
+    if (p->fam) p->fam->policy_close(p);
+}
