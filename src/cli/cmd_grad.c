@@ -85,10 +85,13 @@ static int run(const char *cmd, int argc, char **argv) {
     ls_arenas ar;
     ls_arenas_init(&ar);
     cli_policy pol;
+    memset(&pol, 0, sizeof pol);
     ls_group g;
     memset(&g, 0, sizeof g);
     int rc = 1;
-    ls_status s = cli_policy_setup(&pol, model, &t, is_step, &ar);
+    /* a bad --out fails before the update, not after it */
+    ls_status s = is_step && cli_rank() == 0 ? ls_make_dir(out) : LS_OK;
+    if (s == LS_OK) s = cli_policy_setup(&pol, model, &t, is_step, &ar);
     if (s == LS_OK) s = ls_group_load(&g, group, pol.cfg->vocab);
     if (s == LS_OK && !g.rewards && !g.advantages)
         s = ls_err(LS_ERR_FORMAT, "%s: needs \"rewards\" or \"advantages\" to define the objective", group);
@@ -106,8 +109,7 @@ static int run(const char *cmd, int argc, char **argv) {
         if (s == LS_OK && receipt) s = cli_write_receipt(receipt, cmd, &pol, &g, &t.o, &mt, &ar);
     } else {
         char path[4096];
-        if (root && mkdir(out, 0755) != 0 && errno != EEXIST) s = ls_err(LS_ERR_IO, "%s: cannot create: %s", out, strerror(errno));
-        if (root && s == LS_OK) s = pol.p.fam->policy_save(&pol.p, &pol.spec, out);
+        if (root) s = pol.p.fam->policy_save(&pol.p, &pol.spec, out);
         snprintf(path, sizeof path, "%s/receipt.json", out);
         if (s == LS_OK) s = cli_write_receipt(receipt ? receipt : path, cmd, &pol, &g, &t.o, &mt, &ar);
     }
