@@ -18,6 +18,7 @@ typedef enum {
     LS_ERR_ARG,         /* bad argument / flag / field value */
     LS_ERR_NOMEM,       /* allocation failed or size overflow */
     LS_ERR_UNSUPPORTED, /* valid but not supported (dtype, model_type, ...) */
+    LS_ERR_INTERRUPTED, /* a stop was requested (ls_request_stop) and honoured at a safe point */
 } ls_status;
 
 /* Record an error message (printf-style) for the calling thread; returns code. */
@@ -136,6 +137,13 @@ void ls_rng_seed(ls_rng *r, uint64_t seed);
 uint64_t ls_rng_u64(ls_rng *r);
 double ls_rng_uniform(ls_rng *r);  /* [0, 1) */
 double ls_rng_normal(ls_rng *r);   /* N(0, 1) */
+
+/* ---- stop requests ------------------------------------------------------------
+ * A signal handler records a stop (async-signal-safe); long loops (capture, chunk by
+ * chunk) honour it at their next safe point and return LS_ERR_INTERRUPTED. */
+void ls_request_stop(int sig);
+int ls_stop_requested(void); /* the signal, or 0 */
+void ls_clear_stop(void);
 
 /* ---- time, memory, threads ------------------------------------------------ */
 double ls_now(void);              /* monotonic seconds */

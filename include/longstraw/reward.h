@@ -59,5 +59,8 @@ ls_status ls_reward_cmd_score(ls_reward_cmd *rc, const char *prompt, size_t prom
 /* Close the child's stdin, wait for it to exit (up to 3 s, draining its stdout; no
  * wait after a timeout), then SIGKILL its process group; free. NULL is a no-op. */
 void ls_reward_cmd_stop(ls_reward_cmd *rc);
+/* The process group of the running command (0 when none): a signal handler may end
+ * it with kill(-pgid, SIGTERM). */
+int ls_reward_cmd_pgid(const ls_reward_cmd *rc);
 
 #endif

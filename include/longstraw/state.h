@@ -39,6 +39,7 @@ typedef struct {
     int rank, nranks;
     int64_t page_lo;   /* global index of local page 0 */
     int64_t lo, hi;    /* the positions this rank owns */
+    int tail_rank;     /* the rank holding the last prompt page (and a fork's new positions) */
     ls_dtype dtype;    /* K/V page storage: F32 or BF16 */
     ls_attn_state *attn; /* [n_layers]; used for attention layers */
     ls_gdn_state *gdn;   /* [n_layers]; used for GDN layers */
@@ -68,7 +69,8 @@ ls_kv_prefix ls_state_prefix(const ls_prompt_state *st, int layer);
  * src->n + extra positions; full pages of `src` are shared by pointer (src must
  * outlive dst and is never written), the partial last page of each attention layer
  * is copied into a private page, GDN states and conv tails are copied. Everything
- * dst allocates comes from `arena` (the branch arena). */
+ * dst allocates comes from `arena` (the branch arena). Under CP the fork keeps the
+ * source's layout, and the new positions belong to src->tail_rank. */
 ls_status ls_state_fork(ls_prompt_state *dst, const ls_prompt_state *src, int64_t extra,
                         ls_arena *arena);
 

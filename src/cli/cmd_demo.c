@@ -59,7 +59,9 @@ static void help(void) {
            "  --max-new-tokens N   response length limit (default 8)\n"
            "  --lr LR              AdamW learning rate (default 1e-3)\n"
            "  --seed N             model, task and sampling seed (default 1)\n"
-           "  --threads N          worker threads (default: all cores)\n"
+           "  --threads N          worker threads per rank (default: all cores, over the ranks)\n"
+           "  --cp N               context parallelism over N ranks: runs itself under mpirun -np N\n"
+           "                       (the same as `mpirun -np N longstraw demo`; default 1)\n"
            "  --quiet              no progress bar\n"
            "  --help               this text\n\n"
            "Afterwards: longstraw train --help for the real loop (this demo is a `train` call).\n");
@@ -103,6 +105,45 @@ static ls_status write_inputs(const char *out, uint64_t seed) {
     return s;
 }
 
+/* --cp N: the same command under `mpirun -np N` (this binary, the flags but --cp). */
+static int relaunch(int argc, char **argv, int n, int64_t threads) {
+    const char *mpi = LS_MPIEXEC;
+    if (!mpi[0]) {
+        fprintf(stderr, "longstraw demo: --cp %d needs the MPI build (this longstraw was built without MPI)\n", n);
+        return 2;
+    }
+    char self[4096], np[16], thr[32];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) return cli_fail("demo", ls_err(LS_ERR_IO, "cannot find this program: %s", strerror(errno)));
+    self[len] = '\0';
+    snprintf(np, sizeof np, "%d", n);
+    /* each rank its share of the cores unless --threads says otherwise */
+    int per = ls_num_cores() / n > 0 ? ls_num_cores() / n : 1;
+    snprintf(thr, sizeof thr, "%lld", threads ? (long long)threads : (long long)per);
+    char **av = calloc((size_t)argc + 16, sizeof *av);
+    if (!av) return cli_fail("demo", LS_ERR_NOMEM);
+    int k = 0;
+    av[k++] = (char *)mpi, av[k++] = "--oversubscribe";
+    if (geteuid() == 0) av[k++] = "--allow-run-as-root"; /* the user asked for the ranks; containers run as root */
+    av[k++] = "-np", av[k++] = np, av[k++] = self, av[k++] = "demo";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--cp") || !strcmp(argv[i], "--threads")) {
+            i++;
+            continue;
+        }
+        if (!strncmp(argv[i], "--cp=", 5) || !strncmp(argv[i], "--threads=", 10)) continue;
+        av[k++] = argv[i];
+    }
+    av[k++] = "--threads", av[k++] = thr;
+    av[k] = NULL;
+    fprintf(stderr, "longstraw demo: running under %s -np %d (%s threads per rank)\n", mpi, n, thr);
+    fflush(stderr);
+    execv(mpi, av);
+    ls_status s = ls_err(LS_ERR_IO, "cannot run %s: %s", mpi, strerror(errno));
+    free(av);
+    return cli_fail("demo", s);
+}
+
 int cmd_demo(int argc, char **argv) {
     static const struct option opts[] = {
         {"out", required_argument, 0, 'o'},     {"prompt-len", required_argument, 0, 'p'},
@@ -110,9 +151,10 @@ int cmd_demo(int argc, char **argv) {
         {"max-new-tokens", required_argument, 0, 'n'}, {"lr", required_argument, 0, 'l'},
         {"seed", required_argument, 0, 's'},    {"threads", required_argument, 0, 't'},
         {"quiet", no_argument, 0, 'q'},         {"help", no_argument, 0, 'h'},
+        {"cp", required_argument, 0, 'c'},
         {0, 0, 0, 0}};
     const char *out = "longstraw-demo", *lr = "1e-3";
-    int64_t plen = 16384, updates = 16, G = 8, maxnew = 8, seed = 1, threads = 0;
+    int64_t plen = 16384, updates = 16, G = 8, maxnew = 8, seed = 1, threads = 0, cpn = 1;
     int quiet = 0, ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -126,16 +168,24 @@ int cmd_demo(int argc, char **argv) {
         case 's': if (cli_parse_i64("demo", "--seed", optarg, 0, INT64_MAX, &seed)) return 2; break;
         case 't': if (cli_parse_i64("demo", "--threads", optarg, 1, 4096, &threads)) return 2; break;
         case 'q': quiet = 1; break;
+        case 'c': if (cli_parse_i64("demo", "--cp", optarg, 1, 4096, &cpn)) return 2; break;
         case 'h': help(); return 0;
         default: return cli_usage_error("demo", "bad option");
         }
     }
     if (optind < argc) return cli_usage_error("demo", "unexpected argument \"%s\"", argv[optind]);
+    const ls_comm *cp = cli_cp_comm();
+    if (cpn > 1 && !cp) return relaunch(argc, argv, (int)cpn, threads);
+    if (cpn > 1 && ls_comm_size(cp) != cpn)
+        return cli_usage_error("demo", "--cp %lld inside a run of %d ranks", (long long)cpn, ls_comm_size(cp));
+    int root = cli_rank() == 0;
     double t0 = ls_now();
-    ls_status s = prepare_dir(out);
-    if (s == LS_OK) s = write_inputs(out, (uint64_t)seed);
+    ls_status s = LS_OK;
+    if (root) s = prepare_dir(out); /* rank 0 writes the inputs; the others wait for them */
+    if (root && s == LS_OK) s = write_inputs(out, (uint64_t)seed);
     if (s != LS_OK) return cli_fail("demo", s);
-    fprintf(stderr, "longstraw demo: model %s/model (4 layers: 3 Gated DeltaNet + 1 gated attention, random weights), "
+    if (cp && (s = ls_comm_barrier(cp)) != LS_OK) return cli_fail("demo", s);
+    if (root) fprintf(stderr, "longstraw demo: model %s/model (4 layers: 3 Gated DeltaNet + 1 gated attention, random weights), "
                     "passkey prompts of %lld tokens, G = %lld, %lld updates\n",
             out, (long long)plen, (long long)G, (long long)updates);
     char model[4200], tok[4200], run[4200], s_plen[32], s_upd[32], s_g[32], s_n[32], s_seed[32], s_thr[32];
@@ -159,7 +209,7 @@ int cmd_demo(int argc, char **argv) {
     if (quiet) targv[k++] = "--quiet";
     targv[k] = NULL;
     int rc = cmd_train(k, targv);
-    if (rc != 0) return rc;
+    if (rc != 0 || !root) return rc;
     char *rargv[] = {"report", run, NULL};
     printf("\n");
     rc = cmd_report(2, rargv);
@@ -167,7 +217,7 @@ int cmd_demo(int argc, char **argv) {
     printf("\nlongstraw demo: done in %.1fs.\n"
            "  receipt      %s/receipt.json\n"
            "  metrics      %s/metrics.jsonl (one line per update, TRL names)\n"
-           "  trace        %s/trace.0.jsonl (docs/trace.md)\n"
+           "  trace        %s/trace.<rank>.jsonl (docs/trace.md)\n"
            "  memory       %s/memory.svg (live bytes per arena, phases marked; open in a browser)\n"
            "  checkpoint   %s/checkpoint-%lld/ (weights, optimizer state, data position)\n",
            ls_now() - t0, run, run, run, run, run, (long long)updates);

@@ -163,6 +163,10 @@ static void args_default(train_args *a) {
     a->trace_layers = 3;
 }
 
+
+/* The reward process group, for the second-signal handler (set in setup). */
+static volatile int reward_pgid;
+
 /* ---- the saved command line (RUN/args.json) ----------------------------------------- */
 
 /* Flags whose value is a path: saved absolute, so a resume from another directory
@@ -501,8 +505,13 @@ static ls_status rollout(void *ctx, int gi, ls_group *g, const ls_model *policy,
     ls_trace_layers(layers);
     ls_trace_phase_end("rollout");
     if (s != LS_OK) return s;
-    /* rewards on the decoded text */
+    /* rewards on the decoded text, by rank 0 (its reward process), sent to every rank */
     ls_trace_phase_begin("reward");
+    if (cli_rank() != 0) {
+        s = ls_comm_bcast(cli_cp_comm(), g->rewards, (size_t)G * sizeof(double), 0);
+        ls_trace_phase_end("reward");
+        return s;
+    }
     char **text = calloc((size_t)G, sizeof(char *));
     size_t *len = calloc((size_t)G, sizeof(size_t));
     if (!text || !len) s = LS_ERR_NOMEM;
@@ -527,6 +536,10 @@ static ls_status rollout(void *ctx, int gi, ls_group *g, const ls_model *policy,
     for (int i = 0; text && i < G; i++) free(text[i]);
     free(text);
     free(len);
+    if (cli_cp_comm()) { /* sent even after a failure here: the other ranks wait for it (cli_fail ends them) */
+        ls_status b = ls_comm_bcast(cli_cp_comm(), g->rewards, (size_t)G * sizeof(double), 0);
+        if (s == LS_OK) s = b;
+    }
     ls_trace_phase_end("reward");
     return s;
 }
@@ -586,6 +599,7 @@ static void test_pause(void) {
 }
 
 static ls_status save_checkpoint(trainer *tr) {
+    if (cli_rank() != 0) return LS_OK; /* rank 0 alone writes RUN/ */
     char tmp[4200], dir[4200], path[4400];
     double t0 = ls_now();
     ls_trace_phase_begin("checkpoint");
@@ -641,6 +655,7 @@ static void json_metric(FILE *f, const char *k, double v) {
 }
 
 static void write_metrics(trainer *tr, const ls_grpo_metrics *mt, double step_time, const ls_group *g, int n) {
+    if (!tr->metrics) return; /* not rank 0 */
     int64_t ptok = 0, pmax = 0;
     for (int k = 0; k < n; k++) {
         ptok += g[k].P;
@@ -673,7 +688,8 @@ static void write_metrics(trainer *tr, const ls_grpo_metrics *mt, double step_ti
 static void trace_update_end(trainer *tr, const ls_group *g, const ls_grpo_metrics *mt) {
     if (!ls_trace_on()) return;
     ls_state_plan_t plan;
-    ls_state_plan(&plan, tr->pol.cfg, g->P, tr->a->t.o.page_size, tr->a->t.o.state_dtype, 1);
+    const ls_comm *cp = cli_cp_comm();
+    ls_state_plan(&plan, tr->pol.cfg, g->P, tr->a->t.o.page_size, tr->a->t.o.state_dtype, cp ? ls_comm_size(cp) : 1);
     char R[512];
     int off = 0;
     for (int i = 0; i < g->G && off < (int)sizeof R - 24; i++) off += snprintf(R + off, sizeof R - (size_t)off, "%s%lld", i ? ", " : "", (long long)g->R[i]);
@@ -692,19 +708,30 @@ static void trace_update_end(trainer *tr, const ls_group *g, const ls_grpo_metri
 static ls_status setup(trainer *tr, int argc, char **argv) {
     train_args *a = tr->a;
     snprintf(tr->run, sizeof tr->run, "%s", a->out);
-    if (mkdir(a->out, 0755) != 0 && errno != EEXIST) return ls_err(LS_ERR_IO, "%s: cannot create: %s", a->out, strerror(errno));
-    LS_TRY(lock_run(a->out, &tr->lock_fd)); /* before anything in RUN/ is touched */
-    int64_t last;
+    /* under CP rank 0 alone writes RUN/ (lock, args, checkpoints, metrics, receipt);
+     * every rank reads the checkpoint it resumes from and writes its own trace */
+    const ls_comm *cp = cli_cp_comm();
+    int root = cli_rank() == 0;
+    int64_t last = -1;
     char ckpt[4200] = "";
-    LS_TRY(ls_ckpt_latest(a->out, &last, ckpt, sizeof ckpt));
-    if (!a->resume && last >= 0)
-        return ls_err(LS_ERR_ARG, "%s already holds %s: continue it with --resume %s, or choose another --out", a->out,
-                      ckpt, a->out);
-    if (a->resume && last < 0) fprintf(stderr, "longstraw train: %s has no checkpoint yet: starting from the beginning\n", a->out);
-    LS_TRY(save_args(a->out, argc, argv));
+    if (root) {
+        LS_TRY(ls_make_dir(a->out));
+        LS_TRY(lock_run(a->out, &tr->lock_fd)); /* before anything in RUN/ is touched */
+        LS_TRY(ls_ckpt_latest(a->out, &last, ckpt, sizeof ckpt));
+        if (!a->resume && last >= 0)
+            return ls_err(LS_ERR_ARG, "%s already holds %s: continue it with --resume %s, or choose another --out",
+                          a->out, ckpt, a->out);
+        if (a->resume && last < 0)
+            fprintf(stderr, "longstraw train: %s has no checkpoint yet: starting from the beginning\n", a->out);
+        LS_TRY(save_args(a->out, argc, argv));
+    }
+    if (cp) { /* the checkpoint to resume from, as rank 0 found it */
+        LS_TRY(ls_comm_bcast(cp, &last, sizeof last, 0));
+        LS_TRY(ls_comm_bcast(cp, ckpt, sizeof ckpt, 0));
+    }
     char path[4400];
-    snprintf(path, sizeof path, "%s/trace.0.jsonl", a->out);
-    LS_TRY(ls_trace_open(path, 0, &tr->ar, "train"));
+    snprintf(path, sizeof path, "%s/trace.%d.jsonl", a->out, cli_rank());
+    LS_TRY(ls_trace_open(path, cli_rank(), &tr->ar, "train"));
     ls_trace_phase_begin("load");
     /* weights: the checkpoint's (full fine-tune) or the base + the checkpoint's adapters */
     const char *model = a->model;
@@ -723,7 +750,7 @@ static ls_status setup(trainer *tr, int argc, char **argv) {
         int64_t step = 0;
         LS_TRY(ls_optim_load(path, tr->pol.adam.m, tr->pol.adam.v, tr->pol.adam.n, &step, tr->pol.p.adapters));
         tr->pol.adam.step = step;
-        fprintf(stderr, "longstraw train: resumed from %s (update %lld, data position %lld, optimizer step %lld)\n", ckpt,
+        if (root) fprintf(stderr, "longstraw train: resumed from %s (update %lld, data position %lld, optimizer step %lld)\n", ckpt,
                 (long long)tr->update, (long long)tr->data_pos, (long long)step);
     }
     /* tokenizer: given, or plain bytes for the built-in task */
@@ -742,9 +769,10 @@ static ls_status setup(trainer *tr, int argc, char **argv) {
     if (a->data) LS_TRY(jsonl_open(&tr->data, a->data));
     if (a->data && !a->no_validate) LS_TRY(validate_data(tr));
     if (!a->updates) a->updates = a->data ? (tr->data.n + a->groups_per_update - 1) / a->groups_per_update : 10;
-    if (a->reward_cmd) {
+    if (a->reward_cmd && root) { /* one reward process: rank 0's, its rewards broadcast */
         LS_TRY(ls_reward_cmd_start(&tr->rcmd, a->reward_cmd));
         LS_TRY(ls_reward_cmd_set_timeout(tr->rcmd, a->reward_timeout));
+        reward_pgid = ls_reward_cmd_pgid(tr->rcmd);
     }
     ls_sample_opts_default(&tr->so);
     tr->so.temperature = a->t.o.fwd.temperature;
@@ -758,18 +786,36 @@ static ls_status setup(trainer *tr, int argc, char **argv) {
     tr->items = calloc((size_t)a->groups_per_update, sizeof *tr->items);
     if (!tr->items) return LS_ERR_NOMEM;
     snprintf(path, sizeof path, "%s/metrics.jsonl", a->out);
-    LS_TRY(trim_metrics(path, tr->update));
-    if (!(tr->metrics = fopen(path, "a"))) return ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (root) {
+        LS_TRY(trim_metrics(path, tr->update));
+        if (!(tr->metrics = fopen(path, "a"))) return ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    }
     ls_trace_phase_end("load");
     return LS_OK;
 }
 
-/* Ctrl-C / SIGTERM: finish the update in flight, write a checkpoint, stop. A second
- * signal falls back to the default action (the last checkpoint is still intact). */
+/* Ctrl-C / SIGTERM on one rank: said at once on stderr; a capture stops at its next
+ * chunk, anything else finishes the update in flight; then a checkpoint of the
+ * finished updates, and exit 128 + signal. A second signal says so, ends the reward
+ * process and takes the default action (the last checkpoint is still intact). Under
+ * CP main.c's handler applies instead (every rank ends at once, naming the phase). */
 static volatile sig_atomic_t stop_requested;
+static void say(const char *m) {
+    ssize_t w = write(2, m, strlen(m));
+    (void)w;
+}
 static void on_stop(int sig) {
-    stop_requested = sig;
+    if (!stop_requested) {
+        stop_requested = sig;
+        ls_request_stop(sig);
+        say("longstraw train: signal received: stopping at the next capture chunk or after this update, then a "
+            "checkpoint (send it again to stop at once)\n");
+        return;
+    }
+    say("longstraw train: second signal: stopping now, with the reward process; the last checkpoint is intact\n");
+    if (reward_pgid > 0) kill(-reward_pgid, SIGTERM);
     signal(sig, SIG_DFL);
+    raise(sig);
 }
 
 static int check_flags(const train_args *a) {
@@ -819,9 +865,13 @@ static int run_train(int argc, char **argv) {
     int skipped = 0;
     int64_t first = tr.update;
     stop_requested = 0;
-    signal(SIGINT, on_stop);
-    signal(SIGTERM, on_stop);
-    if (s == LS_OK && tr.update >= a.updates)
+    ls_clear_stop();
+    int root = cli_rank() == 0;
+    if (!cli_cp_comm()) {
+        signal(SIGINT, on_stop);
+        signal(SIGTERM, on_stop);
+    }
+    if (s == LS_OK && tr.update >= a.updates && root)
         fprintf(stderr, "longstraw train: %lld updates already done (--updates %lld): nothing to do\n",
                 (long long)tr.update, (long long)a.updates);
     int64_t saved = tr.update; /* updates the newest checkpoint holds */
@@ -849,13 +899,18 @@ static int run_train(int argc, char **argv) {
             /* a data, rollout or reward error (e.g. the reward process killed with the
              * job): the weights are those of the last finished update unless this one
              * stepped; then checkpoint what is finished so nothing done is lost */
-            if (tr.pol.adam.step == step0 && tr.update > saved) {
-                char why[1024];
-                snprintf(why, sizeof why, "%s", ls_err_msg());
-                tr.data_pos = pos0, tr.epoch = epoch0, tr.rng = rng0;
-                if (save_checkpoint(&tr) == LS_OK)
-                    fprintf(stderr, "longstraw train: update %lld failed; the %lld finished updates are in checkpoint-%lld\n",
-                            (long long)tr.update + 1, (long long)tr.update, (long long)tr.update);
+            int stopped = s == LS_ERR_INTERRUPTED;
+            char why[1024];
+            snprintf(why, sizeof why, "%s", ls_err_msg());
+            if (tr.pol.adam.step == step0) tr.data_pos = pos0, tr.epoch = epoch0, tr.rng = rng0;
+            if (tr.pol.adam.step == step0 && tr.update > saved && save_checkpoint(&tr) == LS_OK && root)
+                fprintf(stderr, "longstraw train: update %lld %s; the %lld finished updates are in checkpoint-%lld\n",
+                        (long long)tr.update + 1, stopped ? "stopped" : "failed", (long long)tr.update,
+                        (long long)tr.update);
+            if (stopped) { /* a requested stop, not a failure */
+                fprintf(stderr, "longstraw train: %s; continue with --resume %s\n", why, a.out);
+                s = LS_OK;
+            } else {
                 s = ls_err(s, "%s", why);
             }
             break;
@@ -867,10 +922,10 @@ static int run_train(int argc, char **argv) {
         trace_update_end(&tr, &groups[big], &mt);
         if (mt.skipped) {
             skipped++;
-            fprintf(stderr, "update %lld/%lld SKIPPED: %s; %s\n", (long long)tr.update + 1, (long long)a.updates,
+            if (root) fprintf(stderr, "update %lld/%lld SKIPPED: %s; %s\n", (long long)tr.update + 1, (long long)a.updates,
                     mt.skip_reason, mt.n_iter > 1 ? "this iteration took no step (earlier iterations of the update did)"
                                                   : "weights and optimizer state untouched");
-        } else {
+        } else if (root) {
             fprintf(stderr, "update %lld/%lld  reward %.4f ± %.4f  kl %.3g  entropy %.3f  len %.1f  grad_norm %.4g  %.1fs\n",
                     (long long)tr.update + 1, (long long)a.updates, mt.reward_mean, mt.reward_std, mt.kl, mt.entropy,
                     mt.len_mean, mt.grad_norm, dt);
@@ -884,7 +939,7 @@ static int run_train(int argc, char **argv) {
             if (s == LS_OK) saved = done;
         }
         if (stop && s == LS_OK) {
-            fprintf(stderr, "longstraw train: stopped by signal %d after update %lld; continue with --resume %s\n", stop,
+            if (root) fprintf(stderr, "longstraw train: stopped by signal %d after update %lld; continue with --resume %s\n", stop,
                     (long long)done, a.out);
             tr.update++;
             break;
@@ -896,11 +951,12 @@ static int run_train(int argc, char **argv) {
         char path[4200];
         snprintf(path, sizeof path, "%s/receipt.json", a.out);
         s = cli_write_receipt(path, "train", &tr.pol, &groups[big], &a.t.o, &mt, &tr.ar);
-        if (s == LS_OK)
+        if (s == LS_OK && root)
             fprintf(stderr, "longstraw train: %lld updates (%d skipped) in %s; receipt %s, `longstraw report %s` for the table and memory.svg\n",
                     (long long)(tr.update - first), skipped, a.out, path, a.out);
     }
     int rc = s != LS_OK ? cli_fail("train", s) : stop_requested ? 128 + (int)stop_requested : 0;
+    reward_pgid = 0;
     for (int k = 0; groups && k < (int)a.groups_per_update; k++) {
         ls_group_free(&groups[k]);
         if (tr.items) ls_passkey_free(&tr.items[k]);

@@ -2,6 +2,8 @@
  * main.c — the `longstraw` tool: dispatch to one file per command.
  */
 #include <errno.h>
+#include <signal.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +35,31 @@ static void usage(FILE *f) {
 }
 
 static int run(int argc, char **argv);
+
+/* Under CP a signal ends this rank at once, saying which rank and in which phase:
+ * mpirun sends SIGTERM to every rank when one fails or is killed, and an update cannot
+ * finish without all of them. Checkpoints and outputs are written atomically by rank
+ * 0 after every phase, so nothing partial is left; a resumed run continues from the
+ * last complete checkpoint. Only async-signal-safe calls here. */
+static int fault_rank, fault_size;
+static void put(const char *s) {
+    ssize_t w = write(2, s, strlen(s));
+    (void)w;
+}
+static void put_int(int v) {
+    char b[16];
+    int n = 0;
+    if (v < 0) put("-"), v = -v;
+    do b[sizeof b - 1 - n++] = (char)('0' + v % 10); while ((v /= 10) && n < 15);
+    ssize_t w = write(2, b + sizeof b - n, (size_t)n);
+    (void)w;
+}
+static void on_fault_signal(int sig) {
+    put("longstraw: rank "), put_int(fault_rank), put(" of "), put_int(fault_size), put(": signal "), put_int(sig);
+    put(" in phase \""), put(ls_trace_current_phase()), put("\": ending this rank (the run directory holds only complete "
+                                                          "checkpoints; continue with --resume)\n");
+    _exit(128 + sig);
+}
 
 int cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi,
                   int64_t *out) {
@@ -98,11 +125,19 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
 
 int main(int argc, char **argv) {
     ls_prefer_passive_omp(argv);
+    /* MPI starts only under a launcher (mpirun sets these): a plain `longstraw` is one
+     * rank without MPI_Init, so it starts fast and may launch mpirun itself (demo --cp) */
     ls_comm *world = NULL;
-    ls_status cs = ls_comm_init(&argc, &argv, &world);
+    int launched = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
+    ls_status cs = launched ? ls_comm_init(&argc, &argv, &world) : LS_OK;
     if (cs != LS_OK) {
         fprintf(stderr, "longstraw: cannot start the communicator: %s\n", ls_err_msg());
         return 1;
+    }
+    if (world && ls_comm_size(world) > 1) {
+        fault_rank = ls_comm_rank(world), fault_size = ls_comm_size(world);
+        signal(SIGTERM, on_fault_signal);
+        signal(SIGINT, on_fault_signal);
     }
     int rc = run(argc, argv);
     ls_comm_finalize();

@@ -47,6 +47,7 @@ const char *ls_status_name(ls_status s) {
     case LS_ERR_ARG: return "invalid argument";
     case LS_ERR_NOMEM: return "out of memory";
     case LS_ERR_UNSUPPORTED: return "unsupported";
+    case LS_ERR_INTERRUPTED: return "interrupted";
     }
     return "unknown status";
 }

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -287,3 +288,10 @@ ls_status ls_make_dir(const char *path) {
     }
     return ls_err(LS_ERR_IO, "%s: cannot create: %s", path, strerror(e));
 }
+
+/* ---- stop requests ------------------------------------------------------------ */
+static volatile sig_atomic_t g_stop;
+
+void ls_request_stop(int sig) { g_stop = sig; }
+int ls_stop_requested(void) { return g_stop; }
+void ls_clear_stop(void) { g_stop = 0; }

@@ -180,15 +180,27 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
     ls_rmsnorm_fwd(kr, rsk, k, w->k_norm, T * c->n_kv, c->head_dim, c->eps);
     float scale = 1.0f / sqrtf((float)c->head_dim);
     if (L->seqs) { /* one token per sequence: its position, its pages */
+        /* under CP every rank attends over its pages of each sequence; the rank holding
+         * the prompt's end also holds the sequences' own keys (ls_state_fork) */
+        const ls_prompt_state *s0 = L->seqs[0];
+        const ls_comm *cp = T > 0 && s0->nranks > 1 ? s0->comm : NULL;
+        int owner = !cp || s0->rank == s0->tail_rank;
+        float *lb = cp ? ALLOC_F(L->sc, T * c->n_heads) : NULL; /* [T, n_h] partials' lse */
+        NEED(!cp || lb);
         for (int64_t i = 0; i < T; i++) {
             ls_prompt_state *st = L->seqs[i];
             ls_rope_fwd(qr + i * qd, 1, c->n_heads, c->head_dim, c->rot_dim, c->rope_theta, st->n);
             ls_rope_fwd(kr + i * kvd, 1, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, st->n);
             ls_kv_prefix pre = ls_state_prefix(st, layer);
-            LS_TRY(ls_attn_fwd(o + i * qd, NULL, qr + i * qd, kr + i * kvd, v + i * kvd, &pre, 1, c->n_heads, c->n_kv,
-                               c->head_dim, scale, L->sc));
-            LS_TRY(ls_state_append_kv(st, layer, kr + i * kvd, v + i * kvd, 1));
+            if (owner)
+                LS_TRY(ls_attn_fwd(o + i * qd, lb ? lb + i * c->n_heads : NULL, qr + i * qd, kr + i * kvd, v + i * kvd,
+                                   &pre, 1, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
+            else
+                LS_TRY(ls_attn_prefix_fwd(o + i * qd, lb + i * c->n_heads, qr + i * qd, &pre, 1, c->n_heads, c->n_kv,
+                                          c->head_dim, scale, L->sc));
+            if (owner) LS_TRY(ls_state_append_kv(st, layer, kr + i * kvd, v + i * kvd, 1));
         }
+        if (cp) LS_TRY(ls_cp_merge(o, lb, T * c->n_heads, c->head_dim, cp, L->sc));
     } else {
         ls_rope_fwd(qr, T, c->n_heads, c->head_dim, c->rot_dim, c->rope_theta, L->pos0);
         ls_rope_fwd(kr, T, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, L->pos0);
@@ -410,6 +422,9 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
     for (int64_t c0 = 0; c0 < n; c0 += C) {
         int64_t T = n - c0 < C ? n - c0 : C;
         int last_chunk = c0 + T == n;
+        if (!logits && ls_stop_requested()) /* capture: a stop waits at most one chunk */
+            return ls_err(LS_ERR_INTERRUPTED, "stopped by signal %d during capture, at position %lld of %lld",
+                          ls_stop_requested(), (long long)st->n, (long long)(st->n + n - c0));
         ls_arena_mark mk = ls_arena_get_mark(scratch);
         float *x = ALLOC_F(scratch, T * D); /* [T, D] residual stream of this chunk */
         NEED(x);

@@ -82,6 +82,8 @@ ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt
     return LS_OK;
 }
 
+static ls_status alloc_tables(ls_prompt_state *st);
+
 /* Contiguous blocks: rank r holds pages [first(r), first(r + 1)). */
 static int64_t block_first(int64_t pages, int N, int r) {
     int64_t base = pages / N, rem = pages % N;
@@ -125,6 +127,14 @@ ls_status ls_state_init(ls_prompt_state *st, const ls_config *cfg, int64_t capac
     st->page_lo = block_first(pages, st->nranks, st->rank);
     st->cap_pages = block_first(pages, st->nranks, st->rank + 1) - st->page_lo;
     ls_state_rank_range(st, st->rank, &st->lo, &st->hi);
+    st->tail_rank = pages > 0 ? ls_state_page_owner(st, pages - 1) : 0;
+    return alloc_tables(st);
+}
+
+/* The per-layer tables of a state whose layout is set (st->cap_pages local pages). */
+static ls_status alloc_tables(ls_prompt_state *st) {
+    const ls_config *cfg = st->cfg;
+    ls_arena *arena = st->arena;
     size_t L = (size_t)cfg->n_layers;
     st->attn = ls_arena_calloc(arena, L, sizeof(ls_attn_state));
     st->gdn = ls_arena_calloc(arena, L, sizeof(ls_gdn_state));
@@ -195,12 +205,19 @@ ls_kv_prefix ls_state_prefix(const ls_prompt_state *st, int layer) {
 ls_status ls_state_fork(ls_prompt_state *dst, const ls_prompt_state *src, int64_t extra,
                         ls_arena *arena) {
     const ls_config *c = src->cfg;
-    if (src->nranks > 1)
-        return ls_err(LS_ERR_UNSUPPORTED, "sampling from a prompt state split over %d ranks is not supported yet",
-                      src->nranks);
-    LS_TRY(ls_state_init(dst, c, src->n + extra, src->page_size, src->dtype, NULL, arena));
-    dst->n = src->n;
-    int64_t full = src->n / src->page_size, partial = src->n % src->page_size;
+    /* the same layout as the source; the rank holding the prompt's last page holds the
+     * member's new positions too (right after it, so its pages stay contiguous) */
+    memset(dst, 0, sizeof *dst);
+    *dst = *src;
+    dst->arena = arena;
+    dst->capacity = src->n + extra;
+    if (src->rank == src->tail_rank) {
+        dst->hi = dst->capacity;
+        dst->cap_pages = ceil_div(dst->hi - src->page_lo * src->page_size, src->page_size);
+    }
+    LS_TRY(alloc_tables(dst));
+    ls_kv_prefix held = ls_state_prefix(src, 0); /* positions this rank holds (any layer: the same) */
+    int64_t full = held.n / src->page_size, partial = held.n % src->page_size;
     size_t pb = page_bytes(c, src->page_size, src->dtype);
     size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
     size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;

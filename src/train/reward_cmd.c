@@ -622,3 +622,5 @@ ls_status ls_reward_cmd_score(ls_reward_cmd *rc, const char *prompt, size_t prom
     pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     return s;
 }
+
+int ls_reward_cmd_pgid(const ls_reward_cmd *rc) { return rc && rc->pid > 0 ? (int)rc->pid : 0; }

@@ -98,7 +98,10 @@ ls_status ls_generate_group(const ls_model *m, const ls_prompt_state *prompt_sta
     float *logits = ls_arena_alloc(branch, (size_t)G * (size_t)V * sizeof(float)); /* [G, V] */
     float *work = ls_arena_alloc(branch, (size_t)V * sizeof(float));           /* [V] */
     int32_t *iwork = ls_arena_alloc(branch, (size_t)V * sizeof(int32_t));      /* [V] */
-    ls_status s = st && act && who && tok && logits && work && iwork ? LS_OK : LS_ERR_NOMEM;
+    int32_t *ys = ls_arena_alloc(branch, (size_t)G * sizeof(int32_t));         /* [G] this step's tokens */
+    float *yl = ls_arena_alloc(branch, (size_t)G * sizeof(float));             /* [G] their log-probs */
+    const ls_comm *cp = prompt_state->nranks > 1 ? prompt_state->comm : NULL;
+    ls_status s = st && act && who && tok && logits && work && iwork && ys && yl ? LS_OK : LS_ERR_NOMEM;
     for (int i = 0; i < G && s == LS_OK; i++) s = ls_state_fork(&st[i], prompt_state, so->max_new_tokens, branch);
     ls_fwd_opts o = *fo;
     int greedy = so->temperature <= 0;
@@ -109,11 +112,18 @@ ls_status ls_generate_group(const ls_model *m, const ls_prompt_state *prompt_sta
         s = m->fam->decode(m, act, tok, n, logits, &o, scratch);
         if (s != LS_OK) break;
         ls_progress_add(n);
+        for (int j = 0; j < n; j++) /* members in order: the RNG is drawn in a fixed order */
+            ys[j] = ls_sample_token(logits + (int64_t)j * V, V, so->top_p, greedy, rng, work, iwork, &yl[j]);
+        /* under CP every rank drew the same tokens from the same logits; rank 0's are
+         * broadcast so that no rounding can ever make the ranks' responses differ */
+        if (cp && (s = ls_comm_bcast(cp, ys, (size_t)n * sizeof(int32_t), 0)) == LS_OK)
+            s = ls_comm_bcast(cp, yl, (size_t)n * sizeof(float), 0);
+        if (s != LS_OK) break;
         int kept = 0;
-        for (int j = 0; j < n; j++) { /* members in order: the RNG is drawn in a fixed order */
+        for (int j = 0; j < n; j++) {
             int i = who[j];
-            float lp;
-            int32_t y = ls_sample_token(logits + (int64_t)j * V, V, so->top_p, greedy, rng, work, iwork, &lp);
+            float lp = yl[j];
+            int32_t y = ys[j];
             out[i][t] = y;
             logprobs[i][t] = lp;
             len[i] = t + 1;
