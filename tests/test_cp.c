@@ -12,14 +12,18 @@
  * Skipped (77) in a build without MPI.
  */
 #include <cjson/cJSON.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "longstraw/safetensors.h"
 #include "testutil.h"
 
 int test_cp_tool_consistency(void);
+int test_cp_train_and_faults(void);
+int test_train_sigterm_in_capture(void);
 
 #define FIX LS_SOURCE_DIR "/tests/reference/fixtures"
 #define MPI_ENV                                                                                                   \
@@ -240,6 +244,215 @@ int test_cp_tool_consistency(void) {
         }
     }
     T_CHECK(compared > 0, "nothing compared");
+    t_remove_dir(dir);
+    return 0;
+}
+
+/* The newest checkpoint-<U> of RUN (−1 when none) and whether every one is complete
+ * (trainer_state.json, written last, is there). */
+static int64_t newest_ckpt(const char *run, int *all_complete) {
+    int64_t best = -1;
+    *all_complete = 1;
+    for (int64_t u = 0; u <= 64; u++) {
+        char d[4200], f[4300];
+        snprintf(d, sizeof d, "%s/checkpoint-%lld", run, (long long)u);
+        struct stat st;
+        if (stat(d, &st) != 0) continue;
+        snprintf(f, sizeof f, "%s/trainer_state.json", d);
+        if (stat(f, &st) != 0) *all_complete = 0;
+        best = u;
+    }
+    return best;
+}
+
+/* The pid of rank `r` among the processes whose command line holds `needle` (via each
+ * process's OMPI_COMM_WORLD_RANK); 0 when not found. */
+static int rank_pid(const char *needle, int r) {
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd,
+             "for p in $(pgrep -f -- '%s'); do tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | "
+             "grep -qx 'OMPI_COMM_WORLD_RANK=%d' && echo $p; done | head -n 1",
+             needle, r);
+    int rc;
+    char *o = t_run_capture(cmd, &rc);
+    int pid = o ? atoi(o) : 0;
+    free(o);
+    return pid;
+}
+
+/* DIR/bytes_moe: a model whose vocabulary holds the byte-level tokenizer's 257 ids
+ * (rollouts on the passkey task): the q35_moe fixture's layout (split, MoE) with
+ * vocab_size 300. 0 on success. */
+static int byte_model(const char *dir, char *out, size_t cap) {
+    char cmd[4096];
+    snprintf(out, cap, "%s/bytes_moe", dir);
+    snprintf(cmd, sizeof cmd,
+             "sed 's/\"vocab_size\": 97/\"vocab_size\": 300/' %s/q35_moe/config.json > %s/cfg.json && "
+             "%s init --config %s/cfg.json --out %s --seed 4 >/dev/null 2>&1 && grep -q '\"vocab_size\": 300' %s/config.json",
+             FIX, dir, LS_CLI_PATH, dir, out, out);
+    return system(cmd) == 0 ? 0 : 1;
+}
+
+/* One rank: SIGTERM during a long capture is acknowledged at once and honoured at the
+ * next chunk (not after the 200K-token capture), with exit status 143. */
+int test_train_sigterm_in_capture(void) {
+    char dir[512], bmodel[800], cmd[8192], err[700];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    T_CHECK(byte_model(dir, bmodel, sizeof bmodel) == 0, "cannot write the byte-vocabulary model");
+    snprintf(err, sizeof err, "%s/stderr", dir);
+    snprintf(cmd, sizeof cmd,
+             "%s train --model %s --out %s/run --rollout --task passkey --prompt-len 200000 --num-generations 2 "
+             "--max-new-tokens 4 --updates 3 --capture-chunk 256 --quiet >/dev/null 2>%s & p=$!; sleep 2; "
+             "t0=$(date +%%s%%N); kill -TERM $p; wait $p; rc=$?; t1=$(date +%%s%%N); echo $rc $(( (t1 - t0) / 1000000 ))",
+             LS_CLI_PATH, bmodel, dir, err);
+    int rc;
+    char *o = t_run_capture(cmd, &rc);
+    int status = -1, ms = -1;
+    T_CHECK(o && sscanf(o, "%d %d", &status, &ms) == 2, "no status");
+    free(o);
+    char *e = t_read_file(err, NULL);
+    printf("  exit %d, %d ms after SIGTERM; %.300s\n", status, ms, e ? e : "");
+    T_CHECK(status == 143, "exit status %d, expected 143", status);
+    T_CHECK(e && strstr(e, "signal received") && strstr(e, "during capture, at position"),
+            "not acknowledged or not stopped in the capture: %s", e ? e : "");
+    T_CHECK(ms >= 0 && ms < 5000, "took %d ms to stop", ms);
+    free(e);
+    t_remove_dir(dir);
+    return 0;
+}
+
+int test_cp_train_and_faults(void) {
+    if (!LS_MPIEXEC[0]) T_SKIP("built without MPI");
+    char dir[512], data[700], err[700];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    snprintf(err, sizeof err, "%s/stderr", dir);
+    snprintf(data, sizeof data, "%s/data.jsonl", dir);
+    { /* three groups: the fixture's, one line each */
+        char *g = t_read_file(FIX "/next_dense/group_train.json", NULL);
+        cJSON *j = g ? cJSON_Parse(g) : NULL;
+        char *line = j ? cJSON_PrintUnformatted(j) : NULL;
+        FILE *f = fopen(data, "w");
+        T_CHECK(line && f, "data");
+        for (int i = 0; i < 3; i++) fprintf(f, "%s\n", line);
+        fclose(f);
+        free(line);
+        cJSON_Delete(j);
+        free(g);
+    }
+    char bmodel[800];
+    T_CHECK(byte_model(dir, bmodel, sizeof bmodel) == 0, "cannot write the byte-vocabulary model");
+    /* (1) JSONL training and rollouts on the passkey task: 1 rank against 2 and 3 */
+    for (int mode = 0; mode < 2; mode++) {
+        for (int np = 1; np <= 3; np++) {
+            char args[4096];
+            int rc;
+            if (mode == 0)
+                snprintf(args, sizeof args,
+                         "train --model %s/next_dense --data %s --out %s/run%d_%d --updates 3 --save-every 2 --lr 1e-4 "
+                         "--page-size 7 --capture-chunk 16 --quiet",
+                         FIX, data, dir, mode, np);
+            else
+                snprintf(args, sizeof args,
+                         "train --model %s --out %s/run%d_%d --rollout --task passkey-shaped --prompt-len 300 "
+                         "--num-generations 3 --max-new-tokens 4 --temperature 1.0 --updates 2 --lr 1e-4 --seed 5 "
+                         "--page-size 16 --capture-chunk 40 --quiet",
+                         bmodel, dir, mode, np);
+            free(run_np(np, args, err, &rc));
+            char *e = t_read_file(err, NULL);
+            T_CHECK(rc == 0, "train (%s) on %d ranks: rc %d: %s", mode ? "rollouts" : "JSONL", np, rc, e ? e : "");
+            free(e);
+            char run[800], path[900], why[512];
+            snprintf(run, sizeof run, "%s/run%d_%d", dir, mode, np);
+            snprintf(path, sizeof path, "%s/receipt.json", run);
+            T_CHECK(check_receipt(path, np, why, sizeof why), "%s", why);
+            /* rank 0 alone wrote the metrics (one line per update); each rank its trace,
+             * with the collectives in it */
+            char *m = t_read_file((snprintf(path, sizeof path, "%s/metrics.jsonl", run), path), NULL);
+            int lines = 0;
+            for (char *c = m; c && *c; c++) lines += *c == '\n';
+            T_CHECK(lines == (mode ? 2 : 3), "%s: %d metrics lines", run, lines);
+            for (int r = 0; r < np; r++) {
+                snprintf(path, sizeof path, "%s/trace.%d.jsonl", run, r);
+                char *t = t_read_file(path, NULL);
+                T_CHECK(t && (np == 1 || strstr(t, "\"collective\"")), "%s: missing or without collectives", path);
+                free(t);
+            }
+            if (np > 1) { /* the same run: the same responses, rewards and weights */
+                char a[1000], b[1000];
+                int64_t u = mode ? 2 : 3, nt;
+                snprintf(a, sizeof a, "%s/checkpoint-%lld/%s", run, (long long)u, "model.safetensors");
+                snprintf(b, sizeof b, "%s/run%d_1/checkpoint-%lld/%s", dir, mode, (long long)u, "model.safetensors");
+                double d = st_diff(a, b, &nt);
+                char *mm = t_read_file((snprintf(path, sizeof path, "%s/metrics.jsonl", run), path), NULL);
+                double g0 = 0; /* the largest gradient norm of the run */
+                for (const char *gn = mm; gn && (gn = strstr(gn, "\"grad_norm\": ")); gn += 13)
+                    g0 = strtod(gn + 13, NULL) > g0 ? strtod(gn + 13, NULL) : g0;
+                free(mm);
+                printf("  train (%s), %d ranks: final weights vs one rank %.3g over %lld tensors (largest grad norm %.4g)\n",
+                       mode ? "rollouts" : "JSONL", np, d, (long long)nt, g0);
+                T_CHECK(d >= 0 && d <= 1e-5 && nt > 0, "%s: %g", run, d);
+                T_CHECK(g0 > 0, "%s: zero gradient: the comparison would be empty", run);
+                char *m1 = t_read_file((snprintf(path, sizeof path, "%s/run%d_1/metrics.jsonl", dir, mode), path), NULL);
+                /* every update's reward and lengths agree: the same responses were sampled */
+                T_CHECK(m && m1, "metrics");
+                const char *x = m, *y = m1;
+                int seen = 0;
+                for (const char *k = "\"reward\": "; (x = strstr(x, k)) && (y = strstr(y, k)); seen++) {
+                    x += strlen(k), y += strlen(k);
+                    T_CHECK(strtod(x, NULL) == strtod(y, NULL), "%s: update %d's reward differs from one rank's", run, seen);
+                }
+                T_CHECK(seen == (mode ? 2 : 3), "%s: %d rewards compared", run, seen);
+                free(m1);
+            }
+            free(m);
+        }
+    }
+    /* (2) a rank killed mid-update: every rank exits non-zero within seconds, stderr
+     * names the phase, the run holds only complete checkpoints, and --resume finishes */
+    char run[800], args[4096], cmd[16384];
+    snprintf(run, sizeof run, "%s/killed", dir);
+    snprintf(args, sizeof args,
+             "train --model %s --out %s --rollout --task passkey --prompt-len 4000 --num-generations 4 "
+             "--max-new-tokens 8 --updates 40 --save-every 1 --lr 1e-4 --quiet",
+             bmodel, run);
+    snprintf(cmd, sizeof cmd, MPI_ENV "%s --oversubscribe --allow-run-as-root -np 2 %s %s >/dev/null 2>%s & echo $!",
+             LS_MPIEXEC, LS_CLI_PATH, args, err);
+    int rc;
+    char *o = t_run_capture(cmd, &rc);
+    int mpirun_pid = o ? atoi(o) : 0;
+    free(o);
+    T_CHECK(mpirun_pid > 0, "mpirun did not start");
+    int complete = 1;
+    double t0 = ls_now();
+    while (newest_ckpt(run, &complete) < 1 && ls_now() - t0 < 300) usleep(100000);
+    T_CHECK(newest_ckpt(run, &complete) >= 1, "no checkpoint after 300 s");
+    usleep(300000); /* into the next update */
+    int victim = rank_pid(run, 1);
+    T_CHECK(victim > 0, "rank 1 not found");
+    kill(victim, SIGKILL);
+    t0 = ls_now();
+    int status = 0;
+    snprintf(cmd, sizeof cmd, "while kill -0 %d 2>/dev/null; do sleep 0.1; done", mpirun_pid);
+    free(t_run_capture(cmd, &rc));
+    double waited = ls_now() - t0;
+    (void)status;
+    char *e = t_read_file(err, NULL);
+    const char *said = e ? strstr(e, "longstraw: rank ") : NULL;
+    printf("  killed rank 1 (pid %d): the job ended after %.1f s; %.200s\n", victim, waited, said ? said : "(no rank line)");
+    T_CHECK(waited < 30, "the other rank ran on for %.0f s", waited);
+    T_CHECK(e && strstr(e, "in phase \""), "stderr does not name the phase");
+    free(e);
+    T_CHECK(rank_pid(run, 0) == 0, "rank 0 still running");
+    int64_t last = newest_ckpt(run, &complete);
+    T_CHECK(last >= 1 && complete, "checkpoints: newest %lld, all complete %d", (long long)last, complete);
+    /* resume to the end on 2 ranks: continues from the last complete checkpoint */
+    snprintf(args, sizeof args, "train --resume %s --updates %lld --quiet", run, (long long)last + 1);
+    free(run_np(2, args, err, &rc));
+    e = t_read_file(err, NULL);
+    T_CHECK(rc == 0 && e && strstr(e, "resumed from"), "resume: rc %d: %s", rc, e ? e : "");
+    free(e);
+    int64_t after = newest_ckpt(run, &complete);
+    T_CHECK(after == last + 1 && complete, "after resume: newest %lld", (long long)after);
     t_remove_dir(dir);
     return 0;
 }
