@@ -299,12 +299,43 @@ int test_grpo_first_ratio_is_one(void) {
     static const int64_t R[6] = {1, 2, 3, 4, 5, 70};
     ls_group g;
     make_group(&g, 77, 6, R, m.cfg.vocab, 51);
+    /* the score phase's old log-probs against the replay's taped forward, member by
+     * member: the same bits, so every first-iteration ratio is exactly 1 */
+    ls_model h = ls_hybrid_handle(&m);
+    ls_score_opts so;
+    ls_score_opts_default(&so);
+    ls_prompt_state st;
+    T_OK(ls_score_capture(&h, &g, &so, &ar, &st));
+    float *old[6], lp[70];
+    for (int i = 0; i < 6; i++) old[i] = ls_arena_alloc(&ar.a[LS_ARENA_SCORE], (size_t)R[i] * sizeof(float));
+    T_OK(ls_score_members(&h, &g, &st, &so, &ar, old));
+    int64_t compared = 0;
+    for (int i = 0; i < 6; i++) {
+        ls_arena *br = &ar.a[LS_ARENA_BRANCH];
+        ls_arena_mark mk = ls_arena_get_mark(br);
+        int32_t *ids;
+        int64_t T, from;
+        ls_branch_tape *tape = NULL;
+        T_OK(ls_score_member_ids(&g, i, 0, br, &ids, &T, &from));
+        T_OK(ls_hybrid_branch_fwd(&m, &st, ids, T, from, from, g.resp[i], lp, NULL, &tape, &so.fwd, br,
+                                  &ar.a[LS_ARENA_SCRATCH]));
+        for (int64_t t = 0; t < R[i]; t++, compared++)
+            T_CHECK(memcmp(&lp[t], &old[i][t], sizeof(float)) == 0 && isfinite(lp[t]),
+                    "member %d (R = %lld), token %lld: replayed %.9g, scored %.9g", i, (long long)R[i], (long long)t,
+                    lp[t], old[i][t]);
+        ls_arena_release(br, mk);
+    }
+    T_CHECK(compared == 85, "%lld log-probs compared", (long long)compared);
+    ls_arena_reset(&ar.a[LS_ARENA_PROMPT]);
+    ls_arena_reset(&ar.a[LS_ARENA_SCORE]);
+    /* and through the transaction: with ε = 0 any ratio ≠ 1 would clip */
     ls_grpo_opts o;
     ls_grpo_opts_default(&o);
     o.eps_low = o.eps_high = 0;
     ls_grpo_metrics mt;
     T_OK(t_grpo_update(&m, NULL, &gr, NULL, &g, &o, &ar, &mt));
-    printf("  ε = 0, R = 1..5 and 70: clip low %.3g high %.3g\n", mt.clip_low, mt.clip_high);
+    printf("  %lld replayed log-probs bit-identical to the scored ones; ε = 0: clip low %.3g high %.3g\n",
+           (long long)compared, mt.clip_low, mt.clip_high);
     T_CHECK(mt.clip_low == 0 && mt.clip_high == 0, "ratios differ from 1 at the first iteration (clip %g / %g)",
             mt.clip_low, mt.clip_high);
     ls_group_free(&g);

@@ -22,6 +22,7 @@ typedef struct {
     double lora_alpha;
     const char *lora_targets;
     int64_t lora_seed;
+    int force; /* run even when the plan says it will not fit */
 } cli_train;
 
 extern const struct option cli_train_options[];
@@ -44,6 +45,11 @@ typedef struct {
 } cli_policy;
 ls_status cli_policy_setup(cli_policy *p, const char *model, cli_train *t, int with_adam, ls_arenas *ar);
 void cli_policy_close(cli_policy *p);
+/* Refuse, before anything sized by P is allocated, an update whose predicted live
+ * memory (the plan's prompt state per rank + fixed + gradients, times the ranks on
+ * this machine) exceeds 90% of the machine's memory; the message gives the plan's
+ * numbers and the machine's. t->force skips the check. */
+ls_status cli_check_fits(const cli_policy *pol, const cli_train *t, int64_t P, int optimizer);
 /* Close an open_memstream stream over (*buf, *len), write its text to `path`
  * atomically (ls_write_file_atomic) and free the buffer. */
 ls_status cli_write_memstream(const char *path, FILE *f, char **buf, size_t *len);

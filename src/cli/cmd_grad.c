@@ -93,6 +93,7 @@ static int run(const char *cmd, int argc, char **argv) {
     ls_status s = is_step && cli_rank() == 0 ? ls_make_dir(out) : LS_OK;
     if (s == LS_OK) s = cli_policy_setup(&pol, model, &t, is_step, &ar);
     if (s == LS_OK) s = ls_group_load(&g, group, pol.cfg->vocab);
+    if (s == LS_OK) s = cli_check_fits(&pol, &t, g.P, is_step);
     if (s == LS_OK && !g.rewards && !g.advantages)
         s = ls_err(LS_ERR_FORMAT, "%s: needs \"rewards\" or \"advantages\" to define the objective", group);
     if (s == LS_OK && g.G < 2)

@@ -336,7 +336,8 @@ typedef struct {
     char run[4096];
     char adapter[4400]; /* a resumed LoRA run's adapters (checkpoint path) */
     int lock_fd;
-    size_t pred_grad, pred_fixed; /* M_live terms predicted from the config (cli_predict_bytes) */
+    size_t pred_grad, pred_fixed;
+    int64_t max_prompt; /* the longest id prompt in the data (validation), for the memory check */ /* M_live terms predicted from the config (cli_predict_bytes) */
 } trainer;
 
 /* Every line checked before the first update (JSON, fields, ids, G, rewards; text is not
@@ -350,6 +351,7 @@ static ls_status validate_data(trainer *tr) {
         snprintf(label, sizeof label, "%s:%lld", tr->a->data, (long long)tr->data.lineno[i]);
         ls_group g;
         ls_status s = ls_group_parse_ex(&g, tr->data.buf + tr->data.off[i], label, tr->pol.cfg->vocab, NULL, flags);
+        if (s == LS_OK && g.P > tr->max_prompt) tr->max_prompt = g.P; /* id prompts (text: known only when encoded) */
         ls_group_free(&g);
         if (s != LS_OK) return ls_err_ctx(s, "checking the data before training (--no-validate skips this)");
     }
@@ -768,6 +770,8 @@ static ls_status setup(trainer *tr, int argc, char **argv) {
                       (long long)tr->pol.cfg->vocab);
     if (a->data) LS_TRY(jsonl_open(&tr->data, a->data));
     if (a->data && !a->no_validate) LS_TRY(validate_data(tr));
+    /* refuse a prompt that cannot fit before anything sized by it is allocated */
+    LS_TRY(cli_check_fits(&tr->pol, &a->t, a->task && !a->data ? a->prompt_len : tr->max_prompt, 1));
     if (!a->updates) a->updates = a->data ? (tr->data.n + a->groups_per_update - 1) / a->groups_per_update : 10;
     if (a->reward_cmd && root) { /* one reward process: rank 0's, its rewards broadcast */
         LS_TRY(ls_reward_cmd_start(&tr->rcmd, a->reward_cmd));

@@ -39,13 +39,17 @@ void cli_train_help(void) {
            "engine:\n"
            "  --no-capture           naive mode: each member's whole sequence under a tape\n"
            "  --capture-chunk N (2048)  --page-size S (64)  --state-dtype f32|bf16 (f32)\n"
-           "  --threads N            worker threads (default: all cores)\n");
+           "  --threads N            worker threads (default: all cores)\n"
+           "  --force                run even when the plan says the update will not fit in this\n"
+           "                         machine's memory (it is refused before anything is allocated)\n"
+           "context parallelism: under `mpirun -np N` the CP degree is N (the prompt's pages split\n"
+           "  across the ranks); the flags are the same, rank 0 alone writes the outputs.\n");
 }
 
 enum {
     OPT_EPS = 1000, OPT_EPS_HIGH, OPT_BETA, OPT_REF, OPT_LOSS, OPT_MAXLEN, OPT_SCALE, OPT_TEMP, OPT_ITERS,
     OPT_LR, OPT_WD, OPT_B1, OPT_B2, OPT_AEPS, OPT_MAXGN, OPT_NOCAP, OPT_CHUNK, OPT_PAGE, OPT_SDT, OPT_THREADS,
-    OPT_ADAPTER, OPT_LRANK, OPT_LALPHA, OPT_LTARGETS, OPT_LSEED
+    OPT_ADAPTER, OPT_LRANK, OPT_LALPHA, OPT_LTARGETS, OPT_LSEED, OPT_FORCE
 };
 
 const struct option cli_train_options[] = {
@@ -61,7 +65,7 @@ const struct option cli_train_options[] = {
     {"state-dtype", required_argument, 0, OPT_SDT},   {"threads", required_argument, 0, OPT_THREADS},
     {"adapter", required_argument, 0, OPT_ADAPTER},   {"lora-rank", required_argument, 0, OPT_LRANK},
     {"lora-alpha", required_argument, 0, OPT_LALPHA}, {"lora-targets", required_argument, 0, OPT_LTARGETS},
-    {"lora-seed", required_argument, 0, OPT_LSEED},
+    {"lora-seed", required_argument, 0, OPT_LSEED},   {"force", no_argument, 0, OPT_FORCE},
 };
 const int cli_train_n_options = (int)(sizeof cli_train_options / sizeof cli_train_options[0]);
 
@@ -145,6 +149,7 @@ int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg) {
     case OPT_LRANK: if (cli_parse_i64(cmd, "--lora-rank", arg, 1, 1 << 16, &t->lora_rank)) return 2; break;
     case OPT_LALPHA: if (cli_parse_f64(cmd, "--lora-alpha", arg, 1e-9, 1e9, &t->lora_alpha)) return 2; break;
     case OPT_LTARGETS: t->lora_targets = arg; break;
+    case OPT_FORCE: t->force = 1; break;
     case OPT_LSEED: if (cli_parse_i64(cmd, "--lora-seed", arg, 0, INT64_MAX, &t->lora_seed)) return 2; break;
     default: return -1; /* not ours */
     }
@@ -189,6 +194,33 @@ ls_status cli_policy_setup(cli_policy *p, const char *model, cli_train *t, int w
 }
 
 void cli_policy_close(cli_policy *p) { ls_policy_close(&p->p); }
+
+ls_status cli_check_fits(const cli_policy *pol, const cli_train *t, int64_t P, int optimizer) {
+    if (t->force || P < 1) return LS_OK;
+    const ls_comm *cp = t->o.fwd.comm;
+    int N = cp ? ls_comm_size(cp) : 1;
+    ls_state_plan_t plan;
+    LS_TRY(ls_state_plan(&plan, pol->cfg, P, t->o.page_size, t->o.state_dtype, N));
+    size_t grad, fixed;
+    pol->p.fam->policy_predict(&pol->p, optimizer, &grad, &fixed);
+    /* the reference's state sits beside the policy's when β > 0 (rollouts) */
+    double prompt = t->o.no_capture ? 0.0 : (double)plan.total_bytes_per_rank * (t->o.beta != 0 ? 2.0 : 1.0);
+    double need = prompt + (double)grad + (double)fixed;
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || psz <= 0) return LS_OK; /* unknown: nothing to compare with */
+    const char *lsz = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    int local = lsz && atoi(lsz) > 0 ? atoi(lsz) : N; /* ranks sharing this machine */
+    double have = (double)pages * (double)psz, gib = 1024.0 * 1024.0 * 1024.0;
+    if (need * local <= 0.9 * have) return LS_OK;
+    return ls_err(LS_ERR_ARG,
+                  "a prompt of %lld tokens will not fit: per rank the plan holds %.2f GiB of prompt state (%lld pages "
+                  "per attention layer%s, %d attention + %d Gated DeltaNet layers) + %.2f GiB fixed + %.2f GiB "
+                  "gradients = %.2f GiB, x %d rank%s on this machine = %.2f GiB, but it has %.2f GiB of memory; "
+                  "shorten the prompt, use more ranks (mpirun -np N) or --state-dtype bf16, or pass --force",
+                  (long long)P, prompt / gib, (long long)plan.pages_per_rank, N > 1 ? " on this rank" : "", plan.n_attn,
+                  plan.n_gdn, (double)fixed / gib, (double)grad / gib, need / gib, local, local == 1 ? "" : "s",
+                  need * local / gib, have / gib);
+}
 
 /* "k": v, or "k": null for NaN / Inf (which JSON cannot spell) */
 static void json_field(FILE *f, const char *k, double v) {
