@@ -122,7 +122,15 @@ ls_status ls_hybrid_alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst,
 /* The same shape with every tensor NULL: the gradient set of LoRA side branches, where
  * no base weight gets a gradient (the backward skips every dW). */
 ls_status ls_hybrid_alloc_none(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena);
-/* Gradient buffers for LoRA: only the tensors some adapter adapts get one (zeroed);
+/* Which tensors a subset allocation keeps: internal tensor `field`
+ * (offsetof(ls_hybrid_layer, ...)) of `layer`, layer −1 = the LM head. */
+typedef int (*ls_hybrid_keep_fn)(const void *ctx, int layer, size_t field);
+/* The same shape with buffers (zeroed) only where keep() says so; the other tensors
+ * are NULL, or alias's tensors when alias is given. */
+ls_status ls_hybrid_alloc_subset(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena,
+                                 ls_hybrid_keep_fn keep, const void *keep_ctx, const ls_hybrid_model *alias);
+/* (lora.c, over ls_hybrid_alloc_subset: the parameter code does not call LoRA's.)
+ * Gradient buffers for LoRA: only the tensors some adapter adapts get one (zeroed);
  * the others stay NULL and the backward skips their weight gradients — the frozen
  * weights cost neither gradient memory nor the dW products. */
 ls_status ls_hybrid_alloc_grad_lora(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena,

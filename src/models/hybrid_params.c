@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "longstraw/lora.h"
 #include "longstraw/model.h"
 #include "longstraw/safetensors.h"
 
@@ -86,8 +85,9 @@ ls_status ls_hybrid_params(const ls_hybrid_model *m, ls_param **out, int64_t *n)
 typedef struct {
     ls_arena *arena;
     int failed;
-    const ls_hybrid_model *dst; /* with `lora`: only the slots its modules adapt */
-    const ls_lora *lora;
+    const ls_hybrid_model *dst; /* with `keep`: only the slots it keeps */
+    ls_hybrid_keep_fn keep;
+    const void *keep_ctx;
     const ls_hybrid_model *alias; /* non-NULL: the other slots point at this model's tensors */
     int none;                     /* every slot NULL */
 } alloc_ctx;
@@ -98,16 +98,16 @@ static void alloc_slot(float **slot, int64_t n, int no_decay, const char *what, 
         *slot = NULL;
         return;
     }
-    if (ac->lora) {
+    if (ac->keep) {
         const char *sp = (const char *)slot, *l0 = (const char *)ac->dst->layers;
         size_t lsz = sizeof(ls_hybrid_layer);
         int keep;
         const char *peer; /* the same slot in the alias model */
         if (sp >= l0 && sp < l0 + (size_t)ac->dst->cfg.n_layers * lsz) {
-            keep = ls_lora_adapts(ac->lora, (int)((size_t)(sp - l0) / lsz), (size_t)(sp - l0) % lsz);
+            keep = ac->keep(ac->keep_ctx, (int)((size_t)(sp - l0) / lsz), (size_t)(sp - l0) % lsz);
             peer = ac->alias ? (const char *)ac->alias->layers + (sp - l0) : NULL;
         } else {
-            keep = slot == &ac->dst->lm_head && ls_lora_adapts(ac->lora, -1, 0);
+            keep = slot == &ac->dst->lm_head && ac->keep(ac->keep_ctx, -1, 0);
             peer = ac->alias ? (const char *)ac->alias + (sp - (const char *)ac->dst) : NULL;
         }
         if (!keep) {
@@ -119,8 +119,8 @@ static void alloc_slot(float **slot, int64_t n, int no_decay, const char *what, 
     if (!*slot) ac->failed = 1;
 }
 
-static ls_status alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena, const ls_lora *lora,
-                            const ls_hybrid_model *alias, int none) {
+static ls_status alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena, ls_hybrid_keep_fn keep,
+                            const void *keep_ctx, const ls_hybrid_model *alias, int none) {
     memset(dst, 0, sizeof *dst);
     dst->cfg = src->cfg;
     snprintf(dst->prefix, sizeof dst->prefix, "%s", src->prefix);
@@ -129,7 +129,7 @@ static ls_status alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls
     dst->n_params = src->n_params;
     dst->layers = ls_arena_calloc(arena, (size_t)src->cfg.n_layers, sizeof(ls_hybrid_layer));
     if (!dst->layers) return LS_ERR_NOMEM;
-    alloc_ctx ac = {arena, 0, dst, lora, alias, none};
+    alloc_ctx ac = {arena, 0, dst, keep, keep_ctx, alias, none};
     visit(dst, alloc_slot, &ac);
     if (ac.failed) return LS_ERR_NOMEM;
     if (dst->cfg.tie_embeddings) dst->lm_head = dst->embed;
@@ -137,21 +137,16 @@ static ls_status alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls
 }
 
 ls_status ls_hybrid_alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena) {
-    return alloc_like(src, dst, arena, NULL, NULL, 0);
+    return alloc_like(src, dst, arena, NULL, NULL, NULL, 0);
 }
 
 ls_status ls_hybrid_alloc_none(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena) {
-    return alloc_like(src, dst, arena, NULL, NULL, 1);
+    return alloc_like(src, dst, arena, NULL, NULL, NULL, 1);
 }
 
-ls_status ls_hybrid_alloc_grad_lora(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena,
-                                    const ls_lora *lora) {
-    return alloc_like(src, dst, arena, lora, NULL, 0);
-}
-
-ls_status ls_hybrid_alloc_merged_lora(const ls_hybrid_model *base, ls_hybrid_model *dst, ls_arena *arena,
-                                      const ls_lora *lora) {
-    return alloc_like(base, dst, arena, lora, base, 0);
+ls_status ls_hybrid_alloc_subset(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena,
+                                 ls_hybrid_keep_fn keep, const void *keep_ctx, const ls_hybrid_model *alias) {
+    return alloc_like(src, dst, arena, keep, keep_ctx, alias, 0);
 }
 
 /* ---- export ------------------------------------------------------------------ */

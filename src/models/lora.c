@@ -802,3 +802,16 @@ ls_status ls_lora_linear_bwd(ls_lora *L, int layer, size_t field, int64_t off, i
     }
     return LS_OK;
 }
+
+/* ---- model-shaped sets of the adapted tensors (over ls_hybrid_alloc_subset) ---------- */
+static int adapted(const void *ctx, int layer, size_t field) { return ls_lora_adapts(ctx, layer, field); }
+
+ls_status ls_hybrid_alloc_grad_lora(const ls_hybrid_model *src, ls_hybrid_model *dst, ls_arena *arena,
+                                    const ls_lora *lora) {
+    return ls_hybrid_alloc_subset(src, dst, arena, adapted, lora, NULL);
+}
+
+ls_status ls_hybrid_alloc_merged_lora(const ls_hybrid_model *base, ls_hybrid_model *dst, ls_arena *arena,
+                                      const ls_lora *lora) {
+    return ls_hybrid_alloc_subset(base, dst, arena, adapted, lora, base);
+}
