@@ -36,6 +36,9 @@ const char *ls_status_name(ls_status s);
         if (ls_try_s_ != LS_OK) return ls_try_s_; \
     } while (0)
 
+/* The rank named by assertion reports (set by the communicator; 0 before). */
+void ls_set_log_rank(int rank);
+int ls_log_rank(void);
 void ls_assert_fail(const char *file, int line, const char *cond, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 4, 5)));
 /* Always on (also in release builds). */

@@ -53,7 +53,7 @@ const char *ls_status_name(ls_status s) {
 }
 
 void ls_assert_fail(const char *file, int line, const char *cond, const char *fmt, ...) {
-    fprintf(stderr, "longstraw: assertion failed at %s:%d (rank 0): %s", file, line, cond);
+    fprintf(stderr, "longstraw: assertion failed at %s:%d (rank %d): %s", file, line, ls_log_rank(), cond);
     if (fmt && fmt[0] == ' ') fmt++; /* LS_ASSERT prefixes one space */
     if (fmt && fmt[0]) {
         va_list ap;
@@ -65,3 +65,7 @@ void ls_assert_fail(const char *file, int line, const char *cond, const char *fm
     fputc('\n', stderr);
     abort();
 }
+
+static int g_log_rank;
+void ls_set_log_rank(int rank) { g_log_rank = rank; }
+int ls_log_rank(void) { return g_log_rank; }

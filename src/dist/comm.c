@@ -108,6 +108,7 @@ ls_status ls_comm_init(int *argc, char ***argv, ls_comm **world) {
     }
     g_world.mc = mc;
     g_have_world = 1;
+    ls_set_log_rank(g_world.rank);
     if (world) *world = &g_world;
     return LS_OK;
 }
