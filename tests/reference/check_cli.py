@@ -5,11 +5,13 @@
 fp64. Exit 0 on success, 1 on a mismatch, 77 (skip) when torch is unavailable.
 
     /usr/bin/python3 tests/reference/check_cli.py LONGSTRAW_BINARY [--prompt 1200]
+        [--launcher "mpirun --oversubscribe -np 3"]   (logprobs under context parallelism)
 """
 import argparse
 import json
 import os
 import random
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -48,7 +50,9 @@ def main():
     ap.add_argument("binary")
     ap.add_argument("--prompt", type=int, default=1200)
     ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--launcher", default="", help="prefix of the logprobs command, e.g. an mpirun line")
     args = ap.parse_args()
+    launch = shlex.split(args.launcher)
     rng = random.Random(11)
     worst_all = 0.0
     with tempfile.TemporaryDirectory() as tmp:
@@ -69,8 +73,8 @@ def main():
             gpath = os.path.join(d, "g.json")
             with open(gpath, "w") as f:
                 json.dump(group, f)
-            out = subprocess.run([args.binary, "logprobs", "--model", d, "--group", gpath, "--capture-chunk", "512"],
-                                 check=True, capture_output=True, text=True).stdout
+            out = subprocess.run(launch + [args.binary, "logprobs", "--model", d, "--group", gpath, "--capture-chunk",
+                                           "512"], check=True, capture_output=True, text=True).stdout
             got = json.loads(out)["logprobs"]
             torch.set_grad_enabled(False)
             ref = hybrid_ref.group_logprobs(hybrid_ref.HybridModel(d), group)
@@ -78,7 +82,8 @@ def main():
             n = sum(len(r) for r in ref)
             ok = n == sum(len(r) for r in got) and worst <= args.tol
             worst_all = max(worst_all, worst)
-            print(f"{'ok  ' if ok else 'FAIL'} {name}: P={args.prompt}, {n} tokens, max |C - fp64| = {worst:.2e}")
+            how = f" ({args.launcher})" if launch else ""
+            print(f"{'ok  ' if ok else 'FAIL'} {name}{how}: P={args.prompt}, {n} tokens, max |C - fp64| = {worst:.2e}")
             if not ok:
                 return 1
     print(f"all {len(CASES)} checkpoints within {args.tol:g} (worst {worst_all:.2e})")
