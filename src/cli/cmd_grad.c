@@ -84,16 +84,16 @@ static int run(const char *cmd, int argc, char **argv) {
 
     ls_arenas ar;
     ls_arenas_init(&ar);
-    cli_policy pol;
+    ls_trainable pol;
     memset(&pol, 0, sizeof pol);
     ls_group g;
     memset(&g, 0, sizeof g);
     int rc = 1;
     /* a bad --out fails before the update, not after it */
     ls_status s = is_step && cli_rank() == 0 ? ls_make_dir(out) : LS_OK;
-    if (s == LS_OK) s = cli_policy_setup(&pol, model, &t, is_step, &ar);
+    if (s == LS_OK) s = cli_trainable_open(&pol, model, &t, is_step, &ar);
     if (s == LS_OK) s = ls_group_load(&g, group, pol.cfg->vocab);
-    if (s == LS_OK) s = cli_check_fits(&pol, &t, g.P, is_step);
+    if (s == LS_OK && !t.force) s = ls_check_fits(&pol, &t.o, g.P, is_step);
     if (s == LS_OK && !g.rewards && !g.advantages)
         s = ls_err(LS_ERR_FORMAT, "%s: needs \"rewards\" or \"advantages\" to define the objective", group);
     if (s == LS_OK && g.G < 2)
@@ -107,12 +107,12 @@ static int run(const char *cmd, int argc, char **argv) {
         char lossbuf[64];
         snprintf(lossbuf, sizeof lossbuf, "%.10g", mt.loss);
         if (root) s = pol.p.fam->policy_save_grads(&pol.p, out, "loss", lossbuf);
-        if (s == LS_OK && receipt) s = cli_write_receipt(receipt, cmd, &pol, &g, &t.o, &mt, &ar);
+        if (s == LS_OK && receipt) s = ls_receipt_write(receipt, cmd, &pol, &g, &t.o, &mt, &ar);
     } else {
         char path[4096];
         if (root) s = pol.p.fam->policy_save(&pol.p, &pol.spec, out);
         snprintf(path, sizeof path, "%s/receipt.json", out);
-        if (s == LS_OK) s = cli_write_receipt(receipt ? receipt : path, cmd, &pol, &g, &t.o, &mt, &ar);
+        if (s == LS_OK) s = ls_receipt_write(receipt ? receipt : path, cmd, &pol, &g, &t.o, &mt, &ar);
     }
     if (s != LS_OK) goto fail;
     if (root) fprintf(stderr, "longstraw %s: loss %.6g, grad norm %.6g, clip low/high %.3f/%.3f, kl %.4g, %.2fs\n", cmd,
@@ -122,7 +122,7 @@ static int run(const char *cmd, int argc, char **argv) {
 fail:
     rc = cli_fail(cmd, s);
 done:
-    cli_policy_close(&pol);
+    ls_trainable_close(&pol);
     ls_group_free(&g);
     ls_arenas_free(&ar);
     return rc;

@@ -1,0 +1,157 @@
+/*
+ * receipt.c — what a training command knows about itself before and after an update:
+ * its trainable set (policy, gradients, reference, AdamW), the memory check against
+ * the plan before anything sized by the prompt is allocated, and the receipt after.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "longstraw/trainer.h"
+
+ls_status ls_write_memstream(const char *path, FILE *f, char **buf, size_t *len) {
+    ls_status s = fclose(f) == 0 ? ls_write_file_atomic(path, *buf, *len)
+                                 : ls_err(LS_ERR_NOMEM, "%s: cannot build the file in memory", path);
+    free(*buf);
+    *buf = NULL;
+    return s;
+}
+
+ls_status ls_trainable_open(ls_trainable *p, const ls_policy_spec *spec, int with_adam, ls_arenas *ar) {
+    memset(p, 0, sizeof *p);
+    p->spec = *spec;
+    LS_TRY(ls_policy_open(&p->p, &p->spec, ar));
+    p->cfg = ls_model_config(&p->p.policy);
+    return with_adam ? ls_adamw_init(&p->adam, &p->p, &ar->a[LS_ARENA_FIXED]) : LS_OK;
+}
+
+void ls_trainable_close(ls_trainable *p) { ls_policy_close(&p->p); }
+
+ls_status ls_check_fits(const ls_trainable *pol, const ls_grpo_opts *o, int64_t P, int optimizer) {
+    if (P < 1) return LS_OK;
+    const ls_comm *cp = o->fwd.comm;
+    int N = cp ? ls_comm_size(cp) : 1;
+    ls_state_plan_t plan;
+    LS_TRY(ls_state_plan(&plan, pol->cfg, P, o->page_size, o->state_dtype, N));
+    size_t grad, fixed;
+    pol->p.fam->policy_predict(&pol->p, optimizer, &grad, &fixed);
+    /* the reference's state sits beside the policy's when β > 0 (rollouts) */
+    double prompt = o->no_capture ? 0.0 : (double)plan.total_bytes_per_rank * (o->beta != 0 ? 2.0 : 1.0);
+    double need = prompt + (double)grad + (double)fixed;
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || psz <= 0) return LS_OK; /* unknown: nothing to compare with */
+    const char *lsz = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    int local = lsz && atoi(lsz) > 0 ? atoi(lsz) : N; /* ranks sharing this machine */
+    double have = (double)pages * (double)psz, gib = 1024.0 * 1024.0 * 1024.0;
+    if (need * local <= 0.9 * have) return LS_OK;
+    return ls_err(LS_ERR_ARG,
+                  "a prompt of %lld tokens will not fit: per rank the plan holds %.2f GiB of prompt state (%lld pages "
+                  "per attention layer%s, %d attention + %d Gated DeltaNet layers) + %.2f GiB fixed + %.2f GiB "
+                  "gradients = %.2f GiB, x %d rank%s on this machine = %.2f GiB, but it has %.2f GiB of memory; "
+                  "shorten the prompt, use more ranks (mpirun -np N) or --state-dtype bf16, or pass --force",
+                  (long long)P, prompt / gib, (long long)plan.pages_per_rank, N > 1 ? " on this rank" : "", plan.n_attn,
+                  plan.n_gdn, (double)fixed / gib, (double)grad / gib, need / gib, local, local == 1 ? "" : "s",
+                  need * local / gib, have / gib);
+}
+
+/* "k": v, or "k": null for NaN / Inf (which JSON cannot spell) */
+static void json_field(FILE *f, const char *k, double v) {
+    if (isfinite(v)) fprintf(f, "\"%s\": %.10g", k, v);
+    else fprintf(f, "\"%s\": null", k);
+}
+
+static void json_num(FILE *f, const char *k, double v, int comma) {
+    fputs("  ", f);
+    json_field(f, k, v);
+    fputs(comma ? ",\n" : "\n", f);
+}
+
+ls_status ls_receipt_write(const char *path, const char *cmd, const ls_trainable *pol, const ls_group *g,
+                            const ls_grpo_opts *o, const ls_grpo_metrics *mt, const ls_arenas *ar) {
+    const ls_comm *comm = o->fwd.comm;
+    int N = comm ? ls_comm_size(comm) : 1;
+    /* every rank's hash of the trainable tensors and prompt-arena peak (collective) */
+    uint64_t h = ls_params_hash(pol->p.w, pol->p.n), *hs = calloc((size_t)N, sizeof *hs);
+    uint64_t pk = ar->a[LS_ARENA_PROMPT].peak, *pks = calloc((size_t)N, sizeof *pks);
+    uint64_t rss = ls_peak_rss_bytes(), *rsss = calloc((size_t)N, sizeof *rsss);
+    if (!hs || !pks || !rsss) {
+        free(hs), free(pks), free(rsss);
+        return ls_err(LS_ERR_NOMEM, "%s: cannot gather %d ranks' numbers", path, N);
+    }
+    ls_status cs = LS_OK;
+    if (comm) {
+        cs = ls_comm_allgather(comm, &h, hs, sizeof h);
+        if (cs == LS_OK) cs = ls_comm_allgather(comm, &pk, pks, sizeof pk);
+        if (cs == LS_OK) cs = ls_comm_allgather(comm, &rss, rsss, sizeof rss);
+    } else {
+        hs[0] = h, pks[0] = pk, rsss[0] = rss;
+    }
+    if (cs != LS_OK || (comm && ls_comm_rank(comm) != 0)) { /* rank 0 alone writes */
+        free(hs), free(pks), free(rsss);
+        return cs;
+    }
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *f = open_memstream(&buf, &blen); /* built in memory, written atomically */
+    if (!f) return ls_err(LS_ERR_NOMEM, "%s: cannot build the receipt", path);
+    ls_state_plan_t plan;
+    ls_state_plan(&plan, pol->cfg, g->P, o->page_size, o->state_dtype, N);
+    size_t pgrad, pfixed;
+    pol->p.fam->policy_predict(&pol->p, strcmp(cmd, "grad") != 0, &pgrad, &pfixed);
+    fprintf(f, "{\n  \"command\": \"%s\",\n  \"mode\": \"%s\",\n  \"P\": %d,\n  \"G\": %d,\n  \"R\": [", cmd,
+            o->no_capture ? "naive" : "prefix-frozen", mt->P, mt->G);
+    for (int i = 0; i < g->G; i++) fprintf(f, "%s%lld", i ? ", " : "", (long long)g->R[i]);
+    fprintf(f, "],\n  \"phases_s\": {\"reference\": %.6f, \"capture\": %.6f, \"score\": %.6f, \"replay\": %.6f, "
+               "\"optimize\": %.6f, \"total\": %.6f},\n",
+            mt->t_ref, mt->t_capture, mt->t_score, mt->t_replay, mt->t_optim, mt->t_total);
+    fprintf(f, "  \"arena_peak_bytes\": {");
+    for (int a = 0; a < LS_ARENA_COUNT; a++)
+        fprintf(f, "%s\"%s\": %zu", a ? ", " : "", ls_arena_id_name((ls_arena_id)a), ar->a[a].peak);
+    fprintf(f, "},\n  \"process_peak_rss_bytes\": %zu,\n", ls_peak_rss_bytes());
+    /* per rank (DESIGN §8): prompt arena peak beside the plan's per-rank prediction, peak
+     * RSS, and the trainable tensors' hash (identical on every rank after a step) */
+    fprintf(f, "  \"cp\": %d,\n  \"ranks\": [", N);
+    for (int r = 0; r < N; r++)
+        fprintf(f, "%s{\"rank\": %d, \"prompt_peak_bytes\": %llu, \"prompt_predicted_bytes\": %zu, "
+                   "\"peak_rss_bytes\": %llu, \"trainable_hash\": \"%016llx\"}",
+                r ? ", " : "", r, (unsigned long long)pks[r], o->no_capture ? (size_t)0 : plan.total_bytes_per_rank,
+                (unsigned long long)rsss[r], (unsigned long long)hs[r]);
+    fprintf(f, "],\n");
+    free(hs), free(pks), free(rsss);
+    /* M_live terms (DESIGN §1): predicted from the config beside measured */
+    fprintf(f, "  \"m_live\": {\n"
+               "    \"prompt\": {\"predicted\": %zu, \"measured\": %zu},\n"
+               "    \"grad\": {\"predicted_min\": %zu, \"measured\": %zu},\n"
+               "    \"fixed\": {\"predicted_min\": %zu, \"measured\": %zu},\n"
+               "    \"branch\": {\"measured\": %zu},\n    \"score\": {\"measured\": %zu},\n"
+               "    \"scratch\": {\"measured\": %zu}\n  },\n",
+            o->no_capture ? (size_t)0 : plan.total_bytes_per_rank, ar->a[LS_ARENA_PROMPT].peak, pgrad,
+            ar->a[LS_ARENA_GRAD].peak, pfixed, ar->a[LS_ARENA_FIXED].peak,
+            ar->a[LS_ARENA_BRANCH].peak, ar->a[LS_ARENA_SCORE].peak, ar->a[LS_ARENA_SCRATCH].peak);
+    fprintf(f, "  \"iterations\": [");
+    for (int i = 0; i < mt->n_iter && i < 64; i++) {
+        fprintf(f, "%s{", i ? ", " : "");
+        json_field(f, "loss", mt->iter_loss[i]);
+        fputs(", ", f);
+        json_field(f, "grad_norm", mt->iter_grad_norm[i]);
+        fputc('}', f);
+    }
+    fprintf(f, "],\n");
+    fprintf(f, "  \"metrics\": {\n");
+    json_num(f, "loss", mt->loss, 1);
+    json_num(f, "reward", mt->reward_mean, 1);
+    json_num(f, "reward_std", mt->reward_std, 1);
+    json_num(f, "advantage_mean", mt->adv_mean, 1);
+    json_num(f, "kl", mt->kl, 1);
+    json_num(f, "entropy", mt->entropy, 1);
+    json_num(f, "clip_ratio/low_mean", mt->clip_low, 1);
+    json_num(f, "clip_ratio/high_mean", mt->clip_high, 1);
+    json_num(f, "completions/mean_length", mt->len_mean, 1);
+    json_num(f, "completions/min_length", (double)mt->len_min, 1);
+    json_num(f, "completions/max_length", (double)mt->len_max, 1);
+    json_num(f, "grad_norm", mt->grad_norm, 0);
+    fprintf(f, "  }\n}\n");
+    return ls_write_memstream(path, f, &buf, &blen);
+}

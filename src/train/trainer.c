@@ -1,0 +1,811 @@
+/*
+ * trainer.c — the training loop (trainer.h). Each update is one GRPO transaction over
+ * groups_per_update groups, read from JSONL (ids or text) or sampled from the policy
+ * (rollouts) on a built-in task or JSONL prompts, with rewards from the task, the
+ * data's "answer" or a reward process. Writes RUN/metrics.jsonl, RUN/trace.<rank>.jsonl,
+ * checkpoints (checkpoint.h) and RUN/receipt.json.
+ */
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "longstraw/checkpoint.h"
+#include "longstraw/reward.h"
+#include "longstraw/rollout.h"
+#include "longstraw/task.h"
+#include "longstraw/tokenizer.h"
+#include "longstraw/trace.h"
+#include "longstraw/trainer.h"
+
+void ls_train_opts_default(ls_train_opts *a) {
+    memset(a, 0, sizeof *a);
+    ls_grpo_opts_default(&a->o);
+    a->spec.lora_alpha = 16;
+    a->groups_per_update = 1;
+    a->save_every = 50;
+    a->save_total_limit = 2;
+    a->num_generations = 8;
+    a->max_new_tokens = 32;
+    a->top_p = 1.0;
+    a->prompt_len = 16384;
+    a->reward_timeout = 60;
+    a->trace_layers = 3;
+}
+
+/* The reward process group, for a signal handler (ls_train_reward_pgid). */
+static volatile int reward_pgid;
+
+int ls_train_reward_pgid(void) { return reward_pgid; }
+
+/* ---- the saved command line (RUN/args.json) ----------------------------------------- */
+
+/* Flags whose value is a path: saved absolute, so a resume from another directory
+ * finds the same files (the reward command runs in the resume's directory). */
+static int is_path_flag(const char *f) {
+    static const char *const flags[] = {"--model", "--data", "--tokenizer", "--out", "--ref-model", "--adapter"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        if (!strcmp(f, flags[i])) return 1;
+    return 0;
+}
+
+/* RUN/args.json: the command line without --resume, paths made absolute. A resume
+ * rewrites it with the merged flags, so its overrides (e.g. --updates) stick. */
+static ls_status save_args(const char *run, int argc, char **argv) {
+    cJSON *arr = cJSON_CreateArray();
+    if (!arr) return LS_ERR_NOMEM;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--resume")) {
+            i++; /* and its value */
+            continue;
+        }
+        if (!strncmp(argv[i], "--resume=", 9)) continue;
+        cJSON_AddItemToArray(arr, cJSON_CreateString(argv[i]));
+        char abs[PATH_MAX];
+        if (is_path_flag(argv[i]) && i + 1 < argc) {
+            i++;
+            cJSON_AddItemToArray(arr, cJSON_CreateString(realpath(argv[i], abs) ? abs : argv[i]));
+        }
+    }
+    char *text = cJSON_Print(arr), path[4096];
+    cJSON_Delete(arr);
+    if (!text) return LS_ERR_NOMEM;
+    snprintf(path, sizeof path, "%s/args.json", run);
+    ls_status s = ls_write_file_atomic(path, text, strlen(text));
+    free(text);
+    return s;
+}
+
+/* One trainer per run directory: an exclusive lock on RUN/.lock for the whole run
+ * (released by the kernel however the process ends). */
+static ls_status lock_run(const char *run, int *fd) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/.lock", run);
+    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (*fd < 0) return ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+        char pid[32] = "";
+        ssize_t n = read(*fd, pid, sizeof pid - 1);
+        pid[n > 0 ? n : 0] = 0;
+        close(*fd);
+        *fd = -1;
+        return ls_err(LS_ERR_ARG, "%s is in use by another longstraw train (pid %s)", run, pid[0] ? pid : "?");
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(*fd, 0) != 0 || write(*fd, pid, (size_t)n) != n) { /* informational only */
+    }
+    return LS_OK;
+}
+
+/* Parse a JSON file whose top level must be an array (is_array) or an object. */
+static ls_status read_json(const char *path, int is_array, cJSON **out) {
+    char *text = NULL;
+    LS_TRY(ls_read_file(path, &text, NULL));
+    *out = cJSON_Parse(text);
+    free(text);
+    if (is_array ? cJSON_IsArray(*out) : cJSON_IsObject(*out)) return LS_OK;
+    cJSON_Delete(*out);
+    *out = NULL;
+    return ls_err(LS_ERR_FORMAT, "%s: not valid JSON, or its top level is not %s", path, is_array ? "an array" : "an object");
+}
+
+/* argv' = ["train", saved..., given...]: later flags override. Strings malloc'd. */
+ls_status ls_train_saved_args(const char *run, int argc, char **argv, int *nargc, char ***nargv) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/args.json", run);
+    cJSON *arr;
+    LS_TRY(read_json(path, 1, &arr));
+    int n = cJSON_GetArraySize(arr);
+    char **v = calloc((size_t)(n + argc + 1), sizeof(char *));
+    if (!v) {
+        cJSON_Delete(arr);
+        return LS_ERR_NOMEM;
+    }
+    int k = 0;
+    v[k++] = strdup("train");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, arr) {
+        if (!cJSON_IsString(e)) {
+            ls_status bad = ls_err(LS_ERR_FORMAT, "%s: entry %d is not a string", path, k - 1);
+            cJSON_Delete(arr);
+            for (int i = 0; i < k; i++) free(v[i]);
+            free(v);
+            return bad;
+        }
+        v[k++] = strdup(e->valuestring);
+    }
+    cJSON_Delete(arr);
+    for (int i = 1; i < argc; i++) v[k++] = strdup(argv[i]);
+    *nargc = k;
+    *nargv = v;
+    return LS_OK;
+}
+
+/* ---- JSONL data ------------------------------------------------------------------------ */
+
+typedef struct {
+    char *buf;
+    int64_t n;       /* non-blank lines */
+    size_t *off;     /* [n] start of each */
+    int64_t *lineno; /* [n] 1-based line number */
+} jsonl;
+
+static ls_status jsonl_open(jsonl *d, const char *path) {
+    memset(d, 0, sizeof *d);
+    size_t len;
+    LS_TRY(ls_read_file(path, &d->buf, &len));
+    int64_t cap = 0, line = 1;
+    for (size_t i = 0; i < len; line++) {
+        size_t j = i;
+        while (j < len && d->buf[j] != '\n') j++;
+        size_t k = i;
+        while (k < j && isspace((unsigned char)d->buf[k])) k++;
+        if (k < j) {
+            if (d->n == cap) {
+                cap = cap ? 2 * cap : 256;
+                size_t *o = realloc(d->off, (size_t)cap * sizeof(size_t));
+                int64_t *l = realloc(d->lineno, (size_t)cap * sizeof(int64_t));
+                if (o) d->off = o;
+                if (l) d->lineno = l;
+                if (!o || !l) return LS_ERR_NOMEM;
+            }
+            d->off[d->n] = i;
+            d->lineno[d->n++] = line;
+        }
+        if (j < len) d->buf[j] = 0; /* each line becomes its own string */
+        i = j + 1;
+    }
+    if (d->n == 0) return ls_err(LS_ERR_FORMAT, "%s: no groups (the file is empty)", path);
+    return LS_OK;
+}
+
+static void jsonl_free(jsonl *d) {
+    free(d->buf);
+    free(d->off);
+    free(d->lineno);
+    memset(d, 0, sizeof *d);
+}
+
+/* ---- the run --------------------------------------------------------------------------- */
+
+typedef struct {
+    ls_train_opts *a; /* a private copy of the caller's options (setup fills defaults) */
+    ls_trainable pol;
+    ls_arenas ar;
+    ls_tokenizer *tok;
+    jsonl data;
+    ls_reward_cmd *rcmd;
+    ls_rng rng;
+    int64_t update;   /* updates done */
+    int64_t data_pos; /* next line (or passkey item) */
+    int64_t epoch;
+    ls_sample_opts so;
+    int32_t stop_ids[16];
+    ls_passkey_item *items; /* [groups_per_update] the passkey items of this update */
+    FILE *metrics;
+    char run[4096];
+    char adapter[4400]; /* a resumed LoRA run's adapters (checkpoint path) */
+    int lock_fd;
+    size_t pred_grad, pred_fixed;
+    int64_t max_prompt; /* the longest id prompt in the data (validation), for the memory check */
+} trainer;
+
+static const ls_comm *tr_comm(const trainer *tr) {
+    const ls_comm *c = tr->a->o.fwd.comm;
+    return c && ls_comm_size(c) > 1 ? c : NULL;
+}
+
+static int tr_rank(const trainer *tr) { return tr_comm(tr) ? ls_comm_rank(tr_comm(tr)) : 0; }
+
+/* Every line checked before the first update (JSON, fields, ids, G, rewards; text is not
+ * tokenized here), so a typo on line 90,000 does not end a run hours in. */
+static ls_status validate_data(trainer *tr) {
+    double t0 = ls_now();
+    /* without a tokenizer text is an error, found here too */
+    int flags = (tr->tok ? LS_GROUP_SYNTAX : 0) | (tr->a->rollout ? LS_GROUP_PROMPT_ONLY : LS_GROUP_TRAIN);
+    for (int64_t i = 0; i < tr->data.n; i++) {
+        char label[4200];
+        snprintf(label, sizeof label, "%s:%lld", tr->a->data, (long long)tr->data.lineno[i]);
+        ls_group g;
+        ls_status s = ls_group_parse_ex(&g, tr->data.buf + tr->data.off[i], label, tr->pol.cfg->vocab, NULL, flags);
+        if (s == LS_OK && g.P > tr->max_prompt) tr->max_prompt = g.P; /* id prompts (text: known only when encoded) */
+        ls_group_free(&g);
+        if (s != LS_OK) return ls_err_ctx(s, "checking the data before training (--no-validate skips this)");
+    }
+    double dt = ls_now() - t0;
+    if (dt > 1.0)
+        fprintf(stderr, "longstraw train: checked %lld lines of %s in %.1fs\n", (long long)tr->data.n, tr->a->data, dt);
+    return LS_OK;
+}
+
+/* Stop tokens: --stop (ids or token strings) or the tokenizer's end-of-text tokens. */
+static ls_status stop_tokens(trainer *tr) {
+    tr->so.stop = tr->stop_ids;
+    tr->so.n_stop = 0;
+    if (!tr->a->stop) {
+        static const char *const eos[] = {"<|endoftext|>", "<|im_end|>"};
+        for (int i = 0; i < 2 && tr->tok; i++) {
+            int32_t id = ls_tok_token_id(tr->tok, eos[i]);
+            if (id >= 0 && id < tr->pol.cfg->vocab) tr->stop_ids[tr->so.n_stop++] = id;
+        }
+        return LS_OK;
+    }
+    const char *p = tr->a->stop;
+    while (*p) {
+        size_t n = strcspn(p, ",");
+        char tokname[256];
+        if (n == 0 || n >= sizeof tokname) return ls_err(LS_ERR_ARG, "--stop: empty or overlong entry in \"%s\"", tr->a->stop);
+        memcpy(tokname, p, n);
+        tokname[n] = 0;
+        char *end;
+        long long id = strtoll(tokname, &end, 10);
+        if (*end) id = tr->tok ? ls_tok_token_id(tr->tok, tokname) : -1;
+        if (id < 0 || id >= tr->pol.cfg->vocab)
+            return ls_err(LS_ERR_ARG, "--stop: \"%s\" is neither a token id below %lld nor a token of the tokenizer",
+                          tokname, (long long)tr->pol.cfg->vocab);
+        if (tr->so.n_stop == 16) return ls_err(LS_ERR_ARG, "--stop: at most 16 stop tokens");
+        tr->stop_ids[tr->so.n_stop++] = (int32_t)id;
+        p += n + (p[n] == ',');
+    }
+    return LS_OK;
+}
+
+/* A passkey prompt of about --prompt-len tokens (the byte length is adjusted until the
+ * token count fits). */
+static ls_status passkey_group(trainer *tr, ls_passkey_item *it, ls_group *g) {
+    int64_t target = tr->a->prompt_len;
+    double bytes = (double)target;
+    for (int attempt = 0;; attempt++) {
+        ls_rng save = tr->rng;
+        LS_TRY(ls_passkey_make(it, bytes < 256 ? 256 : (size_t)bytes, -1.0, &tr->rng));
+        int32_t *ids;
+        int64_t n;
+        ls_status s = ls_tok_encode(tr->tok, it->prompt, it->prompt_len, &ids, &n);
+        if (s != LS_OK) return s;
+        if ((n <= target && n >= target - target / 50 - 2) || attempt == 6 || n < 1) {
+            g->prompt = ids;
+            g->P = n;
+            g->prompt_text = strdup(it->prompt);
+            return g->prompt_text ? LS_OK : LS_ERR_NOMEM;
+        }
+        free(ids);
+        ls_passkey_free(it);
+        bytes = bytes * (double)target / (double)n * (n > target ? 0.995 : 1.0);
+        tr->rng = save; /* the same key and depth, a different length */
+    }
+}
+
+static ls_status next_group(trainer *tr, int k, ls_group *g) {
+    memset(g, 0, sizeof *g);
+    if (tr->a->task && !tr->a->data) {
+        ls_status s = passkey_group(tr, &tr->items[k], g);
+        tr->data_pos++;
+        return s;
+    }
+    int64_t i = tr->data_pos % tr->data.n;
+    char label[4200];
+    snprintf(label, sizeof label, "%s:%lld", tr->a->data, (long long)tr->data.lineno[i]);
+    ls_status s = ls_group_parse_ex(g, tr->data.buf + tr->data.off[i], label, tr->pol.cfg->vocab, tr->tok,
+                                    tr->a->rollout ? LS_GROUP_PROMPT_ONLY : LS_GROUP_TRAIN);
+    if (s == LS_OK && g->P < 2) s = ls_err(LS_ERR_FORMAT, "%s: \"prompt\" needs at least 2 tokens", label);
+    if (s == LS_OK && tr->a->rollout && !tr->rcmd && !g->answer)
+        s = ls_err(LS_ERR_ARG, "%s: no \"answer\" to reward the rollouts against (or give --reward-cmd)", label);
+    tr->data_pos++;
+    if (tr->data_pos % tr->data.n == 0) tr->epoch++;
+    return s;
+}
+
+
+/* Decode a sampled response; an id the tokenizer does not know (models pad their
+ * vocabulary beyond the tokenizer's) becomes U+FFFD instead of an error. */
+static ls_status decode_lenient(const ls_tokenizer *tok, const int32_t *ids, int64_t n, char **out, size_t *len) {
+    if (ls_tok_decode(tok, ids, n, out, len) == LS_OK) return LS_OK;
+    size_t cap = 16 * (size_t)n + 1, k = 0;
+    char *buf = malloc(cap);
+    if (!buf) return LS_ERR_NOMEM;
+    for (int64_t i = 0; i < n; i++) {
+        char *piece;
+        size_t pl;
+        if (ls_tok_decode(tok, ids + i, 1, &piece, &pl) != LS_OK) {
+            piece = strdup("\xEF\xBF\xBD");
+            pl = 3;
+            if (!piece) {
+                free(buf);
+                return LS_ERR_NOMEM;
+            }
+        }
+        if (k + pl + 1 > cap) {
+            cap = 2 * (k + pl + 1);
+            char *t = realloc(buf, cap);
+            if (!t) {
+                free(piece);
+                free(buf);
+                return LS_ERR_NOMEM;
+            }
+            buf = t;
+        }
+        memcpy(buf + k, piece, pl);
+        k += pl;
+        free(piece);
+    }
+    buf[k] = 0;
+    *out = buf;
+    *len = k;
+    return LS_OK;
+}
+
+/* The rollout hook (ls_rollout_hook): G samples from the captured state, then rewards. */
+static ls_status rollout(void *ctx, int gi, ls_group *g, const ls_model *policy, const ls_prompt_state *st,
+                         ls_arenas *ar) {
+    trainer *tr = ctx;
+    int G = (int)tr->a->num_generations;
+    int64_t maxn = tr->a->max_new_tokens;
+    ls_trace_phase_begin("rollout");
+    int layers = ls_trace_layers(0);
+    ls_progress_begin("rollout", (int64_t)G * maxn);
+    g->G = G;
+    g->resp = calloc((size_t)G, sizeof(int32_t *));
+    g->R = calloc((size_t)G, sizeof(int64_t));
+    g->rewards = calloc((size_t)G, sizeof(double));
+    float *lp = malloc((size_t)G * (size_t)maxn * sizeof(float));
+    float **lps = malloc((size_t)G * sizeof(float *));
+    ls_status s = g->resp && g->R && g->rewards && lp && lps ? LS_OK : LS_ERR_NOMEM;
+    for (int i = 0; i < G && s == LS_OK; i++) {
+        lps[i] = lp + (int64_t)i * maxn;
+        if (!(g->resp[i] = malloc((size_t)maxn * sizeof(int32_t)))) s = LS_ERR_NOMEM;
+    }
+    /* all G members decode together, one batched step per token */
+    if (s == LS_OK)
+        s = ls_generate_group(policy, st, g->prompt[g->P - 1], G, &tr->so, &tr->rng, g->resp, lps, g->R, &tr->a->o.fwd,
+                              &ar->a[LS_ARENA_BRANCH], &ar->a[LS_ARENA_SCRATCH]);
+    free(lp);
+    free(lps);
+    ls_progress_end();
+    ls_trace_layers(layers);
+    ls_trace_phase_end("rollout");
+    if (s != LS_OK) return s;
+    /* rewards on the decoded text, by rank 0 (its reward process), sent to every rank */
+    ls_trace_phase_begin("reward");
+    if (tr_rank(tr) != 0) {
+        s = ls_comm_bcast(tr_comm(tr), g->rewards, (size_t)G * sizeof(double), 0);
+        ls_trace_phase_end("reward");
+        return s;
+    }
+    char **text = calloc((size_t)G, sizeof(char *));
+    size_t *len = calloc((size_t)G, sizeof(size_t));
+    if (!text || !len) s = LS_ERR_NOMEM;
+    for (int i = 0; i < G && s == LS_OK; i++) s = decode_lenient(tr->tok, g->resp[i], g->R[i], &text[i], &len[i]);
+    if (s == LS_OK && tr->rcmd && !g->prompt_text) /* id prompts: the process still gets text */
+        s = decode_lenient(tr->tok, g->prompt, g->P, &g->prompt_text, &(size_t){0});
+    if (s == LS_OK && tr->rcmd) {
+        const char *pt = g->prompt_text ? g->prompt_text : "";
+        s = ls_reward_cmd_score(tr->rcmd, pt, strlen(pt), (const char *const *)text, len, G,
+                                tr->update * tr->a->groups_per_update + gi, g->rewards);
+    } else if (s == LS_OK) {
+        for (int i = 0; i < G; i++) {
+            const ls_passkey_item *it = tr->a->data ? NULL : &tr->items[gi];
+            int shaped = tr->a->task && !strcmp(tr->a->task, "passkey-shaped");
+            g->rewards[i] = it ? (shaped ? ls_passkey_reward_shaped(it, text[i], len[i]) : ls_passkey_reward(it, text[i], len[i]))
+                               : ls_answer_reward(g->answer, text[i], len[i]);
+        }
+    }
+    if (s == LS_OK && gi == 0 && text) /* one sample per update on the trace, for a human reading it */
+        ls_trace_event("sample", "\"update\": %lld, \"reward\": %g, \"tokens\": %lld", (long long)tr->update,
+                       g->rewards[0], (long long)g->R[0]);
+    for (int i = 0; text && i < G; i++) free(text[i]);
+    free(text);
+    free(len);
+    if (tr_comm(tr)) { /* sent even after a failure here: the other ranks wait for it (cli_fail ends them) */
+        ls_status b = ls_comm_bcast(tr_comm(tr), g->rewards, (size_t)G * sizeof(double), 0);
+        if (s == LS_OK) s = b;
+    }
+    ls_trace_phase_end("reward");
+    return s;
+}
+
+static void zero_grads(trainer *tr) { tr->pol.p.fam->policy_zero_grad(&tr->pol.p); }
+
+/* ---- checkpoints and trainer state ----------------------------------------------------- */
+
+static ls_status write_state(trainer *tr, const char *path) {
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *f = open_memstream(&buf, &blen);
+    if (!f) return LS_ERR_NOMEM;
+    fprintf(f, "{\n  \"format\": 1,\n  \"update\": %lld,\n  \"data_position\": %lld,\n  \"epoch\": %lld,\n"
+               "  \"adam_step\": %lld,\n  \"rng\": [\"%016" PRIx64 "\", \"%016" PRIx64 "\", \"%016" PRIx64 "\", \"%016" PRIx64 "\"]\n}\n",
+            (long long)tr->update, (long long)tr->data_pos, (long long)tr->epoch, (long long)tr->pol.adam.step,
+            tr->rng.s[0], tr->rng.s[1], tr->rng.s[2], tr->rng.s[3]);
+    return ls_write_memstream(path, f, &buf, &blen);
+}
+
+static ls_status state_int(const cJSON *root, const char *path, const char *field, int64_t *out) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, field);
+    if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 9e15)
+        return ls_err(LS_ERR_FORMAT, "%s: field \"%s\" must be a non-negative integer", path, field);
+    *out = (int64_t)e->valuedouble;
+    return LS_OK;
+}
+
+static ls_status read_state(trainer *tr, const char *dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    cJSON *root;
+    LS_TRY(read_json(path, 0, &root));
+    int64_t step = 0;
+    ls_status s = state_int(root, path, "update", &tr->update);
+    if (s == LS_OK) s = state_int(root, path, "data_position", &tr->data_pos);
+    if (s == LS_OK) s = state_int(root, path, "epoch", &tr->epoch);
+    if (s == LS_OK) s = state_int(root, path, "adam_step", &step);
+    const cJSON *rng = cJSON_GetObjectItemCaseSensitive(root, "rng");
+    for (int i = 0; s == LS_OK && i < 4; i++) {
+        const cJSON *e = cJSON_GetArrayItem(rng, i);
+        char *end = NULL;
+        if (cJSON_IsString(e)) tr->rng.s[i] = strtoull(e->valuestring, &end, 16);
+        if (!cJSON_IsString(e) || !end || *end)
+            s = ls_err(LS_ERR_FORMAT, "%s: field \"rng\"[%d] must be a hex string", path, i);
+    }
+    cJSON_Delete(root);
+    return s;
+}
+
+/* Test hook: LONGSTRAW_TEST_CHECKPOINT_PAUSE_MS=N sleeps N ms after each file of a
+ * checkpoint, so a test can SIGKILL the writer in the middle (tests/test_train.c). */
+static void test_pause(void) {
+    const char *e = getenv("LONGSTRAW_TEST_CHECKPOINT_PAUSE_MS");
+    long ms = e ? strtol(e, NULL, 10) : 0;
+    if (ms > 0 && ms < 600000) usleep((useconds_t)ms * 1000);
+}
+
+static ls_status save_checkpoint(trainer *tr) {
+    if (tr_rank(tr) != 0) return LS_OK; /* rank 0 alone writes RUN/ */
+    char tmp[4200], dir[4200], path[4400];
+    double t0 = ls_now();
+    ls_trace_phase_begin("checkpoint");
+    ls_status s = ls_ckpt_begin(tr->run, tr->update, tmp, sizeof tmp);
+    ls_policy_spec sp = tr->pol.spec;
+    sp.model_dir = tr->a->model; /* config.json from the run's model (a resumed policy may come from a checkpoint) */
+    if (s == LS_OK) s = tr->pol.p.fam->policy_save(&tr->pol.p, &sp, tmp);
+    test_pause();
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
+    if (s == LS_OK)
+        s = ls_optim_save(path, tr->pol.adam.m, tr->pol.adam.v, tr->pol.adam.n, tr->pol.adam.step, tr->pol.p.adapters);
+    test_pause();
+    snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
+    if (s == LS_OK) s = write_state(tr, path); /* last: the commit point is the rename below */
+    if (s == LS_OK) s = ls_ckpt_commit(tr->run, tr->update, tmp, dir, sizeof dir);
+    if (s == LS_OK) s = ls_ckpt_prune(tr->run, (int)tr->a->save_total_limit);
+    ls_trace_phase_end("checkpoint");
+    if (s == LS_OK) {
+        ls_trace_event("checkpoint", "\"update\": %lld, \"path\": \"checkpoint-%lld\", \"s\": %.3f", (long long)tr->update,
+                       (long long)tr->update, ls_now() - t0);
+        fprintf(stderr, "  checkpoint %s (%.1fs)\n", dir, ls_now() - t0);
+    }
+    return s;
+}
+
+/* Keep the metrics of updates [0, upto) only: a resumed run rewrites what came after
+ * its checkpoint. The file is rewritten atomically. */
+static ls_status trim_metrics(const char *path, int64_t upto) {
+    char *text = NULL;
+    size_t len = 0;
+    if (access(path, F_OK) != 0) return LS_OK;
+    LS_TRY(ls_read_file(path, &text, &len));
+    size_t keep = 0;
+    for (size_t i = 0; i < len;) {
+        size_t j = i;
+        while (j < len && text[j] != '\n') j++;
+        if (j == len) break; /* a cut last line */
+        long long u = -1;
+        const char *k = strstr(text + i, "\"update\": ");
+        if (k && k < text + j) u = strtoll(k + 10, NULL, 10);
+        if (u < 0 || u >= upto) break;
+        keep = j + 1;
+        i = j + 1;
+    }
+    ls_status s = keep == len ? LS_OK : ls_write_file_atomic(path, text, keep);
+    free(text);
+    return s;
+}
+
+static void json_metric(FILE *f, const char *k, double v) {
+    if (isfinite(v)) fprintf(f, ", \"%s\": %.8g", k, v);
+    else fprintf(f, ", \"%s\": null", k);
+}
+
+static void write_metrics(trainer *tr, const ls_grpo_metrics *mt, double step_time, const ls_group *g, int n) {
+    if (!tr->metrics) return; /* not rank 0 */
+    int64_t ptok = 0, pmax = 0;
+    for (int k = 0; k < n; k++) {
+        ptok += g[k].P;
+        pmax = g[k].P > pmax ? g[k].P : pmax;
+    }
+    FILE *f = tr->metrics;
+    fprintf(f, "{\"update\": %lld, \"step\": %lld", (long long)tr->update, (long long)tr->pol.adam.step);
+    json_metric(f, "loss", mt->loss);
+    json_metric(f, "reward", mt->reward_mean);
+    json_metric(f, "reward_std", mt->reward_std);
+    json_metric(f, "kl", mt->kl);
+    json_metric(f, "entropy", mt->entropy);
+    json_metric(f, "clip_ratio/low_mean", mt->clip_low);
+    json_metric(f, "clip_ratio/high_mean", mt->clip_high);
+    json_metric(f, "completions/mean_length", mt->len_mean);
+    json_metric(f, "completions/min_length", (double)mt->len_min);
+    json_metric(f, "completions/max_length", (double)mt->len_max);
+    json_metric(f, "grad_norm", mt->grad_norm);
+    json_metric(f, "learning_rate", tr->a->o.lr);
+    json_metric(f, "step_time", step_time);
+    fprintf(f, ", \"num_sequences\": %d, \"prompt_tokens\": %lld, \"max_prompt_tokens\": %lld, \"epoch\": %lld, \"data_position\": %lld, "
+               "\"skipped\": %s, \"time\": {\"capture\": %.4f, \"rollout\": %.4f, \"reference\": %.4f, "
+               "\"score\": %.4f, \"replay\": %.4f, \"optimize\": %.4f}}\n",
+            mt->n_seq, (long long)ptok, (long long)pmax, (long long)tr->epoch, (long long)tr->data_pos, mt->skipped ? "true" : "false",
+            mt->t_capture, mt->t_rollout, mt->t_ref, mt->t_score, mt->t_replay, mt->t_optim);
+    fflush(f);
+    fsync(fileno(f));
+}
+
+static void trace_update_end(trainer *tr, const ls_group *g, const ls_grpo_metrics *mt) {
+    if (!ls_trace_on()) return;
+    ls_state_plan_t plan;
+    const ls_comm *cp = tr_comm(tr);
+    ls_state_plan(&plan, tr->pol.cfg, g->P, tr->a->o.page_size, tr->a->o.state_dtype, cp ? ls_comm_size(cp) : 1);
+    char R[512];
+    int off = 0;
+    for (int i = 0; i < g->G && off < (int)sizeof R - 24; i++) off += snprintf(R + off, sizeof R - (size_t)off, "%s%lld", i ? ", " : "", (long long)g->R[i]);
+    const ls_arenas *ar = &tr->ar;
+    ls_trace_event("update_end",
+                   "\"update\": %lld, \"P\": %lld, \"G\": %d, \"R\": [%s], \"predicted\": {\"prompt\": %zu, \"grad\": %zu, "
+                   "\"fixed\": %zu}, \"measured\": {\"prompt\": %zu, \"grad\": %zu, \"fixed\": %zu, \"branch\": %zu, "
+                   "\"score\": %zu, \"scratch\": %zu}, \"rss\": %zu",
+                   (long long)tr->update, (long long)g->P, g->G, R, tr->a->o.no_capture ? (size_t)0 : plan.total_bytes_per_rank,
+                   tr->pred_grad, tr->pred_fixed, mt->prompt_bytes, ar->a[LS_ARENA_GRAD].peak,
+                   ar->a[LS_ARENA_FIXED].peak, ar->a[LS_ARENA_BRANCH].peak, ar->a[LS_ARENA_SCORE].peak,
+                   ar->a[LS_ARENA_SCRATCH].peak, ls_peak_rss_bytes());
+}
+
+/* Everything before the first update: check flags, open files, load or resume. */
+static ls_status setup(trainer *tr) {
+    int argc = tr->a->argc;
+    char **argv = tr->a->argv;
+    ls_train_opts *a = tr->a;
+    snprintf(tr->run, sizeof tr->run, "%s", a->out);
+    /* under CP rank 0 alone writes RUN/ (lock, args, checkpoints, metrics, receipt);
+     * every rank reads the checkpoint it resumes from and writes its own trace */
+    const ls_comm *cp = tr_comm(tr);
+    int root = tr_rank(tr) == 0;
+    int64_t last = -1;
+    char ckpt[4200] = "";
+    if (root) {
+        LS_TRY(ls_make_dir(a->out));
+        LS_TRY(lock_run(a->out, &tr->lock_fd)); /* before anything in RUN/ is touched */
+        LS_TRY(ls_ckpt_latest(a->out, &last, ckpt, sizeof ckpt));
+        if (!a->resume && last >= 0)
+            return ls_err(LS_ERR_ARG, "%s already holds %s: continue it with --resume %s, or choose another --out",
+                          a->out, ckpt, a->out);
+        if (a->resume && last < 0)
+            fprintf(stderr, "longstraw train: %s has no checkpoint yet: starting from the beginning\n", a->out);
+        if (argc > 0) LS_TRY(save_args(a->out, argc, argv));
+    }
+    if (cp) { /* the checkpoint to resume from, as rank 0 found it */
+        LS_TRY(ls_comm_bcast(cp, &last, sizeof last, 0));
+        LS_TRY(ls_comm_bcast(cp, ckpt, sizeof ckpt, 0));
+    }
+    char path[4400];
+    snprintf(path, sizeof path, "%s/trace.%d.jsonl", a->out, tr_rank(tr));
+    LS_TRY(ls_trace_open(path, tr_rank(tr), &tr->ar, "train"));
+    ls_trace_phase_begin("load");
+    /* weights: the checkpoint's (full fine-tune) or the base + the checkpoint's adapters */
+    const char *model = a->model;
+    if (last >= 0 && !a->spec.adapter && !a->spec.lora_rank) model = ckpt;
+    if (last >= 0 && (a->spec.adapter || a->spec.lora_rank)) {
+        snprintf(tr->adapter, sizeof tr->adapter, "%s/adapter_model.safetensors", ckpt);
+        a->spec.adapter = tr->adapter;
+        a->spec.lora_rank = 0;
+    }
+    ls_policy_spec spec = a->spec;
+    spec.model_dir = model;
+    LS_TRY(ls_trainable_open(&tr->pol, &spec, 1, &tr->ar));
+    tr->pol.p.fam->policy_predict(&tr->pol.p, 1, &tr->pred_grad, &tr->pred_fixed);
+    ls_rng_seed(&tr->rng, (uint64_t)a->seed);
+    if (last >= 0) {
+        LS_TRY(read_state(tr, ckpt));
+        snprintf(path, sizeof path, "%s/optimizer.safetensors", ckpt);
+        int64_t step = 0;
+        LS_TRY(ls_optim_load(path, tr->pol.adam.m, tr->pol.adam.v, tr->pol.adam.n, &step, tr->pol.p.adapters));
+        tr->pol.adam.step = step;
+        if (root) fprintf(stderr, "longstraw train: resumed from %s (update %lld, data position %lld, optimizer step %lld)\n", ckpt,
+                (long long)tr->update, (long long)tr->data_pos, (long long)step);
+    }
+    /* tokenizer: given, or plain bytes for the built-in task */
+    if (a->tokenizer) LS_TRY(ls_tok_load(&tr->tok, a->tokenizer));
+    else if (a->task) {
+        char *json;
+        LS_TRY(ls_tok_byte_level_json(&json));
+        ls_status s = ls_tok_load_json(&tr->tok, json, strlen(json), "(built-in byte-level tokenizer)");
+        free(json);
+        LS_TRY(s);
+    }
+    if (tr->tok && ls_tok_vocab_size(tr->tok) > tr->pol.cfg->vocab)
+        return ls_err(LS_ERR_ARG, "%s: the tokenizer has %lld ids but the model's vocab_size is %lld",
+                      a->tokenizer ? a->tokenizer : "(built-in tokenizer)", (long long)ls_tok_vocab_size(tr->tok),
+                      (long long)tr->pol.cfg->vocab);
+    if (a->data) LS_TRY(jsonl_open(&tr->data, a->data));
+    if (a->data && !a->no_validate) LS_TRY(validate_data(tr));
+    /* refuse a prompt that cannot fit before anything sized by it is allocated */
+    if (!a->force) LS_TRY(ls_check_fits(&tr->pol, &a->o, a->task && !a->data ? a->prompt_len : tr->max_prompt, 1));
+    if (!a->updates) a->updates = a->data ? (tr->data.n + a->groups_per_update - 1) / a->groups_per_update : 10;
+    if (a->reward_cmd && root) { /* one reward process: rank 0's, its rewards broadcast */
+        LS_TRY(ls_reward_cmd_start(&tr->rcmd, a->reward_cmd));
+        LS_TRY(ls_reward_cmd_set_timeout(tr->rcmd, a->reward_timeout));
+        reward_pgid = ls_reward_cmd_pgid(tr->rcmd);
+    }
+    ls_sample_opts_default(&tr->so);
+    tr->so.temperature = a->o.fwd.temperature;
+    tr->so.top_p = (float)a->top_p;
+    tr->so.max_new_tokens = a->max_new_tokens;
+    if (a->rollout) LS_TRY(stop_tokens(tr));
+    /* dr_grpo normalises by the completion-length limit (TRL's max_completion_length):
+     * with rollouts that is --max-new-tokens unless given */
+    if (a->rollout && a->o.loss == LS_LOSS_DR_GRPO && a->o.max_completion_length == 0)
+        a->o.max_completion_length = a->max_new_tokens;
+    tr->items = calloc((size_t)a->groups_per_update, sizeof *tr->items);
+    if (!tr->items) return LS_ERR_NOMEM;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", a->out);
+    if (root) {
+        LS_TRY(trim_metrics(path, tr->update));
+        if (!(tr->metrics = fopen(path, "a"))) return ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    }
+    ls_trace_phase_end("load");
+    return LS_OK;
+}
+
+ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
+    memset(res, 0, sizeof *res);
+    ls_train_opts own = *opts;
+    ls_train_opts *a = &own;
+    trainer trs, *tr = &trs;
+    memset(tr, 0, sizeof *tr);
+    tr->a = a;
+    tr->lock_fd = -1;
+    ls_arenas_init(&tr->ar);
+    ls_status s = setup(tr);
+    ls_group *groups = calloc((size_t)a->groups_per_update, sizeof(ls_group));
+    if (s == LS_OK && !groups) s = LS_ERR_NOMEM;
+    ls_rollout_hook hook = {rollout, tr};
+    ls_grpo_metrics mt;
+    memset(&mt, 0, sizeof mt);
+    int skipped = 0;
+    int64_t first = tr->update;
+    int root = tr_rank(tr) == 0;
+    if (s == LS_OK && tr->update >= a->updates && root)
+        fprintf(stderr, "longstraw train: %lld updates already done (--updates %lld): nothing to do\n",
+                (long long)tr->update, (long long)a->updates);
+    int64_t saved = tr->update; /* updates the newest checkpoint holds */
+    int big = 0;                /* the group with the longest prompt, for receipts */
+    for (; s == LS_OK && tr->update < a->updates; tr->update++) {
+        double t0 = ls_now();
+        ls_trace_set_update(tr->update);
+        /* per-layer events cost a line per layer per member and chunk: keep the trace
+         * bounded on long runs */
+        ls_trace_layers(a->trace_layers < 0 || tr->update - first < a->trace_layers);
+        /* what this update consumes, to give it back if it fails before its step */
+        int64_t pos0 = tr->data_pos, epoch0 = tr->epoch, step0 = tr->pol.adam.step;
+        ls_rng rng0 = tr->rng;
+        for (int k = 0; k < (int)a->groups_per_update; k++) {
+            ls_group_free(&groups[k]);
+            if (a->task && !a->data) ls_passkey_free(&tr->items[k]);
+        }
+        for (int k = 0; k < (int)a->groups_per_update && s == LS_OK; k++) s = next_group(tr, k, &groups[k]);
+        if (s == LS_OK) {
+            zero_grads(tr);
+            s = ls_grpo_update_batch(&tr->pol.p, &tr->pol.adam, groups,
+                                     (int)a->groups_per_update, a->rollout ? &hook : NULL, &a->o, &tr->ar, &mt);
+        }
+        if (s != LS_OK) {
+            /* a data, rollout or reward error (e.g. the reward process killed with the
+             * job): the weights are those of the last finished update unless this one
+             * stepped; then checkpoint what is finished so nothing done is lost */
+            int stopped = s == LS_ERR_INTERRUPTED;
+            char why[1024];
+            snprintf(why, sizeof why, "%s", ls_err_msg());
+            if (tr->pol.adam.step == step0) tr->data_pos = pos0, tr->epoch = epoch0, tr->rng = rng0;
+            if (tr->pol.adam.step == step0 && tr->update > saved && save_checkpoint(tr) == LS_OK && root)
+                fprintf(stderr, "longstraw train: update %lld %s; the %lld finished updates are in checkpoint-%lld\n",
+                        (long long)tr->update + 1, stopped ? "stopped" : "failed", (long long)tr->update,
+                        (long long)tr->update);
+            if (stopped) { /* a requested stop, not a failure */
+                fprintf(stderr, "longstraw train: %s; continue with --resume %s\n", why, a->out);
+                s = LS_OK;
+            } else {
+                s = ls_err(s, "%s", why);
+            }
+            break;
+        }
+        double dt = ls_now() - t0;
+        big = 0;
+        for (int k = 1; k < (int)a->groups_per_update; k++) big = groups[k].P > groups[big].P ? k : big;
+        write_metrics(tr, &mt, dt, groups, (int)a->groups_per_update);
+        trace_update_end(tr, &groups[big], &mt);
+        if (mt.skipped) {
+            skipped++;
+            if (root) fprintf(stderr, "update %lld/%lld SKIPPED: %s; %s\n", (long long)tr->update + 1, (long long)a->updates,
+                    mt.skip_reason, mt.n_iter > 1 ? "this iteration took no step (earlier iterations of the update did)"
+                                                  : "weights and optimizer state untouched");
+        } else if (root) {
+            fprintf(stderr, "update %lld/%lld  reward %.4f ± %.4f  kl %.3g  entropy %.3f  len %.1f  grad_norm %.4g  %.1fs\n",
+                    (long long)tr->update + 1, (long long)a->updates, mt.reward_mean, mt.reward_std, mt.kl, mt.entropy,
+                    mt.len_mean, mt.grad_norm, dt);
+        }
+        int64_t done = tr->update + 1;
+        int stop = ls_stop_requested(); /* read once: the checkpoint and the message agree */
+        if (done % a->save_every == 0 || done == a->updates || stop) {
+            tr->update = done; /* a checkpoint holds the state after `done` updates */
+            s = save_checkpoint(tr);
+            tr->update = done - 1;
+            if (s == LS_OK) saved = done;
+        }
+        if (stop && s == LS_OK) {
+            if (root) fprintf(stderr, "longstraw train: stopped by signal %d after update %lld; continue with --resume %s\n", stop,
+                    (long long)done, a->out);
+            tr->update++;
+            break;
+        }
+    }
+    if (s == LS_OK && tr->update > first) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/receipt.json", a->out);
+        s = ls_receipt_write(path, "train", &tr->pol, &groups[big], &a->o, &mt, &tr->ar);
+        if (s == LS_OK && root)
+            fprintf(stderr, "longstraw train: %lld updates (%d skipped) in %s; receipt %s, `longstraw report %s` for the table and memory.svg\n",
+                    (long long)(tr->update - first), skipped, a->out, path, a->out);
+    }
+    res->updates = tr->update - first;
+    res->skipped = skipped;
+    res->stop_signal = s == LS_OK ? ls_stop_requested() : 0;
+    reward_pgid = 0;
+    for (int k = 0; groups && k < (int)a->groups_per_update; k++) {
+        ls_group_free(&groups[k]);
+        if (tr->items) ls_passkey_free(&tr->items[k]);
+    }
+    free(groups);
+    free(tr->items);
+    ls_reward_cmd_stop(tr->rcmd);
+    if (tr->metrics) fclose(tr->metrics);
+    ls_trace_close();
+    if (tr->lock_fd >= 0) close(tr->lock_fd);
+    jsonl_free(&tr->data);
+    ls_trainable_close(&tr->pol);
+    ls_tok_free(tr->tok);
+    ls_arenas_free(&tr->ar);
+    return s;
+}
