@@ -66,13 +66,12 @@ static void help(void) {
     cli_train_help();
 }
 
+/* The loop's options (trainer.h) and what only the command has. */
 typedef struct {
-    const char *model, *data, *out, *tokenizer, *resume, *task, *reward_cmd, *stop;
-    int64_t updates, groups_per_update, save_every, save_total_limit, seed, num_generations, max_new_tokens;
-    int64_t prompt_len, trace_layers;
-    double top_p, reward_timeout;
-    int rollout, quiet, no_validate;
-    cli_train t;
+    ls_train_opts r;
+    const char *resume;
+    int quiet;
+    cli_train t; /* objective, optimizer, engine, what is trained */
 } train_args;
 
 enum {
@@ -101,34 +100,34 @@ static int parse_args(train_args *a, int argc, char **argv) {
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         const char *c = "train";
         switch (ch) {
-        case O_MODEL: a->model = optarg; break;
-        case O_DATA: a->data = optarg; break;
-        case O_OUT: a->out = optarg; break;
-        case O_TOK: a->tokenizer = optarg; break;
-        case O_UPDATES: if (cli_parse_i64(c, "--updates", optarg, 1, INT64_MAX / 4, &a->updates)) return 2; break;
-        case O_GPU: if (cli_parse_i64(c, "--groups-per-update", optarg, 1, 1 << 20, &a->groups_per_update)) return 2; break;
-        case O_SEED: if (cli_parse_i64(c, "--seed", optarg, 0, INT64_MAX, &a->seed)) return 2; break;
-        case O_ROLLOUT: a->rollout = 1; break;
-        case O_NGEN: if (cli_parse_i64(c, "--num-generations", optarg, 2, 1 << 16, &a->num_generations)) return 2; break;
-        case O_MAXNEW: if (cli_parse_i64(c, "--max-new-tokens", optarg, 1, 1 << 24, &a->max_new_tokens)) return 2; break;
-        case O_TOPP: if (cli_parse_f64(c, "--top-p", optarg, 1e-9, 1, &a->top_p)) return 2; break;
-        case O_STOP: a->stop = optarg; break;
+        case O_MODEL: a->r.model = optarg; break;
+        case O_DATA: a->r.data = optarg; break;
+        case O_OUT: a->r.out = optarg; break;
+        case O_TOK: a->r.tokenizer = optarg; break;
+        case O_UPDATES: if (cli_parse_i64(c, "--updates", optarg, 1, INT64_MAX / 4, &a->r.updates)) return 2; break;
+        case O_GPU: if (cli_parse_i64(c, "--groups-per-update", optarg, 1, 1 << 20, &a->r.groups_per_update)) return 2; break;
+        case O_SEED: if (cli_parse_i64(c, "--seed", optarg, 0, INT64_MAX, &a->r.seed)) return 2; break;
+        case O_ROLLOUT: a->r.rollout = 1; break;
+        case O_NGEN: if (cli_parse_i64(c, "--num-generations", optarg, 2, 1 << 16, &a->r.num_generations)) return 2; break;
+        case O_MAXNEW: if (cli_parse_i64(c, "--max-new-tokens", optarg, 1, 1 << 24, &a->r.max_new_tokens)) return 2; break;
+        case O_TOPP: if (cli_parse_f64(c, "--top-p", optarg, 1e-9, 1, &a->r.top_p)) return 2; break;
+        case O_STOP: a->r.stop = optarg; break;
         case O_TASK:
             if (strcmp(optarg, "passkey") != 0 && strcmp(optarg, "passkey-shaped") != 0) {
                 fprintf(stderr, "longstraw train: --task: \"%s\" is not passkey or passkey-shaped\n", optarg);
                 return 2;
             }
-            a->task = optarg;
+            a->r.task = optarg;
             break;
-        case O_PLEN: if (cli_parse_i64(c, "--prompt-len", optarg, 64, INT64_MAX / 64, &a->prompt_len)) return 2; break;
-        case O_RCMD: a->reward_cmd = optarg; break;
-        case O_RTIMEOUT: if (cli_parse_f64(c, "--reward-timeout", optarg, 1e-3, 1e7, &a->reward_timeout)) return 2; break;
-        case O_SAVE: if (cli_parse_i64(c, "--save-every", optarg, 1, INT64_MAX / 4, &a->save_every)) return 2; break;
-        case O_SAVELIM: if (cli_parse_i64(c, "--save-total-limit", optarg, 1, 1 << 20, &a->save_total_limit)) return 2; break;
+        case O_PLEN: if (cli_parse_i64(c, "--prompt-len", optarg, 64, INT64_MAX / 64, &a->r.prompt_len)) return 2; break;
+        case O_RCMD: a->r.reward_cmd = optarg; break;
+        case O_RTIMEOUT: if (cli_parse_f64(c, "--reward-timeout", optarg, 1e-3, 1e7, &a->r.reward_timeout)) return 2; break;
+        case O_SAVE: if (cli_parse_i64(c, "--save-every", optarg, 1, INT64_MAX / 4, &a->r.save_every)) return 2; break;
+        case O_SAVELIM: if (cli_parse_i64(c, "--save-total-limit", optarg, 1, 1 << 20, &a->r.save_total_limit)) return 2; break;
         case O_RESUME: a->resume = optarg; break;
         case O_QUIET: a->quiet = 1; break;
-        case O_NOVAL: a->no_validate = 1; break;
-        case O_TLAYERS: if (cli_parse_i64(c, "--trace-layers", optarg, -1, INT64_MAX / 4, &a->trace_layers)) return 2; break;
+        case O_NOVAL: a->r.no_validate = 1; break;
+        case O_TLAYERS: if (cli_parse_i64(c, "--trace-layers", optarg, -1, INT64_MAX / 4, &a->r.trace_layers)) return 2; break;
         case O_HELP:
         case 'h': help(); return 1;
         default: {
@@ -144,16 +143,8 @@ static int parse_args(train_args *a, int argc, char **argv) {
 
 static void args_default(train_args *a) {
     memset(a, 0, sizeof *a);
+    ls_train_opts_default(&a->r);
     cli_train_init(&a->t);
-    a->groups_per_update = 1;
-    a->save_every = 50;
-    a->save_total_limit = 2;
-    a->num_generations = 8;
-    a->max_new_tokens = 32;
-    a->top_p = 1.0;
-    a->prompt_len = 16384;
-    a->reward_timeout = 60;
-    a->trace_layers = 3;
 }
 
 /* Ctrl-C / SIGTERM on one rank: said at once on stderr; a capture stops at its next
@@ -182,12 +173,12 @@ static void on_stop(int sig) {
 }
 
 static int check_flags(const train_args *a) {
-    if (!a->model || !a->out) return cli_usage_error("train", "--model and --out are required");
-    if (!a->data && !a->task) return cli_usage_error("train", "give --data FILE.jsonl, or --rollout --task passkey");
-    if (a->task && !a->rollout) return cli_usage_error("train", "--task samples its responses: add --rollout");
-    if (a->reward_cmd && !a->rollout) return cli_usage_error("train", "--reward-cmd scores rollouts: add --rollout");
-    if (a->rollout && a->t.o.no_capture) return cli_usage_error("train", "--rollout samples from the captured state: not with --no-capture");
-    if (a->rollout && !a->tokenizer && !a->task)
+    if (!a->r.model || !a->r.out) return cli_usage_error("train", "--model and --out are required");
+    if (!a->r.data && !a->r.task) return cli_usage_error("train", "give --data FILE.jsonl, or --rollout --task passkey");
+    if (a->r.task && !a->r.rollout) return cli_usage_error("train", "--task samples its responses: add --rollout");
+    if (a->r.reward_cmd && !a->r.rollout) return cli_usage_error("train", "--reward-cmd scores rollouts: add --rollout");
+    if (a->r.rollout && a->t.o.no_capture) return cli_usage_error("train", "--rollout samples from the captured state: not with --no-capture");
+    if (a->r.rollout && !a->r.tokenizer && !a->r.task)
         return cli_usage_error("train", "--rollout on --data needs --tokenizer (rewards read the decoded text)");
     return 0;
 }
@@ -205,23 +196,17 @@ static int run_train(int argc, char **argv) {
         const char *resume = a.resume;
         args_default(&a);
         if ((r = parse_args(&a, nargc, nargv))) return r == 1 ? 0 : r;
-        if (!a.out) a.out = resume;
+        if (!a.r.out) a.r.out = resume;
         struct stat s1, s2;
-        if (stat(a.out, &s1) != 0 || stat(resume, &s2) != 0 || s1.st_dev != s2.st_dev || s1.st_ino != s2.st_ino)
-            return cli_usage_error("train", "--resume %s with --out %s: they must be the same run", resume, a.out);
-        a.out = resume;
+        if (stat(a.r.out, &s1) != 0 || stat(resume, &s2) != 0 || s1.st_dev != s2.st_dev || s1.st_ino != s2.st_ino)
+            return cli_usage_error("train", "--resume %s with --out %s: they must be the same run", resume, a.r.out);
+        a.r.out = resume;
     }
     if ((r = check_flags(&a))) return r;
     if (cli_train_finish("train", &a.t)) return 2;
     ls_progress_enable(!a.quiet && cli_rank() == 0);
-    ls_train_opts o;
-    ls_train_opts_default(&o);
-    o.model = a.model, o.out = a.out, o.data = a.data, o.tokenizer = a.tokenizer, o.task = a.task;
-    o.reward_cmd = a.reward_cmd, o.stop = a.stop, o.updates = a.updates, o.groups_per_update = a.groups_per_update;
-    o.save_every = a.save_every, o.save_total_limit = a.save_total_limit, o.seed = a.seed;
-    o.num_generations = a.num_generations, o.max_new_tokens = a.max_new_tokens, o.prompt_len = a.prompt_len;
-    o.trace_layers = a.trace_layers, o.top_p = a.top_p, o.reward_timeout = a.reward_timeout;
-    o.rollout = a.rollout, o.no_validate = a.no_validate, o.force = a.t.force, o.resume = a.resume != NULL;
+    ls_train_opts o = a.r;
+    o.force = a.t.force, o.resume = a.resume != NULL;
     o.o = a.t.o;
     o.spec = (ls_policy_spec){.ref_dir = a.t.ref_model,
                               .adapter = a.t.adapter,

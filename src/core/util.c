@@ -225,16 +225,18 @@ static void parent_of(const char *path, char *out, size_t cap) {
     else snprintf(out, cap, "%.*s", (int)(slash - path), path);
 }
 
+/* ENOTDIR on creating `path`: its parent (or one above) is a file. */
+static ls_status not_a_directory(const char *path) {
+    char dir[4096];
+    parent_of(path, dir, sizeof dir);
+    return ls_err(LS_ERR_ARG, "%s: cannot create it: %s (or a directory above it) is not a directory", path, dir);
+}
+
 ls_status ls_check_output_file(const char *path) {
     struct stat st;
     if (lstat(path, &st) != 0) {
         if (errno == ENOENT) return LS_OK;
-        if (errno == ENOTDIR) {
-            char dir[4096];
-            parent_of(path, dir, sizeof dir);
-            return ls_err(LS_ERR_ARG, "%s: cannot create it: %s (or a directory above it) is not a directory", path,
-                          dir);
-        }
+        if (errno == ENOTDIR) return not_a_directory(path);
         return ls_err(LS_ERR_IO, "%s: cannot access: %s", path, strerror(errno));
     }
     if (S_ISREG(st.st_mode)) return LS_OK;
@@ -259,12 +261,7 @@ ls_status ls_create_temp_file(const char *tmp, int *fd) {
     }
     *fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (*fd < 0) {
-        if (errno == ENOTDIR) {
-            char dir[4096];
-            parent_of(tmp, dir, sizeof dir);
-            return ls_err(LS_ERR_ARG, "%s: cannot create it: %s (or a directory above it) is not a directory", tmp,
-                          dir);
-        }
+        if (errno == ENOTDIR) return not_a_directory(tmp);
         return ls_err(LS_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
     }
     return LS_OK;
