@@ -24,6 +24,7 @@
 int test_cp_tool_consistency(void);
 int test_cp_train_and_faults(void);
 int test_train_sigterm_in_capture(void);
+int test_cp_demo(void);
 
 #define FIX LS_SOURCE_DIR "/tests/reference/fixtures"
 /* what OpenMPI needs here (root, oversubscription; LeakSanitizer suppressions for
@@ -453,6 +454,33 @@ int test_cp_train_and_faults(void) {
     free(e);
     int64_t after = newest_ckpt(run, &complete);
     T_CHECK(after == last + 1 && complete, "after resume: newest %lld", (long long)after);
+    t_remove_dir(dir);
+    return 0;
+}
+
+/* `longstraw demo --cp 2` relaunches itself under mpirun: the demo's run on two ranks,
+ * every rank's trace, one receipt with both ranks' identical hashes. */
+int test_cp_demo(void) {
+    if (!LS_MPIEXEC[0]) T_SKIP("built without MPI");
+    char dir[512], cmd[4096], path[800], why[512];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    snprintf(cmd, sizeof cmd,
+             MPI_ENV "%s demo --cp 2 --out %s/demo --prompt-len 400 --updates 2 --num-generations 2 "
+             "--max-new-tokens 4 --quiet >/dev/null 2>%s/stderr",
+             LS_CLI_PATH, dir, dir);
+    int rc = system(cmd);
+    snprintf(path, sizeof path, "%s/stderr", dir);
+    char *e = t_read_file(path, NULL);
+    T_CHECK(rc == 0, "demo --cp 2 failed (%d): %s", rc, e ? e : "");
+    T_CHECK(e && strstr(e, "-np 2"), "not relaunched under mpirun: %s", e ? e : "");
+    free(e);
+    snprintf(path, sizeof path, "%s/demo/run/receipt.json", dir);
+    T_CHECK(check_receipt(path, 2, why, sizeof why), "%s", why);
+    for (int r = 0; r < 2; r++) {
+        struct stat st;
+        snprintf(path, sizeof path, "%s/demo/run/trace.%d.jsonl", dir, r);
+        T_CHECK(stat(path, &st) == 0 && st.st_size > 0, "%s missing", path);
+    }
     t_remove_dir(dir);
     return 0;
 }

@@ -17,6 +17,7 @@ int test_grpo_prefix_frozen_vs_naive(void);
 int test_grpo_branch_arena_vs_G(void);
 int test_grpo_batch_vs_single_groups(void);
 int test_grpo_first_ratio_is_one(void);
+int test_grpo_nonfinite_reward_std_skips(void);
 
 static const char *cfg_dense =
     "{\"model_type\": \"qwen3_next\", \"vocab_size\": 151, \"hidden_size\": 48, \"num_hidden_layers\": 4,"
@@ -338,6 +339,42 @@ int test_grpo_first_ratio_is_one(void) {
            (long long)compared, mt.clip_low, mt.clip_high);
     T_CHECK(mt.clip_low == 0 && mt.clip_high == 0, "ratios differ from 1 at the first iteration (clip %g / %g)",
             mt.clip_low, mt.clip_high);
+    ls_group_free(&g);
+    ls_arenas_free(&ar);
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
+    return 0;
+}
+
+/* Rewards whose std overflows (finite rewards, infinite variance) give no usable
+ * advantage: the update is marked skipped and the weights are left untouched. */
+int test_grpo_nonfinite_reward_std_skips(void) {
+    char dir[512];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    T_CHECK(write_model(dir, cfg_dense, 44) == 0, "model");
+    ls_arenas ar;
+    ls_arenas_init(&ar);
+    ls_hybrid_model m, gr;
+    T_OK(ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]));
+    T_OK(ls_hybrid_alloc_like(&m, &gr, &ar.a[LS_ARENA_GRAD]));
+    static const int64_t R[3] = {3, 4, 5};
+    ls_group g;
+    make_group(&g, 40, 3, R, m.cfg.vocab, 52);
+    g.rewards[0] = 1e308, g.rewards[1] = -1e308, g.rewards[2] = 1e308; /* each finite; (r − mean)² is not */
+    ls_adamw adam;
+    T_OK(t_adamw_init(&adam, &m, &ar.a[LS_ARENA_FIXED]));
+    ls_param *w;
+    int64_t nw;
+    T_OK(ls_hybrid_params(&m, &w, &nw));
+    float before = w[0].p[0], last = w[nw - 1].p[w[nw - 1].n - 1];
+    ls_grpo_opts o;
+    ls_grpo_opts_default(&o);
+    o.lr = 1e-2;
+    ls_grpo_metrics mt;
+    T_OK(t_grpo_update_batch(&m, NULL, &gr, &adam, &g, 1, &o, &ar, &mt));
+    printf("  rewards ±1e308: skipped %d (%s), optimizer step %lld\n", mt.skipped, mt.skip_reason, (long long)adam.step);
+    T_CHECK(mt.skipped == 1 && adam.step == 0, "the update was not skipped (step %lld)", (long long)adam.step);
+    T_CHECK(w[0].p[0] == before && w[nw - 1].p[w[nw - 1].n - 1] == last, "weights changed");
+    free(w);
     ls_group_free(&g);
     ls_arenas_free(&ar);
     T_CHECK(t_remove_dir(dir) == 0, "cleanup");

@@ -623,7 +623,7 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
         }
         ls_trace_layer_end(l, "fwd");
     }
-    ls_progress_add(Tr);
+    ls_progress_add(n); /* layer-major: the whole prompt is done only now */
     /* the state at the prompt's end, on every rank */
     for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
         if (c->kind[l] != LS_LAYER_GDN) continue;
