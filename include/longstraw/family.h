@@ -98,6 +98,12 @@ struct ls_family {
     /* One decode step of n sequences, each extending its own state by one token. */
     ls_status (*decode)(const ls_model *m, ls_prompt_state *const *sts, const int32_t *ids, int n, float *logits,
                         const ls_fwd_opts *o, ls_arena *scratch);
+    /* The prompt state's layout: an empty state for `capacity` positions (this rank's
+     * share under CP) from `arena`, and the plan that predicts its bytes per rank. */
+    ls_status (*state_init)(ls_prompt_state *st, const ls_config *cfg, int64_t capacity, int64_t page_size,
+                            ls_dtype dtype, const ls_comm *comm, ls_arena *arena);
+    ls_status (*state_plan)(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt_len, int64_t page_size,
+                            ls_dtype dtype, int cp);
     /* Every distinct tensor, in a fixed order (*out malloc'd). */
     ls_status (*params)(const ls_model *m, ls_param **out, int64_t *n);
     /* Write a model's tensors (weights or a gradient set) under the checkpoint's names. */

@@ -65,8 +65,10 @@ int cmd_plan(int argc, char **argv) {
     ls_config cfg;
     ls_status s = ls_config_load(&cfg, path);
     if (s != LS_OK) return cli_fail("plan", s);
+    const ls_family *fam = ls_family_for(&cfg, path);
+    if (!fam) return cli_fail("plan", LS_ERR_UNSUPPORTED);
     ls_state_plan_t p;
-    s = ls_state_plan(&p, &cfg, P, S, dt, (int)cp);
+    s = fam->state_plan(&p, &cfg, P, S, dt, (int)cp);
     if (s != LS_OK) return cli_fail("plan", s);
     /* fixed and grad terms of M_live (DESIGN §1) for a full fine-tune in f32 */
     ls_hf_tensor_spec *sp = NULL;

@@ -34,7 +34,7 @@ ls_status ls_check_fits(const ls_trainable *pol, const ls_grpo_opts *o, int64_t 
     const ls_comm *cp = o->fwd.comm;
     int N = cp ? ls_comm_size(cp) : 1;
     ls_state_plan_t plan;
-    LS_TRY(ls_state_plan(&plan, pol->cfg, P, o->page_size, o->state_dtype, N));
+    LS_TRY(pol->p.fam->state_plan(&plan, pol->cfg, P, o->page_size, o->state_dtype, N));
     size_t grad, fixed;
     pol->p.fam->policy_predict(&pol->p, optimizer, &grad, &fixed);
     /* the reference's state sits beside the policy's when β > 0 (rollouts) */
@@ -97,7 +97,7 @@ ls_status ls_receipt_write(const char *path, const char *cmd, const ls_trainable
     FILE *f = open_memstream(&buf, &blen); /* built in memory, written atomically */
     if (!f) return ls_err(LS_ERR_NOMEM, "%s: cannot build the receipt", path);
     ls_state_plan_t plan;
-    ls_state_plan(&plan, pol->cfg, g->P, o->page_size, o->state_dtype, N);
+    pol->p.fam->state_plan(&plan, pol->cfg, g->P, o->page_size, o->state_dtype, N);
     size_t pgrad, pfixed;
     pol->p.fam->policy_predict(&pol->p, strcmp(cmd, "grad") != 0, &pgrad, &pfixed);
     fprintf(f, "{\n  \"command\": \"%s\",\n  \"mode\": \"%s\",\n  \"P\": %d,\n  \"G\": %d,\n  \"R\": [", cmd,
