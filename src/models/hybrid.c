@@ -506,25 +506,24 @@ static ls_status cp_attn_layer(const ls_hybrid_model *m, int l, ls_prompt_state 
     int nh = c->n_heads, hd = c->head_dim;
     float scale = 1.0f / sqrtf((float)hd);
     ls_arena_mark mk = ls_arena_get_mark(sc);
+    /* what must outlive the remote pages streaming past: the shard's queries and the
+     * running output (the gate is recomputed from the layer input in step 4) */
     float *qs = ALLOC_F(sc, Tr * qd);     /* [Tr, n_h, hd] normed + roped queries */
-    float *gs = ALLOC_F(sc, Tr * qd);     /* [Tr, n_h·hd] gate */
     float *os = ALLOC_F(sc, Tr * qd);     /* [Tr, n_h, hd] attention output */
     float *ls = ALLOC_F(sc, Tr * nh);     /* [Tr, n_h] its log-sum-exp */
-    NEED(qs && gs && os && ls);
+    NEED(qs && os && ls);
     /* (1) per chunk: projections, own pages + own keys, append K/V */
     for (int64_t c0 = 0; c0 < Tr; c0 += C) {
         int64_t T = Tr - c0 < C ? Tr - c0 : C;
         ls_arena_mark ck = ls_arena_get_mark(sc);
         float *xn = ALLOC_F(sc, T * D), *k = ALLOC_F(sc, T * kvd), *v = ALLOC_F(sc, T * kvd);
         NEED(xn && k && v);
-        float *q = qs + c0 * qd, *gate = gs + c0 * qd;
+        float *q = qs + c0 * qd;
         ls_rmsnorm_fwd(xn, NULL, x + c0 * D, w->input_norm, T, D, c->eps);
         ls_linear_fwd(q, xn, w->attn_in, T, D, qd, 0);
-        ls_linear_fwd(gate, xn, w->attn_in + qd * D, T, D, qd, 0);
         ls_linear_fwd(k, xn, w->attn_in + 2 * qd * D, T, D, kvd, 0);
         ls_linear_fwd(v, xn, w->attn_in + (2 * qd + kvd) * D, T, D, kvd, 0);
         LORA_FWD(m, l, attn_in, 0, qd, q, xn, T, sc);
-        LORA_FWD(m, l, attn_in, qd, qd, gate, xn, T, sc);
         LORA_FWD(m, l, attn_in, 2 * qd, kvd, k, xn, T, sc);
         LORA_FWD(m, l, attn_in, 2 * qd + kvd, kvd, v, xn, T, sc);
         ls_rmsnorm_fwd(q, NULL, q, w->q_norm, T * nh, hd, c->eps);
@@ -572,12 +571,15 @@ static ls_status cp_attn_layer(const ls_hybrid_model *m, int l, ls_prompt_state 
         int64_t T = Tr - c0 < C ? Tr - c0 : C;
         ls_arena_mark ck = ls_arena_get_mark(sc);
         float *og = os + c0 * qd, *xc = x + c0 * D;
-        for (int64_t i = 0; i < T * qd; i++) og[i] /= 1.0f + expf(-gs[c0 * qd + i]);
+        float *xn = ALLOC_F(sc, T * D), *gate = ALLOC_F(sc, T * qd); /* [T, D], [T, n_h·hd] */
+        NEED(xn && gate);
+        ls_rmsnorm_fwd(xn, NULL, xc, w->input_norm, T, D, c->eps); /* xc is still the layer's input */
+        ls_linear_fwd(gate, xn, w->attn_in + qd * D, T, D, qd, 0);
+        LORA_FWD(m, l, attn_in, qd, qd, gate, xn, T, sc);
+        for (int64_t i = 0; i < T * qd; i++) og[i] /= 1.0f + expf(-gate[i]);
         ls_linear_fwd(xc, og, w->attn_out, T, qd, D, 1);
         LORA_FWD(m, l, attn_out, 0, D, xc, og, T, sc);
         if (!skip_ffn) {
-            float *xn = ALLOC_F(sc, T * D);
-            NEED(xn);
             layer_ctx L = {T, lo + c0, 0, NULL, NULL, NULL, NULL, NULL, NULL, sc, NULL, l, 0, NULL};
             LS_TRY(ffn_fwd(m, l, xc, xn, &L));
         }
