@@ -86,6 +86,9 @@ typedef struct {
     size_t table_bytes_per_rank; /* page tables + per-layer headers */
     size_t gdn_bytes_per_rank;   /* conv tails + recurrent states (replicated) */
     size_t total_bytes_per_rank;
+    /* capture under CP (cp > 1), scratch for the whole capture: the shard's residual
+     * stream [P/N, D] in f32, alive across the layers (everything else is per chunk) */
+    size_t cp_capture_bytes_per_rank;
 } ls_state_plan_t;
 
 ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt_len,

@@ -91,12 +91,14 @@ int cmd_plan(int argc, char **argv) {
                "\"state_dtype\": \"%s\", \"attention_layers\": %d, \"gdn_layers\": %d, "
                "\"pages_per_layer\": %lld, \"pages_per_rank\": %lld, \"page_objects_per_rank\": %lld, "
                "\"kv_bytes_per_rank\": %zu, \"gdn_bytes_per_rank\": %zu, \"table_bytes_per_rank\": %zu, "
-               "\"total_bytes_per_rank\": %zu, \"parameters\": %zu, \"weights_bytes_f32\": %zu, "
+               "\"total_bytes_per_rank\": %zu, \"cp_capture_bytes_per_rank\": %zu, \"parameters\": %zu, "
+               "\"weights_bytes_f32\": %zu, "
                "\"adamw_bytes\": %zu, \"grad_bytes\": %zu}\n",
                (long long)P, (long long)p.positions, (long long)S, p.cp, dt == LS_DTYPE_BF16 ? "bf16" : "f32",
                p.n_attn, p.n_gdn, (long long)p.pages, (long long)p.pages_per_rank,
                (long long)p.pages_per_rank * p.n_attn * 2, p.kv_bytes_per_rank, p.gdn_bytes_per_rank,
-               p.table_bytes_per_rank, p.total_bytes_per_rank, params, w_bytes, m_bytes, w_bytes);
+               p.table_bytes_per_rank, p.total_bytes_per_rank, p.cp_capture_bytes_per_rank, params, w_bytes, m_bytes,
+               w_bytes);
         return 0;
     }
     printf("prompt state plan: %s (%s)\n", path, cfg.model_type);
@@ -112,6 +114,9 @@ int cmd_plan(int argc, char **argv) {
     printf("  %-34s %20zu %12.4f\n", "GDN conv tail + recurrent state", p.gdn_bytes_per_rank, gib(p.gdn_bytes_per_rank));
     printf("  %-34s %20zu %12.4f\n", "page tables + layer headers", p.table_bytes_per_rank, gib(p.table_bytes_per_rank));
     printf("  %-34s %20zu %12.2f\n", "prompt arena total", p.total_bytes_per_rank, gib(p.total_bytes_per_rank));
+    if (p.cp > 1)
+        printf("  %-34s %20zu %12.2f\n", "CP capture: shard residual (scratch)", p.cp_capture_bytes_per_rank,
+               gib(p.cp_capture_bytes_per_rank));
     printf("\n  other M_live terms, full fine-tune in f32 (%zu parameters):\n", params);
     printf("  %-34s %20zu %12.2f\n", "fixed: weights", w_bytes, gib(w_bytes));
     printf("  %-34s %20zu %12.2f\n", "fixed: AdamW moments", m_bytes, gib(m_bytes));

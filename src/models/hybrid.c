@@ -472,8 +472,16 @@ static int64_t cp_block_pages(const ls_prompt_state *st, const ls_fwd_opts *o) {
     return b > 0 ? b : 1;
 }
 
-/* Send this rank's pages of attention layer l to every later rank, block by block. */
-static ls_status cp_send_pages(const ls_prompt_state *st, int l, int64_t bp, ls_arena *sc) {
+/* Query chunks a rank's shard is captured in. */
+static int64_t cp_chunks(const ls_prompt_state *st, int r, int64_t C) {
+    int64_t lo, hi;
+    ls_state_rank_range(st, r, &lo, &hi);
+    return (hi - lo + C - 1) / C;
+}
+
+/* Send this rank's pages of attention layer l to every later rank, block by block,
+ * once for each of that rank's query chunks (the receiver keeps no remote page). */
+static ls_status cp_send_pages(const ls_prompt_state *st, int l, int64_t bp, int64_t C, ls_arena *sc) {
     const ls_config *c = st->cfg;
     size_t pb = (size_t)st->page_size * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(st->dtype);
     int64_t np = ls_state_prefix(st, l).n;
@@ -484,46 +492,52 @@ static ls_status cp_send_pages(const ls_prompt_state *st, int l, int64_t bp, ls_
     NEED(buf);
     ls_status s = LS_OK;
     for (int dst = st->rank + 1; dst < st->nranks && s == LS_OK; dst++)
-        for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
-            int64_t nb = np - p0 < bp ? np - p0 : bp;
-            for (int64_t i = 0; i < nb; i++) {
-                memcpy(buf + (size_t)i * pb, st->attn[l].k_pages[p0 + i], pb);
-                memcpy(buf + (size_t)(nb + i) * pb, st->attn[l].v_pages[p0 + i], pb);
+        for (int64_t q = cp_chunks(st, dst, C); q > 0 && s == LS_OK; q--)
+            for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
+                int64_t nb = np - p0 < bp ? np - p0 : bp;
+                for (int64_t i = 0; i < nb; i++) {
+                    memcpy(buf + (size_t)i * pb, st->attn[l].k_pages[p0 + i], pb);
+                    memcpy(buf + (size_t)(nb + i) * pb, st->attn[l].v_pages[p0 + i], pb);
+                }
+                s = ls_comm_send(st->comm, buf, 2 * (size_t)nb * pb, dst, CP_TAG(l, 1));
             }
-            s = ls_comm_send(st->comm, buf, 2 * (size_t)nb * pb, dst, CP_TAG(l, 1));
-        }
     ls_arena_release(sc, mk);
     return s;
 }
 
-/* Attention layer l of the shard: x[Tr, D] += o_proj(attn ⊙ σ(gate)), then the FFN. */
+/* Attention layer l of the shard, chunk by chunk: x[Tr, D] += o_proj(attn ⊙ σ(gate)),
+ * then the FFN. A chunk attends over this rank's earlier pages and its own keys, then
+ * over every earlier rank's pages as they stream past in blocks; only the chunk's
+ * queries and output are held, never a remote page beyond its block. */
 static ls_status cp_attn_layer(const ls_hybrid_model *m, int l, ls_prompt_state *st, float *x, int64_t Tr,
                                int skip_ffn, const ls_fwd_opts *o, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     const ls_hybrid_layer *w = &m->layers[l];
     int64_t D = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv * c->head_dim;
-    int64_t C = o->capture_chunk > 0 ? o->capture_chunk : 2048, lo = st->lo;
+    int64_t C = o->capture_chunk > 0 ? o->capture_chunk : 2048, lo = st->lo, S = st->page_size;
     int nh = c->n_heads, hd = c->head_dim;
     float scale = 1.0f / sqrtf((float)hd);
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    /* what must outlive the remote pages streaming past: the shard's queries and the
-     * running output (the gate is recomputed from the layer input in step 4) */
-    float *qs = ALLOC_F(sc, Tr * qd);     /* [Tr, n_h, hd] normed + roped queries */
-    float *os = ALLOC_F(sc, Tr * qd);     /* [Tr, n_h, hd] attention output */
-    float *ls = ALLOC_F(sc, Tr * nh);     /* [Tr, n_h] its log-sum-exp */
-    NEED(qs && os && ls);
-    /* (1) per chunk: projections, own pages + own keys, append K/V */
+    int64_t bp = cp_block_pages(st, o);
+    size_t pb = (size_t)S * (size_t)kvd * ls_dtype_size(st->dtype);
     for (int64_t c0 = 0; c0 < Tr; c0 += C) {
         int64_t T = Tr - c0 < C ? Tr - c0 : C;
         ls_arena_mark ck = ls_arena_get_mark(sc);
-        float *xn = ALLOC_F(sc, T * D), *k = ALLOC_F(sc, T * kvd), *v = ALLOC_F(sc, T * kvd);
-        NEED(xn && k && v);
-        float *q = qs + c0 * qd;
-        ls_rmsnorm_fwd(xn, NULL, x + c0 * D, w->input_norm, T, D, c->eps);
+        float *xc = x + c0 * D;
+        float *xn = ALLOC_F(sc, T * D), *q = ALLOC_F(sc, T * qd), *gate = ALLOC_F(sc, T * qd);
+        float *k = ALLOC_F(sc, T * kvd), *v = ALLOC_F(sc, T * kvd);
+        float *oc = ALLOC_F(sc, T * qd), *lc = ALLOC_F(sc, T * nh); /* [T, n_h, hd], [T, n_h] */
+        float *ob = ALLOC_F(sc, T * qd), *lb = ALLOC_F(sc, T * nh); /* a block's partial */
+        void **kp = ls_arena_alloc(sc, (size_t)bp * sizeof(void *)), **vp = ls_arena_alloc(sc, (size_t)bp * sizeof(void *));
+        char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * pb); /* [2, bp pages]: K | V of a remote block */
+        NEED(xn && q && gate && k && v && oc && lc && ob && lb && kp && vp && buf);
+        /* (1) projections; this rank's earlier pages and the chunk's own keys; append */
+        ls_rmsnorm_fwd(xn, NULL, xc, w->input_norm, T, D, c->eps);
         ls_linear_fwd(q, xn, w->attn_in, T, D, qd, 0);
+        ls_linear_fwd(gate, xn, w->attn_in + qd * D, T, D, qd, 0);
         ls_linear_fwd(k, xn, w->attn_in + 2 * qd * D, T, D, kvd, 0);
         ls_linear_fwd(v, xn, w->attn_in + (2 * qd + kvd) * D, T, D, kvd, 0);
         LORA_FWD(m, l, attn_in, 0, qd, q, xn, T, sc);
+        LORA_FWD(m, l, attn_in, qd, qd, gate, xn, T, sc);
         LORA_FWD(m, l, attn_in, 2 * qd, kvd, k, xn, T, sc);
         LORA_FWD(m, l, attn_in, 2 * qd + kvd, kvd, v, xn, T, sc);
         ls_rmsnorm_fwd(q, NULL, q, w->q_norm, T * nh, hd, c->eps);
@@ -532,61 +546,36 @@ static ls_status cp_attn_layer(const ls_hybrid_model *m, int l, ls_prompt_state 
         ls_rope_fwd(k, T, c->n_kv, hd, c->rot_dim, c->rope_theta, lo + c0);
         st->n = lo + c0;
         ls_kv_prefix pre = ls_state_prefix(st, l);
-        LS_TRY(ls_attn_fwd(os + c0 * qd, ls + c0 * nh, q, k, v, &pre, T, nh, c->n_kv, hd, scale, sc));
+        LS_TRY(ls_attn_fwd(oc, lc, q, k, v, &pre, T, nh, c->n_kv, hd, scale, sc));
         LS_TRY(ls_state_append_kv(st, l, k, v, T));
-        ls_arena_release(sc, ck);
-    }
-    st->n = lo + Tr;
-    /* (2) every earlier rank's pages, block by block, merged into (os, ls) */
-    int64_t bp = cp_block_pages(st, o), S = st->page_size;
-    size_t pb = (size_t)S * (size_t)kvd * ls_dtype_size(st->dtype);
-    for (int src = 0; src < st->rank; src++) { /* received even by an empty shard: the sender sends */
-        int64_t rlo, rhi;
-        ls_state_rank_range(st, src, &rlo, &rhi);
-        int64_t np = (rhi - rlo + S - 1) / S;
-        for (int64_t p0 = 0; p0 < np; p0 += bp) {
-            int64_t nb = np - p0 < bp ? np - p0 : bp;
-            ls_arena_mark bk = ls_arena_get_mark(sc);
-            char *buf = ls_arena_alloc(sc, 2 * (size_t)nb * pb); /* [2, nb pages]: K | V */
-            void **kp = ls_arena_alloc(sc, (size_t)nb * sizeof(void *)), **vp = ls_arena_alloc(sc, (size_t)nb * sizeof(void *));
-            int64_t Cq = Tr < C ? (Tr > 0 ? Tr : 1) : C;
-            float *ob = ALLOC_F(sc, Cq * qd), *lb = ALLOC_F(sc, Cq * nh); /* one query chunk's partial */
-            NEED(buf && kp && vp && ob && lb);
-            LS_TRY(ls_comm_recv(st->comm, buf, 2 * (size_t)nb * pb, src, CP_TAG(l, 1)));
-            for (int64_t i = 0; i < nb; i++) kp[i] = buf + (size_t)i * pb, vp[i] = buf + (size_t)(nb + i) * pb;
-            int64_t bn = rhi - (rlo + p0 * S);
-            ls_kv_prefix blk = {bn < nb * S ? bn : nb * S, S, st->dtype, kp, vp};
-            for (int64_t c0 = 0; c0 < Tr; c0 += Cq) {
-                int64_t T = Tr - c0 < Cq ? Tr - c0 : Cq;
-                LS_TRY(ls_attn_prefix_fwd(ob, lb, qs + c0 * qd, &blk, T, nh, c->n_kv, hd, scale, sc));
-                ls_attn_merge(os + c0 * qd, ls + c0 * nh, ob, lb, T, nh, hd);
+        /* (2) every earlier rank's pages, block by block, merged into (oc, lc) */
+        for (int src = 0; src < st->rank; src++) {
+            int64_t rlo, rhi;
+            ls_state_rank_range(st, src, &rlo, &rhi);
+            int64_t np = (rhi - rlo + S - 1) / S;
+            for (int64_t p0 = 0; p0 < np; p0 += bp) {
+                int64_t nb = np - p0 < bp ? np - p0 : bp;
+                LS_TRY(ls_comm_recv(st->comm, buf, 2 * (size_t)nb * pb, src, CP_TAG(l, 1)));
+                for (int64_t i = 0; i < nb; i++) kp[i] = buf + (size_t)i * pb, vp[i] = buf + (size_t)(nb + i) * pb;
+                int64_t bn = rhi - (rlo + p0 * S);
+                ls_kv_prefix blk = {bn < nb * S ? bn : nb * S, S, st->dtype, kp, vp};
+                LS_TRY(ls_attn_prefix_fwd(ob, lb, q, &blk, T, nh, c->n_kv, hd, scale, sc));
+                ls_attn_merge(oc, lc, ob, lb, T, nh, hd);
             }
-            ls_arena_release(sc, bk);
         }
-    }
-    /* (3) this rank's pages on to the later ranks */
-    LS_TRY(cp_send_pages(st, l, bp, sc));
-    /* (4) gate, output projection, FFN */
-    for (int64_t c0 = 0; c0 < Tr; c0 += C) {
-        int64_t T = Tr - c0 < C ? Tr - c0 : C;
-        ls_arena_mark ck = ls_arena_get_mark(sc);
-        float *og = os + c0 * qd, *xc = x + c0 * D;
-        float *xn = ALLOC_F(sc, T * D), *gate = ALLOC_F(sc, T * qd); /* [T, D], [T, n_h·hd] */
-        NEED(xn && gate);
-        ls_rmsnorm_fwd(xn, NULL, xc, w->input_norm, T, D, c->eps); /* xc is still the layer's input */
-        ls_linear_fwd(gate, xn, w->attn_in + qd * D, T, D, qd, 0);
-        LORA_FWD(m, l, attn_in, qd, qd, gate, xn, T, sc);
-        for (int64_t i = 0; i < T * qd; i++) og[i] /= 1.0f + expf(-gate[i]);
-        ls_linear_fwd(xc, og, w->attn_out, T, qd, D, 1);
-        LORA_FWD(m, l, attn_out, 0, D, xc, og, T, sc);
+        /* (3) gate, output projection, FFN */
+        for (int64_t i = 0; i < T * qd; i++) oc[i] /= 1.0f + expf(-gate[i]);
+        ls_linear_fwd(xc, oc, w->attn_out, T, qd, D, 1);
+        LORA_FWD(m, l, attn_out, 0, D, xc, oc, T, sc);
         if (!skip_ffn) {
             layer_ctx L = {T, lo + c0, 0, NULL, NULL, NULL, NULL, NULL, NULL, sc, NULL, l, 0, NULL};
             LS_TRY(ffn_fwd(m, l, xc, xn, &L));
         }
         ls_arena_release(sc, ck);
     }
-    ls_arena_release(sc, mk);
-    return LS_OK;
+    st->n = lo + Tr;
+    /* (4) this rank's pages on to the later ranks, once per chunk of theirs */
+    return cp_send_pages(st, l, bp, C, sc);
 }
 
 static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids, int64_t n,

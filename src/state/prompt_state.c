@@ -79,6 +79,12 @@ ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt
     p->table_bytes_per_rank = tab;
     p->gdn_bytes_per_rank = gdn;
     p->total_bytes_per_rank = total;
+    if (cp > 1) { /* every factor is bounded by sizes checked above, or by the config */
+        size_t tr = ppr * (size_t)page_size;
+        if (mul3(tr, (size_t)cfg->hidden, sizeof(float), &p->cp_capture_bytes_per_rank))
+            return ls_err(LS_ERR_ARG, "prompt length %lld: the CP capture's shard buffers overflow a 64-bit byte count",
+                          (long long)prompt_len);
+    }
     return LS_OK;
 }
 
