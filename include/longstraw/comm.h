@@ -46,16 +46,6 @@ ls_status ls_comm_allgather(const ls_comm *c, const void *send, void *recv, size
 /* Point to point (not collective): blocking send / receive of exactly `bytes`. */
 ls_status ls_comm_send(const ls_comm *c, const void *buf, size_t bytes, int dst, int tag);
 ls_status ls_comm_recv(const ls_comm *c, void *buf, size_t bytes, int src, int tag);
-/* Non-blocking sends through a window of at most `cap` in flight (not collective):
- * each buffer must stay unchanged until the window has waited for it. A full window
- * first waits for everything in it. Messages up to 1 GiB; they match the receiver's
- * ls_comm_recv in the order they were sent. */
-typedef struct ls_comm_window ls_comm_window;
-ls_status ls_comm_window_open(const ls_comm *c, int cap, ls_comm_window **out);
-ls_status ls_comm_isend(ls_comm_window *w, const void *buf, size_t bytes, int dst, int tag);
-ls_status ls_comm_window_wait(ls_comm_window *w);
-/* Waits for what is still in flight, then frees. */
-ls_status ls_comm_window_close(ls_comm_window *w);
 ls_status ls_comm_bcast(const ls_comm *c, void *buf, size_t bytes, int root);
 ls_status ls_comm_barrier(const ls_comm *c);
 /* End every rank of the run with `code` (MPI_Abort); the one-rank build exits. */

@@ -236,56 +236,6 @@ ls_status ls_comm_recv(const ls_comm *c, void *buf, size_t bytes, int src, int t
     return LS_OK;
 }
 
-/* ---- non-blocking sends --------------------------------------------------------- */
-struct ls_comm_window {
-    const ls_comm *c;
-    int cap, n;
-    size_t bytes;   /* in flight, for the trace */
-    double t0;
-    MPI_Request *req; /* [cap] */
-};
-
-ls_status ls_comm_window_open(const ls_comm *c, int cap, ls_comm_window **out) {
-    LS_ASSERT(c != NULL && cap > 0, "window: c %p cap %d", (const void *)c, cap);
-    ls_comm_window *w = calloc(1, sizeof *w);
-    MPI_Request *r = w ? malloc((size_t)cap * sizeof *r) : NULL;
-    if (!w || !r) {
-        free(w);
-        return ls_err(LS_ERR_NOMEM, "window of %d sends", cap);
-    }
-    w->c = c, w->cap = cap, w->req = r;
-    *out = w;
-    return LS_OK;
-}
-
-ls_status ls_comm_window_wait(ls_comm_window *w) {
-    if (w->n == 0) return LS_OK;
-    int rc = MPI_Waitall(w->n, w->req, MPI_STATUSES_IGNORE);
-    if (rc != MPI_SUCCESS) return mpi_fail("isend", "MPI_Waitall", rc);
-    trace_end("isend", w->bytes, w->t0);
-    w->n = 0, w->bytes = 0;
-    return LS_OK;
-}
-
-ls_status ls_comm_isend(ls_comm_window *w, const void *buf, size_t bytes, int dst, int tag) {
-    check_peer(w->c, buf, bytes, dst, tag, "isend");
-    LS_ASSERT(bytes <= LS_COMM_PIECE, "isend: %zu bytes, at most %zu", bytes, LS_COMM_PIECE);
-    if (w->n == w->cap) LS_TRY(ls_comm_window_wait(w));
-    if (w->n == 0) w->t0 = trace_begin();
-    int rc = MPI_Isend(buf, (int)bytes, MPI_BYTE, dst, tag, w->c->mc, &w->req[w->n]);
-    if (rc != MPI_SUCCESS) return mpi_fail("isend", "MPI_Isend", rc);
-    w->n++, w->bytes += bytes;
-    return LS_OK;
-}
-
-ls_status ls_comm_window_close(ls_comm_window *w) {
-    if (!w) return LS_OK;
-    ls_status s = ls_comm_window_wait(w);
-    free(w->req);
-    free(w);
-    return s;
-}
-
 ls_status ls_comm_bcast(const ls_comm *c, void *buf, size_t bytes, int root) {
     LS_ASSERT(c != NULL && (buf != NULL || bytes == 0), "bcast: c %p buf %p", (const void *)c, buf);
     LS_ASSERT(root >= 0 && root < c->size, "bcast: root %d of %d ranks", root, c->size);
@@ -370,25 +320,6 @@ ls_status ls_comm_recv(const ls_comm *c, void *buf, size_t bytes, int src, int t
     LS_ASSERT(0, "recv from rank %d: a one-rank build has no peer", src);
     return LS_ERR_UNSUPPORTED;
 }
-
-/* ---- non-blocking sends: no peer with one rank ----------------------------------- */
-struct ls_comm_window {
-    int unused;
-};
-
-ls_status ls_comm_window_open(const ls_comm *c, int cap, ls_comm_window **out) {
-    LS_ASSERT(0, "window: a one-rank build has no peer");
-    return LS_ERR_UNSUPPORTED;
-}
-
-ls_status ls_comm_isend(ls_comm_window *w, const void *buf, size_t bytes, int dst, int tag) {
-    LS_ASSERT(0, "isend to rank %d: a one-rank build has no peer", dst);
-    return LS_ERR_UNSUPPORTED;
-}
-
-ls_status ls_comm_window_wait(ls_comm_window *w) { return LS_OK; }
-
-ls_status ls_comm_window_close(ls_comm_window *w) { return LS_OK; }
 
 ls_status ls_comm_bcast(const ls_comm *c, void *buf, size_t bytes, int root) {
     LS_ASSERT(root == 0, "bcast: root %d of 1 rank", root);

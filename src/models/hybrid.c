@@ -479,22 +479,30 @@ static int64_t cp_chunks(const ls_prompt_state *st, int r, int64_t C) {
     return (hi - lo + C - 1) / C;
 }
 
-/* Send this rank's pages of attention layer l to every later rank, page by page (K
- * then V), once for each of that rank's query chunks (the receiver keeps no remote
- * page beyond its block). Non-blocking, straight from the pages, which are not
- * written again during the capture: this rank goes on with its next layers. */
-static ls_status cp_send_pages(const ls_prompt_state *st, int l, int64_t C, ls_comm_window *win) {
+/* Send this rank's pages of attention layer l to every later rank, block by block,
+ * once for each of that rank's query chunks (the receiver keeps no remote page). */
+static ls_status cp_send_pages(const ls_prompt_state *st, int l, int64_t bp, int64_t C, ls_arena *sc) {
     const ls_config *c = st->cfg;
     size_t pb = (size_t)st->page_size * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(st->dtype);
     int64_t np = ls_state_prefix(st, l).n;
     np = (np + st->page_size - 1) / st->page_size; /* pages holding positions */
-    for (int dst = st->rank + 1; dst < st->nranks; dst++)
-        for (int64_t q = cp_chunks(st, dst, C); q > 0; q--)
-            for (int64_t p = 0; p < np; p++) {
-                LS_TRY(ls_comm_isend(win, st->attn[l].k_pages[p], pb, dst, CP_TAG(l, 1)));
-                LS_TRY(ls_comm_isend(win, st->attn[l].v_pages[p], pb, dst, CP_TAG(l, 1)));
+    if (np == 0) return LS_OK;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * pb); /* [2, bp pages]: K | V */
+    NEED(buf);
+    ls_status s = LS_OK;
+    for (int dst = st->rank + 1; dst < st->nranks && s == LS_OK; dst++)
+        for (int64_t q = cp_chunks(st, dst, C); q > 0 && s == LS_OK; q--)
+            for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
+                int64_t nb = np - p0 < bp ? np - p0 : bp;
+                for (int64_t i = 0; i < nb; i++) {
+                    memcpy(buf + (size_t)i * pb, st->attn[l].k_pages[p0 + i], pb);
+                    memcpy(buf + (size_t)(nb + i) * pb, st->attn[l].v_pages[p0 + i], pb);
+                }
+                s = ls_comm_send(st->comm, buf, 2 * (size_t)nb * pb, dst, CP_TAG(l, 1));
             }
-    return LS_OK;
+    ls_arena_release(sc, mk);
+    return s;
 }
 
 /* Attention layer l of the shard, chunk by chunk: x[Tr, D] += o_proj(attn ⊙ σ(gate)),
@@ -502,7 +510,7 @@ static ls_status cp_send_pages(const ls_prompt_state *st, int l, int64_t C, ls_c
  * over every earlier rank's pages as they stream past in blocks; only the chunk's
  * queries and output are held, never a remote page beyond its block. */
 static ls_status cp_attn_layer(const ls_hybrid_model *m, int l, ls_prompt_state *st, float *x, int64_t Tr,
-                               int skip_ffn, const ls_fwd_opts *o, ls_comm_window *win, ls_arena *sc) {
+                               int skip_ffn, const ls_fwd_opts *o, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     const ls_hybrid_layer *w = &m->layers[l];
     int64_t D = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv * c->head_dim;
@@ -547,11 +555,8 @@ static ls_status cp_attn_layer(const ls_hybrid_model *m, int l, ls_prompt_state 
             int64_t np = (rhi - rlo + S - 1) / S;
             for (int64_t p0 = 0; p0 < np; p0 += bp) {
                 int64_t nb = np - p0 < bp ? np - p0 : bp;
-                for (int64_t i = 0; i < nb; i++) {
-                    kp[i] = buf + (size_t)i * pb, vp[i] = buf + (size_t)(nb + i) * pb;
-                    LS_TRY(ls_comm_recv(st->comm, kp[i], pb, src, CP_TAG(l, 1)));
-                    LS_TRY(ls_comm_recv(st->comm, vp[i], pb, src, CP_TAG(l, 1)));
-                }
+                LS_TRY(ls_comm_recv(st->comm, buf, 2 * (size_t)nb * pb, src, CP_TAG(l, 1)));
+                for (int64_t i = 0; i < nb; i++) kp[i] = buf + (size_t)i * pb, vp[i] = buf + (size_t)(nb + i) * pb;
                 int64_t bn = rhi - (rlo + p0 * S);
                 ls_kv_prefix blk = {bn < nb * S ? bn : nb * S, S, st->dtype, kp, vp};
                 LS_TRY(ls_attn_prefix_fwd(ob, lb, q, &blk, T, nh, c->n_kv, hd, scale, sc));
@@ -570,7 +575,7 @@ static ls_status cp_attn_layer(const ls_hybrid_model *m, int l, ls_prompt_state 
     }
     st->n = lo + Tr;
     /* (4) this rank's pages on to the later ranks, once per chunk of theirs */
-    return cp_send_pages(st, l, C, win);
+    return cp_send_pages(st, l, bp, C, sc);
 }
 
 static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids, int64_t n,
@@ -588,8 +593,7 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
     float *x = ALLOC_F(sc, (Tr > 0 ? Tr : 1) * D); /* [Tr, D] the shard's residual stream */
     NEED(x);
     ls_embed_fwd(x, ids + lo, m->embed, Tr, D);
-    ls_comm_window *win = NULL; /* the sends of this capture, from buffers it does not write again */
-    ls_status s = ls_comm_window_open(st->comm, 1 << 15, &win);
+    ls_status s = LS_OK;
     for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
         int skip = l == c->n_layers - 1; /* the last FFN feeds only the LM head */
         if (c->kind[l] == LS_LAYER_GDN) {
@@ -602,17 +606,14 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
                 layer_ctx L = {T, lo + c0, 0, NULL, NULL, g->S, g->conv_tail, NULL, NULL, sc, NULL, l, 1, NULL};
                 s = layer_fwd(m, l, x + c0 * D, skip, &L);
             }
-            /* layer l's state is final here: sent without waiting for the next rank */
-            if (s == LS_OK && r + 1 < N) s = ls_comm_isend(win, g->S, rec_n * sizeof(float), r + 1, CP_TAG(l, 2));
+            if (s == LS_OK && r + 1 < N) s = ls_comm_send(st->comm, g->S, rec_n * sizeof(float), r + 1, CP_TAG(l, 2));
             if (s == LS_OK && r + 1 < N && conv_n)
-                s = ls_comm_isend(win, g->conv_tail, conv_n * sizeof(float), r + 1, CP_TAG(l, 3));
+                s = ls_comm_send(st->comm, g->conv_tail, conv_n * sizeof(float), r + 1, CP_TAG(l, 3));
         } else {
-            s = cp_attn_layer(m, l, st, x, Tr, skip, o, win, sc);
+            s = cp_attn_layer(m, l, st, x, Tr, skip, o, sc);
         }
         ls_trace_layer_end(l, "fwd");
     }
-    ls_status ws = ls_comm_window_close(win); /* before the states below are overwritten */
-    if (s == LS_OK) s = ws;
     ls_progress_add(n); /* layer-major: the whole prompt is done only now */
     /* the state at the prompt's end, on every rank */
     for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
