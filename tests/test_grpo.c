@@ -46,6 +46,18 @@ static int write_model(const char *dir, const char *text, uint64_t seed) {
     return 0;
 }
 
+/* A random dense model in a fresh DIR, loaded, with zeroed gradient buffers; 0 on success. */
+static int dense_model(char *dir, size_t cap, uint64_t seed, ls_arenas *ar, ls_hybrid_model *m, ls_hybrid_model *gr) {
+    ls_arenas_init(ar);
+    if (t_make_tmpdir(dir, cap) != 0 || write_model(dir, cfg_dense, seed) != 0) return 1;
+    if (ls_hybrid_load(m, dir, &ar->a[LS_ARENA_FIXED]) != LS_OK ||
+        ls_hybrid_alloc_like(m, gr, &ar->a[LS_ARENA_GRAD]) != LS_OK) {
+        fprintf(stderr, "  %s\n", ls_err_msg());
+        return 1;
+    }
+    return 0;
+}
+
 /* A group with rewards; P prompt tokens, G members of lengths R[i]. */
 static void make_group(ls_group *g, int64_t P, int G, const int64_t *R, int64_t vocab, uint64_t seed) {
     ls_rng r;
@@ -290,13 +302,9 @@ int test_grpo_batch_vs_single_groups(void) {
  * a branch must not. */
 int test_grpo_first_ratio_is_one(void) {
     char dir[512];
-    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
-    T_CHECK(write_model(dir, cfg_dense, 43) == 0, "model");
     ls_arenas ar;
-    ls_arenas_init(&ar);
     ls_hybrid_model m, gr;
-    T_OK(ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]));
-    T_OK(ls_hybrid_alloc_like(&m, &gr, &ar.a[LS_ARENA_GRAD]));
+    T_CHECK(dense_model(dir, sizeof dir, 43, &ar, &m, &gr) == 0, "model");
     static const int64_t R[6] = {1, 2, 3, 4, 5, 70};
     ls_group g;
     make_group(&g, 77, 6, R, m.cfg.vocab, 51);
@@ -349,13 +357,9 @@ int test_grpo_first_ratio_is_one(void) {
  * advantage: the update is marked skipped and the weights are left untouched. */
 int test_grpo_nonfinite_reward_std_skips(void) {
     char dir[512];
-    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
-    T_CHECK(write_model(dir, cfg_dense, 44) == 0, "model");
     ls_arenas ar;
-    ls_arenas_init(&ar);
     ls_hybrid_model m, gr;
-    T_OK(ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]));
-    T_OK(ls_hybrid_alloc_like(&m, &gr, &ar.a[LS_ARENA_GRAD]));
+    T_CHECK(dense_model(dir, sizeof dir, 44, &ar, &m, &gr) == 0, "model");
     static const int64_t R[3] = {3, 4, 5};
     ls_group g;
     make_group(&g, 40, 3, R, m.cfg.vocab, 52);
