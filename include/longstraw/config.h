@@ -7,6 +7,7 @@
 #define LONGSTRAW_CONFIG_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "longstraw/core.h"
 
@@ -40,6 +41,9 @@ ls_status ls_read_file(const char *path, char **out, size_t *len);
 /* Write `len` bytes to `path` atomically: `path`.tmp.<pid>, fsync, rename. A crash
  * leaves either the old file or the new one, never a half-written one. */
 ls_status ls_write_file_atomic(const char *path, const void *data, size_t len);
+/* Close an open_memstream stream over (*buf, *len), write its text to `path` with
+ * ls_write_file_atomic and free the buffer. */
+ls_status ls_write_memstream(const char *path, FILE *f, char **buf, size_t *len);
 /* 1-based line number of byte `off` in `text` (for error messages). */
 long ls_line_of(const char *text, long off);
 /* Copy a file with ls_write_file_atomic. */

@@ -42,10 +42,6 @@ ls_status ls_check_fits(const ls_trainable *t, const ls_grpo_opts *o, int64_t P,
 ls_status ls_receipt_write(const char *path, const char *cmd, const ls_trainable *t, const ls_group *g,
                            const ls_grpo_opts *o, const ls_grpo_metrics *mt, const ls_arenas *ar);
 
-/* Close an open_memstream stream over (*buf, *len), write its text to `path`
- * atomically (ls_write_file_atomic) and free the buffer. */
-ls_status ls_write_memstream(const char *path, FILE *f, char **buf, size_t *len);
-
 /* ---- the loop ---------------------------------------------------------------------- */
 typedef struct {
     const char *model, *out;  /* checkpoint, run directory */

@@ -35,6 +35,8 @@ void cli_train_init(cli_train *t);
 int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg);
 int cli_train_finish(const char *cmd, cli_train *t);
 int cli_parse_f64(const char *cmd, const char *flag, const char *s, double lo, double hi, double *out);
+/* What the flags say is trained (model_dir = model). */
+ls_policy_spec cli_policy_spec(const char *model, const cli_train *t);
 /* The trainable set of a grad/step command from its flags (trainer.h). */
 ls_status cli_trainable_open(ls_trainable *p, const char *model, const cli_train *t, int with_adam, ls_arenas *ar);
 

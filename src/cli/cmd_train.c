@@ -209,12 +209,7 @@ static int run_train(int argc, char **argv) {
     ls_train_opts o = a.r;
     o.force = a.t.force, o.resume = a.resume != NULL;
     o.o = a.t.o;
-    o.spec = (ls_policy_spec){.ref_dir = a.t.ref_model,
-                              .adapter = a.t.adapter,
-                              .lora_rank = a.t.lora_rank,
-                              .lora_alpha = a.t.lora_alpha,
-                              .lora_targets = a.t.lora_targets,
-                              .lora_seed = (uint64_t)a.t.lora_seed};
+    o.spec = cli_policy_spec(NULL, &a.t); /* model_dir: the trainer's (the model or a checkpoint) */
     o.argc = a.resume ? nargc : argc;
     o.argv = a.resume ? nargv : argv;
     stop_requested = 0;

@@ -172,13 +172,17 @@ int cli_train_finish(const char *cmd, cli_train *t) {
 }
 
 
+ls_policy_spec cli_policy_spec(const char *model, const cli_train *t) {
+    return (ls_policy_spec){.model_dir = model,
+                            .ref_dir = t->ref_model,
+                            .adapter = t->adapter,
+                            .lora_rank = t->lora_rank,
+                            .lora_alpha = t->lora_alpha,
+                            .lora_targets = t->lora_targets,
+                            .lora_seed = (uint64_t)t->lora_seed};
+}
+
 ls_status cli_trainable_open(ls_trainable *p, const char *model, const cli_train *t, int with_adam, ls_arenas *ar) {
-    ls_policy_spec spec = {.model_dir = model,
-                           .ref_dir = t->ref_model,
-                           .adapter = t->adapter,
-                           .lora_rank = t->lora_rank,
-                           .lora_alpha = t->lora_alpha,
-                           .lora_targets = t->lora_targets,
-                           .lora_seed = (uint64_t)t->lora_seed};
+    ls_policy_spec spec = cli_policy_spec(model, t);
     return ls_trainable_open(p, &spec, with_adam, ar);
 }

@@ -299,3 +299,11 @@ ls_status ls_config_load(ls_config *c, const char *path) {
     free(text);
     return s;
 }
+
+ls_status ls_write_memstream(const char *path, FILE *f, char **buf, size_t *len) {
+    ls_status s = fclose(f) == 0 ? ls_write_file_atomic(path, *buf, *len)
+                                 : ls_err(LS_ERR_NOMEM, "%s: cannot build the file in memory", path);
+    free(*buf);
+    *buf = NULL;
+    return s;
+}

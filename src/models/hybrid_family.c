@@ -208,10 +208,7 @@ static ls_status write_adapter_config(const char *path, const ls_lora *lora) {
     }
     fprintf(f, "],\n  \"modules\": %lld,\n  \"lora_dropout\": 0.0,\n  \"bias\": \"none\"\n}\n",
             (long long)ls_lora_count(lora));
-    ls_status s = fclose(f) == 0 ? ls_write_file_atomic(path, buf, blen)
-                                 : ls_err(LS_ERR_NOMEM, "%s: cannot build the file in memory", path);
-    free(buf);
-    return s;
+    return ls_write_memstream(path, f, &buf, &blen);
 }
 
 static ls_status hy_policy_save(const ls_policy *p, const ls_policy_spec *sp, const char *dir) {

@@ -11,14 +11,6 @@
 
 #include "longstraw/trainer.h"
 
-ls_status ls_write_memstream(const char *path, FILE *f, char **buf, size_t *len) {
-    ls_status s = fclose(f) == 0 ? ls_write_file_atomic(path, *buf, *len)
-                                 : ls_err(LS_ERR_NOMEM, "%s: cannot build the file in memory", path);
-    free(*buf);
-    *buf = NULL;
-    return s;
-}
-
 ls_status ls_trainable_open(ls_trainable *p, const ls_policy_spec *spec, int with_adam, ls_arenas *ar) {
     memset(p, 0, sizeof *p);
     p->spec = *spec;
