@@ -50,7 +50,46 @@ typedef struct {
     /* a branch against a prompt state split over ranks: attention over the prefix is
      * this rank's partial, merged across the ranks (cp.h); NULL otherwise */
     const ls_comm *cp;
+    /* capture under CP: after the attention over this rank's pages, the earlier ranks'
+     * pages stream past in blocks of cp_block pages and are merged in (NULL otherwise) */
+    const ls_prompt_state *cp_capture;
+    int64_t cp_block;
 } layer_ctx;
+
+#define CP_TAG(layer, kind) ((layer) * 4 + (kind))
+
+/* Capture under CP: merge into o [T, n_h, hd] / lse [T, n_h] (the attention of the
+ * chunk's queries q over this rank's pages and its own keys) the pages of every earlier
+ * rank of attention layer l, received block by block — never a remote page beyond its
+ * block (the senders send them once per chunk of this rank, cp_send_pages). */
+static ls_status cp_merge_earlier(const ls_prompt_state *st, int l, const float *q, float *o, float *lse, int64_t T,
+                                  int64_t bp, ls_arena *sc) {
+    const ls_config *c = st->cfg;
+    int64_t S = st->page_size, qd = (int64_t)c->n_heads * c->head_dim;
+    int nh = c->n_heads, hd = c->head_dim;
+    size_t pb = (size_t)S * (size_t)c->n_kv * (size_t)hd * ls_dtype_size(st->dtype);
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *ob = ALLOC_F(sc, T * qd), *lb = ALLOC_F(sc, T * nh); /* a block's partial */
+    void **kp = ls_arena_alloc(sc, (size_t)bp * sizeof(void *)), **vp = ls_arena_alloc(sc, (size_t)bp * sizeof(void *));
+    char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * pb); /* [2, bp pages]: K | V of a remote block */
+    NEED(ob && lb && kp && vp && buf);
+    for (int src = 0; src < st->rank; src++) {
+        int64_t rlo, rhi;
+        ls_state_rank_range(st, src, &rlo, &rhi);
+        int64_t np = (rhi - rlo + S - 1) / S;
+        for (int64_t p0 = 0; p0 < np; p0 += bp) {
+            int64_t nb = np - p0 < bp ? np - p0 : bp;
+            LS_TRY(ls_comm_recv(st->comm, buf, 2 * (size_t)nb * pb, src, CP_TAG(l, 1)));
+            for (int64_t i = 0; i < nb; i++) kp[i] = buf + (size_t)i * pb, vp[i] = buf + (size_t)(nb + i) * pb;
+            int64_t bn = rhi - (rlo + p0 * S);
+            ls_kv_prefix blk = {bn < nb * S ? bn : nb * S, S, st->dtype, kp, vp};
+            LS_TRY(ls_attn_prefix_fwd(ob, lb, q, &blk, T, nh, c->n_kv, hd, 1.0f / sqrtf((float)hd), sc));
+            ls_attn_merge(o, lse, ob, lb, T, nh, hd);
+        }
+    }
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
 
 /* Gated DeltaNet mixer (spec §2): x[T,D] += out_proj(gated_norm(GDR(conv(qkv)), z)). */
 static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, float *x,
@@ -212,6 +251,11 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
             else
                 LS_TRY(ls_attn_prefix_fwd(o, lb, qr, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
             LS_TRY(ls_cp_merge(o, lb, T * c->n_heads, c->head_dim, L->cp, L->sc));
+        } else if (L->cp_capture) { /* this rank's pages and own keys, then the earlier ranks' */
+            float *lb = ALLOC_F(L->sc, T * c->n_heads); /* [T, n_h] */
+            NEED(lb);
+            LS_TRY(ls_attn_fwd(o, lb, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
+            LS_TRY(cp_merge_earlier(L->cp_capture, layer, qr, o, lb, T, L->cp_block, L->sc));
         } else {
             LS_TRY(ls_attn_fwd(o, lse, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
         }
@@ -432,7 +476,7 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
         for (int l = 0; l < c->n_layers; l++) {
             ls_kv_prefix pre = ls_state_prefix(st, l);
             layer_ctx L = {T, st->n, 0, c->kind[l] == LS_LAYER_ATTN ? &pre : NULL, st,
-                           st->gdn[l].S, st->gdn[l].conv_tail, NULL, NULL, scratch, NULL, l, 1, NULL};
+                           st->gdn[l].S, st->gdn[l].conv_tail, NULL, NULL, scratch, NULL, l, 1, NULL, NULL, 0};
             /* The last layer's FFN feeds only the LM head: skipped unless logits are wanted. */
             int skip = l == c->n_layers - 1 && !(logits && last_chunk);
             LS_TRY(layer_fwd(m, l, x, skip, &L));
@@ -456,15 +500,14 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
  * Each rank captures its own shard [lo, hi) of the prompt, layer by layer (the shard's
  * residual stream stays alive across layers: this is the one buffer sized by P/N).
  * Gated DeltaNet: the recurrent state and conv tail relay from rank r−1 to rank r per
- * layer, so the ranks run as a wavefront over the layers. Full attention: the shard's
- * queries attend over its own earlier pages plus their own keys (ls_attn_fwd), then
- * over the pages of every earlier rank, which arrive block by block (never a whole
- * remote K/V in memory) and merge by log-sum-exp (ls_attn_merge); afterwards the rank
+ * layer, so the ranks run as a wavefront over the layers. Each chunk of the shard goes
+ * through the same layer_fwd as a one-rank capture; at an attention layer its queries
+ * attend over the rank's earlier pages plus their own keys, then over the pages of every
+ * earlier rank, which stream past block by block once per chunk (cp_merge_earlier: never
+ * a whole remote K/V in memory) and merge by log-sum-exp; after its chunks the rank
  * sends its own pages on to the later ranks. Messages only go from lower to higher
  * ranks, in one program order on every rank, so the schedule cannot deadlock. At the
  * end the last rank's GDN states (the state at the prompt's end) are broadcast. */
-
-#define CP_TAG(layer, kind) ((layer) * 4 + (kind))
 
 /* Pages per transferred block: about one capture chunk. */
 static int64_t cp_block_pages(const ls_prompt_state *st, const ls_fwd_opts *o) {
@@ -505,79 +548,6 @@ static ls_status cp_send_pages(const ls_prompt_state *st, int l, int64_t bp, int
     return s;
 }
 
-/* Attention layer l of the shard, chunk by chunk: x[Tr, D] += o_proj(attn ⊙ σ(gate)),
- * then the FFN. A chunk attends over this rank's earlier pages and its own keys, then
- * over every earlier rank's pages as they stream past in blocks; only the chunk's
- * queries and output are held, never a remote page beyond its block. */
-static ls_status cp_attn_layer(const ls_hybrid_model *m, int l, ls_prompt_state *st, float *x, int64_t Tr,
-                               int skip_ffn, const ls_fwd_opts *o, ls_arena *sc) {
-    const ls_config *c = &m->cfg;
-    const ls_hybrid_layer *w = &m->layers[l];
-    int64_t D = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv * c->head_dim;
-    int64_t C = o->capture_chunk > 0 ? o->capture_chunk : 2048, lo = st->lo, S = st->page_size;
-    int nh = c->n_heads, hd = c->head_dim;
-    float scale = 1.0f / sqrtf((float)hd);
-    int64_t bp = cp_block_pages(st, o);
-    size_t pb = (size_t)S * (size_t)kvd * ls_dtype_size(st->dtype);
-    for (int64_t c0 = 0; c0 < Tr; c0 += C) {
-        int64_t T = Tr - c0 < C ? Tr - c0 : C;
-        ls_arena_mark ck = ls_arena_get_mark(sc);
-        float *xc = x + c0 * D;
-        float *xn = ALLOC_F(sc, T * D), *q = ALLOC_F(sc, T * qd), *gate = ALLOC_F(sc, T * qd);
-        float *k = ALLOC_F(sc, T * kvd), *v = ALLOC_F(sc, T * kvd);
-        float *oc = ALLOC_F(sc, T * qd), *lc = ALLOC_F(sc, T * nh); /* [T, n_h, hd], [T, n_h] */
-        float *ob = ALLOC_F(sc, T * qd), *lb = ALLOC_F(sc, T * nh); /* a block's partial */
-        void **kp = ls_arena_alloc(sc, (size_t)bp * sizeof(void *)), **vp = ls_arena_alloc(sc, (size_t)bp * sizeof(void *));
-        char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * pb); /* [2, bp pages]: K | V of a remote block */
-        NEED(xn && q && gate && k && v && oc && lc && ob && lb && kp && vp && buf);
-        /* (1) projections; this rank's earlier pages and the chunk's own keys; append */
-        ls_rmsnorm_fwd(xn, NULL, xc, w->input_norm, T, D, c->eps);
-        ls_linear_fwd(q, xn, w->attn_in, T, D, qd, 0);
-        ls_linear_fwd(gate, xn, w->attn_in + qd * D, T, D, qd, 0);
-        ls_linear_fwd(k, xn, w->attn_in + 2 * qd * D, T, D, kvd, 0);
-        ls_linear_fwd(v, xn, w->attn_in + (2 * qd + kvd) * D, T, D, kvd, 0);
-        LORA_FWD(m, l, attn_in, 0, qd, q, xn, T, sc);
-        LORA_FWD(m, l, attn_in, qd, qd, gate, xn, T, sc);
-        LORA_FWD(m, l, attn_in, 2 * qd, kvd, k, xn, T, sc);
-        LORA_FWD(m, l, attn_in, 2 * qd + kvd, kvd, v, xn, T, sc);
-        ls_rmsnorm_fwd(q, NULL, q, w->q_norm, T * nh, hd, c->eps);
-        ls_rmsnorm_fwd(k, NULL, k, w->k_norm, T * c->n_kv, hd, c->eps);
-        ls_rope_fwd(q, T, nh, hd, c->rot_dim, c->rope_theta, lo + c0);
-        ls_rope_fwd(k, T, c->n_kv, hd, c->rot_dim, c->rope_theta, lo + c0);
-        st->n = lo + c0;
-        ls_kv_prefix pre = ls_state_prefix(st, l);
-        LS_TRY(ls_attn_fwd(oc, lc, q, k, v, &pre, T, nh, c->n_kv, hd, scale, sc));
-        LS_TRY(ls_state_append_kv(st, l, k, v, T));
-        /* (2) every earlier rank's pages, block by block, merged into (oc, lc) */
-        for (int src = 0; src < st->rank; src++) {
-            int64_t rlo, rhi;
-            ls_state_rank_range(st, src, &rlo, &rhi);
-            int64_t np = (rhi - rlo + S - 1) / S;
-            for (int64_t p0 = 0; p0 < np; p0 += bp) {
-                int64_t nb = np - p0 < bp ? np - p0 : bp;
-                LS_TRY(ls_comm_recv(st->comm, buf, 2 * (size_t)nb * pb, src, CP_TAG(l, 1)));
-                for (int64_t i = 0; i < nb; i++) kp[i] = buf + (size_t)i * pb, vp[i] = buf + (size_t)(nb + i) * pb;
-                int64_t bn = rhi - (rlo + p0 * S);
-                ls_kv_prefix blk = {bn < nb * S ? bn : nb * S, S, st->dtype, kp, vp};
-                LS_TRY(ls_attn_prefix_fwd(ob, lb, q, &blk, T, nh, c->n_kv, hd, scale, sc));
-                ls_attn_merge(oc, lc, ob, lb, T, nh, hd);
-            }
-        }
-        /* (3) gate, output projection, FFN */
-        for (int64_t i = 0; i < T * qd; i++) oc[i] /= 1.0f + expf(-gate[i]);
-        ls_linear_fwd(xc, oc, w->attn_out, T, qd, D, 1);
-        LORA_FWD(m, l, attn_out, 0, D, xc, oc, T, sc);
-        if (!skip_ffn) {
-            layer_ctx L = {T, lo + c0, 0, NULL, NULL, NULL, NULL, NULL, NULL, sc, NULL, l, 0, NULL};
-            LS_TRY(ffn_fwd(m, l, xc, xn, &L));
-        }
-        ls_arena_release(sc, ck);
-    }
-    st->n = lo + Tr;
-    /* (4) this rank's pages on to the later ranks, once per chunk of theirs */
-    return cp_send_pages(st, l, bp, C, sc);
-}
-
 static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids, int64_t n,
                             const ls_fwd_opts *o, ls_arena *sc) {
     const ls_config *c = &m->cfg;
@@ -594,24 +564,28 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
     NEED(x);
     ls_embed_fwd(x, ids + lo, m->embed, Tr, D);
     ls_status s = LS_OK;
+    int64_t bp = cp_block_pages(st, o);
     for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
         int skip = l == c->n_layers - 1; /* the last FFN feeds only the LM head */
-        if (c->kind[l] == LS_LAYER_GDN) {
-            ls_gdn_state *g = &st->gdn[l];
-            if (r > 0) s = ls_comm_recv(st->comm, g->S, rec_n * sizeof(float), r - 1, CP_TAG(l, 2));
-            if (s == LS_OK && r > 0 && conv_n)
-                s = ls_comm_recv(st->comm, g->conv_tail, conv_n * sizeof(float), r - 1, CP_TAG(l, 3));
-            for (int64_t c0 = 0; c0 < Tr && s == LS_OK; c0 += C) {
-                int64_t T = Tr - c0 < C ? Tr - c0 : C;
-                layer_ctx L = {T, lo + c0, 0, NULL, NULL, g->S, g->conv_tail, NULL, NULL, sc, NULL, l, 1, NULL};
-                s = layer_fwd(m, l, x + c0 * D, skip, &L);
-            }
-            if (s == LS_OK && r + 1 < N) s = ls_comm_send(st->comm, g->S, rec_n * sizeof(float), r + 1, CP_TAG(l, 2));
-            if (s == LS_OK && r + 1 < N && conv_n)
-                s = ls_comm_send(st->comm, g->conv_tail, conv_n * sizeof(float), r + 1, CP_TAG(l, 3));
-        } else {
-            s = cp_attn_layer(m, l, st, x, Tr, skip, o, sc);
+        int gdn = c->kind[l] == LS_LAYER_GDN;
+        ls_gdn_state *g = &st->gdn[l];
+        if (gdn && r > 0) s = ls_comm_recv(st->comm, g->S, rec_n * sizeof(float), r - 1, CP_TAG(l, 2));
+        if (s == LS_OK && gdn && r > 0 && conv_n)
+            s = ls_comm_recv(st->comm, g->conv_tail, conv_n * sizeof(float), r - 1, CP_TAG(l, 3));
+        for (int64_t c0 = 0; c0 < Tr && s == LS_OK; c0 += C) { /* the shard's chunks through layer l */
+            int64_t T = Tr - c0 < C ? Tr - c0 : C;
+            st->n = lo + c0;
+            ls_kv_prefix pre = ls_state_prefix(st, l); /* this rank's earlier pages */
+            layer_ctx L = {T, lo + c0, 0, gdn ? NULL : &pre, gdn ? NULL : st, g->S, g->conv_tail, NULL, NULL, sc,
+                           NULL, l, 1, NULL, gdn ? NULL : st, bp};
+            s = layer_fwd(m, l, x + c0 * D, skip, &L);
         }
+        st->n = lo + Tr;
+        /* on to the later ranks: the state (relay), or the pages once per chunk of theirs */
+        if (s == LS_OK && gdn && r + 1 < N) s = ls_comm_send(st->comm, g->S, rec_n * sizeof(float), r + 1, CP_TAG(l, 2));
+        if (s == LS_OK && gdn && r + 1 < N && conv_n)
+            s = ls_comm_send(st->comm, g->conv_tail, conv_n * sizeof(float), r + 1, CP_TAG(l, 3));
+        if (s == LS_OK && !gdn) s = cp_send_pages(st, l, bp, C, sc);
         ls_trace_layer_end(l, "fwd");
     }
     ls_progress_add(n); /* layer-major: the whole prompt is done only now */
@@ -641,7 +615,7 @@ ls_status ls_hybrid_decode(const ls_hybrid_model *m, ls_prompt_state *const *sts
     NEED(x);
     ls_embed_fwd(x, ids, m->embed, n, D);
     for (int l = 0; l < c->n_layers; l++) {
-        layer_ctx L = {n, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, scratch, sts, l, 1, NULL};
+        layer_ctx L = {n, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, scratch, sts, l, 1, NULL, NULL, 0};
         ls_status s = layer_fwd(m, l, x, 0, &L);
         if (s != LS_OK) {
             ls_arena_release(scratch, mk);
@@ -703,7 +677,7 @@ ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *
             pp = &pre;
         }
         layer_ctx L = {T, pos0, grad_from, pp, NULL, S, tail, taping ? &tb->layers[l] : NULL, tape_arena, scratch,
-                       NULL, l, 0, st && st->nranks > 1 ? st->comm : NULL};
+                       NULL, l, 0, st && st->nranks > 1 ? st->comm : NULL, NULL, 0};
         LS_TRY(layer_fwd(m, l, x, 0, &L));
         ls_trace_layer_end(l, "fwd");
     }
