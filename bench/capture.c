@@ -125,7 +125,7 @@ int main(int argc, char **argv) {
         double sg = sgemm_gflops(2048);
         ls_prompt_state st;
         ls_arena_reset(&ar.a[LS_ARENA_PROMPT]);
-        if (ls_state_init(&st, &m.cfg, P - 1, 64, LS_DTYPE_BF16, NULL, &ar.a[LS_ARENA_PROMPT]) != LS_OK) return 1;
+        if (ls_state_init(&st, &m.cfg, P - 1, 64, LS_DTYPE_BF16, NULL, LS_CP_CONTIGUOUS, &ar.a[LS_ARENA_PROMPT]) != LS_OK) return 1;
         double t0 = ls_now();
         if (ls_hybrid_capture(&m, &st, ids, P - 1, &o, &ar.a[LS_ARENA_SCRATCH]) != LS_OK) {
             fprintf(stderr, "capture: %s\n", ls_err_msg());

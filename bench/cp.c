@@ -44,6 +44,7 @@ static const char *cfg = BENCH_SMALL_DENSE; /* bench_model.h */
 typedef struct {
     int n;   /* ranks */
     int mpi; /* launched through mpirun (always for n > 1) */
+    int zigzag; /* --cp-layout zigzag */
     char label[32];
     char out[CP_PATH]; /* OUT_N */
     int ok;            /* the tool exited 0 and its receipt parsed */
@@ -283,7 +284,8 @@ static int cp_run_one(cp_run *r, const char *cli, const char *mpirun, const char
         argv[a++] = np;
     }
     const char *tool[] = {cli,           "step",      "--model",   model, "--group", group, "--out", r->out,
-                          "--state-dtype", state_dtype, "--threads", "1"};
+                          "--state-dtype", state_dtype, "--threads", "1", "--cp-layout",
+                          r->zigzag ? "zigzag" : "contiguous"};
     for (size_t i = 0; i < sizeof tool / sizeof tool[0]; i++) argv[a++] = tool[i];
     argv[a] = NULL;
 
@@ -416,7 +418,7 @@ static int cp_compare(const char *ref, const char *path, const char *base, cp_di
 
 /* The table's N column: "1", "1 (mpirun -np 1)", "2", "4 (oversubscribed)". */
 static void cp_row_name(const cp_run *r, int cores, char *out, size_t cap) {
-    snprintf(out, cap, "%d%s%s", r->n, r->n == 1 && r->mpi ? " (mpirun -np 1)" : "",
+    snprintf(out, cap, "%d%s%s%s", r->n, r->n == 1 && r->mpi ? " (mpirun -np 1)" : "", r->zigzag ? " zigzag" : "",
              r->n > cores ? " (oversubscribed)" : "");
 }
 
@@ -425,7 +427,8 @@ static void cp_row_name(const cp_run *r, int cores, char *out, size_t cap) {
 static void cp_usage(FILE *f) {
     fprintf(f,
             "usage: cp [--prompt P (32768)] [--ranks LIST (1,2,4)] [--group-size G (2)] [--response R (128)]\n"
-            "          [--state-dtype f32|bf16 (bf16)] [--cli PATH] [--mpirun PATH] [--mpirun-one] [--keep]\n"
+            "          [--state-dtype f32|bf16 (bf16)] [--cli PATH] [--mpirun PATH] [--mpirun-one] [--zigzag]\n"
+            "          [--keep]\n"
             "\n"
             "One GRPO update (`longstraw step`, one thread per rank) on the small hybrid config\n"
             "for each rank count N: N = 1 runs the tool directly (the reference; added when\n"
@@ -435,6 +438,7 @@ static void cp_usage(FILE *f) {
             "  --cli PATH     the tool (default: <dir of this program>/../longstraw)\n"
             "  --mpirun PATH  default: mpirun on PATH; without one only N = 1 runs\n"
             "  --mpirun-one   also run N = 1 under `mpirun -np 1`\n"
+            "  --zigzag       also run every N > 1 with --cp-layout zigzag\n"
             "  --keep         keep the temporary directory (model, group, outputs, logs)\n");
 }
 
@@ -444,9 +448,10 @@ int main(int argc, char **argv) {
         {"group-size", required_argument, 0, 'g'}, {"response", required_argument, 0, 'r'},
         {"state-dtype", required_argument, 0, 's'}, {"cli", required_argument, 0, 'c'},
         {"mpirun", required_argument, 0, 'm'}, {"mpirun-one", no_argument, 0, 'o'},
-        {"keep", no_argument, 0, 'k'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"keep", no_argument, 0, 'k'}, {"zigzag", no_argument, 0, 'z'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     int64_t P = 32768, G = 2, R = 128;
-    int ranks[CP_MAX_RUNS], n_ranks = 0, keep = 0, mpirun_one = 0, ch;
+    int ranks[CP_MAX_RUNS], n_ranks = 0, keep = 0, mpirun_one = 0, zigzag = 0, ch;
     char cli[CP_PATH] = "", mpirun[CP_PATH] = "", state_dtype[8] = "bf16";
     if (cp_parse_ranks("1,2,4", ranks, &n_ranks)) return 2;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -466,6 +471,7 @@ int main(int argc, char **argv) {
         case 'm': snprintf(mpirun, sizeof mpirun, "%s", optarg); break;
         case 'o': mpirun_one = 1; break;
         case 'k': keep = 1; break;
+        case 'z': zigzag = 1; break;
         case 'h': cp_usage(stdout); return 0;
         default: cp_usage(stderr); return 2;
         }
@@ -491,7 +497,7 @@ int main(int argc, char **argv) {
 
     /* The runs: N = 1 directly first (the reference), optionally N = 1 under mpirun,
      * then every N > 1 in the order given. */
-    cp_run runs[CP_MAX_RUNS + 1];
+    cp_run runs[2 * CP_MAX_RUNS + 1];
     int n_runs = 0, skipped = 0;
     memset(runs, 0, sizeof runs);
     runs[n_runs++] = (cp_run){.n = 1, .mpi = 0, .label = "1"};
@@ -502,9 +508,11 @@ int main(int argc, char **argv) {
             skipped++;
             continue;
         }
-        runs[n_runs] = (cp_run){.n = ranks[i], .mpi = 1};
-        snprintf(runs[n_runs].label, sizeof runs[n_runs].label, "%d", ranks[i]);
-        n_runs++;
+        for (int z = 0; z <= zigzag; z++) {
+            runs[n_runs] = (cp_run){.n = ranks[i], .mpi = 1, .zigzag = z};
+            snprintf(runs[n_runs].label, sizeof runs[n_runs].label, "%d%s", ranks[i], z ? "-zigzag" : "");
+            n_runs++;
+        }
     }
 
     /* Every rank single-threaded (the tool's --threads 1 covers OpenMP; OpenBLAS

@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
     ls_fwd_opts fo;
     ls_fwd_opts_default(&fo);
     ls_prompt_state st;
-    if (ls_state_init(&st, &m.cfg, P - 1, 64, LS_DTYPE_BF16, NULL, &ar.a[LS_ARENA_PROMPT]) != LS_OK ||
+    if (ls_state_init(&st, &m.cfg, P - 1, 64, LS_DTYPE_BF16, NULL, LS_CP_CONTIGUOUS, &ar.a[LS_ARENA_PROMPT]) != LS_OK ||
         ls_hybrid_capture(&m, &st, ids, P - 1, &fo, &ar.a[LS_ARENA_SCRATCH]) != LS_OK) {
         fprintf(stderr, "rollout: %s\n", ls_err_msg());
         return 1;

@@ -22,6 +22,7 @@
 #include "testutil.h"
 
 int test_cp_tool_consistency(void);
+int test_cp_zigzag_consistency(void);
 int test_cp_train_and_faults(void);
 int test_train_sigterm_in_capture(void);
 int test_cp_demo(void);
@@ -133,7 +134,9 @@ static int check_receipt(const char *path, int np, char *why, size_t cap) {
     return ok;
 }
 
-int test_cp_tool_consistency(void) {
+/* The comparison for one page layout (--cp-layout; with one rank both are the whole
+ * prompt, and the same numbers come out). */
+static int cp_consistency(const char *layout) {
     if (!LS_MPIEXEC[0]) T_SKIP("built without MPI");
     static const char *fx[4] = {"next_dense", "next_moe", "q35_dense", "q35_moe"};
     char dir[512], err[700];
@@ -168,11 +171,13 @@ int test_cp_tool_consistency(void) {
             }
             double tol = 1.5 * floor > 1e-5 ? 1.5 * floor : 1e-5;
             for (int np = 1; np <= 4; np++) {
-                char *many = run_np(np, args, err, &rc);
+                char a3[8300];
+                snprintf(a3, sizeof a3, "%s --cp-layout %s", args, layout);
+                char *many = run_np(np, a3, err, &rc);
                 int64_t n = 0;
                 double d = many && rc == 0 ? lp_diff(one, many, &n) : -1;
-                printf("  %s logprobs page %d, %d ranks: max |Δ| %.3g over %lld (one-rank floor %.3g, bound %.3g)\n",
-                       fx[f], page, np, d, (long long)n, floor, tol);
+                printf("  %s logprobs page %d, %d ranks (%s): max |Δ| %.3g over %lld (one-rank floor %.3g, bound %.3g)\n",
+                       fx[f], page, np, layout, d, (long long)n, floor, tol);
                 T_CHECK(d >= 0 && d <= tol && n > 0, "%s: %d ranks: log-probs differ by %g (rc %d)", fx[f], np, d, rc);
                 /* one JSON document: rank 0 alone prints */
                 T_CHECK(many && strchr(many, 0x7b) == strrchr(many, 0x7b) && strstr(many, "logprobs"),
@@ -201,8 +206,9 @@ int test_cp_tool_consistency(void) {
                     snprintf(base, sizeof base, "%s/%s_%d_%d_%d", dir, fx[f], lora, step, np);
                     snprintf(args, sizeof args,
                              "%s --model %s/%s --group %s/%s/group_train.json --page-size 7 --capture-chunk 16 "
-                             "--beta 0.05 --epsilon-high 0.28 --lr 1e-4 %s --out %s%s",
-                             step ? "step" : "grad", FIX, fx[f], FIX, fx[f], ref, base, step ? "" : ".safetensors");
+                             "--beta 0.05 --epsilon-high 0.28 --lr 1e-4 %s --out %s%s --cp-layout %s",
+                             step ? "step" : "grad", FIX, fx[f], FIX, fx[f], ref, base, step ? "" : ".safetensors",
+                             layout);
                     char *o = run_np(np, args, err, &rc);
                     free(o);
                     char *e = t_read_file(err, NULL);
@@ -218,27 +224,38 @@ int test_cp_tool_consistency(void) {
                     snprintf(pb, sizeof pb, "%s%s%s", base, step ? "" : ".safetensors", file);
                     int64_t nt;
                     double d = st_diff(pa, pb, &nt);
-                    if (!step && gfloor < 0) { /* one rank, one capture chunk, against chunks of 16 */
-                        char a2[8400], p2[4200];
-                        snprintf(p2, sizeof p2, "%s/%s_%d_floor.safetensors", dir, fx[f], lora);
-                        snprintf(a2, sizeof a2,
-                                 "grad --model %s/%s --group %s/%s/group_train.json --page-size 7 --capture-chunk 4096 "
-                                 "--beta 0.05 --epsilon-high 0.28 %s --out %s",
-                                 FIX, fx[f], FIX, fx[f], ref, p2);
-                        free(run_np(1, a2, err, &rc));
-                        int64_t n2;
-                        gfloor = rc == 0 ? st_diff(p2, pb, &n2) : -1;
-                        T_CHECK(gfloor >= 0, "%s: one-rank floor run failed", fx[f]);
+                    if (!step && gfloor < 0) { /* one rank, other schedules (as the log-probs' floor): one
+                                                * capture chunk; naive mode */
+                        for (int alt = 0; alt < 2; alt++) {
+                            char a2[8400], p2[4200];
+                            snprintf(p2, sizeof p2, "%s/%s_%d_floor%d.safetensors", dir, fx[f], lora, alt);
+                            snprintf(a2, sizeof a2,
+                                     "grad --model %s/%s --group %s/%s/group_train.json --page-size 7 %s "
+                                     "--beta 0.05 --epsilon-high 0.28 %s --out %s",
+                                     FIX, fx[f], FIX, fx[f], alt ? "--no-capture" : "--capture-chunk 4096", ref, p2);
+                            free(run_np(1, a2, err, &rc));
+                            int64_t n2;
+                            double g2 = rc == 0 ? st_diff(p2, pb, &n2) : -1;
+                            T_CHECK(g2 >= 0, "%s: one-rank floor run failed", fx[f]);
+                            gfloor = g2 > gfloor ? g2 : gfloor;
+                        }
                     }
                     double tol = !step && 1.5 * gfloor > 1e-5 ? 1.5 * gfloor : 1e-5;
-                    printf("  %s %s %s, %d ranks: worst tensor relative difference %.3g over %lld tensors (bound %.3g)\n",
-                           fx[f], lora ? "LoRA" : "full", step ? "step (weights)" : "grad", np, d, (long long)nt, tol);
+                    printf("  %s %s %s, %d ranks (%s): worst tensor relative difference %.3g over %lld tensors "
+                           "(one-rank floor %.3g, bound %.3g)\n",
+                           fx[f], lora ? "LoRA" : "full", step ? "step (weights)" : "grad", np, layout, d, (long long)nt,
+                           gfloor, tol);
                     T_CHECK(d >= 0 && d <= tol && nt > 0, "%s: %d ranks: %g", fx[f], np, d);
                     compared++;
                     if (step) {
                         char rpath[4300], why[512];
                         snprintf(rpath, sizeof rpath, "%s/%s_%d_%d_%d/receipt.json", dir, fx[f], lora, step, np);
                         T_CHECK(check_receipt(rpath, np, why, sizeof why), "%s, %d ranks: %s", fx[f], np, why);
+                        char *rt = t_read_file(rpath, NULL);
+                        char want[64];
+                        snprintf(want, sizeof want, "\"cp_layout\": \"%s\"", layout);
+                        T_CHECK(rt && strstr(rt, want), "%s: receipt does not name the layout %s", rpath, layout);
+                        free(rt);
                     }
                 }
             }
@@ -248,6 +265,12 @@ int test_cp_tool_consistency(void) {
     t_remove_dir(dir);
     return 0;
 }
+
+int test_cp_tool_consistency(void) { return cp_consistency("contiguous"); }
+
+/* Zigzag: rank r holds blocks r and 2N − 1 − r of 2N. 19 pages of 7 in 4, 6 or 8
+ * segments (none divides them), and 3 pages of 64 in 4..8 segments (empty ones). */
+int test_cp_zigzag_consistency(void) { return cp_consistency("zigzag"); }
 
 /* The newest checkpoint-<U> of RUN (−1 when none) and whether every one is complete
  * (trainer_state.json, written last, is there). */
@@ -342,28 +365,31 @@ int test_cp_train_and_faults(void) {
     }
     char bmodel[800];
     T_CHECK(byte_model(dir, bmodel, sizeof bmodel) == 0, "cannot write the byte-vocabulary model");
-    /* (1) JSONL training and rollouts on the passkey task: 1 rank against 2 and 3 */
+    /* (1) JSONL training and rollouts on the passkey task: 1 rank against 2 and 3, with
+     * contiguous pages and (v = 4, 5) the zigzag layout */
     for (int mode = 0; mode < 2; mode++) {
-        for (int np = 1; np <= 3; np++) {
+        for (int v = 1; v <= 5; v++) {
+            int np = v <= 3 ? v : v - 2;
+            const char *layout = v <= 3 ? "contiguous" : "zigzag";
             char args[4096];
             int rc;
             if (mode == 0)
                 snprintf(args, sizeof args,
                          "train --model %s/next_dense --data %s --out %s/run%d_%d --updates 3 --save-every 2 --lr 1e-4 "
-                         "--page-size 7 --capture-chunk 16 --quiet",
-                         FIX, data, dir, mode, np);
+                         "--page-size 7 --capture-chunk 16 --quiet --cp-layout %s",
+                         FIX, data, dir, mode, v, layout);
             else
                 snprintf(args, sizeof args,
                          "train --model %s --out %s/run%d_%d --rollout --task passkey-shaped --prompt-len 300 "
                          "--num-generations 3 --max-new-tokens 4 --temperature 1.0 --updates 2 --lr 1e-4 --seed 5 "
-                         "--page-size 16 --capture-chunk 40 --quiet",
-                         bmodel, dir, mode, np);
+                         "--page-size 16 --capture-chunk 40 --quiet --cp-layout %s",
+                         bmodel, dir, mode, v, layout);
             free(run_np(np, args, err, &rc));
             char *e = t_read_file(err, NULL);
             T_CHECK(rc == 0, "train (%s) on %d ranks: rc %d: %s", mode ? "rollouts" : "JSONL", np, rc, e ? e : "");
             free(e);
             char run[800], path[900], why[512];
-            snprintf(run, sizeof run, "%s/run%d_%d", dir, mode, np);
+            snprintf(run, sizeof run, "%s/run%d_%d", dir, mode, v);
             snprintf(path, sizeof path, "%s/receipt.json", run);
             T_CHECK(check_receipt(path, np, why, sizeof why), "%s", why);
             /* rank 0 alone wrote the metrics (one line per update); each rank its trace,
@@ -389,8 +415,9 @@ int test_cp_train_and_faults(void) {
                 for (const char *gn = mm; gn && (gn = strstr(gn, "\"grad_norm\": ")); gn += 13)
                     g0 = strtod(gn + 13, NULL) > g0 ? strtod(gn + 13, NULL) : g0;
                 free(mm);
-                printf("  train (%s), %d ranks: final weights vs one rank %.3g over %lld tensors (largest grad norm %.4g)\n",
-                       mode ? "rollouts" : "JSONL", np, d, (long long)nt, g0);
+                printf("  train (%s), %d ranks (%s): final weights vs one rank %.3g over %lld tensors (largest grad "
+                       "norm %.4g)\n",
+                       mode ? "rollouts" : "JSONL", np, layout, d, (long long)nt, g0);
                 T_CHECK(d >= 0 && d <= 1e-5 && nt > 0, "%s: %g", run, d);
                 T_CHECK(g0 > 0, "%s: zero gradient: the comparison would be empty", run);
                 char *m1 = t_read_file((snprintf(path, sizeof path, "%s/run%d_1/metrics.jsonl", dir, mode), path), NULL);

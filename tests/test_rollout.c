@@ -62,7 +62,7 @@ int test_rollout_sample_vs_score(void) {
         ls_fwd_opts fo;
         ls_fwd_opts_default(&fo);
         ls_prompt_state st;
-        T_OK(ls_state_init(&st, &m.cfg, g.P - 1, 7, LS_DTYPE_F32, NULL, &ar.a[LS_ARENA_PROMPT])); /* 129 = 18·7 + 3 */
+        T_OK(ls_state_init(&st, &m.cfg, g.P - 1, 7, LS_DTYPE_F32, NULL, LS_CP_CONTIGUOUS, &ar.a[LS_ARENA_PROMPT])); /* 129 = 18·7 + 3 */
         T_OK(ls_hybrid_capture(&m, &st, g.prompt, g.P - 1, &fo, &ar.a[LS_ARENA_SCRATCH]));
         uint64_t h0 = state_hash(&st);
         enum { N = 24 };
@@ -148,7 +148,7 @@ int test_rollout_decode_batch(void) {
         ls_fwd_opts_default(&fo);
         fo.temperature = 0.9f;
         ls_prompt_state st;
-        T_OK(ls_state_init(&st, &m.cfg, g.P - 1, 7, LS_DTYPE_BF16, NULL, &ar.a[LS_ARENA_PROMPT]));
+        T_OK(ls_state_init(&st, &m.cfg, g.P - 1, 7, LS_DTYPE_BF16, NULL, LS_CP_CONTIGUOUS, &ar.a[LS_ARENA_PROMPT]));
         T_OK(ls_hybrid_capture(&m, &st, g.prompt, g.P - 1, &fo, &ar.a[LS_ARENA_SCRATCH]));
         enum { NB = 3, STEPS = 20 };
         int64_t V = m.cfg.vocab;
@@ -180,7 +180,7 @@ int test_rollout_decode_batch(void) {
         ls_arena_reset(br);
         /* a sampled group, one member stopping early; f32 pages, as scoring keeps a
          * branch's own K/V in f32 (bf16 pages would round the sampled tokens' K/V) */
-        T_OK(ls_state_init(&st, &m.cfg, g.P - 1, 7, LS_DTYPE_F32, NULL, &ar.a[LS_ARENA_PROMPT]));
+        T_OK(ls_state_init(&st, &m.cfg, g.P - 1, 7, LS_DTYPE_F32, NULL, LS_CP_CONTIGUOUS, &ar.a[LS_ARENA_PROMPT]));
         T_OK(ls_hybrid_capture(&m, &st, g.prompt, g.P - 1, &fo, &ar.a[LS_ARENA_SCRATCH]));
         enum { G = 5, N = 16 };
         int32_t ob[G][N], *out[G];

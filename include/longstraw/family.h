@@ -29,6 +29,7 @@ typedef struct {
      * them shard by shard and every attention over the prompt merges the ranks'
      * partial outputs by log-sum-exp. */
     const ls_comm *comm;
+    ls_cp_layout cp_layout; /* how the prompt's pages split over the ranks (contiguous) */
 } ls_fwd_opts;
 void ls_fwd_opts_default(ls_fwd_opts *o);
 
@@ -101,9 +102,9 @@ struct ls_family {
     /* The prompt state's layout: an empty state for `capacity` positions (this rank's
      * share under CP) from `arena`, and the plan that predicts its bytes per rank. */
     ls_status (*state_init)(ls_prompt_state *st, const ls_config *cfg, int64_t capacity, int64_t page_size,
-                            ls_dtype dtype, const ls_comm *comm, ls_arena *arena);
+                            ls_dtype dtype, const ls_comm *comm, ls_cp_layout layout, ls_arena *arena);
     ls_status (*state_plan)(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt_len, int64_t page_size,
-                            ls_dtype dtype, int cp);
+                            ls_dtype dtype, int cp, ls_cp_layout layout);
     /* Every distinct tensor, in a fixed order (*out malloc'd). */
     ls_status (*params)(const ls_model *m, ls_param **out, int64_t *n);
     /* Write a model's tensors (weights or a gradient set) under the checkpoint's names. */

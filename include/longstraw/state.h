@@ -23,22 +23,39 @@ typedef struct {
     float *S;         /* [H_v, d_k, d_v] */
 } ls_gdn_state;
 
-/* Under context parallelism (DESIGN §8) the pages are split across the ranks of
- * `comm` in contiguous blocks (pages [page_lo, page_lo + cap_pages) here, the first
- * pages/N + (r < pages mod N) of the rest): a rank allocates and holds only the
- * positions [lo, hi) of its pages. Page tables are local (index 0 = page page_lo).
- * The GDN state is replicated: after capture every rank holds the state at the end. */
+/* How the pages of a prompt split over the ranks under context parallelism
+ * (DESIGN §8). Contiguous: N blocks, rank r holds block r. Zigzag: 2N blocks
+ * ("segments"), rank r holds segments r and 2N − 1 − r, so every rank holds as much
+ * early as late prompt (causal attention work balanced). With one rank both are the
+ * whole prompt. */
+typedef enum { LS_CP_CONTIGUOUS = 0, LS_CP_ZIGZAG = 1 } ls_cp_layout;
+const char *ls_cp_layout_name(ls_cp_layout lay);
+int ls_cp_layout_parse(const char *s, ls_cp_layout *out); /* 0, or −1 for an unknown name */
+
+#define LS_STATE_MAX_SEGS 2
+
+/* Under context parallelism the pages are split across the ranks of `comm` in the
+ * segments of `layout` (whole pages; only the prompt's last page can be partial): a
+ * rank allocates and holds only the positions of its segments. Page tables are local:
+ * the rank's segments one after another in prompt order (segment k's first page is
+ * local page seg_lpage[k]). The GDN state is replicated: after capture every rank
+ * holds the state at the end. */
 typedef struct {
     const ls_config *cfg;
     int64_t n;         /* positions captured so far, over all ranks (the next position) */
     int64_t capacity;  /* positions the state can hold, over all ranks */
+    int64_t prompt_capacity; /* the capacity the layout was cut for (a fork's source's) */
     int64_t page_size; /* S */
     int64_t n_pages;   /* local pages allocated per attention layer */
     int64_t cap_pages; /* local pages the tables can hold */
     const ls_comm *comm; /* NULL or one rank: every page is local */
     int rank, nranks;
-    int64_t page_lo;   /* global index of local page 0 */
-    int64_t lo, hi;    /* the positions this rank owns */
+    ls_cp_layout layout;
+    int nseg;                             /* this rank's segments */
+    int64_t seg_lo[LS_STATE_MAX_SEGS];    /* their positions [seg_lo, seg_hi), prompt order */
+    int64_t seg_hi[LS_STATE_MAX_SEGS];
+    int64_t seg_gpage[LS_STATE_MAX_SEGS]; /* global index of each one's first page */
+    int64_t seg_lpage[LS_STATE_MAX_SEGS]; /* local index of each one's first page */
     int tail_rank;     /* the rank holding the last prompt page (and a fork's new positions) */
     ls_dtype dtype;    /* K/V page storage: F32 or BF16 */
     ls_attn_state *attn; /* [n_layers]; used for attention layers */
@@ -48,21 +65,21 @@ typedef struct {
 
 /* Allocate an empty state able to hold `capacity` positions (page tables sized now,
  * pages allocated as positions arrive), from `arena` (the prompt arena); with a
- * communicator of N > 1 ranks, only this rank's share of the pages. */
-ls_status ls_state_init(ls_prompt_state *st, const ls_config *cfg, int64_t capacity,
-                        int64_t page_size, ls_dtype dtype, const ls_comm *comm, ls_arena *arena);
-/* Which rank's block holds global page `page` (contiguous layout). */
-int ls_state_page_owner(const ls_prompt_state *st, int64_t page);
-/* The positions [*lo, *hi) rank r owns (contiguous layout). */
-void ls_state_rank_range(const ls_prompt_state *st, int r, int64_t *lo, int64_t *hi);
+ * communicator of N > 1 ranks, only this rank's share of the pages under `layout`. */
+ls_status ls_state_init(ls_prompt_state *st, const ls_config *cfg, int64_t capacity, int64_t page_size,
+                        ls_dtype dtype, const ls_comm *comm, ls_cp_layout layout, ls_arena *arena);
+/* The layout's segments in prompt order: how many, and segment s's owner and
+ * positions [*lo, *hi) (empty where the prompt has fewer pages than segments). */
+int ls_state_segments(const ls_prompt_state *st);
+void ls_state_segment(const ls_prompt_state *st, int s, int *owner, int64_t *lo, int64_t *hi);
 /* Append T positions of K/V ([T, n_kv, hd] f32 each) to attention layer `layer`.
- * Positions start at st->n and must lie in this rank's [lo, hi); the caller
+ * Positions start at st->n and must lie in one segment of this rank; the caller
  * advances st->n after all layers (ls_state_advance). */
 ls_status ls_state_append_kv(ls_prompt_state *st, int layer, const float *k, const float *v,
                              int64_t T);
 void ls_state_advance(ls_prompt_state *st, int64_t T);
 /* A read-only view of one attention layer's local pages for ls_attn_fwd: the
- * positions [lo, min(n, hi)) this rank holds (every position with one rank). */
+ * positions before st->n this rank holds (every position with one rank). */
 ls_kv_prefix ls_state_prefix(const ls_prompt_state *st, int layer);
 
 /* A member's private continuation of a read-only state (sampling): `dst` can hold
@@ -79,6 +96,7 @@ typedef struct {
     int64_t positions;        /* captured positions (P − 1) */
     int64_t page_size;
     int cp;
+    ls_cp_layout layout;
     int64_t pages;            /* pages per attention layer, whole prompt */
     int64_t pages_per_rank;   /* max over ranks */
     int n_attn, n_gdn;
@@ -92,6 +110,6 @@ typedef struct {
 } ls_state_plan_t;
 
 ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt_len,
-                        int64_t page_size, ls_dtype dtype, int cp);
+                        int64_t page_size, ls_dtype dtype, int cp, ls_cp_layout layout);
 
 #endif

@@ -9,6 +9,7 @@
 
 #include "longstraw/comm.h"
 #include "longstraw/core.h"
+#include "longstraw/state.h"
 
 int cmd_init(int argc, char **argv);
 int cmd_logprobs(int argc, char **argv);
@@ -24,6 +25,8 @@ int cmd_demo(int argc, char **argv);
 int cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi,
                   int64_t *out);
 int cli_parse_dtype(const char *cmd, const char *flag, const char *s, ls_dtype *out);
+/* --cp-layout contiguous|zigzag */
+int cli_parse_layout(const char *cmd, const char *s, ls_cp_layout *out);
 /* Print "longstraw CMD: <status>: <message>" and return exit code 1. Under CP
  * (several ranks) the message names the rank and the phase, and every rank ends. */
 int cli_fail(const char *cmd, ls_status s);

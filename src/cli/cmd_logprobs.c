@@ -21,6 +21,7 @@ static void help(void) {
            "  --page-size S        positions per K/V page (default 64)\n"
            "  --state-dtype T      K/V page storage: f32 or bf16 (default f32)\n"
            "  --threads N          worker threads (default: all cores)\n"
+           "  --cp-layout L        under mpirun: contiguous (default) or zigzag page split\n"
            "  --stats              print timing and arena peaks to stderr\n"
            "  --help               this text\n");
 }
@@ -33,6 +34,7 @@ int cmd_logprobs(int argc, char **argv) {
                                          {"page-size", required_argument, 0, 's'},
                                          {"state-dtype", required_argument, 0, 'd'},
                                          {"threads", required_argument, 0, 't'},
+                                         {"cp-layout", required_argument, 0, 'l'},
                                          {"stats", no_argument, 0, 'S'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -58,6 +60,7 @@ int cmd_logprobs(int argc, char **argv) {
         case 'd': if (cli_parse_dtype("logprobs", "--state-dtype", optarg, &so.state_dtype)) return 2; break;
         case 't': if (cli_parse_i64("logprobs", "--threads", optarg, 1, 4096, &threads)) return 2; break;
         case 'S': stats = 1; break;
+        case 'l': if (cli_parse_layout("logprobs", optarg, &so.fwd.cp_layout)) return 2; break;
         case 'h': help(); return 0;
         default: return cli_usage_error("logprobs", "bad option");
         }

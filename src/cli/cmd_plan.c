@@ -21,6 +21,8 @@ static void help(void) {
            "  --prompt P           prompt length in tokens (required)\n"
            "  --page-size S        positions per K/V page (default 64)\n"
            "  --cp N               context-parallel ranks sharing the pages (default 1)\n"
+           "  --cp-layout L        contiguous (rank r: block r of N) or zigzag (rank r: blocks\n"
+           "                       r and 2N-1-r of 2N); default contiguous\n"
            "  --state-dtype T      K/V page storage: bf16 or f32 (default bf16)\n"
            "  --json               print JSON instead of a table\n"
            "  --help               this text\n");
@@ -35,12 +37,14 @@ int cmd_plan(int argc, char **argv) {
                                          {"page-size", required_argument, 0, 's'},
                                          {"cp", required_argument, 0, 'r'},
                                          {"state-dtype", required_argument, 0, 'd'},
+                                         {"cp-layout", required_argument, 0, 'l'},
                                          {"json", no_argument, 0, 'j'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *model = NULL, *config = NULL;
     int64_t P = -1, S = 64, cp = 1;
     ls_dtype dt = LS_DTYPE_BF16;
+    ls_cp_layout lay = LS_CP_CONTIGUOUS;
     int json = 0, ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -51,6 +55,7 @@ int cmd_plan(int argc, char **argv) {
         case 's': if (cli_parse_i64("plan", "--page-size", optarg, 1, 1 << 20, &S)) return 2; break;
         case 'r': if (cli_parse_i64("plan", "--cp", optarg, 1, 65536, &cp)) return 2; break;
         case 'd': if (cli_parse_dtype("plan", "--state-dtype", optarg, &dt)) return 2; break;
+        case 'l': if (cli_parse_layout("plan", optarg, &lay)) return 2; break;
         case 'j': json = 1; break;
         case 'h': help(); return 0;
         default: return cli_usage_error("plan", "bad option");
@@ -68,7 +73,7 @@ int cmd_plan(int argc, char **argv) {
     const ls_family *fam = ls_family_for(&cfg, path);
     if (!fam) return cli_fail("plan", LS_ERR_UNSUPPORTED);
     ls_state_plan_t p;
-    s = fam->state_plan(&p, &cfg, P, S, dt, (int)cp);
+    s = fam->state_plan(&p, &cfg, P, S, dt, (int)cp, lay);
     if (s != LS_OK) return cli_fail("plan", s);
     /* fixed and grad terms of M_live (DESIGN §1) for a full fine-tune in f32 */
     ls_hf_tensor_spec *sp = NULL;
@@ -88,22 +93,24 @@ int cmd_plan(int argc, char **argv) {
     size_t kv_layer_page = p.n_attn ? p.kv_bytes_per_rank / (size_t)p.n_attn / (size_t)(p.pages_per_rank ? p.pages_per_rank : 1) : 0;
     if (json) {
         printf("{\"prompt\": %lld, \"captured_positions\": %lld, \"page_size\": %lld, \"cp\": %d, "
+               "\"cp_layout\": \"%s\", "
                "\"state_dtype\": \"%s\", \"attention_layers\": %d, \"gdn_layers\": %d, "
                "\"pages_per_layer\": %lld, \"pages_per_rank\": %lld, \"page_objects_per_rank\": %lld, "
                "\"kv_bytes_per_rank\": %zu, \"gdn_bytes_per_rank\": %zu, \"table_bytes_per_rank\": %zu, "
                "\"total_bytes_per_rank\": %zu, \"cp_capture_bytes_per_rank\": %zu, \"parameters\": %zu, "
                "\"weights_bytes_f32\": %zu, "
                "\"adamw_bytes\": %zu, \"grad_bytes\": %zu}\n",
-               (long long)P, (long long)p.positions, (long long)S, p.cp, dt == LS_DTYPE_BF16 ? "bf16" : "f32",
-               p.n_attn, p.n_gdn, (long long)p.pages, (long long)p.pages_per_rank,
+               (long long)P, (long long)p.positions, (long long)S, p.cp, ls_cp_layout_name(lay),
+               dt == LS_DTYPE_BF16 ? "bf16" : "f32", p.n_attn, p.n_gdn, (long long)p.pages, (long long)p.pages_per_rank,
                (long long)p.pages_per_rank * p.n_attn * 2, p.kv_bytes_per_rank, p.gdn_bytes_per_rank,
                p.table_bytes_per_rank, p.total_bytes_per_rank, p.cp_capture_bytes_per_rank, params, w_bytes, m_bytes,
                w_bytes);
         return 0;
     }
     printf("prompt state plan: %s (%s)\n", path, cfg.model_type);
-    printf("  prompt P = %lld tokens, captured positions = %lld, page size S = %lld, CP = %d, state dtype %s\n",
-           (long long)P, (long long)p.positions, (long long)S, p.cp, dt == LS_DTYPE_BF16 ? "bf16" : "f32");
+    printf("  prompt P = %lld tokens, captured positions = %lld, page size S = %lld, CP = %d (%s), state dtype %s\n",
+           (long long)P, (long long)p.positions, (long long)S, p.cp, ls_cp_layout_name(lay),
+           dt == LS_DTYPE_BF16 ? "bf16" : "f32");
     printf("  layers: %d full attention, %d Gated DeltaNet\n", p.n_attn, p.n_gdn);
     printf("  pages (S positions each): %lld in all, %lld per rank; each page is one K and one V block\n"
            "    of %zu bytes per attention layer (%lld page blocks per rank)\n",

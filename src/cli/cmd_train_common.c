@@ -43,13 +43,15 @@ void cli_train_help(void) {
            "  --force                run even when the plan says the update will not fit in this\n"
            "                         machine's memory (it is refused before anything is allocated)\n"
            "context parallelism: under `mpirun -np N` the CP degree is N (the prompt's pages split\n"
-           "  across the ranks); the flags are the same, rank 0 alone writes the outputs.\n");
+           "  across the ranks); the flags are the same, rank 0 alone writes the outputs.\n"
+           "  --cp-layout L          contiguous (rank r: block r of N; default) or zigzag (rank r:\n"
+           "                         blocks r and 2N-1-r of 2N)\n");
 }
 
 enum {
     OPT_EPS = 1000, OPT_EPS_HIGH, OPT_BETA, OPT_REF, OPT_LOSS, OPT_MAXLEN, OPT_SCALE, OPT_TEMP, OPT_ITERS,
     OPT_LR, OPT_WD, OPT_B1, OPT_B2, OPT_AEPS, OPT_MAXGN, OPT_NOCAP, OPT_CHUNK, OPT_PAGE, OPT_SDT, OPT_THREADS,
-    OPT_ADAPTER, OPT_LRANK, OPT_LALPHA, OPT_LTARGETS, OPT_LSEED, OPT_FORCE
+    OPT_ADAPTER, OPT_LRANK, OPT_LALPHA, OPT_LTARGETS, OPT_LSEED, OPT_FORCE, OPT_LAYOUT
 };
 
 const struct option cli_train_options[] = {
@@ -66,6 +68,7 @@ const struct option cli_train_options[] = {
     {"adapter", required_argument, 0, OPT_ADAPTER},   {"lora-rank", required_argument, 0, OPT_LRANK},
     {"lora-alpha", required_argument, 0, OPT_LALPHA}, {"lora-targets", required_argument, 0, OPT_LTARGETS},
     {"lora-seed", required_argument, 0, OPT_LSEED},   {"force", no_argument, 0, OPT_FORCE},
+    {"cp-layout", required_argument, 0, OPT_LAYOUT},
 };
 const int cli_train_n_options = (int)(sizeof cli_train_options / sizeof cli_train_options[0]);
 
@@ -144,6 +147,7 @@ int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg) {
     case OPT_CHUNK: if (cli_parse_i64(cmd, "--capture-chunk", arg, 1, 1 << 24, &o->fwd.capture_chunk)) return 2; break;
     case OPT_PAGE: if (cli_parse_i64(cmd, "--page-size", arg, 1, 1 << 20, &o->page_size)) return 2; break;
     case OPT_SDT: if (cli_parse_dtype(cmd, "--state-dtype", arg, &o->state_dtype)) return 2; break;
+    case OPT_LAYOUT: if (cli_parse_layout(cmd, arg, &o->fwd.cp_layout)) return 2; break;
     case OPT_THREADS: if (cli_parse_i64(cmd, "--threads", arg, 1, 4096, &t->threads)) return 2; break;
     case OPT_ADAPTER: t->adapter = arg; break;
     case OPT_LRANK: if (cli_parse_i64(cmd, "--lora-rank", arg, 1, 1 << 16, &t->lora_rank)) return 2; break;

@@ -54,16 +54,18 @@ typedef struct {
      * pages stream past in blocks of cp_block pages and are merged in (NULL otherwise) */
     const ls_prompt_state *cp_capture;
     int64_t cp_block;
+    int cp_seg; /* the layout segment (ls_state_segment) the chunk belongs to */
 } layer_ctx;
 
 #define CP_TAG(layer, kind) ((layer) * 4 + (kind))
 
 /* Capture under CP: merge into o [T, n_h, hd] / lse [T, n_h] (the attention of the
- * chunk's queries q over this rank's pages and its own keys) the pages of every earlier
- * rank of attention layer l, received block by block — never a remote page beyond its
- * block (the senders send them once per chunk of this rank, cp_send_pages). */
-static ls_status cp_merge_earlier(const ls_prompt_state *st, int l, const float *q, float *o, float *lse, int64_t T,
-                                  int64_t bp, ls_arena *sc) {
+ * chunk's queries q over this rank's earlier pages and its own keys) the pages of every
+ * earlier segment another rank holds (segments before `seg`, in prompt order) of
+ * attention layer l, received block by block — never a remote page beyond its block
+ * (the owners send them once per chunk of this segment, cp_send_pages). */
+static ls_status cp_merge_earlier(const ls_prompt_state *st, int l, int seg, const float *q, float *o, float *lse,
+                                  int64_t T, int64_t bp, ls_arena *sc) {
     const ls_config *c = st->cfg;
     int64_t S = st->page_size, qd = (int64_t)c->n_heads * c->head_dim;
     int nh = c->n_heads, hd = c->head_dim;
@@ -73,9 +75,11 @@ static ls_status cp_merge_earlier(const ls_prompt_state *st, int l, const float 
     void **kp = ls_arena_alloc(sc, (size_t)bp * sizeof(void *)), **vp = ls_arena_alloc(sc, (size_t)bp * sizeof(void *));
     char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * pb); /* [2, bp pages]: K | V of a remote block */
     NEED(ob && lb && kp && vp && buf);
-    for (int src = 0; src < st->rank; src++) {
+    for (int s = 0; s < seg; s++) {
+        int src;
         int64_t rlo, rhi;
-        ls_state_rank_range(st, src, &rlo, &rhi);
+        ls_state_segment(st, s, &src, &rlo, &rhi);
+        if (src == st->rank || rhi == rlo) continue; /* own pages are in the prefix already */
         int64_t np = (rhi - rlo + S - 1) / S;
         for (int64_t p0 = 0; p0 < np; p0 += bp) {
             int64_t nb = np - p0 < bp ? np - p0 : bp;
@@ -255,7 +259,7 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
             float *lb = ALLOC_F(L->sc, T * c->n_heads); /* [T, n_h] */
             NEED(lb);
             LS_TRY(ls_attn_fwd(o, lb, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
-            LS_TRY(cp_merge_earlier(L->cp_capture, layer, qr, o, lb, T, L->cp_block, L->sc));
+            LS_TRY(cp_merge_earlier(L->cp_capture, layer, L->cp_seg, qr, o, lb, T, L->cp_block, L->sc));
         } else {
             LS_TRY(ls_attn_fwd(o, lse, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
         }
@@ -476,7 +480,7 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
         for (int l = 0; l < c->n_layers; l++) {
             ls_kv_prefix pre = ls_state_prefix(st, l);
             layer_ctx L = {T, st->n, 0, c->kind[l] == LS_LAYER_ATTN ? &pre : NULL, st,
-                           st->gdn[l].S, st->gdn[l].conv_tail, NULL, NULL, scratch, NULL, l, 1, NULL, NULL, 0};
+                           st->gdn[l].S, st->gdn[l].conv_tail, NULL, NULL, scratch, NULL, l, 1, NULL, NULL, 0, 0};
             /* The last layer's FFN feeds only the LM head: skipped unless logits are wanted. */
             int skip = l == c->n_layers - 1 && !(logits && last_chunk);
             LS_TRY(layer_fwd(m, l, x, skip, &L));
@@ -497,17 +501,22 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
 }
 
 /* ---- capture under context parallelism (DESIGN §8) -------------------------------
- * Each rank captures its own shard [lo, hi) of the prompt, layer by layer (the shard's
- * residual stream stays alive across layers: this is the one buffer sized by P/N).
- * Gated DeltaNet: the recurrent state and conv tail relay from rank r−1 to rank r per
- * layer, so the ranks run as a wavefront over the layers. Each chunk of the shard goes
- * through the same layer_fwd as a one-rank capture; at an attention layer its queries
- * attend over the rank's earlier pages plus their own keys, then over the pages of every
- * earlier rank, which stream past block by block once per chunk (cp_merge_earlier: never
- * a whole remote K/V in memory) and merge by log-sum-exp; after its chunks the rank
- * sends its own pages on to the later ranks. Messages only go from lower to higher
- * ranks, in one program order on every rank, so the schedule cannot deadlock. At the
- * end the last rank's GDN states (the state at the prompt's end) are broadcast. */
+ * Each rank captures its own segments of the prompt (state.h: one contiguous block, or
+ * two with the zigzag layout), layer by layer: the residual stream of the rank's
+ * positions stays alive across layers (the one buffer sized by P/N). Every rank walks
+ * the layout's segments in prompt order, the same program order everywhere, so the
+ * schedule cannot deadlock: at its own segment a rank computes it, chunk by chunk,
+ * through the same layer_fwd as a one-rank capture; at another rank's segment of an
+ * attention layer it sends that rank its own earlier pages.
+ *  - Gated DeltaNet: the recurrent state and conv tail relay from the owner of one
+ *    segment to the owner of the next, so with contiguous blocks the ranks run as a
+ *    wavefront over the layers (zigzag's relay goes up the ranks and back down).
+ *  - Attention: a chunk's queries attend over the rank's earlier pages plus their own
+ *    keys, then over every earlier segment of other ranks, which stream past block by
+ *    block once per chunk (cp_merge_earlier: never a whole remote K/V in memory) and
+ *    merge by log-sum-exp.
+ * At the end the owner of the last segment broadcasts the GDN states (the state at the
+ * prompt's end). */
 
 /* Pages per transferred block: about one capture chunk. */
 static int64_t cp_block_pages(const ls_prompt_state *st, const ls_fwd_opts *o) {
@@ -515,37 +524,44 @@ static int64_t cp_block_pages(const ls_prompt_state *st, const ls_fwd_opts *o) {
     return b > 0 ? b : 1;
 }
 
-/* Query chunks a rank's shard is captured in. */
-static int64_t cp_chunks(const ls_prompt_state *st, int r, int64_t C) {
-    int64_t lo, hi;
-    ls_state_rank_range(st, r, &lo, &hi);
-    return (hi - lo + C - 1) / C;
-}
-
-/* Send this rank's pages of attention layer l to every later rank, block by block,
- * once for each of that rank's query chunks (the receiver keeps no remote page). */
-static ls_status cp_send_pages(const ls_prompt_state *st, int l, int64_t bp, int64_t C, ls_arena *sc) {
+/* Send this rank's pages of attention layer l that precede segment `seg` (positions
+ * below `lo`) to its owner `dst`, block by block, once for each of the segment's
+ * query chunks (the receiver keeps no remote page). */
+static ls_status cp_send_pages(const ls_prompt_state *st, int l, int dst, int64_t lo, int64_t nchunks, int64_t bp,
+                               ls_arena *sc) {
     const ls_config *c = st->cfg;
     size_t pb = (size_t)st->page_size * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(st->dtype);
-    int64_t np = ls_state_prefix(st, l).n;
-    np = (np + st->page_size - 1) / st->page_size; /* pages holding positions */
-    if (np == 0) return LS_OK;
     ls_arena_mark mk = ls_arena_get_mark(sc);
     char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * pb); /* [2, bp pages]: K | V */
     NEED(buf);
     ls_status s = LS_OK;
-    for (int dst = st->rank + 1; dst < st->nranks && s == LS_OK; dst++)
-        for (int64_t q = cp_chunks(st, dst, C); q > 0 && s == LS_OK; q--)
+    for (int64_t q = 0; q < nchunks && s == LS_OK; q++)
+        for (int k = 0; k < st->nseg && s == LS_OK; k++) { /* earlier segments, prompt order */
+            if (st->seg_hi[k] == st->seg_lo[k] || st->seg_hi[k] > lo) continue;
+            int64_t np = (st->seg_hi[k] - st->seg_lo[k] + st->page_size - 1) / st->page_size;
             for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
                 int64_t nb = np - p0 < bp ? np - p0 : bp;
                 for (int64_t i = 0; i < nb; i++) {
-                    memcpy(buf + (size_t)i * pb, st->attn[l].k_pages[p0 + i], pb);
-                    memcpy(buf + (size_t)(nb + i) * pb, st->attn[l].v_pages[p0 + i], pb);
+                    memcpy(buf + (size_t)i * pb, st->attn[l].k_pages[st->seg_lpage[k] + p0 + i], pb);
+                    memcpy(buf + (size_t)(nb + i) * pb, st->attn[l].v_pages[st->seg_lpage[k] + p0 + i], pb);
                 }
                 s = ls_comm_send(st->comm, buf, 2 * (size_t)nb * pb, dst, CP_TAG(l, 1));
             }
+        }
     ls_arena_release(sc, mk);
     return s;
+}
+
+/* The owner of the nearest non-empty segment after (dir = +1) or before (−1) segment s,
+ * or −1. */
+static int cp_neighbour(const ls_prompt_state *st, int s, int dir) {
+    for (int t = s + dir; t >= 0 && t < ls_state_segments(st); t += dir) {
+        int owner;
+        int64_t lo, hi;
+        ls_state_segment(st, t, &owner, &lo, &hi);
+        if (hi > lo) return owner;
+    }
+    return -1;
 }
 
 static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids, int64_t n,
@@ -554,46 +570,62 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
     if (st->n != 0 || n != st->capacity)
         return ls_err(LS_ERR_ARG, "a prompt state split over ranks is captured whole, once (%lld of %lld positions)",
                       (long long)n, (long long)st->capacity);
-    int r = st->rank, N = st->nranks;
+    int r = st->rank, nseg = ls_state_segments(st);
     int64_t D = c->hidden, C = o->capture_chunk > 0 ? o->capture_chunk : 2048;
-    int64_t lo = st->lo, Tr = st->hi - st->lo;
     size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
     size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;
+    int64_t Tr = 0, xoff[LS_STATE_MAX_SEGS]; /* the rank's positions, its segments one after another */
+    for (int k = 0; k < st->nseg; k++) xoff[k] = Tr, Tr += st->seg_hi[k] - st->seg_lo[k];
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *x = ALLOC_F(sc, (Tr > 0 ? Tr : 1) * D); /* [Tr, D] the shard's residual stream */
+    float *x = ALLOC_F(sc, (Tr > 0 ? Tr : 1) * D); /* [Tr, D] the rank's residual stream */
     NEED(x);
-    ls_embed_fwd(x, ids + lo, m->embed, Tr, D);
+    for (int k = 0; k < st->nseg; k++)
+        ls_embed_fwd(x + xoff[k] * D, ids + st->seg_lo[k], m->embed, st->seg_hi[k] - st->seg_lo[k], D);
     ls_status s = LS_OK;
     int64_t bp = cp_block_pages(st, o);
     for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
         int skip = l == c->n_layers - 1; /* the last FFN feeds only the LM head */
         int gdn = c->kind[l] == LS_LAYER_GDN;
         ls_gdn_state *g = &st->gdn[l];
-        if (gdn && r > 0) s = ls_comm_recv(st->comm, g->S, rec_n * sizeof(float), r - 1, CP_TAG(l, 2));
-        if (s == LS_OK && gdn && r > 0 && conv_n)
-            s = ls_comm_recv(st->comm, g->conv_tail, conv_n * sizeof(float), r - 1, CP_TAG(l, 3));
-        for (int64_t c0 = 0; c0 < Tr && s == LS_OK; c0 += C) { /* the shard's chunks through layer l */
-            int64_t T = Tr - c0 < C ? Tr - c0 : C;
-            st->n = lo + c0;
-            ls_kv_prefix pre = ls_state_prefix(st, l); /* this rank's earlier pages */
-            layer_ctx L = {T, lo + c0, 0, gdn ? NULL : &pre, gdn ? NULL : st, g->S, g->conv_tail, NULL, NULL, sc,
-                           NULL, l, 1, NULL, gdn ? NULL : st, bp};
-            s = layer_fwd(m, l, x + c0 * D, skip, &L);
+        for (int sg = 0; sg < nseg && s == LS_OK; sg++) {
+            int owner;
+            int64_t lo, hi;
+            ls_state_segment(st, sg, &owner, &lo, &hi);
+            if (hi == lo) continue;
+            if (owner != r) { /* another rank's segment: it reads my earlier pages */
+                if (!gdn) s = cp_send_pages(st, l, owner, lo, (hi - lo + C - 1) / C, bp, sc);
+                continue;
+            }
+            int k = 0;
+            while (st->seg_lo[k] != lo) k++;
+            int prev = cp_neighbour(st, sg, -1), next = cp_neighbour(st, sg, +1);
+            if (gdn && prev >= 0 && prev != r) { /* the state where the previous segment ended */
+                s = ls_comm_recv(st->comm, g->S, rec_n * sizeof(float), prev, CP_TAG(l, 2));
+                if (s == LS_OK && conv_n)
+                    s = ls_comm_recv(st->comm, g->conv_tail, conv_n * sizeof(float), prev, CP_TAG(l, 3));
+            }
+            for (int64_t c0 = lo; c0 < hi && s == LS_OK; c0 += C) { /* the segment's chunks through layer l */
+                int64_t T = hi - c0 < C ? hi - c0 : C;
+                st->n = c0;
+                ls_kv_prefix pre = ls_state_prefix(st, l); /* this rank's earlier pages */
+                layer_ctx L = {T, c0, 0, gdn ? NULL : &pre, gdn ? NULL : st, g->S, g->conv_tail, NULL, NULL, sc,
+                               NULL, l, 1, NULL, gdn ? NULL : st, bp, sg};
+                s = layer_fwd(m, l, x + (xoff[k] + c0 - lo) * D, skip, &L);
+            }
+            st->n = hi;
+            if (s == LS_OK && gdn && next >= 0 && next != r) { /* on to the next segment's owner */
+                s = ls_comm_send(st->comm, g->S, rec_n * sizeof(float), next, CP_TAG(l, 2));
+                if (s == LS_OK && conv_n) s = ls_comm_send(st->comm, g->conv_tail, conv_n * sizeof(float), next, CP_TAG(l, 3));
+            }
         }
-        st->n = lo + Tr;
-        /* on to the later ranks: the state (relay), or the pages once per chunk of theirs */
-        if (s == LS_OK && gdn && r + 1 < N) s = ls_comm_send(st->comm, g->S, rec_n * sizeof(float), r + 1, CP_TAG(l, 2));
-        if (s == LS_OK && gdn && r + 1 < N && conv_n)
-            s = ls_comm_send(st->comm, g->conv_tail, conv_n * sizeof(float), r + 1, CP_TAG(l, 3));
-        if (s == LS_OK && !gdn) s = cp_send_pages(st, l, bp, C, sc);
         ls_trace_layer_end(l, "fwd");
     }
     ls_progress_add(n); /* layer-major: the whole prompt is done only now */
-    /* the state at the prompt's end, on every rank */
-    for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
+    int last = cp_neighbour(st, nseg, -1); /* the state at the prompt's end, on every rank */
+    for (int l = 0; l < c->n_layers && s == LS_OK && last >= 0; l++) {
         if (c->kind[l] != LS_LAYER_GDN) continue;
-        s = ls_comm_bcast(st->comm, st->gdn[l].S, rec_n * sizeof(float), N - 1);
-        if (s == LS_OK && conv_n) s = ls_comm_bcast(st->comm, st->gdn[l].conv_tail, conv_n * sizeof(float), N - 1);
+        s = ls_comm_bcast(st->comm, st->gdn[l].S, rec_n * sizeof(float), last);
+        if (s == LS_OK && conv_n) s = ls_comm_bcast(st->comm, st->gdn[l].conv_tail, conv_n * sizeof(float), last);
     }
     st->n = n;
     ls_arena_release(sc, mk);
@@ -615,7 +647,7 @@ ls_status ls_hybrid_decode(const ls_hybrid_model *m, ls_prompt_state *const *sts
     NEED(x);
     ls_embed_fwd(x, ids, m->embed, n, D);
     for (int l = 0; l < c->n_layers; l++) {
-        layer_ctx L = {n, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, scratch, sts, l, 1, NULL, NULL, 0};
+        layer_ctx L = {n, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, scratch, sts, l, 1, NULL, NULL, 0, 0};
         ls_status s = layer_fwd(m, l, x, 0, &L);
         if (s != LS_OK) {
             ls_arena_release(scratch, mk);
@@ -677,7 +709,7 @@ ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *
             pp = &pre;
         }
         layer_ctx L = {T, pos0, grad_from, pp, NULL, S, tail, taping ? &tb->layers[l] : NULL, tape_arena, scratch,
-                       NULL, l, 0, st && st->nranks > 1 ? st->comm : NULL, NULL, 0};
+                       NULL, l, 0, st && st->nranks > 1 ? st->comm : NULL, NULL, 0, 0};
         LS_TRY(layer_fwd(m, l, x, 0, &L));
         ls_trace_layer_end(l, "fwd");
     }

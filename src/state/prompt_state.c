@@ -37,8 +37,10 @@ static int align_checked(size_t n, size_t *out) {
 
 static int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
+static int64_t layout_pages_per_rank(int64_t pages, int N, ls_cp_layout lay);
+
 ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt_len,
-                        int64_t page_size, ls_dtype dtype, int cp) {
+                        int64_t page_size, ls_dtype dtype, int cp, ls_cp_layout layout) {
     if (prompt_len < 1) return ls_err(LS_ERR_ARG, "prompt length must be >= 1 (got %lld)", (long long)prompt_len);
     if (page_size < 1) return ls_err(LS_ERR_ARG, "page size must be >= 1 (got %lld)", (long long)page_size);
     if (cp < 1) return ls_err(LS_ERR_ARG, "--cp must be >= 1 (got %d)", cp);
@@ -48,8 +50,9 @@ ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt
     p->positions = prompt_len - 1; /* x_P is the first input of every branch (DESIGN §3) */
     p->page_size = page_size;
     p->cp = cp;
+    p->layout = layout;
     p->pages = ceil_div(p->positions, page_size);
-    p->pages_per_rank = ceil_div(p->pages, cp);
+    p->pages_per_rank = layout_pages_per_rank(p->pages, cp, layout);
     p->n_attn = ls_cfg_count_kind(cfg, LS_LAYER_ATTN);
     p->n_gdn = ls_cfg_count_kind(cfg, LS_LAYER_GDN);
     size_t L = (size_t)cfg->n_layers, ppr = (size_t)p->pages_per_rank, na2 = (size_t)p->n_attn * 2;
@@ -90,29 +93,53 @@ ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt
 
 static ls_status alloc_tables(ls_prompt_state *st);
 
-/* Contiguous blocks: rank r holds pages [first(r), first(r + 1)). */
-static int64_t block_first(int64_t pages, int N, int r) {
-    int64_t base = pages / N, rem = pages % N;
-    return (int64_t)r * base + (r < rem ? r : rem);
+/* Contiguous blocks of a range of `pages` split into n: block b is [first(b), first(b + 1)). */
+static int64_t block_first(int64_t pages, int n, int b) {
+    int64_t base = pages / n, rem = pages % n;
+    return (int64_t)b * base + (b < rem ? b : rem);
 }
 
-int ls_state_page_owner(const ls_prompt_state *st, int64_t page) {
-    int64_t pages = ceil_div(st->capacity, st->page_size);
-    int r = 0;
-    while (r + 1 < st->nranks && block_first(pages, st->nranks, r + 1) <= page) r++;
-    return r;
+/* Segments of a layout: contiguous has one per rank (segment r on rank r); zigzag has
+ * 2N, segment s on rank s for s < N and on rank 2N − 1 − s after. */
+static int layout_segments(ls_cp_layout lay, int N) { return lay == LS_CP_ZIGZAG && N > 1 ? 2 * N : N; }
+static int layout_owner(ls_cp_layout lay, int N, int s) { return lay == LS_CP_ZIGZAG && s >= N ? 2 * N - 1 - s : s; }
+
+int ls_state_segments(const ls_prompt_state *st) { return layout_segments(st->layout, st->nranks); }
+
+void ls_state_segment(const ls_prompt_state *st, int s, int *owner, int64_t *lo, int64_t *hi) {
+    int64_t pages = ceil_div(st->prompt_capacity, st->page_size);
+    int n = ls_state_segments(st);
+    *owner = layout_owner(st->layout, st->nranks, s);
+    *lo = block_first(pages, n, s) * st->page_size;
+    *hi = block_first(pages, n, s + 1) * st->page_size;
+    if (*lo > st->prompt_capacity) *lo = st->prompt_capacity;
+    if (*hi > st->prompt_capacity) *hi = st->prompt_capacity;
 }
 
-void ls_state_rank_range(const ls_prompt_state *st, int r, int64_t *lo, int64_t *hi) {
-    int64_t pages = ceil_div(st->capacity, st->page_size);
-    *lo = block_first(pages, st->nranks, r) * st->page_size;
-    *hi = block_first(pages, st->nranks, r + 1) * st->page_size;
-    if (*lo > st->capacity) *lo = st->capacity;
-    if (*hi > st->capacity) *hi = st->capacity;
+const char *ls_cp_layout_name(ls_cp_layout lay) { return lay == LS_CP_ZIGZAG ? "zigzag" : "contiguous"; }
+
+int ls_cp_layout_parse(const char *s, ls_cp_layout *out) {
+    if (!strcmp(s, "contiguous")) *out = LS_CP_CONTIGUOUS;
+    else if (!strcmp(s, "zigzag")) *out = LS_CP_ZIGZAG;
+    else return -1;
+    return 0;
 }
 
-ls_status ls_state_init(ls_prompt_state *st, const ls_config *cfg, int64_t capacity,
-                        int64_t page_size, ls_dtype dtype, const ls_comm *comm, ls_arena *arena) {
+/* Pages of the fullest rank under a layout (every rank's share of `pages`). */
+static int64_t layout_pages_per_rank(int64_t pages, int N, ls_cp_layout lay) {
+    int n = layout_segments(lay, N);
+    int64_t most = 0;
+    for (int r = 0; r < N; r++) {
+        int64_t k = 0;
+        for (int s = 0; s < n; s++)
+            if (layout_owner(lay, N, s) == r) k += block_first(pages, n, s + 1) - block_first(pages, n, s);
+        most = k > most ? k : most;
+    }
+    return most;
+}
+
+ls_status ls_state_init(ls_prompt_state *st, const ls_config *cfg, int64_t capacity, int64_t page_size,
+                        ls_dtype dtype, const ls_comm *comm, ls_cp_layout layout, ls_arena *arena) {
     if (page_size < 1) return ls_err(LS_ERR_ARG, "page size must be >= 1 (got %lld)", (long long)page_size);
     if (dtype != LS_DTYPE_F32 && dtype != LS_DTYPE_BF16)
         return ls_err(LS_ERR_ARG, "state dtype must be f32 or bf16");
@@ -122,18 +149,28 @@ ls_status ls_state_init(ls_prompt_state *st, const ls_config *cfg, int64_t capac
                       (long long)page_size, cfg->n_kv, cfg->head_dim);
     memset(st, 0, sizeof *st);
     st->cfg = cfg;
-    st->capacity = capacity;
+    st->capacity = st->prompt_capacity = capacity;
     st->page_size = page_size;
     st->dtype = dtype;
     st->arena = arena;
     st->comm = comm;
     st->rank = comm ? ls_comm_rank(comm) : 0;
     st->nranks = comm ? ls_comm_size(comm) : 1;
+    st->layout = layout;
     int64_t pages = ceil_div(capacity, page_size);
-    st->page_lo = block_first(pages, st->nranks, st->rank);
-    st->cap_pages = block_first(pages, st->nranks, st->rank + 1) - st->page_lo;
-    ls_state_rank_range(st, st->rank, &st->lo, &st->hi);
-    st->tail_rank = pages > 0 ? ls_state_page_owner(st, pages - 1) : 0;
+    int n = ls_state_segments(st);
+    for (int s = 0; s < n; s++) { /* this rank's segments, in prompt order; the tail's owner */
+        int owner;
+        int64_t lo, hi;
+        ls_state_segment(st, s, &owner, &lo, &hi);
+        if (hi > lo && hi == capacity) st->tail_rank = owner;
+        if (owner != st->rank) continue;
+        st->seg_lo[st->nseg] = lo, st->seg_hi[st->nseg] = hi;
+        st->seg_gpage[st->nseg] = block_first(pages, n, s);
+        st->seg_lpage[st->nseg] = st->cap_pages;
+        st->cap_pages += block_first(pages, n, s + 1) - block_first(pages, n, s);
+        st->nseg++;
+    }
     return alloc_tables(st);
 }
 
@@ -172,12 +209,14 @@ ls_status ls_state_append_kv(ls_prompt_state *st, int layer, const float *k, con
     size_t esz = ls_dtype_size(st->dtype);
     size_t pb = page_bytes(c, st->page_size, st->dtype);
     ls_attn_state *a = &st->attn[layer];
-    if (st->n < st->lo || st->n + T > st->hi)
-        return ls_err(LS_ERR_ARG, "rank %d holds positions [%lld, %lld); cannot append [%lld, %lld)", st->rank,
-                      (long long)st->lo, (long long)st->hi, (long long)st->n, (long long)(st->n + T));
+    int sg = 0; /* the segment of this rank holding the positions */
+    while (sg + 1 < st->nseg && st->n >= st->seg_hi[sg]) sg++;
+    if (st->nseg == 0 || st->n < st->seg_lo[sg] || st->n + T > st->seg_hi[sg])
+        return ls_err(LS_ERR_ARG, "rank %d of %d (%s layout) does not hold positions [%lld, %lld)", st->rank,
+                      st->nranks, ls_cp_layout_name(st->layout), (long long)st->n, (long long)(st->n + T));
     for (int64_t t = 0; t < T;) {
         int64_t pos = st->n + t;
-        int64_t pg = pos / st->page_size - st->page_lo, off = pos % st->page_size;
+        int64_t pg = st->seg_lpage[sg] + pos / st->page_size - st->seg_gpage[sg], off = pos % st->page_size;
         if (!a->k_pages[pg]) {
             a->k_pages[pg] = ls_arena_alloc(st->arena, pb);
             a->v_pages[pg] = ls_arena_alloc(st->arena, pb);
@@ -199,8 +238,11 @@ void ls_state_advance(ls_prompt_state *st, int64_t T) { st->n += T; }
 
 ls_kv_prefix ls_state_prefix(const ls_prompt_state *st, int layer) {
     ls_kv_prefix p;
-    int64_t end = st->n < st->hi ? st->n : st->hi;
-    p.n = end > st->lo ? end - st->lo : 0;
+    p.n = 0; /* the held positions before st->n: whole earlier segments, then a part */
+    for (int k = 0; k < st->nseg; k++) {
+        int64_t end = st->n < st->seg_hi[k] ? st->n : st->seg_hi[k];
+        p.n += end > st->seg_lo[k] ? end - st->seg_lo[k] : 0;
+    }
     p.page_size = st->page_size;
     p.dtype = st->dtype;
     p.k_pages = st->attn[layer].k_pages;
@@ -217,9 +259,12 @@ ls_status ls_state_fork(ls_prompt_state *dst, const ls_prompt_state *src, int64_
     *dst = *src;
     dst->arena = arena;
     dst->capacity = src->n + extra;
-    if (src->rank == src->tail_rank) {
-        dst->hi = dst->capacity;
-        dst->cap_pages = ceil_div(dst->hi - src->page_lo * src->page_size, src->page_size);
+    if (src->rank == src->tail_rank && src->nseg > 0) { /* the segment ending at the tail grows */
+        int k = src->nseg - 1;
+        while (k > 0 && !(src->seg_hi[k] == src->prompt_capacity && src->seg_hi[k] > src->seg_lo[k])) k--;
+        dst->seg_hi[k] = dst->capacity;
+        dst->cap_pages = src->seg_lpage[k] + ceil_div(dst->capacity - src->seg_gpage[k] * src->page_size,
+                                                      src->page_size);
     }
     LS_TRY(alloc_tables(dst));
     ls_kv_prefix held = ls_state_prefix(src, 0); /* positions this rank holds (any layer: the same) */

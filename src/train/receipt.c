@@ -26,7 +26,7 @@ ls_status ls_check_fits(const ls_trainable *pol, const ls_grpo_opts *o, int64_t 
     const ls_comm *cp = o->fwd.comm;
     int N = cp ? ls_comm_size(cp) : 1;
     ls_state_plan_t plan;
-    LS_TRY(pol->p.fam->state_plan(&plan, pol->cfg, P, o->page_size, o->state_dtype, N));
+    LS_TRY(pol->p.fam->state_plan(&plan, pol->cfg, P, o->page_size, o->state_dtype, N, o->fwd.cp_layout));
     size_t grad, fixed;
     pol->p.fam->policy_predict(&pol->p, optimizer, &grad, &fixed);
     /* the reference's state sits beside the policy's when β > 0 (rollouts) */
@@ -89,7 +89,7 @@ ls_status ls_receipt_write(const char *path, const char *cmd, const ls_trainable
     FILE *f = open_memstream(&buf, &blen); /* built in memory, written atomically */
     if (!f) return ls_err(LS_ERR_NOMEM, "%s: cannot build the receipt", path);
     ls_state_plan_t plan;
-    pol->p.fam->state_plan(&plan, pol->cfg, g->P, o->page_size, o->state_dtype, N);
+    pol->p.fam->state_plan(&plan, pol->cfg, g->P, o->page_size, o->state_dtype, N, o->fwd.cp_layout);
     size_t pgrad, pfixed;
     pol->p.fam->policy_predict(&pol->p, strcmp(cmd, "grad") != 0, &pgrad, &pfixed);
     fprintf(f, "{\n  \"command\": \"%s\",\n  \"mode\": \"%s\",\n  \"P\": %d,\n  \"G\": %d,\n  \"R\": [", cmd,
@@ -104,7 +104,7 @@ ls_status ls_receipt_write(const char *path, const char *cmd, const ls_trainable
     fprintf(f, "},\n  \"process_peak_rss_bytes\": %zu,\n", ls_peak_rss_bytes());
     /* per rank (DESIGN §8): prompt arena peak beside the plan's per-rank prediction, peak
      * RSS, and the trainable tensors' hash (identical on every rank after a step) */
-    fprintf(f, "  \"cp\": %d,\n  \"ranks\": [", N);
+    fprintf(f, "  \"cp\": %d,\n  \"cp_layout\": \"%s\",\n  \"ranks\": [", N, ls_cp_layout_name(o->fwd.cp_layout));
     for (int r = 0; r < N; r++)
         fprintf(f, "%s{\"rank\": %d, \"prompt_peak_bytes\": %llu, \"prompt_predicted_bytes\": %zu, "
                    "\"peak_rss_bytes\": %llu, \"trainable_hash\": \"%016llx\"}",

@@ -19,7 +19,7 @@ void ls_score_opts_default(ls_score_opts *o) {
 ls_status ls_score_capture(const ls_model *m, const ls_group *g, const ls_score_opts *o, ls_arenas *ar,
                            ls_prompt_state *st) {
     LS_TRY(m->fam->state_init(st, ls_model_config(m), g->P - 1, o->page_size, o->state_dtype, o->fwd.comm,
-                         &ar->a[LS_ARENA_PROMPT]));
+                              o->fwd.cp_layout, &ar->a[LS_ARENA_PROMPT]));
     return m->fam->capture(m, st, g->prompt, g->P - 1, &o->fwd, &ar->a[LS_ARENA_SCRATCH]);
 }
 

@@ -578,7 +578,8 @@ static void trace_update_end(trainer *tr, const ls_group *g, const ls_grpo_metri
     if (!ls_trace_on()) return;
     ls_state_plan_t plan;
     const ls_comm *cp = tr_comm(tr);
-    tr->pol.p.fam->state_plan(&plan, tr->pol.cfg, g->P, tr->a->o.page_size, tr->a->o.state_dtype, cp ? ls_comm_size(cp) : 1);
+    tr->pol.p.fam->state_plan(&plan, tr->pol.cfg, g->P, tr->a->o.page_size, tr->a->o.state_dtype, cp ? ls_comm_size(cp) : 1,
+                               tr->a->o.fwd.cp_layout);
     char R[512];
     int off = 0;
     for (int i = 0; i < g->G && off < (int)sizeof R - 24; i++) off += snprintf(R + off, sizeof R - (size_t)off, "%s%lld", i ? ", " : "", (long long)g->R[i]);
