@@ -226,7 +226,7 @@ int test_model_arena_plan(void) {
         ls_score_stats st;
         T_OK(t_score_group(&m, &g, &o, &ar, out, &st));
         ls_state_plan_t plan;
-        T_OK(ls_state_plan(&plan, &m.cfg, Ps[k], o.page_size, o.state_dtype, 1, LS_CP_CONTIGUOUS));
+        T_OK(ls_state_plan(&plan, &m.cfg, Ps[k], o.page_size, o.state_dtype, 1, LS_CP_CONTIGUOUS, 0));
         printf("  P=%-6lld prompt arena %zu bytes, plan %zu bytes\n", (long long)Ps[k], st.prompt_bytes,
                plan.total_bytes_per_rank);
         T_CHECK(st.prompt_bytes == plan.total_bytes_per_rank, "P=%lld: prompt arena %zu != plan %zu",

@@ -417,7 +417,7 @@ int test_safety_plan_overflow(void) {
         for (int e = 1; e <= 62; e++) {
             int64_t P = (int64_t)1 << e, S = sizes[si];
             ls_state_plan_t p;
-            ls_status s = ls_state_plan(&p, &cfg, P, S, LS_DTYPE_BF16, 1, LS_CP_CONTIGUOUS);
+            ls_status s = ls_state_plan(&p, &cfg, P, S, LS_DTYPE_BF16, 1, LS_CP_CONTIGUOUS, 0);
             if (s != LS_OK) {
                 char want[128];
                 snprintf(want, sizeof want, "prompt length %lld with page size %lld", (long long)P, (long long)S);

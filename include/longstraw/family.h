@@ -93,9 +93,16 @@ struct ls_family {
                             int64_t out_from, int64_t grad_from, const int32_t *target, float *logprob,
                             float *entropy, ls_branch_tape **tape_out, const ls_fwd_opts *o, ls_arena *tape_arena,
                             ls_arena *scratch);
-    /* Parameter gradients (+=) into `grad` (a gradient set of the same family). */
+    /* Parameter gradients (+=) into `grad` (a gradient set of the same family). With
+     * `dstate` (full mode) the gradient w.r.t. the prompt state the branch read is
+     * added to dstate->full; NULL: prefix-frozen. */
     ls_status (*branch_bwd)(const ls_model *m, ls_model *grad, const ls_branch_tape *tape, const float *dlogprob,
-                            const ls_fwd_opts *o, ls_arena *scratch);
+                            ls_prompt_state *dstate, const ls_fwd_opts *o, ls_arena *scratch);
+    /* Full mode, after every member's backward: the reverse prompt sweep (DESIGN §3)
+     * over `st` (captured with ls_state_enable_full from ids[0..st->n)); parameter
+     * gradients (+=) into `grad`; one chunk's tape in tape_arena at a time. */
+    ls_status (*sweep)(const ls_model *m, ls_model *grad, ls_prompt_state *st, const int32_t *ids,
+                       const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *scratch);
     /* One decode step of n sequences, each extending its own state by one token. */
     ls_status (*decode)(const ls_model *m, ls_prompt_state *const *sts, const int32_t *ids, int n, float *logits,
                         const ls_fwd_opts *o, ls_arena *scratch);
@@ -104,7 +111,7 @@ struct ls_family {
     ls_status (*state_init)(ls_prompt_state *st, const ls_config *cfg, int64_t capacity, int64_t page_size,
                             ls_dtype dtype, const ls_comm *comm, ls_cp_layout layout, ls_arena *arena);
     ls_status (*state_plan)(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt_len, int64_t page_size,
-                            ls_dtype dtype, int cp, ls_cp_layout layout);
+                            ls_dtype dtype, int cp, ls_cp_layout layout, int64_t sweep_chunk);
     /* Every distinct tensor, in a fixed order (*out malloc'd). */
     ls_status (*params)(const ls_model *m, ls_param **out, int64_t *n);
     /* Write a model's tensors (weights or a gradient set) under the checkpoint's names. */

@@ -25,12 +25,18 @@ typedef struct {
     double lr, weight_decay, beta1, beta2, adam_eps, max_grad_norm; /* max_grad_norm 0 = off */
     /* engine */
     int no_capture;       /* naive mode: each member's whole sequence under a tape */
+    int full;             /* exact gradient through the prompt (--mode full; DESIGN §3) */
+    int64_t sweep_chunk;  /* full mode: positions per reverse-sweep chunk */
+    int sft;              /* --loss sft: mean NLL of the response tokens (no rewards, scores, reference) */
     int64_t page_size;
     ls_dtype state_dtype;
     ls_fwd_opts fwd;      /* capture chunk, LM-head rows, temperature, communicator */
 } ls_grpo_opts;
 
 void ls_grpo_opts_default(ls_grpo_opts *o);
+/* The sweep chunk the prompt state is planned and cut with: o->sweep_chunk in full
+ * mode with capture, 0 otherwise (no checkpoints, no dState). */
+int64_t ls_grpo_sweep_chunk(const ls_grpo_opts *o);
 
 /* Advantages A[G] from rewards (DESIGN §7): (r − mean)/(std + 1e-4) with Bessel's
  * correction (group, batch), or r − mean (none). */
@@ -54,7 +60,7 @@ typedef struct {
     int n_rewarded;   /* of which with rewards */
     int skipped;      /* a non-finite loss or gradient: no optimizer step was taken */
     char skip_reason[160];
-    double t_ref, t_capture, t_rollout, t_score, t_replay, t_optim, t_total;
+    double t_ref, t_capture, t_rollout, t_score, t_replay, t_sweep, t_optim, t_total;
     int n_iter;                                 /* iterations run */
     double iter_loss[64], iter_grad_norm[64];   /* per iteration (first 64) */
     size_t prompt_bytes;

@@ -106,11 +106,19 @@ ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *
                                ls_arena *tape_arena, ls_arena *scratch);
 /* Backward of a taped branch: dlogprob[T − out_from] = ∂L/∂logprob; parameter
  * gradients accumulate (+=) into `grad` (a model-shaped set of buffers, see
- * ls_hybrid_alloc_like). The prompt state receives no gradient (prefix-frozen);
- * the kernels' dstate0/dtail/dk_prefix outputs are where exact mode will take it. */
+ * ls_hybrid_alloc_like). dstate NULL: the prompt state receives no gradient
+ * (prefix-frozen). Otherwise (full mode) the gradient w.r.t. the prompt state the
+ * branch read accumulates into dstate->full (dK/dV of its pages, d(S, conv tail)). */
 ls_status ls_hybrid_branch_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad,
                                const ls_branch_tape *tape, const float *dlogprob,
-                               ls_arena *scratch);
+                               ls_prompt_state *dstate, ls_arena *scratch);
+/* The reverse prompt sweep (full mode, DESIGN §3), after every member's backward:
+ * the prompt's sweep chunks from last to first, each recomputed with a tape from its
+ * checkpoint and the pages before it (ids: the captured prompt tokens) and
+ * backpropagated with the gradient its state receives; parameter gradients
+ * accumulate into `grad`. One chunk's tape (in tape_arena) is alive at a time. */
+ls_status ls_hybrid_sweep(const ls_hybrid_model *m, ls_hybrid_model *grad, ls_prompt_state *st, const int32_t *ids,
+                          const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *scratch);
 
 /* ---- parameters --------------------------------------------------------------- */
 /* Every distinct trainable tensor of the internal layout, in a fixed order (the tied

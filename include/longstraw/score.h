@@ -15,6 +15,7 @@ typedef struct {
     int64_t page_size;   /* default 64 */
     ls_dtype state_dtype; /* F32 or BF16 */
     ls_fwd_opts fwd;
+    int64_t sweep_chunk; /* > 0: the state is captured for full mode (ls_state_enable_full) */
 } ls_score_opts;
 
 void ls_score_opts_default(ls_score_opts *o);

@@ -34,6 +34,28 @@ int ls_cp_layout_parse(const char *s, ls_cp_layout *out); /* 0, or −1 for an u
 
 #define LS_STATE_MAX_SEGS 2
 
+/* Exact-gradient mode (DESIGN §3, `--mode full`): the gradient of the loss with respect
+ * to the prompt state, shaped like it (dK/dV pages in f32 per attention layer, d(S,
+ * conv tail) per Gated DeltaNet layer), and the sweep's checkpoints: the GDN state and
+ * conv tail at the start of every sweep chunk of this rank's positions. All from the
+ * prompt arena (plan's "full mode" row). */
+typedef struct {
+    void **dk, **dv;     /* attention layer: [cap_pages] f32 pages [S, n_kv, hd] (+=) */
+    float *dS, *dtail;   /* GDN layer: [H_v, d_k, d_v], [W−1, conv_dim] */
+} ls_layer_dstate;
+
+typedef struct {
+    int64_t lo, hi; /* positions of one sweep chunk (within one segment of this rank) */
+} ls_sweep_chunk;
+
+typedef struct {
+    int64_t sweep_chunk;   /* positions per sweep chunk */
+    int64_t n_chunks;      /* this rank's chunks, prompt order */
+    ls_sweep_chunk *chunks;
+    ls_gdn_state *ckpt;    /* [n_chunks][n_layers]: the state at each chunk's start (GDN layers) */
+    ls_layer_dstate *d;    /* [n_layers] */
+} ls_state_full;
+
 /* Under context parallelism the pages are split across the ranks of `comm` in the
  * segments of `layout` (whole pages; only the prompt's last page can be partial): a
  * rank allocates and holds only the positions of its segments. Page tables are local:
@@ -61,6 +83,7 @@ typedef struct {
     ls_attn_state *attn; /* [n_layers]; used for attention layers */
     ls_gdn_state *gdn;   /* [n_layers]; used for GDN layers */
     ls_arena *arena;     /* the prompt arena */
+    ls_state_full *full; /* exact-gradient mode (ls_state_enable_full), else NULL */
 } ls_prompt_state;
 
 /* Allocate an empty state able to hold `capacity` positions (page tables sized now,
@@ -68,6 +91,18 @@ typedef struct {
  * communicator of N > 1 ranks, only this rank's share of the pages under `layout`. */
 ls_status ls_state_init(ls_prompt_state *st, const ls_config *cfg, int64_t capacity, int64_t page_size,
                         ls_dtype dtype, const ls_comm *comm, ls_cp_layout layout, ls_arena *arena);
+/* Exact-gradient mode for an empty state (before capture): allocate the dState buffer
+ * (zeroed) and the sweep checkpoints for chunks of `sweep_chunk` positions, cut in each
+ * of this rank's segments from its start. Capture then saves the checkpoints. */
+ls_status ls_state_enable_full(ls_prompt_state *st, int64_t sweep_chunk);
+/* Local page index of global position `pos`, which this rank holds (−1 if not). */
+int64_t ls_state_local_page(const ls_prompt_state *st, int64_t pos);
+/* Sweep chunk j of this rank whose start is `pos`, or −1 (capture saves its checkpoint). */
+int64_t ls_state_ckpt_at(const ls_prompt_state *st, int64_t pos);
+/* The end of the capture span starting at `pos` of a segment ending at `hi`: at most
+ * `chunk` positions, never across a sweep-chunk start (full mode). */
+int64_t ls_state_span_end(const ls_prompt_state *st, int64_t pos, int64_t hi, int64_t chunk);
+
 /* The layout's segments in prompt order: how many, and segment s's owner and
  * positions [*lo, *hi) (empty where the prompt has fewer pages than segments). */
 int ls_state_segments(const ls_prompt_state *st);
@@ -107,9 +142,14 @@ typedef struct {
     /* capture under CP (cp > 1), scratch for the whole capture: the shard's residual
      * stream [P/N, D] in f32, alive across the layers (everything else is per chunk) */
     size_t cp_capture_bytes_per_rank;
+    /* exact-gradient mode (sweep_chunk > 0): dState (dK/dV pages in f32, d(S, conv tail))
+     * and the sweep checkpoints, included in total_bytes_per_rank */
+    int64_t sweep_chunk;
+    int64_t sweep_chunks_per_rank; /* max over ranks */
+    size_t dstate_bytes_per_rank, ckpt_bytes_per_rank;
 } ls_state_plan_t;
 
 ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt_len,
-                        int64_t page_size, ls_dtype dtype, int cp, ls_cp_layout layout);
+                        int64_t page_size, ls_dtype dtype, int cp, ls_cp_layout layout, int64_t sweep_chunk);
 
 #endif

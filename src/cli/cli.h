@@ -25,6 +25,8 @@ int cmd_demo(int argc, char **argv);
 int cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi,
                   int64_t *out);
 int cli_parse_dtype(const char *cmd, const char *flag, const char *s, ls_dtype *out);
+/* --mode prefix-frozen|full (*full = 0 or 1) */
+int cli_parse_mode(const char *cmd, const char *s, int *full);
 /* --cp-layout contiguous|zigzag */
 int cli_parse_layout(const char *cmd, const char *s, ls_cp_layout *out);
 /* Print "longstraw CMD: <status>: <message>" and return exit code 1. Under CP

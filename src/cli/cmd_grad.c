@@ -20,8 +20,7 @@ static void help(const char *cmd) {
                "names and layout), computed as a transaction: capture the prompt once, score,\n"
                "replay each response under a tape. No optimizer step.\n\n"
                "  --model DIR            checkpoint directory\n"
-               "  --group FILE           group file with \"rewards\" or \"advantages\"\n"
-               "  --mode M               prefix-frozen (the prompt state receives no gradient)\n"
+               "  --group FILE           group file with \"rewards\" or \"advantages\" (--loss sft: neither)\n"
                "  --out FILE             gradient safetensors (written atomically)\n"
                "  --receipt FILE         also write the receipt JSON\n");
     else
@@ -38,13 +37,12 @@ static void help(const char *cmd) {
 
 static int run(const char *cmd, int argc, char **argv) {
     int is_step = !strcmp(cmd, "step");
-    enum { O_MODEL = 1, O_GROUP, O_OUT, O_MODE, O_RECEIPT, O_HELP };
+    enum { O_MODEL = 1, O_GROUP, O_OUT, O_RECEIPT, O_HELP };
     struct option opts[64];
     int n = 0;
     opts[n++] = (struct option){"model", required_argument, 0, O_MODEL};
     opts[n++] = (struct option){"group", required_argument, 0, O_GROUP};
     opts[n++] = (struct option){"out", required_argument, 0, O_OUT};
-    opts[n++] = (struct option){"mode", required_argument, 0, O_MODE};
     opts[n++] = (struct option){"receipt", required_argument, 0, O_RECEIPT};
     opts[n++] = (struct option){"help", no_argument, 0, O_HELP};
     LS_ASSERT(n + cli_train_n_options < 64, "option table too small");
@@ -61,13 +59,6 @@ static int run(const char *cmd, int argc, char **argv) {
         case O_GROUP: group = optarg; break;
         case O_OUT: out = optarg; break;
         case O_RECEIPT: receipt = optarg; break;
-        case O_MODE:
-            if (strcmp(optarg, "prefix-frozen") != 0) {
-                fprintf(stderr, "longstraw %s: --mode: \"%s\" is not available (only prefix-frozen; the exact "
-                                "gradient through the prompt is a later issue)\n", cmd, optarg);
-                return 2;
-            }
-            break;
         case O_HELP:
         case 'h': help(cmd); return 0;
         default: {

@@ -24,6 +24,9 @@ static void help(void) {
            "  --cp-layout L        contiguous (rank r: block r of N) or zigzag (rank r: blocks\n"
            "                       r and 2N-1-r of 2N); default contiguous\n"
            "  --state-dtype T      K/V page storage: bf16 or f32 (default bf16)\n"
+           "  --mode M             prefix-frozen (default) or full: adds the exact-gradient mode's\n"
+           "                       dState (f32 dK/dV pages, d(S, conv tail)) and sweep checkpoints\n"
+           "  --sweep-chunk N      full mode: positions per reverse-sweep chunk (default 2048)\n"
            "  --json               print JSON instead of a table\n"
            "  --help               this text\n");
 }
@@ -38,6 +41,8 @@ int cmd_plan(int argc, char **argv) {
                                          {"cp", required_argument, 0, 'r'},
                                          {"state-dtype", required_argument, 0, 'd'},
                                          {"cp-layout", required_argument, 0, 'l'},
+                                         {"mode", required_argument, 0, 'M'},
+                                         {"sweep-chunk", required_argument, 0, 'w'},
                                          {"json", no_argument, 0, 'j'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -45,6 +50,8 @@ int cmd_plan(int argc, char **argv) {
     int64_t P = -1, S = 64, cp = 1;
     ls_dtype dt = LS_DTYPE_BF16;
     ls_cp_layout lay = LS_CP_CONTIGUOUS;
+    int full = 0;
+    int64_t sweep = 2048;
     int json = 0, ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -56,6 +63,8 @@ int cmd_plan(int argc, char **argv) {
         case 'r': if (cli_parse_i64("plan", "--cp", optarg, 1, 65536, &cp)) return 2; break;
         case 'd': if (cli_parse_dtype("plan", "--state-dtype", optarg, &dt)) return 2; break;
         case 'l': if (cli_parse_layout("plan", optarg, &lay)) return 2; break;
+        case 'M': if (cli_parse_mode("plan", optarg, &full)) return 2; break;
+        case 'w': if (cli_parse_i64("plan", "--sweep-chunk", optarg, 1, INT64_MAX / 4, &sweep)) return 2; break;
         case 'j': json = 1; break;
         case 'h': help(); return 0;
         default: return cli_usage_error("plan", "bad option");
@@ -73,7 +82,7 @@ int cmd_plan(int argc, char **argv) {
     const ls_family *fam = ls_family_for(&cfg, path);
     if (!fam) return cli_fail("plan", LS_ERR_UNSUPPORTED);
     ls_state_plan_t p;
-    s = fam->state_plan(&p, &cfg, P, S, dt, (int)cp, lay);
+    s = fam->state_plan(&p, &cfg, P, S, dt, (int)cp, lay, full ? sweep : 0);
     if (s != LS_OK) return cli_fail("plan", s);
     /* fixed and grad terms of M_live (DESIGN §1) for a full fine-tune in f32 */
     ls_hf_tensor_spec *sp = NULL;
@@ -97,13 +106,17 @@ int cmd_plan(int argc, char **argv) {
                "\"state_dtype\": \"%s\", \"attention_layers\": %d, \"gdn_layers\": %d, "
                "\"pages_per_layer\": %lld, \"pages_per_rank\": %lld, \"page_objects_per_rank\": %lld, "
                "\"kv_bytes_per_rank\": %zu, \"gdn_bytes_per_rank\": %zu, \"table_bytes_per_rank\": %zu, "
-               "\"total_bytes_per_rank\": %zu, \"cp_capture_bytes_per_rank\": %zu, \"parameters\": %zu, "
+               "\"total_bytes_per_rank\": %zu, \"cp_capture_bytes_per_rank\": %zu, \"mode\": \"%s\", "
+               "\"sweep_chunk\": %lld, \"sweep_chunks_per_rank\": %lld, \"dstate_bytes_per_rank\": %zu, "
+               "\"ckpt_bytes_per_rank\": %zu, \"parameters\": %zu, "
                "\"weights_bytes_f32\": %zu, "
                "\"adamw_bytes\": %zu, \"grad_bytes\": %zu}\n",
                (long long)P, (long long)p.positions, (long long)S, p.cp, ls_cp_layout_name(lay),
                dt == LS_DTYPE_BF16 ? "bf16" : "f32", p.n_attn, p.n_gdn, (long long)p.pages, (long long)p.pages_per_rank,
                (long long)p.pages_per_rank * p.n_attn * 2, p.kv_bytes_per_rank, p.gdn_bytes_per_rank,
-               p.table_bytes_per_rank, p.total_bytes_per_rank, p.cp_capture_bytes_per_rank, params, w_bytes, m_bytes,
+               p.table_bytes_per_rank, p.total_bytes_per_rank, p.cp_capture_bytes_per_rank,
+               full ? "full" : "prefix-frozen", (long long)p.sweep_chunk, (long long)p.sweep_chunks_per_rank,
+               p.dstate_bytes_per_rank, p.ckpt_bytes_per_rank, params, w_bytes, m_bytes,
                w_bytes);
         return 0;
     }
@@ -120,6 +133,13 @@ int cmd_plan(int argc, char **argv) {
     printf("  %-34s %20zu %12.2f\n", "K/V pages (full attention)", p.kv_bytes_per_rank, gib(p.kv_bytes_per_rank));
     printf("  %-34s %20zu %12.4f\n", "GDN conv tail + recurrent state", p.gdn_bytes_per_rank, gib(p.gdn_bytes_per_rank));
     printf("  %-34s %20zu %12.4f\n", "page tables + layer headers", p.table_bytes_per_rank, gib(p.table_bytes_per_rank));
+    if (full) {
+        printf("  %-34s %20zu %12.2f\n", "full mode: dState (f32 dK/dV, dS)", p.dstate_bytes_per_rank,
+               gib(p.dstate_bytes_per_rank));
+        char row[64];
+        snprintf(row, sizeof row, "full mode: %lld sweep checkpoints", (long long)p.sweep_chunks_per_rank);
+        printf("  %-34s %20zu %12.4f\n", row, p.ckpt_bytes_per_rank, gib(p.ckpt_bytes_per_rank));
+    }
     printf("  %-34s %20zu %12.2f\n", "prompt arena total", p.total_bytes_per_rank, gib(p.total_bytes_per_rank));
     if (p.cp > 1)
         printf("  %-34s %20zu %12.2f\n", "CP capture: shard residual (scratch)", p.cp_capture_bytes_per_rank,

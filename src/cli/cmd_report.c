@@ -25,7 +25,7 @@
 /* int cmd_report(int argc, char **argv);  (declared in cli.h, registered in main.c) */
 
 #define NA 6  /* arenas, in the trace's order */
-#define NPH 9 /* phases, in the order the receipt lists them */
+#define NPH 10 /* phases, in the order the receipt lists them */
 #define NTERM 3
 #define MAX_RANK 1048576
 #define SVG_MAX_POINTS 4000
@@ -34,7 +34,7 @@ static const char *const arena_name[NA] = {"fixed", "grad", "prompt", "score", "
 static const char *const arena_colour[NA] = {"#4e79a7", "#f28e2b", "#e15759",
                                              "#76b7b2", "#59a14f", "#edc948"};
 static const char *const phase_name[NPH] = {"load",  "reference", "capture",  "rollout",   "reward",
-                                            "score", "replay",    "optimize", "checkpoint"};
+                                            "score", "replay", "sweep", "optimize", "checkpoint"};
 static const char *const term_name[NTERM] = {"prompt", "grad", "fixed"}; /* predicted/measured */
 
 /* ---- growable text and arrays ------------------------------------------------------ */

@@ -12,6 +12,14 @@
 
 void cli_train_help(void) {
     printf("objective (DESIGN §7):\n"
+           "  --loss L               grpo (default; rewards, clipped ratios, KL) | sft: the mean\n"
+           "                         negative log-likelihood of the response tokens given the prompt\n"
+           "                         (no rewards, no scoring, no reference; a group may hold one response)\n"
+           "  --mode M               prefix-frozen (default: the prompt state is a constant) | full: the\n"
+           "                         exact gradient through the prompt too, at memory of the order of the\n"
+           "                         prompt state (dState + checkpoints, a reverse sweep after the replay)\n"
+           "  --sweep-chunk N        full mode: positions per reverse-sweep chunk (default 2048): one\n"
+           "                         chunk's tape is alive at a time, one checkpoint per chunk\n"
            "  --epsilon E            clip range low: ratios below 1-E clip (default 0.2)\n"
            "  --epsilon-high E       clip range high: above 1+E clip (default = --epsilon)\n"
            "  --beta B               weight of the k3 KL to the reference (default 0)\n"
@@ -51,7 +59,7 @@ void cli_train_help(void) {
 enum {
     OPT_EPS = 1000, OPT_EPS_HIGH, OPT_BETA, OPT_REF, OPT_LOSS, OPT_MAXLEN, OPT_SCALE, OPT_TEMP, OPT_ITERS,
     OPT_LR, OPT_WD, OPT_B1, OPT_B2, OPT_AEPS, OPT_MAXGN, OPT_NOCAP, OPT_CHUNK, OPT_PAGE, OPT_SDT, OPT_THREADS,
-    OPT_ADAPTER, OPT_LRANK, OPT_LALPHA, OPT_LTARGETS, OPT_LSEED, OPT_FORCE, OPT_LAYOUT
+    OPT_ADAPTER, OPT_LRANK, OPT_LALPHA, OPT_LTARGETS, OPT_LSEED, OPT_FORCE, OPT_LAYOUT, OPT_OBJ, OPT_MODE, OPT_SWEEP
 };
 
 const struct option cli_train_options[] = {
@@ -68,7 +76,8 @@ const struct option cli_train_options[] = {
     {"adapter", required_argument, 0, OPT_ADAPTER},   {"lora-rank", required_argument, 0, OPT_LRANK},
     {"lora-alpha", required_argument, 0, OPT_LALPHA}, {"lora-targets", required_argument, 0, OPT_LTARGETS},
     {"lora-seed", required_argument, 0, OPT_LSEED},   {"force", no_argument, 0, OPT_FORCE},
-    {"cp-layout", required_argument, 0, OPT_LAYOUT},
+    {"cp-layout", required_argument, 0, OPT_LAYOUT},  {"loss", required_argument, 0, OPT_OBJ},
+    {"mode", required_argument, 0, OPT_MODE},         {"sweep-chunk", required_argument, 0, OPT_SWEEP},
 };
 const int cli_train_n_options = (int)(sizeof cli_train_options / sizeof cli_train_options[0]);
 
@@ -117,6 +126,15 @@ int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg) {
             return 2;
         }
         break;
+    case OPT_OBJ:
+        if (!strcmp(arg, "grpo") || !strcmp(arg, "sft")) o->sft = !strcmp(arg, "sft");
+        else {
+            fprintf(stderr, "longstraw %s: --loss: \"%s\" is not grpo or sft\n", cmd, arg);
+            return 2;
+        }
+        break;
+    case OPT_MODE: if (cli_parse_mode(cmd, arg, &o->full)) return 2; break;
+    case OPT_SWEEP: if (cli_parse_i64(cmd, "--sweep-chunk", arg, 1, 1 << 24, &o->sweep_chunk)) return 2; break;
     case OPT_MAXLEN:
         if (cli_parse_i64(cmd, "--max-completion-length", arg, 1, INT64_MAX / 2, &o->max_completion_length)) return 2;
         break;

@@ -89,6 +89,15 @@ int cli_parse_dtype(const char *cmd, const char *flag, const char *s, ls_dtype *
     return 0;
 }
 
+int cli_parse_mode(const char *cmd, const char *s, int *full) {
+    if (!strcmp(s, "prefix-frozen") || !strcmp(s, "full")) {
+        *full = !strcmp(s, "full");
+        return 0;
+    }
+    fprintf(stderr, "longstraw %s: --mode: \"%s\" is not a mode (expected prefix-frozen or full)\n", cmd, s);
+    return 1;
+}
+
 int cli_parse_layout(const char *cmd, const char *s, ls_cp_layout *out) {
     if (ls_cp_layout_parse(s, out) == 0) return 0;
     fprintf(stderr, "longstraw %s: --cp-layout: \"%s\" is not a layout (expected contiguous or zigzag)\n", cmd, s);

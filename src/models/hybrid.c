@@ -463,12 +463,30 @@ static ls_status ffn_fwd(const ls_hybrid_model *m, int l, float *x, float *xn, l
     return LS_OK;
 }
 
+/* Full mode: save the GDN state of layer l (or every GDN layer, l < 0) as the
+ * checkpoint of the sweep chunk starting at st->n, if one does. */
+static void save_ckpt(const ls_prompt_state *st, int64_t pos, int l) {
+    int64_t j = ls_state_ckpt_at(st, pos);
+    if (j < 0) return;
+    const ls_config *c = st->cfg;
+    size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
+    size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;
+    for (int k = l < 0 ? 0 : l; k < (l < 0 ? c->n_layers : l + 1); k++) {
+        if (c->kind[k] != LS_LAYER_GDN) continue;
+        ls_gdn_state *ck = &st->full->ckpt[j * c->n_layers + k];
+        memcpy(ck->S, st->gdn[k].S, rec_n * sizeof(float));
+        memcpy(ck->conv_tail, st->gdn[k].conv_tail, conv_n * sizeof(float));
+    }
+}
+
 ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids,
                            int64_t n, float *logits, const ls_fwd_opts *o, ls_arena *scratch) {
     const ls_config *c = &m->cfg;
     int64_t D = c->hidden, C = o->capture_chunk > 0 ? o->capture_chunk : 2048;
-    for (int64_t c0 = 0; c0 < n; c0 += C) {
-        int64_t T = n - c0 < C ? n - c0 : C;
+    for (int64_t c0 = 0, T; c0 < n; c0 += T) {
+        /* chunks of C, cut at every sweep-chunk start (full mode: its checkpoint) */
+        T = ls_state_span_end(st, st->n, st->n + n - c0, C) - st->n;
+        save_ckpt(st, st->n, -1);
         int last_chunk = c0 + T == n;
         if (!logits && ls_stop_requested()) /* capture: a stop waits at most one chunk */
             return ls_err(LS_ERR_INTERRUPTED, "stopped by signal %d during capture, at position %lld of %lld",
@@ -552,6 +570,24 @@ static ls_status cp_send_pages(const ls_prompt_state *st, int l, int dst, int64_
     return s;
 }
 
+/* The end of the capture chunk from c0 in the segment [lo, hi): C positions, cut at the
+ * sweep-chunk starts lo + k·sweep (full mode), the same on every rank. */
+static int64_t cp_span_end(const ls_prompt_state *st, int64_t lo, int64_t c0, int64_t hi, int64_t C) {
+    int64_t e = c0 + C < hi ? c0 + C : hi;
+    if (st->full) {
+        int64_t W = st->full->sweep_chunk, nb = lo + ((c0 - lo) / W + 1) * W;
+        e = nb < e ? nb : e;
+    }
+    return e;
+}
+
+/* Query chunks of the segment [lo, hi). */
+static int64_t cp_span_count(const ls_prompt_state *st, int64_t lo, int64_t hi, int64_t C) {
+    int64_t k = 0;
+    for (int64_t c0 = lo; c0 < hi; c0 = cp_span_end(st, lo, c0, hi, C)) k++;
+    return k;
+}
+
 /* The owner of the nearest non-empty segment after (dir = +1) or before (−1) segment s,
  * or −1. */
 static int cp_neighbour(const ls_prompt_state *st, int s, int dir) {
@@ -593,7 +629,7 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
             ls_state_segment(st, sg, &owner, &lo, &hi);
             if (hi == lo) continue;
             if (owner != r) { /* another rank's segment: it reads my earlier pages */
-                if (!gdn) s = cp_send_pages(st, l, owner, lo, (hi - lo + C - 1) / C, bp, sc);
+                if (!gdn) s = cp_send_pages(st, l, owner, lo, cp_span_count(st, lo, hi, C), bp, sc);
                 continue;
             }
             int k = 0;
@@ -604,9 +640,10 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
                 if (s == LS_OK && conv_n)
                     s = ls_comm_recv(st->comm, g->conv_tail, conv_n * sizeof(float), prev, CP_TAG(l, 3));
             }
-            for (int64_t c0 = lo; c0 < hi && s == LS_OK; c0 += C) { /* the segment's chunks through layer l */
-                int64_t T = hi - c0 < C ? hi - c0 : C;
+            for (int64_t c0 = lo, T; c0 < hi && s == LS_OK; c0 += T) { /* the segment's chunks through layer l */
+                T = cp_span_end(st, lo, c0, hi, C) - c0;
                 st->n = c0;
+                if (gdn) save_ckpt(st, c0, l);
                 ls_kv_prefix pre = ls_state_prefix(st, l); /* this rank's earlier pages */
                 layer_ctx L = {T, c0, 0, gdn ? NULL : &pre, gdn ? NULL : st, g->S, g->conv_tail, NULL, NULL, sc,
                                NULL, l, 1, NULL, gdn ? NULL : st, bp, sg};
@@ -717,6 +754,11 @@ ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *
     float *xo = x + out_from * D; /* [n, D] rows that predict a target */
     float *h = xo;
     float *rstd = NULL;
+    if (n == 0) { /* nothing predicted (a sweep chunk of the prompt) */
+        ls_arena_release(scratch, mk);
+        if (taping) *tape_out = tb;
+        return LS_OK;
+    }
     if (taping) {
         h = ALLOC_F(A, n * D);
         rstd = ALLOC_F(A, n);

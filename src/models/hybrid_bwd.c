@@ -2,10 +2,11 @@
  * hybrid_bwd.c — backward of a taped branch of the hybrid family (the reverse of
  * hybrid.c's layer functions, reading hybrid_tape.h). Parameter gradients
  * accumulate (+=) into a model-shaped set of buffers in the grad arena; every
- * transient comes from scratch and is released per layer. The prompt state is
- * read-only and receives no gradient (prefix-frozen); the kernels' dstate0,
- * dtail and dk_prefix/dv_prefix outputs (passed NULL here) are where exact mode
- * will collect it.
+ * transient comes from scratch and is released per layer. Prefix-frozen: the prompt
+ * state is read-only and receives no gradient. Full mode (DESIGN §3): the kernels'
+ * dstate0, dtail and dk_prefix/dv_prefix outputs collect the gradient of the prompt
+ * state into its dState buffer, and the reverse sweep (ls_hybrid_sweep) carries it
+ * back through the prompt chunk by chunk.
  */
 #include <math.h>
 #include <stddef.h>
@@ -39,10 +40,20 @@ static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
                                       (dx), (dy), (x), (T), (sc)));                                              \
     } while (0)
 
+/* Where the prompt state's gradient goes (full mode), NULL/0 when prefix-frozen.
+ * A branch adds its dState (dK/dV of the prompt pages it read, d(S, tail) of the state
+ * it started from); a sweep chunk also reads the incoming gradient of its own
+ * positions' K/V and of the state it ended with, and replaces d(S, tail) by that of the
+ * state it started from. */
+typedef struct {
+    ls_prompt_state *st; /* the prompt state whose ->full holds dState */
+    int sweep;
+} dstate_ctx;
+
 /* Gated DeltaNet mixer backward: dres[T,D] → dxn[T,D] (+=), weight grads (+=). */
 static ls_status gdn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
                          const ls_layer_tape *tp, const float *dres, float *dxn, int64_t T,
-                         ls_arena *sc) {
+                         const dstate_ctx *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     int64_t D = c->hidden, kd = ls_cfg_key_dim(c), vd = ls_cfg_value_dim(c), cd = ls_cfg_conv_dim(c);
     int Hv = c->H_v, Hk = c->H_k;
@@ -60,12 +71,17 @@ static ls_status gdn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
     float *dy = ALLOC_F(sc, T * cd);    /* [T, conv_dim] */
     float *dqkv = CALLOC_F(sc, T * cd); /* [T, conv_dim] */
     NEED(d_on && d_o && d_z && dqn && dkn && dv && dbeta && dg && dba && dy && dqkv);
+    ls_layer_dstate *ds = dc->st ? &dc->st->full->d[l] : NULL;
+    size_t rec_n = (size_t)Hv * (size_t)c->d_k * (size_t)c->d_v, conv_n = (size_t)(c->conv_k - 1) * (size_t)cd;
+    float *dS0 = ds ? ALLOC_F(sc, rec_n) : NULL, *dtail0 = ds ? ALLOC_F(sc, conv_n ? conv_n : 1) : NULL;
+    NEED(!ds || (dS0 && dtail0));
+    LS_ASSERT(!ds || s0 == 0, "full mode has no detach point");
     ls_linear_bwd(d_on, gw->gdn_out, dres, tp->on, w->gdn_out, T, vd, D, 0);
     LORA_BWD(m, l, gdn_out, 0, D, d_on, dres, tp->on, T, sc);
     ls_gated_rmsnorm_bwd(d_o, d_z, gw->gnorm, d_on, tp->o, tp->z, tp->grstd, w->gnorm, T * Hv, c->d_v);
     ls_gdr_dims dm = {c->H_k, c->H_v, c->d_k, c->d_v, 1.0f / sqrtf((float)c->d_k)};
-    LS_TRY(ls_gdr_chunk_bwd(dqn + s0 * kd, dkn + s0 * kd, dv + s0 * vd, dbeta + s0 * Hv, dg + s0 * Hv, NULL,
-                            d_o + s0 * vd, NULL, tp->tape_h, tp->qn + s0 * kd, tp->kn + s0 * kd,
+    LS_TRY(ls_gdr_chunk_bwd(dqn + s0 * kd, dkn + s0 * kd, dv + s0 * vd, dbeta + s0 * Hv, dg + s0 * Hv, dS0,
+                            d_o + s0 * vd, ds && dc->sweep ? ds->dS : NULL, tp->tape_h, tp->qn + s0 * kd, tp->kn + s0 * kd,
                             tp->v + s0 * vd, tp->beta + s0 * Hv, tp->g + s0 * Hv, T - s0, dm, sc));
     /* gates (spec §2.3): β = σ(b); g = −e^{A_log}·softplus(a + dt_bias) */
     for (int64_t t = 0; t < T; t++) {
@@ -89,8 +105,23 @@ static ls_status gdn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
         ls_l2norm_bwd(dyt + kd, dkn + t * kd, yt + kd, tp->rk + t * Hk, Hk, c->d_k);
         memcpy(dyt + 2 * kd, dv + t * vd, (size_t)vd * sizeof(float));
     }
-    ls_conv_bwd(dqkv + s0 * cd, gw->conv_w, NULL, dy + s0 * cd, tp->cpre + s0 * cd, tp->qkv + s0 * cd,
+    ls_conv_bwd(dqkv + s0 * cd, gw->conv_w, dtail0, dy + s0 * cd, tp->cpre + s0 * cd, tp->qkv + s0 * cd,
                 tp->tail0, w->conv_w, T - s0, cd, c->conv_k);
+    if (ds && dc->sweep) {
+        /* the conv tail this chunk ended with is the last W−1 rows of [tail0; qkv]: its
+         * incoming gradient goes to those rows (of the input, or of the starting tail) */
+        int64_t Wm = c->conv_k - 1;
+        for (int64_t i = 0; i < Wm; i++) {
+            int64_t row = T + i; /* in [tail0 (W−1 rows); qkv (T rows)] */
+            float *to = row >= Wm ? dqkv + (row - Wm) * cd : dtail0 + row * cd;
+            const float *from = ds->dtail + i * cd;
+            for (int64_t k = 0; k < cd; k++) to[k] += from[k];
+        }
+    }
+    if (ds) { /* the state the branch started from: added (members); replaced (sweep) */
+        for (size_t i = 0; i < rec_n; i++) ds->dS[i] = dc->sweep ? dS0[i] : ds->dS[i] + dS0[i];
+        for (size_t i = 0; i < conv_n; i++) ds->dtail[i] = dc->sweep ? dtail0[i] : ds->dtail[i] + dtail0[i];
+    }
     ls_linear_bwd(dxn, gw->gdn_in, dqkv, tp->xn1, w->gdn_in, T, D, cd, 1);
     ls_linear_bwd(dxn, GOFF(gw->gdn_in, cd * D), d_z, tp->xn1, w->gdn_in + cd * D, T, D, vd, 1);
     ls_linear_bwd(dxn, GOFF(gw->gdn_in, (cd + vd) * D), dba, tp->xn1, w->gdn_in + (cd + vd) * D, T, D, 2 * Hv,
@@ -106,7 +137,7 @@ static ls_status gdn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
  * detaches the K/V of earlier positions. */
 static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
                           const ls_layer_tape *tp, const float *dres, float *dxn, int64_t T,
-                          int64_t pos0, int64_t grad_from, ls_arena *sc) {
+                          int64_t pos0, int64_t grad_from, const dstate_ctx *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     int64_t D = c->hidden, hd = c->head_dim, qd = (int64_t)c->n_heads * hd, kvd = (int64_t)c->n_kv * hd;
     ls_arena_mark mk = ls_arena_get_mark(sc);
@@ -116,6 +147,8 @@ static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer
     float *dk = ALLOC_F(sc, T * kvd);    /* [T, n_kv, hd] */
     float *dv = ALLOC_F(sc, T * kvd);
     NEED(d_aog && d_gate && dq && dk && dv);
+    ls_layer_dstate *ds = dc->st ? &dc->st->full->d[l] : NULL;
+    void *const *dkp = ds && tp->has_prefix ? ds->dk : NULL, *const *dvp = ds && tp->has_prefix ? ds->dv : NULL;
     ls_linear_bwd(d_aog, gw->attn_out, dres, tp->aog, w->attn_out, T, qd, D, 0);
     LORA_BWD(m, l, attn_out, 0, D, d_aog, dres, tp->aog, T, sc);
     for (int64_t i = 0; i < T * qd; i++) {
@@ -124,12 +157,12 @@ static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer
         d_aog[i] *= s; /* now ∂L/∂ao */
     }
     if (tp->cp && ls_comm_rank(tp->cp) != 0) { /* this rank's pages: its share of dq only */
-        LS_TRY(ls_attn_prefix_bwd(dq, NULL, NULL, d_aog, tp->ao, tp->lse, tp->qr, &tp->prefix, T, c->n_heads,
+        LS_TRY(ls_attn_prefix_bwd(dq, dkp, dvp, d_aog, tp->ao, tp->lse, tp->qr, &tp->prefix, T, c->n_heads,
                                   c->n_kv, (int)hd, 1.0f / sqrtf((float)hd), sc));
         memset(dk, 0, (size_t)(T * kvd) * sizeof(float));
         memset(dv, 0, (size_t)(T * kvd) * sizeof(float));
     } else {
-        LS_TRY(ls_attn_bwd(dq, dk, dv, NULL, NULL, d_aog, tp->ao, tp->lse, tp->qr, tp->kr, tp->v,
+        LS_TRY(ls_attn_bwd(dq, dk, dv, dkp, dvp, d_aog, tp->ao, tp->lse, tp->qr, tp->kr, tp->v,
                            tp->has_prefix ? &tp->prefix : NULL, T, c->n_heads, c->n_kv, (int)hd,
                            1.0f / sqrtf((float)hd), sc));
     }
@@ -141,6 +174,15 @@ static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer
     if (grad_from > 0) { /* naive mode: the prompt's K/V are detached */
         memset(dk, 0, (size_t)(grad_from * kvd) * sizeof(float));
         memset(dv, 0, (size_t)(grad_from * kvd) * sizeof(float));
+    }
+    if (ds && dc->sweep) { /* the chunk's own K/V are prompt positions: their incoming gradient */
+        const ls_prompt_state *st = dc->st;
+        for (int64_t t = 0; t < T; t++) {
+            int64_t lp = ls_state_local_page(st, pos0 + t), off = ((pos0 + t) % st->page_size) * kvd;
+            LS_ASSERT(lp >= 0, "sweep position %lld is not this rank's", (long long)(pos0 + t));
+            const float *gk = (const float *)ds->dk[lp] + off, *gv = (const float *)ds->dv[lp] + off;
+            for (int64_t i = 0; i < kvd; i++) dk[t * kvd + i] += gk[i], dv[t * kvd + i] += gv[i];
+        }
     }
     ls_rope_bwd(dq, T, c->n_heads, (int)hd, c->rot_dim, c->rope_theta, pos0);
     ls_rope_bwd(dk, T, c->n_kv, (int)hd, c->rot_dim, c->rope_theta, pos0);
@@ -275,7 +317,7 @@ static ls_status moe_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
 
 /* One layer: dx[T,D] holds ∂L/∂(layer output) on entry, ∂L/∂(layer input) on exit. */
 static ls_status layer_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, int l,
-                           const ls_branch_tape *tb, float *dx, ls_arena *sc) {
+                           const ls_branch_tape *tb, float *dx, const dstate_ctx *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     const ls_hybrid_layer *w = &m->layers[l];
     ls_hybrid_layer *gw = &grad->layers[l];
@@ -298,32 +340,69 @@ static ls_status layer_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, int 
     /* mixer: x_mid = x_in + Mixer(norm1(x_in)) */
     memset(dxn, 0, (size_t)(T * D) * sizeof(float));
     if (c->kind[l] == LS_LAYER_GDN)
-        LS_TRY(gdn_bwd(m, l, w, gw, tp, dx, dxn, T, sc));
+        LS_TRY(gdn_bwd(m, l, w, gw, tp, dx, dxn, T, dc, sc));
     else
-        LS_TRY(attn_bwd(m, l, w, gw, tp, dx, dxn, T, tb->pos0, tb->grad_from, sc));
+        LS_TRY(attn_bwd(m, l, w, gw, tp, dx, dxn, T, tb->pos0, tb->grad_from, dc, sc));
     ls_rmsnorm_bwd(dxn, gw->input_norm, dxn, tp->x_in, tp->rstd1, w->input_norm, T, D);
     for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i];
     ls_arena_release(sc, mk);
     return LS_OK;
 }
 
-ls_status ls_hybrid_branch_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad,
-                               const ls_branch_tape *tb, const float *dlogprob,
-                               ls_arena *scratch) {
+static ls_status branch_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, const ls_branch_tape *tb,
+                            const float *dlogprob, const dstate_ctx *dc, ls_arena *scratch) {
     const ls_config *c = &m->cfg;
     int64_t T = tb->T, D = c->hidden, n = T - tb->out_from;
     ls_arena_mark mk = ls_arena_get_mark(scratch);
     float *dx = CALLOC_F(scratch, T * D); /* [T, D] ∂L/∂residual */
-    float *dh = ALLOC_F(scratch, n * D);  /* [n, D] ∂L/∂(LM-head input) */
-    NEED(dx && dh);
-    LS_TRY(ls_lmhead_logprobs_bwd(dh, grad->lm_head, dlogprob, tb->h_final, m->lm_head, tb->target, tb->lse, n,
-                                  D, c->vocab, tb->temperature, tb->lmhead_rows, scratch));
-    ls_rmsnorm_bwd(dx + tb->out_from * D, grad->final_norm, dh, tb->x_final, tb->rstd_f, m->final_norm, n, D);
+    NEED(dx);
+    if (n > 0) { /* a sweep chunk predicts nothing: its gradient comes in through the state */
+        float *dh = ALLOC_F(scratch, n * D); /* [n, D] ∂L/∂(LM-head input) */
+        NEED(dh);
+        LS_TRY(ls_lmhead_logprobs_bwd(dh, grad->lm_head, dlogprob, tb->h_final, m->lm_head, tb->target, tb->lse, n,
+                                      D, c->vocab, tb->temperature, tb->lmhead_rows, scratch));
+        ls_rmsnorm_bwd(dx + tb->out_from * D, grad->final_norm, dh, tb->x_final, tb->rstd_f, m->final_norm, n, D);
+    }
     for (int l = (int)c->n_layers - 1; l >= 0; l--) {
-        LS_TRY(layer_bwd(m, grad, l, tb, dx, scratch));
+        LS_TRY(layer_bwd(m, grad, l, tb, dx, dc, scratch));
         ls_trace_layer_end(l, "bwd");
     }
     if (grad->embed) ls_embed_bwd(grad->embed, dx, tb->ids, T, D);
     ls_arena_release(scratch, mk);
     return LS_OK;
+}
+
+ls_status ls_hybrid_branch_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, const ls_branch_tape *tb,
+                               const float *dlogprob, ls_prompt_state *dstate, ls_arena *scratch) {
+    LS_ASSERT(!dstate || dstate->full, "the prompt state has no gradient buffer (full mode)");
+    dstate_ctx dc = {dstate, 0};
+    return branch_bwd(m, grad, tb, dlogprob, &dc, scratch);
+}
+
+ls_status ls_hybrid_sweep(const ls_hybrid_model *m, ls_hybrid_model *grad, ls_prompt_state *st, const int32_t *ids,
+                          const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *scratch) {
+    const ls_config *c = &m->cfg;
+    LS_ASSERT(st->full, "the sweep needs a full-mode prompt state");
+    if (st->nranks > 1)
+        return ls_err(LS_ERR_UNSUPPORTED, "the reverse prompt sweep under context parallelism is not built yet");
+    ls_state_full *f = st->full;
+    dstate_ctx dc = {st, 1};
+    ls_status s = LS_OK;
+    for (int64_t j = f->n_chunks - 1; j >= 0 && s == LS_OK; j--) {
+        int64_t a = f->chunks[j].lo, T = f->chunks[j].hi - a;
+        /* the state where the chunk starts: the pages before it, the checkpointed GDN state */
+        ls_prompt_state view = *st;
+        view.n = a;
+        view.gdn = &f->ckpt[j * c->n_layers];
+        view.full = NULL;
+        ls_trace_set_member((int)j);
+        ls_arena_mark tm = ls_arena_get_mark(tape_arena);
+        ls_branch_tape *tape = NULL;
+        s = ls_hybrid_branch_fwd(m, &view, ids + a, T, T, 0, NULL, NULL, NULL, &tape, o, tape_arena, scratch);
+        if (s == LS_OK) s = branch_bwd(m, grad, tape, NULL, &dc, scratch);
+        ls_arena_release(tape_arena, tm);
+        ls_progress_add(T);
+    }
+    ls_trace_set_member(-1);
+    return s;
 }

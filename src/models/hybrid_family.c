@@ -43,9 +43,14 @@ static ls_status hy_branch_fwd(const ls_model *m, const ls_prompt_state *st, con
 }
 
 static ls_status hy_branch_bwd(const ls_model *m, ls_model *grad, const ls_branch_tape *tape, const float *dl,
-                               const ls_fwd_opts *o, ls_arena *scratch) {
+                               ls_prompt_state *dstate, const ls_fwd_opts *o, ls_arena *scratch) {
     (void)o;
-    return ls_hybrid_branch_bwd(H(m), (ls_hybrid_model *)grad->impl, tape, dl, scratch);
+    return ls_hybrid_branch_bwd(H(m), (ls_hybrid_model *)grad->impl, tape, dl, dstate, scratch);
+}
+
+static ls_status hy_sweep(const ls_model *m, ls_model *grad, ls_prompt_state *st, const int32_t *ids,
+                          const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *scratch) {
+    return ls_hybrid_sweep(H(m), (ls_hybrid_model *)grad->impl, st, ids, o, tape_arena, scratch);
 }
 
 static ls_status hy_decode(const ls_model *m, ls_prompt_state *const *sts, const int32_t *ids, int n, float *logits,
@@ -262,6 +267,7 @@ const ls_family ls_hybrid_family = {
     .capture = hy_capture,
     .branch_fwd = hy_branch_fwd,
     .branch_bwd = hy_branch_bwd,
+    .sweep = hy_sweep,
     .decode = hy_decode,
     .state_init = ls_state_init,
     .state_plan = ls_state_plan,

@@ -38,14 +38,70 @@ static int align_checked(size_t n, size_t *out) {
 static int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 static int64_t layout_pages_per_rank(int64_t pages, int N, ls_cp_layout lay);
+static void rank_share(int64_t positions, int64_t S, int N, ls_cp_layout lay, int r, int64_t sweep, int64_t *pages,
+                       int64_t *chunks);
+
+/* Bytes ls_arena_alloc takes for a request of n (0 takes one aligned unit), 0 on success. */
+static int abytes(size_t n, size_t *out) { return align_checked(n ? n : 1, out); }
+
+/* The full-mode allocations of ls_state_enable_full for a rank with `np` local pages
+ * and `nc` sweep chunks, in its order: dState then checkpoints. 0 on success. */
+static int full_bytes(const ls_config *cfg, int64_t S, int64_t np, int64_t nc, size_t *dstate, size_t *ckpt) {
+    size_t L = (size_t)cfg->n_layers, na = (size_t)ls_cfg_count_kind(cfg, LS_LAYER_ATTN);
+    size_t ng = (size_t)ls_cfg_count_kind(cfg, LS_LAYER_GDN);
+    size_t t, pg, tabb, conv, rec, a, b;
+    /* dState: the header, the per-layer table, per attention layer two page tables and
+     * 2·np f32 pages, per GDN layer dS and dtail */
+    if (abytes(sizeof(ls_state_full), &a) || ls_mul_size(L, sizeof(ls_layer_dstate), &t) || abytes(t, &t) ||
+        ls_add_size(a, t, &a) || page_bytes_checked(cfg, S, LS_DTYPE_F32, &pg) ||
+        ls_mul_size((size_t)np, sizeof(void *), &tabb) || abytes(tabb, &tabb) || ls_mul_size(pg, (size_t)np, &b) ||
+        ls_add_size(b, tabb, &b) || ls_mul_size(b, 2 * na, &b) || ls_add_size(a, b, &a) ||
+        mul3((size_t)(cfg->conv_k - 1), (size_t)ls_cfg_conv_dim(cfg), sizeof(float), &conv) || abytes(conv, &conv) ||
+        mul3((size_t)cfg->H_v, (size_t)cfg->d_k, (size_t)cfg->d_v, &rec) || ls_mul_size(rec, sizeof(float), &rec) ||
+        abytes(rec, &rec) || ls_mul_size(conv + rec, ng, &t) || ls_add_size(a, t, dstate))
+        return 1;
+    /* checkpoints: the chunk list, the [nc][L] table, per chunk and GDN layer S and tail */
+    if (ls_mul_size((size_t)nc, sizeof(ls_sweep_chunk), &a) || abytes(a, &a) ||
+        mul3((size_t)nc, L, sizeof(ls_gdn_state), &t) || abytes(t, &t) || ls_add_size(a, t, &a) ||
+        mul3((size_t)nc, ng, conv + rec, &t) || ls_add_size(a, t, ckpt))
+        return 1;
+    return 0;
+}
+
+/* The prefix-frozen prompt arena of a rank with np local pages: K/V pages, tables,
+ * GDN states (ls_state_init's allocations). 0 on success. */
+static int base_bytes(const ls_config *cfg, int64_t page_size, ls_dtype dtype, int64_t np, size_t *kv, size_t *tab,
+                      size_t *gdn) {
+    size_t L = (size_t)cfg->n_layers, ppr = (size_t)np, na2 = (size_t)ls_cfg_count_kind(cfg, LS_LAYER_ATTN) * 2;
+    size_t pb, ptab, conv, rec, t0, t1;
+    if (page_bytes_checked(cfg, page_size, dtype, &pb)) return 1;
+    *kv = ptab = 0; /* without attention layers: no pages, no page tables */
+    if (na2 > 0 && (mul3(na2, ppr, pb, kv) || ls_mul_size(ppr, sizeof(void *), &ptab) || align_checked(ptab, &ptab) ||
+                    ls_mul_size(na2, ptab, &ptab)))
+        return 1;
+    if (ls_mul_size(L, sizeof(ls_attn_state), &t0) || align_checked(t0, &t0) ||
+        ls_mul_size(L, sizeof(ls_gdn_state), &t1) || align_checked(t1, &t1) || ls_add_size(t0, t1, tab) ||
+        ls_add_size(*tab, ptab, tab) ||
+        mul3((size_t)(cfg->conv_k - 1), (size_t)ls_cfg_conv_dim(cfg), sizeof(float), &conv) ||
+        align_checked(conv, &conv) || mul3((size_t)cfg->H_v, (size_t)cfg->d_k, (size_t)cfg->d_v, &rec) ||
+        ls_mul_size(rec, sizeof(float), &rec) || align_checked(rec, &rec) || ls_add_size(conv, rec, gdn) ||
+        ls_mul_size((size_t)ls_cfg_count_kind(cfg, LS_LAYER_GDN), *gdn, gdn))
+        return 1;
+    return 0;
+}
 
 ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt_len,
-                        int64_t page_size, ls_dtype dtype, int cp, ls_cp_layout layout) {
+                        int64_t page_size, ls_dtype dtype, int cp, ls_cp_layout layout, int64_t sweep_chunk) {
     if (prompt_len < 1) return ls_err(LS_ERR_ARG, "prompt length must be >= 1 (got %lld)", (long long)prompt_len);
     if (page_size < 1) return ls_err(LS_ERR_ARG, "page size must be >= 1 (got %lld)", (long long)page_size);
     if (cp < 1) return ls_err(LS_ERR_ARG, "--cp must be >= 1 (got %d)", cp);
+    if (sweep_chunk < 0) return ls_err(LS_ERR_ARG, "--sweep-chunk must be >= 1 (got %lld)", (long long)sweep_chunk);
     if (dtype != LS_DTYPE_F32 && dtype != LS_DTYPE_BF16)
         return ls_err(LS_ERR_ARG, "state dtype must be f32 or bf16");
+    size_t pb;
+    if (page_bytes_checked(cfg, page_size, dtype, &pb))
+        return ls_err(LS_ERR_ARG, "page size %lld: one K/V page of %d x %d values overflows a 64-bit byte count",
+                      (long long)page_size, cfg->n_kv, cfg->head_dim);
     memset(p, 0, sizeof *p);
     p->positions = prompt_len - 1; /* x_P is the first input of every branch (DESIGN §3) */
     p->page_size = page_size;
@@ -55,35 +111,34 @@ ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt
     p->pages_per_rank = layout_pages_per_rank(p->pages, cp, layout);
     p->n_attn = ls_cfg_count_kind(cfg, LS_LAYER_ATTN);
     p->n_gdn = ls_cfg_count_kind(cfg, LS_LAYER_GDN);
-    size_t L = (size_t)cfg->n_layers, ppr = (size_t)p->pages_per_rank, na2 = (size_t)p->n_attn * 2;
+    p->sweep_chunk = sweep_chunk;
     /* Every product and sum checked: at the lengths this tool is for, a wrapped size
-     * would print a small, wrong plan (and size an arena by it). */
-    size_t pb, kv, tab, ptab, conv, rec, gdn, total, t0, t1;
-    if (page_bytes_checked(cfg, page_size, dtype, &pb))
-        return ls_err(LS_ERR_ARG, "page size %lld: one K/V page of %d x %d values overflows a 64-bit byte count",
-                      (long long)page_size, cfg->n_kv, cfg->head_dim);
-    kv = ptab = 0; /* without attention layers: no pages, no page tables */
-    if (p->n_attn > 0 && (mul3(na2, ppr, pb, &kv) || ls_mul_size(ppr, sizeof(void *), &ptab) ||
-                          align_checked(ptab, &ptab) || ls_mul_size(na2, ptab, &ptab)))
-        return ls_err(LS_ERR_ARG,
-                      "prompt length %lld with page size %lld: the K/V pages of %d attention layers "
-                      "(%lld pages per rank) overflow a 64-bit byte count",
-                      (long long)prompt_len, (long long)page_size, p->n_attn, (long long)p->pages_per_rank);
-    if (ls_mul_size(L, sizeof(ls_attn_state), &t0) || align_checked(t0, &t0) ||
-        ls_mul_size(L, sizeof(ls_gdn_state), &t1) || align_checked(t1, &t1) || ls_add_size(t0, t1, &tab) ||
-        ls_add_size(tab, ptab, &tab) ||
-        mul3((size_t)(cfg->conv_k - 1), (size_t)ls_cfg_conv_dim(cfg), sizeof(float), &conv) ||
-        align_checked(conv, &conv) || mul3((size_t)cfg->H_v, (size_t)cfg->d_k, (size_t)cfg->d_v, &rec) ||
-        ls_mul_size(rec, sizeof(float), &rec) || align_checked(rec, &rec) || ls_add_size(conv, rec, &gdn) ||
-        ls_mul_size((size_t)p->n_gdn, gdn, &gdn) || ls_add_size(kv, tab, &total) || ls_add_size(total, gdn, &total))
-        return ls_err(LS_ERR_ARG, "prompt length %lld with page size %lld: the prompt state's byte count overflows "
-                                  "64 bits", (long long)prompt_len, (long long)page_size);
-    p->kv_bytes_per_rank = kv;
-    p->table_bytes_per_rank = tab;
-    p->gdn_bytes_per_rank = gdn;
-    p->total_bytes_per_rank = total;
+     * would print a small, wrong plan (and size an arena by it). Each rank's own share
+     * (its pages, its sweep chunks); the rows are the fullest rank's. */
+    for (int r = 0; r < cp; r++) {
+        int64_t np, nc;
+        size_t kv, tab, gdn, ds = 0, ck = 0, total;
+        rank_share(p->positions, page_size, cp, layout, r, sweep_chunk, &np, &nc);
+        if (base_bytes(cfg, page_size, dtype, np, &kv, &tab, &gdn))
+            return ls_err(LS_ERR_ARG,
+                          "prompt length %lld with page size %lld: the prompt state of %d attention layers "
+                          "(%lld pages per rank) overflows a 64-bit byte count",
+                          (long long)prompt_len, (long long)page_size, p->n_attn, (long long)np);
+        if (sweep_chunk > 0 && full_bytes(cfg, page_size, np, nc, &ds, &ck))
+            return ls_err(LS_ERR_ARG, "prompt length %lld: the full-mode gradient state overflows a 64-bit byte count",
+                          (long long)prompt_len);
+        if (ls_add_size(kv, tab, &total) || ls_add_size(total, gdn, &total) || ls_add_size(total, ds, &total) ||
+            ls_add_size(total, ck, &total))
+            return ls_err(LS_ERR_ARG, "prompt length %lld with page size %lld: the prompt state's byte count "
+                                      "overflows 64 bits", (long long)prompt_len, (long long)page_size);
+        if (r == 0 || total > p->total_bytes_per_rank) {
+            p->kv_bytes_per_rank = kv, p->table_bytes_per_rank = tab, p->gdn_bytes_per_rank = gdn;
+            p->dstate_bytes_per_rank = ds, p->ckpt_bytes_per_rank = ck, p->total_bytes_per_rank = total;
+        }
+        p->sweep_chunks_per_rank = nc > p->sweep_chunks_per_rank ? nc : p->sweep_chunks_per_rank;
+    }
     if (cp > 1) { /* every factor is bounded by sizes checked above, or by the config */
-        size_t tr = ppr * (size_t)page_size;
+        size_t tr = (size_t)p->pages_per_rank * (size_t)page_size;
         if (mul3(tr, (size_t)cfg->hidden, sizeof(float), &p->cp_capture_bytes_per_rank))
             return ls_err(LS_ERR_ARG, "prompt length %lld: the CP capture's shard buffers overflow a 64-bit byte count",
                           (long long)prompt_len);
@@ -174,6 +229,97 @@ ls_status ls_state_init(ls_prompt_state *st, const ls_config *cfg, int64_t capac
     return alloc_tables(st);
 }
 
+/* Rank r's pages and sweep chunks (chunks of `sweep` positions cut in each of its
+ * segments; 0 when sweep is 0) for a prompt of `positions`. */
+static void rank_share(int64_t positions, int64_t S, int N, ls_cp_layout lay, int r, int64_t sweep, int64_t *pages,
+                       int64_t *chunks) {
+    int64_t all = ceil_div(positions, S);
+    int n = layout_segments(lay, N);
+    *pages = *chunks = 0;
+    for (int s = 0; s < n; s++) {
+        if (layout_owner(lay, N, s) != r) continue;
+        int64_t p0 = block_first(all, n, s), p1 = block_first(all, n, s + 1);
+        *pages += p1 - p0;
+        int64_t lo = p0 * S < positions ? p0 * S : positions, hi = p1 * S < positions ? p1 * S : positions;
+        if (sweep > 0) *chunks += ceil_div(hi - lo, sweep);
+    }
+}
+
+ls_status ls_state_enable_full(ls_prompt_state *st, int64_t sweep_chunk) {
+    const ls_config *c = st->cfg;
+    if (sweep_chunk < 1) return ls_err(LS_ERR_ARG, "--sweep-chunk must be >= 1 (got %lld)", (long long)sweep_chunk);
+    LS_ASSERT(st->n == 0 && !st->full, "full mode is enabled on an empty state, once");
+    ls_arena *A = st->arena;
+    size_t L = (size_t)c->n_layers, pb = page_bytes(c, st->page_size, LS_DTYPE_F32);
+    size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
+    size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;
+    ls_state_full *f = ls_arena_calloc(A, 1, sizeof *f);
+    if (!f) return LS_ERR_NOMEM;
+    f->sweep_chunk = sweep_chunk;
+    /* dState (full_bytes mirrors this order) */
+    f->d = ls_arena_calloc(A, L, sizeof(ls_layer_dstate));
+    if (!f->d) return LS_ERR_NOMEM;
+    for (size_t l = 0; l < L; l++) {
+        ls_layer_dstate *d = &f->d[l];
+        if (c->kind[l] == LS_LAYER_ATTN) {
+            d->dk = ls_arena_calloc(A, (size_t)st->cap_pages, sizeof(void *));
+            d->dv = ls_arena_calloc(A, (size_t)st->cap_pages, sizeof(void *));
+            if (!d->dk || !d->dv) return LS_ERR_NOMEM;
+            for (int64_t i = 0; i < st->cap_pages; i++) {
+                d->dk[i] = ls_arena_calloc(A, 1, pb);
+                d->dv[i] = ls_arena_calloc(A, 1, pb);
+                if (!d->dk[i] || !d->dv[i]) return LS_ERR_NOMEM;
+            }
+        } else {
+            d->dS = ls_arena_calloc(A, rec_n, sizeof(float));
+            d->dtail = ls_arena_calloc(A, conv_n, sizeof(float));
+            if (!d->dS || !d->dtail) return LS_ERR_NOMEM;
+        }
+    }
+    /* checkpoints */
+    for (int k = 0; k < st->nseg; k++) f->n_chunks += ceil_div(st->seg_hi[k] - st->seg_lo[k], sweep_chunk);
+    f->chunks = ls_arena_calloc(A, (size_t)f->n_chunks, sizeof(ls_sweep_chunk));
+    f->ckpt = ls_arena_calloc(A, (size_t)f->n_chunks * L, sizeof(ls_gdn_state));
+    if (!f->chunks || !f->ckpt) return LS_ERR_NOMEM;
+    int64_t j = 0;
+    for (int k = 0; k < st->nseg; k++)
+        for (int64_t a = st->seg_lo[k]; a < st->seg_hi[k]; a += sweep_chunk, j++) {
+            f->chunks[j].lo = a;
+            f->chunks[j].hi = a + sweep_chunk < st->seg_hi[k] ? a + sweep_chunk : st->seg_hi[k];
+            for (size_t l = 0; l < L; l++) {
+                if (c->kind[l] != LS_LAYER_GDN) continue;
+                ls_gdn_state *g = &f->ckpt[(size_t)j * L + l];
+                g->conv_tail = ls_arena_calloc(A, conv_n, sizeof(float));
+                g->S = ls_arena_calloc(A, rec_n, sizeof(float));
+                if (!g->conv_tail || !g->S) return LS_ERR_NOMEM;
+            }
+        }
+    st->full = f;
+    return LS_OK;
+}
+
+int64_t ls_state_local_page(const ls_prompt_state *st, int64_t pos) {
+    for (int k = 0; k < st->nseg; k++)
+        if (pos >= st->seg_lo[k] && pos < st->seg_hi[k])
+            return st->seg_lpage[k] + pos / st->page_size - st->seg_gpage[k];
+    return -1;
+}
+
+int64_t ls_state_ckpt_at(const ls_prompt_state *st, int64_t pos) {
+    if (!st->full) return -1;
+    for (int64_t j = 0; j < st->full->n_chunks; j++)
+        if (st->full->chunks[j].lo == pos) return j;
+    return -1;
+}
+
+int64_t ls_state_span_end(const ls_prompt_state *st, int64_t pos, int64_t hi, int64_t chunk) {
+    int64_t e = pos + chunk < hi ? pos + chunk : hi;
+    if (st->full)
+        for (int64_t j = 0; j < st->full->n_chunks; j++)
+            if (st->full->chunks[j].lo > pos && st->full->chunks[j].lo < e) e = st->full->chunks[j].lo;
+    return e;
+}
+
 /* The per-layer tables of a state whose layout is set (st->cap_pages local pages). */
 static ls_status alloc_tables(ls_prompt_state *st) {
     const ls_config *cfg = st->cfg;
@@ -258,6 +404,7 @@ ls_status ls_state_fork(ls_prompt_state *dst, const ls_prompt_state *src, int64_
     memset(dst, 0, sizeof *dst);
     *dst = *src;
     dst->arena = arena;
+    dst->full = NULL; /* a member's continuation: no sweep, no prompt gradient of its own */
     dst->capacity = src->n + extra;
     if (src->rank == src->tail_rank && src->nseg > 0) { /* the segment ending at the tail grows */
         int k = src->nseg - 1;

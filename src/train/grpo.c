@@ -32,8 +32,11 @@ void ls_grpo_opts_default(ls_grpo_opts *o) {
     o->max_grad_norm = 1.0;
     o->page_size = 64;
     o->state_dtype = LS_DTYPE_F32;
+    o->sweep_chunk = 2048;
     ls_fwd_opts_default(&o->fwd);
 }
+
+int64_t ls_grpo_sweep_chunk(const ls_grpo_opts *o) { return o->full && !o->no_capture ? o->sweep_chunk : 0; }
 
 void ls_grpo_advantages(double *A, const double *r, int G, ls_scale_rewards scale) {
     double mean = 0, var = 0;
@@ -91,8 +94,9 @@ ls_status ls_adamw_init(ls_adamw *a, const ls_policy *p, ls_arena *fixed) {
 
 /* ---- the transaction ------------------------------------------------------------ */
 
+/* How the transaction scores (and the reference captures): no full-mode state. */
 static ls_score_opts score_opts(const ls_grpo_opts *o) {
-    return (ls_score_opts){o->no_capture, o->page_size, o->state_dtype, o->fwd};
+    return (ls_score_opts){o->no_capture, o->page_size, o->state_dtype, o->fwd, 0};
 }
 
 static double grad_norm(const ls_param *gp, int64_t n) {
@@ -141,7 +145,13 @@ typedef struct {
     float **rlp; /* [G] → [R_i] reference log-probs (β ≠ 0) */
 } group_scores;
 
-static ls_status check_group(const ls_group *g, int gi) {
+static ls_status check_group(const ls_group *g, int gi, const ls_grpo_opts *o) {
+    if (o->sft) { /* any number of responses, no rewards */
+        if (g->G < 1) return ls_err(LS_ERR_ARG, "group %d has no response", gi);
+        for (int i = 0; i < g->G; i++)
+            if (g->R[i] < 1) return ls_err(LS_ERR_ARG, "group %d, response %d is empty", gi, i);
+        return LS_OK;
+    }
     if (g->G < 2)
         return ls_err(LS_ERR_ARG, "group %d has %d response%s: GRPO needs G >= 2 (advantages are relative to the group)",
                       gi, g->G, g->G == 1 ? "" : "s");
@@ -198,9 +208,21 @@ static void advantages(group_scores *gs, const ls_group *gr, int n, ls_scale_rew
  * the batch constant c only once every response is known (rollouts sample group by
  * group), so c scales the finished gradient. grpo u = 1/R_i, c = 1/N; dapo u = 1,
  * c = 1/ΣR; dr_grpo u = 1, c = 1/(N·L). */
-static double member_weight(ls_loss_type loss, int64_t R) { return loss == LS_LOSS_GRPO ? 1.0 / (double)R : 1.0; }
+static double member_weight(const ls_grpo_opts *o, int64_t R) {
+    return o->loss == LS_LOSS_GRPO && !o->sft ? 1.0 / (double)R : 1.0;
+}
 
-static double batch_constant(const ls_group *gr, int n, ls_loss_type loss, int64_t max_len) {
+/* SFT (--loss sft): −Σ_t log p(y_t); the batch constant 1/ΣR makes it the mean NLL per
+ * response token over the batch (TRL's SFTTrainer, completion-only loss). */
+static void sft_terms(float *dl, ls_grpo_terms *acc, const float *lp, int64_t R) {
+    for (int64_t t = 0; t < R; t++) {
+        acc->loss -= lp[t];
+        dl[t] = -1.0f;
+        acc->tokens += 1;
+    }
+}
+
+static double batch_constant(const ls_group *gr, int n, ls_loss_type loss, int sft, int64_t max_len) {
     int64_t N = 0, tot = 0, mx = 0;
     for (int k = 0; k < n; k++)
         for (int i = 0; i < gr[k].G; i++) {
@@ -209,6 +231,7 @@ static double batch_constant(const ls_group *gr, int n, ls_loss_type loss, int64
             mx = gr[k].R[i] > mx ? gr[k].R[i] : mx;
         }
     if (max_len <= 0) max_len = mx;
+    if (sft) return 1.0 / (double)tot;
     switch (loss) {
     case LS_LOSS_DAPO: return 1.0 / (double)tot;
     case LS_LOSS_DR_GRPO: return 1.0 / ((double)N * (double)max_len);
@@ -275,7 +298,7 @@ static int64_t sum_R(const ls_group *g) {
 /* Replay the members of one group under a tape, one at a time; accumulates the
  * gradient (weights u_i) and the token terms. */
 static ls_status replay(ls_policy *p, const ls_group *g, const group_scores *gs,
-                        const ls_prompt_state *stp, const ls_grpo_opts *o, ls_arenas *ar, ls_grpo_terms *acc,
+                        ls_prompt_state *stp, const ls_grpo_opts *o, ls_arenas *ar, ls_grpo_terms *acc,
                         double *ent_sum) {
     ls_arena *sa = &ar->a[LS_ARENA_SCORE], *br = &ar->a[LS_ARENA_BRANCH];
     ls_arena_mark sm = ls_arena_get_mark(sa);
@@ -294,14 +317,19 @@ static ls_status replay(ls_policy *p, const ls_group *g, const group_scores *gs,
         ls_branch_tape *tape = NULL;
         ls_trace_set_member(i);
         s = ls_score_member_ids(g, i, o->no_capture, br, &ids, &T, &from);
+        /* naive mode detaches the prompt at `from` (prefix-frozen) or nothing (full) */
         if (s == LS_OK)
-            s = p->fam->branch_fwd(&p->policy, stp, ids, T, from, from, g->resp[i], lp, ent, &tape, &o->fwd, br,
-                                   &ar->a[LS_ARENA_SCRATCH]);
+            s = p->fam->branch_fwd(&p->policy, stp, ids, T, from, o->full ? 0 : from, g->resp[i], lp, ent, &tape,
+                                   &o->fwd, br, &ar->a[LS_ARENA_SCRATCH]);
         if (s == LS_OK) {
-            ls_grpo_member_terms(dl, acc, lp, gs->old[i], o->beta != 0 ? gs->rlp[i] : NULL, g->R[i], gs->A[i],
-                                 member_weight(o->loss, g->R[i]), o);
+            if (o->sft)
+                sft_terms(dl, acc, lp, g->R[i]);
+            else
+                ls_grpo_member_terms(dl, acc, lp, gs->old[i], o->beta != 0 ? gs->rlp[i] : NULL, g->R[i], gs->A[i],
+                                     member_weight(o, g->R[i]), o);
             for (int64_t t = 0; t < g->R[i]; t++) *ent_sum += ent[t];
-            s = p->fam->branch_bwd(&p->policy, &p->grad, tape, dl, &o->fwd, &ar->a[LS_ARENA_SCRATCH]);
+            s = p->fam->branch_bwd(&p->policy, &p->grad, tape, dl, o->full && stp ? stp : NULL, &o->fwd,
+                                   &ar->a[LS_ARENA_SCRATCH]);
         }
         ls_arena_release(br, bm);
         ls_progress_add(g->R[i]);
@@ -321,15 +349,18 @@ static ls_status run_group(ls_policy *p, ls_group *g, int gi, group_scores *gs, 
     ls_arena *pr = &ar->a[LS_ARENA_PROMPT];
     ls_score_opts so = score_opts(o);
     ls_status s = LS_OK;
-    if (first && !rollout && o->beta != 0) LS_TRY(reference(&p->ref, g, o, ar, gs->rlp)); /* before: peak stays P */
+    if (first && !rollout && o->beta != 0 && !o->sft)
+        LS_TRY(reference(&p->ref, g, o, ar, gs->rlp)); /* before: peak stays P */
     double t0 = ls_now();
     ls_arena_mark pm = ls_arena_get_mark(pr);
     ls_prompt_state st;
-    const ls_prompt_state *stp = NULL;
+    ls_prompt_state *stp = NULL;
     if (!o->no_capture) {
         ls_trace_phase_begin("capture");
         ls_progress_begin("capture", g->P - 1);
+        so.sweep_chunk = ls_grpo_sweep_chunk(o); /* full mode: checkpoints and the dState buffer */
         s = ls_score_capture(&p->policy, g, &so, ar, &st);
+        so.sweep_chunk = 0;
         ls_progress_end();
         ls_trace_phase_end("capture");
         stp = &st;
@@ -340,7 +371,7 @@ static ls_status run_group(ls_policy *p, ls_group *g, int gi, group_scores *gs, 
     if (s == LS_OK && first && rollout) {
         t0 = ls_now();
         s = rollout->fn(rollout->ctx, gi, g, &p->policy, stp, ar);
-        if (s == LS_OK) s = check_group(g, gi);
+        if (s == LS_OK) s = check_group(g, gi, o);
         if (s == LS_OK) s = alloc_scores(gs, g, o, &ar->a[LS_ARENA_SCORE]);
         if (s == LS_OK) advantages(gs, g, 1, o->scale);
         mt->t_rollout += ls_now() - t0;
@@ -350,7 +381,7 @@ static ls_status run_group(ls_policy *p, ls_group *g, int gi, group_scores *gs, 
         mt->t_ref += ls_now() - t0;
     }
     t0 = ls_now();
-    if (s == LS_OK && first && !g->old_logprobs) {
+    if (s == LS_OK && first && !g->old_logprobs && !o->sft) {
         ls_trace_phase_begin("score");
         s = ls_score_members(&p->policy, g, stp, &so, ar, gs->old);
         ls_trace_phase_end("score");
@@ -359,6 +390,16 @@ static ls_status run_group(ls_policy *p, ls_group *g, int gi, group_scores *gs, 
     t0 = ls_now();
     if (s == LS_OK) s = replay(p, g, gs, stp, o, ar, acc, ent_sum);
     mt->t_replay += ls_now() - t0;
+    t0 = ls_now();
+    if (s == LS_OK && o->full && stp) { /* the gradient through the prompt, chunk by chunk back */
+        ls_trace_phase_begin("sweep");
+        ls_progress_begin("sweep", g->P - 1);
+        s = p->fam->sweep(&p->policy, &p->grad, stp, g->prompt, &o->fwd, &ar->a[LS_ARENA_BRANCH],
+                          &ar->a[LS_ARENA_SCRATCH]);
+        ls_progress_end();
+        ls_trace_phase_end("sweep");
+    }
+    mt->t_sweep += ls_now() - t0;
     ls_arena_release(pr, pm);
     return s;
 }
@@ -410,6 +451,10 @@ ls_status ls_grpo_update_batch(ls_policy *p, ls_adamw *adam, ls_group *groups, i
     double t_start = ls_now(), t0;
     memset(mt, 0, sizeof *mt);
     if (n_groups < 1) return ls_err(LS_ERR_ARG, "an update needs at least one group");
+    if (o->sft && o->beta != 0)
+        return ls_err(LS_ERR_ARG, "--loss sft has no reference term: --beta must be 0 (got %g)", o->beta);
+    if (o->sft && rollout) return ls_err(LS_ERR_ARG, "--loss sft trains on given responses: not with rollouts");
+    if (o->full && !p->fam->sweep) return ls_err(LS_ERR_UNSUPPORTED, "family %s has no full-mode sweep", p->fam->name);
     if (o->beta != 0 && !p->ref.impl) return ls_err(LS_ERR_ARG, "beta = %g needs a reference policy", o->beta);
     if (!adam && o->num_iterations != 1) return ls_err(LS_ERR_ARG, "gradients only: num_iterations must be 1");
     if (o->num_iterations < 1) return ls_err(LS_ERR_ARG, "num_iterations must be >= 1");
@@ -421,10 +466,10 @@ ls_status ls_grpo_update_batch(ls_policy *p, ls_adamw *adam, ls_group *groups, i
     group_scores *gs = ls_arena_calloc(sa, (size_t)n_groups, sizeof *gs);
     ls_status s = gs ? LS_OK : LS_ERR_NOMEM;
     for (int k = 0; !rollout && k < n_groups && s == LS_OK; k++) {
-        s = check_group(&groups[k], k);
+        s = check_group(&groups[k], k, o);
         if (s == LS_OK) s = alloc_scores(&gs[k], &groups[k], o, sa);
     }
-    if (s == LS_OK && !rollout) advantages(gs, groups, n_groups, o->scale);
+    if (s == LS_OK && !rollout && !o->sft) advantages(gs, groups, n_groups, o->scale);
     for (int it = 0; it < o->num_iterations && s == LS_OK; it++) {
         ls_grpo_terms acc = {0, 0, 0, 0, 0};
         double ent_sum = 0;
@@ -440,7 +485,7 @@ ls_status ls_grpo_update_batch(ls_policy *p, ls_adamw *adam, ls_group *groups, i
             ls_trace_phase_end("optimize");
             break;
         }
-        double c = batch_constant(groups, n_groups, o->loss, o->max_completion_length);
+        double c = batch_constant(groups, n_groups, o->loss, o->sft, o->max_completion_length);
         scale_params(p->g, p->n, c);
         mt->loss = c * acc.loss;
         mt->kl = acc.tokens > 0 ? acc.kl_sum / acc.tokens : 0;

@@ -26,7 +26,8 @@ ls_status ls_check_fits(const ls_trainable *pol, const ls_grpo_opts *o, int64_t 
     const ls_comm *cp = o->fwd.comm;
     int N = cp ? ls_comm_size(cp) : 1;
     ls_state_plan_t plan;
-    LS_TRY(pol->p.fam->state_plan(&plan, pol->cfg, P, o->page_size, o->state_dtype, N, o->fwd.cp_layout));
+    LS_TRY(pol->p.fam->state_plan(&plan, pol->cfg, P, o->page_size, o->state_dtype, N, o->fwd.cp_layout,
+                                  ls_grpo_sweep_chunk(o)));
     size_t grad, fixed;
     pol->p.fam->policy_predict(&pol->p, optimizer, &grad, &fixed);
     /* the reference's state sits beside the policy's when β > 0 (rollouts) */
@@ -89,15 +90,20 @@ ls_status ls_receipt_write(const char *path, const char *cmd, const ls_trainable
     FILE *f = open_memstream(&buf, &blen); /* built in memory, written atomically */
     if (!f) return ls_err(LS_ERR_NOMEM, "%s: cannot build the receipt", path);
     ls_state_plan_t plan;
-    pol->p.fam->state_plan(&plan, pol->cfg, g->P, o->page_size, o->state_dtype, N, o->fwd.cp_layout);
+    pol->p.fam->state_plan(&plan, pol->cfg, g->P, o->page_size, o->state_dtype, N, o->fwd.cp_layout, ls_grpo_sweep_chunk(o));
     size_t pgrad, pfixed;
     pol->p.fam->policy_predict(&pol->p, strcmp(cmd, "grad") != 0, &pgrad, &pfixed);
-    fprintf(f, "{\n  \"command\": \"%s\",\n  \"mode\": \"%s\",\n  \"P\": %d,\n  \"G\": %d,\n  \"R\": [", cmd,
-            o->no_capture ? "naive" : "prefix-frozen", mt->P, mt->G);
+    const char *mode = o->no_capture ? (o->full ? "naive-full" : "naive") : (o->full ? "full" : "prefix-frozen");
+    fprintf(f, "{\n  \"command\": \"%s\",\n  \"mode\": \"%s\",\n  \"loss\": \"%s\",\n", cmd, mode,
+            o->sft ? "sft" : "grpo");
+    if (o->full && !o->no_capture)
+        fprintf(f, "  \"sweep_chunk\": %lld,\n  \"sweep_chunks\": %lld,\n", (long long)o->sweep_chunk,
+                (long long)plan.sweep_chunks_per_rank);
+    fprintf(f, "  \"P\": %d,\n  \"G\": %d,\n  \"R\": [", mt->P, mt->G);
     for (int i = 0; i < g->G; i++) fprintf(f, "%s%lld", i ? ", " : "", (long long)g->R[i]);
     fprintf(f, "],\n  \"phases_s\": {\"reference\": %.6f, \"capture\": %.6f, \"score\": %.6f, \"replay\": %.6f, "
-               "\"optimize\": %.6f, \"total\": %.6f},\n",
-            mt->t_ref, mt->t_capture, mt->t_score, mt->t_replay, mt->t_optim, mt->t_total);
+               "\"sweep\": %.6f, \"optimize\": %.6f, \"total\": %.6f},\n",
+            mt->t_ref, mt->t_capture, mt->t_score, mt->t_replay, mt->t_sweep, mt->t_optim, mt->t_total);
     fprintf(f, "  \"arena_peak_bytes\": {");
     for (int a = 0; a < LS_ARENA_COUNT; a++)
         fprintf(f, "%s\"%s\": %zu", a ? ", " : "", ls_arena_id_name((ls_arena_id)a), ar->a[a].peak);

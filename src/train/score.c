@@ -20,6 +20,7 @@ ls_status ls_score_capture(const ls_model *m, const ls_group *g, const ls_score_
                            ls_prompt_state *st) {
     LS_TRY(m->fam->state_init(st, ls_model_config(m), g->P - 1, o->page_size, o->state_dtype, o->fwd.comm,
                               o->fwd.cp_layout, &ar->a[LS_ARENA_PROMPT]));
+    if (o->sweep_chunk > 0) LS_TRY(ls_state_enable_full(st, o->sweep_chunk));
     return m->fam->capture(m, st, g->prompt, g->P - 1, &o->fwd, &ar->a[LS_ARENA_SCRATCH]);
 }
 

@@ -567,9 +567,9 @@ static void write_metrics(trainer *tr, const ls_grpo_metrics *mt, double step_ti
     json_metric(f, "step_time", step_time);
     fprintf(f, ", \"num_sequences\": %d, \"prompt_tokens\": %lld, \"max_prompt_tokens\": %lld, \"epoch\": %lld, \"data_position\": %lld, "
                "\"skipped\": %s, \"time\": {\"capture\": %.4f, \"rollout\": %.4f, \"reference\": %.4f, "
-               "\"score\": %.4f, \"replay\": %.4f, \"optimize\": %.4f}}\n",
+               "\"score\": %.4f, \"replay\": %.4f, \"sweep\": %.4f, \"optimize\": %.4f}}\n",
             mt->n_seq, (long long)ptok, (long long)pmax, (long long)tr->epoch, (long long)tr->data_pos, mt->skipped ? "true" : "false",
-            mt->t_capture, mt->t_rollout, mt->t_ref, mt->t_score, mt->t_replay, mt->t_optim);
+            mt->t_capture, mt->t_rollout, mt->t_ref, mt->t_score, mt->t_replay, mt->t_sweep, mt->t_optim);
     fflush(f);
     fsync(fileno(f));
 }
@@ -579,7 +579,7 @@ static void trace_update_end(trainer *tr, const ls_group *g, const ls_grpo_metri
     ls_state_plan_t plan;
     const ls_comm *cp = tr_comm(tr);
     tr->pol.p.fam->state_plan(&plan, tr->pol.cfg, g->P, tr->a->o.page_size, tr->a->o.state_dtype, cp ? ls_comm_size(cp) : 1,
-                               tr->a->o.fwd.cp_layout);
+                               tr->a->o.fwd.cp_layout, ls_grpo_sweep_chunk(&tr->a->o));
     char R[512];
     int off = 0;
     for (int i = 0; i < g->G && off < (int)sizeof R - 24; i++) off += snprintf(R + off, sizeof R - (size_t)off, "%s%lld", i ? ", " : "", (long long)g->R[i]);

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""Independent fp64 GRPO reference (loss, gradients, AdamW trajectory) for the
-Qwen3-Next / Qwen3.5 hybrid model, in the PREFIX-FROZEN mode of DESIGN.md §3/§7.
+"""Independent fp64 GRPO / SFT reference (loss, gradients, AdamW trajectory) for the
+Qwen3-Next / Qwen3.5 hybrid model, in the PREFIX-FROZEN mode of DESIGN.md §3/§7 (default)
+or the exact FULL mode (--mode full: nothing detached, DESIGN §3 "exact gradient mode").
 
 Written from /work/shared/DESIGN.md and /work/shared/specs/hybrid-qwen3next.md;
 it does not look at the C implementation.  Everything is torch.float64 with autograd.
@@ -13,9 +14,21 @@ Prefix-frozen semantics
   * branch of member i: [x_P, y_1..y_{R-1}] at positions P-1..P+R-2, with autograd,
     continuing from the (detached) captured state.  l_{i,t} = log_softmax(logits/tau)[y_t].
 
+Full mode (--mode full)
+  * the same capture runs WITH autograd and its graph is kept (retain_graph across members):
+    K/V, S and the conv tail are functions of the parameters, so the gradient is that of the
+    naive full graph over prompt + response.  Same loss value; old and reference log-probs stay
+    detached constants.  Every --steps step recaptures with the current weights.
+
+Objectives (--loss)
+  * grpo (default): DESIGN §7 (clipped ratio, optional k3 KL, grpo/dapo/dr_grpo aggregation).
+  * sft: L = -(1/sum_i R_i) sum_i sum_t l_{i,t} (completion-only NLL, mean per token over the
+    group; TRL SFTTrainer).  No rewards / old / reference log-probs needed; --beta must be 0.
+
 CLI
   python3 grpo_ref.py --model DIR --group GROUP.json [--ref-model DIR]
         [--adapter ADAPTER.safetensors --lora-alpha A]
+        [--mode prefix-frozen|full] [--loss grpo|sft]
         [--temperature T] [--epsilon E] [--epsilon-high EH] [--beta B]
         [--scale-rewards group|batch|none] [--loss-type grpo|dapo|dr_grpo]
         [--max-completion-length N]
@@ -226,9 +239,15 @@ class Net:
             head = self._get("lm_head.weight")
         return h @ head.T, new_state
 
-    def capture(self, prompt):
-        """Prompt state after x_1..x_{P-1} (no tape)."""
+    def capture(self, prompt, keep_graph=False):
+        """Prompt state after x_1..x_{P-1}: no tape (prefix-frozen), or, with keep_graph
+        (full mode), the state tensors with their autograd graph back to the parameters."""
         st = self.empty_state()
+        if keep_graph:
+            if len(prompt) > 1:
+                with torch.enable_grad():
+                    _, st = self.forward(prompt[:-1], 0, st)
+            return st
         if len(prompt) > 1:
             with torch.no_grad():
                 _, st = self.forward(prompt[:-1], 0, st)
@@ -262,11 +281,16 @@ def advantages(rewards, mode):
 
 class Objective:
     def __init__(self, temperature=1.0, epsilon=0.2, epsilon_high=None, beta=0.0, loss_type="grpo",
-                 max_completion_length=None, scale_rewards="group"):
+                 max_completion_length=None, scale_rewards="group", loss="grpo"):
+        if loss not in ("grpo", "sft"):
+            raise ValueError(loss)
+        self.loss = loss
         self.temperature = float(temperature)
         self.eps_low = float(epsilon)
         self.eps_high = float(epsilon if epsilon_high is None else epsilon_high)
         self.beta = float(beta)
+        if loss == "sft" and self.beta != 0.0:
+            raise ValueError("--loss sft takes no KL term: --beta must be 0")
         if loss_type not in ("grpo", "dapo", "dr_grpo"):
             raise ValueError(loss_type)
         self.loss_type = loss_type
@@ -276,6 +300,8 @@ class Objective:
     def member_weights(self, lengths):
         """c_i such that L = sum_i c_i * sum_t term_{i,t}."""
         G = len(lengths)
+        if self.loss == "sft":
+            return [1.0 / sum(lengths)] * G
         if self.loss_type == "grpo":
             return [1.0 / (G * R) for R in lengths]
         if self.loss_type == "dapo":
@@ -284,7 +310,10 @@ class Objective:
         return [1.0 / (G * mcl)] * G
 
     def terms(self, l, o, f, A):
-        """per-token loss terms of one member: l current (graph), o old, f reference (or None), A scalar."""
+        """per-token loss terms of one member: l current (graph), o old, f reference (or None), A scalar.
+        sft: -l (o, f, A unused)."""
+        if self.loss == "sft":
+            return -l
         rho = torch.exp(l - o)
         t = -torch.minimum(rho * A, torch.clamp(rho, 1.0 - self.eps_low, 1.0 + self.eps_high) * A)
         if self.beta != 0.0:
@@ -337,12 +366,20 @@ def log_margin(obj, ls, olds):
     return m
 
 
-def policy_loss(net, state, group, obj, old=None, ref=None, backward=True):
-    """Prefix-frozen GRPO loss of one group on a captured state.
+def sft_stats(ls):
+    n = sum(l.numel() for l in ls)
+    return {"tokens": n, "nll_mean": -sum(float(l.sum()) for l in ls) / n}
+
+
+def policy_loss(net, state, group, obj, old=None, ref=None, backward=True, keep_state_graph=False):
+    """GRPO (or SFT) loss of one group on a captured state.
     old: list of tensors (None -> current log-probs, detached); ref: list of tensors or None.
-    Backpropagates member by member when backward=True.  Returns (loss float, dict)."""
+    Backpropagates member by member when backward=True.  keep_state_graph: the state carries an
+    autograd graph (full mode), kept alive across the members' backwards (retain_graph).
+    Returns (loss float, dict)."""
     prompt, resps = group["prompt"], group["responses"]
-    A = group_advantages(group, obj)
+    sft = obj.loss == "sft"
+    A = None if sft else group_advantages(group, obj)
     lengths = [len(r) for r in resps]
     cw = obj.member_weights(lengths)
     if obj.beta != 0.0 and ref is None:
@@ -351,28 +388,36 @@ def policy_loss(net, state, group, obj, old=None, ref=None, backward=True):
     ls, olds = [], []
     for i, resp in enumerate(resps):
         l = net.branch_logprobs(state, prompt, resp, obj.temperature)
-        o = l.detach() if old is None else old[i]
+        o = l.detach() if (old is None or sft) else old[i]
         f = ref[i] if ref is not None else None
-        li = cw[i] * obj.terms(l, o, f, A[i]).sum()
+        li = cw[i] * obj.terms(l, o, f, None if sft else A[i]).sum()
         if backward:
-            li.backward()
+            li.backward(retain_graph=keep_state_graph and i < len(resps) - 1)
         total += float(li)
         ls.append(l.detach())
         olds.append(o)
-    return total, {"logprobs": ls, "old": olds, "advantages": A, "stats": token_stats(obj, A, ls, olds, ref)}
+    stats = sft_stats(ls) if sft else token_stats(obj, A, ls, olds, ref)
+    return total, {"logprobs": ls, "old": olds, "advantages": A, "stats": stats}
 
 
 def loss_fn(net, state, group, obj, old=None, ref=None):
-    """Same loss as a differentiable tensor (one graph; used by the checks)."""
+    """Same loss as a differentiable tensor (one graph; used by the checks).  For full mode pass
+    a state captured with keep_graph=True by the same net (see full_loss_fn)."""
     prompt, resps = group["prompt"], group["responses"]
-    A = group_advantages(group, obj)
+    sft = obj.loss == "sft"
+    A = None if sft else group_advantages(group, obj)
     cw = obj.member_weights([len(r) for r in resps])
     L = 0.0
     for i, resp in enumerate(resps):
         l = net.branch_logprobs(state, prompt, resp, obj.temperature)
-        o = l.detach() if old is None else old[i]
-        L = L + cw[i] * obj.terms(l, o, ref[i] if ref is not None else None, A[i]).sum()
+        o = l.detach() if (old is None or sft) else old[i]
+        L = L + cw[i] * obj.terms(l, o, ref[i] if ref is not None else None, None if sft else A[i]).sum()
     return L
+
+
+def full_loss_fn(net, group, obj, old=None, ref=None):
+    """Full-mode loss as a differentiable tensor: capture (with graph) + branches."""
+    return loss_fn(net, net.capture(group["prompt"], keep_graph=True), group, obj, old, ref)
 
 
 def reference_logprobs(net, group, temperature):
@@ -485,8 +530,18 @@ def clip_coef(norm, max_norm):
 # ----------------------------------------------------------------------------
 
 def run(model_dir, group, obj, ref_model=None, adapter=None, lora_alpha=None, steps=1, lr=1e-6,
-        weight_decay=0.0, beta1=0.9, beta2=0.999, adam_eps=1e-8, max_grad_norm=1.0, log=None):
-    """Returns dict with step0 grads {name: tensor}, losses, grad_norms, final params, stats."""
+        weight_decay=0.0, beta1=0.9, beta2=0.999, adam_eps=1e-8, max_grad_norm=1.0, log=None,
+        grad_mode="prefix-frozen"):
+    """Returns dict with step0 grads {name: tensor}, losses, grad_norms, final params, stats.
+    grad_mode: "prefix-frozen" (captured state detached) or "full" (exact gradient)."""
+    if grad_mode not in ("prefix-frozen", "full"):
+        raise ValueError(grad_mode)
+    full_graph = grad_mode == "full"
+    sft = obj.loss == "sft"
+    if sft and obj.beta != 0.0:
+        raise ValueError("--loss sft takes no KL term: --beta must be 0")
+    if not group.get("responses"):
+        raise ValueError("the group file needs at least one response")
     cfg, weights = load_model(model_dir)
     order = checkpoint_order(model_dir)
     old = None
@@ -495,7 +550,7 @@ def run(model_dir, group, obj, ref_model=None, adapter=None, lora_alpha=None, st
         for o, r in zip(old, group["responses"]):
             if o.numel() != len(r):
                 raise ValueError("old_logprobs length != response length")
-    if steps > 1 and old is None:
+    if steps > 1 and old is None and not sft:
         raise ValueError("--steps > 1 needs old_logprobs in the group file")
     G = len(group["responses"])
     if group.get("rewards") is not None and len(group["rewards"]) != G:
@@ -530,18 +585,21 @@ def run(model_dir, group, obj, ref_model=None, adapter=None, lora_alpha=None, st
         for t in params.values():
             t.grad = None
         net = Net(cfg, weights, make_lora(params, spec) if spec else None)
-        state = net.capture(group["prompt"])
-        loss, info = policy_loss(net, state, group, obj, old=old, ref=ref, backward=True)
+        state = net.capture(group["prompt"], keep_graph=full_graph)  # recaptured with the current weights
+        loss, info = policy_loss(net, state, group, obj, old=old, ref=ref, backward=True,
+                                 keep_state_graph=full_graph)
+        del state
         grads = {n: (t.grad.detach().clone() if t.grad is not None else torch.zeros_like(t)) for n, t in params.items()}
         norm = math.sqrt(sum(float((g * g).sum()) for g in grads.values()))
         losses.append(loss)
         norms.append(norm)
         stats.append(info["stats"])
         lps.append(info["logprobs"])
-        margins.append(log_margin(obj, info["logprobs"], info["old"]) if old is not None else None)
+        margins.append(log_margin(obj, info["logprobs"], info["old"]) if (old is not None and not sft) else None)
         if step == 0:
             grads0, stats0, lp0 = grads, info["stats"], info["logprobs"]
-            stats0["advantages"] = [float(a) for a in info["advantages"]]
+            if not sft:
+                stats0["advantages"] = [float(a) for a in info["advantages"]]
         if log:
             log("step %d  loss %.10g  grad_norm %.10g" % (step, loss, norm))
         coef = clip_coef(norm, max_grad_norm)
@@ -551,16 +609,23 @@ def run(model_dir, group, obj, ref_model=None, adapter=None, lora_alpha=None, st
     for t in params.values():
         t.requires_grad_(False)
         t.grad = None
-    return {"mode": mode, "grads0": grads0, "loss": losses, "grad_norm": norms, "stats0": stats0,
+    return {"mode": mode, "grad_mode": grad_mode, "loss_kind": obj.loss, "grads0": grads0, "loss": losses, "grad_norm": norms, "stats0": stats0,
             "params": params, "weights": weights, "order": order, "logprobs0": lp0, "ref": ref,
             "stats": stats, "clip_margin": margins, "logprobs": lps}
 
 
 def write_grads(path, res):
-    meta = {"loss": repr(res["loss"][0]), "grad_norm": repr(res["grad_norm"][0]),
-            "clip_frac_low": repr(res["stats0"]["clip_frac_low"]),
-            "clip_frac_high": repr(res["stats0"]["clip_frac_high"]),
-            "kl_mean": repr(res["stats0"]["kl_mean"]), "mode": res["mode"]}
+    if res.get("loss_kind", "grpo") == "sft":  # no clipping / KL statistics in SFT
+        meta = {"loss": repr(res["loss"][0]), "grad_norm": repr(res["grad_norm"][0]), "mode": res["mode"]}
+    else:
+        meta = {"loss": repr(res["loss"][0]), "grad_norm": repr(res["grad_norm"][0]),
+                "clip_frac_low": repr(res["stats0"]["clip_frac_low"]),
+                "clip_frac_high": repr(res["stats0"]["clip_frac_high"]),
+                "kl_mean": repr(res["stats0"]["kl_mean"]), "mode": res["mode"]}
+    # the two keys below only appear away from the defaults, so older fixture files stay byte-identical
+    if res.get("grad_mode", "prefix-frozen") != "prefix-frozen" or res.get("loss_kind", "grpo") != "grpo":
+        meta["grad_mode"] = res["grad_mode"]
+        meta["objective"] = res["loss_kind"]
     hr.write_safetensors(path, {n: (g, "F32") for n, g in res["grads0"].items()}, meta)
 
 
@@ -584,6 +649,10 @@ def build_parser():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--group", required=True)
+    ap.add_argument("--mode", choices=("prefix-frozen", "full"), default="prefix-frozen",
+                    help="prefix-frozen: the captured prompt state is detached; full: exact gradient")
+    ap.add_argument("--loss", choices=("grpo", "sft"), default="grpo",
+                    help="grpo (DESIGN §7) or sft (mean per-token NLL of the responses; --beta must be 0)")
     ap.add_argument("--ref-model")
     ap.add_argument("--adapter")
     ap.add_argument("--lora-alpha", type=float)
@@ -615,12 +684,14 @@ def main(argv=None):
     torch.set_num_threads(a.threads)
     with open(a.group) as f:
         group = json.load(f)
+    if a.loss == "sft" and a.beta != 0.0:
+        sys.exit("grpo_ref.py: --loss sft takes no KL term: --beta must be 0 (got %g)" % a.beta)
     obj = Objective(a.temperature, a.epsilon, a.epsilon_high, a.beta, a.loss_type, a.max_completion_length,
-                    a.scale_rewards)
+                    a.scale_rewards, loss=a.loss)
     log = None if a.quiet else (lambda s: print(s, file=sys.stderr))
     res = run(a.model, group, obj, ref_model=a.ref_model, adapter=a.adapter, lora_alpha=a.lora_alpha,
               steps=a.steps, lr=a.lr, weight_decay=a.weight_decay, beta1=a.adam_beta1, beta2=a.adam_beta2,
-              adam_eps=a.adam_eps, max_grad_norm=a.max_grad_norm, log=log)
+              adam_eps=a.adam_eps, max_grad_norm=a.max_grad_norm, log=log, grad_mode=a.mode)
     if a.out:
         write_grads(a.out, res)
     if a.out_model:
