@@ -17,12 +17,14 @@
 
 int test_grpo_reference_grads(void);
 int test_grpo_reference_trajectory(void);
+int test_grpo_reference_full(void);
+int test_grpo_full_fd(void);
 
 #define FIX LS_SOURCE_DIR "/tests/reference/fixtures"
 
-static cJSON *load_cases(void) {
+static cJSON *load_json(const char *path) {
     char *text;
-    if (ls_read_file(FIX "/grpo/cases.json", &text, NULL) != LS_OK) return NULL;
+    if (ls_read_file(path, &text, NULL) != LS_OK) return NULL;
     cJSON *j = cJSON_Parse(text);
     free(text);
     return j;
@@ -83,19 +85,21 @@ static int compare_files(const char *got, const char *want, const char *base, do
     return 0;
 }
 
-int test_grpo_reference_grads(void) {
-    cJSON *j = load_cases();
-    T_CHECK(j != NULL, "cannot read cases.json");
+/* Every case of `key` in `file`: `longstraw grad <args> ENGINE` against its committed
+ * fp64 gradient (1e-3 relative per tensor) and loss (1e-5). */
+static int grads_vs_reference(const char *file, const char *key, const char *engine, int min_cases) {
+    cJSON *j = load_json(file);
+    T_CHECK(j != NULL, "cannot read %s", file);
     char tmp[512];
     T_CHECK(t_make_tmpdir(tmp, sizeof tmp) == 0, "tmpdir");
     int ran = 0;
     const cJSON *c;
-    cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "cases")) {
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, key)) {
         const char *name = cJSON_GetObjectItem(c, "name")->valuestring;
         const cJSON *args = cJSON_GetObjectItem(c, "args");
-        char out[700], extra[800], cmd[4096];
+        char out[700], extra[1200], cmd[4096];
         snprintf(out, sizeof out, "%s/%s.safetensors", tmp, name);
-        snprintf(extra, sizeof extra, "--out '%s'", out);
+        snprintf(extra, sizeof extra, "%s --out '%s'", engine, out);
         build_cmd(cmd, sizeof cmd, "grad", args, extra);
         int rc;
         char *log = t_run_capture(cmd, &rc);
@@ -120,12 +124,78 @@ int test_grpo_reference_grads(void) {
     }
     cJSON_Delete(j);
     T_CHECK(t_remove_dir(tmp) == 0, "cleanup");
-    T_CHECK(ran >= 5, "only %d cases ran", ran);
+    T_CHECK(ran >= min_cases, "only %d cases ran", ran);
+    return 0;
+}
+
+int test_grpo_reference_grads(void) { return grads_vs_reference(FIX "/grpo/cases.json", "cases", "", 5); }
+
+/* Full mode (issue 11) against the reference's full gradient (nothing detached), and
+ * --loss sft in both modes: the prompt's 130 captured positions in pages of 7, sweep
+ * chunks of 11 and capture chunks of 5 (none divides another or the prompt). */
+int test_grpo_reference_full(void) {
+    const char *eng = "--page-size 7 --sweep-chunk 11 --capture-chunk 5";
+    if (grads_vs_reference(FIX "/grpo/full_cases.json", "cases", eng, 5)) return 1;
+    return grads_vs_reference(FIX "/grpo/full_cases.json", "sft_cases", eng, 5);
+}
+
+/* Finite differences of the fp64 loss (the reference, fd_full.json) through the row of
+ * an embedding that only the prompt uses and through Gated DeltaNet weights, against
+ * the tool's full-mode gradient entries; and that row's prefix-frozen gradient is 0. */
+int test_grpo_full_fd(void) {
+    cJSON *j = load_json(FIX "/grpo/fd_full.json");
+    T_CHECK(j != NULL, "cannot read fd_full.json");
+    char tmp[512];
+    T_CHECK(t_make_tmpdir(tmp, sizeof tmp) == 0, "tmpdir");
+    int checked = 0;
+    for (int full = 0; full < 2; full++) {
+        char out[700], extra[1200], cmd[4096];
+        snprintf(out, sizeof out, "%s/g%d.safetensors", tmp, full);
+        snprintf(extra, sizeof extra, "--page-size 7 --sweep-chunk 23 --capture-chunk 9 --mode %s --out '%s'",
+                 full ? "full" : "prefix-frozen", out);
+        build_cmd(cmd, sizeof cmd, "grad", cJSON_GetObjectItem(j, "args"), extra);
+        int rc;
+        char *log = t_run_capture(cmd, &rc);
+        T_CHECK(rc == 0, "grad failed: %s", log ? log : "");
+        free(log);
+        ls_st_file f;
+        T_OK(ls_st_open(&f, out));
+        const cJSON *e;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItem(j, "entries")) {
+            const char *name = cJSON_GetObjectItem(e, "tensor")->valuestring;
+            int64_t idx = (int64_t)cJSON_GetObjectItem(e, "flat_index")->valuedouble;
+            double fd = cJSON_GetObjectItem(e, "fd")->valuedouble;
+            const ls_st_tensor *t = ls_st_find(&f, name);
+            T_CHECK(t && idx < t->numel, "%s: no entry %lld", name, (long long)idx);
+            float *x = malloc((size_t)t->numel * sizeof(float));
+            T_OK(ls_st_read_f32(t, x, t->numel, name));
+            double got = x[idx];
+            free(x);
+            int embed = strstr(name, "embed_tokens") != NULL;
+            if (!full) { /* prefix-frozen: a prompt-only embedding row has no gradient at all */
+                if (embed)
+                    T_CHECK(got == 0.0, "%s[%lld]: prefix-frozen gradient %g, expected exactly 0", name,
+                            (long long)idx, got);
+                continue;
+            }
+            /* float32 gradient vs the fp64 difference quotient */
+            double err = fabs(got - fd), tol = 1e-4 * fabs(fd) + 1e-7;
+            printf("  %-44s [%5lld] full mode %+.7e, finite difference %+.7e, |diff| %.2e (tol %.1e)\n", name,
+                   (long long)idx, got, fd, err, tol);
+            T_CHECK(err <= tol, "%s[%lld]: %g vs finite difference %g", name, (long long)idx, got, fd);
+            T_CHECK(!embed || got != 0.0, "the full-mode gradient of a prompt-only row is zero");
+            checked++;
+        }
+        ls_st_close(&f);
+    }
+    cJSON_Delete(j);
+    T_CHECK(t_remove_dir(tmp) == 0, "cleanup");
+    T_CHECK(checked >= 8, "only %d entries checked", checked);
     return 0;
 }
 
 int test_grpo_reference_trajectory(void) {
-    cJSON *j = load_cases();
+    cJSON *j = load_json(FIX "/grpo/cases.json");
     T_CHECK(j != NULL, "cannot read cases.json");
     char tmp[512];
     T_CHECK(t_make_tmpdir(tmp, sizeof tmp) == 0, "tmpdir");

@@ -126,6 +126,9 @@ struct ls_family {
     /* after an optimizer step wrote p->w (merged LoRA: re-merge the policy) */
     void (*policy_step_done)(ls_policy *p);
     void (*policy_zero_grad)(ls_policy *p);
+    /* Every buffer the backward accumulates into (before policy_grads_done: for merged
+     * LoRA the full-weight ∂L/∂W_eff as well as the adapters'), *out malloc'd. */
+    ls_status (*policy_grad_buffers)(const ls_policy *p, ls_param **out, int64_t *n);
     /* Weights into directory `dir` (model.safetensors + config.json, or PEFT adapter
      * files), every file atomic. */
     ls_status (*policy_save)(const ls_policy *p, const ls_policy_spec *spec, const char *dir);

@@ -85,9 +85,10 @@ static int run(const char *cmd, int argc, char **argv) {
     if (s == LS_OK) s = cli_trainable_open(&pol, model, &t, is_step, &ar);
     if (s == LS_OK) s = ls_group_load(&g, group, pol.cfg->vocab);
     if (s == LS_OK && !t.force) s = ls_check_fits(&pol, &t.o, g.P, is_step);
-    if (s == LS_OK && !g.rewards && !g.advantages)
-        s = ls_err(LS_ERR_FORMAT, "%s: needs \"rewards\" or \"advantages\" to define the objective", group);
-    if (s == LS_OK && g.G < 2)
+    if (s == LS_OK && !t.o.sft && !g.rewards && !g.advantages)
+        s = ls_err(LS_ERR_FORMAT, "%s: needs \"rewards\" or \"advantages\" to define the objective (or --loss sft)",
+                   group);
+    if (s == LS_OK && !t.o.sft && g.G < 2)
         s = ls_err(LS_ERR_FORMAT, "%s: field \"responses\" has %d entry: GRPO needs G >= 2 responses per group",
                    group, g.G);
     ls_grpo_metrics mt;

@@ -57,7 +57,6 @@ typedef struct {
     int cp_seg; /* the layout segment (ls_state_segment) the chunk belongs to */
 } layer_ctx;
 
-#define CP_TAG(layer, kind) ((layer) * 4 + (kind))
 
 /* Capture under CP: merge into o [T, n_h, hd] / lse [T, n_h] (the attention of the
  * chunk's queries q over this rank's earlier pages and its own keys) the pages of every
@@ -256,7 +255,7 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
                 LS_TRY(ls_attn_prefix_fwd(o, lb, qr, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
             LS_TRY(ls_cp_merge(o, lb, T * c->n_heads, c->head_dim, L->cp, L->sc));
         } else if (L->cp_capture) { /* this rank's pages and own keys, then the earlier ranks' */
-            float *lb = ALLOC_F(L->sc, T * c->n_heads); /* [T, n_h] */
+            float *lb = lse ? lse : ALLOC_F(L->sc, T * c->n_heads); /* [T, n_h]: merged (kept with a tape) */
             NEED(lb);
             LS_TRY(ls_attn_fwd(o, lb, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
             LS_TRY(cp_merge_earlier(L->cp_capture, layer, L->cp_seg, qr, o, lb, T, L->cp_block, L->sc));
@@ -274,6 +273,7 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
         tp->gate = gate, tp->ao = o, tp->lse = lse, tp->aog = og;
         tp->has_prefix = L->prefix != NULL;
         tp->cp = L->cp;
+        tp->cp_sweep = L->cp_capture, tp->cp_seg = L->cp_seg, tp->cp_block = L->cp_block;
         if (L->prefix) tp->prefix = *L->prefix;
     }
     ls_arena_release(L->sc, mk);
@@ -536,16 +536,13 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
  * At the end the owner of the last segment broadcasts the GDN states (the state at the
  * prompt's end). */
 
-/* Pages per transferred block: about one capture chunk. */
-static int64_t cp_block_pages(const ls_prompt_state *st, const ls_fwd_opts *o) {
+int64_t ls_hybrid_cp_block(const ls_prompt_state *st, const ls_fwd_opts *o) {
     int64_t C = o->capture_chunk > 0 ? o->capture_chunk : 2048, b = C / st->page_size;
     return b > 0 ? b : 1;
 }
 
-/* Send this rank's pages of attention layer l that precede segment `seg` (positions
- * below `lo`) to its owner `dst`, block by block, once for each of the segment's
- * query chunks (the receiver keeps no remote page). */
-static ls_status cp_send_pages(const ls_prompt_state *st, int l, int dst, int64_t lo, int64_t nchunks, int64_t bp,
+/* (the receiver keeps no remote page beyond one block) */
+ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int64_t lo, int64_t nchunks, int64_t bp,
                                ls_arena *sc) {
     const ls_config *c = st->cfg;
     size_t pb = (size_t)st->page_size * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(st->dtype);
@@ -618,7 +615,7 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
     for (int k = 0; k < st->nseg; k++)
         ls_embed_fwd(x + xoff[k] * D, ids + st->seg_lo[k], m->embed, st->seg_hi[k] - st->seg_lo[k], D);
     ls_status s = LS_OK;
-    int64_t bp = cp_block_pages(st, o);
+    int64_t bp = ls_hybrid_cp_block(st, o);
     for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
         int skip = l == c->n_layers - 1; /* the last FFN feeds only the LM head */
         int gdn = c->kind[l] == LS_LAYER_GDN;
@@ -629,7 +626,7 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
             ls_state_segment(st, sg, &owner, &lo, &hi);
             if (hi == lo) continue;
             if (owner != r) { /* another rank's segment: it reads my earlier pages */
-                if (!gdn) s = cp_send_pages(st, l, owner, lo, cp_span_count(st, lo, hi, C), bp, sc);
+                if (!gdn) s = ls_hybrid_cp_send_pages(st, l, owner, lo, cp_span_count(st, lo, hi, C), bp, sc);
                 continue;
             }
             int k = 0;
@@ -700,11 +697,12 @@ ls_status ls_hybrid_decode(const ls_hybrid_model *m, ls_prompt_state *const *sts
     return LS_OK;
 }
 
-ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *st,
-                               const int32_t *ids, int64_t T, int64_t out_from, int64_t grad_from,
-                               const int32_t *target, float *logprob, float *entropy,
-                               ls_branch_tape **tape_out, const ls_fwd_opts *o,
-                               ls_arena *tape_arena, ls_arena *scratch) {
+/* A branch (sweep < 0) or a CP sweep chunk of segment `sweep` (attention merges the
+ * other ranks' earlier segments as capture does, instead of the branch's all-reduce). */
+static ls_status branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *st, const int32_t *ids, int64_t T,
+                            int64_t out_from, int64_t grad_from, const int32_t *target, float *logprob,
+                            float *entropy, ls_branch_tape **tape_out, const ls_fwd_opts *o, ls_arena *tape_arena,
+                            ls_arena *scratch, int sweep) {
     const ls_config *c = &m->cfg;
     int64_t D = c->hidden, pos0 = st ? st->n : 0;
     LS_ASSERT(out_from >= 0 && out_from <= T, "out_from %lld outside [0, %lld]", (long long)out_from,
@@ -745,8 +743,10 @@ ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *
             pre = ls_state_prefix(st, l);
             pp = &pre;
         }
+        int cp = st && st->nranks > 1, gdn = c->kind[l] == LS_LAYER_GDN;
         layer_ctx L = {T, pos0, grad_from, pp, NULL, S, tail, taping ? &tb->layers[l] : NULL, tape_arena, scratch,
-                       NULL, l, 0, st && st->nranks > 1 ? st->comm : NULL, NULL, 0, 0};
+                       NULL, l, 0, cp && sweep < 0 ? st->comm : NULL, cp && sweep >= 0 && !gdn ? st : NULL,
+                       cp ? ls_hybrid_cp_block(st, o) : 0, sweep};
         LS_TRY(layer_fwd(m, l, x, 0, &L));
         ls_trace_layer_end(l, "fwd");
     }
@@ -772,6 +772,20 @@ ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *
     ls_arena_release(scratch, mk);
     if (taping) *tape_out = tb;
     return LS_OK;
+}
+
+ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *st, const int32_t *ids, int64_t T,
+                               int64_t out_from, int64_t grad_from, const int32_t *target, float *logprob,
+                               float *entropy, ls_branch_tape **tape_out, const ls_fwd_opts *o,
+                               ls_arena *tape_arena, ls_arena *scratch) {
+    return branch_fwd(m, st, ids, T, out_from, grad_from, target, logprob, entropy, tape_out, o, tape_arena, scratch,
+                      -1);
+}
+
+ls_status ls_hybrid_sweep_fwd(const ls_hybrid_model *m, const ls_prompt_state *view, int seg, const int32_t *ids,
+                              int64_t T, ls_branch_tape **tape_out, const ls_fwd_opts *o, ls_arena *tape_arena,
+                              ls_arena *scratch) {
+    return branch_fwd(m, view, ids, T, T, 0, NULL, NULL, NULL, tape_out, o, tape_arena, scratch, seg);
 }
 
 ls_status ls_hybrid_branch_logprobs(const ls_hybrid_model *m, const ls_prompt_state *st,

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "hybrid_tape.h"
+#include "longstraw/comm.h"
 #include "longstraw/kernels.h"
 #include "longstraw/lora.h"
 #include "longstraw/trace.h"
@@ -49,6 +50,52 @@ typedef struct {
     ls_prompt_state *st; /* the prompt state whose ->full holds dState */
     int sweep;
 } dstate_ctx;
+
+/* f32 bytes of one dK (or dV) page, unpadded: a block in a message. */
+static size_t dpage_bytes(const ls_config *c, int64_t S) {
+    return (size_t)S * (size_t)c->n_kv * (size_t)c->head_dim * sizeof(float);
+}
+
+/* A sweep chunk under CP (tp->cp_sweep): the share of dq over every earlier segment of
+ * another rank (dq +=), whose pages come again block by block; each block's dK/dV go
+ * back to its owner (cp_sweep_serve adds them to its dState). */
+static ls_status cp_sweep_bwd_remote(const ls_config *c, const ls_layer_tape *tp, int l, float *dq,
+                                     const float *d_aog, int64_t T, ls_arena *sc) {
+    const ls_prompt_state *st = tp->cp_sweep;
+    int64_t S = st->page_size, bp = tp->cp_block, qd = (int64_t)c->n_heads * c->head_dim;
+    size_t pb = (size_t)S * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(st->dtype), db = dpage_bytes(c, S);
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * pb);  /* [2, bp pages] K | V */
+    char *dbuf = ls_arena_alloc(sc, 2 * (size_t)bp * db); /* [2, bp pages] dK | dV, f32 */
+    void **kp = ls_arena_alloc(sc, 4 * (size_t)bp * sizeof(void *));
+    float *dqb = ALLOC_F(sc, T * qd);
+    NEED(buf && dbuf && kp && dqb);
+    void **vp = kp + bp, **dkp = kp + 2 * bp, **dvp = kp + 3 * bp;
+    for (int sg = 0; sg < tp->cp_seg; sg++) {
+        int src;
+        int64_t rlo, rhi;
+        ls_state_segment(st, sg, &src, &rlo, &rhi);
+        if (src == st->rank || rhi == rlo) continue;
+        int64_t np = (rhi - rlo + S - 1) / S;
+        for (int64_t p0 = 0; p0 < np; p0 += bp) {
+            int64_t nb = np - p0 < bp ? np - p0 : bp;
+            LS_TRY(ls_comm_recv(st->comm, buf, 2 * (size_t)nb * pb, src, CP_TAG(l, 1)));
+            memset(dbuf, 0, 2 * (size_t)nb * db);
+            for (int64_t i = 0; i < nb; i++) {
+                kp[i] = buf + (size_t)i * pb, vp[i] = buf + (size_t)(nb + i) * pb;
+                dkp[i] = dbuf + (size_t)i * db, dvp[i] = dbuf + (size_t)(nb + i) * db;
+            }
+            int64_t bn = rhi - (rlo + p0 * S);
+            ls_kv_prefix blk = {bn < nb * S ? bn : nb * S, S, st->dtype, kp, vp};
+            LS_TRY(ls_attn_prefix_bwd(dqb, dkp, dvp, d_aog, tp->ao, tp->lse, tp->qr, &blk, T, c->n_heads, c->n_kv,
+                                      c->head_dim, 1.0f / sqrtf((float)c->head_dim), sc));
+            for (int64_t i = 0; i < T * qd; i++) dq[i] += dqb[i];
+            LS_TRY(ls_comm_send(st->comm, dbuf, 2 * (size_t)nb * db, src, CP_TAG(l, 0)));
+        }
+    }
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
 
 /* Gated DeltaNet mixer backward: dres[T,D] → dxn[T,D] (+=), weight grads (+=). */
 static ls_status gdn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
@@ -165,6 +212,7 @@ static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer
         LS_TRY(ls_attn_bwd(dq, dk, dv, dkp, dvp, d_aog, tp->ao, tp->lse, tp->qr, tp->kr, tp->v,
                            tp->has_prefix ? &tp->prefix : NULL, T, c->n_heads, c->n_kv, (int)hd,
                            1.0f / sqrtf((float)hd), sc));
+        if (tp->cp_sweep) LS_TRY(cp_sweep_bwd_remote(c, tp, l, dq, d_aog, T, sc));
     }
     if (tp->cp) { /* the shares of every rank's pages (and rank 0's own keys) summed: exact */
         LS_TRY(ls_comm_allreduce_f32(tp->cp, dq, T * c->n_heads * hd, LS_REDUCE_SUM));
@@ -379,30 +427,136 @@ ls_status ls_hybrid_branch_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, 
     return branch_bwd(m, grad, tb, dlogprob, &dc, scratch);
 }
 
+/* Another rank's sweep chunk at position `lo` (owner `owner`): what it reads of this
+ * rank — every attention layer's pages before `lo` in the chunk's forward (layer order),
+ * then again in its backward (reverse layer order), each block answered by its dK/dV,
+ * which are added to this rank's dState. The same program order as the owner's. */
+static ls_status cp_sweep_serve(const ls_hybrid_model *m, ls_prompt_state *st, int owner, int64_t lo,
+                                const ls_fwd_opts *o, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    int64_t S = st->page_size, bp = ls_hybrid_cp_block(st, o), kvn = S * (int64_t)c->n_kv * c->head_dim;
+    size_t pb = (size_t)kvn * ls_dtype_size(st->dtype), db = dpage_bytes(c, S);
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->kind[l] == LS_LAYER_ATTN) LS_TRY(ls_hybrid_cp_send_pages(st, l, owner, lo, 1, bp, sc));
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * pb);
+    float *dbuf = ALLOC_F(sc, 2 * bp * kvn);
+    NEED(buf && dbuf);
+    (void)db;
+    for (int l = c->n_layers - 1; l >= 0; l--) {
+        if (c->kind[l] != LS_LAYER_ATTN) continue;
+        ls_layer_dstate *ds = &st->full->d[l];
+        for (int k = 0; k < st->nseg; k++) { /* earlier segments, prompt order */
+            if (st->seg_hi[k] == st->seg_lo[k] || st->seg_hi[k] > lo) continue;
+            int64_t np = (st->seg_hi[k] - st->seg_lo[k] + S - 1) / S;
+            for (int64_t p0 = 0; p0 < np; p0 += bp) {
+                int64_t nb = np - p0 < bp ? np - p0 : bp, lp = st->seg_lpage[k] + p0;
+                for (int64_t i = 0; i < nb; i++) {
+                    memcpy(buf + (size_t)i * pb, st->attn[l].k_pages[lp + i], pb);
+                    memcpy(buf + (size_t)(nb + i) * pb, st->attn[l].v_pages[lp + i], pb);
+                }
+                LS_TRY(ls_comm_send(st->comm, buf, 2 * (size_t)nb * pb, owner, CP_TAG(l, 1)));
+                LS_TRY(ls_comm_recv(st->comm, dbuf, 2 * (size_t)nb * (size_t)kvn * sizeof(float), owner, CP_TAG(l, 0)));
+                for (int64_t i = 0; i < nb; i++) {
+                    float *gk = ds->dk[lp + i], *gv = ds->dv[lp + i];
+                    const float *bk = dbuf + i * kvn, *bv = dbuf + (nb + i) * kvn;
+                    for (int64_t e = 0; e < kvn; e++) gk[e] += bk[e], gv[e] += bv[e];
+                }
+            }
+        }
+    }
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+/* d(S, conv tail) of every GDN layer, to or from the owner of the neighbouring chunk. */
+static ls_status cp_relay_dstate(const ls_prompt_state *st, int peer, int send) {
+    const ls_config *c = st->cfg;
+    size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
+    size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->kind[l] != LS_LAYER_GDN) continue;
+        ls_layer_dstate *d = &st->full->d[l];
+        if (send) {
+            LS_TRY(ls_comm_send(st->comm, d->dS, rec_n * sizeof(float), peer, CP_TAG(l, 2)));
+            if (conv_n) LS_TRY(ls_comm_send(st->comm, d->dtail, conv_n * sizeof(float), peer, CP_TAG(l, 3)));
+        } else {
+            LS_TRY(ls_comm_recv(st->comm, d->dS, rec_n * sizeof(float), peer, CP_TAG(l, 2)));
+            if (conv_n) LS_TRY(ls_comm_recv(st->comm, d->dtail, conv_n * sizeof(float), peer, CP_TAG(l, 3)));
+        }
+    }
+    return LS_OK;
+}
+
+/* One sweep chunk [a, a + T) of this rank (local chunk j, layout segment seg). */
+static ls_status sweep_chunk(const ls_hybrid_model *m, ls_hybrid_model *grad, ls_prompt_state *st, int64_t j,
+                             int seg, const int32_t *ids, const ls_fwd_opts *o, ls_arena *tape_arena,
+                             ls_arena *scratch) {
+    const ls_config *c = &m->cfg;
+    ls_state_full *f = st->full;
+    int64_t a = f->chunks[j].lo, T = f->chunks[j].hi - a;
+    /* the state where the chunk starts: the pages before it, the checkpointed GDN state */
+    ls_prompt_state view = *st;
+    view.n = a;
+    view.gdn = &f->ckpt[j * c->n_layers];
+    view.full = NULL;
+    dstate_ctx dc = {st, 1};
+    ls_trace_set_member((int)j);
+    ls_arena_mark tm = ls_arena_get_mark(tape_arena);
+    ls_branch_tape *tape = NULL;
+    ls_status s = ls_hybrid_sweep_fwd(m, &view, seg, ids + a, T, &tape, o, tape_arena, scratch);
+    if (s == LS_OK) s = branch_bwd(m, grad, tape, NULL, &dc, scratch);
+    ls_arena_release(tape_arena, tm);
+    ls_progress_add(T);
+    return s;
+}
+
 ls_status ls_hybrid_sweep(const ls_hybrid_model *m, ls_hybrid_model *grad, ls_prompt_state *st, const int32_t *ids,
                           const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *scratch) {
-    const ls_config *c = &m->cfg;
     LS_ASSERT(st->full, "the sweep needs a full-mode prompt state");
-    if (st->nranks > 1)
-        return ls_err(LS_ERR_UNSUPPORTED, "the reverse prompt sweep under context parallelism is not built yet");
     ls_state_full *f = st->full;
-    dstate_ctx dc = {st, 1};
     ls_status s = LS_OK;
-    for (int64_t j = f->n_chunks - 1; j >= 0 && s == LS_OK; j--) {
-        int64_t a = f->chunks[j].lo, T = f->chunks[j].hi - a;
-        /* the state where the chunk starts: the pages before it, the checkpointed GDN state */
-        ls_prompt_state view = *st;
-        view.n = a;
-        view.gdn = &f->ckpt[j * c->n_layers];
-        view.full = NULL;
-        ls_trace_set_member((int)j);
-        ls_arena_mark tm = ls_arena_get_mark(tape_arena);
-        ls_branch_tape *tape = NULL;
-        s = ls_hybrid_branch_fwd(m, &view, ids + a, T, T, 0, NULL, NULL, NULL, &tape, o, tape_arena, scratch);
-        if (s == LS_OK) s = branch_bwd(m, grad, tape, NULL, &dc, scratch);
-        ls_arena_release(tape_arena, tm);
-        ls_progress_add(T);
+    if (st->nranks <= 1) {
+        for (int64_t j = f->n_chunks - 1; j >= 0 && s == LS_OK; j--)
+            s = sweep_chunk(m, grad, st, j, 0, ids, o, tape_arena, scratch);
+        ls_trace_set_member(-1);
+        return s;
+    }
+    /* Under CP every rank walks every rank's chunks from last to first (the layout's
+     * segments, cut as ls_state_enable_full cuts them): its own it computes, receiving
+     * d(S, tail) from the owner of the chunk after and passing it on; another rank's it
+     * serves with its earlier pages and takes their dK/dV back. */
+    int64_t W = f->sweep_chunk, n = 0;
+    int nseg = ls_state_segments(st);
+    for (int sg = 0; sg < nseg; sg++) {
+        int owner;
+        int64_t lo, hi;
+        ls_state_segment(st, sg, &owner, &lo, &hi);
+        n += (hi - lo + W - 1) / W;
+    }
+    ls_arena_mark mk = ls_arena_get_mark(scratch);
+    int64_t *clo = ls_arena_alloc(scratch, (size_t)(n > 0 ? n : 1) * sizeof(int64_t));
+    int *cown = ls_arena_alloc(scratch, (size_t)(n > 0 ? n : 1) * sizeof(int) * 2), *cseg = cown + (n > 0 ? n : 1);
+    NEED(clo && cown);
+    n = 0;
+    for (int sg = 0; sg < nseg; sg++) {
+        int owner;
+        int64_t lo, hi;
+        ls_state_segment(st, sg, &owner, &lo, &hi);
+        for (int64_t a = lo; a < hi; a += W, n++) clo[n] = a, cown[n] = owner, cseg[n] = sg;
+    }
+    for (int64_t i = n - 1; i >= 0 && s == LS_OK; i--) {
+        if (cown[i] != st->rank) {
+            s = cp_sweep_serve(m, st, cown[i], clo[i], o, scratch);
+            continue;
+        }
+        if (i + 1 < n && cown[i + 1] != st->rank) s = cp_relay_dstate(st, cown[i + 1], 0);
+        int64_t j = ls_state_ckpt_at(st, clo[i]);
+        LS_ASSERT(s != LS_OK || j >= 0, "rank %d has no checkpoint at %lld", st->rank, (long long)clo[i]);
+        if (s == LS_OK) s = sweep_chunk(m, grad, st, j, cseg[i], ids, o, tape_arena, scratch);
+        if (s == LS_OK && i > 0 && cown[i - 1] != st->rank) s = cp_relay_dstate(st, cown[i - 1], 1);
     }
     ls_trace_set_member(-1);
+    ls_arena_release(scratch, mk);
     return s;
 }

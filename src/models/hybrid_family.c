@@ -178,16 +178,35 @@ static void hy_step_done(ls_policy *p) {
     if (merged(hp)) ls_lora_merge(hp->lora, hp->lora_base, hp->policy);
 }
 
+/* Every buffer a backward accumulates into: the full-weight gradients (frozen ones,
+ * NULL, left out), then the adapters'. */
+static ls_status hy_grad_buffers(const ls_policy *p, ls_param **out, int64_t *n) {
+    const hy_policy *hp = p->priv;
+    ls_param *fg = NULL, *lw = NULL, *lg = NULL;
+    int64_t nf = 0, nl = 0;
+    LS_TRY(ls_hybrid_params(hp->gradp, &fg, &nf));
+    if (hp->lora && ls_lora_params(hp->lora, &lw, &lg, &nl) != LS_OK) {
+        free(fg);
+        return LS_ERR_NOMEM;
+    }
+    free(lw);
+    ls_param *all = malloc((size_t)(nf + nl + 1) * sizeof *all);
+    *n = 0;
+    for (int64_t k = 0; all && k < nf; k++)
+        if (fg[k].p) all[(*n)++] = fg[k];
+    for (int64_t k = 0; all && k < nl; k++) all[(*n)++] = lg[k];
+    free(fg), free(lg);
+    if (!all) return ls_err(LS_ERR_NOMEM, "cannot list the gradient buffers");
+    *out = all;
+    return LS_OK;
+}
+
 static void hy_zero_grad(ls_policy *p) {
-    hy_policy *hp = HP(p);
-    ls_param *fg = NULL;
+    ls_param *g = NULL;
     int64_t n = 0;
-    /* every full-weight gradient buffer (NULL: frozen), then the adapters' */
-    if (ls_hybrid_params(hp->gradp, &fg, &n) == LS_OK)
-        for (int64_t k = 0; k < n; k++)
-            if (fg[k].p) memset(fg[k].p, 0, (size_t)fg[k].n * sizeof(float));
-    free(fg);
-    if (hp->lora) ls_lora_zero_grad(hp->lora);
+    if (hy_grad_buffers(p, &g, &n) == LS_OK)
+        for (int64_t k = 0; k < n; k++) memset(g[k].p, 0, (size_t)g[k].n * sizeof(float));
+    free(g);
 }
 
 /* adapter_config.json as PEFT writes it (the fields a loader needs). */
@@ -268,6 +287,7 @@ const ls_family ls_hybrid_family = {
     .branch_fwd = hy_branch_fwd,
     .branch_bwd = hy_branch_bwd,
     .sweep = hy_sweep,
+    .policy_grad_buffers = hy_grad_buffers,
     .decode = hy_decode,
     .state_init = ls_state_init,
     .state_plan = ls_state_plan,

@@ -41,6 +41,12 @@ typedef struct {
     ls_kv_prefix prefix;
     int has_prefix;
     const ls_comm *cp; /* the prefix is this rank's share of a split prompt state (cp.h) */
+    /* a sweep chunk under CP: its queries also read the earlier segments of other ranks
+     * (cp_seg: the chunk's segment), streamed in blocks of cp_block pages, in forward and
+     * again in backward (which sends their dK/dV back to their owners) */
+    const ls_prompt_state *cp_sweep;
+    int cp_seg;
+    int64_t cp_block;
     /* FFN */
     float *x_mid;  /* [T, D] residual after the mixer */
     float *xn2;    /* [T, D] */
@@ -64,6 +70,23 @@ struct ls_branch_tape {
     float temperature;
     int64_t lmhead_rows;
 };
+
+/* A sweep chunk's forward with a tape (ls_hybrid_sweep): ids[0..T) at positions
+ * view->n.. against `view` (the pages before the chunk, the checkpointed GDN state),
+ * predicting nothing. Under CP (view->nranks > 1) attention reads the earlier segments
+ * (before segment `seg`) of the other ranks block by block, as capture does. */
+ls_status ls_hybrid_sweep_fwd(const ls_hybrid_model *m, const ls_prompt_state *view, int seg, const int32_t *ids,
+                              int64_t T, ls_branch_tape **tape_out, const ls_fwd_opts *o, ls_arena *tape_arena,
+                              ls_arena *scratch);
+/* CP message tags: per layer, kind 0 (dK/dV back to a page owner), 1 (K/V pages),
+ * 2 (GDN state), 3 (conv tail). */
+#define CP_TAG(layer, kind) ((layer) * 4 + (kind))
+/* Pages per transferred block under CP: about one capture chunk. */
+int64_t ls_hybrid_cp_block(const ls_prompt_state *st, const ls_fwd_opts *o);
+/* Send this rank's pages of attention layer l that precede position `lo` to `dst`,
+ * block by block, `nchunks` times (once per query chunk of the receiver). */
+ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int64_t lo, int64_t nchunks, int64_t bp,
+                                  ls_arena *sc);
 
 /* Router (spec §5): softmax over all experts, top-k (ties → lower index), optional
  * renormalisation. probs[T,E], sel[T,K], wt[T,K]. */

@@ -341,6 +341,17 @@ static ls_status replay(ls_policy *p, const ls_group *g, const group_scores *gs,
     return s;
 }
 
+/* Every gradient buffer summed across the ranks (reduce + broadcast: identical bits). */
+static ls_status sum_grad_buffers(const ls_policy *p, const ls_comm *c) {
+    ls_param *g = NULL;
+    int64_t n = 0;
+    LS_TRY(p->fam->policy_grad_buffers(p, &g, &n));
+    ls_status s = LS_OK;
+    for (int64_t k = 0; k < n && s == LS_OK; k++) s = ls_comm_allreduce_f32(c, g[k].p, g[k].n, LS_REDUCE_SUM);
+    free(g);
+    return s;
+}
+
 /* One group of one iteration: capture; on the first iteration the rollout, the
  * reference and the old log-probs; then the replay. The prompt state dies here. */
 static ls_status run_group(ls_policy *p, ls_group *g, int gi, group_scores *gs, int first,
@@ -394,8 +405,14 @@ static ls_status run_group(ls_policy *p, ls_group *g, int gi, group_scores *gs, 
     if (s == LS_OK && o->full && stp) { /* the gradient through the prompt, chunk by chunk back */
         ls_trace_phase_begin("sweep");
         ls_progress_begin("sweep", g->P - 1);
+        const ls_comm *cp = o->fwd.comm && ls_comm_size(o->fwd.comm) > 1 ? o->fwd.comm : NULL;
+        /* Under CP the replay left the same gradient on every rank, but each rank's
+         * sweep adds only its own chunks' part: rank 0 keeps what came before, the
+         * others start from zero, and one SUM makes the whole on every rank. */
+        if (cp && ls_comm_rank(cp) != 0) p->fam->policy_zero_grad(p);
         s = p->fam->sweep(&p->policy, &p->grad, stp, g->prompt, &o->fwd, &ar->a[LS_ARENA_BRANCH],
                           &ar->a[LS_ARENA_SCRATCH]);
+        if (s == LS_OK && cp) s = sum_grad_buffers(p, cp);
         ls_progress_end();
         ls_trace_phase_end("sweep");
     }

@@ -232,7 +232,7 @@ static int tr_rank(const trainer *tr) { return tr_comm(tr) ? ls_comm_rank(tr_com
 static ls_status validate_data(trainer *tr) {
     double t0 = ls_now();
     /* without a tokenizer text is an error, found here too */
-    int flags = (tr->tok ? LS_GROUP_SYNTAX : 0) | (tr->a->rollout ? LS_GROUP_PROMPT_ONLY : LS_GROUP_TRAIN);
+    int flags = (tr->tok ? LS_GROUP_SYNTAX : 0) | (tr->a->rollout ? LS_GROUP_PROMPT_ONLY : tr->a->o.sft ? 0 : LS_GROUP_TRAIN);
     for (int64_t i = 0; i < tr->data.n; i++) {
         char label[4200];
         snprintf(label, sizeof label, "%s:%lld", tr->a->data, (long long)tr->data.lineno[i]);
@@ -316,7 +316,7 @@ static ls_status next_group(trainer *tr, int k, ls_group *g) {
     char label[4200];
     snprintf(label, sizeof label, "%s:%lld", tr->a->data, (long long)tr->data.lineno[i]);
     ls_status s = ls_group_parse_ex(g, tr->data.buf + tr->data.off[i], label, tr->pol.cfg->vocab, tr->tok,
-                                    tr->a->rollout ? LS_GROUP_PROMPT_ONLY : LS_GROUP_TRAIN);
+                                    tr->a->rollout ? LS_GROUP_PROMPT_ONLY : tr->a->o.sft ? 0 : LS_GROUP_TRAIN);
     if (s == LS_OK && g->P < 2) s = ls_err(LS_ERR_FORMAT, "%s: \"prompt\" needs at least 2 tokens", label);
     if (s == LS_OK && tr->a->rollout && !tr->rcmd && !g->answer)
         s = ls_err(LS_ERR_ARG, "%s: no \"answer\" to reward the rollouts against (or give --reward-cmd)", label);

@@ -11,6 +11,7 @@ Writes, under fixtures/:
   grpo/grad_<case>.safetensors    step-0 gradients (F32; loss/grad_norm in __metadata__)
   grpo/traj_<name>.json, grpo/traj_<name>_final.safetensors
 The fixtures' existing files (config.json, weights, group.json, expected.json) are only read.
+This empties fixtures/grpo/: rerun make_full_fixtures.py afterwards (--mode full / --loss sft fixtures).
 """
 
 import json
