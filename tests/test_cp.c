@@ -23,6 +23,7 @@
 
 int test_cp_tool_consistency(void);
 int test_cp_zigzag_consistency(void);
+int test_cp_full_consistency(void);
 int test_cp_train_and_faults(void);
 int test_train_sigterm_in_capture(void);
 int test_cp_demo(void);
@@ -271,6 +272,100 @@ int test_cp_tool_consistency(void) { return cp_consistency("contiguous"); }
 /* Zigzag: rank r holds blocks r and 2N − 1 − r of 2N. 19 pages of 7 in 4, 6 or 8
  * segments (none divides them), and 3 pages of 64 in 4..8 segments (empty ones). */
 int test_cp_zigzag_consistency(void) { return cp_consistency("zigzag"); }
+
+/* The exact gradient (--mode full) under CP: `grad --mode full` on N = 1..4 ranks, both
+ * layouts, full fine-tune and LoRA, against one rank; sweep chunks of 23 (cut inside
+ * every rank's segments, the reverse sweep crossing ranks both ways with zigzag); then
+ * `step --mode full` on 3 ranks: weights, one hash on every rank, and the per-rank
+ * prompt arena (with the dState and checkpoints) equal to the plan. */
+int test_cp_full_consistency(void) {
+    if (!LS_MPIEXEC[0]) T_SKIP("built without MPI");
+    static const char *fx[4] = {"next_dense", "next_moe", "q35_dense", "q35_moe"};
+    static const char *lay[2] = {"contiguous", "zigzag"};
+    char dir[512], err[700];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    snprintf(err, sizeof err, "%s/stderr", dir);
+    int compared = 0;
+    for (int f = 0; f < 4; f++)
+        for (int lora = 0; lora < 2; lora++) {
+            char common[4096], args[8192], one[1024], got[1024];
+            int rc;
+            snprintf(common, sizeof common,
+                     "grad --model %s/%s --group %s/%s/group_train.json --page-size 7 --beta 0.05 --epsilon-high 0.28 "
+                     "--mode full %s",
+                     FIX, fx[f], FIX, fx[f],
+                     lora ? "--lora-rank 4 --lora-alpha 8 --lora-seed 3" : "--ref-model " FIX "/next_dense_ref");
+            if (!lora && f > 0) /* the others are their own reference (KL 0, its path still runs) */
+                snprintf(common, sizeof common,
+                         "grad --model %s/%s --group %s/%s/group_train.json --page-size 7 --beta 0.05 "
+                         "--epsilon-high 0.28 --mode full --ref-model %s/%s",
+                         FIX, fx[f], FIX, fx[f], FIX, fx[f]);
+            snprintf(one, sizeof one, "%s/%s_%d_one.safetensors", dir, fx[f], lora);
+            snprintf(args, sizeof args, "%s --capture-chunk 16 --sweep-chunk 23 --out %s", common, one);
+            free(run_np(1, args, err, &rc));
+            T_CHECK(rc == 0, "%s: one rank failed", fx[f]);
+            double floor = 0; /* one rank against itself: one chunk; the naive full graph */
+            for (int alt = 0; alt < 2; alt++) {
+                snprintf(got, sizeof got, "%s/%s_%d_alt%d.safetensors", dir, fx[f], lora, alt);
+                snprintf(args, sizeof args, "%s %s --out %s", common,
+                         alt ? "--no-capture" : "--capture-chunk 4096 --sweep-chunk 4096", got);
+                free(run_np(1, args, err, &rc));
+                int64_t n2;
+                double d2 = rc == 0 ? st_diff(got, one, &n2) : -1;
+                T_CHECK(d2 >= 0, "%s: one-rank floor run failed", fx[f]);
+                floor = d2 > floor ? d2 : floor;
+            }
+            double tol = 1.5 * floor > 1e-5 ? 1.5 * floor : 1e-5;
+            for (int l = 0; l < 2; l++)
+                for (int np = 1; np <= 4; np++) {
+                    snprintf(got, sizeof got, "%s/%s_%d_%d_%d.safetensors", dir, fx[f], lora, l, np);
+                    snprintf(args, sizeof args, "%s --capture-chunk 16 --sweep-chunk 23 --cp-layout %s --out %s",
+                             common, lay[l], got);
+                    free(run_np(np, args, err, &rc));
+                    char *e = t_read_file(err, NULL);
+                    T_CHECK(rc == 0, "%s full mode, %d ranks (%s) failed: %s", fx[f], np, lay[l], e ? e : "");
+                    free(e);
+                    int64_t nt;
+                    double d = st_diff(got, one, &nt);
+                    printf("  %s %s full-mode grad, %d ranks (%s): worst tensor relative difference %.3g over %lld "
+                           "(one-rank floor %.3g, bound %.3g)\n",
+                           fx[f], lora ? "LoRA" : "full", np, lay[l], d, (long long)nt, floor, tol);
+                    T_CHECK(d >= 0 && d <= tol && nt > 0, "%s: %d ranks (%s): %g", fx[f], np, lay[l], d);
+                    compared++;
+                }
+        }
+    /* step --mode full on 3 ranks against one rank */
+    for (int f = 0; f < 4; f += 3) {
+        char base1[1024], base3[1024], args[8192], a[1200], b[1200], rp[1200], why[512];
+        int rc;
+        for (int np = 1; np <= 3; np += 2) {
+            char *out = np == 1 ? base1 : base3;
+            snprintf(out, 1024, "%s/step_%s_%d", dir, fx[f], np);
+            snprintf(args, sizeof args,
+                     "step --model %s/%s --group %s/%s/group_train.json --page-size 7 --capture-chunk 16 "
+                     "--sweep-chunk 23 --mode full --lr 1e-4 --cp-layout zigzag --out %s",
+                     FIX, fx[f], FIX, fx[f], out);
+            free(run_np(np, args, err, &rc));
+            T_CHECK(rc == 0, "step --mode full on %d ranks failed", np);
+        }
+        snprintf(a, sizeof a, "%s/model.safetensors", base3);
+        snprintf(b, sizeof b, "%s/model.safetensors", base1);
+        int64_t nt;
+        double d = st_diff(a, b, &nt);
+        printf("  %s step --mode full, 3 ranks (zigzag): weights vs one rank %.3g over %lld tensors\n", fx[f], d,
+               (long long)nt);
+        T_CHECK(d >= 0 && d <= 1e-5 && nt > 0, "%s: weights differ by %g", fx[f], d);
+        snprintf(rp, sizeof rp, "%s/receipt.json", base3);
+        T_CHECK(check_receipt(rp, 3, why, sizeof why), "%s: %s", rp, why);
+        char *rt = t_read_file(rp, NULL);
+        T_CHECK(rt && strstr(rt, "\"mode\": \"full\"") && strstr(rt, "\"sweep\": "), "%s: mode or sweep phase missing",
+                rp);
+        free(rt);
+    }
+    T_CHECK(compared == 64, "compared %d", compared);
+    t_remove_dir(dir);
+    return 0;
+}
 
 /* The newest checkpoint-<U> of RUN (−1 when none) and whether every one is complete
  * (trainer_state.json, written last, is there). */
