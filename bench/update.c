@@ -1,12 +1,16 @@
 /*
  * bench/update.c — one GRPO update (capture → score → replay → AdamW) by LongStraw
- * against the naive mode (each member's whole sequence under a tape), side by side
- * in one run, on the small hybrid config (hidden 512, 8 layers, 2 full attention,
- * vocab 4096). Each configuration runs in a forked child so that its peak RSS is
- * its own; peaks are reported both as the arenas' accounting and as process RSS.
+ * in prefix-frozen mode, in full mode (the exact gradient through the prompt: dState,
+ * checkpoints, reverse sweep) and in the naive mode (each member's whole sequence
+ * under a tape), side by side in one run, on the small hybrid config (hidden 512,
+ * 8 layers, 2 full attention, vocab 4096). Each configuration runs in a forked child
+ * so that its peak RSS is its own; peaks are reported both as the arenas' accounting
+ * and as process RSS. The naive mode keeps one member's graph at a time, so its
+ * memory does not depend on G: it runs only for the G of --naive-groups.
  *
  *   build/bench/update [--prompts 1024,4096,16384,32768] [--groups 2,8] [--response 128]
- *                      [--no-naive-above P] [--threads N]
+ *                      [--no-naive-above P] [--naive-groups 2,8] [--no-full]
+ *                      [--sweep-chunk N] [--threads N]
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -27,7 +31,8 @@ typedef struct {
     int ok;
 } result;
 
-static result run_one(const char *dir, int64_t P, int G, int64_t R, int naive) {
+/* mode 0: prefix-frozen, 1: full, 2: naive (prefix-frozen graph) */
+static result run_one(const char *dir, int64_t P, int G, int64_t R, int mode, int64_t sweep) {
     int fd[2];
     result res = {0, 0, 0, 0};
     if (pipe(fd) != 0) return res;
@@ -60,7 +65,9 @@ static result run_one(const char *dir, int64_t P, int G, int64_t R, int naive) {
             }
             ls_grpo_opts o;
             ls_grpo_opts_default(&o);
-            o.no_capture = naive;
+            o.no_capture = mode == 2;
+            o.full = mode == 1;
+            o.sweep_chunk = sweep;
             o.state_dtype = LS_DTYPE_BF16;
             ls_grpo_metrics mt;
             double t0 = ls_now();
@@ -89,10 +96,16 @@ int main(int argc, char **argv) {
     static const struct option opts[] = {{"prompts", required_argument, 0, 'p'}, {"groups", required_argument, 0, 'g'},
                                          {"response", required_argument, 0, 'r'}, {"no-naive-above", required_argument, 0, 'n'},
                                          {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    char prompts[256] = "1024,4096,16384,32768", groups[64] = "2,8";
-    int64_t R = 128, naive_max = INT64_MAX;
-    int threads = 0, ch;
+                                         {"naive-groups", required_argument, 0, 'N'}, {"no-full", no_argument, 0, 'F'},
+                                         {"sweep-chunk", required_argument, 0, 's'}, {0, 0, 0, 0}};
+    char prompts[256] = "1024,4096,16384,32768", groups[64] = "2,8", ngroups[64] = "2,8";
+    int64_t R = 128, naive_max = INT64_MAX, sweep;
+    int threads = 0, ch, no_full = 0;
+    {
+        ls_grpo_opts d;
+        ls_grpo_opts_default(&d);
+        sweep = d.sweep_chunk;
+    }
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
         case 'p': snprintf(prompts, sizeof prompts, "%s", optarg); break;
@@ -100,40 +113,64 @@ int main(int argc, char **argv) {
         case 'r': R = atoll(optarg); break;
         case 'n': naive_max = atoll(optarg); break;
         case 't': threads = atoi(optarg); break;
+        case 'N': snprintf(ngroups, sizeof ngroups, ",%s,", optarg); break;
+        case 'F': no_full = 1; break;
+        case 's': sweep = atoll(optarg); break;
         case 'h':
-            printf("usage: update [--prompts P,...] [--groups G,...] [--response R] [--no-naive-above P] [--threads N]\n");
+            printf("usage: update [--prompts P,...] [--groups G,...] [--response R] [--no-naive-above P]\n"
+                   "              [--naive-groups G,...] [--no-full] [--sweep-chunk N] [--threads N]\n");
             return 0;
         default: return 2;
         }
     }
-    if (R < 1) {
-        fprintf(stderr, "update: --response must be >= 1\n");
+    if (R < 1 || sweep < 1) {
+        fprintf(stderr, "update: --response and --sweep-chunk must be >= 1\n");
         return 2;
+    }
+    if (ngroups[0] != ',') { /* the default: every G */
+        char t[64];
+        snprintf(t, sizeof t, ",%s,", ngroups);
+        snprintf(ngroups, sizeof ngroups, "%s", t);
     }
     ls_set_threads(threads);
     char dir[] = "/tmp/ls_bench_update_XXXXXX";
     if (bench_write_model("update", dir, cfg, LS_DTYPE_BF16)) return 1;
-    printf("GRPO update, small hybrid config, R = %lld, %d threads, bf16 prompt pages\n", (long long)R, ls_get_threads());
-    printf("| P | G | LongStraw s | naive s | time ratio | LongStraw arenas MiB | naive arenas MiB | memory ratio |"
-           " LongStraw RSS MiB | naive RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("GRPO update, small hybrid config, R = %lld, %d threads, bf16 prompt pages, full mode's sweep chunk %lld\n",
+           (long long)R, ls_get_threads(), (long long)sweep);
+    printf("| P | G | prefix-frozen s | full s | full / prefix-frozen time | naive s | prefix-frozen RSS MiB | "
+           "full RSS MiB | full / prefix-frozen RSS | naive RSS MiB | naive / full RSS | prefix-frozen arenas MiB | "
+           "full arenas MiB | naive arenas MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     char pcopy[256];
     snprintf(pcopy, sizeof pcopy, "%s", prompts);
+    const double MiB = 1024.0 * 1024.0;
     for (char *sp = NULL, *tp = strtok_r(pcopy, ",", &sp); tp; tp = strtok_r(NULL, ",", &sp)) {
         int64_t P = atoll(tp);
         char gcopy[64];
         snprintf(gcopy, sizeof gcopy, "%s", groups);
         for (char *sg = NULL, *tg = strtok_r(gcopy, ",", &sg); tg; tg = strtok_r(NULL, ",", &sg)) {
             int G = atoi(tg);
-            result a = run_one(dir, P, G, R, 0);
-            result b = P <= naive_max ? run_one(dir, P, G, R, 1) : (result){0, 0, 0, 0};
-            const double MiB = 1024.0 * 1024.0;
-            if (b.ok)
-                printf("| %lld | %d | %.2f | %.2f | %.1f× | %.0f | %.0f | %.1f× | %.0f | %.0f |\n", (long long)P, G,
-                       a.seconds, b.seconds, b.seconds / a.seconds, a.arena_bytes / MiB, b.arena_bytes / MiB,
-                       b.arena_bytes / a.arena_bytes, a.rss / MiB, b.rss / MiB);
-            else
-                printf("| %lld | %d | %.2f | – | – | %.0f | – | – | %.0f | – |\n", (long long)P, G, a.seconds,
-                       a.arena_bytes / MiB, a.rss / MiB);
+            char key[32];
+            snprintf(key, sizeof key, ",%d,", G);
+            result a = run_one(dir, P, G, R, 0, sweep);
+            result f = no_full ? (result){0, 0, 0, 0} : run_one(dir, P, G, R, 1, sweep);
+            result b = P <= naive_max && strstr(ngroups, key) ? run_one(dir, P, G, R, 2, sweep) : (result){0, 0, 0, 0};
+            char fs[32] = "–", ft[32] = "–", fr[32] = "–", frr[32] = "–", fa[32] = "–";
+            char ns[32] = "–", nr[32] = "–", nfr[32] = "–", na[32] = "–";
+            if (f.ok) {
+                snprintf(fs, sizeof fs, "%.2f", f.seconds);
+                snprintf(ft, sizeof ft, "%.2f×", f.seconds / a.seconds);
+                snprintf(fr, sizeof fr, "%.0f", f.rss / MiB);
+                snprintf(frr, sizeof frr, "%.2f×", f.rss / a.rss);
+                snprintf(fa, sizeof fa, "%.0f", f.arena_bytes / MiB);
+            }
+            if (b.ok) {
+                snprintf(ns, sizeof ns, "%.2f", b.seconds);
+                snprintf(nr, sizeof nr, "%.0f", b.rss / MiB);
+                snprintf(na, sizeof na, "%.0f", b.arena_bytes / MiB);
+                if (f.ok) snprintf(nfr, sizeof nfr, "%.1f×", b.rss / f.rss);
+            }
+            printf("| %lld | %d | %.2f | %s | %s | %s | %.0f | %s | %s | %s | %s | %.0f | %s | %s |\n", (long long)P, G,
+                   a.seconds, fs, ft, ns, a.rss / MiB, fr, frr, nr, nfr, a.arena_bytes / MiB, fa, na);
             fflush(stdout);
         }
     }

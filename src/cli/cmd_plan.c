@@ -26,7 +26,7 @@ static void help(void) {
            "  --state-dtype T      K/V page storage: bf16 or f32 (default bf16)\n"
            "  --mode M             prefix-frozen (default) or full: adds the exact-gradient mode's\n"
            "                       dState (f32 dK/dV pages, d(S, conv tail)) and sweep checkpoints\n"
-           "  --sweep-chunk N      full mode: positions per reverse-sweep chunk (default 2048)\n"
+           "  --sweep-chunk N      full mode: positions per reverse-sweep chunk (default 512)\n"
            "  --json               print JSON instead of a table\n"
            "  --help               this text\n");
 }
@@ -51,7 +51,7 @@ int cmd_plan(int argc, char **argv) {
     ls_dtype dt = LS_DTYPE_BF16;
     ls_cp_layout lay = LS_CP_CONTIGUOUS;
     int full = 0;
-    int64_t sweep = 2048;
+    int64_t sweep = 512;
     int json = 0, ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {

@@ -433,15 +433,49 @@ static ls_status find_ranks(const char *run, int **ranks, int *n) {
 #define NMETRIC 4
 static const char *const metric_name[NMETRIC] = {"reward", "kl", "grad_norm", "step_time"};
 
+/* the curves of metrics.svg: (update, value) points of the training loss and of the
+ * held-out NLL ("eval/nll" after an update, "eval/nll_before" before the first) */
+#define NCURVE 2
+typedef struct {
+    double *x, *y;
+    int64_t n, cap;
+} curve;
+
 typedef struct {
     int64_t updates;
     int have[NMETRIC];
     double first[NMETRIC], last[NMETRIC];
+    curve c[NCURVE];
+    int oom;
 } metrics;
+
+static void curve_add(metrics *m, int k, double x, double y) {
+    curve *c = &m->c[k];
+    if (!isfinite(y)) return;
+    if (c->n == c->cap) {
+        int64_t cap = c->cap ? 2 * c->cap : 64;
+        double *nx = realloc(c->x, (size_t)cap * sizeof(double)), *ny = nx ? realloc(c->y, (size_t)cap * sizeof(double)) : NULL;
+        if (nx) c->x = nx;
+        if (!nx || !ny) {
+            m->oom = 1;
+            return;
+        }
+        c->y = ny, c->cap = cap;
+    }
+    c->x[c->n] = x, c->y[c->n] = y, c->n++;
+}
 
 static ls_status metrics_line(void *ctx, const cJSON *o, const lctx *c) {
     metrics *m = ctx;
     m->updates++;
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "update");
+    double x = cJSON_IsNumber(u) ? u->valuedouble + 1 : (double)m->updates; /* after update u (0-based) */
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "loss");
+    if (cJSON_IsNumber(v)) curve_add(m, 0, x, v->valuedouble);
+    v = cJSON_GetObjectItemCaseSensitive(o, "eval/nll_before");
+    if (cJSON_IsNumber(v)) curve_add(m, 1, x - 1, v->valuedouble);
+    v = cJSON_GetObjectItemCaseSensitive(o, "eval/nll");
+    if (cJSON_IsNumber(v)) curve_add(m, 1, x, v->valuedouble);
     for (int i = 0; i < NMETRIC; i++) {
         const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, metric_name[i]);
         if (!it || cJSON_IsNull(it)) continue; /* absent this update */
@@ -684,6 +718,65 @@ static ls_status write_svg(const trace *tr, const char *run, const char *out) {
     return s;
 }
 
+/* ---- metrics.svg ---------------------------------------------------------------------- */
+
+/* One panel [top, top + h) of metrics.svg: the curve against the update, with axes. */
+static void svg_curve(sbuf *b, const curve *c, double top, double h, const char *title, const char *colour) {
+    double xmax = 1, ymin = INFINITY, ymax = -INFINITY;
+    for (int64_t i = 0; i < c->n; i++) {
+        xmax = c->x[i] > xmax ? c->x[i] : xmax;
+        ymin = c->y[i] < ymin ? c->y[i] : ymin;
+        ymax = c->y[i] > ymax ? c->y[i] : ymax;
+    }
+    if (!(ymax > ymin)) ymin -= 0.5, ymax += 0.5;
+    double pad = 0.05 * (ymax - ymin), y0 = ymin - pad, y1 = ymax + pad, bot = top + h;
+#define MX(x) (PL + (PR - PL) * (x) / xmax)
+#define MY(y) (bot - h * ((y) - y0) / (y1 - y0))
+    sb_printf(b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"14\">%s</text>\n", PL, top - 10, title);
+    sb_printf(b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#999\"/>\n", PL, top,
+              PR - PL, h);
+    double ys = nice_step(y1 - y0, 5), xs = nice_step(xmax, 8);
+    for (double y = ceil(y0 / ys) * ys; y <= y1; y += ys)
+        sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/><text x=\"%.1f\" y=\"%.1f\" "
+                  "text-anchor=\"end\">%.4g</text>\n", PL, MY(y), PR, MY(y), PL - 6, MY(y) + 4, y);
+    for (double x = 0; x <= xmax + 1e-9; x += xs)
+        sb_printf(b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.0f</text>\n", MX(x), bot + 16, x);
+    sb_printf(b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", colour);
+    for (int64_t i = 0; i < c->n; i++) sb_printf(b, "%.1f,%.1f ", MX(c->x[i]), MY(c->y[i]));
+    sb_printf(b, "\"/>\n");
+    for (int64_t i = 0; i < c->n && c->n <= 200; i++)
+        sb_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", MX(c->x[i]), MY(c->y[i]), colour);
+#undef MX
+#undef MY
+}
+
+/* RUN/metrics.svg: the training loss per update and, when the run evaluated held-out
+ * data, the held-out NLL per token (from before the first update). */
+static ls_status write_metrics_svg(const metrics *m, const char *run, const char *out) {
+    int panels = (m->c[0].n > 0) + (m->c[1].n > 0);
+    if (panels == 0) return LS_OK;
+    double ph = 180, gap = 70, H = 50 + panels * (ph + gap);
+    sbuf b = {0};
+    sb_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" height=\"%.0f\" "
+              "viewBox=\"0 0 %d %.0f\" font-family=\"sans-serif\" font-size=\"12\">\n", SVG_W, H, SVG_W, H);
+    sb_printf(&b, "<title>LongStraw metrics: ");
+    sb_escape(&b, run);
+    sb_printf(&b, "</title>\n<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n");
+    double top = 60;
+    if (m->c[0].n) {
+        svg_curve(&b, &m->c[0], top, ph, "training loss per update (metrics.jsonl \"loss\")", "#4e79a7");
+        top += ph + gap;
+    }
+    if (m->c[1].n)
+        svg_curve(&b, &m->c[1], top, ph, "held-out NLL per response token (\"eval/nll\"; update 0: before training)",
+                  "#e15759");
+    sb_printf(&b, "</svg>\n");
+    ls_status s = b.oom ? ls_err(LS_ERR_NOMEM, "out of memory drawing %s", out) : ls_write_file_atomic(out, b.p, b.len);
+    free(b.p);
+    if (s == LS_OK) printf("metrics curves: %s\n", out);
+    return s;
+}
+
 /* ---- the command --------------------------------------------------------------------- */
 
 static void help(void) {
@@ -691,9 +784,10 @@ static void help(void) {
            "Summarise a run from RUN/trace.<rank>.jsonl and RUN/metrics.jsonl: per rank, each\n"
            "phase's count, seconds and per-arena peak bytes; the last update's predicted vs\n"
            "measured memory terms; the first and last metrics. Draws the live bytes of each\n"
-           "arena over time (rank 0, restarts concatenated, phases shaded) to RUN/memory.svg.\n\n"
+           "arena over time (rank 0, restarts concatenated, phases shaded) to RUN/memory.svg, and\n"
+           "the training loss and held-out NLL (train --eval-*) per update to RUN/metrics.svg.\n\n"
            "  --out FILE           write the timeline to FILE instead of RUN/memory.svg\n"
-           "  --no-svg             do not draw the timeline\n"
+           "  --no-svg             do not draw the timeline or the curves\n"
            "  --help               this text\n");
 }
 
@@ -712,16 +806,20 @@ static ls_status load_traces(const char *run, trace **out, int *n) {
     return s;
 }
 
-static ls_status report_metrics(const char *run) {
-    char path[4200];
+static ls_status report_metrics(const char *run, int draw) {
+    char path[4200], svg[4200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run);
+    snprintf(svg, sizeof svg, "%s/metrics.svg", run);
     struct stat st;
     if (stat(path, &st) != 0) return LS_OK; /* optional */
     metrics m = {0};
     int truncated;
-    LS_TRY(read_jsonl(path, metrics_line, &m, &truncated));
-    print_metrics(path, &m);
-    return LS_OK;
+    ls_status s = read_jsonl(path, metrics_line, &m, &truncated);
+    if (s == LS_OK && m.oom) s = ls_err(LS_ERR_NOMEM, "%s: out of memory", path);
+    if (s == LS_OK) print_metrics(path, &m);
+    if (s == LS_OK && draw) s = write_metrics_svg(&m, run, svg);
+    for (int k = 0; k < NCURVE; k++) free(m.c[k].x), free(m.c[k].y);
+    return s;
 }
 
 static ls_status report(const char *run, const char *svg) {
@@ -729,7 +827,7 @@ static ls_status report(const char *run, const char *svg) {
     int n = 0;
     ls_status s = load_traces(run, &tr, &n);
     for (int i = 0; s == LS_OK && i < n; i++) print_rank(&tr[i]);
-    if (s == LS_OK) s = report_metrics(run);
+    if (s == LS_OK) s = report_metrics(run, svg != NULL);
     if (s == LS_OK && svg) s = write_svg(&tr[0], run, svg);
     if (s == LS_OK && svg) printf("memory timeline (rank %d): %s\n", tr[0].rank, svg);
     for (int i = 0; tr && i < n; i++) trace_free(&tr[i]);

@@ -21,7 +21,8 @@
 #include "longstraw/trainer.h"
 
 static void help(void) {
-    printf("usage: longstraw train --model DIR --out RUN/ (--data FILE.jsonl | --rollout --task passkey) [options]\n"
+    printf("usage: longstraw train --model DIR --out RUN/ (--data FILE.jsonl | --rollout --task passkey |\n"
+           "                        --loss sft --task passkey) [options]\n"
            "       longstraw train --resume RUN/ [options that override the saved ones]\n\n"
            "GRPO training: one transaction per update (capture each prompt once, score, replay\n"
            "each response under a tape, one AdamW call). Writes RUN/metrics.jsonl (one line per\n"
@@ -53,6 +54,12 @@ static void help(void) {
            "  --reward-cmd CMD       rewards from a process: one JSON line {\"prompt\",\"response\",\n"
            "                         \"index\",\"group\"} in, one number per line out\n"
            "  --reward-timeout S     seconds to wait for each answer (default 60)\n"
+           "  (--loss sft with --task: each group is a passkey prompt with its key as the one\n"
+           "                         response: long-context retrieval SFT, no rollouts)\n"
+           "held-out evaluation (\"eval/nll\" in metrics.jsonl: mean NLL per response token):\n"
+           "  --eval-data FILE       held-out JSONL groups (responses; rewards are not needed)\n"
+           "  --eval-lines N         with --task: N held-out items from their own seed\n"
+           "  --eval-every N         evaluate before the first update and after every N-th (default 1)\n"
            "checkpoints and output:\n"
            "  --save-every N         checkpoint every N updates (default 50; the last is always saved)\n"
            "  --save-total-limit K   keep the newest K checkpoints (default 2)\n"
@@ -77,7 +84,8 @@ typedef struct {
 
 enum {
     O_MODEL = 2000, O_DATA, O_OUT, O_TOK, O_UPDATES, O_GPU, O_SEED, O_ROLLOUT, O_NGEN, O_MAXNEW, O_TOPP, O_STOP,
-    O_TASK, O_PLEN, O_RCMD, O_RTIMEOUT, O_SAVE, O_SAVELIM, O_RESUME, O_QUIET, O_NOVAL, O_TLAYERS, O_HELP
+    O_TASK, O_PLEN, O_RCMD, O_RTIMEOUT, O_SAVE, O_SAVELIM, O_RESUME, O_QUIET, O_NOVAL, O_TLAYERS, O_HELP,
+    O_EVDATA, O_EVLINES, O_EVEVERY
 };
 
 static int parse_args(train_args *a, int argc, char **argv) {
@@ -90,6 +98,7 @@ static int parse_args(train_args *a, int argc, char **argv) {
         {"task", 1, O_TASK}, {"prompt-len", 1, O_PLEN}, {"reward-cmd", 1, O_RCMD}, {"reward-timeout", 1, O_RTIMEOUT},
         {"save-every", 1, O_SAVE}, {"save-total-limit", 1, O_SAVELIM}, {"resume", 1, O_RESUME}, {"quiet", 0, O_QUIET},
         {"no-validate", 0, O_NOVAL}, {"trace-layers", 1, O_TLAYERS}, {"help", 0, O_HELP},
+        {"eval-data", 1, O_EVDATA}, {"eval-lines", 1, O_EVLINES}, {"eval-every", 1, O_EVEVERY},
     };
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
         opts[n++] = (struct option){own[i].name, own[i].has_arg ? required_argument : no_argument, 0, own[i].id};
@@ -128,6 +137,9 @@ static int parse_args(train_args *a, int argc, char **argv) {
         case O_RESUME: a->resume = optarg; break;
         case O_QUIET: a->quiet = 1; break;
         case O_NOVAL: a->r.no_validate = 1; break;
+        case O_EVDATA: a->r.eval_data = optarg; break;
+        case O_EVLINES: if (cli_parse_i64(c, "--eval-lines", optarg, 1, 1 << 20, &a->r.eval_lines)) return 2; break;
+        case O_EVEVERY: if (cli_parse_i64(c, "--eval-every", optarg, 1, INT64_MAX / 4, &a->r.eval_every)) return 2; break;
         case O_TLAYERS: if (cli_parse_i64(c, "--trace-layers", optarg, -1, INT64_MAX / 4, &a->r.trace_layers)) return 2; break;
         case O_HELP:
         case 'h': help(); return 1;
@@ -176,7 +188,11 @@ static void on_stop(int sig) {
 static int check_flags(const train_args *a) {
     if (!a->r.model || !a->r.out) return cli_usage_error("train", "--model and --out are required");
     if (!a->r.data && !a->r.task) return cli_usage_error("train", "give --data FILE.jsonl, or --rollout --task passkey");
-    if (a->r.task && !a->r.rollout) return cli_usage_error("train", "--task samples its responses: add --rollout");
+    if (a->r.task && !a->r.rollout && !a->t.o.sft)
+        return cli_usage_error("train", "--task samples its responses: add --rollout (or train on its keys: --loss sft)");
+    if (a->t.o.sft && a->r.rollout) return cli_usage_error("train", "--loss sft trains on given responses: not with --rollout");
+    if (a->r.eval_lines && !a->r.task) return cli_usage_error("train", "--eval-lines draws held-out --task items: give --task");
+    if (a->r.eval_lines && a->r.eval_data) return cli_usage_error("train", "give --eval-data or --eval-lines, not both");
     if (a->r.reward_cmd && !a->r.rollout) return cli_usage_error("train", "--reward-cmd scores rollouts: add --rollout");
     if (a->r.rollout && a->t.o.no_capture) return cli_usage_error("train", "--rollout samples from the captured state: not with --no-capture");
     if (a->r.rollout && !a->r.tokenizer && !a->r.task)

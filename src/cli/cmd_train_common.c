@@ -18,7 +18,7 @@ void cli_train_help(void) {
            "  --mode M               prefix-frozen (default: the prompt state is a constant) | full: the\n"
            "                         exact gradient through the prompt too, at memory of the order of the\n"
            "                         prompt state (dState + checkpoints, a reverse sweep after the replay)\n"
-           "  --sweep-chunk N        full mode: positions per reverse-sweep chunk (default 2048): one\n"
+           "  --sweep-chunk N        full mode: positions per reverse-sweep chunk (default 512): one\n"
            "                         chunk's tape is alive at a time, one checkpoint per chunk\n"
            "  --epsilon E            clip range low: ratios below 1-E clip (default 0.2)\n"
            "  --epsilon-high E       clip range high: above 1+E clip (default = --epsilon)\n"

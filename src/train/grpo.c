@@ -32,7 +32,7 @@ void ls_grpo_opts_default(ls_grpo_opts *o) {
     o->max_grad_norm = 1.0;
     o->page_size = 64;
     o->state_dtype = LS_DTYPE_F32;
-    o->sweep_chunk = 2048;
+    o->sweep_chunk = 512;
     ls_fwd_opts_default(&o->fwd);
 }
 

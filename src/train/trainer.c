@@ -40,6 +40,7 @@ void ls_train_opts_default(ls_train_opts *a) {
     a->prompt_len = 16384;
     a->reward_timeout = 60;
     a->trace_layers = 3;
+    a->eval_every = 1;
 }
 
 /* The reward process group, for a signal handler (ls_train_reward_pgid). */
@@ -218,6 +219,9 @@ typedef struct {
     int lock_fd;
     size_t pred_grad, pred_fixed;
     int64_t max_prompt; /* the longest id prompt in the data (validation), for the memory check */
+    ls_group *eval;     /* [n_eval] held-out groups */
+    int64_t n_eval;
+    double eval_nll, eval_nll0; /* this update's / before the first update's (NAN: not measured) */
 } trainer;
 
 static const ls_comm *tr_comm(const trainer *tr) {
@@ -305,10 +309,30 @@ static ls_status passkey_group(trainer *tr, ls_passkey_item *it, ls_group *g) {
     }
 }
 
+/* SFT on the task: the key (" 12345", as the question "The pass key is" asks for it)
+ * is the one response. */
+static ls_status passkey_key_response(trainer *tr, const ls_passkey_item *it, ls_group *g) {
+    char text[32];
+    snprintf(text, sizeof text, " %s", it->answer);
+    int32_t *ids;
+    int64_t n;
+    LS_TRY(ls_tok_encode(tr->tok, text, strlen(text), &ids, &n));
+    g->G = 1;
+    g->resp = malloc(sizeof(int32_t *));
+    g->R = malloc(sizeof(int64_t));
+    if (!g->resp || !g->R) {
+        free(ids);
+        return LS_ERR_NOMEM;
+    }
+    g->resp[0] = ids, g->R[0] = n;
+    return LS_OK;
+}
+
 static ls_status next_group(trainer *tr, int k, ls_group *g) {
     memset(g, 0, sizeof *g);
     if (tr->a->task && !tr->a->data) {
         ls_status s = passkey_group(tr, &tr->items[k], g);
+        if (s == LS_OK && tr->a->o.sft) s = passkey_key_response(tr, &tr->items[k], g);
         tr->data_pos++;
         return s;
     }
@@ -362,6 +386,61 @@ static ls_status decode_lenient(const ls_tokenizer *tok, const int32_t *ids, int
     *out = buf;
     *len = k;
     return LS_OK;
+}
+
+/* The held-out groups: --eval-data's lines, or --eval-lines task items drawn from
+ * their own seed (the training items' RNG is untouched). */
+static ls_status load_eval(trainer *tr) {
+    const ls_train_opts *a = tr->a;
+    if (!a->eval_data && !a->eval_lines) return LS_OK;
+    jsonl d;
+    memset(&d, 0, sizeof d);
+    if (a->eval_data) LS_TRY(jsonl_open(&d, a->eval_data));
+    tr->n_eval = a->eval_data ? d.n : a->eval_lines;
+    tr->eval = calloc((size_t)(tr->n_eval > 0 ? tr->n_eval : 1), sizeof *tr->eval);
+    ls_status s = tr->eval ? LS_OK : LS_ERR_NOMEM;
+    if (s == LS_OK && tr->n_eval == 0) s = ls_err(LS_ERR_FORMAT, "%s: no held-out line", a->eval_data);
+    ls_rng keep = tr->rng;
+    ls_rng_seed(&tr->rng, (uint64_t)a->seed ^ 0x9e3779b97f4a7c15ull);
+    for (int64_t i = 0; i < tr->n_eval && s == LS_OK; i++) {
+        ls_group *g = &tr->eval[i];
+        if (a->eval_data) {
+            char label[4200];
+            snprintf(label, sizeof label, "%s:%lld", a->eval_data, (long long)d.lineno[i]);
+            s = ls_group_parse_ex(g, d.buf + d.off[i], label, tr->pol.cfg->vocab, tr->tok, 0);
+            if (s == LS_OK && g->P < 2) s = ls_err(LS_ERR_FORMAT, "%s: \"prompt\" needs at least 2 tokens", label);
+        } else {
+            ls_passkey_item it;
+            s = passkey_group(tr, &it, g);
+            if (s == LS_OK) s = passkey_key_response(tr, &it, g);
+            ls_passkey_free(&it);
+        }
+    }
+    tr->rng = keep;
+    jsonl_free(&d);
+    return s;
+}
+
+/* Mean NLL per response token of the held-out groups under the current weights. */
+static ls_status evaluate(trainer *tr, double *nll) {
+    const ls_grpo_opts *o = &tr->a->o;
+    ls_score_opts so = {0, o->page_size, o->state_dtype, o->fwd, 0};
+    ls_arena *sa = &tr->ar.a[LS_ARENA_SCORE];
+    double tot = 0, ntok = 0;
+    ls_status s = LS_OK;
+    ls_trace_phase_begin("eval");
+    for (int64_t k = 0; k < tr->n_eval && s == LS_OK; k++) {
+        const ls_group *g = &tr->eval[k];
+        ls_arena_mark mk = ls_arena_get_mark(sa);
+        float **lp = ls_arena_alloc(sa, (size_t)g->G * sizeof(float *));
+        s = lp ? ls_score_group(&tr->pol.p.policy, g, &so, &tr->ar, lp, NULL) : LS_ERR_NOMEM;
+        for (int i = 0; i < g->G && s == LS_OK; i++)
+            for (int64_t t = 0; t < g->R[i]; t++) tot -= lp[i][t], ntok += 1;
+        ls_arena_release(sa, mk);
+    }
+    ls_trace_phase_end("eval");
+    *nll = ntok > 0 ? tot / ntok : NAN;
+    return s;
 }
 
 /* The rollout hook (ls_rollout_hook): G samples from the captured state, then rewards. */
@@ -565,6 +644,8 @@ static void write_metrics(trainer *tr, const ls_grpo_metrics *mt, double step_ti
     json_metric(f, "grad_norm", mt->grad_norm);
     json_metric(f, "learning_rate", tr->a->o.lr);
     json_metric(f, "step_time", step_time);
+    if (!isnan(tr->eval_nll)) json_metric(f, "eval/nll", tr->eval_nll);
+    if (!isnan(tr->eval_nll0)) json_metric(f, "eval/nll_before", tr->eval_nll0);
     fprintf(f, ", \"num_sequences\": %d, \"prompt_tokens\": %lld, \"max_prompt_tokens\": %lld, \"epoch\": %lld, \"data_position\": %lld, "
                "\"skipped\": %s, \"time\": {\"capture\": %.4f, \"rollout\": %.4f, \"reference\": %.4f, "
                "\"score\": %.4f, \"replay\": %.4f, \"sweep\": %.4f, \"optimize\": %.4f}}\n",
@@ -662,6 +743,7 @@ static ls_status setup(trainer *tr) {
                       (long long)tr->pol.cfg->vocab);
     if (a->data) LS_TRY(jsonl_open(&tr->data, a->data));
     if (a->data && !a->no_validate) LS_TRY(validate_data(tr));
+    LS_TRY(load_eval(tr));
     /* refuse a prompt that cannot fit before anything sized by it is allocated */
     if (!a->force) LS_TRY(ls_check_fits(&tr->pol, &a->o, a->task && !a->data ? a->prompt_len : tr->max_prompt, 1));
     if (!a->updates) a->updates = a->data ? (tr->data.n + a->groups_per_update - 1) / a->groups_per_update : 10;
@@ -712,6 +794,11 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
         fprintf(stderr, "longstraw train: %lld updates already done (--updates %lld): nothing to do\n",
                 (long long)tr->update, (long long)a->updates);
     int64_t saved = tr->update; /* updates the newest checkpoint holds */
+    tr->eval_nll = tr->eval_nll0 = NAN;
+    if (s == LS_OK && tr->n_eval && tr->update < a->updates) { /* where this run starts from */
+        s = evaluate(tr, &tr->eval_nll0);
+        if (s == LS_OK && root) fprintf(stderr, "held-out NLL %.4f per token before update %lld\n", tr->eval_nll0, (long long)tr->update + 1);
+    }
     int big = 0;                /* the group with the longest prompt, for receipts */
     for (; s == LS_OK && tr->update < a->updates; tr->update++) {
         double t0 = ls_now();
@@ -752,10 +839,15 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
             }
             break;
         }
+        int64_t done1 = tr->update + 1;
+        tr->eval_nll = NAN;
+        if (tr->n_eval && (done1 % a->eval_every == 0 || done1 == a->updates)) s = evaluate(tr, &tr->eval_nll);
+        if (s != LS_OK) break;
         double dt = ls_now() - t0;
         big = 0;
         for (int k = 1; k < (int)a->groups_per_update; k++) big = groups[k].P > groups[big].P ? k : big;
         write_metrics(tr, &mt, dt, groups, (int)a->groups_per_update);
+        tr->eval_nll0 = NAN; /* written once, with the first update */
         trace_update_end(tr, &groups[big], &mt);
         if (mt.skipped) {
             skipped++;
@@ -763,9 +855,15 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
                     mt.skip_reason, mt.n_iter > 1 ? "this iteration took no step (earlier iterations of the update did)"
                                                   : "weights and optimizer state untouched");
         } else if (root) {
-            fprintf(stderr, "update %lld/%lld  reward %.4f ± %.4f  kl %.3g  entropy %.3f  len %.1f  grad_norm %.4g  %.1fs\n",
-                    (long long)tr->update + 1, (long long)a->updates, mt.reward_mean, mt.reward_std, mt.kl, mt.entropy,
-                    mt.len_mean, mt.grad_norm, dt);
+            char ev[64] = "";
+            if (!isnan(tr->eval_nll)) snprintf(ev, sizeof ev, "  held-out nll %.4f", tr->eval_nll);
+            if (a->o.sft)
+                fprintf(stderr, "update %lld/%lld  nll %.4f  grad_norm %.4g%s  %.1fs\n", (long long)tr->update + 1,
+                        (long long)a->updates, mt.loss, mt.grad_norm, ev, dt);
+            else
+                fprintf(stderr, "update %lld/%lld  reward %.4f ± %.4f  kl %.3g  entropy %.3f  len %.1f  grad_norm %.4g  %.1fs\n",
+                        (long long)tr->update + 1, (long long)a->updates, mt.reward_mean, mt.reward_std, mt.kl,
+                        mt.entropy, mt.len_mean, mt.grad_norm, dt);
         }
         int64_t done = tr->update + 1;
         int stop = ls_stop_requested(); /* read once: the checkpoint and the message agree */
@@ -800,6 +898,8 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
     }
     free(groups);
     free(tr->items);
+    for (int64_t k = 0; tr->eval && k < tr->n_eval; k++) ls_group_free(&tr->eval[k]);
+    free(tr->eval);
     ls_reward_cmd_stop(tr->rcmd);
     if (tr->metrics) fclose(tr->metrics);
     ls_trace_close();
