@@ -461,8 +461,9 @@ int test_cp_train_and_faults(void) {
     char bmodel[800];
     T_CHECK(byte_model(dir, bmodel, sizeof bmodel) == 0, "cannot write the byte-vocabulary model");
     /* (1) JSONL training and rollouts on the passkey task: 1 rank against 2 and 3, with
-     * contiguous pages and (v = 4, 5) the zigzag layout */
-    for (int mode = 0; mode < 2; mode++) {
+     * contiguous pages and (v = 4, 5) the zigzag layout; mode 2: the rollouts in full mode
+     * (the exact gradient) with two iterations per update */
+    for (int mode = 0; mode < 3; mode++) {
         for (int v = 1; v <= 5; v++) {
             int np = v <= 3 ? v : v - 2;
             const char *layout = v <= 3 ? "contiguous" : "zigzag";
@@ -477,11 +478,12 @@ int test_cp_train_and_faults(void) {
                 snprintf(args, sizeof args,
                          "train --model %s --out %s/run%d_%d --rollout --task passkey-shaped --prompt-len 300 "
                          "--num-generations 3 --max-new-tokens 4 --temperature 1.0 --updates 2 --lr 1e-4 --seed 5 "
-                         "--page-size 16 --capture-chunk 40 --quiet --cp-layout %s",
-                         bmodel, dir, mode, v, layout);
+                         "--page-size 16 --capture-chunk 40 --quiet --cp-layout %s%s",
+                         bmodel, dir, mode, v, layout,
+                         mode == 2 ? " --mode full --sweep-chunk 50 --num-iterations 2" : "");
             free(run_np(np, args, err, &rc));
             char *e = t_read_file(err, NULL);
-            T_CHECK(rc == 0, "train (%s) on %d ranks: rc %d: %s", mode ? "rollouts" : "JSONL", np, rc, e ? e : "");
+            T_CHECK(rc == 0, "train (%s) on %d ranks: rc %d: %s", mode == 2 ? "rollouts, full mode" : mode ? "rollouts" : "JSONL", np, rc, e ? e : "");
             free(e);
             char run[800], path[900], why[512];
             snprintf(run, sizeof run, "%s/run%d_%d", dir, mode, v);
@@ -512,7 +514,7 @@ int test_cp_train_and_faults(void) {
                 free(mm);
                 printf("  train (%s), %d ranks (%s): final weights vs one rank %.3g over %lld tensors (largest grad "
                        "norm %.4g)\n",
-                       mode ? "rollouts" : "JSONL", np, layout, d, (long long)nt, g0);
+                       mode == 2 ? "rollouts, full mode" : mode ? "rollouts" : "JSONL", np, layout, d, (long long)nt, g0);
                 T_CHECK(d >= 0 && d <= 1e-5 && nt > 0, "%s: %g", run, d);
                 T_CHECK(g0 > 0, "%s: zero gradient: the comparison would be empty", run);
                 char *m1 = t_read_file((snprintf(path, sizeof path, "%s/run%d_1/metrics.jsonl", dir, mode), path), NULL);

@@ -234,6 +234,18 @@ int test_model_arena_plan(void) {
         T_CHECK(ar.a[LS_ARENA_PROMPT].peak == plan.total_bytes_per_rank, "prompt peak %zu",
                 ar.a[LS_ARENA_PROMPT].peak);
         for (int a = 0; a < LS_ARENA_COUNT; a++) peaks[k][a] = ar.a[a].peak;
+        /* full mode: the dState and checkpoints (sweep chunks of 300, not dividing P − 1)
+         * on top, exactly as planned too */
+        ls_arena_reset(&ar.a[LS_ARENA_SCORE]);
+        ls_arena_reset(&ar.a[LS_ARENA_PROMPT]);
+        o.sweep_chunk = 300;
+        T_OK(t_score_group(&m, &g, &o, &ar, out, &st));
+        T_OK(ls_state_plan(&plan, &m.cfg, Ps[k], o.page_size, o.state_dtype, 1, LS_CP_CONTIGUOUS, 300));
+        printf("  P=%-6lld full mode: prompt arena %zu bytes, plan %zu (dState %zu, %lld checkpoints %zu)\n",
+               (long long)Ps[k], st.prompt_bytes, plan.total_bytes_per_rank, plan.dstate_bytes_per_rank,
+               (long long)plan.sweep_chunks_per_rank, plan.ckpt_bytes_per_rank);
+        T_CHECK(st.prompt_bytes == plan.total_bytes_per_rank, "P=%lld full mode: prompt arena %zu != plan %zu",
+                (long long)Ps[k], st.prompt_bytes, plan.total_bytes_per_rank);
         ls_group_free(&g);
         ls_arenas_free(&ar);
     }

@@ -12,6 +12,10 @@ Writes, under fixtures/grpo/ (nothing else is touched):
   grad_sft_<name>.safetensors        SFT gradients
   sft_one.json                       q35_dense/group_train.json's prompt + its 2nd response only (no rewards)
   fd_full.json                       central differences vs autograd in --mode full (next_dense case)
+  traj_<name>.json, traj_<name>_final.safetensors
+                                     5-step --mode full trajectories ("trajectories" in full_cases.json, same
+                                     entry format as cases.json's): next_dense_full (GRPO, full FT: final = every
+                                     checkpoint tensor, F32) and lora_sft_full (SFT, LoRA: final = the adapter)
 
 Asserts (generation fails otherwise):
   * every full-mode gradient (GRPO and SFT, full FT and LoRA) == the gradient of the NAIVE full graph:
@@ -22,6 +26,11 @@ Asserts (generation fails otherwise):
     edge; all four clip regions and the unclipped region populated; full != prefix-frozen gradient;
   * SFT loss == -(sum of hybrid_ref full-sequence log-probs) / (sum R_i) to 1e-13;
   * --steps 2 in full mode recaptures: step 1 == the naive full graph at the weights after step 0;
+  * the 5-step full-mode trajectories recapture at every step: step k (k = 1..4) == the naive full graph at the
+    weights left by a k-step run (loss to 1e-12 abs, grad_norm to 1e-11 rel); step 0 == the matching single-step
+    fixture; their final files hold the same tensor names/shapes as traj_next_dense_final / traj_lora_final;
+    every GRPO token of every step >= 2e-3 (log rho) from a clip edge;
+    next_dense_full's losses differ from the prefix-frozen traj_next_dense's after step 0;
   * fd_full.json: |fd - autograd| <= 1e-6 * max(1, |autograd|) (h = 1e-4, old/ref log-probs fixed);
     the prompt-only embedding row has prefix-frozen gradient exactly 0 and a nonzero full-mode gradient.
 """
@@ -59,6 +68,17 @@ SFT_CASES = [
                                   "--loss", "sft", "--mode", "full"]),
     ("sft_q35_dense_one_full", ["--model", "q35_dense", "--group", SFT_ONE, "--loss", "sft", "--mode", "full"]),
 ]
+# 5-step --mode full trajectories (same entry format as cases.json's "trajectories")
+TRAJ_FULL = [
+    ("next_dense_full", ["--model", "next_dense", "--group", "next_dense/group_train.json", "--ref-model",
+                         "next_dense_ref", "--loss-type", "grpo", "--epsilon", "0.2", "--beta", "0.05", "--mode",
+                         "full", "--steps", "5", "--lr", "1e-2", "--weight-decay", "0.1", "--max-grad-norm", "1.0"],
+     "next_dense_full", "next_dense"),
+    ("lora_sft_full", ["--model", "next_dense", "--group", "next_dense/group_train.json", "--adapter",
+                       "next_dense/adapter.safetensors", "--lora-alpha", "4", "--loss", "sft", "--mode", "full",
+                       "--steps", "5", "--lr", "1e-2"],
+     "sft_next_dense_lora_full", "lora"),
+]  # (name, args, single-step fixture whose step 0 it must equal, prefix-frozen trajectory of the same format)
 FD_CASE = "next_dense"
 FD_GDN_LAYER = 0
 FD_GDN_TENSORS = ["A_log", "dt_bias", "conv1d.weight", "in_proj_qkvz.weight"]
@@ -234,6 +254,60 @@ def trajectory_checks(checks):
         checks["traj_step1_vs_naive_" + label.replace(" ", "_")] = e
 
 
+def with_steps(args, k):
+    out = list(args)
+    out[out.index("--steps") + 1] = str(k)
+    return out
+
+
+def full_trajectories(outdir, single):
+    """The 5-step full-mode trajectories (files traj_<name>.json / traj_<name>_final.safetensors).
+    single: {name: entry} of the single-step full-mode fixtures already computed."""
+    with open(os.path.join(FIX, "grpo", "cases.json")) as f:
+        frozen = {t["name"]: t for t in json.load(f)["trajectories"]}
+    out = []
+    for name, args, step0_of, fmt_of in TRAJ_FULL:
+        tj, fin = "grpo/traj_%s.json" % name, "grpo/traj_%s_final.safetensors" % name
+        res = gr.main(args + ["--trajectory", os.path.join(outdir, tj), "--out-model", os.path.join(outdir, fin),
+                              "--quiet"])
+        a = parse(args)
+        n = a.steps
+        assert len(res["loss"]) == n and all(math.isfinite(x) for x in res["loss"] + res["grad_norm"]), name
+        if a.loss == "grpo":  # every token of every step >= MARGIN (log rho) from a clip edge
+            assert min(res["clip_margin"]) >= mg.MARGIN, (name, res["clip_margin"])
+        # step 0 == the single-step fixture (same flags without --steps/--lr/..., same thread count)
+        s0 = single[step0_of]
+        assert res["loss"][0] == s0["loss"] and res["grad_norm"][0] == s0["grad_norm"], (name, step0_of)
+        # every step recaptures: step k == naive full graph at the weights left by a k-step run
+        worst = 0.0
+        for k in range(1, n):
+            rk = gr.main(with_steps(args, k) + ["--quiet"])
+            assert rk["loss"] == res["loss"][:k] and rk["grad_norm"] == res["grad_norm"][:k], (name, k)
+            if a.adapter:
+                L, g, _ = naive(args, adapter=rk["params"])
+            else:
+                L, g, _ = naive(args, weights=rk["weights"])
+            gn = math.sqrt(sum(float((t * t).sum()) for t in g.values()))
+            el, eg = abs(L - res["loss"][k]), abs(gn - res["grad_norm"][k]) / gn
+            assert el <= 1e-12 and eg <= 1e-11, (name, k, el, eg)
+            worst = max(worst, el, eg)
+        # final file: same tensor names and shapes as the prefix-frozen trajectory's final file
+        ft, _ = hr.read_safetensors(os.path.join(outdir, fin))
+        fz, _ = hr.read_safetensors(os.path.join(FIX, frozen[fmt_of]["final"]))
+        assert list(ft) == list(fz) and all(ft[k].shape == fz[k].shape for k in fz), (name, fmt_of)
+        if not a.adapter:
+            fl = frozen[fmt_of]["loss"]
+            assert abs(res["loss"][0] - fl[0]) <= 1e-14 and min(abs(x - y) for x, y in zip(res["loss"][1:], fl[1:])) > 1e-6
+        print("traj %-16s loss %s\n%21s grad_norm %s\n%21s clip margin %s\n%21s steps 1..%d vs naive full graph "
+              "at the k-step weights: worst %.1e; final: %d tensors" %
+              (name, " ".join("%.10g" % x for x in res["loss"]), "", " ".join("%.10g" % x for x in res["grad_norm"]),
+               "", " ".join("n/a" if x is None else "%.2e" % x for x in res["clip_margin"]), "", n - 1, worst,
+               len(ft)))
+        out.append({"name": name, "args": args, "trajectory": tj, "final": fin, "loss": res["loss"],
+                    "grad_norm": res["grad_norm"], "clip_margin": res["clip_margin"]})
+    return out
+
+
 def fd_full(checks):
     name, fx, flags = [c for c in mg.CASES if c[0] == FD_CASE][0]
     args = mg.case_args(fx, flags) + ["--mode", "full"]
@@ -322,13 +396,15 @@ def generate(outdir):
     doc = {"note": "paths are relative to tests/reference/fixtures; run: python3 grpo_ref.py <args> --out GRAD. "
                    "Written by make_full_fixtures.py with 1 torch thread.",
            "cases": grpo_full_cases(outdir, checks), "sft_cases": sft_cases(outdir, checks)}
+    single = {c["name"]: c for c in doc["cases"] + doc["sft_cases"]}
+    doc["trajectories"] = full_trajectories(outdir, single)
     trajectory_checks(checks)
     fd = fd_full(checks)
     doc["self_checks"] = checks
     mg.write_json(os.path.join(outdir, "grpo", "full_cases.json"), doc)
     mg.write_json(os.path.join(outdir, "grpo", "fd_full.json"), fd)
     files = ["grpo/full_cases.json", "grpo/fd_full.json", SFT_ONE] + [c["grad"] for c in doc["cases"]] + \
-        [c["grad"] for c in doc["sft_cases"]]
+        [c["grad"] for c in doc["sft_cases"]] + [p for t in doc["trajectories"] for p in (t["trajectory"], t["final"])]
     return files
 
 
