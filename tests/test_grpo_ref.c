@@ -19,6 +19,7 @@ int test_grpo_reference_grads(void);
 int test_grpo_reference_trajectory(void);
 int test_grpo_reference_full(void);
 int test_grpo_full_fd(void);
+int test_grpo_reference_full_trajectory(void);
 
 #define FIX LS_SOURCE_DIR "/tests/reference/fixtures"
 
@@ -194,9 +195,12 @@ int test_grpo_full_fd(void) {
     return 0;
 }
 
-int test_grpo_reference_trajectory(void) {
-    cJSON *j = load_json(FIX "/grpo/cases.json");
-    T_CHECK(j != NULL, "cannot read cases.json");
+/* The AdamW trajectories of `file`: `longstraw step <args> ENGINE` (--steps as
+ * --num-iterations) against the reference's per-step loss and grad norm and final
+ * weights. */
+static int trajectories_vs_reference(const char *file, const char *engine) {
+    cJSON *j = load_json(file);
+    T_CHECK(j != NULL, "cannot read %s", file);
     char tmp[512];
     T_CHECK(t_make_tmpdir(tmp, sizeof tmp) == 0, "tmpdir");
     int ran = 0;
@@ -208,9 +212,9 @@ int test_grpo_reference_trajectory(void) {
         for (int k = 0; k + 1 < cJSON_GetArraySize(args); k++)
             if (!strcmp(cJSON_GetArrayItem(args, k)->valuestring, "--adapter"))
                 adapter = cJSON_GetArrayItem(args, k + 1)->valuestring;
-        char out[700], extra[800], cmd[4096], path[800];
+        char out[700], extra[1200], cmd[4096], path[800];
         snprintf(out, sizeof out, "%s/%s", tmp, name);
-        snprintf(extra, sizeof extra, "--out '%s'", out);
+        snprintf(extra, sizeof extra, "%s --out '%s'", engine, out);
         build_cmd(cmd, sizeof cmd, "step", args, extra);
         int rc;
         char *log = t_run_capture(cmd, &rc);
@@ -260,4 +264,12 @@ int test_grpo_reference_trajectory(void) {
     T_CHECK(t_remove_dir(tmp) == 0, "cleanup");
     T_CHECK(ran >= 2, "trajectories ran: %d", ran);
     return 0;
+}
+
+int test_grpo_reference_trajectory(void) { return trajectories_vs_reference(FIX "/grpo/cases.json", ""); }
+
+/* Full mode (the prompt recaptured with each step's weights, the sweep every
+ * iteration): GRPO full fine-tune and LoRA SFT, 5 steps each. */
+int test_grpo_reference_full_trajectory(void) {
+    return trajectories_vs_reference(FIX "/grpo/full_cases.json", "--page-size 7 --sweep-chunk 11 --capture-chunk 5");
 }

@@ -49,7 +49,7 @@ sys.path.insert(0, HERE)
 import hybrid_ref as hr  # noqa: E402
 import grpo_ref as gr  # noqa: E402
 import make_grad_fixtures as mg  # noqa: E402  (CASES, MARGIN; its main() is not run)
-from check_grpo import DetachedPrefix  # noqa: E402
+from check_grpo import DetachedPrefix, global_rel, rel_diff  # noqa: E402
 
 DT = torch.float64
 FIX = os.path.join(HERE, "fixtures")
@@ -91,20 +91,6 @@ def parse(args):
 def objective(a):
     return gr.Objective(a.temperature, a.epsilon, a.epsilon_high, a.beta, a.loss_type, a.max_completion_length,
                         a.scale_rewards, loss=a.loss)
-
-
-def rel_diff(ga, gb):
-    worst = 0.0
-    for n in gb:
-        nb = float(gb[n].norm())
-        d = float((ga[n] - gb[n]).norm())
-        worst = max(worst, d / nb if nb > 0 else d)
-    return worst
-
-
-def global_rel(ga, gb):
-    num = math.sqrt(sum(float((ga[n] - gb[n]).norm()) ** 2 for n in gb))
-    return num / math.sqrt(sum(float(gb[n].norm()) ** 2 for n in gb))
 
 
 # ---------------------------------------------------------------------------- independent naive graph
@@ -424,9 +410,10 @@ def main():
         return
     with tempfile.TemporaryDirectory() as td:
         files = generate(td)
-        bad = [p for p in files if open(os.path.join(td, p), "rb").read() != open(p, "rb").read()]
+        missing = [p for p in files if not os.path.exists(p)]
+        bad = [p for p in files if p in missing or open(os.path.join(td, p), "rb").read() != open(p, "rb").read()]
         for p in files:
-            print("  %-45s %s" % (p, "differs" if p in bad else "identical"))
+            print("  %-45s %s" % (p, "MISSING" if p in missing else "differs" if p in bad else "identical"))
         print("ALL IDENTICAL" if not bad else "SOME FILES DIFFER")
         sys.exit(1 if bad else 0)
 
