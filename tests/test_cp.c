@@ -358,7 +358,8 @@ int test_cp_full_consistency(void) {
         snprintf(rp, sizeof rp, "%s/receipt.json", base3);
         T_CHECK(check_receipt(rp, 3, why, sizeof why), "%s: %s", rp, why);
         char *rt = t_read_file(rp, NULL);
-        T_CHECK(rt && strstr(rt, "\"mode\": \"full\"") && strstr(rt, "\"sweep\": "), "%s: mode or sweep phase missing",
+        T_CHECK(rt && strstr(rt, "\"mode\": \"full\"") && strstr(rt, "\"sweep\": ") && strstr(rt, "\"sweep_peak_bytes\""),
+                "%s: mode, sweep phase or its peaks missing",
                 rp);
         free(rt);
     }

@@ -410,8 +410,15 @@ static ls_status run_group(ls_policy *p, ls_group *g, int gi, group_scores *gs, 
          * sweep adds only its own chunks' part: rank 0 keeps what came before, the
          * others start from zero, and one SUM makes the whole on every rank. */
         if (cp && ls_comm_rank(cp) != 0) p->fam->policy_zero_grad(p);
+        size_t keep[LS_ARENA_COUNT]; /* the sweep's own peaks (the run-wide ones restored after) */
+        for (int a = 0; a < LS_ARENA_COUNT; a++) keep[a] = ar->a[a].peak, ls_arena_reset_peak(&ar->a[a]);
         s = p->fam->sweep(&p->policy, &p->grad, stp, g->prompt, &o->fwd, &ar->a[LS_ARENA_BRANCH],
                           &ar->a[LS_ARENA_SCRATCH]);
+        for (int a = 0; a < LS_ARENA_COUNT; a++) {
+            size_t pk = ar->a[a].peak;
+            mt->sweep_peak[a] = pk > mt->sweep_peak[a] ? pk : mt->sweep_peak[a];
+            ar->a[a].peak = keep[a] > pk ? keep[a] : pk;
+        }
         if (s == LS_OK && cp) s = sum_grad_buffers(p, cp);
         ls_progress_end();
         ls_trace_phase_end("sweep");

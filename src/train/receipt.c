@@ -107,7 +107,14 @@ ls_status ls_receipt_write(const char *path, const char *cmd, const ls_trainable
     fprintf(f, "  \"arena_peak_bytes\": {");
     for (int a = 0; a < LS_ARENA_COUNT; a++)
         fprintf(f, "%s\"%s\": %zu", a ? ", " : "", ls_arena_id_name((ls_arena_id)a), ar->a[a].peak);
-    fprintf(f, "},\n  \"process_peak_rss_bytes\": %zu,\n", ls_peak_rss_bytes());
+    fprintf(f, "},\n");
+    if (o->full && !o->no_capture) { /* the reverse sweep's own peaks (full mode) */
+        fprintf(f, "  \"sweep_peak_bytes\": {");
+        for (int a = 0; a < LS_ARENA_COUNT; a++)
+            fprintf(f, "%s\"%s\": %zu", a ? ", " : "", ls_arena_id_name((ls_arena_id)a), mt->sweep_peak[a]);
+        fprintf(f, "},\n");
+    }
+    fprintf(f, "  \"process_peak_rss_bytes\": %zu,\n", ls_peak_rss_bytes());
     /* per rank (DESIGN §8): prompt arena peak beside the plan's per-rank prediction, peak
      * RSS, and the trainable tensors' hash (identical on every rank after a step) */
     fprintf(f, "  \"cp\": %d,\n  \"cp_layout\": \"%s\",\n  \"ranks\": [", N, ls_cp_layout_name(o->fwd.cp_layout));
