@@ -4,6 +4,7 @@
  * with capture vs --no-capture, and clean errors on bad group files.
  */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,7 @@ int test_cli_help_and_flags(void);
 int test_cli_plan_27b(void);
 int test_cli_init_logprobs(void);
 int test_cli_grad_step(void);
+int test_mla_config_plan(void);
 
 static char *run(const char *cmd, int *rc) {
     char full[8192];
@@ -214,6 +216,92 @@ int test_cli_grad_step(void) {
         T_CHECK(ls_st_count(&sf) > 0, "empty output");
         ls_st_close(&sf);
     }
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
+    return 0;
+}
+
+static double jnum(const cJSON *j, const char *k) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, k);
+    return cJSON_IsNumber(e) ? e->valuedouble : -1;
+}
+
+/* The MLA + DSA + MoE family's config and plan (issue 12 §1, §7): GLM-5.2 (IndexCache:
+ * 21 of 78 layers run their own indexer) at 65,536 captured positions per rank in bf16
+ * holds 72 MiB of latent pages per MLA layer + 16 MiB of index keys per full indexer
+ * layer = 5.8125 GiB per rank (the seed's inventory); the parameter counts match the
+ * published totals (GLM-5 744B, DeepSeek-V3.2 671B without MTP); bad fields are refused
+ * by name; the family's weights are refused with what is missing. */
+int test_mla_config_plan(void) {
+    ls_config c;
+    T_OK(ls_config_load(&c, LS_SOURCE_DIR "/examples/glm_5_2.json"));
+    T_CHECK(c.family == LS_FAMILY_MLA && c.n_layers == 78 && ls_cfg_count_kind(&c, LS_LAYER_MLA) == 78, "glm layers");
+    T_CHECK(ls_cfg_count_index_full(&c) == 21, "%d full indexer layers, expected 21", ls_cfg_count_index_full(&c));
+    static const int full_at[] = {0, 1, 2, 6, 10, 74};
+    for (size_t i = 0; i < sizeof full_at / sizeof full_at[0]; i++)
+        T_CHECK(c.mla.index_full[full_at[i]], "layer %d should run its own indexer", full_at[i]);
+    T_CHECK(!c.mla.index_full[3] && !c.mla.index_full[5] && !c.mla.index_full[77], "shared layers");
+    T_CHECK(!c.moe[0] && !c.moe[2] && c.moe[3] && c.moe[77], "dense first 3 layers, MoE after");
+    T_CHECK(c.mla.indexer_rope_interleave && c.rope_theta == 8e6 && c.mla.yarn_factor == 0, "glm rope");
+    T_OK(ls_config_load(&c, LS_SOURCE_DIR "/examples/deepseek_v3_2.json"));
+    T_CHECK(c.family == LS_FAMILY_MLA && ls_cfg_count_index_full(&c) == 61, "deepseek: every layer full");
+    T_CHECK(!c.mla.indexer_rope_interleave && c.mla.yarn_factor == 40 && c.mla.yarn_orig_max == 4096 &&
+                c.mla.n_group == 8 && c.mla.topk_group == 4 && c.mla.routed_scaling == 2.5,
+            "deepseek yarn / groups");
+    /* the inventory: 65,536 positions per rank over 8 ranks */
+    char cmd[2048];
+    int rc;
+    snprintf(cmd, sizeof cmd, "%s plan --config %s/examples/glm_5_2.json --prompt 524289 --cp 8 --json", LS_CLI_PATH,
+             LS_SOURCE_DIR);
+    char *out = t_run_capture(cmd, &rc);
+    cJSON *j = out && rc == 0 ? cJSON_Parse(out) : NULL;
+    T_CHECK(j, "plan --json: rc %d: %s", rc, out ? out : "");
+    const double MiB = 1024.0 * 1024.0, GiB = MiB * 1024.0;
+    double lat = jnum(j, "latent_bytes_per_layer_per_rank"), idx = jnum(j, "index_bytes_per_layer_per_rank");
+    double tot = jnum(j, "latent_bytes_per_rank") + jnum(j, "index_bytes_per_rank");
+    printf("  GLM-5.2 at 65,536 positions per rank (bf16): %.2f MiB per MLA layer, %.2f MiB per index-key set, "
+           "%.4f GiB per rank (+ %.0f bytes of tables)\n",
+           lat / MiB, idx / MiB, tot / GiB, jnum(j, "table_bytes_per_rank"));
+    T_CHECK(lat == 72 * MiB && idx == 16 * MiB, "per-layer rows %.0f, %.0f", lat, idx);
+    T_CHECK(tot == 5.8125 * GiB, "per-rank total %.0f, expected 5.8125 GiB", tot);
+    T_CHECK(jnum(j, "index_layers") == 21 && jnum(j, "pages_per_rank") == 1024, "index layers / pages");
+    double pglm = jnum(j, "parameters");
+    cJSON_Delete(j);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s plan --config %s/examples/deepseek_v3_2.json --prompt 4097 --json", LS_CLI_PATH,
+             LS_SOURCE_DIR);
+    out = t_run_capture(cmd, &rc);
+    j = out && rc == 0 ? cJSON_Parse(out) : NULL;
+    T_CHECK(j, "plan --json (deepseek): rc %d", rc);
+    double pds = jnum(j, "parameters");
+    cJSON_Delete(j);
+    free(out);
+    printf("  parameters: GLM-5 %.1fB (published 744B), DeepSeek-V3.2 %.1fB (published 671B + 14B MTP)\n", pglm / 1e9,
+           pds / 1e9);
+    T_CHECK(fabs(pglm / 744e9 - 1) < 0.005 && fabs(pds / 671e9 - 1) < 0.005, "parameter counts %.4g, %.4g", pglm,
+            pds);
+    /* refusals name the field */
+    static const struct { const char *edit, *needle; } bad[] = {
+        {"s/\"index_skip_topk_offset\": 3/\"index_skip_topk_offset\": 0/", "layer 0 is a shared indexer layer"},
+        {"s/\"index_head_dim\": 128/\"index_head_dim\": 32/", "index_head_dim 32"},
+        {"s/\"n_group\": 1,/\"n_group\": 3,/", "n_group 3"},
+        {"s/\"kv_lora_rank\": 512,//", "kv_lora_rank"},
+        {"s/\"scoring_func\": \"sigmoid\"/\"scoring_func\": \"softmax\"/", "scoring_func"},
+    };
+    char dir[512];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(cmd, sizeof cmd, "sed '%s' %s/examples/glm_5_2.json > %s/c.json && %s plan --config %s/c.json --prompt 100 2>&1",
+                 bad[i].edit, LS_SOURCE_DIR, dir, LS_CLI_PATH, dir);
+        out = t_run_capture(cmd, &rc);
+        T_CHECK(out && rc != 0 && strstr(out, bad[i].needle), "`%s`: rc %d: %s", bad[i].edit, rc, out ? out : "");
+        free(out);
+    }
+    /* weights: refused with what is missing, not misread as the hybrid family */
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/m && cp %s/examples/glm_5_2.json %s/m/config.json && %s logprobs --model %s/m "
+             "--group x.json 2>&1", dir, LS_SOURCE_DIR, dir, LS_CLI_PATH, dir);
+    out = t_run_capture(cmd, &rc);
+    T_CHECK(out && rc != 0 && strstr(out, "not built yet"), "logprobs on glm_moe_dsa: rc %d: %s", rc, out ? out : "");
+    free(out);
     T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }

@@ -13,7 +13,27 @@
 
 #define LS_MAX_LAYERS 1024
 
-typedef enum { LS_LAYER_GDN = 0, LS_LAYER_ATTN = 1 } ls_layer_kind;
+typedef enum { LS_LAYER_GDN = 0, LS_LAYER_ATTN = 1, LS_LAYER_MLA = 2 } ls_layer_kind;
+/* Which model family a config belongs to (the family table that reads it). */
+typedef enum { LS_FAMILY_HYBRID = 0, LS_FAMILY_MLA = 1 } ls_family_kind;
+
+/* The compressed-attention MoE family (specs/mla-dsa-moe.md §1): GLM-5.x glm_moe_dsa,
+ * DeepSeek-V3.2 deepseek_v32. MLA in every layer; a DSA lightning indexer in every
+ * "full" layer (IndexCache: the others reuse the last full layer's selection). */
+typedef struct {
+    int64_t q_lora_rank;  /* 0: a plain q_proj */
+    int64_t kv_lora_rank; /* the cached latent's width */
+    int qk_nope, qk_rope, v_head;
+    int index_heads, index_head_dim;
+    int64_t index_topk;
+    int indexer_rope_interleave; /* GLM: 1; DeepSeek-V3.2: 0 (half-split) */
+    int n_shared_experts, n_group, topk_group;
+    double routed_scaling;
+    /* YaRN (rope_scaling type yarn; factor 0: none) */
+    double yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
+    int64_t yarn_orig_max;
+    uint8_t index_full[LS_MAX_LAYERS]; /* 1: the layer runs its own indexer (and caches index keys) */
+} ls_mla_config;
 /* Weight-name layout of the checkpoint family (spec §6). */
 typedef enum { LS_LAYOUT_QWEN3_NEXT = 0, LS_LAYOUT_QWEN3_5 = 1 } ls_layout;
 
@@ -31,6 +51,8 @@ typedef struct {
     int tie_embeddings;
     uint8_t kind[LS_MAX_LAYERS]; /* ls_layer_kind per layer */
     uint8_t moe[LS_MAX_LAYERS];  /* 1 = sparse MoE FFN, 0 = dense SwiGLU */
+    ls_family_kind family;
+    ls_mla_config mla;           /* family LS_FAMILY_MLA */
 } ls_config;
 
 /* Parse config.json text; `path` names the file in error messages. */
@@ -55,5 +77,7 @@ static inline int64_t ls_cfg_conv_dim(const ls_config *c) {
     return 2 * ls_cfg_key_dim(c) + ls_cfg_value_dim(c);
 }
 int ls_cfg_count_kind(const ls_config *c, ls_layer_kind k);
+/* Layers of an MLA config that run their own indexer. */
+int ls_cfg_count_index_full(const ls_config *c);
 
 #endif

@@ -64,6 +64,7 @@ typedef struct {
     int n_iter;                                 /* iterations run */
     double iter_loss[64], iter_grad_norm[64];   /* per iteration (first 64) */
     size_t prompt_bytes;
+    size_t sweep_peak[LS_ARENA_COUNT]; /* full mode: each arena's peak during the sweeps */
 } ls_grpo_metrics;
 
 /* AdamW state: first and second moments of the trainable tensors, parallel to the

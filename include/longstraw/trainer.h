@@ -56,6 +56,12 @@ typedef struct {
     double top_p, reward_timeout;
     int rollout, no_validate;
     int force;                /* skip the memory check */
+    /* held-out evaluation: the mean NLL per response token of held-out groups under the
+     * current weights ("eval/nll" in metrics.jsonl), before the first update and after
+     * every eval_every-th: eval_data (JSONL groups) or, with a task, eval_lines items
+     * drawn from their own seed (never the training items) */
+    const char *eval_data;
+    int64_t eval_lines, eval_every;
     int resume;               /* continue RUN's newest checkpoint (else RUN must hold none) */
     ls_grpo_opts o;           /* objective, optimizer, engine, communicator */
     ls_policy_spec spec;      /* what is trained (model_dir: set from `model` or the checkpoint) */

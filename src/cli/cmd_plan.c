@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "longstraw/config.h"
+#include "longstraw/mla.h"
 #include "longstraw/model.h"
 #include "longstraw/state.h"
 
@@ -32,6 +33,60 @@ static void help(void) {
 }
 
 static double gib(size_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
+static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
+
+/* The MLA + DSA + MoE family (mla.h): latent pages per MLA layer, index-key pages per
+ * full indexer layer, the MoE routed-hidden buffers of a capture chunk. */
+static int plan_mla(const ls_config *cfg, const char *path, int64_t P, int64_t S, ls_dtype dt, int cp,
+                    ls_cp_layout lay, int json) {
+    ls_mla_plan_t p;
+    ls_status s = ls_mla_state_plan(&p, cfg, P, S, dt, cp, lay, 2048);
+    if (s != LS_OK) return cli_fail("plan", s);
+    size_t params = 0, w_bytes = 0, m_bytes = 0;
+    if (ls_mla_param_count(cfg, &params) || ls_mul_size(params, 4, &w_bytes) || ls_mul_size(params, 8, &m_bytes))
+        return cli_fail("plan", ls_err(LS_ERR_ARG, "%s: the parameter count's byte size overflows 64 bits", path));
+    const char *dts = dt == LS_DTYPE_BF16 ? "bf16" : "f32";
+    if (json) {
+        printf("{\"family\": \"mla\", \"model_type\": \"%s\", \"prompt\": %lld, \"captured_positions\": %lld, "
+               "\"page_size\": %lld, \"cp\": %d, \"cp_layout\": \"%s\", \"state_dtype\": \"%s\", "
+               "\"mla_layers\": %d, \"index_layers\": %d, \"pages_per_layer\": %lld, \"pages_per_rank\": %lld, "
+               "\"latent_bytes_per_layer_per_rank\": %zu, \"index_bytes_per_layer_per_rank\": %zu, "
+               "\"latent_bytes_per_rank\": %zu, \"index_bytes_per_rank\": %zu, \"table_bytes_per_rank\": %zu, "
+               "\"total_bytes_per_rank\": %zu, \"routed_bytes_per_rank\": %zu, \"capture_chunk\": %lld, "
+               "\"parameters\": %zu, \"weights_bytes_f32\": %zu, \"adamw_bytes\": %zu, \"grad_bytes\": %zu}\n",
+               cfg->model_type, (long long)P, (long long)p.positions, (long long)S, cp, ls_cp_layout_name(lay), dts,
+               p.n_mla, p.n_index, (long long)p.pages, (long long)p.pages_per_rank, p.latent_layer_bytes_per_rank,
+               p.index_layer_bytes_per_rank, p.latent_bytes_per_rank, p.index_bytes_per_rank, p.table_bytes_per_rank,
+               p.total_bytes_per_rank, p.routed_bytes_per_rank, (long long)p.capture_chunk, params, w_bytes, m_bytes,
+               w_bytes);
+        return 0;
+    }
+    printf("prompt state plan: %s (%s, MLA + DSA indexer + MoE)\n", path, cfg->model_type);
+    printf("  prompt P = %lld tokens, captured positions = %lld, page size S = %lld, CP = %d (%s), state dtype %s\n",
+           (long long)P, (long long)p.positions, (long long)S, cp, ls_cp_layout_name(lay), dts);
+    printf("  layers: %d MLA, of which %d run their own indexer (the others reuse its selection)\n", p.n_mla,
+           p.n_index);
+    printf("  pages (S positions each): %lld in all, %lld per rank; per position an MLA layer keeps the latent +\n"
+           "    rope key (%lld + %d values), a full indexer layer the index key (%d values)\n",
+           (long long)p.pages, (long long)p.pages_per_rank, (long long)cfg->mla.kv_lora_rank, cfg->mla.qk_rope,
+           cfg->mla.index_head_dim);
+    printf("\n  %-40s %20s %12s\n", "per rank", "bytes", "GiB");
+    char row[96];
+    snprintf(row, sizeof row, "latent pages (%d MLA layers x %.2f MiB)", p.n_mla, mib(p.latent_layer_bytes_per_rank));
+    printf("  %-40s %20zu %12.4f\n", row, p.latent_bytes_per_rank, gib(p.latent_bytes_per_rank));
+    snprintf(row, sizeof row, "index-key pages (%d layers x %.2f MiB)", p.n_index, mib(p.index_layer_bytes_per_rank));
+    printf("  %-40s %20zu %12.4f\n", row, p.index_bytes_per_rank, gib(p.index_bytes_per_rank));
+    printf("  %-40s %20zu %12.4f\n", "page tables + layer headers", p.table_bytes_per_rank, gib(p.table_bytes_per_rank));
+    printf("  %-40s %20zu %12.4f\n", "prompt arena total", p.total_bytes_per_rank, gib(p.total_bytes_per_rank));
+    snprintf(row, sizeof row, "MoE routed hidden (chunk of %lld, f32)", (long long)p.capture_chunk);
+    printf("  %-40s %20zu %12.4f\n", row, p.routed_bytes_per_rank, gib(p.routed_bytes_per_rank));
+    printf("\n  other M_live terms, full fine-tune in f32 (%zu parameters, MTP layers excluded):\n", params);
+    printf("  %-40s %20zu %12.2f\n", "fixed: weights", w_bytes, gib(w_bytes));
+    printf("  %-40s %20zu %12.2f\n", "fixed: AdamW moments", m_bytes, gib(m_bytes));
+    printf("  %-40s %20zu %12.2f\n", "grad", w_bytes, gib(w_bytes));
+    printf("  (loading, scoring and training this family are not built yet: issue 12)\n");
+    return 0;
+}
 
 int cmd_plan(int argc, char **argv) {
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
@@ -79,6 +134,10 @@ int cmd_plan(int argc, char **argv) {
     ls_config cfg;
     ls_status s = ls_config_load(&cfg, path);
     if (s != LS_OK) return cli_fail("plan", s);
+    if (cfg.family == LS_FAMILY_MLA) {
+        if (full) return cli_usage_error("plan", "--mode full: not built for the MLA family yet");
+        return plan_mla(&cfg, path, P, S, dt, (int)cp, lay, json);
+    }
     const ls_family *fam = ls_family_for(&cfg, path);
     if (!fam) return cli_fail("plan", LS_ERR_UNSUPPORTED);
     ls_state_plan_t p;

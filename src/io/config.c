@@ -1,8 +1,9 @@
 /*
  * config.c — HF config.json → ls_config (specs/hybrid-qwen3next.md §1, §8.1).
  * Accepts model_type qwen3_next, qwen3_5 / qwen3_5_moe (fields under text_config),
- * qwen3_5_text and qwen3_5_moe_text. Every field is type-checked and range-checked;
- * errors name the file and the field.
+ * qwen3_5_text and qwen3_5_moe_text (the hybrid family), and glm_moe_dsa and
+ * deepseek_v32 (the MLA + DSA + MoE family, specs/mla-dsa-moe.md §1). Every field is
+ * type-checked and range-checked; errors name the file and the field.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -242,6 +243,148 @@ static ls_status parse_text(ls_config *c, const cJSON *o, const char *mt, int is
     return LS_OK;
 }
 
+int ls_cfg_count_index_full(const ls_config *c) {
+    int n = 0;
+    for (int64_t i = 0; i < c->n_layers && c->family == LS_FAMILY_MLA; i++) n += c->mla.index_full[i];
+    return n;
+}
+
+/* glm_moe_dsa / deepseek_v32 (specs/mla-dsa-moe.md §1, §8.5, §8.7). */
+static ls_status parse_mla(ls_config *c, const cJSON *o, const char *mt, const char *path) {
+    int64_t v = 0;
+    const int64_t BIG = (int64_t)1 << 40;
+    int glm = strcmp(mt, "glm_moe_dsa") == 0;
+    memset(c, 0, sizeof *c);
+    snprintf(c->model_type, sizeof c->model_type, "%s", mt);
+    c->family = LS_FAMILY_MLA;
+    ls_mla_config *m = &c->mla;
+#define INT(key, dflt, req, lo, hi, dst) \
+    LS_TRY(get_int(o, key, dflt, req, lo, hi, &v, path)); \
+    dst = v
+    INT("vocab_size", 0, 1, 1, INT32_MAX, c->vocab);
+    INT("hidden_size", 0, 1, 1, 1 << 20, c->hidden);
+    INT("num_hidden_layers", 0, 1, 1, LS_MAX_LAYERS, c->n_layers);
+    INT("num_attention_heads", 0, 1, 1, 4096, c->n_heads);
+    INT("num_key_value_heads", c->n_heads, 0, 1, 4096, c->n_kv);
+    INT("q_lora_rank", 0, 0, 0, 1 << 20, m->q_lora_rank); /* null: a plain q_proj */
+    INT("kv_lora_rank", 0, 1, 1, 1 << 20, m->kv_lora_rank);
+    INT("qk_nope_head_dim", 0, 1, 0, 4096, m->qk_nope);
+    INT("qk_rope_head_dim", 0, 1, 2, 4096, m->qk_rope);
+    INT("v_head_dim", 0, 1, 1, 4096, m->v_head);
+    INT("index_n_heads", 0, 1, 1, 4096, m->index_heads);
+    INT("index_head_dim", 0, 1, 1, 4096, m->index_head_dim);
+    INT("index_topk", 0, 1, 1, BIG, m->index_topk);
+    INT("intermediate_size", 0, 0, 0, BIG, c->intermediate);
+    INT("n_routed_experts", 0, 0, 0, 1 << 20, c->n_experts);
+    INT("num_experts_per_tok", 8, 0, 1, 1 << 20, c->top_k);
+    INT("moe_intermediate_size", 0, 0, 0, BIG, c->moe_inter);
+    INT("n_shared_experts", 0, 0, 0, 1024, m->n_shared_experts);
+    INT("n_group", 1, 0, 1, 1 << 20, m->n_group);
+    INT("topk_group", 1, 0, 1, 1 << 20, m->topk_group);
+    int64_t first_dense, moe_freq, freq, offset;
+    INT("first_k_dense_replace", 0, 0, 0, LS_MAX_LAYERS, first_dense);
+    INT("moe_layer_freq", 1, 0, 1, LS_MAX_LAYERS, moe_freq);
+    INT("index_topk_freq", 1, 0, 1, LS_MAX_LAYERS, freq);
+    INT("index_skip_topk_offset", 2, 0, 0, LS_MAX_LAYERS, offset);
+#undef INT
+    c->head_dim = m->qk_nope + m->qk_rope;
+    c->rot_dim = m->qk_rope;
+    if (m->qk_rope % 2) return ls_err(LS_ERR_FORMAT, "%s: qk_rope_head_dim %d must be even", path, m->qk_rope);
+    if (m->index_head_dim < m->qk_rope)
+        return ls_err(LS_ERR_FORMAT, "%s: index_head_dim %d is below qk_rope_head_dim %d (its first %d dims are rope)",
+                      path, m->index_head_dim, m->qk_rope, m->qk_rope);
+    if (c->n_experts > 0 && c->top_k > c->n_experts)
+        return ls_err(LS_ERR_FORMAT, "%s: num_experts_per_tok %d exceeds n_routed_experts %d", path, c->top_k,
+                      c->n_experts);
+    if (c->n_experts > 0 && (c->n_experts % m->n_group != 0 || m->topk_group > m->n_group))
+        return ls_err(LS_ERR_FORMAT, "%s: n_routed_experts %d, n_group %d, topk_group %d: the experts must split "
+                                     "into n_group groups and topk_group <= n_group", path, c->n_experts, m->n_group,
+                      m->topk_group);
+    double eps;
+    LS_TRY(get_num(o, "rms_norm_eps", 1e-6, 0.0, 1.0, &eps, path));
+    c->eps = (float)eps;
+    LS_TRY(get_num(o, "routed_scaling_factor", 1.0, 0.0, 1e6, &m->routed_scaling, path));
+    LS_TRY(get_bool(o, "tie_word_embeddings", 0, &c->tie_embeddings, path));
+    LS_TRY(get_bool(o, "norm_topk_prob", 1, &c->norm_topk, path));
+    LS_TRY(get_bool(o, "indexer_rope_interleave", glm, &m->indexer_rope_interleave, path));
+    const cJSON *sf = cJSON_GetObjectItemCaseSensitive(o, "scoring_func");
+    if (sf && !cJSON_IsNull(sf) && !(cJSON_IsString(sf) && !strcmp(sf->valuestring, "sigmoid")))
+        return ls_err(LS_ERR_UNSUPPORTED, "%s: field \"scoring_func\" must be \"sigmoid\" (spec §4)", path);
+    /* rope: rope_parameters (v5) or rope_theta; rope_scaling {type yarn} */
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(o, "rope_parameters");
+    if (rp && !cJSON_IsObject(rp) && !cJSON_IsNull(rp))
+        return ls_err(LS_ERR_FORMAT, "%s: field \"rope_parameters\" must be an object", path);
+    const cJSON *src = (rp && cJSON_IsObject(rp) && cJSON_GetObjectItemCaseSensitive(rp, "rope_theta")) ? rp : o;
+    LS_TRY(get_num(src, "rope_theta", 10000.0, 1.0, 1e12, &c->rope_theta, path));
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
+    if (rs && cJSON_IsObject(rs)) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rs, "type");
+        if (!ty) ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "yarn") != 0)
+            return ls_err(LS_ERR_UNSUPPORTED, "%s: rope_scaling of type \"%s\" is not supported (only yarn)", path,
+                          cJSON_IsString(ty) ? ty->valuestring : "?");
+        int64_t om;
+        LS_TRY(get_num(rs, "factor", 1.0, 1.0, 1e6, &m->yarn_factor, path));
+        LS_TRY(get_int(rs, "original_max_position_embeddings", 4096, 0, 1, BIG, &om, path));
+        m->yarn_orig_max = om;
+        LS_TRY(get_num(rs, "beta_fast", 32.0, 0.0, 1e6, &m->yarn_beta_fast, path));
+        LS_TRY(get_num(rs, "beta_slow", 1.0, 0.0, 1e6, &m->yarn_beta_slow, path));
+        LS_TRY(get_num(rs, "mscale", 1.0, 0.0, 1e6, &m->yarn_mscale, path));
+        LS_TRY(get_num(rs, "mscale_all_dim", 0.0, 0.0, 1e6, &m->yarn_mscale_all_dim, path));
+    } else if (rs && !cJSON_IsNull(rs)) {
+        return ls_err(LS_ERR_FORMAT, "%s: field \"rope_scaling\" must be an object", path);
+    }
+    for (int64_t i = 0; i < c->n_layers; i++) c->kind[i] = LS_LAYER_MLA;
+    /* dense layers: mlp_layer_types, else first_k_dense_replace (and moe_layer_freq) */
+    const cJSON *mlt = cJSON_GetObjectItemCaseSensitive(o, "mlp_layer_types");
+    if (mlt && !cJSON_IsNull(mlt)) {
+        if (!cJSON_IsArray(mlt) || cJSON_GetArraySize(mlt) != c->n_layers)
+            return ls_err(LS_ERR_FORMAT, "%s: field \"mlp_layer_types\" must be an array of %lld strings", path,
+                          (long long)c->n_layers);
+        int i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, mlt) {
+            if (cJSON_IsString(e) && !strcmp(e->valuestring, "sparse")) c->moe[i] = 1;
+            else if (cJSON_IsString(e) && !strcmp(e->valuestring, "dense")) c->moe[i] = 0;
+            else return ls_err(LS_ERR_FORMAT, "%s: mlp_layer_types[%d] must be \"dense\" or \"sparse\"", path, i);
+            i++;
+        }
+    } else {
+        for (int64_t i = 0; i < c->n_layers; i++) c->moe[i] = i >= first_dense && i % moe_freq == 0;
+    }
+    for (int64_t i = 0; i < c->n_layers; i++) {
+        if (c->moe[i] && (c->n_experts == 0 || c->moe_inter <= 0))
+            return ls_err(LS_ERR_FORMAT, "%s: layer %lld is MoE but \"n_routed_experts\" or \"moe_intermediate_size\" "
+                                         "is missing or 0", path, (long long)i);
+        if (!c->moe[i] && c->intermediate <= 0)
+            return ls_err(LS_ERR_FORMAT, "%s: layer %lld has a dense MLP but \"intermediate_size\" is missing or 0",
+                          path, (long long)i);
+    }
+    /* IndexCache (spec §8.5): indexer_types, else the freq/offset rule */
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, "indexer_types");
+    if (it && !cJSON_IsNull(it)) {
+        if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) != c->n_layers)
+            return ls_err(LS_ERR_FORMAT, "%s: field \"indexer_types\" must be an array of %lld strings", path,
+                          (long long)c->n_layers);
+        int i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, it) {
+            if (cJSON_IsString(e) && !strcmp(e->valuestring, "full")) m->index_full[i] = 1;
+            else if (cJSON_IsString(e) && !strcmp(e->valuestring, "shared")) m->index_full[i] = 0;
+            else return ls_err(LS_ERR_FORMAT, "%s: indexer_types[%d] must be \"full\" or \"shared\"", path, i);
+            i++;
+        }
+    } else {
+        for (int64_t i = 0; i < c->n_layers; i++) {
+            int64_t k = i - offset + 1;
+            m->index_full[i] = (k > 0 ? k : 0) % freq == 0;
+        }
+    }
+    if (!m->index_full[0])
+        return ls_err(LS_ERR_FORMAT, "%s: layer 0 is a shared indexer layer: no earlier full layer to reuse", path);
+    return LS_OK;
+}
+
 ls_status ls_config_parse(ls_config *c, const char *text, const char *path) {
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(text, &end, 1); /* 1: nothing may follow the object */
@@ -276,10 +419,12 @@ ls_status ls_config_parse(ls_config *c, const char *text, const char *path) {
         s = parse_text(c, obj, type, 1, 0, path);
     } else if (strcmp(type, "qwen3_5_moe_text") == 0 || strcmp(type, "qwen3_5_moe") == 0) {
         s = parse_text(c, obj, type, 1, 1, path);
+    } else if (strcmp(type, "glm_moe_dsa") == 0 || strcmp(type, "deepseek_v32") == 0) {
+        s = parse_mla(c, obj, type, path);
     } else {
         s = ls_err(LS_ERR_UNSUPPORTED,
                    "%s: model_type \"%s\" is not supported (expected qwen3_next, qwen3_5, qwen3_5_text, "
-                   "qwen3_5_moe or qwen3_5_moe_text)", path, type);
+                   "qwen3_5_moe, qwen3_5_moe_text, glm_moe_dsa or deepseek_v32)", path, type);
     }
     /* tie_word_embeddings may sit at the top level of a Qwen3.5 wrapper config */
     if (s == LS_OK && obj != root) {

@@ -17,7 +17,7 @@
 
 static const ls_hybrid_model *H(const ls_model *m) { return (const ls_hybrid_model *)m->impl; }
 
-static int hy_accepts(const ls_config *cfg) { return cfg->n_layers > 0; /* every config.c reads */ }
+static int hy_accepts(const ls_config *cfg) { return cfg->family == LS_FAMILY_HYBRID && cfg->n_layers > 0; }
 
 static ls_status hy_load(ls_model *m, const char *dir, ls_arena *fixed) {
     ls_hybrid_model *h = ls_arena_calloc(fixed, 1, sizeof *h);

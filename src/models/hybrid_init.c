@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "longstraw/family.h"
 #include "longstraw/model.h"
 #include "longstraw/safetensors.h"
 
@@ -32,6 +33,8 @@ ls_status ls_hybrid_write_random(const char *config_path, const char *dir, uint6
                                  ls_dtype dtype) {
     ls_config cfg;
     LS_TRY(ls_config_load(&cfg, config_path));
+    if (cfg.family != LS_FAMILY_HYBRID) /* names the family and what is missing */
+        return ls_family_for(&cfg, config_path) ? LS_ERR_ARG : LS_ERR_UNSUPPORTED;
     ls_hf_tensor_spec *sp = NULL;
     int64_t n = 0;
     LS_TRY(ls_hybrid_hf_specs(&cfg, &sp, &n));

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "longstraw/family.h"
 #include "longstraw/model.h"
 #include "longstraw/safetensors.h"
 
@@ -288,6 +289,7 @@ ls_status ls_hybrid_load(ls_hybrid_model *m, const char *dir, ls_arena *fixed) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     LS_TRY(ls_config_load(&m->cfg, path));
+    if (m->cfg.family != LS_FAMILY_HYBRID) return ls_family_for(&m->cfg, path) ? LS_ERR_ARG : LS_ERR_UNSUPPORTED;
     loader L;
     memset(&L, 0, sizeof L);
     L.fixed = fixed;

@@ -1,0 +1,39 @@
+/*
+ * mla.h — the compressed-attention MoE family (MLA + DSA lightning indexer + MoE:
+ * GLM-5.x glm_moe_dsa, DeepSeek-V3.2 deepseek_v32; specs/mla-dsa-moe.md). What is
+ * built so far: its config (config.h, ls_mla_config), its prompt-state plan and its
+ * parameter count. Loading, the forward and backward, CP and EP are issue 12's
+ * remaining work (docs/architecture.md).
+ */
+#ifndef LONGSTRAW_MLA_H
+#define LONGSTRAW_MLA_H
+
+#include "longstraw/config.h"
+#include "longstraw/state.h"
+
+/* The prompt state of this family per rank (spec §2 "Per-token MLA cache", §3): per
+ * prompt position and MLA layer the normalised KV latent and the rotated shared rope
+ * key (kv_lora_rank + qk_rope_head_dim values), per position and full-indexer layer the
+ * index key (index_head_dim values), in pages of `page_size` positions split over `cp`
+ * ranks by `layout` like the hybrid family's; plus the MoE routed-hidden buffers of one
+ * capture chunk (the tokens sent to and received from their experts). */
+typedef struct {
+    int64_t positions, page_size, pages, pages_per_rank;
+    int cp;
+    ls_cp_layout layout;
+    int n_mla, n_index;                  /* MLA layers; layers with their own indexer */
+    size_t latent_layer_bytes_per_rank;  /* one MLA layer's latent + rope-key pages */
+    size_t index_layer_bytes_per_rank;   /* one full layer's index-key pages */
+    size_t latent_bytes_per_rank, index_bytes_per_rank, table_bytes_per_rank, total_bytes_per_rank;
+    int64_t capture_chunk;
+    size_t routed_bytes_per_rank; /* [chunk · top_k, D] f32 out and back */
+} ls_mla_plan_t;
+
+ls_status ls_mla_state_plan(ls_mla_plan_t *p, const ls_config *cfg, int64_t prompt_len, int64_t page_size,
+                            ls_dtype dtype, int cp, ls_cp_layout layout, int64_t capture_chunk);
+
+/* Every weight of the family's HF checkpoint (spec §5; MTP layers excluded). 0 on
+ * success, nonzero when the count overflows. */
+int ls_mla_param_count(const ls_config *cfg, size_t *out);
+
+#endif

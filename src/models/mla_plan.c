@@ -1,0 +1,108 @@
+/*
+ * mla_plan.c — the MLA + DSA + MoE family's prompt-state inventory and parameter count
+ * from its config (specs/mla-dsa-moe.md §2, §3, §5). Every product is checked: at the
+ * lengths this family is for (GLM-5.2: 1M positions, 78 layers) a wrapped size would
+ * print a small, wrong plan.
+ */
+#include <string.h>
+
+#include "longstraw/mla.h"
+
+static int mul(size_t a, size_t b, size_t *o) { return ls_mul_size(a, b, o); }
+static int mul3(size_t a, size_t b, size_t c, size_t *o) { return mul(a, b, o) || mul(*o, c, o); }
+static int add(size_t *acc, size_t v) { return ls_add_size(*acc, v, acc); }
+static int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+
+/* Pages of the fullest rank: the layout's segments (state.h) cut as ls_state_init cuts
+ * them; one rank's share is computed by the hybrid plan, which this reuses. */
+static int64_t pages_per_rank(const ls_config *cfg, int64_t prompt_len, int64_t S, int cp, ls_cp_layout lay) {
+    ls_state_plan_t hp;
+    /* the hybrid plan's page split does not depend on the layers: a one-attention-layer
+     * view of the config gives it */
+    ls_config one = *cfg;
+    one.family = LS_FAMILY_HYBRID;
+    one.n_layers = 1;
+    one.kind[0] = LS_LAYER_ATTN;
+    one.n_kv = 1, one.head_dim = 1, one.conv_k = 1, one.H_k = one.H_v = one.d_k = one.d_v = 1;
+    if (ls_state_plan(&hp, &one, prompt_len, S, LS_DTYPE_F32, cp, lay, 0) != LS_OK) return -1;
+    return hp.pages_per_rank;
+}
+
+ls_status ls_mla_state_plan(ls_mla_plan_t *p, const ls_config *cfg, int64_t prompt_len, int64_t page_size,
+                            ls_dtype dtype, int cp, ls_cp_layout layout, int64_t capture_chunk) {
+    if (cfg->family != LS_FAMILY_MLA) return ls_err(LS_ERR_ARG, "not an MLA-family config (%s)", cfg->model_type);
+    if (prompt_len < 1) return ls_err(LS_ERR_ARG, "prompt length must be >= 1 (got %lld)", (long long)prompt_len);
+    if (page_size < 1) return ls_err(LS_ERR_ARG, "page size must be >= 1 (got %lld)", (long long)page_size);
+    if (cp < 1) return ls_err(LS_ERR_ARG, "--cp must be >= 1 (got %d)", cp);
+    if (dtype != LS_DTYPE_F32 && dtype != LS_DTYPE_BF16) return ls_err(LS_ERR_ARG, "state dtype must be f32 or bf16");
+    memset(p, 0, sizeof *p);
+    const ls_mla_config *m = &cfg->mla;
+    p->positions = prompt_len - 1; /* x_P is the first input of every branch (DESIGN §3) */
+    p->page_size = page_size;
+    p->cp = cp;
+    p->layout = layout;
+    p->pages = ceil_div(p->positions, page_size);
+    p->pages_per_rank = pages_per_rank(cfg, prompt_len, page_size, cp, layout);
+    if (p->pages_per_rank < 0) return ls_err_ctx(LS_ERR_ARG, "splitting the pages over %d ranks", cp);
+    p->n_mla = ls_cfg_count_kind(cfg, LS_LAYER_MLA);
+    p->n_index = ls_cfg_count_index_full(cfg);
+    p->capture_chunk = capture_chunk;
+    size_t esz = ls_dtype_size(dtype), ppr = (size_t)p->pages_per_rank, lpage, ipage, tab, t;
+    /* a latent page: S positions of [c_kv (kv_lora_rank) ; k_pe (qk_rope)]; an index page:
+     * S positions of k_I (index_head_dim); each page right-sized and aligned */
+    if (mul3((size_t)page_size, (size_t)(m->kv_lora_rank + m->qk_rope), esz, &lpage) ||
+        mul3((size_t)page_size, (size_t)m->index_head_dim, esz, &ipage) || lpage > SIZE_MAX - LS_ALIGN ||
+        ipage > SIZE_MAX - LS_ALIGN || mul(ppr, ls_align_up(lpage), &p->latent_layer_bytes_per_rank) ||
+        mul(ppr, ls_align_up(ipage), &p->index_layer_bytes_per_rank) ||
+        mul(p->latent_layer_bytes_per_rank, (size_t)p->n_mla, &p->latent_bytes_per_rank) ||
+        mul(p->index_layer_bytes_per_rank, (size_t)p->n_index, &p->index_bytes_per_rank) ||
+        mul(ppr, sizeof(void *), &t) || t > SIZE_MAX - LS_ALIGN ||
+        mul(ls_align_up(t), (size_t)(p->n_mla + p->n_index), &tab) ||
+        mul3((size_t)cfg->n_layers, 2 * sizeof(void *), 1, &t) || add(&tab, ls_align_up(t)))
+        return ls_err(LS_ERR_ARG, "prompt length %lld with page size %lld: the MLA prompt state overflows a 64-bit "
+                                  "byte count", (long long)prompt_len, (long long)page_size);
+    p->table_bytes_per_rank = tab;
+    p->total_bytes_per_rank = p->latent_bytes_per_rank;
+    if (add(&p->total_bytes_per_rank, p->index_bytes_per_rank) || add(&p->total_bytes_per_rank, tab))
+        return ls_err(LS_ERR_ARG, "prompt length %lld: the MLA prompt state overflows a 64-bit byte count",
+                      (long long)prompt_len);
+    if (cfg->n_experts > 0 && capture_chunk > 0 &&
+        (mul3((size_t)capture_chunk, (size_t)cfg->top_k, (size_t)cfg->hidden, &p->routed_bytes_per_rank) ||
+         mul3(p->routed_bytes_per_rank, 2, sizeof(float), &p->routed_bytes_per_rank)))
+        return ls_err(LS_ERR_ARG, "capture chunk %lld: the MoE routed buffers overflow", (long long)capture_chunk);
+    return LS_OK;
+}
+
+int ls_mla_param_count(const ls_config *c, size_t *out) {
+    const ls_mla_config *m = &c->mla;
+    size_t D = (size_t)c->hidden, H = (size_t)c->n_heads, dn = (size_t)m->qk_nope, dr = (size_t)m->qk_rope;
+    size_t dv = (size_t)m->v_head, rq = (size_t)m->q_lora_rank, rkv = (size_t)m->kv_lora_rank;
+    size_t nI = (size_t)m->index_heads, dI = (size_t)m->index_head_dim, E = (size_t)c->n_experts;
+    size_t n = 0, t;
+    for (int64_t i = 0; i < c->n_layers; i++) {
+        int e = 0;
+        e |= add(&n, 2 * D); /* input_layernorm, post_attention_layernorm */
+        if (rq) { /* q_a_proj, q_a_layernorm, q_b_proj */
+            e |= mul(rq, D, &t) || add(&n, t) || add(&n, rq) || mul3(H, dn + dr, rq, &t) || add(&n, t);
+        } else { /* q_proj */
+            e |= mul3(H, dn + dr, D, &t) || add(&n, t);
+        }
+        e |= mul(rkv + dr, D, &t) || add(&n, t) || add(&n, rkv); /* kv_a_proj_with_mqa, kv_a_layernorm */
+        e |= mul3(H, dn + dv, rkv, &t) || add(&n, t);           /* kv_b_proj */
+        e |= mul3(D, H, dv, &t) || add(&n, t);                  /* o_proj */
+        if (m->index_full[i]) /* indexer: wq_b (from the q latent, or x), wk, k_norm (weight, bias), weights_proj */
+            e |= mul3(nI, dI, rq ? rq : D, &t) || add(&n, t) || mul(dI, D, &t) || add(&n, t) || add(&n, 2 * dI) ||
+                 mul(nI, D, &t) || add(&n, t);
+        if (c->moe[i]) { /* gate, bias, routed experts, shared experts */
+            size_t Im = (size_t)c->moe_inter, Is = Im * (size_t)m->n_shared_experts;
+            e |= mul(E, D, &t) || add(&n, t) || add(&n, E) || mul3(E, 3 * Im, D, &t) || add(&n, t) ||
+                 mul3(3, Is, D, &t) || add(&n, t);
+        } else {
+            e |= mul3(3, (size_t)c->intermediate, D, &t) || add(&n, t);
+        }
+        if (e) return 1;
+    }
+    if (mul((size_t)c->vocab, D, &t) || add(&n, t) || add(&n, D) || (!c->tie_embeddings && add(&n, t))) return 1;
+    *out = n;
+    return 0;
+}
