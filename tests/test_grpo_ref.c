@@ -20,6 +20,7 @@ int test_grpo_reference_trajectory(void);
 int test_grpo_reference_full(void);
 int test_grpo_full_fd(void);
 int test_grpo_reference_full_trajectory(void);
+int test_grpo_full_vs_naive_tool(void);
 
 #define FIX LS_SOURCE_DIR "/tests/reference/fixtures"
 
@@ -272,4 +273,48 @@ int test_grpo_reference_trajectory(void) { return trajectories_vs_reference(FIX 
  * iteration): GRPO full fine-tune and LoRA SFT, 5 steps each. */
 int test_grpo_reference_full_trajectory(void) {
     return trajectories_vs_reference(FIX "/grpo/full_cases.json", "--page-size 7 --sweep-chunk 11 --capture-chunk 5");
+}
+
+/* `grad --mode full` (capture, dState, reverse sweep) against the naive full graph
+ * (`--no-capture --mode full`: each member's whole sequence under one tape, nothing
+ * detached) through the tool, on the four fixtures (both layouts, dense and MoE), full
+ * fine-tune and LoRA, β = 0.05 with clipping both ways, pages of 7 and sweep chunks of
+ * 13 (130 captured positions). Bound 1e-5 per tensor, or 1.5× the fixture's own float
+ * floor where that is larger: prefix-frozen capture against prefix-frozen naive, the
+ * same comparison with nothing new in it (q35_moe's MoE routing makes it ~1e-4). */
+int test_grpo_full_vs_naive_tool(void) {
+    static const char *fx[4] = {"next_dense", "next_moe", "q35_dense", "q35_moe"};
+    char tmp[512];
+    T_CHECK(t_make_tmpdir(tmp, sizeof tmp) == 0, "tmpdir");
+    int ran = 0;
+    for (int f = 0; f < 4; f++)
+        for (int lora = 0; lora < 2; lora++) {
+            char out[4][700];
+            for (int k = 0; k < 4; k++) { /* 0 full, 1 naive full, 2 prefix-frozen, 3 naive prefix-frozen */
+                char cmd[4096];
+                snprintf(out[k], sizeof out[k], "%s/%s_%d_%d.safetensors", tmp, fx[f], lora, k);
+                snprintf(cmd, sizeof cmd,
+                         "cd '%s' && '%s' grad --model %s --group %s/group_train.json --ref-model %s --beta 0.05 "
+                         "--epsilon-high 0.28 --page-size 7 --sweep-chunk 13 --capture-chunk 9 --mode %s %s %s "
+                         "--out '%s' 2>&1",
+                         FIX, LS_CLI_PATH, fx[f], fx[f], f == 0 ? "next_dense_ref" : fx[f], k < 2 ? "full" : "prefix-frozen",
+                         k % 2 ? "--no-capture" : "", lora ? "--lora-rank 4 --lora-alpha 8 --lora-seed 3" : "", out[k]);
+                int rc;
+                char *log = t_run_capture(cmd, &rc);
+                T_CHECK(rc == 0, "%s: %s", cmd, log ? log : "");
+                free(log);
+            }
+            double floor, worst;
+            int64_t n;
+            if (compare_files(out[2], out[3], NULL, 1.0, &floor, &n)) return 1;
+            double tol = 1.5 * floor > 1e-5 ? 1.5 * floor : 1e-5;
+            if (compare_files(out[0], out[1], NULL, tol, &worst, &n)) return 1;
+            printf("  %-10s %-4s full mode vs the naive full graph: worst tensor %.2e over %lld (prefix-frozen floor "
+                   "%.2e, bound %.1e)\n",
+                   fx[f], lora ? "LoRA" : "full", worst, (long long)n, floor, tol);
+            ran++;
+        }
+    T_CHECK(t_remove_dir(tmp) == 0, "cleanup");
+    T_CHECK(ran == 8, "ran %d", ran);
+    return 0;
 }

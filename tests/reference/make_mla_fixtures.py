@@ -1,0 +1,753 @@
+#!/usr/bin/python3
+"""Generate the deterministic tiny MLA + DSA + MoE fixtures (glm_moe_dsa, deepseek_v32) and their
+GRPO gradient fixtures, from the fp64 reference mla_ref.py, and assert its self-checks.
+
+    /usr/bin/python3 make_mla_fixtures.py            # (re)writes fixtures/mla_*/
+    /usr/bin/python3 make_mla_fixtures.py --check    # regenerate into a temp dir, compare bit for bit
+
+Writes under fixtures/:
+  mla_<name>/{config.json, model.safetensors, group.json, expected.json[, group_train.json]}
+  mla_glm_ic_ref/{config.json, model.safetensors}   reference policy for the beta != 0 case
+  mla_grpo/cases.json                               every case's exact mla_ref.py flags + results,
+                                                    per-fixture selection statistics, self-check numbers
+  mla_grpo/grad_<case>[_full].safetensors           gradients (F32, HF names, loss/grad_norm in __metadata__)
+"""
+
+import argparse
+import copy
+import filecmp
+import json
+import math
+import os
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import hybrid_ref as hr  # noqa: E402
+import grpo_ref as gr  # noqa: E402
+import mla_ref as mr  # noqa: E402
+from make_fixtures import Rng, write_json  # noqa: E402
+
+DT = torch.float64
+ROUTER_GAP = 5e-4   # min (K-th - (K+1)-th) biased router score s' and min group-score gap
+MAX_ATTEMPTS = 3000
+IDX_REL = 3e-5      # index top-k robust to relative perturbations of this size (mla_ref.Recorder.indexer)
+CLIP_MARGIN = 2e-3  # min |log rho - log(1 -/+ eps)|
+REWARDS = [1.0, 0.25, -0.5, 0.75]
+NOISE_STD = 0.3
+FD_H = 1e-5
+
+COMMON = dict(vocab_size=97, hidden_size=32, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+              qk_head_dim=16, v_head_dim=8, index_n_heads=2, index_head_dim=16, moe_intermediate_size=8,
+              intermediate_size=24, scoring_func="sigmoid", topk_method="noaux_tc", hidden_act="silu",
+              attention_bias=False, attention_dropout=0.0, initializer_range=0.02, use_cache=True)
+
+GLM = dict(model_type="glm_moe_dsa", architectures=["GlmMoeDsaForCausalLM"], max_position_embeddings=202752,
+           rope_interleave=True, indexer_rope_interleave=True, rms_norm_eps=1e-5, head_dim=8,
+           routed_scaling_factor=2.5, n_group=1, topk_group=1)
+
+# seed: where the margin search starts (the seeds below were found by it: the search is kept as a guard)
+FIXTURES = [
+    # (a) GLM-5 layout: 1 dense + 2 MoE layers, every layer runs its indexer, F32
+    dict(name="mla_glm", seed=7118, dtype="F32", P=96, resp=(1, 4, 24), extra=12,
+         cfg=dict(GLM, **COMMON, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=20,
+                  index_topk=8, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                  first_k_dense_replace=1, moe_layer_freq=1, norm_topk_prob=True, num_nextn_predict_layers=0,
+                  rope_parameters=dict(rope_theta=1e6, rope_type="default"), tie_word_embeddings=False,
+                  dtype="float32"),
+         case=["--loss-type", "grpo", "--epsilon", "0.2"]),
+    # (b) GLM-5.2 IndexCache: layers 1 and 3 are shared (freq 2, offset 1), BF16 (bias F32), with a reference
+    dict(name="mla_glm_ic", seed=7203, dtype="BF16", P=72, resp=(1, 5, 20), extra=10, ref=True,
+         cfg=dict(GLM, **COMMON, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=12,
+                  index_topk=6, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                  first_k_dense_replace=1, moe_layer_freq=1, norm_topk_prob=False, num_nextn_predict_layers=0,
+                  index_topk_freq=2, index_skip_topk_offset=1, indexer_types=["full", "shared", "full", "shared"],
+                  index_share_for_mtp_iteration=True, rope_theta=8e6,
+                  rope_parameters=dict(rope_theta=8e6, rope_type="default"), tie_word_embeddings=False,
+                  dtype="bfloat16"),
+         case=["--loss-type", "dapo", "--epsilon", "0.2", "--epsilon-high", "0.28", "--beta", "0.05",
+               "--ref-model", "mla_glm_ic_ref", "--temperature", "0.7"]),
+    # (c) DeepSeek-V3.2: YaRN (mscale), half-split indexer RoPE, 8 experts in 4 groups (keep 2), F32,
+    #     plus ignored MTP tensors (model.layers.3.*)
+    dict(name="mla_dsv32", seed=9285, dtype="F32", P=130, resp=(1, 6, 30), extra=14, mtp=True,
+         cfg=dict(COMMON, model_type="deepseek_v32", architectures=["DeepseekV32ForCausalLM"], num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24, index_topk=12,
+                  n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2,
+                  first_k_dense_replace=1, moe_layer_freq=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+                  rms_norm_eps=1e-6, rope_theta=10000.0,
+                  rope_scaling=dict(type="yarn", factor=40, original_max_position_embeddings=4096, beta_fast=32,
+                                    beta_slow=1, mscale=1.0, mscale_all_dim=1.0),
+                  max_position_embeddings=163840, num_nextn_predict_layers=1, tie_word_embeddings=False,
+                  torch_dtype="float32"),
+         case=["--loss-type", "dr_grpo", "--scale-rewards", "none", "--temperature", "0.8"]),
+    # (d) precedence: mlp_layer_types over first_k_dense_replace, indexer_types over freq/offset
+    #     (which would give full/shared/full/shared); tied embeddings, no shared expert, BF16; log-probs only
+    dict(name="mla_glm_types", seed=7400, dtype="BF16", P=60, resp=(1, 3, 15), extra=None,
+         cfg=dict(GLM, **COMMON, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=12,
+                  index_topk=5, n_routed_experts=4, n_shared_experts=0, num_experts_per_tok=2,
+                  mlp_layer_types=["dense", "sparse", "dense", "sparse"], first_k_dense_replace=3,
+                  indexer_types=["full", "shared", "shared", "full"], index_topk_freq=2, index_skip_topk_offset=1,
+                  norm_topk_prob=True, num_nextn_predict_layers=0,
+                  rope_parameters=dict(rope_theta=1e6, rope_type="default"), tie_word_embeddings=True,
+                  dtype="bfloat16")),
+]
+
+
+# ----------------------------------------------------------------------------
+# weights
+# ----------------------------------------------------------------------------
+
+def gen_weights(rng, c):
+    """HF-named tensors for config c (mla_ref.Cfg), in a fixed order."""
+    D, V = c.D, c.V
+    w = {}
+    n1 = lambda shape: 1.0 + rng.normal(shape, 0.1)  # noqa: E731  (plain-weight norms)
+    # tied embeddings also serve as the head: N(0, 0.2) keeps those logits at a normal scale
+    w["model.embed_tokens.weight"] = rng.normal((V, D), 0.2 if c.tie else 1.0)
+    for i in range(c.L):
+        p = "model.layers.%d." % i
+        w[p + "input_layernorm.weight"] = n1((D,))
+        a = p + "self_attn."
+        w[a + "q_a_proj.weight"] = rng.lin(c.rq, D)
+        w[a + "q_a_layernorm.weight"] = n1((c.rq,))
+        w[a + "q_b_proj.weight"] = rng.lin(c.H * (c.dn + c.dr), c.rq)
+        w[a + "kv_a_proj_with_mqa.weight"] = rng.lin(c.rkv + c.dr, D)
+        w[a + "kv_a_layernorm.weight"] = n1((c.rkv,))
+        w[a + "kv_b_proj.weight"] = rng.lin(c.H * (c.dn + c.dv), c.rkv)
+        w[a + "o_proj.weight"] = rng.lin(D, c.H * c.dv)
+        if c.full_idx[i]:  # shared (IndexCache) layers ship no indexer weights (spec §5)
+            x = a + "indexer."
+            w[x + "wq_b.weight"] = rng.lin(c.nI * c.dI, c.rq)
+            w[x + "wk.weight"] = rng.lin(c.dI, D)
+            w[x + "k_norm.weight"] = n1((c.dI,))
+            w[x + "k_norm.bias"] = rng.normal((c.dI,), 0.1)
+            w[x + "weights_proj.weight"] = rng.lin(c.nI, D)
+        w[p + "post_attention_layernorm.weight"] = n1((D,))
+        m = p + "mlp."
+        if c.moe_layers[i]:
+            w[m + "gate.weight"] = rng.normal((c.E, D), D ** -0.5)
+            w[m + "gate.e_score_correction_bias"] = rng.normal((c.E,), 0.1)
+            for e in range(c.E):
+                ep = m + "experts.%d." % e
+                w[ep + "gate_proj.weight"] = rng.lin(c.moe_I, D)
+                w[ep + "up_proj.weight"] = rng.lin(c.moe_I, D)
+                w[ep + "down_proj.weight"] = rng.lin(D, c.moe_I)
+            if c.n_shared > 0:
+                sI = c.moe_I * c.n_shared
+                w[m + "shared_experts.gate_proj.weight"] = rng.lin(sI, D)
+                w[m + "shared_experts.up_proj.weight"] = rng.lin(sI, D)
+                w[m + "shared_experts.down_proj.weight"] = rng.lin(D, sI)
+        else:
+            w[m + "gate_proj.weight"] = rng.lin(c.I, D)
+            w[m + "up_proj.weight"] = rng.lin(c.I, D)
+            w[m + "down_proj.weight"] = rng.lin(D, c.I)
+    w["model.norm.weight"] = n1((D,))
+    if not c.tie:
+        w["lm_head.weight"] = rng.lin(V, D)
+    return w
+
+
+def add_mtp(rng, c, w):
+    """a few tensors of the MTP layer (index L): the reference must ignore them (spec §5)."""
+    p = "model.layers.%d." % c.L
+    w[p + "enorm.weight"] = 1.0 + rng.normal((c.D,), 0.1)
+    w[p + "hnorm.weight"] = 1.0 + rng.normal((c.D,), 0.1)
+    w[p + "eh_proj.weight"] = rng.lin(c.D, 2 * c.D)
+    w[p + "shared_head.norm.weight"] = 1.0 + rng.normal((c.D,), 0.1)
+
+
+def storage_dtype(name, dt):
+    return "F32" if name.endswith("e_score_correction_bias") else dt  # spec §4/§5: the bias is fp32
+
+
+def write_model(d, cfg_raw, w, dt):
+    os.makedirs(d, exist_ok=True)
+    for f in os.listdir(d):
+        os.remove(os.path.join(d, f))
+    write_json(os.path.join(d, "config.json"), cfg_raw)
+    hr.write_safetensors(os.path.join(d, "model.safetensors"), {n: (t, storage_dtype(n, dt)) for n, t in w.items()},
+                         {"format": "pt"})
+
+
+# ----------------------------------------------------------------------------
+# selection margins
+# ----------------------------------------------------------------------------
+
+def record(cfg, w, prompt, responses, rec=None):
+    rec = rec or mr.Recorder(IDX_REL, ROUTER_GAP)
+    net = mr.Net(cfg, w)
+    net.rec = rec
+    with torch.no_grad():
+        for j, r in enumerate(responses):
+            rec.min_pos = 0 if j == 0 else len(prompt)  # count the shared prompt rows once
+            net.seq_logprobs(prompt, r)
+    rec.min_pos = 0
+    return rec
+
+
+def clear_margins(cfg, w, prompt, responses):
+    """True when every discrete selection is clear of the thresholds (stops at the first violation)."""
+    try:
+        record(cfg, w, prompt, responses, mr.Recorder(IDX_REL, ROUTER_GAP, fail_fast=True))
+    except mr.SelectionTooClose:
+        return False
+    return True
+
+
+def roundtrip(w, dt):
+    """the values the checkpoint will hold (F32 or BF16 round-to-nearest-even; the bias stays F32)."""
+    out = {}
+    for n, t in w.items():
+        a = t.numpy().astype(np.float32)
+        if storage_dtype(n, dt) == "BF16":
+            a = (hr.f32_to_bf16_bits(a).astype(np.uint32) << 16).view(np.float32)
+        out[n] = torch.from_numpy(a.astype(np.float64))
+    return out
+
+
+def rec_summary(rec):
+    return {"router_gap": rec.router_gap, "group_gap": None if math.isinf(rec.group_gap) else rec.group_gap,
+            "index_min_gap": rec.idx_gap_abs, "index_rows": rec.idx_rows, "index_rows_pruned": rec.idx_pruned,
+            "index_zero_ties_at_cutoff": rec.zero_ties, "index_rows_multi_page64": rec.multi_page,
+            "router_tokens": rec.router_tokens, "router_bias_changed": rec.bias_changed,
+            "router_group_changed": rec.group_changed}
+
+
+# ----------------------------------------------------------------------------
+# fixture construction
+# ----------------------------------------------------------------------------
+
+def build_fixture(root, spec, log):
+    d = os.path.join(root, spec["name"])
+    cfg_raw = spec["cfg"]
+    cfg = mr.Cfg(cfg_raw)
+    V = cfg.V
+    for attempt in range(MAX_ATTEMPTS):
+        seed = spec["seed"] + attempt
+        rng = Rng(seed)
+        w = gen_weights(rng, cfg)
+        if spec.get("mtp"):
+            add_mtp(rng, cfg, w)
+        prompt = rng.ints(spec["P"], V)
+        resps = [rng.ints(n, V) for n in spec["resp"]]
+        extra = rng.ints(spec["extra"], V) if spec.get("extra") else None
+        allr = resps + ([extra] if extra else [])
+        if clear_margins(cfg, roundtrip(w, spec["dtype"]), prompt, allr):
+            break
+    else:
+        raise RuntimeError("%s: no seed with clear selection margins in %d tries" % (spec["name"], MAX_ATTEMPTS))
+    write_model(d, cfg_raw, w, spec["dtype"])
+    wr = hr.load_weights(d)
+    rt = roundtrip(w, spec["dtype"])
+    assert all(torch.equal(rt[n], wr[n]) for n in w) and list(wr) == list(w)
+    rec = record(cfg, wr, prompt, allr)
+    assert rec.ok()
+    ref_rec = None
+    if spec.get("ref"):  # reference policy = policy + N(0, 0.05), its own clear margins
+        for ra in range(MAX_ATTEMPTS):
+            g2 = torch.Generator().manual_seed(seed * 1000 + ra)
+            wref = {n: t + 0.05 * torch.randn(t.shape, generator=g2, dtype=DT) for n, t in wr.items()}
+            if clear_margins(cfg, roundtrip(wref, spec["dtype"]), prompt, allr):
+                break
+        else:
+            raise RuntimeError("no reference perturbation with clear margins")
+        write_model(d + "_ref", cfg_raw, wref, spec["dtype"])
+        ref_rec = record(cfg, hr.load_weights(d + "_ref"), prompt, allr)
+        assert ref_rec.ok()
+    group = {"prompt": prompt, "responses": resps}
+    write_json(os.path.join(d, "group.json"), group)
+    net = mr.Net(cfg, wr)
+    lps = mr.group_logprobs(net, group)
+    unread = mr.unread_tensors(cfg, wr, net.used)
+    assert not unread, unread
+    write_json(os.path.join(d, "expected.json"), {"logprobs": lps})
+    with open(os.path.join(d, "selection.json"), "w") as f:  # prompt + the last response of group.json
+        json.dump(mr.selections(mr.Net(cfg, wr), list(prompt) + list(resps[-1])), f, separators=(",", ":"))
+        f.write("\n")
+    info = {"seed": seed, "attempts": attempt + 1, "ref_attempts": (ra + 1) if spec.get("ref") else None, "P": len(prompt), "response_lengths": [len(r) for r in allr],
+            "params": sum(t.numel() for n, t in wr.items() if not mr.is_mtp_name(n, cfg.L)),
+            "selection": rec_summary(rec)}
+    if ref_rec is not None:
+        info["ref_selection"] = rec_summary(ref_rec)
+    flat = [x for r in lps for x in r]
+    log("%-14s seed %d (%d tries)  P %d  R %s  params %d  mean logprob %.4f" % (
+        spec["name"], seed, attempt + 1, len(prompt), info["response_lengths"], info["params"], sum(flat) / len(flat)))
+    log("               selection: %s" % json.dumps(info["selection"]))
+    if ref_rec is not None:
+        log("               ref selection: %s" % json.dumps(info["ref_selection"]))
+    return d, cfg, wr, group, extra, info
+
+
+# ----------------------------------------------------------------------------
+# self-checks on the forward
+# ----------------------------------------------------------------------------
+
+def maxdiff(a, b):
+    return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+
+
+def meandiff(a, b):
+    fa = [x for r in a for x in r]
+    fb = [x for r in b for x in r]
+    return sum(abs(x - y) for x, y in zip(fa, fb)) / len(fa)
+
+
+def forward_checks(cfg, raw, w, group, log):
+    out = {}
+    net = mr.Net(cfg, w)
+    plain = mr.group_logprobs(net, group)
+    P = group["prompt"]
+    with torch.no_grad():
+        st = net.capture(P)
+        stateful = [net.branch_logprobs(st, P, r).tolist() for r in group["responses"]]
+        stc = net.capture(P, chunk=17)  # capture in chunks: each chunk extends the state
+        chunked = [net.branch_logprobs(stc, P, r).tolist() for r in group["responses"]]
+        # the state is exactly (c_kv, k_pe, kI) of positions 0..P-2
+        full_state = net.forward(P[:-1], 0, net.empty_state())[1]
+        st_diff = max(float((a[k] - b[k]).abs().max()) for a, b in zip(st, full_state) for k in a if a[k] is not None)
+    out["plain_vs_stateful"] = maxdiff(plain, stateful)
+    out["plain_vs_chunked_capture"] = maxdiff(plain, chunked)
+    out["state_one_shot_vs_chunked"] = max(float((a[k] - b[k]).abs().max()) for a, b in zip(st, stc)
+                                           for k in a if a[k] is not None)
+    assert st_diff == 0.0
+    assert out["plain_vs_stateful"] <= 1e-10, out
+    assert out["plain_vs_chunked_capture"] <= 1e-10, out
+    # an independent token-by-token implementation (absorbed MLA, python top-k and routing)
+    seq = list(P) + list(max(group["responses"], key=len))
+    with torch.no_grad():
+        a = net.forward(seq, 0, net.empty_state())[0]
+        b = mr.slow_logits(cfg, w, seq)
+    out["vectorised_vs_slow_absorbed_logits"] = float((a - b).abs().max())
+    assert out["vectorised_vs_slow_absorbed_logits"] <= 1e-10, out
+
+    # negative controls: each convention matters on these weights
+    def variant(**kw):
+        c2 = copy.copy(cfg)
+        for k, v in kw.items():
+            setattr(c2, k, v)
+        return mr.group_logprobs(mr.Net(c2, w), group)
+
+    ctl = {}
+    ctl["mla_rope_pairing_flipped"] = meandiff(plain, variant(mla_interleave=not cfg.mla_interleave))
+    ctl["indexer_rope_pairing_flipped"] = meandiff(plain, variant(idx_interleave=not cfg.idx_interleave))
+    ctl["dense_attention_(topk_off)"] = meandiff(plain, variant(k=10 ** 9))
+    ctl["sigma_without_mscale"] = meandiff(plain, variant(sigma=(cfg.dn + cfg.dr) ** -0.5)) if cfg.yarn else None
+    if cfg.yarn:
+        c2 = copy.copy(cfg)
+        c2.yarn = None
+        n2 = mr.Net(c2, w)  # same sigma (with m^2), plain frequencies
+        ctl["yarn_frequencies_off"] = meandiff(plain, mr.group_logprobs(n2, group))
+    if not all(cfg.full_idx):
+        n3 = mr.Net(cfg, w)
+        n3.shared_dense = True
+        ctl["shared_layers_dense_instead_of_reuse"] = meandiff(plain, mr.group_logprobs(n3, group))
+    if cfg.lat_eps != 1e-6:
+        ctl["latent_norm_eps_1e-6"] = meandiff(plain, mr.group_logprobs(mr.Net(mr.Cfg(raw, 1e-6), w), group))
+    if cfg.n_group > 1:
+        ctl["no_group_limit"] = meandiff(plain, variant(n_group=1, topk_group=1))
+    for k in ("mla_rope_pairing_flipped", "indexer_rope_pairing_flipped", "dense_attention_(topk_off)"):
+        assert ctl[k] > 1e-3, (k, ctl[k])
+    if "shared_layers_dense_instead_of_reuse" in ctl:
+        assert ctl["shared_layers_dense_instead_of_reuse"] > 1e-3, ctl
+    out["negative_controls_mean_abs_logprob_diff"] = {k: v for k, v in ctl.items() if v is not None}
+    log("               forward: plain-vs-stateful %.2e  chunked %.2e  slow %.2e" % (
+        out["plain_vs_stateful"], out["plain_vs_chunked_capture"], out["vectorised_vs_slow_absorbed_logits"]))
+    log("               controls: %s" % ", ".join("%s %.3g" % kv for kv in out["negative_controls_mean_abs_logprob_diff"].items()))
+    return out
+
+
+# ----------------------------------------------------------------------------
+# GRPO fixtures
+# ----------------------------------------------------------------------------
+
+def parse(flags):
+    return mr.build_parser().parse_args(["--model", "x", "--group", "y"] + flags)
+
+
+def case_run(root, fx, flags, group, mode):
+    a = parse(flags)
+    ref = None if a.ref_model is None else os.path.join(root, a.ref_model)
+    return mr.run(os.path.join(root, fx), group, mr.objective_from_args(a), ref_model=ref, grad_mode=mode), a
+
+
+def make_group_train(root, spec, group, extra, idx):
+    fx = spec["name"]
+    g = {"prompt": group["prompt"], "responses": group["responses"] + [extra], "rewards": list(REWARDS)}
+    res, a = case_run(root, fx, spec["case"], g, "prefix-frozen")
+    gen = torch.Generator().manual_seed(9000 + idx)
+    old = [l + NOISE_STD * torch.randn(l.shape, generator=gen, dtype=DT) for l in res["logprobs0"]]
+    eh = a.epsilon if a.epsilon_high is None else a.epsilon_high
+    for it in range(100):
+        bad = [((l - o - math.log(1 - a.epsilon)).abs() < CLIP_MARGIN) | ((l - o - math.log(1 + eh)).abs() < CLIP_MARGIN)
+               for l, o in zip(res["logprobs0"], old)]
+        if not any(bool(b.any()) for b in bad):
+            break
+        for o, b in zip(old, bad):
+            o[b] -= 0.01
+    else:
+        raise RuntimeError("could not clear the clip margins")
+    g["old_logprobs"] = [[float(x) for x in o] for o in old]
+    write_json(os.path.join(root, fx, "group_train.json"), g)
+    return g
+
+
+def detached_fullseq_grads(root, fx, flags, group, detach, dtype=DT):
+    """the gradient of one full-sequence forward per member (prompt + response, no state), with c_kv, k_pe
+    and kI of positions < P-1 detached (prefix-frozen) or nothing detached (the naive full graph).
+    dtype float32: the same computation in float32 (conditioning check)."""
+    a = parse(flags)
+    obj = mr.objective_from_args(a)
+    cfg, w = mr.load_model(os.path.join(root, fx))
+    w = {n: t.to(dtype) for n, t in w.items()}
+    used = mr.used_tensors(cfg, w)
+    params = {n: t for n, t in w.items() if n in used}
+    for t in params.values():
+        t.requires_grad_(True)
+    ref = None
+    if a.beta != 0.0:
+        rc, rw = mr.load_model(os.path.join(root, a.ref_model))
+        rn = mr.Net(rc, {n: t.to(dtype) for n, t in rw.items()})
+        with torch.no_grad():
+            ref = [rn.seq_logprobs(group["prompt"], r, obj.temperature) for r in group["responses"]]
+    net = mr.Net(cfg, w)
+    P = len(group["prompt"])
+    A = gr.group_advantages(group, obj)
+    cw = obj.member_weights([len(r) for r in group["responses"]])
+    old = [torch.as_tensor(o, dtype=dtype) for o in group["old_logprobs"]]
+    A = A.to(dtype)
+    L = 0.0
+    for i, r in enumerate(group["responses"]):
+        l = net.seq_logprobs(group["prompt"], r, obj.temperature, cut=(P - 1) if detach else None)
+        L = L + cw[i] * obj.terms(l, old[i], None if ref is None else ref[i], A[i]).sum()
+    L.backward()
+    g = {n: (t.grad.to(DT) if t.grad is not None else torch.zeros_like(t, dtype=DT)) for n, t in params.items()}
+    for t in params.values():
+        t.requires_grad_(False)
+    return float(L), g
+
+
+def rel_worst(ga, gb):
+    worst = 0.0
+    for n in gb:
+        nb = float(gb[n].norm())
+        d = float((ga[n] - gb[n]).norm())
+        worst = max(worst, d / nb if nb > 0 else d)
+    return worst
+
+
+def global_rel(ga, gb):
+    num = math.sqrt(sum(float((ga[n] - gb[n]).norm()) ** 2 for n in gb))
+    return num / math.sqrt(sum(float(gb[n].norm()) ** 2 for n in gb))
+
+
+def zero_grad_names(names):
+    return [n for n in names if ".self_attn.indexer." in n or n.endswith("e_score_correction_bias")]
+
+
+def fd_check(root, fx, flags, group, g_full, g_pf, log):
+    """central differences of the fp64 loss (full mode: the prompt is recaptured at each point; old and
+    reference log-probs fixed) against autograd, with the discrete selections checked unchanged."""
+    a = parse(flags)
+    obj = mr.objective_from_args(a)
+    cfg, w = mr.load_model(os.path.join(root, fx))
+    ref = None
+    if a.beta != 0.0:
+        rc, rw = mr.load_model(os.path.join(root, a.ref_model))
+        ref = gr.reference_logprobs(mr.Net(rc, rw), group, obj.temperature)
+    old = [torch.as_tensor(o, dtype=DT) for o in group["old_logprobs"]]
+
+    def loss():
+        net = mr.Net(cfg, w)
+        net.rec = mr.Recorder(IDX_REL, ROUTER_GAP)
+        with torch.no_grad():
+            L = float(gr.loss_fn(net, net.capture(group["prompt"]), group, obj, old=old, ref=ref))
+        sels = net.rec.sels
+        return L, sels
+
+    L0, sels0 = loss()
+    picks = []
+    names = list(w)
+    first_moe = next(i for i in range(cfg.L) if cfg.moe_layers[i])
+    last = cfg.L - 1
+    want = ["model.layers.0.self_attn.kv_b_proj.weight", "model.layers.0.self_attn.q_a_proj.weight",
+            "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight" % last,
+            "model.layers.0.self_attn.kv_a_layernorm.weight", "model.layers.%d.mlp.gate.weight" % first_moe]
+    # the routed expert with the largest gradient, and the shared expert
+    ex = [n for n in names if n.startswith("model.layers.%d.mlp.experts." % first_moe) and n.endswith("down_proj.weight")]
+    want.append(max(ex, key=lambda n: float(g_full[n].abs().max())))
+    if cfg.n_shared:
+        want.append("model.layers.%d.mlp.shared_experts.up_proj.weight" % first_moe)
+    for n in want:
+        picks.append((n, int(g_full[n].abs().flatten().argmax())))
+    # the k_pe rows of kv_a_proj_with_mqa (the rope key): largest |g| among rows >= rkv
+    n = "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"
+    sub = g_full[n][cfg.rkv:].abs().flatten()
+    picks.append((n, cfg.rkv * cfg.D + int(sub.argmax())))
+    # an embedding row of a token that appears only in the prompt (not its last token): zero prefix-frozen grad
+    only = sorted(set(group["prompt"][:-1]) - set(group["prompt"][-1:]) - {t for r in group["responses"] for t in r})
+    tok = only[0]
+    e = "model.embed_tokens.weight"
+    picks.append((e, tok * cfg.D + int(g_full[e][tok].abs().argmax())))
+    # indexer weights and the router bias: the loss must not move at all
+    zero = [n for n in zero_grad_names(names)]
+    zpicks = [(n, int(torch.randint(0, w[n].numel(), (1,), generator=torch.Generator().manual_seed(j)))) for j, n in
+              enumerate(zero)][:8]
+    rows, worst_rel, worst_abs = [], 0.0, 0.0
+    for n, flat in picks + zpicks:
+        t = w[n].view(-1)
+        x0 = float(t[flat])
+        t[flat] = x0 + FD_H
+        Lp, sp = loss()
+        t[flat] = x0 - FD_H
+        Lm, sm = loss()
+        t[flat] = x0
+        same = all(bool((a_ == b_).all()) for a_, b_ in zip(sp, sels0)) and \
+            all(bool((a_ == b_).all()) for a_, b_ in zip(sm, sels0))
+        assert same, "selection changed under the FD step for %s" % n
+        fd = (Lp - Lm) / (2 * FD_H)
+        ga = float(g_full[n].reshape(-1)[flat])
+        gp = float(g_pf[n].reshape(-1)[flat])
+        if (n, flat) in zpicks:
+            assert Lp == L0 and Lm == L0 and ga == 0.0 and gp == 0.0, (n, Lp - L0, Lm - L0, ga)
+        else:
+            err = abs(fd - ga)
+            rel = err / max(abs(ga), 1e-12)
+            worst_abs, worst_rel = max(worst_abs, err), max(worst_rel, rel)
+            assert err <= 1e-6 * max(1.0, abs(ga)), (n, fd, ga)
+        rows.append({"tensor": n, "flat_index": flat, "fd": fd, "autograd_full": ga, "autograd_prefix_frozen": gp})
+    assert any(r["tensor"] == e and r["autograd_prefix_frozen"] == 0.0 and r["autograd_full"] != 0.0 for r in rows)
+    log("               FD (h=%g) %d entries: worst abs err %.2e, worst rel err %.2e; %d indexer/bias entries exactly 0"
+        % (FD_H, len(picks), worst_abs, worst_rel, len(zpicks)))
+    return {"entries": rows, "worst_abs_err": worst_abs, "worst_rel_err": worst_rel, "h": FD_H,
+            "prompt_only_token": tok}
+
+
+def fp32_check(cfg, w, prompt, responses, log, label="policy"):
+    """the same reference in float32: identical selections (index top-k and experts) on every sequence,
+    and the log-prob difference."""
+    w32 = {n: t.to(torch.float32) for n, t in w.items()}
+    n64, n32 = mr.Net(cfg, w), mr.Net(cfg, w32)
+    worst, same = 0.0, True
+    for r in responses:
+        seq = list(prompt) + list(r)
+        s64, s32 = mr.selections(n64, seq), mr.selections(n32, seq)
+        same = same and s64 == s32
+        with torch.no_grad():
+            a = n64.seq_logprobs(prompt, r)
+            b = n32.seq_logprobs(prompt, r).to(DT)
+        worst = max(worst, float((a - b).abs().max()))
+    assert same, "float32 run picks different keys or experts (%s)" % label
+    return worst
+
+
+def grpo_case(root, spec, group, log):
+    fx = spec["name"]
+    args = ["--model", fx, "--group", fx + "/group_train.json"] + spec["case"]
+    entries, grads, results = [], {}, {}
+    for mode in ("prefix-frozen", "full"):
+        res, a = case_run(root, fx, spec["case"], group, mode)
+        name = fx if mode == "prefix-frozen" else fx + "_full"
+        gfile = "mla_grpo/grad_%s.safetensors" % name
+        gr.write_grads(os.path.join(root, gfile), res)
+        eh = a.epsilon if a.epsilon_high is None else a.epsilon_high
+        margin = gr.log_margin(gr.Objective(a.temperature, a.epsilon, eh), res["logprobs0"],
+                               [torch.as_tensor(o, dtype=DT) for o in group["old_logprobs"]])
+        entries.append({"name": name, "args": args + (["--mode", "full"] if mode == "full" else []), "grad": gfile,
+                        "loss": res["loss"][0], "grad_norm": res["grad_norm"][0], "clip_margin": margin,
+                        "stats": res["stats0"]})
+        grads[mode] = res["grads0"]
+        results[mode] = res
+        s = res["stats0"]
+        log("%-20s loss %.8g  grad_norm %.8g  clip margin %.2e  rho<1-e (A>0 %d, A<0 %d) rho>1+e (A>0 %d, A<0 %d)" % (
+            name, res["loss"][0], res["grad_norm"][0], margin, s["low_Apos"], s["low_Aneg"], s["high_Apos"],
+            s["high_Aneg"]))
+    chk = {}
+    pf, fu = results["prefix-frozen"], results["full"]
+    chk["loss_prefix_frozen_minus_full"] = abs(pf["loss"][0] - fu["loss"][0])
+    assert chk["loss_prefix_frozen_minus_full"] <= 1e-14
+    assert entries[0]["clip_margin"] >= CLIP_MARGIN
+    Ld, gd = detached_fullseq_grads(root, fx, spec["case"], group, detach=True)
+    Ln, gn = detached_fullseq_grads(root, fx, spec["case"], group, detach=False)
+    chk["prefix_frozen_vs_fullseq_detached_loss"] = abs(Ld - pf["loss"][0])
+    chk["prefix_frozen_vs_fullseq_detached_grad_worst_rel"] = rel_worst(grads["prefix-frozen"], gd)
+    chk["full_vs_fullseq_naive_loss"] = abs(Ln - fu["loss"][0])
+    chk["full_vs_fullseq_naive_grad_worst_rel"] = rel_worst(grads["full"], gn)
+    chk["full_vs_prefix_frozen_global_rel"] = global_rel(grads["full"], grads["prefix-frozen"])
+    assert chk["prefix_frozen_vs_fullseq_detached_loss"] <= 1e-12 and chk["full_vs_fullseq_naive_loss"] <= 1e-12, chk
+    assert chk["prefix_frozen_vs_fullseq_detached_grad_worst_rel"] <= 1e-10, chk
+    assert chk["full_vs_fullseq_naive_grad_worst_rel"] <= 1e-10, chk
+    assert chk["full_vs_prefix_frozen_global_rel"] > 1e-2, chk
+    # the gradient files: every read tensor (checkpoint order), indexer and router bias exactly zero
+    for e in entries:
+        ts, meta = hr.read_safetensors(os.path.join(root, e["grad"]))
+        assert list(ts) == list(pf["grads0"]), "gradient file order"
+        z = zero_grad_names(ts)
+        assert z and all(float(ts[n].abs().max()) == 0.0 for n in z), "indexer / bias gradient not zero"
+        assert all(not mr.is_mtp_name(n, pf["cfg"].L) for n in ts)
+        assert float(meta["loss"]) == e["loss"]
+    chk["zero_grad_tensors"] = len(zero_grad_names(list(pf["grads0"])))
+    stats = entries[0]["stats"]
+    assert all(stats[k] > 0 for k in ("low_Apos", "low_Aneg", "high_Apos", "high_Aneg")), stats
+    L32, g32 = detached_fullseq_grads(root, fx, spec["case"], group, detach=True, dtype=torch.float32)
+    chk["fp32_prefix_frozen_grad_worst_rel"] = rel_worst(g32, grads["prefix-frozen"])
+    chk["fp32_loss_abs_diff"] = abs(L32 - pf["loss"][0])
+    assert chk["fp32_prefix_frozen_grad_worst_rel"] < 1e-3, chk
+    log("               float32 run of the reference: loss diff %.1e, worst per-tensor grad rel err %.1e" % (
+        chk["fp32_loss_abs_diff"], chk["fp32_prefix_frozen_grad_worst_rel"]))
+    chk["fd_full_mode"] = fd_check(root, fx, spec["case"], group, grads["full"], grads["prefix-frozen"], log)
+    log("               prefix-frozen == full-seq detached: loss %.1e grads %.1e;  full == naive full graph: "
+        "loss %.1e grads %.1e;  |full - pf| / |pf| = %.3f" % (
+            chk["prefix_frozen_vs_fullseq_detached_loss"], chk["prefix_frozen_vs_fullseq_detached_grad_worst_rel"],
+            chk["full_vs_fullseq_naive_loss"], chk["full_vs_fullseq_naive_grad_worst_rel"],
+            chk["full_vs_prefix_frozen_global_rel"]))
+    # the CLI reproduces the written file bit for bit
+    return entries, chk
+
+
+def check_cli_logprobs(root, name, log):
+    """mla_ref.py --logprobs-out / --selection-out reproduce expected.json / selection.json."""
+    with tempfile.TemporaryDirectory() as tmp:
+        lp, sl = os.path.join(tmp, "lp.json"), os.path.join(tmp, "sel.json")
+        d = os.path.join(root, name)
+        mr.main(["--model", d, "--group", os.path.join(d, "group.json"), "--logprobs-out", lp, "--selection-out", sl])
+        with open(lp) as f, open(os.path.join(d, "expected.json")) as g:
+            assert json.load(f)["logprobs"] == json.load(g)["logprobs"], name
+        assert filecmp.cmp(sl, os.path.join(d, "selection.json"), shallow=False), name
+
+
+def check_cli(root, entry, log):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "g.safetensors")
+        cwd = os.getcwd()
+        os.chdir(root)
+        try:
+            mr.main(entry["args"] + ["--out", out, "--quiet"])
+        finally:
+            os.chdir(cwd)
+        same = filecmp.cmp(out, os.path.join(root, entry["grad"]), shallow=False)
+    assert same, "CLI output differs from %s" % entry["grad"]
+    log("               CLI %s reproduces %s" % (" ".join(entry["args"][4:]) or "(defaults)", entry["grad"]))
+
+
+# ----------------------------------------------------------------------------
+
+REAL_DS = dict(model_type="deepseek_v32", hidden_size=7168, num_hidden_layers=61, num_attention_heads=128,
+               num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+               v_head_dim=128, index_n_heads=64, index_head_dim=128, index_topk=2048, n_routed_experts=256,
+               n_shared_experts=1, num_experts_per_tok=8, moe_intermediate_size=2048, intermediate_size=18432,
+               first_k_dense_replace=3, moe_layer_freq=1, routed_scaling_factor=2.5, n_group=8, topk_group=4,
+               scoring_func="sigmoid", topk_method="noaux_tc", norm_topk_prob=True, rms_norm_eps=1e-6,
+               rope_theta=10000, rope_scaling=dict(type="yarn", factor=40, original_max_position_embeddings=4096,
+                                                   beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0),
+               vocab_size=129280, num_nextn_predict_layers=1, tie_word_embeddings=False)
+REAL_GLM = dict(model_type="glm_moe_dsa", hidden_size=6144, num_hidden_layers=78, num_attention_heads=64,
+                num_key_value_heads=64, q_lora_rank=2048, kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64,
+                qk_head_dim=256, head_dim=64, v_head_dim=256, index_n_heads=32, index_head_dim=128, index_topk=2048,
+                n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8, moe_intermediate_size=2048,
+                intermediate_size=12288, first_k_dense_replace=3, moe_layer_freq=1, routed_scaling_factor=2.5,
+                n_group=1, topk_group=1, scoring_func="sigmoid", topk_method="noaux_tc", norm_topk_prob=True,
+                rms_norm_eps=1e-5, rope_parameters=dict(rope_theta=1e6, rope_type="default"), rope_interleave=True,
+                indexer_rope_interleave=True, vocab_size=154880, tie_word_embeddings=False)
+
+
+def spec_constants(log):
+    """config parsing on the real (full-size) configs of spec §1 reproduces the spec's numbers."""
+    ds, glm = mr.Cfg(REAL_DS), mr.Cfg(REAL_GLM)
+    glm52 = mr.Cfg(dict(REAL_GLM, index_topk_freq=4, index_skip_topk_offset=3, rope_theta=8e6))
+    full52 = [i for i in range(78) if glm52.full_idx[i]]
+    out = {"deepseek_sigma": ds.sigma, "deepseek_yarn_low_high": list(ds.yarn_low_high()),
+           "deepseek_mscale": mr.yarn_mscale(40, 1.0), "glm5_sigma": glm.sigma,
+           "glm5_full_indexer_layers": sum(glm.full_idx), "glm52_full_indexer_layers": full52,
+           "deepseek_indexer_interleaved": ds.idx_interleave, "glm_indexer_interleaved": glm.idx_interleave,
+           "deepseek_moe_layers_from": ds.moe_layers.index(True), "glm52_rope_theta": glm52.theta}
+    assert abs(ds.sigma - 0.135234) < 5e-7 and abs(out["deepseek_mscale"] - 1.36889) < 5e-6
+    assert out["deepseek_yarn_low_high"] == [10, 23]
+    assert glm.sigma == 0.0625 and out["glm5_full_indexer_layers"] == 78
+    assert full52 == [0, 1, 2] + list(range(6, 75, 4)) and len(full52) == 21
+    assert not ds.idx_interleave and glm.idx_interleave and ds.mla_interleave and glm.mla_interleave
+    assert out["deepseek_moe_layers_from"] == 3 and not any(ds.moe_layers[:3]) and all(ds.moe_layers[3:])
+    # default rule (freq 1, offset 2): every layer full; q_lora_rank null is refused
+    assert all(mr.Cfg(dict(REAL_GLM, index_skip_topk_offset=None)).full_idx)
+    try:
+        mr.Cfg(dict(REAL_DS, q_lora_rank=None))
+        raise AssertionError("q_lora_rank null accepted")
+    except ValueError:
+        pass
+    log("spec constants: DeepSeek sigma %.6f (m %.5f), YaRN low/high %s; GLM-5 sigma %g, %d full indexer layers; "
+        "GLM-5.2 %d full: %s" % (ds.sigma, out["deepseek_mscale"], out["deepseek_yarn_low_high"], glm.sigma,
+                                 out["glm5_full_indexer_layers"], len(full52), full52))
+    return out
+
+
+def generate(root, log):
+    os.makedirs(os.path.join(root, "mla_grpo"), exist_ok=True)
+    for f in os.listdir(os.path.join(root, "mla_grpo")):
+        os.remove(os.path.join(root, "mla_grpo", f))
+    doc = {"note": "paths are relative to tests/reference/fixtures; run: python3 ../mla_ref.py <args> --out GRAD "
+                   "(from fixtures/). Thresholds: router/group gap %g, index relative "
+                   "perturbation %g, clip margin %g" % (ROUTER_GAP, IDX_REL, CLIP_MARGIN),
+           "cases": [], "fixtures": {}, "self_checks": {"spec_constants": spec_constants(log)}}
+    for idx, spec in enumerate(FIXTURES):
+        d, cfg, w, group, extra, info = build_fixture(root, spec, log)
+        fchk = forward_checks(cfg, spec["cfg"], w, group, log)
+        check_cli_logprobs(root, spec["name"], log)
+        allr = group["responses"] + ([extra] if extra else [])
+        fchk["fp32_same_selections_logprob_max_diff"] = fp32_check(cfg, w, group["prompt"], allr, log)
+        if spec.get("ref"):
+            wref = hr.load_weights(d + "_ref")
+            fchk["fp32_same_selections_logprob_max_diff_ref"] = fp32_check(cfg, wref, group["prompt"], allr, log, "ref")
+        log("               float32 run: same index top-k and experts on all %d sequences%s; log-prob max diff %.1e" % (
+            len(allr), " (policy and ref)" if spec.get("ref") else "", fchk["fp32_same_selections_logprob_max_diff"]))
+        doc["fixtures"][spec["name"]] = info
+        doc["self_checks"][spec["name"]] = {"forward": fchk}
+        if spec.get("case"):
+            g = make_group_train(root, spec, group, extra, idx)
+            entries, chk = grpo_case(root, spec, g, log)
+            check_cli(root, entries[1], log)
+            doc["cases"] += entries
+            doc["self_checks"][spec["name"]]["grpo"] = chk
+    write_json(os.path.join(root, "mla_grpo", "cases.json"), doc)
+    total = 0
+    for dd in sorted(os.listdir(root)):
+        if dd.startswith("mla_"):
+            for f in sorted(os.listdir(os.path.join(root, dd))):
+                n = os.path.getsize(os.path.join(root, dd, f))
+                total += n
+                log("  %8d  %s/%s" % (n, dd, f))
+    log("  %8d  total bytes" % total)
+    return doc
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="regenerate into a temp dir and compare bit for bit")
+    ap.add_argument("--out", default=os.path.join(HERE, "fixtures"))
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    if not a.check:
+        generate(a.out, log)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(tmp, log)
+        bad = []
+        for dd in sorted(os.listdir(tmp)):
+            for f in sorted(os.listdir(os.path.join(tmp, dd))):
+                p = os.path.join(a.out, dd, f)
+                if not os.path.exists(p) or not filecmp.cmp(p, os.path.join(tmp, dd, f), shallow=False):
+                    bad.append(dd + "/" + f)
+        committed = {dd + "/" + f for dd in os.listdir(a.out) if dd.startswith("mla_")
+                     for f in os.listdir(os.path.join(a.out, dd))}
+        extra = sorted(committed - {dd + "/" + f for dd in os.listdir(tmp) for f in os.listdir(os.path.join(tmp, dd))})
+        if bad or extra:
+            print("MISMATCH: %s  EXTRA: %s" % (bad, extra))
+            sys.exit(1)
+        print("all MLA fixture files reproduce bit for bit")
+
+
+if __name__ == "__main__":
+    main()
