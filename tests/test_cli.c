@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "longstraw/config.h"
+#include "longstraw/mla.h"
 #include "longstraw/safetensors.h"
 #include "testutil.h"
 
@@ -279,6 +280,35 @@ int test_mla_config_plan(void) {
            pds / 1e9);
     T_CHECK(fabs(pglm / 744e9 - 1) < 0.005 && fabs(pds / 671e9 - 1) < 0.005, "parameter counts %.4g, %.4g", pglm,
             pds);
+    /* the fp64 reference's checkpoints of the family (tests/reference/make_mla_fixtures.py,
+     * written from the spec): the config reader's layers, indexer layers and parameter
+     * count against the tensors they hold (MTP layers excluded) */
+    static const char *mfx[] = {"mla_glm", "mla_glm_ic", "mla_dsv32", "mla_glm_types"};
+    for (size_t f = 0; f < sizeof mfx / sizeof mfx[0]; f++) {
+        char cp[1024], mp[1024];
+        snprintf(cp, sizeof cp, "%s/tests/reference/fixtures/%s/config.json", LS_SOURCE_DIR, mfx[f]);
+        snprintf(mp, sizeof mp, "%s/tests/reference/fixtures/%s/model.safetensors", LS_SOURCE_DIR, mfx[f]);
+        T_OK(ls_config_load(&c, cp));
+        size_t params = 0;
+        T_CHECK(ls_mla_param_count(&c, &params) == 0, "%s: parameter count", mfx[f]);
+        ls_st_file st;
+        T_OK(ls_st_open(&st, mp));
+        int64_t held = 0, idx_layers = 0, last = -1;
+        for (int64_t i = 0; i < ls_st_count(&st); i++) {
+            const ls_st_tensor *t = ls_st_at(&st, i);
+            const char *L = strstr(t->name, "layers.");
+            int64_t layer = L ? atoll(L + 7) : -1;
+            if (layer >= c.n_layers) continue; /* MTP */
+            held += t->numel;
+            if (strstr(t->name, "indexer.wk.weight") && layer != last) idx_layers++, last = layer;
+        }
+        ls_st_close(&st);
+        printf("  %-14s %lld parameters in the checkpoint, %zu from the config; %lld indexer layers, %d from the "
+               "config\n", mfx[f], (long long)held, params, (long long)idx_layers, ls_cfg_count_index_full(&c));
+        T_CHECK((int64_t)params == held, "%s: %zu parameters from the config, the checkpoint holds %lld", mfx[f], params,
+                (long long)held);
+        T_CHECK(idx_layers == ls_cfg_count_index_full(&c), "%s: indexer layers", mfx[f]);
+    }
     /* refusals name the field */
     static const struct { const char *edit, *needle; } bad[] = {
         {"s/\"index_skip_topk_offset\": 3/\"index_skip_topk_offset\": 0/", "layer 0 is a shared indexer layer"},

@@ -280,7 +280,7 @@ static ls_status parse_mla(ls_config *c, const cJSON *o, const char *mt, const c
     INT("moe_intermediate_size", 0, 0, 0, BIG, c->moe_inter);
     INT("n_shared_experts", 0, 0, 0, 1024, m->n_shared_experts);
     INT("n_group", 1, 0, 1, 1 << 20, m->n_group);
-    INT("topk_group", 1, 0, 1, 1 << 20, m->topk_group);
+    INT("topk_group", m->n_group, 0, 1, 1 << 20, m->topk_group);
     int64_t first_dense, moe_freq, freq, offset;
     INT("first_k_dense_replace", 0, 0, 0, LS_MAX_LAYERS, first_dense);
     INT("moe_layer_freq", 1, 0, 1, LS_MAX_LAYERS, moe_freq);
@@ -331,6 +331,13 @@ static ls_status parse_mla(ls_config *c, const cJSON *o, const char *mt, const c
         LS_TRY(get_num(rs, "beta_slow", 1.0, 0.0, 1e6, &m->yarn_beta_slow, path));
         LS_TRY(get_num(rs, "mscale", 1.0, 0.0, 1e6, &m->yarn_mscale, path));
         LS_TRY(get_num(rs, "mscale_all_dim", 0.0, 0.0, 1e6, &m->yarn_mscale_all_dim, path));
+        double af;
+        LS_TRY(get_num(rs, "attention_factor", 1.0, 0.0, 1e6, &af, path));
+        /* spec §2: cos/sin are not rescaled because mscale/mscale_all_dim = 1 */
+        if (m->yarn_mscale != m->yarn_mscale_all_dim || af != 1.0)
+            return ls_err(LS_ERR_UNSUPPORTED, "%s: rope_scaling with mscale %g != mscale_all_dim %g (or attention_factor "
+                                              "%g != 1) rescales cos/sin: not supported", path, m->yarn_mscale,
+                          m->yarn_mscale_all_dim, af);
     } else if (rs && !cJSON_IsNull(rs)) {
         return ls_err(LS_ERR_FORMAT, "%s: field \"rope_scaling\" must be an object", path);
     }
@@ -360,9 +367,25 @@ static ls_status parse_mla(ls_config *c, const cJSON *o, const char *mt, const c
             return ls_err(LS_ERR_FORMAT, "%s: layer %lld has a dense MLP but \"intermediate_size\" is missing or 0",
                           path, (long long)i);
     }
-    /* IndexCache (spec §8.5): indexer_types, else the freq/offset rule */
+    /* IndexCache (spec §8.5): indexer_types, else index_topk_pattern, else the
+     * freq/offset rule */
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, "indexer_types");
-    if (it && !cJSON_IsNull(it)) {
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(o, "index_topk_pattern");
+    if ((!it || cJSON_IsNull(it)) && pat && !cJSON_IsNull(pat)) {
+        /* a string of F/S, or an array of "F"/"S" ("full"/"shared") */
+        int ok = cJSON_IsString(pat) ? (int64_t)strlen(pat->valuestring) == c->n_layers
+                                     : cJSON_IsArray(pat) && cJSON_GetArraySize(pat) == c->n_layers;
+        for (int64_t i = 0; ok && i < c->n_layers; i++) {
+            const char *e = cJSON_IsString(pat) ? NULL : cJSON_GetStringValue(cJSON_GetArrayItem(pat, (int)i));
+            char ch = cJSON_IsString(pat) ? pat->valuestring[i] : 0;
+            if (ch == 'F' || (e && (!strcmp(e, "F") || !strcmp(e, "full")))) m->index_full[i] = 1;
+            else if (ch == 'S' || (e && (!strcmp(e, "S") || !strcmp(e, "shared")))) m->index_full[i] = 0;
+            else ok = 0;
+        }
+        if (!ok)
+            return ls_err(LS_ERR_FORMAT, "%s: field \"index_topk_pattern\" must hold %lld entries of F or S", path,
+                          (long long)c->n_layers);
+    } else if (it && !cJSON_IsNull(it)) {
         if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) != c->n_layers)
             return ls_err(LS_ERR_FORMAT, "%s: field \"indexer_types\" must be an array of %lld strings", path,
                           (long long)c->n_layers);
