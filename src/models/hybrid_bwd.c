@@ -435,14 +435,13 @@ static ls_status cp_sweep_serve(const ls_hybrid_model *m, ls_prompt_state *st, i
                                 const ls_fwd_opts *o, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     int64_t S = st->page_size, bp = ls_hybrid_cp_block(st, o), kvn = S * (int64_t)c->n_kv * c->head_dim;
-    size_t pb = (size_t)kvn * ls_dtype_size(st->dtype), db = dpage_bytes(c, S);
+    size_t pb = (size_t)kvn * ls_dtype_size(st->dtype);
     for (int l = 0; l < c->n_layers; l++)
         if (c->kind[l] == LS_LAYER_ATTN) LS_TRY(ls_hybrid_cp_send_pages(st, l, owner, lo, 1, bp, sc));
     ls_arena_mark mk = ls_arena_get_mark(sc);
     char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * pb);
     float *dbuf = ALLOC_F(sc, 2 * bp * kvn);
     NEED(buf && dbuf);
-    (void)db;
     for (int l = c->n_layers - 1; l >= 0; l--) {
         if (c->kind[l] != LS_LAYER_ATTN) continue;
         ls_layer_dstate *ds = &st->full->d[l];
