@@ -308,6 +308,31 @@ int test_mla_config_plan(void) {
         T_CHECK((int64_t)params == held, "%s: %zu parameters from the config, the checkpoint holds %lld", mfx[f], params,
                 (long long)held);
         T_CHECK(idx_layers == ls_cfg_count_index_full(&c), "%s: indexer layers", mfx[f]);
+        /* `init` writes the same tensors, names and shapes, as the reference's checkpoint */
+        char dir0[512], cmd0[4096], got[700];
+        T_CHECK(t_make_tmpdir(dir0, sizeof dir0) == 0, "tmpdir");
+        snprintf(cmd0, sizeof cmd0, "%s init --config %s --out %s --dtype bf16 --seed 3 2>&1", LS_CLI_PATH, cp, dir0);
+        char *o0 = t_run_capture(cmd0, &rc);
+        T_CHECK(rc == 0, "init %s: %s", mfx[f], o0 ? o0 : "");
+        free(o0);
+        snprintf(got, sizeof got, "%s/model.safetensors", dir0);
+        ls_st_file a, b;
+        T_OK(ls_st_open(&a, got));
+        T_OK(ls_st_open(&b, mp));
+        int64_t same = 0;
+        for (int64_t i = 0; i < ls_st_count(&b); i++) {
+            const ls_st_tensor *tb = ls_st_at(&b, i), *ta = ls_st_find(&a, tb->name);
+            const char *L = strstr(tb->name, "layers.");
+            if (L && atoll(L + 7) >= c.n_layers) continue; /* MTP: not written */
+            T_CHECK(ta && ta->ndim == tb->ndim, "%s: init lacks %s (or its rank differs)", mfx[f], tb->name);
+            for (int d = 0; d < tb->ndim; d++) T_CHECK(ta->shape[d] == tb->shape[d], "%s: %s shape", mfx[f], tb->name);
+            same++;
+        }
+        T_CHECK(same == ls_st_count(&a), "%s: init wrote %lld tensors, the reference %lld", mfx[f],
+                (long long)ls_st_count(&a), (long long)same);
+        ls_st_close(&a);
+        ls_st_close(&b);
+        T_CHECK(t_remove_dir(dir0) == 0, "cleanup");
     }
     /* refusals name the field */
     static const struct { const char *edit, *needle; } bad[] = {

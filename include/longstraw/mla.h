@@ -36,4 +36,12 @@ ls_status ls_mla_state_plan(ls_mla_plan_t *p, const ls_config *cfg, int64_t prom
  * success, nonzero when the count overflows. */
 int ls_mla_param_count(const ls_config *cfg, size_t *out);
 
+#include "longstraw/model.h"
+/* Every tensor name and shape of the family's HF checkpoint (spec §5; per-expert
+ * names, MTP layers not written). *out malloc'd. */
+ls_status ls_mla_hf_specs(const ls_config *c, ls_hf_tensor_spec **out, int64_t *n);
+/* `init`: dir/model.safetensors with random weights of those tensors (norm weights and
+ * biases f32, the rest `dtype`) and dir/config.json. */
+ls_status ls_mla_write_random(const char *config_path, const char *dir, uint64_t seed, ls_dtype dtype);
+
 #endif

@@ -163,6 +163,7 @@ typedef enum {
     LS_INIT_CONV,       /* U(−0.5, 0.5) */
     LS_INIT_ALOG,       /* log U(0.05, 1): decays that keep the state alive (spec §8.3) */
     LS_INIT_DTBIAS,     /* N(0, 0.5) */
+    LS_INIT_BIAS0,      /* small bias: N(0, 0.01), stored f32 (e_score_correction_bias, k_norm.bias) */
 } ls_init_kind;
 
 typedef struct {
@@ -181,6 +182,10 @@ ls_status ls_hybrid_hf_specs(const ls_config *c, ls_hf_tensor_spec **out, int64_
  * `dir`/config.json; both atomically. `dir` must exist. */
 ls_status ls_hybrid_write_random(const char *config_path, const char *dir, uint64_t seed,
                                  ls_dtype dtype);
+/* The same for a list of tensors of any family: dir/model.safetensors (norm weights,
+ * A_log and biases stay f32) and config.json. */
+ls_status ls_write_random_checkpoint(const char *config_path, const char *dir, uint64_t seed, ls_dtype dtype,
+                                     const ls_hf_tensor_spec *sp, int64_t n);
 
 /* ---- the family table (hybrid_family.c) ----------------------------------------- */
 extern const ls_family ls_hybrid_family;

@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "longstraw/config.h"
+#include "longstraw/mla.h"
 #include "longstraw/model.h"
 
 static void help(void) {
@@ -51,7 +53,11 @@ int cmd_init(int argc, char **argv) {
         fprintf(stderr, "longstraw init: cannot create %s: %s\n", out, strerror(errno));
         return 1;
     }
-    ls_status s = ls_hybrid_write_random(config, out, (uint64_t)seed, dt);
+    ls_config cfg; /* the family decides the tensors */
+    ls_status s = ls_config_load(&cfg, config);
+    if (s == LS_OK)
+        s = cfg.family == LS_FAMILY_MLA ? ls_mla_write_random(config, out, (uint64_t)seed, dt)
+                                        : ls_hybrid_write_random(config, out, (uint64_t)seed, dt);
     if (s != LS_OK) return cli_fail("init", s);
     fprintf(stderr, "longstraw init: wrote %s/model.safetensors and %s/config.json\n", out, out);
     return 0;
