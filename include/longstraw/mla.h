@@ -1,8 +1,8 @@
 /*
  * mla.h — the compressed-attention MoE family (MLA + DSA lightning indexer + MoE:
  * GLM-5.x glm_moe_dsa, DeepSeek-V3.2 deepseek_v32; specs/mla-dsa-moe.md). What is
- * built so far: its config (config.h, ls_mla_config), its prompt-state plan and its
- * parameter count. Loading, the forward and backward, CP and EP are issue 12's
+ * built so far: its config (config.h, ls_mla_config), its prompt-state plan, its
+ * parameter count and random checkpoints (`init`). Loading, the forward and backward, CP and EP are issue 12's
  * remaining work (docs/architecture.md).
  */
 #ifndef LONGSTRAW_MLA_H

@@ -21,8 +21,8 @@ const ls_family *ls_family_for(const ls_config *cfg, const char *path) {
         if (families[i]->accepts(cfg)) return families[i];
     if (cfg->family == LS_FAMILY_MLA) /* its config and plan are read; not its weights yet */
         ls_err(LS_ERR_UNSUPPORTED,
-               "%s: model_type \"%s\" (MLA + DSA + MoE): `longstraw plan` reads this config, but loading, "
-               "scoring and training this family are not built yet", path, cfg->model_type);
+               "%s: model_type \"%s\" (MLA + DSA + MoE): `longstraw plan` and `init` read this config, but "
+               "loading, scoring and training this family are not built yet", path, cfg->model_type);
     else
         ls_err(LS_ERR_UNSUPPORTED, "%s: model_type \"%s\" is read by no model family", path, cfg->model_type);
     return NULL;
