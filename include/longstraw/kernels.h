@@ -69,6 +69,21 @@ void ls_conv_bwd(float *dx, float *dw, float *dtail, const float *dy, const floa
 void ls_rope_fwd(float *x, int64_t T, int heads, int hd, int rot, double theta, int64_t pos0);
 /* In place: dx ← Rᵀ dx (the inverse rotation), same arguments. */
 void ls_rope_bwd(float *dx, int64_t T, int heads, int hd, int rot, double theta, int64_t pos0);
+/* The MLA family's rotary embedding (specs/mla-dsa-moe.md §2, §3): in place on dims
+ * [off, off + 2·half) of every head of x[T, heads, hd], angle (pos0+t)·inv_freq[i] for
+ * pair i = (off+2i, off+2i+1) when interleaved (MLA; GLM's indexer), else (off+i,
+ * off+i+half) (DeepSeek-V3.2's indexer). inv_freq[half] may carry YaRN (mla.h). */
+void ls_rope_table_fwd(float *x, int64_t T, int heads, int hd, int off, int half, const double *inv_freq,
+                       int interleaved, int64_t pos0);
+/* dx (= in place) ← Rᵀ·dx, same arguments. */
+void ls_rope_table_bwd(float *dx, int64_t T, int heads, int hd, int off, int half, const double *inv_freq,
+                       int interleaved, int64_t pos0);
+/* The DSA lightning indexer's causal selection (spec §3, §8.1): query t sits at
+ * position pos0 + t and sees keys 0..pos0+t of score[t, 0..n) ([T, n] row-major); it keeps
+ * the min(k, pos0+t+1) largest scores, ties to the lower position. sel[T, k] (=) holds
+ * the kept positions in ascending order, −1 after count[t] (=). Scores must be finite. */
+ls_status ls_dsa_topk(int32_t *sel, int64_t *count, const float *score, int64_t T, int64_t n, int64_t pos0,
+                      int64_t k, ls_arena *scratch);
 
 /* ---- activations ------------------------------------------------------------ */
 /* out[T,I] = SiLU(gu[t, 0:I]) ⊙ gu[t, I:2I]. */

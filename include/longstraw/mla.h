@@ -40,6 +40,14 @@ int ls_mla_param_count(const ls_config *cfg, size_t *out);
 /* Every tensor name and shape of the family's HF checkpoint (spec §5; per-expert
  * names, MTP layers not written). *out malloc'd. */
 ls_status ls_mla_hf_specs(const ls_config *c, ls_hf_tensor_spec **out, int64_t *n);
+/* The rotary inverse frequencies of the config (qk_rope_head_dim / 2 of them, spec §2):
+ * base^(−2i/dr), with YaRN's ramp between the correction dims when rope_scaling is yarn
+ * (*low, *high report them; NULL skips). */
+void ls_mla_rope_freqs(const ls_config *c, double *inv_freq, int *low, int *high);
+/* The attention softmax scale σ = qk_head_dim^−½ · m² (m = 0.1·mscale_all_dim·ln(factor)
+ * + 1 with YaRN, else 1). The indexer's scale has no m (spec §7.6). */
+double ls_mla_softmax_scale(const ls_config *c);
+
 /* `init`: dir/model.safetensors with random weights of those tensors (norm weights and
  * biases f32, the rest `dtype`) and dir/config.json. */
 ls_status ls_mla_write_random(const char *config_path, const char *dir, uint64_t seed, ls_dtype dtype);

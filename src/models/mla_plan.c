@@ -4,6 +4,7 @@
  * lengths this family is for (GLM-5.2: 1M positions, 78 layers) a wrapped size would
  * print a small, wrong plan.
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,5 +212,45 @@ ls_status ls_mla_write_random(const char *config_path, const char *dir, uint64_t
     LS_TRY(ls_mla_hf_specs(&cfg, &sp, &n));
     ls_status s = ls_write_random_checkpoint(config_path, dir, seed, dtype, sp, n);
     free(sp);
+    return s;
+}
+
+/* ---- rotary frequencies and the softmax scale (spec §2) --------------------------- */
+
+void ls_mla_rope_freqs(const ls_config *c, double *inv_freq, int *low, int *high) {
+    const ls_mla_config *m = &c->mla;
+    int dr = m->qk_rope, half = dr / 2;
+    double base = c->rope_theta;
+    for (int i = 0; i < half; i++) inv_freq[i] = pow(base, -2.0 * i / (double)dr);
+    if (m->yarn_factor <= 1.0) {
+        if (low) *low = 0;
+        if (high) *high = 0;
+        return;
+    }
+    /* the dims whose wavelength fits beta times into the original context keep their
+     * frequency; the slow ones are divided by the factor; a linear ramp between */
+    double orig = (double)m->yarn_orig_max, pi = acos(-1.0);
+#define CORR(r) ((double)dr * log(orig / (2.0 * pi * (r))) / (2.0 * log(base)))
+    int lo = (int)floor(CORR(m->yarn_beta_fast)), hi = (int)ceil(CORR(m->yarn_beta_slow));
+#undef CORR
+    lo = lo < 0 ? 0 : lo > dr - 1 ? dr - 1 : lo;
+    hi = hi < 0 ? 0 : hi > dr - 1 ? dr - 1 : hi;
+    if (lo == hi) hi = lo + 1; /* a zero-width ramp would divide by zero */
+    for (int i = 0; i < half; i++) {
+        double ramp = ((double)i - lo) / (double)(hi - lo);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        inv_freq[i] = inv_freq[i] / m->yarn_factor * ramp + inv_freq[i] * (1.0 - ramp);
+    }
+    if (low) *low = lo;
+    if (high) *high = hi;
+}
+
+double ls_mla_softmax_scale(const ls_config *c) {
+    const ls_mla_config *m = &c->mla;
+    double s = 1.0 / sqrt((double)(m->qk_nope + m->qk_rope));
+    if (m->yarn_factor > 1.0) {
+        double mm = 0.1 * m->yarn_mscale_all_dim * log(m->yarn_factor) + 1.0;
+        s *= mm * mm;
+    }
     return s;
 }
