@@ -9,16 +9,20 @@
  *    exact ties at the cutoff and queries that keep every key.
  */
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "longstraw/kernels.h"
 #include "longstraw/mla.h"
+#include "longstraw/safetensors.h"
 #include "testutil.h"
 
 int test_mla_rope_table(void);
 int test_mla_yarn_scale(void);
 int test_dsa_topk(void);
+int test_mla_load(void);
 
 /* double reference of one rotation */
 static void rope_ref(double *y, const float *x, int64_t T, int heads, int hd, int off, int half, const double *f,
@@ -147,5 +151,87 @@ int test_dsa_topk(void) {
     T_CHECK(ties >= 5, "only %d tie rows: the tie rule is not exercised", ties);
     ls_arena_free(&sc);
     free(s), free(sel), free(cnt), free(all);
+    return 0;
+}
+
+/* The family's checkpoints load (F32 and BF16, MTP layers skipped, tied embeddings):
+ * every tensor of the reference's fixtures lands where the layout says (spot values
+ * against the file, experts stacked in order), the count equals the config's; FP8 and
+ * a missing tensor are refused by name. */
+int test_mla_load(void) {
+    static const char *fx[] = {"mla_glm", "mla_glm_ic", "mla_dsv32", "mla_glm_types"};
+    for (size_t f = 0; f < sizeof fx / sizeof fx[0]; f++) {
+        char dir[1024], mp[1100];
+        snprintf(dir, sizeof dir, "%s/tests/reference/fixtures/%s", LS_SOURCE_DIR, fx[f]);
+        snprintf(mp, sizeof mp, "%s/model.safetensors", dir);
+        ls_arena fixed;
+        ls_arena_init(&fixed, "fixed", 0);
+        ls_mla_model m;
+        T_OK(ls_mla_load(&m, dir, &fixed));
+        size_t want;
+        T_CHECK(ls_mla_param_count(&m.cfg, &want) == 0 && m.n_params == want,
+                "%s: read %zu weights, the config has %zu", fx[f], m.n_params, want);
+        ls_st_file st;
+        T_OK(ls_st_open(&st, mp));
+        int64_t last = m.cfg.n_layers - 1, E = m.cfg.n_experts, Im = m.cfg.moe_inter, D = m.cfg.hidden;
+        char name[200];
+        snprintf(name, sizeof name, "model.layers.%lld.self_attn.kv_b_proj.weight", (long long)last);
+        const ls_st_tensor *t = ls_st_find(&st, name);
+        T_CHECK(t, "%s: %s", fx[f], name);
+        float *x = malloc((size_t)t->numel * sizeof(float));
+        T_OK(ls_st_read_f32(t, x, t->numel, name));
+        T_CHECK(memcmp(x, m.layers[last].kv_b, (size_t)t->numel * sizeof(float)) == 0, "%s: kv_b", fx[f]);
+        free(x);
+        if (m.cfg.moe[last] && E > 1) { /* the last expert's down_proj sits at (E−1)·D·Im */
+            snprintf(name, sizeof name, "model.layers.%lld.mlp.experts.%lld.down_proj.weight", (long long)last,
+                     (long long)(E - 1));
+            t = ls_st_find(&st, name);
+            T_CHECK(t, "%s: %s", fx[f], name);
+            x = malloc((size_t)t->numel * sizeof(float));
+            T_OK(ls_st_read_f32(t, x, t->numel, name));
+            T_CHECK(memcmp(x, m.layers[last].exp_down + (E - 1) * D * Im, (size_t)t->numel * sizeof(float)) == 0,
+                    "%s: expert stacking", fx[f]);
+            free(x);
+        }
+        T_CHECK(!m.cfg.tie_embeddings || m.lm_head == m.embed, "%s: tied head", fx[f]);
+        printf("  %-14s loaded: %zu weights, %lld layers (%d with an indexer)%s\n", fx[f], m.n_params,
+               (long long)m.cfg.n_layers, ls_cfg_count_index_full(&m.cfg), m.cfg.tie_embeddings ? ", tied" : "");
+        ls_st_close(&st);
+        ls_arena_free(&fixed);
+    }
+    /* refusals */
+    char tmp[512], cmd[4096];
+    T_CHECK(t_make_tmpdir(tmp, sizeof tmp) == 0, "tmpdir");
+    snprintf(cmd, sizeof cmd, "cp %s/tests/reference/fixtures/mla_glm/config.json %s/config.json", LS_SOURCE_DIR, tmp);
+    T_CHECK(system(cmd) == 0, "copy");
+    { /* one F8_E4M3 tensor */
+        char path[700];
+        snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+        const char *hdr = "{\"model.embed_tokens.weight\":{\"dtype\":\"F8_E4M3\",\"shape\":[97,32],\"data_offsets\":[0,3104]}}";
+        uint64_t hl = strlen(hdr);
+        FILE *fp = fopen(path, "wb");
+        T_CHECK(fp, "write");
+        fwrite(&hl, 8, 1, fp);
+        fwrite(hdr, 1, hl, fp);
+        for (int i = 0; i < 3104; i++) fputc(0, fp);
+        fclose(fp);
+    }
+    ls_arena fixed;
+    ls_arena_init(&fixed, "fixed", 0);
+    ls_mla_model m;
+    ls_status s = ls_mla_load(&m, tmp, &fixed);
+    T_CHECK(s == LS_ERR_UNSUPPORTED && strstr(ls_err_msg(), "FP8") && strstr(ls_err_msg(), "embed_tokens"),
+            "FP8: %d %s", s, ls_err_msg());
+    printf("  FP8 refused: %s\n", ls_err_msg());
+    snprintf(cmd, sizeof cmd,
+             "cp %s/tests/reference/fixtures/mla_glm/model.safetensors %s/ && sed -i 's/\"num_hidden_layers\": 3/"
+             "\"num_hidden_layers\": 4/' %s/config.json",
+             LS_SOURCE_DIR, tmp, tmp);
+    T_CHECK(system(cmd) == 0, "copy");
+    s = ls_mla_load(&m, tmp, &fixed);
+    T_CHECK(s == LS_ERR_FORMAT && strstr(ls_err_msg(), "model.layers.3."), "missing layer: %d %s", s, ls_err_msg());
+    printf("  missing tensor refused: %s\n", ls_err_msg());
+    ls_arena_free(&fixed);
+    T_CHECK(t_remove_dir(tmp) == 0, "cleanup");
     return 0;
 }

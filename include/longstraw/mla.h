@@ -40,6 +40,40 @@ int ls_mla_param_count(const ls_config *cfg, size_t *out);
 /* Every tensor name and shape of the family's HF checkpoint (spec §5; per-expert
  * names, MTP layers not written). *out malloc'd. */
 ls_status ls_mla_hf_specs(const ls_config *c, ls_hf_tensor_spec **out, int64_t *n);
+/* The weights, in f32, HF layout per spec §5 (rows × columns as stored; experts
+ * stacked). NULL: absent in this layer (q_a* with a plain q_proj; the indexer in a
+ * shared IndexCache layer; the dense MLP in an MoE layer and the reverse). */
+typedef struct {
+    float *input_norm, *post_norm;            /* [D] */
+    float *q_a, *q_a_norm, *q_b;              /* [rq, D], [rq], [H·(dn+dr), rq] */
+    float *q_proj;                            /* [H·(dn+dr), D] (no q_lora_rank) */
+    float *kv_a, *kv_a_norm;                  /* [rkv+dr, D], [rkv] */
+    float *kv_b;                              /* [H·(dn+dv), rkv]: per head [k_nope (dn); v (dv)] rows */
+    float *o_proj;                            /* [D, H·dv] */
+    float *idx_wq, *idx_wk;                   /* [nI·dI, rq or D], [dI, D] */
+    float *idx_knorm_w, *idx_knorm_b;         /* [dI], [dI] (LayerNorm) */
+    float *idx_weights;                       /* [nI, D] */
+    float *mlp_gate, *mlp_up, *mlp_down;      /* dense: [I, D], [I, D], [D, I] */
+    float *router, *router_bias;              /* [E, D], [E] (selection only) */
+    float *exp_gate, *exp_up, *exp_down;      /* [E, Im, D], [E, Im, D], [E, D, Im] */
+    float *sh_gate, *sh_up, *sh_down;         /* [Is, D], [Is, D], [D, Is]; Is = Im·n_shared */
+} ls_mla_layer;
+
+typedef struct {
+    ls_config cfg;
+    float *embed;      /* [V, D] */
+    float *final_norm; /* [D] */
+    float *lm_head;    /* [V, D] (= embed when tied) */
+    ls_mla_layer *layers;
+    size_t n_params;   /* weights read */
+} ls_mla_model;
+
+/* Load DIR (config.json + model.safetensors or a sharded index) into `fixed`: F32,
+ * BF16 and F16 tensors; FP8 checkpoints refused (their weight_scale_inv blocks
+ * would need dequantising); MTP layers (index >= num_hidden_layers) skipped; every
+ * shape checked and NaN/Inf refused, naming the tensor. */
+ls_status ls_mla_load(ls_mla_model *m, const char *dir, ls_arena *fixed);
+
 /* The rotary inverse frequencies of the config (qk_rope_head_dim / 2 of them, spec §2):
  * base^(−2i/dr), with YaRN's ramp between the correction dims when rope_scaling is yarn
  * (*low, *high report them; NULL skips). */
