@@ -84,6 +84,16 @@ void ls_rope_table_bwd(float *dx, int64_t T, int heads, int hd, int off, int hal
  * the kept positions in ascending order, −1 after count[t] (=). Scores must be finite. */
 ls_status ls_dsa_topk(int32_t *sel, int64_t *count, const float *score, int64_t T, int64_t n, int64_t pos0,
                       int64_t k, ls_arena *scratch);
+/* The family's MoE routing (spec §4): s = σ(logits [T,E]); selection by s + bias
+ * (bias [E] or NULL) among the topk_group best of n_group groups (a group scores its two
+ * best), K experts, ties to the lower index; gates wt[T,K] (=) from the unbiased s,
+ * renormalised when norm, times scaling; sel[T,K] (=) in selection order; s_out [T,E]
+ * (=, NULL skips) for the backward. E <= 1024. */
+void ls_mla_route_fwd(int32_t *sel, float *wt, float *s_out, const float *logits, const float *bias, int64_t T, int E,
+                      int K, int n_group, int topk_group, int norm, double scaling);
+/* dlogits [T,E] (=) from dwt [T,K]; the selection and the bias get no gradient. */
+void ls_mla_route_bwd(float *dlogits, const float *dwt, const float *s, const int32_t *sel, int64_t T, int E, int K,
+                      int norm, double scaling);
 
 /* ---- activations ------------------------------------------------------------ */
 /* out[T,I] = SiLU(gu[t, 0:I]) ⊙ gu[t, I:2I]. */

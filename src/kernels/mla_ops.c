@@ -113,3 +113,78 @@ ls_status ls_dsa_topk(int32_t *sel, int64_t *count, const float *score, int64_t 
     ls_arena_release(scratch, mk);
     return LS_OK;
 }
+
+/* MoE routing of the family (spec §4): s = σ(logits); selection by s + bias — within
+ * the topk_group groups (of n_group) whose two best s + bias sum highest — of the K
+ * largest (ties to the lower index, groups too); gates from the unbiased s,
+ * renormalised (sum + 1e-20) when norm, times `scaling`. sel[T,K], wt[T,K] (=), in
+ * selection order; s[T,E] (=) saved for the backward when non-NULL. */
+void ls_mla_route_fwd(int32_t *sel, float *wt, float *s_out, const float *logits, const float *bias, int64_t T, int E,
+                      int K, int n_group, int topk_group, int norm, double scaling) {
+#pragma omp parallel for schedule(static) if (T > 64)
+    for (int64_t t = 0; t < T; t++) {
+        double s[1024], sb[1024], gs[1024];
+        unsigned char keep[1024];
+        LS_ASSERT(E <= 1024 && n_group >= 1 && E % n_group == 0, "routing of %d experts in %d groups", E, n_group);
+        const float *lg = logits + t * E;
+        for (int e = 0; e < E; e++) {
+            s[e] = 1.0 / (1.0 + exp(-(double)lg[e]));
+            sb[e] = s[e] + (bias ? (double)bias[e] : 0.0);
+            keep[e] = 1;
+            if (s_out) s_out[t * E + e] = (float)s[e];
+        }
+        if (n_group > 1 && topk_group < n_group) {
+            int per = E / n_group;
+            for (int gi = 0; gi < n_group; gi++) { /* the group's two best */
+                double b1 = -INFINITY, b2 = -INFINITY;
+                for (int e = gi * per; e < (gi + 1) * per; e++) {
+                    if (sb[e] > b1) b2 = b1, b1 = sb[e];
+                    else if (sb[e] > b2) b2 = sb[e];
+                }
+                gs[gi] = per > 1 ? b1 + b2 : b1;
+            }
+            unsigned char gk[1024] = {0};
+            for (int j = 0; j < topk_group; j++) {
+                int best = -1;
+                for (int gi = 0; gi < n_group; gi++)
+                    if (!gk[gi] && (best < 0 || gs[gi] > gs[best])) best = gi;
+                gk[best] = 1;
+            }
+            for (int e = 0; e < E; e++) keep[e] = gk[e / per];
+        }
+        int32_t *o = sel + t * K;
+        double tot = 0;
+        for (int j = 0; j < K; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++)
+                if (keep[e] && (best < 0 || sb[e] > sb[best])) best = e;
+            LS_ASSERT(best >= 0, "fewer than %d experts in the kept groups", K);
+            keep[best] = 0;
+            o[j] = best;
+            tot += s[best];
+        }
+        for (int j = 0; j < K; j++)
+            wt[t * K + j] = (float)((norm ? s[o[j]] / (tot + 1e-20) : s[o[j]]) * scaling);
+    }
+}
+
+/* dlogits[T,E] (=) from dwt[T,K] = ∂L/∂gate, through the gates only (the selection and
+ * the bias carry no gradient): chosen experts get the chain through s(1 − s) and the
+ * renormalisation, the others zero. s, sel as saved by the forward. */
+void ls_mla_route_bwd(float *dlogits, const float *dwt, const float *s, const int32_t *sel, int64_t T, int E, int K,
+                      int norm, double scaling) {
+#pragma omp parallel for schedule(static) if (T > 64)
+    for (int64_t t = 0; t < T; t++) {
+        const float *st = s + t * E;
+        const int32_t *o = sel + t * K;
+        float *dl = dlogits + t * E;
+        for (int e = 0; e < E; e++) dl[e] = 0.0f;
+        double Z = 1e-20, dot = 0;
+        for (int j = 0; j < K; j++) Z += st[o[j]], dot += (double)dwt[t * K + j] * st[o[j]];
+        for (int j = 0; j < K; j++) {
+            double sj = st[o[j]], ds = norm ? scaling * ((double)dwt[t * K + j] / Z - dot / (Z * Z))
+                                            : scaling * (double)dwt[t * K + j];
+            dl[o[j]] = (float)(ds * sj * (1.0 - sj));
+        }
+    }
+}
