@@ -24,6 +24,7 @@ int test_mla_yarn_scale(void);
 int test_dsa_topk(void);
 int test_mla_load(void);
 int test_mla_route(void);
+int test_dsa_scores(void);
 
 /* double reference of one rotation */
 static void rope_ref(double *y, const float *x, int64_t T, int heads, int hd, int off, int half, const double *f,
@@ -342,5 +343,54 @@ int test_mla_route(void) {
         T_CHECK(ew <= 1e-6 && efd <= 1e-4 && zeros_ok, "config %d: gates %g, fd %g, zeros %d", cfg, ew, efd, zeros_ok);
         T_CHECK(moved > 0, "config %d: the bias never changed a selection: not exercised", cfg);
     }
+    return 0;
+}
+
+/* The indexer's scores over bf16 pages of index keys against a double computation, and
+ * LayerNorm against its definition. */
+int test_dsa_scores(void) {
+    ls_rng r;
+    ls_rng_seed(&r, 13);
+    const int64_t T = 6, n = 45, S = 8;
+    const int nI = 3, dI = 16;
+    float q[6 * 3 * 16], w[6 * 3], kf[45 * 16], sc[6 * 45];
+    for (int i = 0; i < T * nI * dI; i++) q[i] = (float)ls_rng_normal(&r);
+    for (int i = 0; i < T * nI; i++) w[i] = (float)ls_rng_normal(&r);
+    for (int i = 0; i < n * dI; i++) kf[i] = (float)ls_rng_normal(&r);
+    int64_t np = (n + S - 1) / S;
+    void *pages[8];
+    ls_bf16 store[8 * 8 * 16];
+    for (int64_t p = 0; p < np; p++) pages[p] = store + p * S * dI;
+    ls_convert_from_f32(store, LS_DTYPE_BF16, kf, (size_t)(n * dI));
+    ls_kv_prefix keys = {n, S, LS_DTYPE_BF16, pages, pages};
+    ls_arena a;
+    ls_arena_init(&a, "scratch", 0);
+    float scale = 0.25f;
+    T_OK(ls_dsa_scores(sc, q, w, &keys, T, nI, dI, scale, &a));
+    double e = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t s = 0; s < n; s++) {
+            double ref = 0;
+            for (int j = 0; j < nI; j++) {
+                double dot = 0;
+                for (int d = 0; d < dI; d++) dot += (double)q[(t * nI + j) * dI + d] * ls_bf16_to_f32(store[s * dI + d]);
+                ref += w[t * nI + j] * (dot > 0 ? dot : 0);
+            }
+            e = fmax(e, fabs(sc[t * n + s] - scale * ref));
+        }
+    float x[3 * 16], y[3 * 16], lw[16], lb[16];
+    for (int i = 0; i < 48; i++) x[i] = (float)(3 + ls_rng_normal(&r));
+    for (int i = 0; i < 16; i++) lw[i] = (float)(1 + 0.1 * ls_rng_normal(&r)), lb[i] = (float)(0.1 * ls_rng_normal(&r));
+    ls_layernorm_fwd(y, x, lw, lb, 3, 16, 1e-6f);
+    double el = 0;
+    for (int i = 0; i < 3; i++) {
+        double mu = 0, v = 0;
+        for (int d = 0; d < 16; d++) mu += x[i * 16 + d] / 16.0;
+        for (int d = 0; d < 16; d++) v += (x[i * 16 + d] - mu) * (x[i * 16 + d] - mu) / 16.0;
+        for (int d = 0; d < 16; d++) el = fmax(el, fabs(y[i * 16 + d] - ((x[i * 16 + d] - mu) / sqrt(v + 1e-6) * lw[d] + lb[d])));
+    }
+    printf("  indexer scores over bf16 pages: max |diff| %.2e; LayerNorm %.2e\n", e, el);
+    T_CHECK(e <= 1e-5 && el <= 1e-5, "scores %g, layernorm %g", e, el);
+    ls_arena_free(&a);
     return 0;
 }

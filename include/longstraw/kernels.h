@@ -91,6 +91,9 @@ ls_status ls_dsa_topk(int32_t *sel, int64_t *count, const float *score, int64_t 
  * (=, NULL skips) for the backward. E <= 1024. */
 void ls_mla_route_fwd(int32_t *sel, float *wt, float *s_out, const float *logits, const float *bias, int64_t T, int E,
                       int K, int n_group, int topk_group, int norm, double scaling);
+/* LayerNorm with weight and bias over rows of x[n, d] (y may alias x); forward only:
+ * the indexer's k_norm gets no gradient from the GRPO loss. */
+void ls_layernorm_fwd(float *y, const float *x, const float *w, const float *b, int64_t n, int64_t d, float eps);
 /* dlogits [T,E] (=) from dwt [T,K]; the selection and the bias get no gradient. */
 void ls_mla_route_bwd(float *dlogits, const float *dwt, const float *s, const int32_t *sel, int64_t T, int E, int K,
                       int norm, double scaling);
@@ -143,6 +146,12 @@ typedef struct {
     void *const *k_pages;
     void *const *v_pages;
 } ls_kv_prefix;
+
+/* The lightning indexer's scores (spec §3): score[t, s] (=) = scale·Σ_j w[t,j]·ReLU(q[t,j]·k[s])
+ * over the paged index keys (keys->k_pages: one key of dI values per position, f32 or
+ * bf16); q [T, nI, dI], w [T, nI]; score [T, keys->n]. */
+ls_status ls_dsa_scores(float *score, const float *q, const float *w, const ls_kv_prefix *keys, int64_t T, int nI,
+                        int dI, float scale, ls_arena *scratch);
 
 /* Causal attention of T new queries that sit at positions prefix->n .. prefix->n+T−1
  * over the whole prefix plus their own keys 0..t. q [T,n_h,hd], k,v [T,n_kv,hd] (f32),

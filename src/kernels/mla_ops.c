@@ -188,3 +188,52 @@ void ls_mla_route_bwd(float *dlogits, const float *dwt, const float *s, const in
         }
     }
 }
+
+/* LayerNorm with weight and bias over rows of x[n, d]: y = (x − mean)/√(var + eps)·w + b.
+ * y may alias x. (The indexer's k_norm, spec §3: no gradient reaches it.) */
+void ls_layernorm_fwd(float *y, const float *x, const float *w, const float *b, int64_t n, int64_t d, float eps) {
+#pragma omp parallel for schedule(static) if (n * d > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        const float *xi = x + i * d;
+        float *yi = y + i * d;
+        double mu = 0, var = 0;
+        for (int64_t j = 0; j < d; j++) mu += xi[j];
+        mu /= (double)d;
+        for (int64_t j = 0; j < d; j++) var += ((double)xi[j] - mu) * ((double)xi[j] - mu);
+        double r = 1.0 / sqrt(var / (double)d + (double)eps);
+        for (int64_t j = 0; j < d; j++) yi[j] = (float)(((double)xi[j] - mu) * r * w[j] + b[j]);
+    }
+}
+
+/* The lightning indexer's scores (spec §3): score[t, s] (=) = Σ_j w[t, j]·scale·
+ * ReLU(q[t, j]·k[s]) for s in [0, keys->n) of the paged index keys (one key of dI values
+ * per position, f32 or bf16 pages); q[T, nI, dI], w[T, nI] (the nI^−½ already in w),
+ * score [T, keys->n] row-major. Causality is the top-k's business (ls_dsa_topk). */
+ls_status ls_dsa_scores(float *score, const float *q, const float *w, const ls_kv_prefix *keys, int64_t T, int nI,
+                        int dI, float scale, ls_arena *scratch) {
+    int64_t n = keys->n, S = keys->page_size;
+    ls_arena_mark mk = ls_arena_get_mark(scratch);
+    float *kf = ls_arena_alloc(scratch, (size_t)(n > 0 ? n : 1) * (size_t)dI * sizeof(float)); /* [n, dI] f32 */
+    if (!kf) return LS_ERR_NOMEM;
+    for (int64_t p0 = 0; p0 < n; p0 += S) {
+        int64_t m = n - p0 < S ? n - p0 : S;
+        ls_convert_to_f32(kf + p0 * dI, keys->k_pages[p0 / S], keys->dtype, (size_t)(m * dI));
+    }
+#pragma omp parallel for schedule(static) if (T * n > 4096)
+    for (int64_t t = 0; t < T; t++) {
+        const float *qt = q + t * (int64_t)nI * dI, *wt = w + t * nI;
+        float *st = score + t * n;
+        for (int64_t s = 0; s < n; s++) {
+            const float *ks = kf + s * dI;
+            double acc = 0;
+            for (int j = 0; j < nI; j++) {
+                double dot = 0;
+                for (int d = 0; d < dI; d++) dot += (double)qt[j * dI + d] * ks[d];
+                if (dot > 0) acc += (double)wt[j] * dot;
+            }
+            st[s] = (float)(acc * scale);
+        }
+    }
+    ls_arena_release(scratch, mk);
+    return LS_OK;
+}
