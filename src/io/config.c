@@ -137,6 +137,23 @@ int ls_cfg_count_kind(const ls_config *c, ls_layer_kind k) {
     return n;
 }
 
+/* A per-layer array of two words ("dense"/"sparse", "full"/"shared"): out[i] = 1 for
+ * `one`, 0 for `zero`; anything else is refused naming the field and entry. */
+static ls_status layer_words(const cJSON *a, const char *field, const char *one, const char *zero, int64_t L,
+                             uint8_t *out, const char *path) {
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != L)
+        return ls_err(LS_ERR_FORMAT, "%s: field \"%s\" must be an array of %lld strings", path, field, (long long)L);
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) {
+        if (cJSON_IsString(e) && !strcmp(e->valuestring, one)) out[i] = 1;
+        else if (cJSON_IsString(e) && !strcmp(e->valuestring, zero)) out[i] = 0;
+        else return ls_err(LS_ERR_FORMAT, "%s: %s[%d] must be \"%s\" or \"%s\"", path, field, i, zero, one);
+        i++;
+    }
+    return LS_OK;
+}
+
 static ls_status parse_text(ls_config *c, const cJSON *o, const char *mt, int is_q35, int is_moe35,
                             const char *path) {
     int64_t v = 0;
@@ -197,21 +214,7 @@ static ls_status parse_text(ls_config *c, const cJSON *o, const char *mt, int is
     /* layer kinds: layer_types, else full_attention_interval */
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(o, "layer_types");
     if (lt && !cJSON_IsNull(lt)) {
-        if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->n_layers)
-            return ls_err(LS_ERR_FORMAT, "%s: field \"layer_types\" must be an array of %lld strings",
-                          path, (long long)c->n_layers);
-        int i = 0;
-        const cJSON *e;
-        cJSON_ArrayForEach(e, lt) {
-            if (cJSON_IsString(e) && strcmp(e->valuestring, "linear_attention") == 0)
-                c->kind[i] = LS_LAYER_GDN;
-            else if (cJSON_IsString(e) && strcmp(e->valuestring, "full_attention") == 0)
-                c->kind[i] = LS_LAYER_ATTN;
-            else
-                return ls_err(LS_ERR_FORMAT,
-                              "%s: layer_types[%d] must be \"linear_attention\" or \"full_attention\"", path, i);
-            i++;
-        }
+        LS_TRY(layer_words(lt, "layer_types", "full_attention", "linear_attention", c->n_layers, c->kind, path));
     } else {
         int64_t interval;
         LS_TRY(get_int(o, "full_attention_interval", 4, 0, 1, LS_MAX_LAYERS, &interval, path));
@@ -345,17 +348,7 @@ static ls_status parse_mla(ls_config *c, const cJSON *o, const char *mt, const c
     /* dense layers: mlp_layer_types, else first_k_dense_replace (and moe_layer_freq) */
     const cJSON *mlt = cJSON_GetObjectItemCaseSensitive(o, "mlp_layer_types");
     if (mlt && !cJSON_IsNull(mlt)) {
-        if (!cJSON_IsArray(mlt) || cJSON_GetArraySize(mlt) != c->n_layers)
-            return ls_err(LS_ERR_FORMAT, "%s: field \"mlp_layer_types\" must be an array of %lld strings", path,
-                          (long long)c->n_layers);
-        int i = 0;
-        const cJSON *e;
-        cJSON_ArrayForEach(e, mlt) {
-            if (cJSON_IsString(e) && !strcmp(e->valuestring, "sparse")) c->moe[i] = 1;
-            else if (cJSON_IsString(e) && !strcmp(e->valuestring, "dense")) c->moe[i] = 0;
-            else return ls_err(LS_ERR_FORMAT, "%s: mlp_layer_types[%d] must be \"dense\" or \"sparse\"", path, i);
-            i++;
-        }
+        LS_TRY(layer_words(mlt, "mlp_layer_types", "sparse", "dense", c->n_layers, c->moe, path));
     } else {
         for (int64_t i = 0; i < c->n_layers; i++) c->moe[i] = i >= first_dense && i % moe_freq == 0;
     }
@@ -386,17 +379,7 @@ static ls_status parse_mla(ls_config *c, const cJSON *o, const char *mt, const c
             return ls_err(LS_ERR_FORMAT, "%s: field \"index_topk_pattern\" must hold %lld entries of F or S", path,
                           (long long)c->n_layers);
     } else if (it && !cJSON_IsNull(it)) {
-        if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) != c->n_layers)
-            return ls_err(LS_ERR_FORMAT, "%s: field \"indexer_types\" must be an array of %lld strings", path,
-                          (long long)c->n_layers);
-        int i = 0;
-        const cJSON *e;
-        cJSON_ArrayForEach(e, it) {
-            if (cJSON_IsString(e) && !strcmp(e->valuestring, "full")) m->index_full[i] = 1;
-            else if (cJSON_IsString(e) && !strcmp(e->valuestring, "shared")) m->index_full[i] = 0;
-            else return ls_err(LS_ERR_FORMAT, "%s: indexer_types[%d] must be \"full\" or \"shared\"", path, i);
-            i++;
-        }
+        LS_TRY(layer_words(it, "indexer_types", "full", "shared", c->n_layers, m->index_full, path));
     } else {
         for (int64_t i = 0; i < c->n_layers; i++) {
             int64_t k = i - offset + 1;

@@ -31,6 +31,7 @@ import hybrid_ref as hr  # noqa: E402
 import grpo_ref as gr  # noqa: E402
 import mla_ref as mr  # noqa: E402
 from make_fixtures import Rng, write_json  # noqa: E402
+from check_grpo import global_rel, rel_diff  # noqa: E402
 
 DT = torch.float64
 ROUTER_GAP = 5e-4   # min (K-th - (K+1)-th) biased router score s' and min group-score gap
@@ -430,20 +431,6 @@ def detached_fullseq_grads(root, fx, flags, group, detach, dtype=DT):
     return float(L), g
 
 
-def rel_worst(ga, gb):
-    worst = 0.0
-    for n in gb:
-        nb = float(gb[n].norm())
-        d = float((ga[n] - gb[n]).norm())
-        worst = max(worst, d / nb if nb > 0 else d)
-    return worst
-
-
-def global_rel(ga, gb):
-    num = math.sqrt(sum(float((ga[n] - gb[n]).norm()) ** 2 for n in gb))
-    return num / math.sqrt(sum(float(gb[n].norm()) ** 2 for n in gb))
-
-
 def zero_grad_names(names):
     return [n for n in names if ".self_attn.indexer." in n or n.endswith("e_score_correction_bias")]
 
@@ -573,9 +560,9 @@ def grpo_case(root, spec, group, log):
     Ld, gd = detached_fullseq_grads(root, fx, spec["case"], group, detach=True)
     Ln, gn = detached_fullseq_grads(root, fx, spec["case"], group, detach=False)
     chk["prefix_frozen_vs_fullseq_detached_loss"] = abs(Ld - pf["loss"][0])
-    chk["prefix_frozen_vs_fullseq_detached_grad_worst_rel"] = rel_worst(grads["prefix-frozen"], gd)
+    chk["prefix_frozen_vs_fullseq_detached_grad_worst_rel"] = rel_diff(grads["prefix-frozen"], gd)
     chk["full_vs_fullseq_naive_loss"] = abs(Ln - fu["loss"][0])
-    chk["full_vs_fullseq_naive_grad_worst_rel"] = rel_worst(grads["full"], gn)
+    chk["full_vs_fullseq_naive_grad_worst_rel"] = rel_diff(grads["full"], gn)
     chk["full_vs_prefix_frozen_global_rel"] = global_rel(grads["full"], grads["prefix-frozen"])
     assert chk["prefix_frozen_vs_fullseq_detached_loss"] <= 1e-12 and chk["full_vs_fullseq_naive_loss"] <= 1e-12, chk
     assert chk["prefix_frozen_vs_fullseq_detached_grad_worst_rel"] <= 1e-10, chk
@@ -593,7 +580,7 @@ def grpo_case(root, spec, group, log):
     stats = entries[0]["stats"]
     assert all(stats[k] > 0 for k in ("low_Apos", "low_Aneg", "high_Apos", "high_Aneg")), stats
     L32, g32 = detached_fullseq_grads(root, fx, spec["case"], group, detach=True, dtype=torch.float32)
-    chk["fp32_prefix_frozen_grad_worst_rel"] = rel_worst(g32, grads["prefix-frozen"])
+    chk["fp32_prefix_frozen_grad_worst_rel"] = rel_diff(g32, grads["prefix-frozen"])
     chk["fp32_loss_abs_diff"] = abs(L32 - pf["loss"][0])
     assert chk["fp32_prefix_frozen_grad_worst_rel"] < 1e-3, chk
     log("               float32 run of the reference: loss diff %.1e, worst per-tensor grad rel err %.1e" % (
