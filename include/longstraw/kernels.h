@@ -147,6 +147,22 @@ typedef struct {
     void *const *v_pages;
 } ls_kv_prefix;
 
+/* Sparse MLA attention, absorbed form (specs/mla-dsa-moe.md §2): T queries at
+ * positions pos0.. with H heads, q [T, H, rkv+dr] = [W_UKᵀ q_nope ; q_pe]; one shared key
+ * row per position [c_kv ; k_pe] (rkv + dr values), its first rkv values the value; rows
+ * of positions < pos0 from `prefix` pages (f32 or bf16), the others from own [T, rkv+dr].
+ * Query t attends to the positions sel[t, 0..k) (−1 ends the list; ls_dsa_topk). o [T, H,
+ * rkv] (=) = Σ softmax(scale·q·key)·c_kv; lse [T, H] (=, NULL skips). */
+ls_status ls_mla_attn_fwd(float *o, float *lse, const float *q, const float *own, const ls_kv_prefix *prefix,
+                          const int32_t *sel, int64_t k, int64_t T, int H, int rkv, int dr, int64_t pos0, float scale);
+/* Backward from the saved o and lse: dq [T, H, rkv+dr] (=); down [T, rkv+dr] (=, NULL
+ * skips) the own rows' gradient (key and value parts); dprefix (+=, f32 pages like the
+ * prefix, NULL skips) the prompt rows' — the full-mode hook. The selection carries no
+ * gradient. */
+ls_status ls_mla_attn_bwd(float *dq, float *down, void *const *dprefix, const float *dout, const float *o,
+                          const float *lse, const float *q, const float *own, const ls_kv_prefix *prefix,
+                          const int32_t *sel, int64_t k, int64_t T, int H, int rkv, int dr, int64_t pos0,
+                          float scale);
 /* The lightning indexer's scores (spec §3): score[t, s] (=) = scale·Σ_j w[t,j]·ReLU(q[t,j]·k[s])
  * over the paged index keys (keys->k_pages: one key of dI values per position, f32 or
  * bf16); q [T, nI, dI], w [T, nI]; score [T, keys->n]. */
