@@ -35,6 +35,14 @@ static void help(void) {
 static double gib(size_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
 
+/* The fixed and grad terms of M_live (DESIGN §1) for a full fine-tune in f32. */
+static void print_live_terms(size_t params, size_t w_bytes, size_t m_bytes, int width, const char *what) {
+    printf("\n  other M_live terms, full fine-tune in f32 (%zu parameters%s):\n", params, what);
+    printf("  %-*s %20zu %12.2f\n", width, "fixed: weights", w_bytes, gib(w_bytes));
+    printf("  %-*s %20zu %12.2f\n", width, "fixed: AdamW moments", m_bytes, gib(m_bytes));
+    printf("  %-*s %20zu %12.2f\n", width, "grad", w_bytes, gib(w_bytes));
+}
+
 /* The MLA + DSA + MoE family (mla.h): latent pages per MLA layer, index-key pages per
  * full indexer layer, the MoE routed-hidden buffers of a capture chunk. */
 static int plan_mla(const ls_config *cfg, const char *path, int64_t P, int64_t S, ls_dtype dt, int cp,
@@ -80,10 +88,7 @@ static int plan_mla(const ls_config *cfg, const char *path, int64_t P, int64_t S
     printf("  %-40s %20zu %12.4f\n", "prompt arena total", p.total_bytes_per_rank, gib(p.total_bytes_per_rank));
     snprintf(row, sizeof row, "MoE routed hidden (chunk of %lld, f32)", (long long)p.capture_chunk);
     printf("  %-40s %20zu %12.4f\n", row, p.routed_bytes_per_rank, gib(p.routed_bytes_per_rank));
-    printf("\n  other M_live terms, full fine-tune in f32 (%zu parameters, MTP layers excluded):\n", params);
-    printf("  %-40s %20zu %12.2f\n", "fixed: weights", w_bytes, gib(w_bytes));
-    printf("  %-40s %20zu %12.2f\n", "fixed: AdamW moments", m_bytes, gib(m_bytes));
-    printf("  %-40s %20zu %12.2f\n", "grad", w_bytes, gib(w_bytes));
+    print_live_terms(params, w_bytes, m_bytes, 40, ", MTP layers excluded");
     printf("  (loading, scoring and training this family are not built yet: issue 12)\n");
     return 0;
 }
@@ -203,10 +208,7 @@ int cmd_plan(int argc, char **argv) {
     if (p.cp > 1)
         printf("  %-34s %20zu %12.2f\n", "CP capture: shard residual (scratch)", p.cp_capture_bytes_per_rank,
                gib(p.cp_capture_bytes_per_rank));
-    printf("\n  other M_live terms, full fine-tune in f32 (%zu parameters):\n", params);
-    printf("  %-34s %20zu %12.2f\n", "fixed: weights", w_bytes, gib(w_bytes));
-    printf("  %-34s %20zu %12.2f\n", "fixed: AdamW moments", m_bytes, gib(m_bytes));
-    printf("  %-34s %20zu %12.2f\n", "grad", w_bytes, gib(w_bytes));
+    print_live_terms(params, w_bytes, m_bytes, 34, "");
     printf("  (branch: one member's tape, grows with R_i, not P; score: 4 bytes per response token)\n");
     return 0;
 }

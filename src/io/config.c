@@ -137,6 +137,24 @@ int ls_cfg_count_kind(const ls_config *c, ls_layer_kind k) {
     return n;
 }
 
+/* The fields every family's config has: model_type, vocabulary, width, layers, heads. */
+static ls_status parse_common(ls_config *c, const cJSON *o, const char *mt, const char *path) {
+    int64_t v = 0;
+    memset(c, 0, sizeof *c);
+    snprintf(c->model_type, sizeof c->model_type, "%s", mt);
+    LS_TRY(get_int(o, "vocab_size", 0, 1, 1, INT32_MAX, &v, path));
+    c->vocab = v;
+    LS_TRY(get_int(o, "hidden_size", 0, 1, 1, 1 << 20, &v, path));
+    c->hidden = v;
+    LS_TRY(get_int(o, "num_hidden_layers", 0, 1, 1, LS_MAX_LAYERS, &v, path));
+    c->n_layers = v;
+    LS_TRY(get_int(o, "num_attention_heads", 0, 1, 1, 4096, &v, path));
+    c->n_heads = (int)v;
+    LS_TRY(get_int(o, "num_key_value_heads", c->n_heads, 0, 1, 4096, &v, path));
+    c->n_kv = (int)v;
+    return LS_OK;
+}
+
 /* A per-layer array of two words ("dense"/"sparse", "full"/"shared"): out[i] = 1 for
  * `one`, 0 for `zero`; anything else is refused naming the field and entry. */
 static ls_status layer_words(const cJSON *a, const char *field, const char *one, const char *zero, int64_t L,
@@ -158,17 +176,11 @@ static ls_status parse_text(ls_config *c, const cJSON *o, const char *mt, int is
                             const char *path) {
     int64_t v = 0;
     const int64_t BIG = (int64_t)1 << 40;
-    memset(c, 0, sizeof *c);
-    snprintf(c->model_type, sizeof c->model_type, "%s", mt);
+    LS_TRY(parse_common(c, o, mt, path));
     c->layout = is_q35 ? LS_LAYOUT_QWEN3_5 : LS_LAYOUT_QWEN3_NEXT;
 #define INT(key, dflt, req, lo, hi, dst) \
     LS_TRY(get_int(o, key, dflt, req, lo, hi, &v, path)); \
     dst = v
-    INT("vocab_size", 0, 1, 1, INT32_MAX, c->vocab);
-    INT("hidden_size", 0, 1, 1, 1 << 20, c->hidden);
-    INT("num_hidden_layers", 0, 1, 1, LS_MAX_LAYERS, c->n_layers);
-    INT("num_attention_heads", 0, 1, 1, 4096, c->n_heads);
-    INT("num_key_value_heads", c->n_heads, 0, 1, 4096, c->n_kv);
     INT("head_dim", 256, 0, 2, 4096, c->head_dim);
     INT("linear_num_key_heads", 16, 0, 1, 4096, c->H_k);
     INT("linear_num_value_heads", 32, 0, 1, 4096, c->H_v);
@@ -257,18 +269,12 @@ static ls_status parse_mla(ls_config *c, const cJSON *o, const char *mt, const c
     int64_t v = 0;
     const int64_t BIG = (int64_t)1 << 40;
     int glm = strcmp(mt, "glm_moe_dsa") == 0;
-    memset(c, 0, sizeof *c);
-    snprintf(c->model_type, sizeof c->model_type, "%s", mt);
+    LS_TRY(parse_common(c, o, mt, path));
     c->family = LS_FAMILY_MLA;
     ls_mla_config *m = &c->mla;
 #define INT(key, dflt, req, lo, hi, dst) \
     LS_TRY(get_int(o, key, dflt, req, lo, hi, &v, path)); \
     dst = v
-    INT("vocab_size", 0, 1, 1, INT32_MAX, c->vocab);
-    INT("hidden_size", 0, 1, 1, 1 << 20, c->hidden);
-    INT("num_hidden_layers", 0, 1, 1, LS_MAX_LAYERS, c->n_layers);
-    INT("num_attention_heads", 0, 1, 1, 4096, c->n_heads);
-    INT("num_key_value_heads", c->n_heads, 0, 1, 4096, c->n_kv);
     INT("q_lora_rank", 0, 0, 0, 1 << 20, m->q_lora_rank); /* null: a plain q_proj */
     INT("kv_lora_rank", 0, 1, 1, 1 << 20, m->kv_lora_rank);
     INT("qk_nope_head_dim", 0, 1, 0, 4096, m->qk_nope);
