@@ -99,9 +99,12 @@ ls_status ls_state_enable_full(ls_prompt_state *st, int64_t sweep_chunk);
 int64_t ls_state_local_page(const ls_prompt_state *st, int64_t pos);
 /* Sweep chunk j of this rank whose start is `pos`, or −1 (capture saves its checkpoint). */
 int64_t ls_state_ckpt_at(const ls_prompt_state *st, int64_t pos);
-/* The end of the capture span starting at `pos` of a segment ending at `hi`: at most
- * `chunk` positions, never across a sweep-chunk start (full mode). */
-int64_t ls_state_span_end(const ls_prompt_state *st, int64_t pos, int64_t hi, int64_t chunk);
+/* The end of the capture span starting at `pos` of the segment [lo, hi) (any rank's):
+ * at most `chunk` positions, never across a sweep-chunk start (full mode: lo + k·W),
+ * so every rank cuts every segment the same way. */
+int64_t ls_state_span_end(const ls_prompt_state *st, int64_t lo, int64_t pos, int64_t hi, int64_t chunk);
+/* Pages of the fullest rank when `positions` in pages of `page_size` split over N ranks. */
+int64_t ls_state_layout_pages(int64_t positions, int64_t page_size, int N, ls_cp_layout layout);
 
 /* The layout's segments in prompt order: how many, and segment s's owner and
  * positions [*lo, *hi) (empty where the prompt has fewer pages than segments). */

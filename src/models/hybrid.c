@@ -485,7 +485,7 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
     int64_t D = c->hidden, C = o->capture_chunk > 0 ? o->capture_chunk : 2048;
     for (int64_t c0 = 0, T; c0 < n; c0 += T) {
         /* chunks of C, cut at every sweep-chunk start (full mode: its checkpoint) */
-        T = ls_state_span_end(st, st->n, st->n + n - c0, C) - st->n;
+        T = ls_state_span_end(st, 0, st->n, st->n + n - c0, C) - st->n; /* one rank: one segment from 0 */
         save_ckpt(st, st->n, -1);
         int last_chunk = c0 + T == n;
         if (!logits && ls_stop_requested()) /* capture: a stop waits at most one chunk */
@@ -567,21 +567,10 @@ ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int
     return s;
 }
 
-/* The end of the capture chunk from c0 in the segment [lo, hi): C positions, cut at the
- * sweep-chunk starts lo + k·sweep (full mode), the same on every rank. */
-static int64_t cp_span_end(const ls_prompt_state *st, int64_t lo, int64_t c0, int64_t hi, int64_t C) {
-    int64_t e = c0 + C < hi ? c0 + C : hi;
-    if (st->full) {
-        int64_t W = st->full->sweep_chunk, nb = lo + ((c0 - lo) / W + 1) * W;
-        e = nb < e ? nb : e;
-    }
-    return e;
-}
-
 /* Query chunks of the segment [lo, hi). */
 static int64_t cp_span_count(const ls_prompt_state *st, int64_t lo, int64_t hi, int64_t C) {
     int64_t k = 0;
-    for (int64_t c0 = lo; c0 < hi; c0 = cp_span_end(st, lo, c0, hi, C)) k++;
+    for (int64_t c0 = lo; c0 < hi; c0 = ls_state_span_end(st, lo, c0, hi, C)) k++;
     return k;
 }
 
@@ -638,7 +627,7 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
                     s = ls_comm_recv(st->comm, g->conv_tail, conv_n * sizeof(float), prev, CP_TAG(l, 3));
             }
             for (int64_t c0 = lo, T; c0 < hi && s == LS_OK; c0 += T) { /* the segment's chunks through layer l */
-                T = cp_span_end(st, lo, c0, hi, C) - c0;
+                T = ls_state_span_end(st, lo, c0, hi, C) - c0;
                 st->n = c0;
                 if (gdn) save_ckpt(st, c0, l);
                 ls_kv_prefix pre = ls_state_prefix(st, l); /* this rank's earlier pages */

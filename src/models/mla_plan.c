@@ -18,21 +18,6 @@ static int mul3(size_t a, size_t b, size_t c, size_t *o) { return mul(a, b, o) |
 static int add(size_t *acc, size_t v) { return ls_add_size(*acc, v, acc); }
 static int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
-/* Pages of the fullest rank: the layout's segments (state.h) cut as ls_state_init cuts
- * them; one rank's share is computed by the hybrid plan, which this reuses. */
-static int64_t pages_per_rank(const ls_config *cfg, int64_t prompt_len, int64_t S, int cp, ls_cp_layout lay) {
-    ls_state_plan_t hp;
-    /* the hybrid plan's page split does not depend on the layers: a one-attention-layer
-     * view of the config gives it */
-    ls_config one = *cfg;
-    one.family = LS_FAMILY_HYBRID;
-    one.n_layers = 1;
-    one.kind[0] = LS_LAYER_ATTN;
-    one.n_kv = 1, one.head_dim = 1, one.conv_k = 1, one.H_k = one.H_v = one.d_k = one.d_v = 1;
-    if (ls_state_plan(&hp, &one, prompt_len, S, LS_DTYPE_F32, cp, lay, 0) != LS_OK) return -1;
-    return hp.pages_per_rank;
-}
-
 ls_status ls_mla_state_plan(ls_mla_plan_t *p, const ls_config *cfg, int64_t prompt_len, int64_t page_size,
                             ls_dtype dtype, int cp, ls_cp_layout layout, int64_t capture_chunk) {
     if (cfg->family != LS_FAMILY_MLA) return ls_err(LS_ERR_ARG, "not an MLA-family config (%s)", cfg->model_type);
@@ -47,8 +32,7 @@ ls_status ls_mla_state_plan(ls_mla_plan_t *p, const ls_config *cfg, int64_t prom
     p->cp = cp;
     p->layout = layout;
     p->pages = ceil_div(p->positions, page_size);
-    p->pages_per_rank = pages_per_rank(cfg, prompt_len, page_size, cp, layout);
-    if (p->pages_per_rank < 0) return ls_err_ctx(LS_ERR_ARG, "splitting the pages over %d ranks", cp);
+    p->pages_per_rank = ls_state_layout_pages(p->positions, page_size, cp, layout); /* the hybrid pages' split */
     p->n_mla = ls_cfg_count_kind(cfg, LS_LAYER_MLA);
     p->n_index = ls_cfg_count_index_full(cfg);
     p->capture_chunk = capture_chunk;

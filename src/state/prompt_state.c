@@ -312,12 +312,17 @@ int64_t ls_state_ckpt_at(const ls_prompt_state *st, int64_t pos) {
     return -1;
 }
 
-int64_t ls_state_span_end(const ls_prompt_state *st, int64_t pos, int64_t hi, int64_t chunk) {
+int64_t ls_state_span_end(const ls_prompt_state *st, int64_t lo, int64_t pos, int64_t hi, int64_t chunk) {
     int64_t e = pos + chunk < hi ? pos + chunk : hi;
-    if (st->full)
-        for (int64_t j = 0; j < st->full->n_chunks; j++)
-            if (st->full->chunks[j].lo > pos && st->full->chunks[j].lo < e) e = st->full->chunks[j].lo;
+    if (st->full) { /* sweep chunks start at lo + k·W (ls_state_enable_full) */
+        int64_t W = st->full->sweep_chunk, nb = lo + ((pos - lo) / W + 1) * W;
+        e = nb < e ? nb : e;
+    }
     return e;
+}
+
+int64_t ls_state_layout_pages(int64_t positions, int64_t page_size, int N, ls_cp_layout layout) {
+    return layout_pages_per_rank(ceil_div(positions, page_size), N, layout);
 }
 
 /* The per-layer tables of a state whose layout is set (st->cap_pages local pages). */
