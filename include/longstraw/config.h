@@ -21,11 +21,12 @@ typedef enum { LS_FAMILY_HYBRID = 0, LS_FAMILY_MLA = 1 } ls_family_kind;
  * DeepSeek-V3.2 deepseek_v32. MLA in every layer; a DSA lightning indexer in every
  * "full" layer (IndexCache: the others reuse the last full layer's selection). */
 typedef struct {
-    int64_t q_lora_rank;  /* 0: a plain q_proj */
+    int64_t q_lora_rank;  /* the q latent's width (>= 1: a plain q_proj is refused) */
     int64_t kv_lora_rank; /* the cached latent's width */
     int qk_nope, qk_rope, v_head;
     int index_heads, index_head_dim;
     int64_t index_topk;
+    int rope_interleave;         /* MLA's q_pe / k_pe pairs: 1 (both models; `rope_interleave`) */
     int indexer_rope_interleave; /* GLM: 1; DeepSeek-V3.2: 0 (half-split) */
     int n_shared_experts, n_group, topk_group;
     double routed_scaling;

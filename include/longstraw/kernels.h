@@ -37,6 +37,11 @@ void ls_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int64
  * dx may alias dy. */
 void ls_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *rstd,
                     const float *w, int64_t rows, int64_t D);
+/* Plain RMSNorm (the MLA family, specs/mla-dsa-moe.md): y = x·rsqrt(mean(x²)+eps)·w; the
+ * same contract as the zero-centred pair above. */
+void ls_rmsnorm_plain_fwd(float *y, float *rstd, const float *x, const float *w, int64_t rows, int64_t D, float eps);
+void ls_rmsnorm_plain_bwd(float *dx, float *dw, const float *dy, const float *x, const float *rstd, const float *w,
+                          int64_t rows, int64_t D);
 /* Gated RMSNorm (§2.7): y = x·rsqrt(mean(x²)+eps)·w ⊙ SiLU(z); plain w. */
 void ls_gated_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *z, const float *w,
                           int64_t rows, int64_t D, float eps);
@@ -97,6 +102,10 @@ void ls_layernorm_fwd(float *y, const float *x, const float *w, const float *b, 
 /* dlogits [T,E] (=) from dwt [T,K]; the selection and the bias get no gradient. */
 void ls_mla_route_bwd(float *dlogits, const float *dwt, const float *s, const int32_t *sel, int64_t T, int E, int K,
                       int norm, double scaling);
+
+/* MoE rows grouped by expert (both families): count[E+1] prefix sums, rows[T·K] =
+ * token·K + slot, ascending within an expert. */
+ls_status ls_moe_group(int64_t *count, int64_t *rows, const int32_t *sel, int64_t T, int E, int K, ls_arena *sc);
 
 /* ---- activations ------------------------------------------------------------ */
 /* out[T,I] = SiLU(gu[t, 0:I]) ⊙ gu[t, I:2I]. */

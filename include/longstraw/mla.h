@@ -36,28 +36,45 @@ ls_status ls_mla_state_plan(ls_mla_plan_t *p, const ls_config *cfg, int64_t prom
  * success, nonzero when the count overflows. */
 int ls_mla_param_count(const ls_config *cfg, size_t *out);
 
+#include "longstraw/family.h"
 #include "longstraw/model.h"
 /* Every tensor name and shape of the family's HF checkpoint (spec §5; per-expert
  * names, MTP layers not written). *out malloc'd. */
 ls_status ls_mla_hf_specs(const ls_config *c, ls_hf_tensor_spec **out, int64_t *n);
-/* The weights, in f32, HF layout per spec §5 (rows × columns as stored; experts
- * stacked). NULL: absent in this layer (q_a* with a plain q_proj; the indexer in a
- * shared IndexCache layer; the dense MLP in an MoE layer and the reverse). */
+/* The weights, in f32, HF layout per spec §5 (rows × columns as stored). Gate and up
+ * projections are fused row blocks [gate ; up] (their HF tensors are the two halves),
+ * experts stacked. NULL: absent in this layer (the indexer in a shared IndexCache
+ * layer; the dense MLP in an MoE layer and the reverse), or, in a gradient set, a
+ * tensor that gets no gradient (the indexer, e_score_correction_bias). */
 typedef struct {
     float *input_norm, *post_norm;            /* [D] */
     float *q_a, *q_a_norm, *q_b;              /* [rq, D], [rq], [H·(dn+dr), rq] */
-    float *q_proj;                            /* [H·(dn+dr), D] (no q_lora_rank) */
     float *kv_a, *kv_a_norm;                  /* [rkv+dr, D], [rkv] */
     float *kv_b;                              /* [H·(dn+dv), rkv]: per head [k_nope (dn); v (dv)] rows */
     float *o_proj;                            /* [D, H·dv] */
-    float *idx_wq, *idx_wk;                   /* [nI·dI, rq or D], [dI, D] */
+    float *idx_wq, *idx_wk;                   /* [nI·dI, rq], [dI, D] */
     float *idx_knorm_w, *idx_knorm_b;         /* [dI], [dI] (LayerNorm) */
     float *idx_weights;                       /* [nI, D] */
-    float *mlp_gate, *mlp_up, *mlp_down;      /* dense: [I, D], [I, D], [D, I] */
+    float *mlp_gu, *mlp_down;                 /* dense: [2I, D], [D, I] */
     float *router, *router_bias;              /* [E, D], [E] (selection only) */
-    float *exp_gate, *exp_up, *exp_down;      /* [E, Im, D], [E, Im, D], [E, D, Im] */
-    float *sh_gate, *sh_up, *sh_down;         /* [Is, D], [Is, D], [D, Is]; Is = Im·n_shared */
+    float *exp_gu, *exp_down;                 /* [E, 2Im, D], [E, D, Im] */
+    float *sh_gu, *sh_down;                   /* [2Is, D], [D, Is]; Is = Im·n_shared */
 } ls_mla_layer;
+
+/* One HF tensor of the family and where it lives: slot `field` (offsetof in
+ * ls_mla_layer of layer `layer`, or in ls_mla_model when layer is −1) at element `off`.
+ * The one list load, export, the parameter list, gradient sets and `init` share. */
+typedef struct {
+    char name[128];
+    int ndim;
+    int64_t shape[2];
+    ls_init_kind init;
+    int layer;
+    size_t field;
+    int64_t off;
+    int frozen;   /* no gradient from the GRPO loss: the indexer, the correction bias */
+    int no_decay; /* norms and biases */
+} ls_mla_tensor;
 
 typedef struct {
     ls_config cfg;
@@ -66,13 +83,43 @@ typedef struct {
     float *lm_head;    /* [V, D] (= embed when tied) */
     ls_mla_layer *layers;
     size_t n_params;   /* weights read */
+    const ls_mla_tensor *tensors; /* the checkpoint's tensors (shared by a model's gradient set) */
+    int64_t n_tensors;
+    double *inv_freq;  /* [qk_rope / 2] rotary frequencies (YaRN included) */
+    float scale;       /* attention softmax scale (ls_mla_softmax_scale) */
 } ls_mla_model;
+
+/* The tensor list of a config (*out malloc'd). */
+ls_status ls_mla_tensors(const ls_config *c, ls_mla_tensor **out, int64_t *n);
+/* Where tensor t of model m lives (NULL: not allocated, e.g. a frozen tensor's gradient). */
+float *ls_mla_at(const ls_mla_model *m, const ls_mla_tensor *t);
+/* A model-shaped set of zeroed buffers for `src`'s tensors (grads: not the frozen ones). */
+ls_status ls_mla_alloc_like(const ls_mla_model *src, ls_mla_model *dst, ls_arena *arena, int grads);
 
 /* Load DIR (config.json + model.safetensors or a sharded index) into `fixed`: F32,
  * BF16 and F16 tensors; FP8 checkpoints refused (their weight_scale_inv blocks
  * would need dequantising); MTP layers (index >= num_hidden_layers) skipped; every
  * shape checked and NaN/Inf refused, naming the tensor. */
 ls_status ls_mla_load(ls_mla_model *m, const char *dir, ls_arena *fixed);
+/* Parameters (non-frozen tensors) in checkpoint order (*out malloc'd). */
+ls_status ls_mla_params(const ls_mla_model *m, ls_param **out, int64_t *n);
+/* Write every tensor under its HF name (zeros for a gradient set's frozen tensors). */
+ls_status ls_mla_export(const ls_mla_model *m, const char *path, ls_dtype dtype, const char *meta_key,
+                        const char *meta_value);
+
+/* ---- forward and backward (mla.c, mla_bwd.c) -------------------------------------- */
+typedef struct ls_branch_tape ls_branch_tape;
+ls_status ls_mla_capture(const ls_mla_model *m, ls_prompt_state *st, const int32_t *ids, int64_t n,
+                         const ls_fwd_opts *o, ls_arena *scratch);
+ls_status ls_mla_branch_fwd(const ls_mla_model *m, const ls_prompt_state *st, const int32_t *ids, int64_t T,
+                            int64_t out_from, int64_t grad_from, const int32_t *target, float *logprob, float *entropy,
+                            ls_branch_tape **tape_out, const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *scratch);
+ls_status ls_mla_branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const ls_branch_tape *tape,
+                            const float *dlogprob, ls_arena *scratch);
+ls_status ls_mla_decode(const ls_mla_model *m, ls_prompt_state *const *sts, const int32_t *ids, int n, float *logits,
+                        const ls_fwd_opts *o, ls_arena *scratch);
+extern const ls_family ls_mla_family;
+ls_model ls_mla_handle(ls_mla_model *m);
 
 /* The rotary inverse frequencies of the config (qk_rope_head_dim / 2 of them, spec §2):
  * base^(−2i/dr), with YaRN's ramp between the correction dims when rope_scaling is yarn

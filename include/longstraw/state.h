@@ -86,6 +86,10 @@ typedef struct {
     ls_state_full *full; /* exact-gradient mode (ls_state_enable_full), else NULL */
 } ls_prompt_state;
 
+/* Values per position of layer l's page table `side` (0: K, or an MLA layer's latent row
+ * [c_kv ; k_pe]; 1: V, or an MLA full indexer layer's index key); 0: no such table. */
+int64_t ls_state_row(const ls_config *c, int l, int side);
+
 /* Allocate an empty state able to hold `capacity` positions (page tables sized now,
  * pages allocated as positions arrive), from `arena` (the prompt arena); with a
  * communicator of N > 1 ranks, only this rank's share of the pages under `layout`. */

@@ -275,7 +275,14 @@ static ls_status parse_mla(ls_config *c, const cJSON *o, const char *mt, const c
 #define INT(key, dflt, req, lo, hi, dst) \
     LS_TRY(get_int(o, key, dflt, req, lo, hi, &v, path)); \
     dst = v
-    INT("q_lora_rank", 0, 0, 0, 1 << 20, m->q_lora_rank); /* null: a plain q_proj */
+    /* The indexer's query reads the q latent (spec §3): a plain q_proj layout (q_lora_rank
+     * null) has no defined indexer query, so it is refused rather than guessed. */
+    const cJSON *qr = cJSON_GetObjectItemCaseSensitive(o, "q_lora_rank");
+    if (!qr || cJSON_IsNull(qr))
+        return ls_err(LS_ERR_UNSUPPORTED, "%s: field \"q_lora_rank\" is %s: a plain q_proj (no q latent) leaves the "
+                                          "DSA indexer's query undefined (specs/mla-dsa-moe.md §3); not supported",
+                      path, qr ? "null" : "absent");
+    INT("q_lora_rank", 0, 1, 1, 1 << 20, m->q_lora_rank);
     INT("kv_lora_rank", 0, 1, 1, 1 << 20, m->kv_lora_rank);
     INT("qk_nope_head_dim", 0, 1, 0, 4096, m->qk_nope);
     INT("qk_rope_head_dim", 0, 1, 2, 4096, m->qk_rope);
@@ -316,6 +323,7 @@ static ls_status parse_mla(ls_config *c, const cJSON *o, const char *mt, const c
     LS_TRY(get_bool(o, "tie_word_embeddings", 0, &c->tie_embeddings, path));
     LS_TRY(get_bool(o, "norm_topk_prob", 1, &c->norm_topk, path));
     LS_TRY(get_bool(o, "indexer_rope_interleave", glm, &m->indexer_rope_interleave, path));
+    LS_TRY(get_bool(o, "rope_interleave", 1, &m->rope_interleave, path));
     const cJSON *sf = cJSON_GetObjectItemCaseSensitive(o, "scoring_func");
     if (sf && !cJSON_IsNull(sf) && !(cJSON_IsString(sf) && !strcmp(sf->valuestring, "sigmoid")))
         return ls_err(LS_ERR_UNSUPPORTED, "%s: field \"scoring_func\" must be \"sigmoid\" (spec §4)", path);

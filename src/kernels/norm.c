@@ -42,24 +42,25 @@ static float row_rscale(const float *x, int64_t D, double div, float eps) {
     return (float)(1.0 / sqrt(ss / div + (double)eps));
 }
 
-/* y[rows,D] = x·rsqrt(mean(x²)+eps)·(1+w); rstd[rows] saved when non-NULL */
-void ls_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int64_t rows,
-                    int64_t D, float eps) {
+/* y[rows,D] = x·rsqrt(mean(x²)+eps)·(one+w): one = 1 for the zero-centred form, 0 for
+ * the plain one; rstd[rows] saved when non-NULL */
+static void rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int64_t rows, int64_t D, float eps,
+                        float one) {
 #pragma omp parallel for schedule(static) if (rows * D > 65536)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * D;
         float *yr = y + r * D;
         float s = row_rscale(xr, D, (double)D, eps);
         if (rstd) rstd[r] = s;
-        for (int64_t i = 0; i < D; i++) yr[i] = xr[i] * s * (1.0f + w[i]);
+        for (int64_t i = 0; i < D; i++) yr[i] = xr[i] * s * (one + w[i]);
     }
 }
 
 /* dx[rows,D] (=), dw[D] (+=; NULL skips); dx may alias dy.
- * With s = rstd, y_i = x_i·s·(1+w_i) and ∂s/∂x_k = −s³·x_k/D:
- *   dx_k = s·(1+w_k)·dy_k − (s³/D)·x_k·Σ_i dy_i·(1+w_i)·x_i,   dw_i += Σ_rows dy_i·x_i·s. */
-void ls_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *rstd,
-                    const float *w, int64_t rows, int64_t D) {
+ * With s = rstd, y_i = x_i·s·(one+w_i) and ∂s/∂x_k = −s³·x_k/D:
+ *   dx_k = s·(one+w_k)·dy_k − (s³/D)·x_k·Σ_i dy_i·(one+w_i)·x_i,   dw_i += Σ_rows dy_i·x_i·s. */
+static void rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *rstd, const float *w,
+                        int64_t rows, int64_t D, float one) {
     if (rows <= 0 || D <= 0) return;
     /* dw first: it reads dy, which dx may overwrite. */
     if (dw) norm_dw_accum(dw, dy, x, NULL, rstd, rows, D);
@@ -68,11 +69,26 @@ void ls_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const
         const float *xr = x + r * D, *dyr = dy + r * D;
         float *dxr = dx + r * D;
         double dot = 0;
-        for (int64_t i = 0; i < D; i++) dot += (double)(dyr[i] * (1.0f + w[i])) * xr[i];
+        for (int64_t i = 0; i < D; i++) dot += (double)(dyr[i] * (one + w[i])) * xr[i];
         float s = rstd[r];
         float c = (float)(dot * (double)s * s * s / (double)D);
-        for (int64_t i = 0; i < D; i++) dxr[i] = s * (1.0f + w[i]) * dyr[i] - c * xr[i];
+        for (int64_t i = 0; i < D; i++) dxr[i] = s * (one + w[i]) * dyr[i] - c * xr[i];
     }
+}
+
+void ls_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int64_t rows, int64_t D, float eps) {
+    rmsnorm_fwd(y, rstd, x, w, rows, D, eps, 1.0f);
+}
+void ls_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *rstd, const float *w,
+                    int64_t rows, int64_t D) {
+    rmsnorm_bwd(dx, dw, dy, x, rstd, w, rows, D, 1.0f);
+}
+void ls_rmsnorm_plain_fwd(float *y, float *rstd, const float *x, const float *w, int64_t rows, int64_t D, float eps) {
+    rmsnorm_fwd(y, rstd, x, w, rows, D, eps, 0.0f);
+}
+void ls_rmsnorm_plain_bwd(float *dx, float *dw, const float *dy, const float *x, const float *rstd, const float *w,
+                          int64_t rows, int64_t D) {
+    rmsnorm_bwd(dx, dw, dy, x, rstd, w, rows, D, 0.0f);
 }
 
 /* y[rows,D] = x·rsqrt(mean(x²)+eps)·w ⊙ SiLU(z) */

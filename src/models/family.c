@@ -1,13 +1,15 @@
 /*
  * family.c — the registry of model families (family.h): which family reads a
- * checkpoint, decided by its config.json. One entry today (the hybrid family).
+ * checkpoint, decided by its config.json: the hybrid family (Qwen3-Next / Qwen3.5) and
+ * the MLA + DSA + MoE family (GLM-5.x, DeepSeek-V3.2).
  */
 #include <stdio.h>
 #include <string.h>
 
+#include "longstraw/mla.h"
 #include "longstraw/model.h"
 
-static const ls_family *const families[] = {&ls_hybrid_family};
+static const ls_family *const families[] = {&ls_hybrid_family, &ls_mla_family};
 
 void ls_fwd_opts_default(ls_fwd_opts *o) {
     memset(o, 0, sizeof *o);
@@ -19,12 +21,7 @@ void ls_fwd_opts_default(ls_fwd_opts *o) {
 const ls_family *ls_family_for(const ls_config *cfg, const char *path) {
     for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
         if (families[i]->accepts(cfg)) return families[i];
-    if (cfg->family == LS_FAMILY_MLA) /* its config and plan are read; not its weights yet */
-        ls_err(LS_ERR_UNSUPPORTED,
-               "%s: model_type \"%s\" (MLA + DSA + MoE): `longstraw plan` and `init` read this config, but "
-               "loading, scoring and training this family are not built yet", path, cfg->model_type);
-    else
-        ls_err(LS_ERR_UNSUPPORTED, "%s: model_type \"%s\" is read by no model family", path, cfg->model_type);
+    ls_err(LS_ERR_UNSUPPORTED, "%s: model_type \"%s\" is read by no model family", path, cfg->model_type);
     return NULL;
 }
 

@@ -92,9 +92,6 @@ ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int
  * renormalisation. probs[T,E], sel[T,K], wt[T,K]. */
 void ls_moe_route(float *probs, int32_t *sel, float *wt, const float *logits, int64_t T, int E,
                   int K, int norm_topk);
-/* Rows grouped by expert: count[E+1] prefix sums, rows[T·K] = token·K + slot. */
-ls_status ls_moe_group(int64_t *count, int64_t *rows, const int32_t *sel, int64_t T, int E, int K,
-                       ls_arena *sc);
 
 /* ---- LoRA side branches, shared by the forward and the backward -------------------- */
 #include <stddef.h>

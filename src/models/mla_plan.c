@@ -71,16 +71,13 @@ int ls_mla_param_count(const ls_config *c, size_t *out) {
     for (int64_t i = 0; i < c->n_layers; i++) {
         int e = 0;
         e |= add(&n, 2 * D); /* input_layernorm, post_attention_layernorm */
-        if (rq) { /* q_a_proj, q_a_layernorm, q_b_proj */
-            e |= mul(rq, D, &t) || add(&n, t) || add(&n, rq) || mul3(H, dn + dr, rq, &t) || add(&n, t);
-        } else { /* q_proj */
-            e |= mul3(H, dn + dr, D, &t) || add(&n, t);
-        }
+        /* q_a_proj, q_a_layernorm, q_b_proj */
+        e |= mul(rq, D, &t) || add(&n, t) || add(&n, rq) || mul3(H, dn + dr, rq, &t) || add(&n, t);
         e |= mul(rkv + dr, D, &t) || add(&n, t) || add(&n, rkv); /* kv_a_proj_with_mqa, kv_a_layernorm */
         e |= mul3(H, dn + dv, rkv, &t) || add(&n, t);           /* kv_b_proj */
         e |= mul3(D, H, dv, &t) || add(&n, t);                  /* o_proj */
-        if (m->index_full[i]) /* indexer: wq_b (from the q latent, or x), wk, k_norm (weight, bias), weights_proj */
-            e |= mul3(nI, dI, rq ? rq : D, &t) || add(&n, t) || mul(dI, D, &t) || add(&n, t) || add(&n, 2 * dI) ||
+        if (m->index_full[i]) /* indexer: wq_b (from the q latent), wk, k_norm (weight, bias), weights_proj */
+            e |= mul3(nI, dI, rq, &t) || add(&n, t) || mul(dI, D, &t) || add(&n, t) || add(&n, 2 * dI) ||
                  mul(nI, D, &t) || add(&n, t);
         if (c->moe[i]) { /* gate, bias, routed experts, shared experts */
             size_t Im = (size_t)c->moe_inter, Is = Im * (size_t)m->n_shared_experts;
@@ -94,93 +91,6 @@ int ls_mla_param_count(const ls_config *c, size_t *out) {
     if (mul((size_t)c->vocab, D, &t) || add(&n, t) || add(&n, D) || (!c->tie_embeddings && add(&n, t))) return 1;
     *out = n;
     return 0;
-}
-
-/* ---- the HF tensor list (spec §5), for `init` ------------------------------------- */
-
-typedef struct {
-    ls_hf_tensor_spec *sp;
-    int64_t n, cap;
-} spec_list;
-
-static int push(spec_list *l, ls_init_kind init, int ndim, int64_t d0, int64_t d1, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
-static int push(spec_list *l, ls_init_kind init, int ndim, int64_t d0, int64_t d1, const char *fmt, ...) {
-    if (l->n == l->cap) {
-        int64_t cap = l->cap ? 2 * l->cap : 256;
-        ls_hf_tensor_spec *t = realloc(l->sp, (size_t)cap * sizeof *t);
-        if (!t) return 1;
-        l->sp = t, l->cap = cap;
-    }
-    ls_hf_tensor_spec *s = &l->sp[l->n++];
-    memset(s, 0, sizeof *s);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(s->name, sizeof s->name, fmt, ap);
-    va_end(ap);
-    s->ndim = ndim, s->shape[0] = d0, s->shape[1] = d1, s->init = init;
-    return 0;
-}
-
-ls_status ls_mla_hf_specs(const ls_config *c, ls_hf_tensor_spec **out, int64_t *n) {
-    const ls_mla_config *m = &c->mla;
-    int64_t D = c->hidden, H = c->n_heads, dn = m->qk_nope, dr = m->qk_rope, dv = m->v_head;
-    int64_t rq = m->q_lora_rank, rkv = m->kv_lora_rank, nI = m->index_heads, dI = m->index_head_dim;
-    spec_list l = {0};
-    int e = 0;
-    e |= push(&l, LS_INIT_EMBED, 2, c->vocab, D, "model.embed_tokens.weight");
-    for (int64_t i = 0; i < c->n_layers && !e; i++) {
-        const char *p = "model.layers.";
-        e |= push(&l, LS_INIT_NORM1, 1, D, 0, "%s%lld.input_layernorm.weight", p, (long long)i);
-        e |= push(&l, LS_INIT_NORM1, 1, D, 0, "%s%lld.post_attention_layernorm.weight", p, (long long)i);
-        if (rq) {
-            e |= push(&l, LS_INIT_LINEAR, 2, rq, D, "%s%lld.self_attn.q_a_proj.weight", p, (long long)i);
-            e |= push(&l, LS_INIT_NORM1, 1, rq, 0, "%s%lld.self_attn.q_a_layernorm.weight", p, (long long)i);
-            e |= push(&l, LS_INIT_LINEAR, 2, H * (dn + dr), rq, "%s%lld.self_attn.q_b_proj.weight", p, (long long)i);
-        } else {
-            e |= push(&l, LS_INIT_LINEAR, 2, H * (dn + dr), D, "%s%lld.self_attn.q_proj.weight", p, (long long)i);
-        }
-        e |= push(&l, LS_INIT_LINEAR, 2, rkv + dr, D, "%s%lld.self_attn.kv_a_proj_with_mqa.weight", p, (long long)i);
-        e |= push(&l, LS_INIT_NORM1, 1, rkv, 0, "%s%lld.self_attn.kv_a_layernorm.weight", p, (long long)i);
-        e |= push(&l, LS_INIT_LINEAR, 2, H * (dn + dv), rkv, "%s%lld.self_attn.kv_b_proj.weight", p, (long long)i);
-        e |= push(&l, LS_INIT_LINEAR, 2, D, H * dv, "%s%lld.self_attn.o_proj.weight", p, (long long)i);
-        if (m->index_full[i]) {
-            e |= push(&l, LS_INIT_LINEAR, 2, nI * dI, rq ? rq : D, "%s%lld.self_attn.indexer.wq_b.weight", p,
-                      (long long)i);
-            e |= push(&l, LS_INIT_LINEAR, 2, dI, D, "%s%lld.self_attn.indexer.wk.weight", p, (long long)i);
-            e |= push(&l, LS_INIT_NORM1, 1, dI, 0, "%s%lld.self_attn.indexer.k_norm.weight", p, (long long)i);
-            e |= push(&l, LS_INIT_BIAS0, 1, dI, 0, "%s%lld.self_attn.indexer.k_norm.bias", p, (long long)i);
-            e |= push(&l, LS_INIT_LINEAR, 2, nI, D, "%s%lld.self_attn.indexer.weights_proj.weight", p, (long long)i);
-        }
-        if (c->moe[i]) {
-            int64_t Im = c->moe_inter, Is = c->moe_inter * m->n_shared_experts;
-            e |= push(&l, LS_INIT_LINEAR, 2, c->n_experts, D, "%s%lld.mlp.gate.weight", p, (long long)i);
-            e |= push(&l, LS_INIT_BIAS0, 1, c->n_experts, 0, "%s%lld.mlp.gate.e_score_correction_bias", p,
-                      (long long)i);
-            for (int x = 0; x < c->n_experts && !e; x++) {
-                e |= push(&l, LS_INIT_LINEAR, 2, Im, D, "%s%lld.mlp.experts.%d.gate_proj.weight", p, (long long)i, x);
-                e |= push(&l, LS_INIT_LINEAR, 2, Im, D, "%s%lld.mlp.experts.%d.up_proj.weight", p, (long long)i, x);
-                e |= push(&l, LS_INIT_LINEAR, 2, D, Im, "%s%lld.mlp.experts.%d.down_proj.weight", p, (long long)i, x);
-            }
-            if (Is > 0) {
-                e |= push(&l, LS_INIT_LINEAR, 2, Is, D, "%s%lld.mlp.shared_experts.gate_proj.weight", p, (long long)i);
-                e |= push(&l, LS_INIT_LINEAR, 2, Is, D, "%s%lld.mlp.shared_experts.up_proj.weight", p, (long long)i);
-                e |= push(&l, LS_INIT_LINEAR, 2, D, Is, "%s%lld.mlp.shared_experts.down_proj.weight", p, (long long)i);
-            }
-        } else {
-            e |= push(&l, LS_INIT_LINEAR, 2, c->intermediate, D, "%s%lld.mlp.gate_proj.weight", p, (long long)i);
-            e |= push(&l, LS_INIT_LINEAR, 2, c->intermediate, D, "%s%lld.mlp.up_proj.weight", p, (long long)i);
-            e |= push(&l, LS_INIT_LINEAR, 2, D, c->intermediate, "%s%lld.mlp.down_proj.weight", p, (long long)i);
-        }
-    }
-    e |= push(&l, LS_INIT_NORM1, 1, D, 0, "model.norm.weight");
-    if (!c->tie_embeddings) e |= push(&l, LS_INIT_LINEAR, 2, c->vocab, D, "lm_head.weight");
-    if (e) {
-        free(l.sp);
-        return ls_err(LS_ERR_NOMEM, "out of memory listing the tensors of %s", c->model_type);
-    }
-    *out = l.sp, *n = l.n;
-    return LS_OK;
 }
 
 ls_status ls_mla_write_random(const char *config_path, const char *dir, uint64_t seed, ls_dtype dtype) {

@@ -9,19 +9,39 @@
 
 #include "longstraw/state.h"
 
-static size_t page_bytes(const ls_config *c, int64_t S, ls_dtype dt) {
-    return ls_align_up((size_t)S * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(dt));
-}
-
-/* page_bytes with every multiplication checked: nonzero on overflow (as ls_mul_size). */
-static int page_bytes_checked(const ls_config *c, int64_t S, ls_dtype dt, size_t *out) {
-    size_t b;
-    if (ls_mul_size((size_t)S, (size_t)c->n_kv, &b) || ls_mul_size(b, (size_t)c->head_dim, &b) ||
-        ls_mul_size(b, ls_dtype_size(dt), &b) || b > SIZE_MAX - LS_ALIGN)
-        return 1;
-    *out = ls_align_up(b);
+/* Values per position a layer keeps in its page tables (the state's layout by layer
+ * kind): a full-attention layer K and V of n_kv·hd each; an MLA layer the latent row
+ * [c_kv ; k_pe] in the K table and, on a full indexer layer, the index key in the V
+ * table (specs/mla-dsa-moe.md §2, §3); a Gated DeltaNet layer none (its state is not
+ * paged). side 0 = K table, 1 = V table. */
+int64_t ls_state_row(const ls_config *c, int l, int side) {
+    if (c->kind[l] == LS_LAYER_ATTN) return (int64_t)c->n_kv * c->head_dim;
+    if (c->kind[l] == LS_LAYER_MLA)
+        return side == 0 ? (int64_t)c->mla.kv_lora_rank + c->mla.qk_rope : c->mla.index_full[l] ? c->mla.index_head_dim : 0;
     return 0;
 }
+
+static size_t page_bytes(const ls_config *c, int l, int side, int64_t S, ls_dtype dt) {
+    return ls_align_up((size_t)S * (size_t)ls_state_row(c, l, side) * ls_dtype_size(dt));
+}
+
+/* page_bytes of every page table of the config, each multiplication checked: nonzero
+ * on overflow (as ls_mul_size); *widest gets the largest. */
+static int page_bytes_checked(const ls_config *c, int64_t S, ls_dtype dt, size_t *widest) {
+    *widest = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int side = 0; side < 2; side++) {
+            size_t b;
+            if (ls_mul_size((size_t)S, (size_t)ls_state_row(c, l, side), &b) || ls_mul_size(b, ls_dtype_size(dt), &b) ||
+                b > SIZE_MAX - LS_ALIGN)
+                return 1;
+            if (ls_align_up(b) > *widest) *widest = ls_align_up(b);
+        }
+    return 0;
+}
+
+/* The config's GDN state table exists only for the hybrid family. */
+static int has_gdn_table(const ls_config *c) { return c->family == LS_FAMILY_HYBRID; }
 
 /* a * b * c, 0 on success (as ls_mul_size) */
 static int mul3(size_t a, size_t b, size_t c, size_t *out) {
@@ -68,21 +88,27 @@ static int full_bytes(const ls_config *cfg, int64_t S, int64_t np, int64_t nc, s
     return 0;
 }
 
-/* The prefix-frozen prompt arena of a rank with np local pages: K/V pages, tables,
- * GDN states (ls_state_init's allocations). 0 on success. */
+/* The prefix-frozen prompt arena of a rank with np local pages: the pages of every page
+ * table, the tables, GDN states (ls_state_init's allocations). 0 on success. */
 static int base_bytes(const ls_config *cfg, int64_t page_size, ls_dtype dtype, int64_t np, size_t *kv, size_t *tab,
                       size_t *gdn) {
-    size_t L = (size_t)cfg->n_layers, ppr = (size_t)np, na2 = (size_t)ls_cfg_count_kind(cfg, LS_LAYER_ATTN) * 2;
-    size_t pb, ptab, conv, rec, t0, t1;
-    if (page_bytes_checked(cfg, page_size, dtype, &pb)) return 1;
-    *kv = ptab = 0; /* without attention layers: no pages, no page tables */
-    if (na2 > 0 && (mul3(na2, ppr, pb, kv) || ls_mul_size(ppr, sizeof(void *), &ptab) || align_checked(ptab, &ptab) ||
-                    ls_mul_size(na2, ptab, &ptab)))
+    size_t L = (size_t)cfg->n_layers, ppr = (size_t)np, pb, ptab, conv, rec, t0, t1, t;
+    if (page_bytes_checked(cfg, page_size, dtype, &pb) || ls_mul_size(ppr, sizeof(void *), &ptab) ||
+        align_checked(ptab, &ptab))
         return 1;
-    if (ls_mul_size(L, sizeof(ls_attn_state), &t0) || align_checked(t0, &t0) ||
-        ls_mul_size(L, sizeof(ls_gdn_state), &t1) || align_checked(t1, &t1) || ls_add_size(t0, t1, tab) ||
-        ls_add_size(*tab, ptab, tab) ||
-        mul3((size_t)(cfg->conv_k - 1), (size_t)ls_cfg_conv_dim(cfg), sizeof(float), &conv) ||
+    *kv = 0;
+    if (ls_mul_size(L, sizeof(ls_attn_state), &t0) || align_checked(t0, &t0)) return 1;
+    t1 = 0;
+    if (has_gdn_table(cfg) && (ls_mul_size(L, sizeof(ls_gdn_state), &t1) || align_checked(t1, &t1))) return 1;
+    if (ls_add_size(t0, t1, tab)) return 1;
+    for (int l = 0; l < cfg->n_layers; l++) /* without a page table: no pages, no table */
+        for (int side = 0; side < 2; side++) {
+            if (!ls_state_row(cfg, l, side)) continue;
+            if (ls_mul_size(ppr, page_bytes(cfg, l, side, page_size, dtype), &t) || ls_add_size(*kv, t, kv) ||
+                ls_add_size(*tab, ptab, tab))
+                return 1;
+        }
+    if (mul3((size_t)(cfg->conv_k - 1), (size_t)ls_cfg_conv_dim(cfg), sizeof(float), &conv) ||
         align_checked(conv, &conv) || mul3((size_t)cfg->H_v, (size_t)cfg->d_k, (size_t)cfg->d_v, &rec) ||
         ls_mul_size(rec, sizeof(float), &rec) || align_checked(rec, &rec) || ls_add_size(conv, rec, gdn) ||
         ls_mul_size((size_t)ls_cfg_count_kind(cfg, LS_LAYER_GDN), *gdn, gdn))
@@ -100,8 +126,11 @@ ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt
         return ls_err(LS_ERR_ARG, "state dtype must be f32 or bf16");
     size_t pb;
     if (page_bytes_checked(cfg, page_size, dtype, &pb))
-        return ls_err(LS_ERR_ARG, "page size %lld: one K/V page of %d x %d values overflows a 64-bit byte count",
-                      (long long)page_size, cfg->n_kv, cfg->head_dim);
+        return ls_err(LS_ERR_ARG, "page size %lld: one page of the prompt state overflows a 64-bit byte count",
+                      (long long)page_size);
+    if (sweep_chunk > 0 && cfg->family != LS_FAMILY_HYBRID)
+        return ls_err(LS_ERR_UNSUPPORTED, "--mode full (the exact gradient) is not built for the %s family yet",
+                      cfg->model_type);
     memset(p, 0, sizeof *p);
     p->positions = prompt_len - 1; /* x_P is the first input of every branch (DESIGN §3) */
     p->page_size = page_size;
@@ -109,7 +138,7 @@ ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt
     p->layout = layout;
     p->pages = ceil_div(p->positions, page_size);
     p->pages_per_rank = layout_pages_per_rank(p->pages, cp, layout);
-    p->n_attn = ls_cfg_count_kind(cfg, LS_LAYER_ATTN);
+    p->n_attn = ls_cfg_count_kind(cfg, LS_LAYER_ATTN) + ls_cfg_count_kind(cfg, LS_LAYER_MLA);
     p->n_gdn = ls_cfg_count_kind(cfg, LS_LAYER_GDN);
     p->sweep_chunk = sweep_chunk;
     /* Every product and sum checked: at the lengths this tool is for, a wrapped size
@@ -200,8 +229,8 @@ ls_status ls_state_init(ls_prompt_state *st, const ls_config *cfg, int64_t capac
         return ls_err(LS_ERR_ARG, "state dtype must be f32 or bf16");
     size_t pb;
     if (page_bytes_checked(cfg, page_size, dtype, &pb)) /* page_bytes below is then exact */
-        return ls_err(LS_ERR_ARG, "page size %lld: one K/V page of %d x %d values overflows a 64-bit byte count",
-                      (long long)page_size, cfg->n_kv, cfg->head_dim);
+        return ls_err(LS_ERR_ARG, "page size %lld: one page of the prompt state overflows a 64-bit byte count",
+                      (long long)page_size);
     memset(st, 0, sizeof *st);
     st->cfg = cfg;
     st->capacity = st->prompt_capacity = capacity;
@@ -249,8 +278,12 @@ ls_status ls_state_enable_full(ls_prompt_state *st, int64_t sweep_chunk) {
     const ls_config *c = st->cfg;
     if (sweep_chunk < 1) return ls_err(LS_ERR_ARG, "--sweep-chunk must be >= 1 (got %lld)", (long long)sweep_chunk);
     LS_ASSERT(st->n == 0 && !st->full, "full mode is enabled on an empty state, once");
+    if (c->family != LS_FAMILY_HYBRID)
+        return ls_err(LS_ERR_UNSUPPORTED, "--mode full (the exact gradient) is not built for the %s family yet",
+                      c->model_type);
     ls_arena *A = st->arena;
-    size_t L = (size_t)c->n_layers, pb = page_bytes(c, st->page_size, LS_DTYPE_F32);
+    size_t L = (size_t)c->n_layers, pb;
+    page_bytes_checked(c, st->page_size, LS_DTYPE_F32, &pb); /* the hybrid's one K/V page size */
     size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
     size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;
     ls_state_full *f = ls_arena_calloc(A, 1, sizeof *f);
@@ -331,16 +364,16 @@ static ls_status alloc_tables(ls_prompt_state *st) {
     ls_arena *arena = st->arena;
     size_t L = (size_t)cfg->n_layers;
     st->attn = ls_arena_calloc(arena, L, sizeof(ls_attn_state));
-    st->gdn = ls_arena_calloc(arena, L, sizeof(ls_gdn_state));
-    if (!st->attn || !st->gdn) return LS_ERR_NOMEM;
+    st->gdn = has_gdn_table(cfg) ? ls_arena_calloc(arena, L, sizeof(ls_gdn_state)) : NULL;
+    if (!st->attn || (has_gdn_table(cfg) && !st->gdn)) return LS_ERR_NOMEM;
     size_t conv_n = (size_t)(cfg->conv_k - 1) * (size_t)ls_cfg_conv_dim(cfg);
     size_t rec_n = (size_t)cfg->H_v * (size_t)cfg->d_k * (size_t)cfg->d_v;
-    for (size_t l = 0; l < L; l++) {
-        if (cfg->kind[l] == LS_LAYER_ATTN) {
-            st->attn[l].k_pages = ls_arena_calloc(arena, (size_t)st->cap_pages, sizeof(void *));
-            st->attn[l].v_pages = ls_arena_calloc(arena, (size_t)st->cap_pages, sizeof(void *));
-            if (!st->attn[l].k_pages || !st->attn[l].v_pages) return LS_ERR_NOMEM;
-        } else {
+    for (int l = 0; l < (int)L; l++) {
+        if (ls_state_row(cfg, l, 0) && !(st->attn[l].k_pages = ls_arena_calloc(arena, (size_t)st->cap_pages, sizeof(void *))))
+            return LS_ERR_NOMEM;
+        if (ls_state_row(cfg, l, 1) && !(st->attn[l].v_pages = ls_arena_calloc(arena, (size_t)st->cap_pages, sizeof(void *))))
+            return LS_ERR_NOMEM;
+        if (cfg->kind[l] == LS_LAYER_GDN) {
             st->gdn[l].conv_tail = ls_arena_calloc(arena, conv_n, sizeof(float));
             st->gdn[l].S = ls_arena_calloc(arena, rec_n, sizeof(float));
             if (!st->gdn[l].conv_tail || !st->gdn[l].S) return LS_ERR_NOMEM;
@@ -352,13 +385,14 @@ static ls_status alloc_tables(ls_prompt_state *st) {
 ls_status ls_state_append_kv(ls_prompt_state *st, int layer, const float *k, const float *v,
                              int64_t T) {
     const ls_config *c = st->cfg;
-    LS_ASSERT(c->kind[layer] == LS_LAYER_ATTN, "layer %d is not full attention", layer);
+    LS_ASSERT(ls_state_row(c, layer, 0) > 0, "layer %d has no pages", layer);
     if (st->n + T > st->capacity)
         return ls_err(LS_ERR_ARG, "prompt state holds %lld positions; cannot append %lld more",
                       (long long)st->capacity, (long long)T);
-    int64_t row = (int64_t)c->n_kv * c->head_dim;
+    int64_t row = ls_state_row(c, layer, 0), vrow = ls_state_row(c, layer, 1);
     size_t esz = ls_dtype_size(st->dtype);
-    size_t pb = page_bytes(c, st->page_size, st->dtype);
+    size_t pb = page_bytes(c, layer, 0, st->page_size, st->dtype), vpb = page_bytes(c, layer, 1, st->page_size, st->dtype);
+    LS_ASSERT(!vrow == !v, "layer %d: V rows given to a table that has %s", layer, vrow ? "them" : "none");
     ls_attn_state *a = &st->attn[layer];
     int sg = 0; /* the segment of this rank holding the positions */
     while (sg + 1 < st->nseg && st->n >= st->seg_hi[sg]) sg++;
@@ -370,15 +404,16 @@ ls_status ls_state_append_kv(ls_prompt_state *st, int layer, const float *k, con
         int64_t pg = st->seg_lpage[sg] + pos / st->page_size - st->seg_gpage[sg], off = pos % st->page_size;
         if (!a->k_pages[pg]) {
             a->k_pages[pg] = ls_arena_alloc(st->arena, pb);
-            a->v_pages[pg] = ls_arena_alloc(st->arena, pb);
-            if (!a->k_pages[pg] || !a->v_pages[pg]) return LS_ERR_NOMEM;
+            if (vrow) a->v_pages[pg] = ls_arena_alloc(st->arena, vpb);
+            if (!a->k_pages[pg] || (vrow && !a->v_pages[pg])) return LS_ERR_NOMEM;
         }
         int64_t n = st->page_size - off;
         if (n > T - t) n = T - t;
         ls_convert_from_f32((char *)a->k_pages[pg] + (size_t)(off * row) * esz, st->dtype, k + t * row,
                             (size_t)(n * row));
-        ls_convert_from_f32((char *)a->v_pages[pg] + (size_t)(off * row) * esz, st->dtype, v + t * row,
-                            (size_t)(n * row));
+        if (vrow)
+            ls_convert_from_f32((char *)a->v_pages[pg] + (size_t)(off * vrow) * esz, st->dtype, v + t * vrow,
+                                (size_t)(n * vrow));
         if (pg + 1 > st->n_pages) st->n_pages = pg + 1;
         t += n;
     }
@@ -421,22 +456,21 @@ ls_status ls_state_fork(ls_prompt_state *dst, const ls_prompt_state *src, int64_
     LS_TRY(alloc_tables(dst));
     ls_kv_prefix held = ls_state_prefix(src, 0); /* positions this rank holds (any layer: the same) */
     int64_t full = held.n / src->page_size, partial = held.n % src->page_size;
-    size_t pb = page_bytes(c, src->page_size, src->dtype);
     size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
     size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;
     for (int64_t l = 0; l < c->n_layers; l++) {
-        if (c->kind[l] == LS_LAYER_ATTN) {
-            ls_attn_state *a = &dst->attn[l];
-            const ls_attn_state *b = &src->attn[l];
-            for (int64_t p = 0; p < full; p++) a->k_pages[p] = b->k_pages[p], a->v_pages[p] = b->v_pages[p];
+        for (int side = 0; side < 2; side++) {
+            if (!ls_state_row(c, (int)l, side)) continue;
+            void **a = side ? dst->attn[l].v_pages : dst->attn[l].k_pages;
+            void *const *b = side ? src->attn[l].v_pages : src->attn[l].k_pages;
+            size_t pb = page_bytes(c, (int)l, side, src->page_size, src->dtype);
+            for (int64_t p = 0; p < full; p++) a[p] = b[p];
             if (partial) { /* the page the member will append into: private */
-                a->k_pages[full] = ls_arena_alloc(arena, pb);
-                a->v_pages[full] = ls_arena_alloc(arena, pb);
-                if (!a->k_pages[full] || !a->v_pages[full]) return LS_ERR_NOMEM;
-                memcpy(a->k_pages[full], b->k_pages[full], pb);
-                memcpy(a->v_pages[full], b->v_pages[full], pb);
+                if (!(a[full] = ls_arena_alloc(arena, pb))) return LS_ERR_NOMEM;
+                memcpy(a[full], b[full], pb);
             }
-        } else {
+        }
+        if (c->kind[l] == LS_LAYER_GDN) {
             memcpy(dst->gdn[l].S, src->gdn[l].S, rec_n * sizeof(float));
             memcpy(dst->gdn[l].conv_tail, src->gdn[l].conv_tail, conv_n * sizeof(float));
         }

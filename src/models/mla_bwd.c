@@ -1,0 +1,202 @@
+/*
+ * mla_bwd.c — backward of a taped MLA-family branch (prefix-frozen, DESIGN §3):
+ * parameter gradients (+=) into a gradient set. The selections (indexer top-k, expert
+ * choice) are constants: the indexer and e_score_correction_bias get no gradient, and
+ * experts are recomputed from the saved routing. A gradient set may leave tensors NULL
+ * (frozen): their gradient is skipped. Rows before the tape's grad_from (the naive
+ * mode's prompt) pass no gradient as keys, so the plain forward over prompt + response
+ * gives the prefix-frozen gradient too.
+ */
+#include <cblas.h>
+#include <string.h>
+
+#include "longstraw/kernels.h"
+#include "longstraw/trace.h"
+#include "mla_tape.h"
+
+#define ALLOC_F(arena, n) ((float *)ls_arena_alloc((arena), (size_t)(n) * sizeof(float)))
+#define CALLOC_F(arena, n) ((float *)ls_arena_calloc((arena), (size_t)(n), sizeof(float)))
+#define NEED(p)                        \
+    do {                               \
+        if (!(p)) return LS_ERR_NOMEM; \
+    } while (0)
+/* tensor `base` + off of a gradient set, or NULL when the set leaves it out */
+#define GOFF(base, off) ((base) ? (base) + (off) : NULL)
+
+/* SwiGLU backward on rows: dout[n, D] → dxs[n, D] (= or +=), weight gradients (+=; NULL
+ * skips). gu [n, 2I] and act [n, I] are the forward's. */
+static ls_status swiglu_bwd(float *dxs, float *dgu_w, float *ddown_w, const float *dout, const float *xs,
+                            const float *gu, const float *act, const float *gu_w, const float *down_w, int64_t n,
+                            int64_t D, int64_t NI, int accumulate, ls_arena *sc) {
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *dact = ALLOC_F(sc, n * NI), *dgu = ALLOC_F(sc, n * 2 * NI);
+    NEED(dact && dgu);
+    ls_linear_bwd(dact, ddown_w, dout, act, down_w, n, NI, D, 0);
+    ls_swiglu_bwd(dgu, dact, gu, n, NI);
+    ls_linear_bwd(dxs, dgu_w, dgu, xs, gu_w, n, D, 2 * NI, accumulate);
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+/* MoE backward: dres [T, D] = ∂L/∂(block output) → dxn (+=). */
+static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const mla_layer_tape *tp, const float *dres,
+                         float *dxn, int64_t T, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    const ls_mla_config *mc = &c->mla;
+    const ls_mla_layer *w = &m->layers[l];
+    int64_t D = c->hidden, Im = c->moe_inter, Is = Im * mc->n_shared_experts;
+    int E = c->n_experts, K = c->top_k;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    int64_t *count = ls_arena_alloc(sc, (size_t)(E + 1) * sizeof(int64_t));
+    int64_t *rows = ls_arena_alloc(sc, (size_t)(T * K) * sizeof(int64_t));
+    float *dwt = CALLOC_F(sc, T * K), *dlog = ALLOC_F(sc, T * E);
+    NEED(count && rows && dwt && dlog);
+    LS_TRY(ls_moe_group(count, rows, tp->esel, T, E, K, sc));
+    int64_t maxn = 0;
+    for (int e = 0; e < E; e++) maxn = count[e + 1] - count[e] > maxn ? count[e + 1] - count[e] : maxn;
+    float *xs = ALLOC_F(sc, maxn * D), *ys = ALLOC_F(sc, maxn * D), *dys = ALLOC_F(sc, maxn * D);
+    float *gu = ALLOC_F(sc, maxn * 2 * Im), *act = ALLOC_F(sc, maxn * Im), *dxs = ALLOC_F(sc, maxn * D);
+    NEED(xs && ys && dys && gu && act && dxs);
+    for (int e = 0; e < E; e++) {
+        int64_t n = count[e + 1] - count[e];
+        if (n == 0) continue;
+        const int64_t *r = rows + count[e];
+        const float *Wgu = w->exp_gu + (int64_t)e * 2 * Im * D, *Wdn = w->exp_down + (int64_t)e * D * Im;
+        for (int64_t i = 0; i < n; i++) memcpy(xs + i * D, tp->xn2 + (r[i] / K) * D, (size_t)D * sizeof(float));
+        ls_linear_fwd(gu, xs, Wgu, n, D, 2 * Im, 0); /* the expert, recomputed */
+        ls_swiglu_fwd(act, gu, n, Im);
+        ls_linear_fwd(ys, act, Wdn, n, Im, D, 0);
+        for (int64_t i = 0; i < n; i++) {
+            const float *dr = dres + (r[i] / K) * D;
+            double dot = 0;
+            for (int64_t d = 0; d < D; d++) {
+                dot += (double)dr[d] * ys[i * D + d];
+                dys[i * D + d] = tp->wt[r[i]] * dr[d];
+            }
+            dwt[r[i]] = (float)dot;
+        }
+        LS_TRY(swiglu_bwd(dxs, GOFF(gw->exp_gu, (int64_t)e * 2 * Im * D), GOFF(gw->exp_down, (int64_t)e * D * Im), dys,
+                          xs, gu, act, Wgu, Wdn, n, D, Im, 0, sc));
+        for (int64_t i = 0; i < n; i++) {
+            float *dx = dxn + (r[i] / K) * D;
+            for (int64_t d = 0; d < D; d++) dx[d] += dxs[i * D + d];
+        }
+    }
+    ls_mla_route_bwd(dlog, dwt, tp->s, tp->esel, T, E, K, c->norm_topk, mc->routed_scaling);
+    ls_linear_bwd(dxn, gw->router, dlog, tp->xn2, w->router, T, D, E, 1);
+    if (Is > 0)
+        LS_TRY(swiglu_bwd(dxn, gw->sh_gu, gw->sh_down, dres, tp->xn2, tp->sh_gu, tp->sh_act, w->sh_gu, w->sh_down, T, D,
+                          Is, 1, sc));
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+/* The MLA mixer's backward: dy [T, D] = ∂L/∂(mixer output) → dxn [T, D] (=). */
+static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const mla_tape *tb, const float *dy,
+                           float *dxn, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    const ls_mla_config *mc = &c->mla;
+    const ls_mla_layer *w = &m->layers[l];
+    const mla_layer_tape *tp = &tb->layers[l];
+    int64_t T = tb->T, D = c->hidden, rq = mc->q_lora_rank, rkv = mc->kv_lora_rank, pos0 = tb->pos0;
+    int H = c->n_heads, dn = mc->qk_nope, dr = mc->qk_rope, dv = mc->v_head, half = dr / 2;
+    int64_t dq = dn + dr, dk = rkv + dr, hb = dn + dv;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *dov = ALLOC_F(sc, T * H * dv), *dob = ALLOC_F(sc, T * H * rkv); /* ∂L/∂(W_UV outputs), ∂L/∂ō */
+    float *dqa = ALLOC_F(sc, T * H * dk), *down = ALLOC_F(sc, T * dk);     /* absorbed queries, own rows */
+    float *dqf = ALLOC_F(sc, T * H * dq), *dcq = ALLOC_F(sc, T * rq), *dlat = ALLOC_F(sc, T * rkv);
+    float *dkva = ALLOC_F(sc, T * dk);
+    NEED(dov && dob && dqa && down && dqf && dcq && dlat && dkva);
+    ls_linear_bwd(dov, gw->o_proj, dy, tp->ov, w->o_proj, T, (int64_t)H * dv, D, 0);
+    for (int h = 0; h < H; h++) { /* ov[h] = ō[h]·W_UV[h]ᵀ */
+        const float *Wuv = w->kv_b + (h * hb + dn) * rkv;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)rkv, dv, 1.0f, dov + h * dv, H * dv, Wuv,
+                    (int)rkv, 0.0f, dob + h * rkv, (int)(H * rkv));
+        if (gw->kv_b)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dv, (int)rkv, (int)T, 1.0f, dov + h * dv, H * dv,
+                        tp->o + h * rkv, (int)(H * rkv), 1.0f, gw->kv_b + (h * hb + dn) * rkv, (int)rkv);
+    }
+    ls_kv_prefix pre = {0, 1, LS_DTYPE_F32, NULL, NULL};
+    if (tb->st) pre = ls_state_prefix(tb->st, l);
+    LS_TRY(ls_mla_attn_bwd(dqa, down, NULL, dob, tp->o, tp->lse, tp->qa, tp->own, &pre, tp->sel, tb->kk, T, H,
+                           (int)rkv, dr, pos0, m->scale));
+    if (tb->grad_from > 0) /* the naive mode's prompt rows are keys without gradient */
+        memset(down, 0, (size_t)(tb->grad_from * dk) * sizeof(float));
+    for (int h = 0; h < H; h++) { /* qa[h] = [q_nope[h]·W_UK[h] ; q_pe[h]] */
+        const float *Wuk = w->kv_b + h * hb * rkv;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, dn, (int)rkv, 1.0f, dqa + h * dk, (int)(H * dk),
+                    Wuk, (int)rkv, 0.0f, dqf + h * dq, (int)(H * dq));
+        if (gw->kv_b)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dn, (int)rkv, (int)T, 1.0f, tp->q + h * dq,
+                        (int)(H * dq), dqa + h * dk, (int)(H * dk), 1.0f, gw->kv_b + h * hb * rkv, (int)rkv);
+        for (int64_t t = 0; t < T; t++)
+            memcpy(dqf + (t * H + h) * dq + dn, dqa + (t * H + h) * dk + rkv, (size_t)dr * sizeof(float));
+    }
+    ls_rope_table_bwd(dqf, T, H, (int)dq, dn, half, m->inv_freq, mc->rope_interleave, pos0);
+    ls_linear_bwd(dcq, gw->q_b, dqf, tp->cq, w->q_b, T, rq, (int64_t)H * dq, 0);
+    ls_rmsnorm_plain_bwd(dcq, gw->q_a_norm, dcq, tp->cq_raw, tp->rstd_q, w->q_a_norm, T, rq);
+    ls_linear_bwd(dxn, gw->q_a, dcq, tp->xn1, w->q_a, T, D, rq, 0);
+    /* own rows [c_kv ; k_pe] → kv_a_proj output */
+    ls_rope_table_bwd(down, T, 1, (int)dk, (int)rkv, half, m->inv_freq, mc->rope_interleave, pos0);
+    for (int64_t t = 0; t < T; t++) memcpy(dlat + t * rkv, down + t * dk, (size_t)rkv * sizeof(float));
+    ls_rmsnorm_plain_bwd(dlat, gw->kv_a_norm, dlat, tp->lat_raw, tp->rstd_kv, w->kv_a_norm, T, rkv);
+    for (int64_t t = 0; t < T; t++) {
+        memcpy(dkva + t * dk, dlat + t * rkv, (size_t)rkv * sizeof(float));
+        memcpy(dkva + t * dk + rkv, down + t * dk + rkv, (size_t)dr * sizeof(float));
+    }
+    ls_linear_bwd(dxn, gw->kv_a, dkva, tp->xn1, w->kv_a, T, D, dk, 1);
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+/* One layer: dx [T, D] holds ∂L/∂(layer output) on entry, ∂L/∂(layer input) on exit. */
+static ls_status layer_bwd(const ls_mla_model *m, ls_mla_model *grad, int l, const mla_tape *tb, float *dx,
+                           ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    const ls_mla_layer *w = &m->layers[l];
+    ls_mla_layer *gw = &grad->layers[l];
+    const mla_layer_tape *tp = &tb->layers[l];
+    int64_t T = tb->T, D = c->hidden;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *dxn = CALLOC_F(sc, T * D);
+    NEED(dxn);
+    if (c->moe[l]) {
+        LS_TRY(moe_bwd(m, l, gw, tp, dx, dxn, T, sc));
+    } else {
+        int64_t NI = c->intermediate;
+        LS_TRY(swiglu_bwd(dxn, gw->mlp_gu, gw->mlp_down, dx, tp->xn2, tp->gu, tp->act, w->mlp_gu, w->mlp_down, T, D, NI,
+                          0, sc));
+    }
+    ls_rmsnorm_plain_bwd(dxn, gw->post_norm, dxn, tp->x_mid, tp->rstd2, w->post_norm, T, D);
+    for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i]; /* ∂L/∂(mixer output) */
+    LS_TRY(mixer_bwd(m, l, gw, tb, dx, dxn, sc));
+    ls_rmsnorm_plain_bwd(dxn, gw->input_norm, dxn, tp->x_in, tp->rstd1, w->input_norm, T, D);
+    for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i];
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+ls_status ls_mla_branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const ls_branch_tape *tape,
+                            const float *dlogprob, ls_arena *scratch) {
+    const mla_tape *tb = (const mla_tape *)tape;
+    const ls_config *c = &m->cfg;
+    int64_t T = tb->T, D = c->hidden, n = T - tb->out_from;
+    ls_arena_mark mk = ls_arena_get_mark(scratch);
+    float *dx = CALLOC_F(scratch, T * D); /* [T, D] ∂L/∂residual */
+    NEED(dx);
+    if (n > 0) {
+        float *dh = ALLOC_F(scratch, n * D);
+        NEED(dh);
+        LS_TRY(ls_lmhead_logprobs_bwd(dh, grad->lm_head, dlogprob, tb->h_final, m->lm_head, tb->target, tb->lse, n, D,
+                                      c->vocab, tb->temperature, tb->lmhead_rows, scratch));
+        ls_rmsnorm_plain_bwd(dx + tb->out_from * D, grad->final_norm, dh, tb->x_final, tb->rstd_f, m->final_norm, n,
+                             D);
+    }
+    for (int l = c->n_layers - 1; l >= 0; l--) {
+        LS_TRY(layer_bwd(m, grad, l, tb, dx, scratch));
+        ls_trace_layer_end(l, "bwd");
+    }
+    if (grad->embed) ls_embed_bwd(grad->embed, dx, tb->ids, T, D);
+    ls_arena_release(scratch, mk);
+    return LS_OK;
+}

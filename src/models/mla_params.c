@@ -1,0 +1,271 @@
+/*
+ * mla_params.c — the MLA + DSA + MoE family's tensors (specs/mla-dsa-moe.md §5) as one
+ * list: every HF tensor with its shape, init kind and the slot (and offset) it lives in.
+ * Loading, export, the parameter list, gradient sets and `init`'s tensor specs all walk
+ * it, so they cannot disagree. Tensors keep their HF layout in f32; gate and up
+ * projections are fused row blocks [gate ; up] and experts are stacked, so each HF
+ * tensor is one contiguous slice of its slot. Errors name the file and the tensor.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "longstraw/mla.h"
+#include "longstraw/safetensors.h"
+
+typedef struct {
+    ls_mla_tensor *t; /* NULL: count only */
+    int64_t n;
+    int err;
+} tlist;
+
+static void add(tlist *l, int layer, size_t field, int64_t off, ls_init_kind init, int frozen, int ndim, int64_t d0,
+                int64_t d1, const char *fmt, ...) __attribute__((format(printf, 10, 11)));
+static void add(tlist *l, int layer, size_t field, int64_t off, ls_init_kind init, int frozen, int ndim, int64_t d0,
+                int64_t d1, const char *fmt, ...) {
+    if (l->t) {
+        ls_mla_tensor *t = &l->t[l->n];
+        memset(t, 0, sizeof *t);
+        va_list ap;
+        va_start(ap, fmt);
+        if (vsnprintf(t->name, sizeof t->name, fmt, ap) >= (int)sizeof t->name) l->err = 1;
+        va_end(ap);
+        t->ndim = ndim, t->shape[0] = d0, t->shape[1] = ndim > 1 ? d1 : 1;
+        t->init = init, t->layer = layer, t->field = field, t->off = off, t->frozen = frozen;
+        t->no_decay = ndim == 1;
+    }
+    l->n++;
+}
+
+#define LF(f) offsetof(ls_mla_layer, f)
+#define MF(f) offsetof(ls_mla_model, f)
+
+static void walk(const ls_config *c, tlist *l) {
+    const ls_mla_config *m = &c->mla;
+    int64_t D = c->hidden, H = c->n_heads, dn = m->qk_nope, dr = m->qk_rope, dv = m->v_head;
+    int64_t rq = m->q_lora_rank, rkv = m->kv_lora_rank, nI = m->index_heads, dI = m->index_head_dim;
+    const char *p = "model.layers.";
+    add(l, -1, MF(embed), 0, LS_INIT_EMBED, 0, 2, c->vocab, D, "model.embed_tokens.weight");
+    for (int i = 0; i < c->n_layers; i++) {
+        add(l, i, LF(input_norm), 0, LS_INIT_NORM1, 0, 1, D, 0, "%s%d.input_layernorm.weight", p, i);
+        add(l, i, LF(q_a), 0, LS_INIT_LINEAR, 0, 2, rq, D, "%s%d.self_attn.q_a_proj.weight", p, i);
+        add(l, i, LF(q_a_norm), 0, LS_INIT_NORM1, 0, 1, rq, 0, "%s%d.self_attn.q_a_layernorm.weight", p, i);
+        add(l, i, LF(q_b), 0, LS_INIT_LINEAR, 0, 2, H * (dn + dr), rq, "%s%d.self_attn.q_b_proj.weight", p, i);
+        add(l, i, LF(kv_a), 0, LS_INIT_LINEAR, 0, 2, rkv + dr, D, "%s%d.self_attn.kv_a_proj_with_mqa.weight", p, i);
+        add(l, i, LF(kv_a_norm), 0, LS_INIT_NORM1, 0, 1, rkv, 0, "%s%d.self_attn.kv_a_layernorm.weight", p, i);
+        add(l, i, LF(kv_b), 0, LS_INIT_LINEAR, 0, 2, H * (dn + dv), rkv, "%s%d.self_attn.kv_b_proj.weight", p, i);
+        add(l, i, LF(o_proj), 0, LS_INIT_LINEAR, 0, 2, D, H * dv, "%s%d.self_attn.o_proj.weight", p, i);
+        if (m->index_full[i]) {
+            add(l, i, LF(idx_wq), 0, LS_INIT_LINEAR, 1, 2, nI * dI, rq, "%s%d.self_attn.indexer.wq_b.weight", p, i);
+            add(l, i, LF(idx_wk), 0, LS_INIT_LINEAR, 1, 2, dI, D, "%s%d.self_attn.indexer.wk.weight", p, i);
+            add(l, i, LF(idx_knorm_w), 0, LS_INIT_NORM1, 1, 1, dI, 0, "%s%d.self_attn.indexer.k_norm.weight", p, i);
+            add(l, i, LF(idx_knorm_b), 0, LS_INIT_BIAS0, 1, 1, dI, 0, "%s%d.self_attn.indexer.k_norm.bias", p, i);
+            add(l, i, LF(idx_weights), 0, LS_INIT_LINEAR, 1, 2, nI, D, "%s%d.self_attn.indexer.weights_proj.weight", p,
+                i);
+        }
+        add(l, i, LF(post_norm), 0, LS_INIT_NORM1, 0, 1, D, 0, "%s%d.post_attention_layernorm.weight", p, i);
+        if (c->moe[i]) {
+            int64_t Im = c->moe_inter, Is = c->moe_inter * m->n_shared_experts;
+            add(l, i, LF(router), 0, LS_INIT_LINEAR, 0, 2, c->n_experts, D, "%s%d.mlp.gate.weight", p, i);
+            add(l, i, LF(router_bias), 0, LS_INIT_BIAS0, 1, 1, c->n_experts, 0, "%s%d.mlp.gate.e_score_correction_bias",
+                p, i);
+            for (int e = 0; e < c->n_experts; e++) {
+                int64_t g = (int64_t)e * 2 * Im * D;
+                add(l, i, LF(exp_gu), g, LS_INIT_LINEAR, 0, 2, Im, D, "%s%d.mlp.experts.%d.gate_proj.weight", p, i, e);
+                add(l, i, LF(exp_gu), g + Im * D, LS_INIT_LINEAR, 0, 2, Im, D, "%s%d.mlp.experts.%d.up_proj.weight", p,
+                    i, e);
+                add(l, i, LF(exp_down), (int64_t)e * D * Im, LS_INIT_LINEAR, 0, 2, D, Im,
+                    "%s%d.mlp.experts.%d.down_proj.weight", p, i, e);
+            }
+            if (Is > 0) {
+                add(l, i, LF(sh_gu), 0, LS_INIT_LINEAR, 0, 2, Is, D, "%s%d.mlp.shared_experts.gate_proj.weight", p, i);
+                add(l, i, LF(sh_gu), Is * D, LS_INIT_LINEAR, 0, 2, Is, D, "%s%d.mlp.shared_experts.up_proj.weight", p,
+                    i);
+                add(l, i, LF(sh_down), 0, LS_INIT_LINEAR, 0, 2, D, Is, "%s%d.mlp.shared_experts.down_proj.weight", p, i);
+            }
+        } else {
+            int64_t I = c->intermediate;
+            add(l, i, LF(mlp_gu), 0, LS_INIT_LINEAR, 0, 2, I, D, "%s%d.mlp.gate_proj.weight", p, i);
+            add(l, i, LF(mlp_gu), I * D, LS_INIT_LINEAR, 0, 2, I, D, "%s%d.mlp.up_proj.weight", p, i);
+            add(l, i, LF(mlp_down), 0, LS_INIT_LINEAR, 0, 2, D, I, "%s%d.mlp.down_proj.weight", p, i);
+        }
+    }
+    add(l, -1, MF(final_norm), 0, LS_INIT_NORM1, 0, 1, D, 0, "model.norm.weight");
+    if (!c->tie_embeddings) add(l, -1, MF(lm_head), 0, LS_INIT_LINEAR, 0, 2, c->vocab, D, "lm_head.weight");
+}
+
+ls_status ls_mla_tensors(const ls_config *c, ls_mla_tensor **out, int64_t *n) {
+    tlist l = {0};
+    walk(c, &l);
+    l.t = malloc((size_t)(l.n > 0 ? l.n : 1) * sizeof *l.t);
+    if (!l.t) return ls_err(LS_ERR_NOMEM, "out of memory listing the tensors of %s", c->model_type);
+    l.n = 0;
+    walk(c, &l);
+    if (l.err) {
+        free(l.t);
+        return ls_err(LS_ERR_ARG, "%s: a tensor name is longer than %zu bytes", c->model_type,
+                      sizeof l.t->name - 1);
+    }
+    *out = l.t, *n = l.n;
+    return LS_OK;
+}
+
+ls_status ls_mla_hf_specs(const ls_config *c, ls_hf_tensor_spec **out, int64_t *n) {
+    ls_mla_tensor *t;
+    LS_TRY(ls_mla_tensors(c, &t, n));
+    ls_hf_tensor_spec *sp = calloc((size_t)(*n > 0 ? *n : 1), sizeof *sp);
+    if (!sp) {
+        free(t);
+        return ls_err(LS_ERR_NOMEM, "out of memory listing the tensors of %s", c->model_type);
+    }
+    for (int64_t i = 0; i < *n; i++) {
+        snprintf(sp[i].name, sizeof sp[i].name, "%s", t[i].name);
+        sp[i].ndim = t[i].ndim, sp[i].shape[0] = t[i].shape[0], sp[i].shape[1] = t[i].ndim > 1 ? t[i].shape[1] : 0;
+        sp[i].init = t[i].init;
+    }
+    free(t);
+    *out = sp;
+    return LS_OK;
+}
+
+static float **slot(const ls_mla_model *m, int layer, size_t field) {
+    return layer < 0 ? (float **)((char *)m + field) : (float **)((char *)&m->layers[layer] + field);
+}
+
+float *ls_mla_at(const ls_mla_model *m, const ls_mla_tensor *t) {
+    float *b = *slot(m, t->layer, t->field);
+    return b ? b + t->off : NULL;
+}
+
+static int64_t numel(const ls_mla_tensor *t) { return t->shape[0] * t->shape[1]; }
+
+/* Every slot of dst sized by its tensors (the largest off + numel) and zeroed; frozen
+ * tensors' slots skipped when grads. The tied LM head is the embedding. */
+static ls_status alloc_slots(ls_mla_model *dst, ls_arena *arena, int grads) {
+    const ls_config *c = &dst->cfg;
+    if (!(dst->layers = ls_arena_calloc(arena, (size_t)c->n_layers, sizeof(ls_mla_layer)))) return LS_ERR_NOMEM;
+    for (int64_t i = 0; i < dst->n_tensors; i++) {
+        const ls_mla_tensor *t = &dst->tensors[i];
+        if ((grads && t->frozen) || *slot(dst, t->layer, t->field)) continue;
+        int64_t need = t->off + numel(t); /* the slot's size: its tensors' furthest end (all in its layer) */
+        for (int64_t j = i + 1; t->layer >= 0 && j < dst->n_tensors && dst->tensors[j].layer == t->layer; j++)
+            if (dst->tensors[j].field == t->field && dst->tensors[j].off + numel(&dst->tensors[j]) > need)
+                need = dst->tensors[j].off + numel(&dst->tensors[j]);
+        float *b = ls_arena_calloc(arena, (size_t)need, sizeof(float));
+        if (!b) return ls_err(LS_ERR_NOMEM, "out of memory for %s (%lld values)", t->name, (long long)need);
+        *slot(dst, t->layer, t->field) = b;
+    }
+    if (c->tie_embeddings) dst->lm_head = dst->embed;
+    return LS_OK;
+}
+
+ls_status ls_mla_alloc_like(const ls_mla_model *src, ls_mla_model *dst, ls_arena *arena, int grads) {
+    memset(dst, 0, sizeof *dst);
+    dst->cfg = src->cfg;
+    dst->tensors = src->tensors, dst->n_tensors = src->n_tensors;
+    dst->inv_freq = src->inv_freq, dst->scale = src->scale;
+    return alloc_slots(dst, arena, grads);
+}
+
+/* FP8 releases (e4m3 weights with weight_scale_inv blocks) are refused up front. */
+static ls_status refuse_fp8(const ls_st_model *st) {
+    for (int64_t i = 0; i < ls_st_model_count(st); i++) {
+        const ls_st_tensor *t = ls_st_model_at(st, i);
+        const char *dt = ls_st_dtype_name(t->st_dtype);
+        if (strncmp(dt, "F8", 2) == 0 || strstr(t->name, "weight_scale_inv"))
+            return ls_err(LS_ERR_UNSUPPORTED,
+                          "%s: tensor \"%s\" is %s: FP8 checkpoints are not supported (they would need their "
+                          "weight_scale_inv blocks dequantised); use the BF16 release or dequantise to BF16 first",
+                          t->file, t->name, strstr(t->name, "weight_scale_inv") ? "an FP8 block scale" : dt);
+    }
+    return LS_OK;
+}
+
+/* Tensor t of the checkpoint into dst: shape checked, NaN/Inf refused. */
+static ls_status read_tensor(const ls_st_model *st, const ls_mla_tensor *t, float *dst) {
+    const ls_st_tensor *f = ls_st_model_find(st, t->name);
+    if (!f) return ls_err(LS_ERR_FORMAT, "%s: checkpoint has no tensor \"%s\"", st->dir, t->name);
+    LS_TRY(ls_st_check_shape(f, t->ndim, t->shape, t->name));
+    LS_TRY(ls_st_read_f32(f, dst, numel(t), t->name));
+    for (int64_t i = 0; i < numel(t); i++)
+        if (!(fabsf(dst[i]) <= FLT_MAX))
+            return ls_err(LS_ERR_FORMAT, "%s: tensor %s holds a non-finite value at element %lld", f->file, f->name,
+                          (long long)i);
+    return LS_OK;
+}
+
+ls_status ls_mla_load(ls_mla_model *m, const char *dir, ls_arena *fixed) {
+    memset(m, 0, sizeof *m);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    LS_TRY(ls_config_load(&m->cfg, path));
+    const ls_config *c = &m->cfg;
+    if (c->family != LS_FAMILY_MLA) return ls_err(LS_ERR_ARG, "%s: not an MLA-family checkpoint", path);
+    ls_mla_tensor *tl;
+    int64_t nt;
+    LS_TRY(ls_mla_tensors(c, &tl, &nt));
+    ls_mla_tensor *keep = ls_arena_alloc(fixed, (size_t)nt * sizeof *keep);
+    m->inv_freq = ls_arena_alloc(fixed, (size_t)(c->mla.qk_rope / 2 + 1) * sizeof(double));
+    if (!keep || !m->inv_freq) {
+        free(tl);
+        return LS_ERR_NOMEM;
+    }
+    memcpy(keep, tl, (size_t)nt * sizeof *keep);
+    free(tl);
+    m->tensors = keep, m->n_tensors = nt;
+    ls_mla_rope_freqs(c, m->inv_freq, NULL, NULL);
+    m->scale = (float)ls_mla_softmax_scale(c);
+    ls_st_model st;
+    LS_TRY(ls_st_model_open(&st, dir));
+    ls_status s = refuse_fp8(&st);
+    for (int64_t i = 0; i < nt && s == LS_OK; i++) { /* every tensor present and shaped before any allocation */
+        const ls_st_tensor *f = ls_st_model_find(&st, keep[i].name);
+        s = f ? ls_st_check_shape(f, keep[i].ndim, keep[i].shape, keep[i].name)
+              : ls_err(LS_ERR_FORMAT, "%s: checkpoint has no tensor \"%s\"", st.dir, keep[i].name);
+    }
+    if (s == LS_OK) s = alloc_slots(m, fixed, 0);
+    for (int64_t i = 0; i < nt && s == LS_OK; i++) { /* MTP layers are not in the list: never read */
+        s = read_tensor(&st, &keep[i], ls_mla_at(m, &keep[i]));
+        m->n_params += (size_t)numel(&keep[i]);
+    }
+    ls_st_model_close(&st);
+    return s;
+}
+
+ls_status ls_mla_params(const ls_mla_model *m, ls_param **out, int64_t *n) {
+    ls_param *v = malloc((size_t)(m->n_tensors > 0 ? m->n_tensors : 1) * sizeof *v);
+    if (!v) return ls_err(LS_ERR_NOMEM, "cannot list %lld parameters", (long long)m->n_tensors);
+    *n = 0;
+    for (int64_t i = 0; i < m->n_tensors; i++) {
+        const ls_mla_tensor *t = &m->tensors[i];
+        if (!t->frozen) v[(*n)++] = (ls_param){ls_mla_at(m, t), numel(t), t->no_decay, t->name};
+    }
+    *out = v;
+    return LS_OK;
+}
+
+ls_status ls_mla_export(const ls_mla_model *m, const char *path, ls_dtype dtype, const char *meta_key,
+                        const char *meta_value) {
+    ls_st_writer w;
+    ls_st_writer_init(&w);
+    int64_t zmax = 0;
+    for (int64_t i = 0; i < m->n_tensors; i++)
+        if (!ls_mla_at(m, &m->tensors[i]) && numel(&m->tensors[i]) > zmax) zmax = numel(&m->tensors[i]);
+    float *zeros = calloc((size_t)(zmax > 0 ? zmax : 1), sizeof(float)); /* frozen tensors of a gradient set */
+    ls_status s = zeros ? LS_OK : LS_ERR_NOMEM;
+    for (int64_t i = 0; i < m->n_tensors && s == LS_OK; i++) {
+        const ls_mla_tensor *t = &m->tensors[i];
+        const float *p = ls_mla_at(m, t);
+        s = ls_st_writer_add_f32(&w, t->name, t->ndim == 1 ? LS_DTYPE_F32 : dtype, t->ndim, t->shape, p ? p : zeros);
+    }
+    if (s == LS_OK) s = ls_st_writer_add_meta(&w, "format", "pt");
+    if (s == LS_OK && meta_key) s = ls_st_writer_add_meta(&w, meta_key, meta_value);
+    if (s == LS_OK) s = ls_st_write(&w, path);
+    ls_st_writer_free(&w);
+    free(zeros);
+    return s;
+}

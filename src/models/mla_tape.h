@@ -1,0 +1,43 @@
+/*
+ * mla_tape.h — what a branch forward of the MLA family saves for its backward (private
+ * to src/models). Everything lives in the tape arena (the branch arena) and dies when
+ * it is reset after the member's backward (DESIGN §3–4). The family table passes it as
+ * the opaque ls_branch_tape.
+ */
+#ifndef LONGSTRAW_MLA_TAPE_H
+#define LONGSTRAW_MLA_TAPE_H
+
+#include "longstraw/mla.h"
+
+typedef struct {
+    float *x_in, *xn1, *rstd1;     /* [T, D] layer input, input_layernorm output, [T] */
+    float *cq_raw, *rstd_q, *cq;   /* [T, rq] q_a_proj output, [T], the q latent */
+    float *q;                      /* [T, H, dn+dr] q_b_proj output, q_pe rotated */
+    float *lat_raw, *rstd_kv;      /* [T, rkv] the KV latent before its norm, [T] */
+    float *own;                    /* [T, rkv+dr] the call's latent rows [c_kv ; k_pe] */
+    float *qa;                     /* [T, H, rkv+dr] absorbed queries [W_UKᵀ q_nope ; q_pe] */
+    const int32_t *sel;            /* [T, kk] selected positions (a shared layer: its full layer's) */
+    float *o, *lse;                /* [T, H, rkv] attention over the latents, [T, H] */
+    float *ov;                     /* [T, H·dv] per-head W_UV outputs (o_proj input) */
+    float *x_mid, *xn2, *rstd2;    /* [T, D], [T, D], [T] */
+    float *gu, *act;               /* dense MLP: [T, 2I], [T, I] */
+    float *s;                      /* MoE: [T, E] sigmoid scores */
+    int32_t *esel;                 /* [T, K] chosen experts */
+    float *wt;                     /* [T, K] their gates */
+    float *sh_gu, *sh_act;         /* shared experts: [T, 2Is], [T, Is] */
+} mla_layer_tape;
+
+typedef struct {
+    int64_t T, out_from, grad_from, pos0;
+    int64_t kk;                    /* the selection's row stride: min(index_topk, pos0 + T) */
+    const int32_t *ids;            /* [T] (caller's buffer, alive until backward) */
+    const int32_t *target;         /* [T − out_from] */
+    const ls_prompt_state *st;     /* the read-only prefix (NULL: none) */
+    mla_layer_tape *layers;        /* [n_layers] */
+    float *x_final, *rstd_f;       /* [T − out_from, D] final-norm input, [T − out_from] */
+    float *h_final, *lse;          /* [T − out_from, D] LM-head input, [T − out_from] */
+    float temperature;
+    int64_t lmhead_rows;
+} mla_tape;
+
+#endif
