@@ -342,7 +342,7 @@ typedef struct {
     double *x, *w, *z, *R, *y; /* w, z only where the norm has them */
     int64_t rows, D;
     double eps;
-    int kind; /* 0 rmsnorm, 1 gated, 2 l2 */
+    int kind; /* 0 rmsnorm (1+w), 1 gated, 2 l2, 3 plain rmsnorm (w; the MLA family) */
 } norm_ctx;
 
 static void norm_ref(norm_ctx *c) {
@@ -353,6 +353,7 @@ static void norm_ref(norm_ctx *c) {
         double s = 1.0 / sqrt((c->kind == 2 ? ss : ss / (double)c->D) + c->eps);
         for (int64_t i = 0; i < c->D; i++) {
             if (c->kind == 0) yr[i] = xr[i] * s * (1.0 + c->w[i]);
+            else if (c->kind == 3) yr[i] = xr[i] * s * c->w[i];
             else if (c->kind == 1) yr[i] = xr[i] * s * c->w[i] * silu_d(c->z[r * c->D + i]);
             else yr[i] = xr[i] * s;
         }
@@ -380,8 +381,8 @@ static int kb_norm_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
     fdsel sx = sel_make(pl, n, ns, rng), sz = sel_make(pl, n, ns, rng), sw = sel_make(pl, D, ns, rng);
     double *gx = pd(pl, sx.m), *gz = pd(pl, sz.m), *gw = pd(pl, sw.m);
     T_CHECK(!pl->oom, "out of memory");
-    if (kind == 1)
-        for (int64_t i = 0; i < D; i++) w[i] += 1.0f; /* gated w around its init value 1 */
+    if (kind == 1 || kind == 3)
+        for (int64_t i = 0; i < D; i++) w[i] += 1.0f; /* plain w around its init value 1 */
     to_d(c.x, x, n);
     to_d(c.w, w, D);
     to_d(c.z, z, n);
@@ -393,6 +394,7 @@ static int kb_norm_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
     norm_ref(&c);
     fill_f(y, n, NAN);
     if (kind == 0) ls_rmsnorm_fwd(y, rs, x, w, rows, D, eps);
+    else if (kind == 3) ls_rmsnorm_plain_fwd(y, rs, x, w, rows, D, eps);
     else if (kind == 1) ls_gated_rmsnorm_fwd(y, rs, x, z, w, rows, D, eps);
     else ls_l2norm_fwd(y, rs, x, rows, D, eps);
     if (cmp_fwd(ks, WHAT("y"), y, c.y, n)) return 1;
@@ -404,6 +406,7 @@ static int kb_norm_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
     fill_f(dz, n, NAN);
     fill_f(dw, D, PREFILL);
     if (kind == 0) ls_rmsnorm_bwd(dx, dw, R, x, rs, w, rows, D);
+    else if (kind == 3) ls_rmsnorm_plain_bwd(dx, dw, R, x, rs, w, rows, D);
     else if (kind == 1) ls_gated_rmsnorm_bwd(dx, dz, dw, R, x, z, rs, w, rows, D);
     else ls_l2norm_bwd(dx, R, x, rs, rows, D);
     if (cmp_grad(ks, WHAT("dx"), dx, 0.0f, gx, sx)) return 1;
@@ -414,6 +417,7 @@ static int kb_norm_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
         fill_f(dx2, n, NAN);
         fill_f(dz2, n, NAN);
         if (kind == 0) ls_rmsnorm_bwd(dx2, NULL, R, x, rs, w, rows, D);
+        else if (kind == 3) ls_rmsnorm_plain_bwd(dx2, NULL, R, x, rs, w, rows, D);
         else ls_gated_rmsnorm_bwd(dx2, dz2, NULL, R, x, z, rs, w, rows, D);
         if (cmp_same(ks, WHAT("dx, dw NULL"), dx2, dx, n)) return 1;
         if (kind == 1 && cmp_same(ks, WHAT("dz, dw NULL"), dz2, dz, n)) return 1;
@@ -423,6 +427,7 @@ static int kb_norm_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
     fill_f(dz2, n, NAN);
     fill_f(dw2, D, PREFILL);
     if (kind == 0) ls_rmsnorm_bwd(dx2, dw2, dx2, x, rs, w, rows, D);
+    else if (kind == 3) ls_rmsnorm_plain_bwd(dx2, dw2, dx2, x, rs, w, rows, D);
     else if (kind == 1) ls_gated_rmsnorm_bwd(dx2, dz2, dw2, dx2, x, z, rs, w, rows, D);
     else ls_l2norm_bwd(dx2, dx2, x, rs, rows, D);
     if (cmp_same(ks, WHAT("dx, dx == dy"), dx2, dx, n)) return 1;
@@ -440,6 +445,11 @@ static int kb_rmsnorm(kstat *ks, ls_rng *rng) {
 
 static int kb_gated_rmsnorm(kstat *ks, ls_rng *rng) {
     static const int64_t cases[][8] = {{1, 3, 9, 0}, {1, 3, 131, 0}, {1, 520, 131, 40}};
+    return run_cases(ks, rng, kb_norm_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+static int kb_plain_rmsnorm(kstat *ks, ls_rng *rng) {
+    static const int64_t cases[][8] = {{3, 3, 16, 0}, {3, 520, 131, 40}};
     return run_cases(ks, rng, kb_norm_case, cases, sizeof cases / sizeof cases[0]);
 }
 
@@ -783,6 +793,7 @@ int test_kernels_bwd_fd(void) {
     } table[] = {
         {"linear", kb_linear}, {"embed", kb_embed},   {"rmsnorm", kb_rmsnorm},
         {"gated_rmsnorm", kb_gated_rmsnorm},          {"l2norm", kb_l2norm},
+        {"plain_rmsnorm", kb_plain_rmsnorm},
         {"conv", kb_conv},     {"rope", kb_rope},     {"swiglu", kb_swiglu},
         {"lmhead", kb_lmhead},
     };

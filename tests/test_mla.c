@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "longstraw/kernels.h"
 #include "longstraw/mla.h"
 #include "longstraw/safetensors.h"
@@ -26,6 +28,7 @@ int test_mla_load(void);
 int test_mla_route(void);
 int test_dsa_scores(void);
 int test_mla_attn(void);
+int test_mla_reference_logprobs(void);
 
 /* double reference of one rotation */
 static void rope_ref(double *y, const float *x, int64_t T, int heads, int hd, int off, int half, const double *f,
@@ -488,5 +491,55 @@ int test_mla_attn(void) {
     printf("  sparse MLA attention (absorbed, %lld keys, %d heads): forward vs double %.2e, backward (q, own rows, "
            "prompt pages) vs finite differences %.2e\n", (long long)n, H, e, efd);
     T_CHECK(e <= 1e-6 && efd <= 1e-4, "mla attention: forward %g, backward %g", e, efd);
+    return 0;
+}
+
+/* `longstraw logprobs` on the four checkpoints of the independent fp64 reference
+ * (tests/reference/mla_ref.py: GLM-5 F32, GLM-5.2 IndexCache BF16, DeepSeek-V3.2 with
+ * YaRN and half-split indexer RoPE, mlp_layer_types/indexer_types with tied embeddings;
+ * prompts of 60–130 tokens, index_topk 5–12: the top-k is active) against its expected
+ * log-probs, to 1e-4: by capture (default pages; pages of 7 captured in chunks of 5, so
+ * selections cross pages and chunks) and by the plain forward (--no-capture). */
+int test_mla_reference_logprobs(void) {
+    static const char *fx[] = {"mla_glm", "mla_glm_ic", "mla_dsv32", "mla_glm_types"};
+    static const char *eng[] = {"", "--page-size 7 --capture-chunk 5", "--no-capture"};
+    const char *fix = LS_SOURCE_DIR "/tests/reference/fixtures";
+    for (size_t f = 0; f < sizeof fx / sizeof fx[0]; f++) {
+        char path[1024], cmd[4096];
+        snprintf(path, sizeof path, "%s/%s/expected.json", fix, fx[f]);
+        char *want_txt = t_read_file(path, NULL);
+        cJSON *want = want_txt ? cJSON_Parse(want_txt) : NULL;
+        free(want_txt);
+        T_CHECK(want != NULL, "cannot read %s", path);
+        const cJSON *wl = cJSON_GetObjectItem(want, "logprobs");
+        for (size_t e = 0; e < sizeof eng / sizeof eng[0]; e++) {
+            snprintf(cmd, sizeof cmd, "'%s' logprobs --model '%s/%s' --group '%s/%s/group.json' %s", LS_CLI_PATH, fix,
+                     fx[f], fix, fx[f], eng[e]);
+            int rc;
+            char *out = t_run_capture(cmd, &rc);
+            cJSON *got = out && rc == 0 ? cJSON_Parse(out) : NULL;
+            T_CHECK(got != NULL, "%s %s: rc %d: %s", fx[f], eng[e], rc, out ? out : "");
+            free(out);
+            const cJSON *gl = cJSON_GetObjectItem(got, "logprobs");
+            T_CHECK(cJSON_GetArraySize(gl) == cJSON_GetArraySize(wl), "%s: %d members, the reference %d", fx[f],
+                    cJSON_GetArraySize(gl), cJSON_GetArraySize(wl));
+            double worst = 0;
+            int64_t n = 0;
+            for (int i = 0; i < cJSON_GetArraySize(wl); i++) {
+                const cJSON *a = cJSON_GetArrayItem(gl, i), *b = cJSON_GetArrayItem(wl, i);
+                T_CHECK(cJSON_GetArraySize(a) == cJSON_GetArraySize(b), "%s: member %d length", fx[f], i);
+                for (int t = 0; t < cJSON_GetArraySize(b); t++, n++) {
+                    double d = fabs(cJSON_GetArrayItem(a, t)->valuedouble - cJSON_GetArrayItem(b, t)->valuedouble);
+                    if (!(d <= worst)) worst = d;
+                }
+            }
+            T_CHECK(n >= 10 && worst <= 1e-4, "%s %s: log-probs differ from the fp64 reference by %.3e (tolerance 1e-4)",
+                    fx[f], eng[e], worst);
+            printf("  %-14s %-34s %lld log-probs, worst |diff| vs fp64 %.2e\n", fx[f], eng[0] && eng[e][0] ? eng[e] : "(capture, defaults)",
+                   (long long)n, worst);
+            cJSON_Delete(got);
+        }
+        cJSON_Delete(want);
+    }
     return 0;
 }
