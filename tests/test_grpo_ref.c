@@ -339,11 +339,14 @@ int test_grpo_full_vs_naive_tool(void) {
 }
 
 /* The MLA + DSA + MoE family (issue 12) against its own fp64 reference (mla_ref.py):
- * the prefix-frozen GRPO cases (grpo, dapo with β and a reference model at temperature
- * 0.7, dr_grpo unscaled; GLM-5 F32, GLM-5.2 IndexCache BF16, DeepSeek-V3.2 YaRN), with
- * the prompt in pages of 7 captured in chunks of 5 (top-k selections crossing pages and
- * chunks), and by the naive mode (each member's whole sequence under a tape). */
+ * the GRPO cases (grpo, dapo with β and a reference model at temperature 0.7, dr_grpo
+ * unscaled; GLM-5 F32, GLM-5.2 IndexCache BF16, DeepSeek-V3.2 YaRN), prefix-frozen and
+ * full mode, with the prompt in pages of 7 captured in chunks of 5 and swept in chunks
+ * of 11 (top-k selections crossing pages and chunks), and by the naive mode (each
+ * member's whole sequence under a tape; in full mode nothing detached). */
 int test_mla_reference_grads(void) {
-    if (grads_vs_reference_of(FIX "/mla_grpo/cases.json", "cases", "--page-size 7 --capture-chunk 5", 3, 1)) return 1;
-    return grads_vs_reference_of(FIX "/mla_grpo/cases.json", "cases", "--no-capture", 3, 1);
+    if (grads_vs_reference_of(FIX "/mla_grpo/cases.json", "cases", "--page-size 7 --capture-chunk 5 --sweep-chunk 11",
+                              6, 0))
+        return 1;
+    return grads_vs_reference_of(FIX "/mla_grpo/cases.json", "cases", "--no-capture", 6, 0);
 }

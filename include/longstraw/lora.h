@@ -23,6 +23,43 @@
 
 typedef struct ls_lora ls_lora; /* opaque; everything inside from the given arenas */
 
+/* ---- any family: its adaptable weights and where they live ---------------------------- */
+/* One 2-D HF weight a family offers as a LoRA target: HF rows [0, out) map onto rows
+ * row0.. of slot `field` (offsetof in the family's layer struct) of layer `layer` (−1: the
+ * LM head) when map is LS_LORA_MAP_RANGE; the hybrid family also has per-head maps. */
+#define LS_LORA_MAP_RANGE 0
+typedef struct {
+    char name[192]; /* HF name without ".weight" */
+    int layer;
+    size_t field;
+    int map;
+    int64_t row0, out, in;
+    int64_t order; /* position in the model's layer order (set by the library) */
+} ls_lora_target;
+
+/* A model-shaped set of tensors of some family: its layer structs (layer_size bytes each)
+ * and LM head, where merge writes and backward reads. */
+typedef struct {
+    char *layers;
+    size_t layer_size;
+    float *lm_head;
+    int n_layers;
+} ls_lora_view;
+
+/* ls_lora_load / ls_lora_new over a family's targets (in layer order); `layout` describes
+ * the checkpoint in errors. */
+ls_status ls_lora_load_targets(ls_lora **out, const ls_lora_target *targets, int64_t ntargets, const ls_config *cfg,
+                               const char *layout, const char *path, double alpha, ls_arena *fixed, ls_arena *grad);
+ls_status ls_lora_new_targets(ls_lora **out, const ls_lora_target *targets, int64_t ntargets, const ls_config *cfg,
+                              const char *names, int rank, double alpha, uint64_t seed, ls_arena *fixed,
+                              ls_arena *grad);
+/* dst's adapted tensors += (alpha/r)·B·A (dst holds the base values already). */
+void ls_lora_merge_view(const ls_lora *L, const ls_lora_view *dst);
+/* The adapters' gradients (+=) from ∂L/∂W_eff in dW (ls_lora_backward). */
+void ls_lora_backward_view(ls_lora *L, const ls_lora_view *dW);
+/* adapter_config.json as PEFT writes it (the fields a loader needs), atomically. */
+ls_status ls_lora_write_config(const char *path, const ls_lora *L);
+
 /* Adapters from a PEFT safetensors file; each module must name a 2-D HF weight the model
  * holds (in the checkpoint's own layout: m->prefix, m->fused_gdn, m->fused_experts), with
  * A [r, in] and B [out, r] matching its shape; errors name the tensor. Modules are kept in

@@ -95,6 +95,13 @@ ls_status ls_mla_tensors(const ls_config *c, ls_mla_tensor **out, int64_t *n);
 float *ls_mla_at(const ls_mla_model *m, const ls_mla_tensor *t);
 /* A model-shaped set of zeroed buffers for `src`'s tensors (grads: not the frozen ones). */
 ls_status ls_mla_alloc_like(const ls_mla_model *src, ls_mla_model *dst, ls_arena *arena, int grads);
+/* The same for the slots holding a tensor `keep` accepts; the other slots are `share`'s
+ * buffers (NULL: none). */
+typedef int (*ls_mla_keep_fn)(const ls_mla_tensor *t, const void *ctx);
+ls_status ls_mla_alloc_subset(const ls_mla_model *src, ls_mla_model *dst, ls_arena *arena, ls_mla_keep_fn keep,
+                              const void *ctx, const ls_mla_model *share);
+/* dst's own buffers (those not shared with src) = src's values. */
+void ls_mla_copy_slots(const ls_mla_model *src, ls_mla_model *dst);
 
 /* Load DIR (config.json + model.safetensors or a sharded index) into `fixed`: F32,
  * BF16 and F16 tensors; FP8 checkpoints refused (their weight_scale_inv blocks
@@ -114,8 +121,15 @@ ls_status ls_mla_capture(const ls_mla_model *m, ls_prompt_state *st, const int32
 ls_status ls_mla_branch_fwd(const ls_mla_model *m, const ls_prompt_state *st, const int32_t *ids, int64_t T,
                             int64_t out_from, int64_t grad_from, const int32_t *target, float *logprob, float *entropy,
                             ls_branch_tape **tape_out, const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *scratch);
+/* Parameter gradients (+=) into `grad`; with `dstate` (full mode) the gradient w.r.t.
+ * the latent rows the branch read is added to dstate's dState. */
 ls_status ls_mla_branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const ls_branch_tape *tape,
-                            const float *dlogprob, ls_arena *scratch);
+                            const float *dlogprob, ls_prompt_state *dstate, ls_arena *scratch);
+/* Full mode, after every member's backward: the reverse prompt sweep (sweep chunks last
+ * to first, each recomputed under a tape against the pages before it and backpropagated
+ * from the gradient its latent rows received); one chunk's tape at a time. */
+ls_status ls_mla_sweep(const ls_mla_model *m, ls_mla_model *grad, ls_prompt_state *st, const int32_t *ids,
+                       const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *scratch);
 ls_status ls_mla_decode(const ls_mla_model *m, ls_prompt_state *const *sts, const int32_t *ids, int n, float *logits,
                         const ls_fwd_opts *o, ls_arena *scratch);
 extern const ls_family ls_mla_family;

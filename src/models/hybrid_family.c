@@ -209,32 +209,6 @@ static void hy_zero_grad(ls_policy *p) {
     free(g);
 }
 
-/* adapter_config.json as PEFT writes it (the fields a loader needs). */
-static ls_status write_adapter_config(const char *path, const ls_lora *lora) {
-    char *buf = NULL;
-    size_t blen = 0;
-    FILE *f = open_memstream(&buf, &blen);
-    if (!f) return ls_err(LS_ERR_NOMEM, "%s: cannot build the adapter config", path);
-    fprintf(f, "{\n  \"peft_type\": \"LORA\",\n  \"r\": %lld,\n  \"lora_alpha\": %g,\n  \"target_modules\": [",
-            (long long)ls_lora_rank(lora), ls_lora_alpha(lora));
-    /* the distinct last name components of the adapted weights, in first-seen order */
-    int first = 1;
-    for (int64_t i = 0; i < ls_lora_count(lora); i++) {
-        const char *nm = ls_lora_module_name(lora, i), *dot = strrchr(nm, '.');
-        const char *leaf = dot ? dot + 1 : nm;
-        int seen = 0;
-        for (int64_t j = 0; j < i && !seen; j++) {
-            const char *o = ls_lora_module_name(lora, j), *od = strrchr(o, '.');
-            seen = !strcmp(od ? od + 1 : o, leaf);
-        }
-        if (!seen) fprintf(f, "%s\"%s\"", first ? "" : ", ", leaf);
-        first &= seen;
-    }
-    fprintf(f, "],\n  \"modules\": %lld,\n  \"lora_dropout\": 0.0,\n  \"bias\": \"none\"\n}\n",
-            (long long)ls_lora_count(lora));
-    return ls_write_memstream(path, f, &buf, &blen);
-}
-
 static ls_status hy_policy_save(const ls_policy *p, const ls_policy_spec *sp, const char *dir) {
     const hy_policy *hp = HP(p);
     char path[4096], src[4096];
@@ -242,7 +216,7 @@ static ls_status hy_policy_save(const ls_policy *p, const ls_policy_spec *sp, co
         snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
         LS_TRY(ls_lora_export(hp->lora, 0, path, NULL, NULL));
         snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-        return write_adapter_config(path, hp->lora);
+        return ls_lora_write_config(path, hp->lora);
     }
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     LS_TRY(ls_hybrid_export(hp->policy, path, LS_DTYPE_F32, NULL, NULL));

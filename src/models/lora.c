@@ -28,19 +28,10 @@
 #define SUFFIX_B ".lora_B.weight"
 #define NAME_CAP 512
 
-/* How HF rows of a target map onto its internal tensor. */
-enum { MAP_RANGE = 0, MAP_QKVZ, MAP_BA, MAP_QPROJ };
+/* How HF rows of a target map onto its internal tensor (LS_LORA_MAP_RANGE = 0: one range). */
+enum { MAP_RANGE = LS_LORA_MAP_RANGE, MAP_QKVZ, MAP_BA, MAP_QPROJ };
 
-/* One 2-D HF weight of the model that can carry an adapter. */
-typedef struct {
-    char name[192]; /* HF name without ".weight" */
-    int layer;      /* -1: lm_head */
-    size_t field;   /* offsetof(ls_hybrid_layer, <tensor>) */
-    int map;        /* MAP_* */
-    int64_t row0;   /* MAP_RANGE: internal row of HF row 0 */
-    int64_t out, in;
-    int64_t order;  /* position in the model's layer order (make_targets) */
-} lora_target;
+typedef ls_lora_target lora_target;
 
 typedef struct {
     int64_t hf0, row0, n; /* HF rows [hf0, hf0+n) ↔ internal rows [row0, row0+n) */
@@ -252,7 +243,7 @@ static char *arena_str(ls_arena *a, const char *fmt1, const char *s, const char 
 
 /* Fill md for target t with rank r: names, row map, zeroed A, B, moments (fixed) and
  * gradients (grad). */
-static ls_status init_module(lora_mod *md, const ls_hybrid_model *m, const lora_target *t, int64_t r,
+static ls_status init_module(lora_mod *md, const ls_config *cfg, const lora_target *t, int64_t r,
                              double alpha, ls_arena *fixed, ls_arena *grad) {
     if (r < 1 || r > INT_MAX || t->out > INT_MAX || t->in > INT_MAX)
         return ls_err(LS_ERR_ARG, "LoRA on %s.weight: rank %lld or shape [%lld, %lld] out of range", t->name,
@@ -267,10 +258,10 @@ static ls_status init_module(lora_mod *md, const ls_hybrid_model *m, const lora_
     md->in = t->in;
     md->r = r;
     md->scale = (float)(alpha / (double)r);
-    int64_t ns = make_segs(&m->cfg, t, NULL);
+    int64_t ns = make_segs(cfg, t, NULL);
     md->seg = ls_arena_calloc(fixed, (size_t)(ns > 0 ? ns : 1), sizeof(lora_seg));
     if (!md->name || !md->name_a || !md->name_b || !md->seg) return LS_ERR_NOMEM;
-    md->nseg = make_segs(&m->cfg, t, md->seg);
+    md->nseg = make_segs(cfg, t, md->seg);
     int64_t covered = 0;
     for (int64_t i = 0; i < md->nseg; i++) covered += md->seg[i].n;
     LS_ASSERT(covered == t->out, "%s: row map covers %lld of %lld rows", t->name, (long long)covered,
@@ -284,17 +275,23 @@ static ls_status init_module(lora_mod *md, const ls_hybrid_model *m, const lora_
     return LS_OK;
 }
 
-/* The internal tensor a module adapts, in model `m` (rows of md->in floats). */
-static float *mod_tensor(const ls_hybrid_model *m, const lora_mod *md) {
+/* The internal tensor a module adapts, in the model set `v` (rows of md->in floats). */
+static float *mod_tensor(const ls_lora_view *v, const lora_mod *md) {
     float *p;
     if (md->layer < 0) {
-        p = m->lm_head;
+        p = v->lm_head;
     } else {
-        LS_ASSERT(md->layer < m->cfg.n_layers && m->layers, "layer %d", md->layer);
-        p = *(float *const *)((const char *)&m->layers[md->layer] + md->field);
+        LS_ASSERT(md->layer < v->n_layers && v->layers, "layer %d", md->layer);
+        p = *(float *const *)(v->layers + (size_t)md->layer * v->layer_size + md->field);
     }
     LS_ASSERT(p != NULL, "LoRA: %s has no internal tensor in this model set", md->name);
     return p;
+}
+
+/* The hybrid model as a view. */
+static ls_lora_view hybrid_view(const ls_hybrid_model *m) {
+    ls_lora_view v = {(char *)m->layers, sizeof(ls_hybrid_layer), m->lm_head, (int)m->cfg.n_layers};
+    return v;
 }
 
 static ls_status new_lora(ls_lora **out, int64_t n, double alpha, ls_arena *fixed) {
@@ -341,12 +338,13 @@ static int cmp_ordered(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static ls_status load_pass2(ls_lora *L, const ls_hybrid_model *m, const ls_st_file *f, const char *path,
-                            double alpha, ls_arena *fixed, ls_arena *grad, const lora_target *tg, int64_t ntg,
-                            ordered_mod *om);
+static ls_status load_pass2(ls_lora *L, const ls_config *cfg, const char *layout, const ls_st_file *f,
+                            const char *path, double alpha, ls_arena *fixed, ls_arena *grad, const lora_target *tg,
+                            int64_t ntg, ordered_mod *om);
 
-static ls_status load_modules(ls_lora **out, const ls_hybrid_model *m, const ls_st_file *f, const char *path,
-                              double alpha, ls_arena *fixed, ls_arena *grad, const lora_target *tg, int64_t ntg) {
+static ls_status load_modules(ls_lora **out, const ls_config *cfg, const char *layout, const ls_st_file *f,
+                              const char *path, double alpha, ls_arena *fixed, ls_arena *grad, const lora_target *tg,
+                              int64_t ntg) {
     char mod[NAME_CAP], other[NAME_CAP + 32];
     int64_t n = 0;
     /* pass 1: every tensor is a lora_A / lora_B with its partner present */
@@ -366,7 +364,7 @@ static ls_status load_modules(ls_lora **out, const ls_hybrid_model *m, const ls_
      * them), so a run resumed from saved adapters sees its tensors in the same order */
     ordered_mod *om = malloc((size_t)n * sizeof *om);
     if (!om) return ls_err(LS_ERR_NOMEM, "%s: out of memory for %lld modules", path, (long long)n);
-    ls_status s = load_pass2(L, m, f, path, alpha, fixed, grad, tg, ntg, om);
+    ls_status s = load_pass2(L, cfg, layout, f, path, alpha, fixed, grad, tg, ntg, om);
     if (s == LS_OK) {
         qsort(om, (size_t)n, sizeof *om, cmp_ordered);
         for (int64_t i = 0; i < n; i++) L->mod[i] = om[i].mod;
@@ -376,9 +374,9 @@ static ls_status load_modules(ls_lora **out, const ls_hybrid_model *m, const ls_
     return s;
 }
 
-static ls_status load_pass2(ls_lora *L, const ls_hybrid_model *m, const ls_st_file *f, const char *path,
-                            double alpha, ls_arena *fixed, ls_arena *grad, const lora_target *tg, int64_t ntg,
-                            ordered_mod *om) {
+static ls_status load_pass2(ls_lora *L, const ls_config *cfg, const char *layout, const ls_st_file *f,
+                            const char *path, double alpha, ls_arena *fixed, ls_arena *grad, const lora_target *tg,
+                            int64_t ntg, ordered_mod *om) {
     char mod[NAME_CAP], other[NAME_CAP + 32];
     int64_t k = 0, n = L->n;
     for (int64_t i = 0; i < ls_st_count(f); i++) {
@@ -399,9 +397,7 @@ static ls_status load_pass2(ls_lora *L, const ls_hybrid_model *m, const ls_st_fi
                               path, ta->name);
             return ls_err(LS_ERR_FORMAT,
                           "%s: adapter tensor \"%s\" targets \"%s.weight\", which is not a 2-D weight of this model "
-                          "(prefix \"%s\", %s GDN projections, %s experts)",
-                          path, ta->name, mod, m->prefix, m->fused_gdn ? "fused" : "split",
-                          m->fused_experts ? "fused 3-D" : "per-expert");
+                          "(%s)", path, ta->name, mod, layout);
         }
         if (ta->ndim != 2 || tb->ndim != 2)
             return ls_err(LS_ERR_FORMAT, "%s: adapter tensor \"%s\" is %d-D, expected 2-D", path,
@@ -416,7 +412,7 @@ static ls_status load_pass2(ls_lora *L, const ls_hybrid_model *m, const ls_st_fi
                           (long long)r);
         lora_mod *md = &om[k].mod;
         om[k++].order = t->order;
-        LS_TRY(init_module(md, m, t, r, alpha, fixed, grad));
+        LS_TRY(init_module(md, cfg, t, r, alpha, fixed, grad));
         LS_TRY(ls_st_read_f32(ta, md->A, r * t->in, ta->name));
         LS_TRY(ls_st_read_f32(tb, md->B, t->out * r, tb->name));
     }
@@ -442,14 +438,24 @@ static ls_status build_index(ls_lora *L, int n_layers, ls_arena *fixed) {
     return LS_OK;
 }
 
-ls_status ls_lora_load(ls_lora **out, const ls_hybrid_model *m, const char *path, double alpha,
-                       ls_arena *fixed, ls_arena *grad) {
+/* A target list in layer order, numbered (order) and sorted by name for bsearch; the
+ * caller's list is not changed. */
+static ls_status sorted_targets(const lora_target *src, int64_t n, lora_target **out) {
+    lora_target *tg = malloc((size_t)(n > 0 ? n : 1) * sizeof *tg);
+    if (!tg) return ls_err(LS_ERR_NOMEM, "cannot list %lld LoRA targets", (long long)n);
+    memcpy(tg, src, (size_t)n * sizeof *tg);
+    for (int64_t i = 0; i < n; i++) tg[i].order = i;
+    qsort(tg, (size_t)n, sizeof *tg, cmp_target);
+    *out = tg;
+    return LS_OK;
+}
+
+ls_status ls_lora_load_targets(ls_lora **out, const ls_lora_target *targets, int64_t ntargets, const ls_config *cfg,
+                               const char *layout, const char *path, double alpha, ls_arena *fixed, ls_arena *grad) {
     *out = NULL;
     if (!isfinite(alpha)) return ls_err(LS_ERR_ARG, "LoRA alpha %g is not finite", alpha);
-    lora_target *tg;
-    int64_t ntg;
-    LS_TRY(make_targets(m, &tg, &ntg));
-    qsort(tg, (size_t)ntg, sizeof *tg, cmp_target);
+    lora_target *tg = NULL;
+    LS_TRY(sorted_targets(targets, ntargets, &tg));
     ls_st_file f;
     ls_status s = ls_st_open(&f, path);
     if (s != LS_OK) {
@@ -457,14 +463,31 @@ ls_status ls_lora_load(ls_lora **out, const ls_hybrid_model *m, const char *path
         return s;
     }
     ls_arena_mark mf = ls_arena_get_mark(fixed), mg = ls_arena_get_mark(grad);
-    s = load_modules(out, m, &f, path, alpha, fixed, grad, tg, ntg);
-    if (s == LS_OK) s = build_index(*out, (int)m->cfg.n_layers, fixed);
+    s = load_modules(out, cfg, layout, &f, path, alpha, fixed, grad, tg, ntargets);
+    if (s == LS_OK) s = build_index(*out, (int)cfg->n_layers, fixed);
     if (s != LS_OK) { /* give back whatever the failed load took */
         *out = NULL;
         ls_arena_release(fixed, mf);
         ls_arena_release(grad, mg);
     }
     ls_st_close(&f);
+    free(tg);
+    return s;
+}
+
+static void hybrid_layout(const ls_hybrid_model *m, char *buf, size_t cap) {
+    snprintf(buf, cap, "prefix \"%s\", %s GDN projections, %s experts", m->prefix, m->fused_gdn ? "fused" : "split",
+             m->fused_experts ? "fused 3-D" : "per-expert");
+}
+
+ls_status ls_lora_load(ls_lora **out, const ls_hybrid_model *m, const char *path, double alpha,
+                       ls_arena *fixed, ls_arena *grad) {
+    lora_target *tg;
+    int64_t ntg;
+    char layout[256];
+    LS_TRY(make_targets(m, &tg, &ntg));
+    hybrid_layout(m, layout, sizeof layout);
+    ls_status s = ls_lora_load_targets(out, tg, ntg, &m->cfg, layout, path, alpha, fixed, grad);
     free(tg);
     return s;
 }
@@ -538,7 +561,7 @@ static void leaf_names(const lora_target *tg, int64_t ntg, char *out, size_t cap
     }
 }
 
-static ls_status new_modules(ls_lora **out, const ls_hybrid_model *m, const char *targets, int rank, double alpha,
+static ls_status new_modules(ls_lora **out, const ls_config *cfg, const char *targets, int rank, double alpha,
                              uint64_t seed, ls_arena *fixed, ls_arena *grad, const lora_target *tg, int64_t ntg,
                              char **names, int64_t nn) {
     int64_t n = 0;
@@ -570,7 +593,7 @@ static ls_status new_modules(ls_lora **out, const ls_hybrid_model *m, const char
         for (int64_t j = 0; j < nn && !hit; j++) hit = strcmp(leaf(tg[i].name), names[j]) == 0;
         if (!hit) continue;
         lora_mod *md = &L->mod[k++];
-        LS_TRY(init_module(md, m, &tg[i], rank, alpha, fixed, grad));
+        LS_TRY(init_module(md, cfg, &tg[i], rank, alpha, fixed, grad));
         /* PEFT: kaiming_uniform_(A, a=sqrt(5)): gain sqrt(2/(1+5)), bound gain·sqrt(3/in) = 1/sqrt(in) */
         double bound = 1.0 / sqrt((double)md->in);
         for (int64_t e = 0; e < md->r * md->in; e++) md->A[e] = (float)((2.0 * ls_rng_uniform(&rng) - 1.0) * bound);
@@ -581,33 +604,36 @@ static ls_status new_modules(ls_lora **out, const ls_hybrid_model *m, const char
     return LS_OK;
 }
 
-ls_status ls_lora_new(ls_lora **out, const ls_hybrid_model *m, const char *targets, int rank,
-                      double alpha, uint64_t seed, ls_arena *fixed, ls_arena *grad) {
+ls_status ls_lora_new_targets(ls_lora **out, const ls_lora_target *tg, int64_t ntg, const ls_config *cfg,
+                              const char *targets, int rank, double alpha, uint64_t seed, ls_arena *fixed,
+                              ls_arena *grad) {
     *out = NULL;
     if (rank < 1) return ls_err(LS_ERR_ARG, "LoRA rank %d: expected >= 1", rank);
     if (!isfinite(alpha)) return ls_err(LS_ERR_ARG, "LoRA alpha %g is not finite", alpha);
     char *buf, **names;
     int64_t nn;
     LS_TRY(parse_targets(targets, &buf, &names, &nn));
-    lora_target *tg;
-    int64_t ntg;
-    ls_status s = make_targets(m, &tg, &ntg);
-    if (s != LS_OK) {
-        free(buf);
-        free(names);
-        return s;
-    }
     ls_arena_mark mf = ls_arena_get_mark(fixed), mg = ls_arena_get_mark(grad);
-    s = new_modules(out, m, targets, rank, alpha, seed, fixed, grad, tg, ntg, names, nn);
-    if (s == LS_OK) s = build_index(*out, (int)m->cfg.n_layers, fixed);
+    ls_status s = new_modules(out, cfg, targets, rank, alpha, seed, fixed, grad, tg, ntg, names, nn);
+    if (s == LS_OK) s = build_index(*out, (int)cfg->n_layers, fixed);
     if (s != LS_OK) {
         *out = NULL;
         ls_arena_release(fixed, mf);
         ls_arena_release(grad, mg);
     }
-    free(tg);
     free(buf);
     free(names);
+    return s;
+}
+
+ls_status ls_lora_new(ls_lora **out, const ls_hybrid_model *m, const char *targets, int rank,
+                      double alpha, uint64_t seed, ls_arena *fixed, ls_arena *grad) {
+    lora_target *tg;
+    int64_t ntg;
+    *out = NULL;
+    LS_TRY(make_targets(m, &tg, &ntg));
+    ls_status s = ls_lora_new_targets(out, tg, ntg, &m->cfg, targets, rank, alpha, seed, fixed, grad);
+    free(tg);
     return s;
 }
 
@@ -627,9 +653,7 @@ static void copy_model(const ls_hybrid_model *base, ls_hybrid_model *dst) {
     free(pd);
 }
 
-void ls_lora_merge(const ls_lora *L, const ls_hybrid_model *base, ls_hybrid_model *dst) {
-    LS_ASSERT(L && base && dst);
-    if (dst != base) copy_model(base, dst);
+void ls_lora_merge_view(const ls_lora *L, const ls_lora_view *dst) {
     for (int64_t i = 0; i < L->n; i++) {
         const lora_mod *md = &L->mod[i];
         float *W = mod_tensor(dst, md); /* rows of md->in */
@@ -643,10 +667,16 @@ void ls_lora_merge(const ls_lora *L, const ls_hybrid_model *base, ls_hybrid_mode
     }
 }
 
+void ls_lora_merge(const ls_lora *L, const ls_hybrid_model *base, ls_hybrid_model *dst) {
+    LS_ASSERT(L && base && dst);
+    if (dst != base) copy_model(base, dst);
+    ls_lora_view v = hybrid_view(dst);
+    ls_lora_merge_view(L, &v);
+}
+
 /* W_eff[rows] = W[rows] + s·B[rows]·A, so with G = ∂L/∂W_eff gathered in HF order:
  *   dA += s·Bᵀ·G  (r, in)   and   dB += s·G·Aᵀ  (out, r). Per segment the sums split. */
-void ls_lora_backward(ls_lora *L, const ls_hybrid_model *dW) {
-    LS_ASSERT(L && dW);
+void ls_lora_backward_view(ls_lora *L, const ls_lora_view *dW) {
     for (int64_t i = 0; i < L->n; i++) {
         lora_mod *md = &L->mod[i];
         const float *G = mod_tensor(dW, md);
@@ -661,6 +691,12 @@ void ls_lora_backward(ls_lora *L, const ls_hybrid_model *dW) {
                         1.0f, md->gB + sg->hf0 * r, r);
         }
     }
+}
+
+void ls_lora_backward(ls_lora *L, const ls_hybrid_model *dW) {
+    LS_ASSERT(L && dW);
+    ls_lora_view v = hybrid_view(dW);
+    ls_lora_backward_view(L, &v);
 }
 
 /* ---- parameters, export ------------------------------------------------------------------- */
@@ -716,6 +752,31 @@ ls_status ls_lora_export(const ls_lora *L, int grads, const char *path, const ch
     if (s == LS_OK) s = ls_st_write(&w, path);
     ls_st_writer_free(&w);
     return s;
+}
+
+ls_status ls_lora_write_config(const char *path, const ls_lora *lora) {
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *f = open_memstream(&buf, &blen);
+    if (!f) return ls_err(LS_ERR_NOMEM, "%s: cannot build the adapter config", path);
+    fprintf(f, "{\n  \"peft_type\": \"LORA\",\n  \"r\": %lld,\n  \"lora_alpha\": %g,\n  \"target_modules\": [",
+            (long long)ls_lora_rank(lora), ls_lora_alpha(lora));
+    /* the distinct last name components of the adapted weights, in first-seen order */
+    int first = 1;
+    for (int64_t i = 0; i < ls_lora_count(lora); i++) {
+        const char *nm = ls_lora_module_name(lora, i), *dot = strrchr(nm, '.');
+        const char *leaf = dot ? dot + 1 : nm;
+        int seen = 0;
+        for (int64_t j = 0; j < i && !seen; j++) {
+            const char *o = ls_lora_module_name(lora, j), *od = strrchr(o, '.');
+            seen = !strcmp(od ? od + 1 : o, leaf);
+        }
+        if (!seen) fprintf(f, "%s\"%s\"", first ? "" : ", ", leaf);
+        first &= seen;
+    }
+    fprintf(f, "],\n  \"modules\": %lld,\n  \"lora_dropout\": 0.0,\n  \"bias\": \"none\"\n}\n",
+            (long long)ls_lora_count(lora));
+    return ls_write_memstream(path, f, &buf, &blen);
 }
 
 int64_t ls_lora_count(const ls_lora *L) { return L ? L->n : 0; }

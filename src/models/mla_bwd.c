@@ -91,9 +91,17 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
     return LS_OK;
 }
 
+/* Full mode: where the prompt-state gradient goes (dstate: the captured state's dState,
+ * NULL: prefix-frozen) and, in a sweep chunk, whether the chunk's own latent rows take
+ * the gradient that later queries left in dState for their positions. */
+typedef struct {
+    ls_prompt_state *dstate;
+    int inject;
+} dstate_ctx;
+
 /* The MLA mixer's backward: dy [T, D] = ∂L/∂(mixer output) → dxn [T, D] (=). */
 static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const mla_tape *tb, const float *dy,
-                           float *dxn, ls_arena *sc) {
+                           float *dxn, const dstate_ctx *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     const ls_mla_config *mc = &c->mla;
     const ls_mla_layer *w = &m->layers[l];
@@ -118,10 +126,20 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
     }
     ls_kv_prefix pre = {0, 1, LS_DTYPE_F32, NULL, NULL};
     if (tb->st) pre = ls_state_prefix(tb->st, l);
-    LS_TRY(ls_mla_attn_bwd(dqa, down, NULL, dob, tp->o, tp->lse, tp->qa, tp->own, &pre, tp->sel, tb->kk, T, H,
+    void *const *dpre = dc->dstate && tb->st ? dc->dstate->full->d[l].dk : NULL; /* the prompt rows' gradient (+=) */
+    LS_TRY(ls_mla_attn_bwd(dqa, down, dpre, dob, tp->o, tp->lse, tp->qa, tp->own, &pre, tp->sel, tb->kk, T, H,
                            (int)rkv, dr, pos0, m->scale));
     if (tb->grad_from > 0) /* the naive mode's prompt rows are keys without gradient */
         memset(down, 0, (size_t)(tb->grad_from * dk) * sizeof(float));
+    if (dc->inject) { /* a sweep chunk: its rows' gradient from every later query */
+        const ls_prompt_state *st = dc->dstate;
+        for (int64_t t = 0; t < T; t++) {
+            int64_t pos = pos0 + t, lp = ls_state_local_page(st, pos);
+            LS_ASSERT(lp >= 0, "position %lld is not held by this rank", (long long)pos);
+            const float *g = (const float *)st->full->d[l].dk[lp] + (pos % st->page_size) * dk;
+            for (int64_t i = 0; i < dk; i++) down[t * dk + i] += g[i];
+        }
+    }
     for (int h = 0; h < H; h++) { /* qa[h] = [q_nope[h]·W_UK[h] ; q_pe[h]] */
         const float *Wuk = w->kv_b + h * hb * rkv;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, dn, (int)rkv, 1.0f, dqa + h * dk, (int)(H * dk),
@@ -151,7 +169,7 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
 
 /* One layer: dx [T, D] holds ∂L/∂(layer output) on entry, ∂L/∂(layer input) on exit. */
 static ls_status layer_bwd(const ls_mla_model *m, ls_mla_model *grad, int l, const mla_tape *tb, float *dx,
-                           ls_arena *sc) {
+                           const dstate_ctx *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     const ls_mla_layer *w = &m->layers[l];
     ls_mla_layer *gw = &grad->layers[l];
@@ -169,22 +187,21 @@ static ls_status layer_bwd(const ls_mla_model *m, ls_mla_model *grad, int l, con
     }
     ls_rmsnorm_plain_bwd(dxn, gw->post_norm, dxn, tp->x_mid, tp->rstd2, w->post_norm, T, D);
     for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i]; /* ∂L/∂(mixer output) */
-    LS_TRY(mixer_bwd(m, l, gw, tb, dx, dxn, sc));
+    LS_TRY(mixer_bwd(m, l, gw, tb, dx, dxn, dc, sc));
     ls_rmsnorm_plain_bwd(dxn, gw->input_norm, dxn, tp->x_in, tp->rstd1, w->input_norm, T, D);
     for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i];
     ls_arena_release(sc, mk);
     return LS_OK;
 }
 
-ls_status ls_mla_branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const ls_branch_tape *tape,
-                            const float *dlogprob, ls_arena *scratch) {
-    const mla_tape *tb = (const mla_tape *)tape;
+static ls_status branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const mla_tape *tb, const float *dlogprob,
+                            const dstate_ctx *dc, ls_arena *scratch) {
     const ls_config *c = &m->cfg;
     int64_t T = tb->T, D = c->hidden, n = T - tb->out_from;
     ls_arena_mark mk = ls_arena_get_mark(scratch);
     float *dx = CALLOC_F(scratch, T * D); /* [T, D] ∂L/∂residual */
     NEED(dx);
-    if (n > 0) {
+    if (n > 0) { /* a sweep chunk predicts nothing: its gradient comes in through the state */
         float *dh = ALLOC_F(scratch, n * D);
         NEED(dh);
         LS_TRY(ls_lmhead_logprobs_bwd(dh, grad->lm_head, dlogprob, tb->h_final, m->lm_head, tb->target, tb->lse, n, D,
@@ -193,10 +210,40 @@ ls_status ls_mla_branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const ls_
                              D);
     }
     for (int l = c->n_layers - 1; l >= 0; l--) {
-        LS_TRY(layer_bwd(m, grad, l, tb, dx, scratch));
+        LS_TRY(layer_bwd(m, grad, l, tb, dx, dc, scratch));
         ls_trace_layer_end(l, "bwd");
     }
     if (grad->embed) ls_embed_bwd(grad->embed, dx, tb->ids, T, D);
     ls_arena_release(scratch, mk);
+    return LS_OK;
+}
+
+ls_status ls_mla_branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const ls_branch_tape *tape,
+                            const float *dlogprob, ls_prompt_state *dstate, ls_arena *scratch) {
+    LS_ASSERT(!dstate || dstate->full, "the prompt state has no gradient buffer (full mode)");
+    dstate_ctx dc = {dstate, 0};
+    return branch_bwd(m, grad, (const mla_tape *)tape, dlogprob, &dc, scratch);
+}
+
+ls_status ls_mla_sweep(const ls_mla_model *m, ls_mla_model *grad, ls_prompt_state *st, const int32_t *ids,
+                       const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *scratch) {
+    LS_ASSERT(st->full, "the sweep needs a state captured in full mode");
+    if (st->nranks > 1)
+        return ls_err(LS_ERR_UNSUPPORTED, "%s: context parallelism (several ranks) is not built for the MLA family yet",
+                      m->cfg.model_type);
+    for (int64_t j = st->full->n_chunks - 1; j >= 0; j--) { /* last chunk first: its gradient is complete */
+        int64_t lo = st->full->chunks[j].lo, T = st->full->chunks[j].hi - lo;
+        ls_prompt_state view = *st; /* the pages before the chunk */
+        view.n = lo;
+        view.full = NULL;
+        ls_arena_mark mk = ls_arena_get_mark(tape_arena);
+        ls_branch_tape *tape;
+        LS_TRY(ls_mla_branch_fwd(m, &view, ids + lo, T, T, 0, NULL, NULL, NULL, &tape, o, tape_arena, scratch));
+        mla_tape *tb = (mla_tape *)tape;
+        dstate_ctx dc = {st, 1};
+        tb->st = &view;
+        LS_TRY(branch_bwd(m, grad, tb, NULL, &dc, scratch));
+        ls_arena_release(tape_arena, mk);
+    }
     return LS_OK;
 }

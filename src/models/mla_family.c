@@ -2,12 +2,13 @@
  * mla_family.c — the MLA + DSA + MoE family's table (family.h) and its trainable set:
  * a full fine-tune of every tensor the GRPO loss reaches (the indexer and
  * e_score_correction_bias are frozen: the loss gives them no gradient, spec §8.4, §8.6,
- * so they carry no gradient buffer and no optimizer state).
+ * so they carry no gradient buffer and no optimizer state), or merged LoRA adapters.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "longstraw/lora.h"
 #include "longstraw/mla.h"
 #include "longstraw/safetensors.h"
 
@@ -38,22 +39,15 @@ static ls_status mla_branch_fwd(const ls_model *m, const ls_prompt_state *st, co
                              scratch);
 }
 
-static ls_status full_mode_missing(const ls_config *c) {
-    return ls_err(LS_ERR_UNSUPPORTED, "%s: --mode full (the exact gradient) is not built for the MLA family yet",
-                  c->model_type);
-}
-
 static ls_status mla_branch_bwd(const ls_model *m, ls_model *grad, const ls_branch_tape *tape, const float *dl,
                                 ls_prompt_state *dstate, const ls_fwd_opts *o, ls_arena *scratch) {
     (void)o;
-    if (dstate) return full_mode_missing(&M(m)->cfg);
-    return ls_mla_branch_bwd(M(m), (ls_mla_model *)grad->impl, tape, dl, scratch);
+    return ls_mla_branch_bwd(M(m), (ls_mla_model *)grad->impl, tape, dl, dstate, scratch);
 }
 
 static ls_status mla_sweep(const ls_model *m, ls_model *grad, ls_prompt_state *st, const int32_t *ids,
                            const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *scratch) {
-    (void)grad, (void)st, (void)ids, (void)o, (void)tape_arena, (void)scratch;
-    return full_mode_missing(&M(m)->cfg);
+    return ls_mla_sweep(M(m), (ls_mla_model *)grad->impl, st, ids, o, tape_arena, scratch);
 }
 
 static ls_status mla_decode(const ls_model *m, ls_prompt_state *const *sts, const int32_t *ids, int n, float *logits,
@@ -72,17 +66,80 @@ ls_model ls_mla_handle(ls_mla_model *m) { return (ls_model){&ls_mla_family, m}; 
 
 /* ---- the trainable set --------------------------------------------------------- */
 
+/* LoRA targets: every 2-D tensor the loss reaches except the embedding (the router
+ * `gate` and per-expert projections included); HF rows are the rows of its slot from
+ * off / in. */
+static ls_status lora_targets(const ls_mla_model *m, ls_lora_target **out, int64_t *n) {
+    ls_lora_target *t = calloc((size_t)(m->n_tensors > 0 ? m->n_tensors : 1), sizeof *t);
+    if (!t) return ls_err(LS_ERR_NOMEM, "cannot list the LoRA targets");
+    *n = 0;
+    for (int64_t i = 0; i < m->n_tensors; i++) {
+        const ls_mla_tensor *x = &m->tensors[i];
+        if (x->ndim != 2 || x->frozen || !strcmp(x->name, "model.embed_tokens.weight")) continue;
+        ls_lora_target *g = &t[(*n)++];
+        size_t len = strlen(x->name) - strlen(".weight");
+        memcpy(g->name, x->name, len);
+        g->name[len] = 0;
+        g->layer = x->layer, g->field = x->field, g->map = LS_LORA_MAP_RANGE;
+        g->row0 = x->off / x->shape[1], g->out = x->shape[0], g->in = x->shape[1];
+    }
+    *out = t;
+    return LS_OK;
+}
+
+static ls_lora_view view_of(const ls_mla_model *m) {
+    ls_lora_view v = {(char *)m->layers, sizeof(ls_mla_layer), m->lm_head, (int)m->cfg.n_layers};
+    return v;
+}
+
+/* A slot an adapter writes (its tensor's slot, or the LM head's). */
+static int adapted(const ls_mla_tensor *t, const void *ctx) {
+    return !t->frozen && ls_lora_adapts(ctx, t->layer, t->layer < 0 ? 0 : t->field) &&
+           (t->layer >= 0 || !strcmp(t->name, "lm_head.weight"));
+}
+
 typedef struct {
-    ls_mla_model base, ref, grad;
+    ls_mla_model base, ref, grad, merged;
+    ls_lora *lora; /* NULL: a full fine-tune */
 } mla_policy;
 
 static mla_policy *MP(const ls_policy *p) { return (mla_policy *)p->priv; }
 
+/* The merged policy: base + (alpha/r)·B·A on every adapted slot (a copy), base elsewhere. */
+static void remerge(mla_policy *mp) {
+    ls_mla_copy_slots(&mp->base, &mp->merged);
+    ls_lora_view v = view_of(&mp->merged);
+    ls_lora_merge_view(mp->lora, &v);
+}
+
+/* LoRA: merged adapters on the MLA projections by default (kv_b_proj is used in the
+ * absorbed form, W_UK on the query side and W_UV after the attention, so the family
+ * merges every adapter instead of running side branches); gradients ∂L/∂W_eff of the
+ * adapted slots only, projected onto A and B after the backward. */
+static ls_status open_lora(ls_policy *p, mla_policy *mp, const ls_policy_spec *sp, ls_arena *fixed, ls_arena *ga) {
+    ls_lora_target *tg = NULL;
+    int64_t ntg = 0;
+    LS_TRY(lora_targets(&mp->base, &tg, &ntg));
+    const char *targets = sp->lora_targets ? sp->lora_targets : "q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj";
+    char layout[160];
+    snprintf(layout, sizeof layout, "%s, per-expert projections", mp->base.cfg.model_type);
+    ls_status s = sp->adapter ? ls_lora_load_targets(&mp->lora, tg, ntg, &mp->base.cfg, layout, sp->adapter,
+                                                     sp->lora_alpha, fixed, ga)
+                              : ls_lora_new_targets(&mp->lora, tg, ntg, &mp->base.cfg, targets, (int)sp->lora_rank,
+                                                    sp->lora_alpha, sp->lora_seed, fixed, ga);
+    free(tg);
+    LS_TRY(s);
+    LS_TRY(ls_mla_alloc_subset(&mp->base, &mp->grad, ga, adapted, mp->lora, NULL));
+    LS_TRY(ls_mla_alloc_subset(&mp->base, &mp->merged, fixed, adapted, mp->lora, &mp->base));
+    remerge(mp);
+    p->adapters = 1;
+    p->policy = ls_mla_handle(&mp->merged);
+    if (!p->ref.impl) p->ref = ls_mla_handle(&mp->base); /* the base with adapters off */
+    return ls_lora_params(mp->lora, &p->w, &p->g, &p->n);
+}
+
 static ls_status mla_policy_open(ls_policy *p, const ls_policy_spec *sp, ls_arenas *ar) {
     memset(p, 0, sizeof *p);
-    if (sp->adapter || sp->lora_rank > 0)
-        return ls_err(LS_ERR_UNSUPPORTED, "%s: LoRA adapters are not built for the MLA family yet (full fine-tune "
-                                          "only)", sp->model_dir);
     mla_policy *mp = calloc(1, sizeof *mp);
     if (!mp) return ls_err(LS_ERR_NOMEM, "cannot allocate a policy");
     p->priv = mp;
@@ -98,9 +155,10 @@ static ls_status mla_policy_open(ls_policy *p, const ls_policy_spec *sp, ls_aren
             return ls_err(LS_ERR_ARG, "reference %s: its config differs from the model %s", sp->ref_dir, sp->model_dir);
         p->ref = ls_mla_handle(&mp->ref);
     }
+    p->grad = ls_mla_handle(&mp->grad);
+    if (sp->adapter || sp->lora_rank > 0) return open_lora(p, mp, sp, fixed, ga);
     LS_TRY(ls_mla_alloc_like(&mp->base, &mp->grad, ga, 1));
     p->policy = ls_mla_handle(&mp->base);
-    p->grad = ls_mla_handle(&mp->grad);
     int64_t n2 = 0;
     LS_TRY(ls_mla_params(&mp->base, &p->w, &p->n));
     LS_TRY(ls_mla_params(&mp->grad, &p->g, &n2));
@@ -115,21 +173,56 @@ static void mla_policy_close(ls_policy *p) {
     memset(p, 0, sizeof *p);
 }
 
-static void mla_grads_done(ls_policy *p) { (void)p; }
-static void mla_step_done(ls_policy *p) { (void)p; }
+static void mla_grads_done(ls_policy *p) {
+    mla_policy *mp = MP(p);
+    if (!mp->lora) return;
+    ls_lora_view v = view_of(&mp->grad); /* ∂L/∂W_eff → adapters */
+    ls_lora_backward_view(mp->lora, &v);
+}
 
+static void mla_step_done(ls_policy *p) {
+    if (MP(p)->lora) remerge(MP(p));
+}
+
+/* Every buffer a backward writes: the gradient set's allocated tensors (with LoRA the
+ * adapted slots' ∂L/∂W_eff), then the adapters'. */
 static ls_status mla_grad_buffers(const ls_policy *p, ls_param **out, int64_t *n) {
-    return ls_mla_params(&MP(p)->grad, out, n);
+    const mla_policy *mp = MP(p);
+    ls_param *all = NULL;
+    int64_t nf = 0;
+    LS_TRY(ls_mla_params(&mp->grad, &all, &nf));
+    ls_param *v = realloc(all, (size_t)(nf + (mp->lora ? p->n : 0) + 1) * sizeof *v);
+    if (!v) {
+        free(all);
+        return ls_err(LS_ERR_NOMEM, "cannot list the gradient buffers");
+    }
+    *n = 0;
+    for (int64_t k = 0; k < nf; k++)
+        if (v[k].p) v[(*n)++] = v[k];
+    for (int64_t k = 0; mp->lora && k < p->n; k++) v[(*n)++] = p->g[k];
+    *out = v;
+    return LS_OK;
 }
 
 static void mla_zero_grad(ls_policy *p) {
-    for (int64_t k = 0; k < p->n; k++) memset(p->g[k].p, 0, (size_t)p->g[k].n * sizeof(float));
+    ls_param *g = NULL;
+    int64_t n = 0;
+    if (mla_grad_buffers(p, &g, &n) == LS_OK)
+        for (int64_t k = 0; k < n; k++) memset(g[k].p, 0, (size_t)g[k].n * sizeof(float));
+    free(g);
 }
 
 static ls_status mla_policy_save(const ls_policy *p, const ls_policy_spec *sp, const char *dir) {
+    const mla_policy *mp = MP(p);
     char path[4096], src[4096];
+    if (mp->lora) { /* PEFT layout */
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+        LS_TRY(ls_lora_export(mp->lora, 0, path, NULL, NULL));
+        snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+        return ls_lora_write_config(path, mp->lora);
+    }
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    LS_TRY(ls_mla_export(&MP(p)->base, path, LS_DTYPE_F32, NULL, NULL));
+    LS_TRY(ls_mla_export(&mp->base, path, LS_DTYPE_F32, NULL, NULL));
     snprintf(src, sizeof src, "%s/config.json", sp->model_dir);
     snprintf(path, sizeof path, "%s/config.json", dir);
     return ls_copy_file_atomic(src, path);
@@ -137,15 +230,23 @@ static ls_status mla_policy_save(const ls_policy *p, const ls_policy_spec *sp, c
 
 static ls_status mla_policy_save_grads(const ls_policy *p, const char *path, const char *meta_key,
                                        const char *meta_value) {
-    return ls_mla_export(&MP(p)->grad, path, LS_DTYPE_F32, meta_key, meta_value);
+    const mla_policy *mp = MP(p);
+    return mp->lora ? ls_lora_export(mp->lora, 1, path, meta_key, meta_value)
+                    : ls_mla_export(&mp->grad, path, LS_DTYPE_F32, meta_key, meta_value);
 }
 
 static void mla_policy_predict(const ls_policy *p, int optimizer, size_t *grad, size_t *fixed) {
     const mla_policy *mp = MP(p);
-    size_t trainable = 0;
+    size_t trainable = 0, copies = 0;
     for (int64_t k = 0; k < p->n; k++) trainable += (size_t)p->w[k].n;
-    *grad = 4 * trainable;
-    *fixed = 4 * mp->base.n_params + (optimizer ? 8 * trainable : 0);
+    ls_param *g = NULL;
+    int64_t n = 0;
+    if (mp->lora && ls_mla_params(&mp->grad, &g, &n) == LS_OK)
+        for (int64_t k = 0; k < n; k++) copies += g[k].p ? (size_t)g[k].n : 0;
+    free(g);
+    /* weights (+ merged copies of the adapted slots), the trainable tensors' moments */
+    *grad = 4 * (trainable + copies);
+    *fixed = 4 * (mp->base.n_params + copies) + (optimizer ? 8 * trainable : 0) + (mp->lora ? 4 * trainable : 0);
 }
 
 const ls_family ls_mla_family = {

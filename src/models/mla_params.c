@@ -143,18 +143,28 @@ float *ls_mla_at(const ls_mla_model *m, const ls_mla_tensor *t) {
 
 static int64_t numel(const ls_mla_tensor *t) { return t->shape[0] * t->shape[1]; }
 
-/* Every slot of dst sized by its tensors (the largest off + numel) and zeroed; frozen
- * tensors' slots skipped when grads. The tied LM head is the embedding. */
-static ls_status alloc_slots(ls_mla_model *dst, ls_arena *arena, int grads) {
+/* Every slot of dst sized by its tensors (the largest off + numel) and zeroed where
+ * keep(tensor) says so for a tensor of the slot; other slots are `share`'s (NULL: left
+ * NULL). The tied LM head is the embedding. */
+static ls_status alloc_slots(ls_mla_model *dst, ls_arena *arena, ls_mla_keep_fn keep, const void *ctx,
+                             const ls_mla_model *share) {
     const ls_config *c = &dst->cfg;
     if (!(dst->layers = ls_arena_calloc(arena, (size_t)c->n_layers, sizeof(ls_mla_layer)))) return LS_ERR_NOMEM;
     for (int64_t i = 0; i < dst->n_tensors; i++) {
         const ls_mla_tensor *t = &dst->tensors[i];
-        if ((grads && t->frozen) || *slot(dst, t->layer, t->field)) continue;
+        if (*slot(dst, t->layer, t->field)) continue;
         int64_t need = t->off + numel(t); /* the slot's size: its tensors' furthest end (all in its layer) */
+        int kept = !keep || keep(t, ctx);
         for (int64_t j = i + 1; t->layer >= 0 && j < dst->n_tensors && dst->tensors[j].layer == t->layer; j++)
-            if (dst->tensors[j].field == t->field && dst->tensors[j].off + numel(&dst->tensors[j]) > need)
-                need = dst->tensors[j].off + numel(&dst->tensors[j]);
+            if (dst->tensors[j].field == t->field) {
+                if (dst->tensors[j].off + numel(&dst->tensors[j]) > need)
+                    need = dst->tensors[j].off + numel(&dst->tensors[j]);
+                kept |= !keep || keep(&dst->tensors[j], ctx);
+            }
+        if (!kept) {
+            if (share) *slot(dst, t->layer, t->field) = *slot(share, t->layer, t->field);
+            continue;
+        }
         float *b = ls_arena_calloc(arena, (size_t)need, sizeof(float));
         if (!b) return ls_err(LS_ERR_NOMEM, "out of memory for %s (%lld values)", t->name, (long long)need);
         *slot(dst, t->layer, t->field) = b;
@@ -163,12 +173,30 @@ static ls_status alloc_slots(ls_mla_model *dst, ls_arena *arena, int grads) {
     return LS_OK;
 }
 
-ls_status ls_mla_alloc_like(const ls_mla_model *src, ls_mla_model *dst, ls_arena *arena, int grads) {
+static int not_frozen(const ls_mla_tensor *t, const void *ctx) {
+    (void)ctx;
+    return !t->frozen;
+}
+
+ls_status ls_mla_alloc_subset(const ls_mla_model *src, ls_mla_model *dst, ls_arena *arena, ls_mla_keep_fn keep,
+                              const void *ctx, const ls_mla_model *share) {
     memset(dst, 0, sizeof *dst);
     dst->cfg = src->cfg;
     dst->tensors = src->tensors, dst->n_tensors = src->n_tensors;
-    dst->inv_freq = src->inv_freq, dst->scale = src->scale;
-    return alloc_slots(dst, arena, grads);
+    dst->inv_freq = src->inv_freq, dst->scale = src->scale, dst->n_params = src->n_params;
+    return alloc_slots(dst, arena, keep, ctx, share);
+}
+
+ls_status ls_mla_alloc_like(const ls_mla_model *src, ls_mla_model *dst, ls_arena *arena, int grads) {
+    return ls_mla_alloc_subset(src, dst, arena, grads ? not_frozen : NULL, NULL, NULL);
+}
+
+void ls_mla_copy_slots(const ls_mla_model *src, ls_mla_model *dst) {
+    for (int64_t i = 0; i < dst->n_tensors; i++) {
+        const ls_mla_tensor *t = &dst->tensors[i];
+        float *d = ls_mla_at(dst, t), *s0 = ls_mla_at(src, t);
+        if (d && s0 && d != s0) memcpy(d, s0, (size_t)numel(t) * sizeof(float));
+    }
 }
 
 /* FP8 releases (e4m3 weights with weight_scale_inv blocks) are refused up front. */
@@ -227,7 +255,7 @@ ls_status ls_mla_load(ls_mla_model *m, const char *dir, ls_arena *fixed) {
         s = f ? ls_st_check_shape(f, keep[i].ndim, keep[i].shape, keep[i].name)
               : ls_err(LS_ERR_FORMAT, "%s: checkpoint has no tensor \"%s\"", st.dir, keep[i].name);
     }
-    if (s == LS_OK) s = alloc_slots(m, fixed, 0);
+    if (s == LS_OK) s = alloc_slots(m, fixed, NULL, NULL, NULL);
     for (int64_t i = 0; i < nt && s == LS_OK; i++) { /* MTP layers are not in the list: never read */
         s = read_tensor(&st, &keep[i], ls_mla_at(m, &keep[i]));
         m->n_params += (size_t)numel(&keep[i]);

@@ -64,19 +64,32 @@ static void rank_share(int64_t positions, int64_t S, int N, ls_cp_layout lay, in
 /* Bytes ls_arena_alloc takes for a request of n (0 takes one aligned unit), 0 on success. */
 static int abytes(size_t n, size_t *out) { return align_checked(n ? n : 1, out); }
 
+/* Values per position of layer l's gradient table `side` in full mode: the K (or MLA
+ * latent) table always, the V table of a full-attention layer (an MLA layer's index
+ * keys carry no gradient: the selection is constant). */
+static int64_t grad_row(const ls_config *c, int l, int side) {
+    return side == 0 || c->kind[l] == LS_LAYER_ATTN ? ls_state_row(c, l, side) : 0;
+}
+
 /* The full-mode allocations of ls_state_enable_full for a rank with `np` local pages
  * and `nc` sweep chunks, in its order: dState then checkpoints. 0 on success. */
 static int full_bytes(const ls_config *cfg, int64_t S, int64_t np, int64_t nc, size_t *dstate, size_t *ckpt) {
-    size_t L = (size_t)cfg->n_layers, na = (size_t)ls_cfg_count_kind(cfg, LS_LAYER_ATTN);
-    size_t ng = (size_t)ls_cfg_count_kind(cfg, LS_LAYER_GDN);
-    size_t t, pg, tabb, conv, rec, a, b;
-    /* dState: the header, the per-layer table, per attention layer two page tables and
-     * 2·np f32 pages, per GDN layer dS and dtail */
+    size_t L = (size_t)cfg->n_layers, ng = (size_t)ls_cfg_count_kind(cfg, LS_LAYER_GDN);
+    size_t t, tabb, conv, rec, a;
+    /* dState: the header, the per-layer table, per gradient table its page table and np
+     * f32 pages, per GDN layer dS and dtail */
     if (abytes(sizeof(ls_state_full), &a) || ls_mul_size(L, sizeof(ls_layer_dstate), &t) || abytes(t, &t) ||
-        ls_add_size(a, t, &a) || page_bytes_checked(cfg, S, LS_DTYPE_F32, &pg) ||
-        ls_mul_size((size_t)np, sizeof(void *), &tabb) || abytes(tabb, &tabb) || ls_mul_size(pg, (size_t)np, &b) ||
-        ls_add_size(b, tabb, &b) || ls_mul_size(b, 2 * na, &b) || ls_add_size(a, b, &a) ||
-        mul3((size_t)(cfg->conv_k - 1), (size_t)ls_cfg_conv_dim(cfg), sizeof(float), &conv) || abytes(conv, &conv) ||
+        ls_add_size(a, t, &a) || ls_mul_size((size_t)np, sizeof(void *), &tabb) || abytes(tabb, &tabb))
+        return 1;
+    for (int l = 0; l < cfg->n_layers; l++)
+        for (int side = 0; side < 2; side++) {
+            size_t pg;
+            if (!grad_row(cfg, l, side)) continue;
+            if (ls_mul_size((size_t)S, (size_t)grad_row(cfg, l, side), &pg) || ls_mul_size(pg, sizeof(float), &pg) ||
+                abytes(pg, &pg) || ls_mul_size(pg, (size_t)np, &t) || ls_add_size(t, tabb, &t) || ls_add_size(a, t, &a))
+                return 1;
+        }
+    if (mul3((size_t)(cfg->conv_k - 1), (size_t)ls_cfg_conv_dim(cfg), sizeof(float), &conv) || abytes(conv, &conv) ||
         mul3((size_t)cfg->H_v, (size_t)cfg->d_k, (size_t)cfg->d_v, &rec) || ls_mul_size(rec, sizeof(float), &rec) ||
         abytes(rec, &rec) || ls_mul_size(conv + rec, ng, &t) || ls_add_size(a, t, dstate))
         return 1;
@@ -128,9 +141,6 @@ ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt
     if (page_bytes_checked(cfg, page_size, dtype, &pb))
         return ls_err(LS_ERR_ARG, "page size %lld: one page of the prompt state overflows a 64-bit byte count",
                       (long long)page_size);
-    if (sweep_chunk > 0 && cfg->family != LS_FAMILY_HYBRID)
-        return ls_err(LS_ERR_UNSUPPORTED, "--mode full (the exact gradient) is not built for the %s family yet",
-                      cfg->model_type);
     memset(p, 0, sizeof *p);
     p->positions = prompt_len - 1; /* x_P is the first input of every branch (DESIGN §3) */
     p->page_size = page_size;
@@ -278,12 +288,8 @@ ls_status ls_state_enable_full(ls_prompt_state *st, int64_t sweep_chunk) {
     const ls_config *c = st->cfg;
     if (sweep_chunk < 1) return ls_err(LS_ERR_ARG, "--sweep-chunk must be >= 1 (got %lld)", (long long)sweep_chunk);
     LS_ASSERT(st->n == 0 && !st->full, "full mode is enabled on an empty state, once");
-    if (c->family != LS_FAMILY_HYBRID)
-        return ls_err(LS_ERR_UNSUPPORTED, "--mode full (the exact gradient) is not built for the %s family yet",
-                      c->model_type);
     ls_arena *A = st->arena;
-    size_t L = (size_t)c->n_layers, pb;
-    page_bytes_checked(c, st->page_size, LS_DTYPE_F32, &pb); /* the hybrid's one K/V page size */
+    size_t L = (size_t)c->n_layers;
     size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
     size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;
     ls_state_full *f = ls_arena_calloc(A, 1, sizeof *f);
@@ -294,16 +300,16 @@ ls_status ls_state_enable_full(ls_prompt_state *st, int64_t sweep_chunk) {
     if (!f->d) return LS_ERR_NOMEM;
     for (size_t l = 0; l < L; l++) {
         ls_layer_dstate *d = &f->d[l];
-        if (c->kind[l] == LS_LAYER_ATTN) {
-            d->dk = ls_arena_calloc(A, (size_t)st->cap_pages, sizeof(void *));
-            d->dv = ls_arena_calloc(A, (size_t)st->cap_pages, sizeof(void *));
-            if (!d->dk || !d->dv) return LS_ERR_NOMEM;
-            for (int64_t i = 0; i < st->cap_pages; i++) {
-                d->dk[i] = ls_arena_calloc(A, 1, pb);
-                d->dv[i] = ls_arena_calloc(A, 1, pb);
-                if (!d->dk[i] || !d->dv[i]) return LS_ERR_NOMEM;
-            }
-        } else {
+        for (int side = 0; side < 2; side++) {
+            if (!grad_row(c, (int)l, side)) continue;
+            size_t pb = ls_align_up((size_t)st->page_size * (size_t)grad_row(c, (int)l, side) * sizeof(float));
+            void **tab = ls_arena_calloc(A, (size_t)st->cap_pages, sizeof(void *));
+            if (!tab) return LS_ERR_NOMEM;
+            for (int64_t i = 0; i < st->cap_pages; i++)
+                if (!(tab[i] = ls_arena_calloc(A, 1, pb))) return LS_ERR_NOMEM;
+            *(side ? &d->dv : &d->dk) = tab;
+        }
+        if (c->kind[l] == LS_LAYER_GDN) {
             d->dS = ls_arena_calloc(A, rec_n, sizeof(float));
             d->dtail = ls_arena_calloc(A, conv_n, sizeof(float));
             if (!d->dS || !d->dtail) return LS_ERR_NOMEM;
