@@ -11,9 +11,11 @@
  */
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 #include <stddef.h>
 #include <string.h>
 
+#include "longstraw/cp.h"
 #include "longstraw/kernels.h"
 #include "longstraw/trace.h"
 #include "mla_tape.h"
@@ -31,11 +33,22 @@
 typedef struct {
     int64_t T, pos0;
     const ls_prompt_state *st; /* pages of positions < pos0 (NULL: none) */
-    ls_prompt_state *append;   /* capture: append this call's latent rows and index keys */
+    ls_prompt_state *append;   /* capture / decode: append this call's latent rows and index keys */
     int32_t *sel;              /* [T, kk]: the most recent full layer's selection (a full layer writes it) */
     int64_t kk;                /* its row stride: min(index_topk, pos0 + T) */
     mla_layer_tape *tp;        /* NULL: no tape */
     ls_arena *ta, *sc;
+    /* Context parallelism (spec §6): the pages are split over the ranks of cp. Every rank
+     * proposes its top-kk keys per query, the global top-kk is chosen from them, each
+     * rank attends over the chosen keys it holds and the partials merge by log-sum-exp.
+     * qroot: the rank that computed the queries (capture: the chunk's owner, which
+     * broadcasts them), −1 when every rank computed them (branches, decode). own_rank:
+     * the rank that scores and attends the call's own rows, −1 when they are in the
+     * pages already (capture appends them first). Keys of positions < nkeys are paged. */
+    const ls_comm *cp;
+    int qroot, own_rank;
+    int64_t nkeys;
+    int32_t *sel_local;        /* [T, kk] the selection as this rank's local rows (the tape keeps it) */
 } mla_ctx;
 
 static ls_kv_prefix prefix_of(const ls_prompt_state *st, int l) {
@@ -44,48 +57,220 @@ static ls_kv_prefix prefix_of(const ls_prompt_state *st, int l) {
     return none;
 }
 
-/* The lightning indexer of full layer l (spec §3): index keys kI [T, dI] (=, for the
- * state) and each query's causal top-kk over the prefix's index keys and its own. */
-static ls_status indexer(const ls_mla_model *m, int l, const float *xn, const float *cq, float *kI, mla_ctx *L) {
+/* The indexer's per-query inputs of full layer l (spec §3): qI [T, nI, dI] (rope dims
+ * first) and the per-head weights wq [T, nI] (nI^−½ included). */
+static void index_queries(const ls_mla_model *m, int l, const float *xn, const float *cq, int64_t T, int64_t pos0,
+                          float *qI, float *wq) {
     const ls_config *c = &m->cfg;
     const ls_mla_config *mc = &c->mla;
     const ls_mla_layer *w = &m->layers[l];
-    int64_t T = L->T, D = c->hidden, rq = mc->q_lora_rank, pos0 = L->pos0;
-    int nI = mc->index_heads, dI = mc->index_head_dim, half = mc->qk_rope / 2;
-    ls_arena *sc = L->sc;
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *qI = ALLOC_F(sc, T * nI * dI); /* [T, nI, dI] */
-    float *wq = ALLOC_F(sc, T * nI);      /* [T, nI] per-head weights */
-    NEED(qI && wq);
-    ls_linear_fwd(qI, cq, w->idx_wq, T, rq, (int64_t)nI * dI, 0);
-    ls_rope_table_fwd(qI, T, nI, dI, 0, half, m->inv_freq, mc->indexer_rope_interleave, pos0); /* rope dims first */
-    ls_linear_fwd(kI, xn, w->idx_wk, T, D, dI, 0);
-    ls_layernorm_fwd(kI, kI, w->idx_knorm_w, w->idx_knorm_b, T, dI, 1e-6f);
-    ls_rope_table_fwd(kI, T, 1, dI, 0, half, m->inv_freq, mc->indexer_rope_interleave, pos0);
-    ls_linear_fwd(wq, xn, w->idx_weights, T, D, nI, 0);
-    float ws = 1.0f / sqrtf((float)nI), scale = 1.0f / sqrtf((float)dI);
+    int nI = mc->index_heads, dI = mc->index_head_dim;
+    ls_linear_fwd(qI, cq, w->idx_wq, T, mc->q_lora_rank, (int64_t)nI * dI, 0);
+    ls_rope_table_fwd(qI, T, nI, dI, 0, mc->qk_rope / 2, m->inv_freq, mc->indexer_rope_interleave, pos0);
+    ls_linear_fwd(wq, xn, w->idx_weights, T, c->hidden, nI, 0);
+    float ws = 1.0f / sqrtf((float)nI);
     for (int64_t i = 0; i < T * nI; i++) wq[i] *= ws;
-    ls_kv_prefix pre = prefix_of(L->st, l);
-    ls_kv_prefix keys = {pos0, pre.page_size, pre.dtype, pre.v_pages, NULL}; /* the prefix's index keys */
-    void *own_page[1] = {kI};
-    ls_kv_prefix own = {T, T, LS_DTYPE_F32, own_page, NULL};
-    int64_t n = pos0 + T, tb = INDEX_BLOCK_VALUES / n;
-    tb = tb < 1 ? 1 : tb > T ? T : tb;
-    float *sp = ALLOC_F(sc, tb * (pos0 > 0 ? pos0 : 1)), *so = ALLOC_F(sc, tb * T), *row = ALLOC_F(sc, tb * n);
-    int64_t *count = ls_arena_alloc(sc, (size_t)tb * sizeof(int64_t));
-    NEED(sp && so && row && count);
-    for (int64_t t0 = 0; t0 < T; t0 += tb) { /* rows [t0, t1): keys 0 .. pos0 + t1 − 1 */
-        int64_t t1 = t0 + tb < T ? t0 + tb : T, nb = t1 - t0, w1 = pos0 + t1;
-        if (pos0 > 0) LS_TRY(ls_dsa_scores(sp, qI + t0 * nI * dI, wq + t0 * nI, &keys, nb, nI, dI, scale, sc));
-        LS_TRY(ls_dsa_scores(so, qI + t0 * nI * dI, wq + t0 * nI, &own, nb, nI, dI, scale, sc));
-        for (int64_t r = 0; r < nb; r++) {
-            memcpy(row + r * w1, sp + r * pos0, (size_t)pos0 * sizeof(float));
-            memcpy(row + r * w1 + pos0, so + r * T, (size_t)t1 * sizeof(float));
-        }
-        LS_TRY(ls_dsa_topk(L->sel + t0 * L->kk, count, row, nb, w1, pos0 + t0, L->kk, sc));
+}
+
+/* The index keys kI [T, dI] of full layer l: LayerNorm(wk x), RoPE on the first dims. */
+static void index_keys(const ls_mla_model *m, int l, const float *xn, int64_t T, int64_t pos0, float *kI) {
+    const ls_config *c = &m->cfg;
+    const ls_mla_config *mc = &c->mla;
+    const ls_mla_layer *w = &m->layers[l];
+    int dI = mc->index_head_dim;
+    ls_linear_fwd(kI, xn, w->idx_wk, T, c->hidden, dI, 0);
+    ls_layernorm_fwd(kI, kI, w->idx_knorm_w, w->idx_knorm_b, T, dI, 1e-6f);
+    ls_rope_table_fwd(kI, T, 1, dI, 0, mc->qk_rope / 2, m->inv_freq, mc->indexer_rope_interleave, pos0);
+}
+
+/* Scores [nb, np] of queries (qI, wq) against positions [0, np) of index-key pages
+ * `keys`, in row blocks, and of the same queries against own keys [nown, dI]: rows of
+ * `row` [nb, np + nown]. */
+static ls_status score_rows(float *row, const float *qI, const float *wq, int64_t nb, const ls_kv_prefix *keys,
+                            const float *own, int64_t nown, int nI, int dI, ls_arena *sc) {
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    int64_t np = keys->n, w = np + nown;
+    float scale = 1.0f / sqrtf((float)dI);
+    float *sp = ALLOC_F(sc, nb * (np > 0 ? np : 1)), *so = ALLOC_F(sc, nb * (nown > 0 ? nown : 1));
+    NEED(sp && so);
+    if (np > 0) LS_TRY(ls_dsa_scores(sp, qI, wq, keys, nb, nI, dI, scale, sc));
+    if (nown > 0) {
+        void *own_page[1] = {(void *)own};
+        ls_kv_prefix ok = {nown, nown, LS_DTYPE_F32, own_page, NULL};
+        LS_TRY(ls_dsa_scores(so, qI, wq, &ok, nb, nI, dI, scale, sc));
+    }
+    for (int64_t r = 0; r < nb; r++) {
+        memcpy(row + r * w, sp + r * np, (size_t)np * sizeof(float));
+        memcpy(row + r * w + np, so + r * nown, (size_t)nown * sizeof(float));
     }
     ls_arena_release(sc, mk);
     return LS_OK;
+}
+
+/* One rank, full layer l: each query's causal top-kk over the prefix's index keys and
+ * the call's own keys kI [T, dI] (into L->sel). */
+static ls_status select_local(const ls_mla_model *m, int l, const float *qI, const float *wq, const float *kI,
+                              mla_ctx *L) {
+    const ls_mla_config *mc = &m->cfg.mla;
+    int64_t T = L->T, pos0 = L->pos0, n = pos0 + T;
+    int nI = mc->index_heads, dI = mc->index_head_dim;
+    ls_arena *sc = L->sc;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    ls_kv_prefix pre = prefix_of(L->st, l);
+    ls_kv_prefix keys = {pos0, pre.page_size, pre.dtype, pre.v_pages, NULL}; /* the prefix's index keys */
+    int64_t tb = INDEX_BLOCK_VALUES / n;
+    tb = tb < 1 ? 1 : tb > T ? T : tb;
+    float *row = ALLOC_F(sc, tb * n);
+    int64_t *count = ls_arena_alloc(sc, (size_t)tb * sizeof(int64_t));
+    NEED(row && count);
+    for (int64_t t0 = 0; t0 < T; t0 += tb) { /* rows [t0, t1): keys 0 .. pos0 + t1 − 1 */
+        int64_t t1 = t0 + tb < T ? t0 + tb : T, nb = t1 - t0;
+        LS_TRY(score_rows(row, qI + t0 * nI * dI, wq + t0 * nI, nb, &keys, kI, t1, nI, dI, sc));
+        LS_TRY(ls_dsa_topk(L->sel + t0 * L->kk, count, row, nb, pos0 + t1, pos0 + t0, L->kk, sc));
+    }
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+/* ---- context parallelism ------------------------------------------------------------ */
+
+/* Positions < limit this rank holds; its local row (page · S + offset) of a held
+ * position (−1: another rank's); the position of local row li. */
+static int64_t held_before(const ls_prompt_state *st, int64_t limit) {
+    int64_t n = 0;
+    for (int k = 0; k < st->nseg; k++) {
+        int64_t e = limit < st->seg_hi[k] ? limit : st->seg_hi[k];
+        n += e > st->seg_lo[k] ? e - st->seg_lo[k] : 0;
+    }
+    return n;
+}
+
+static int64_t local_row(const ls_prompt_state *st, int64_t pos) {
+    int64_t lp = ls_state_local_page(st, pos);
+    return lp < 0 ? -1 : lp * st->page_size + pos % st->page_size;
+}
+
+static int64_t held_position(const ls_prompt_state *st, int64_t li) {
+    for (int k = 0; k < st->nseg; k++) {
+        int64_t len = st->seg_hi[k] - st->seg_lo[k];
+        if (li < len) return st->seg_lo[k] + li;
+        li -= len;
+    }
+    return -1;
+}
+
+typedef struct {
+    float score;
+    int32_t pos;
+} cand;
+
+static int cand_order(const void *a, const void *b) { /* score descending, then position ascending */
+    const cand *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+static int pos_order(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The global top-kk of the T queries at positions pos0.. over every rank's keys (spec
+ * §6 step A): each rank's top-kk among the keys it holds (paged positions < nkeys, and
+ * the own keys kI on the own-rows rank) with their positions; one all-gather; the best
+ * kk of the union by (score desc, position asc), ascending in L->sel — exactly the one-
+ * rank selection, since a key among the global top kk is among its rank's top kk. */
+static ls_status cp_select(const ls_mla_model *m, int l, const float *qI, const float *wq, const float *kI,
+                           mla_ctx *L) {
+    const ls_mla_config *mc = &m->cfg.mla;
+    const ls_prompt_state *st = L->st;
+    int nI = mc->index_heads, dI = mc->index_head_dim, N = ls_comm_size(L->cp), rank = ls_comm_rank(L->cp);
+    int64_t T = L->T, kk = L->kk, nloc = held_before(st, L->nkeys), nown = rank == L->own_rank ? T : 0;
+    ls_arena *sc = L->sc;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    ls_kv_prefix pre = ls_state_prefix(st, l);
+    ls_kv_prefix keys = {nloc, st->page_size, st->dtype, pre.v_pages, NULL};
+    cand *mine = ls_arena_alloc(sc, (size_t)(T * kk) * sizeof(cand));
+    cand *all = ls_arena_alloc(sc, (size_t)(N * T * kk) * sizeof(cand));
+    cand *pool = ls_arena_alloc(sc, (size_t)(N * kk) * sizeof(cand));
+    float *row = ALLOC_F(sc, nloc + nown + 1);
+    int32_t *ls = ls_arena_alloc(sc, (size_t)kk * sizeof(int32_t));
+    NEED(mine && all && pool && row && ls);
+    for (int64_t t = 0; t < T; t++) {
+        int64_t qp = L->pos0 + t, vloc = held_before(st, qp + 1 < L->nkeys ? qp + 1 : L->nkeys);
+        int64_t vown = nown ? t + 1 : 0, n = vloc + vown, cnt = 0;
+        cand *c = mine + t * kk;
+        for (int64_t j = 0; j < kk; j++) c[j] = (cand){0.0f, -1};
+        if (n == 0) continue;
+        ls_kv_prefix kv = keys;
+        kv.n = vloc;
+        LS_TRY(score_rows(row, qI + t * nI * dI, wq + t * nI, 1, &kv, kI, vown, nI, dI, sc));
+        LS_TRY(ls_dsa_topk(ls, &cnt, row, 1, n, n - 1, kk, sc));
+        for (int64_t j = 0; j < cnt; j++)
+            c[j] = (cand){row[ls[j]], (int32_t)(ls[j] < vloc ? held_position(st, ls[j]) : L->pos0 + ls[j] - vloc)};
+    }
+    LS_TRY(ls_comm_allgather(L->cp, mine, all, (size_t)(T * kk) * sizeof(cand)));
+    for (int64_t t = 0; t < T; t++) {
+        int64_t np = 0;
+        for (int r = 0; r < N; r++)
+            for (int64_t j = 0; j < kk; j++)
+                if (all[(r * T + t) * kk + j].pos >= 0) pool[np++] = all[(r * T + t) * kk + j];
+        qsort(pool, (size_t)np, sizeof *pool, cand_order);
+        int64_t keep = np < kk ? np : kk;
+        int32_t *out = L->sel + t * kk;
+        for (int64_t j = 0; j < kk; j++) out[j] = j < keep ? pool[j].pos : -1;
+        qsort(out, (size_t)keep, sizeof *out, pos_order);
+    }
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+/* The selection as this rank's local rows (paged keys: page · S + offset; own rows after
+ * the nloc paged ones, on the own-rows rank), compacted, −1 after. */
+static void cp_local_sel(const ls_prompt_state *st, const int32_t *sel, int32_t *loc, int64_t T, int64_t kk,
+                         int64_t pos0, int64_t nkeys, int own) {
+    int64_t nloc = held_before(st, nkeys);
+    for (int64_t t = 0; t < T; t++) {
+        int64_t k = 0;
+        for (int64_t j = 0; j < kk && sel[t * kk + j] >= 0; j++) {
+            int64_t p = sel[t * kk + j], li = p < nkeys ? local_row(st, p) : own ? nloc + p - pos0 : -1;
+            if (li >= 0) loc[t * kk + k++] = (int32_t)li;
+        }
+        for (; k < kk; k++) loc[t * kk + k] = -1;
+    }
+}
+
+/* Capture under CP: the chunk's owner broadcasts its queries (absorbed [T, H, rkv+dr];
+ * on a full layer also the indexer's qI and weights) to every rank. */
+static ls_status cp_share_queries(const ls_comm *cp, int root, float *qa, float *qI, float *wq, int64_t na, int64_t ni,
+                                  int64_t nw) {
+    LS_TRY(ls_comm_bcast(cp, qa, (size_t)na * sizeof(float), root));
+    if (ni) LS_TRY(ls_comm_bcast(cp, qI, (size_t)ni * sizeof(float), root));
+    if (nw) LS_TRY(ls_comm_bcast(cp, wq, (size_t)nw * sizeof(float), root));
+    return LS_OK;
+}
+
+/* Under CP (spec §6 step B): this rank's partial over the selected keys it holds (own
+ * rows on the own-rows rank), merged with every rank's by log-sum-exp: o [T, H, rkv] and
+ * lse [T, H] the whole attention's, on every rank. L->sel_local (tape arena with a tape)
+ * gets the selection as local rows. */
+static ls_status cp_attend(const ls_mla_model *m, int l, const float *qa, const float *own, float *o, float *lse,
+                           mla_ctx *L) {
+    const ls_mla_config *mc = &m->cfg.mla;
+    const ls_prompt_state *st = L->st;
+    int64_t T = L->T, kk = L->kk, rkv = mc->kv_lora_rank, nloc = held_before(st, L->nkeys);
+    int H = m->cfg.n_heads, mine = ls_comm_rank(L->cp) == L->own_rank;
+    if (mc->index_full[l]) { /* shared layers reuse their full layer's local rows */
+        if (L->tp) L->sel_local = ls_arena_alloc(L->ta, (size_t)(T * kk) * sizeof(int32_t));
+        NEED(L->sel_local);
+        cp_local_sel(st, L->sel, L->sel_local, T, kk, L->pos0, L->nkeys, mine);
+    }
+    LS_ASSERT(L->sel_local, "layer %d: no selection to share", l);
+    ls_kv_prefix pre = ls_state_prefix(st, l);
+    pre.n = nloc;
+    LS_TRY(ls_mla_attn_fwd(o, lse, qa, mine ? own : NULL, &pre, L->sel_local, kk, T, H, (int)rkv, mc->qk_rope, nloc,
+                           m->scale));
+    return ls_cp_merge(o, lse, T * H, (int)rkv, L->cp, L->sc);
 }
 
 /* MLA mixer of layer l (spec §2, absorbed form): x[T, D] += o_proj(W_UV · attention). */
@@ -133,24 +318,45 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
     }
     /* selection: a full layer's own indexer, or the most recent full layer's */
     float *kI = NULL;
-    if (mc->index_full[l]) {
+    int full = mc->index_full[l];
+    if (full) {
         if (tp) { /* the tape keeps every full layer's picks (shared layers point at them) */
             L->sel = ls_arena_alloc(A, (size_t)(T * L->kk) * sizeof(int32_t));
             NEED(L->sel);
         }
-        kI = ALLOC_F(sc, T * mc->index_head_dim);
-        NEED(kI);
-        LS_TRY(indexer(m, l, xn, cq, kI, L));
+        int nI = mc->index_heads, dI = mc->index_head_dim;
+        float *qI = ALLOC_F(sc, T * nI * dI), *wq = ALLOC_F(sc, T * nI);
+        kI = ALLOC_F(sc, T * dI);
+        NEED(qI && wq && kI);
+        index_keys(m, l, xn, T, pos0, kI);
+        index_queries(m, l, xn, cq, T, pos0, qI, wq);
+        if (L->cp) {
+            if (L->append && L->own_rank < 0) LS_TRY(ls_state_append_kv(L->append, l, own, kI, T)); /* capture */
+            if (L->qroot >= 0) LS_TRY(cp_share_queries(L->cp, L->qroot, qa, qI, wq, T * H * dk, T * nI * dI, T * nI));
+            LS_TRY(cp_select(m, l, qI, wq, kI, L));
+        } else {
+            LS_TRY(select_local(m, l, qI, wq, kI, L));
+        }
+    } else if (L->cp) {
+        if (L->append && L->own_rank < 0) LS_TRY(ls_state_append_kv(L->append, l, own, NULL, T));
+        if (L->qroot >= 0) LS_TRY(cp_share_queries(L->cp, L->qroot, qa, NULL, NULL, T * H * dk, 0, 0));
     }
     LS_ASSERT(L->sel, "layer %d shares the selection of a full indexer layer, and none came before it", l);
-    ls_kv_prefix pre = prefix_of(L->st, l);
-    LS_TRY(ls_mla_attn_fwd(o, lse, qa, own, &pre, L->sel, L->kk, T, H, (int)rkv, dr, pos0, m->scale));
+    if (L->cp) {
+        LS_TRY(cp_attend(m, l, qa, own, o, lse ? lse : ALLOC_F(sc, T * H), L));
+        if (tp) tp->sel_local = L->sel_local;
+    } else {
+        ls_kv_prefix pre = prefix_of(L->st, l);
+        LS_TRY(ls_mla_attn_fwd(o, lse, qa, own, &pre, L->sel, L->kk, T, H, (int)rkv, dr, pos0, m->scale));
+    }
     /* per head o[h] = W_UV[h] ō[h], then o_proj into the residual */
     for (int h = 0; h < H; h++)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, dv, (int)rkv, 1.0f, o + h * rkv, (int)(H * rkv),
                     w->kv_b + (h * hb + dn) * rkv, (int)rkv, 0.0f, ov + h * dv, H * dv);
     ls_linear_fwd(x, ov, w->o_proj, T, (int64_t)H * dv, D, 1);
-    if (L->append) LS_TRY(ls_state_append_kv(L->append, l, own, kI, T));
+    if (L->append && !(L->cp && L->own_rank < 0)) { /* decode under CP: the rank holding the position */
+        if (!L->cp || L->append->rank == L->append->tail_rank) LS_TRY(ls_state_append_kv(L->append, l, own, kI, T));
+    }
     if (tp) {
         tp->cq_raw = cq_raw, tp->rstd_q = rstd_q, tp->cq = cq, tp->q = q, tp->lat_raw = lat_raw;
         tp->rstd_kv = rstd_kv, tp->own = own, tp->qa = qa, tp->sel = L->sel, tp->o = o, tp->lse = lse, tp->ov = ov;
@@ -221,6 +427,24 @@ static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, ml
     return LS_OK;
 }
 
+/* Capture under CP, on a rank that does not own the chunk: its part of layer l's
+ * attention for the owner's queries (received), the same collectives in the same order
+ * as the owner's mla_mixer. */
+static ls_status cp_assist(const ls_mla_model *m, int l, mla_ctx *L) {
+    const ls_mla_config *mc = &m->cfg.mla;
+    int64_t T = L->T, dk = mc->kv_lora_rank + mc->qk_rope;
+    int H = m->cfg.n_heads, nI = mc->index_heads, dI = mc->index_head_dim, full = mc->index_full[l];
+    ls_arena_mark mk = ls_arena_get_mark(L->sc);
+    float *qa = ALLOC_F(L->sc, T * H * dk), *o = ALLOC_F(L->sc, T * H * mc->kv_lora_rank), *lse = ALLOC_F(L->sc, T * H);
+    float *qI = full ? ALLOC_F(L->sc, T * nI * dI) : NULL, *wq = full ? ALLOC_F(L->sc, T * nI) : NULL;
+    NEED(qa && o && lse && (!full || (qI && wq)));
+    LS_TRY(cp_share_queries(L->cp, L->qroot, qa, qI, wq, T * H * dk, full ? T * nI * dI : 0, full ? T * nI : 0));
+    if (full) LS_TRY(cp_select(m, l, qI, wq, NULL, L));
+    LS_TRY(cp_attend(m, l, qa, NULL, o, lse, L));
+    ls_arena_release(L->sc, mk);
+    return LS_OK;
+}
+
 /* One decoder layer on x[T, D]: h += MLA(norm(h)); h += FFN(norm(h)). */
 static ls_status layer_fwd(const ls_mla_model *m, int l, float *x, int skip_ffn, mla_ctx *L) {
     const ls_config *c = &m->cfg;
@@ -265,15 +489,65 @@ static int64_t sel_stride(const ls_config *c, int64_t pos0, int64_t T) {
     return c->mla.index_topk < pos0 + T ? c->mla.index_topk : pos0 + T;
 }
 
+/* The CP part of a layer context: the keys' communicator, who computed the queries,
+ * who handles the call's own rows, which keys are paged. */
+static void set_cp(mla_ctx *L, const ls_prompt_state *st, int qroot, int own_rank, int64_t nkeys, int32_t *sel_local) {
+    if (!st || st->nranks <= 1) return;
+    L->cp = st->comm, L->qroot = qroot, L->own_rank = own_rank, L->nkeys = nkeys, L->sel_local = sel_local;
+}
+
+/* Capture under CP (spec §6, DESIGN §8): the prompt's chunks in prompt order, each
+ * through every layer on the rank owning its positions; at every layer all ranks
+ * score the chunk's queries against the keys they hold, choose the global top-k, attend
+ * over their share of it and merge. The chunk's owner appends its latent rows and index
+ * keys first, so its own positions are paged keys like the others'. */
+static ls_status capture_cp(const ls_mla_model *m, ls_prompt_state *st, const int32_t *ids, int64_t n,
+                            const ls_fwd_opts *o, ls_arena *scratch) {
+    const ls_config *c = &m->cfg;
+    if (st->n != 0 || n != st->capacity)
+        return ls_err(LS_ERR_ARG, "a prompt state split over ranks is captured whole, once (%lld of %lld positions)",
+                      (long long)n, (long long)st->capacity);
+    int64_t D = c->hidden, C = o->capture_chunk > 0 ? o->capture_chunk : 2048;
+    for (int sg = 0; sg < ls_state_segments(st); sg++) {
+        int owner;
+        int64_t lo, hi;
+        ls_state_segment(st, sg, &owner, &lo, &hi);
+        for (int64_t c0 = lo, T; c0 < hi; c0 += T) {
+            T = ls_state_span_end(st, lo, c0, hi, C) - c0;
+            if (ls_stop_requested())
+                return ls_err(LS_ERR_INTERRUPTED, "stopped by signal %d during capture, at position %lld of %lld",
+                              ls_stop_requested(), (long long)c0, (long long)n);
+            ls_arena_mark mk = ls_arena_get_mark(scratch);
+            int64_t kk = sel_stride(c, c0, T);
+            int mine = owner == st->rank;
+            float *x = mine ? ALLOC_F(scratch, T * D) : NULL; /* [T, D] */
+            int32_t *sel = ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
+            int32_t *loc = ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
+            NEED((!mine || x) && sel && loc);
+            if (mine) ls_embed_fwd(x, ids + c0, m->embed, T, D);
+            for (int l = 0; l < c->n_layers; l++) {
+                mla_ctx L = {T, c0, st, mine ? st : NULL, sel, kk, NULL, NULL, scratch, NULL, -1, -1, 0, NULL};
+                set_cp(&L, st, owner, -1, c0 + T, loc);
+                st->n = c0;
+                LS_TRY(mine ? layer_fwd(m, l, x, l == c->n_layers - 1, &L) : cp_assist(m, l, &L));
+                ls_trace_layer_end(l, "fwd");
+            }
+            ls_progress_add(T);
+            ls_arena_release(scratch, mk);
+        }
+    }
+    st->n = n;
+    return LS_OK;
+}
+
 /* Extend `st` by ids[0..n) chunk by chunk (capture; decode with logits of the last
- * token, scaled by 1/temperature). */
+ * token, scaled by 1/temperature). Under CP a decode step runs on every rank; the rank
+ * holding the new positions appends them. */
 static ls_status extend(const ls_mla_model *m, ls_prompt_state *st, const int32_t *ids, int64_t n, float *logits,
                         const ls_fwd_opts *o, ls_arena *scratch) {
     const ls_config *c = &m->cfg;
     int64_t D = c->hidden, C = o->capture_chunk > 0 ? o->capture_chunk : 2048;
-    if (st->nranks > 1)
-        return ls_err(LS_ERR_UNSUPPORTED, "%s: context parallelism (several ranks) is not built for the MLA family yet",
-                      c->model_type);
+    if (st->nranks > 1 && !logits) return capture_cp(m, st, ids, n, o, scratch);
     for (int64_t c0 = 0, T; c0 < n; c0 += T) {
         T = ls_state_span_end(st, 0, st->n, st->n + n - c0, C) - st->n;
         int last_chunk = c0 + T == n;
@@ -284,10 +558,12 @@ static ls_status extend(const ls_mla_model *m, ls_prompt_state *st, const int32_
         int64_t kk = sel_stride(c, st->n, T);
         float *x = ALLOC_F(scratch, T * D);                                    /* [T, D] */
         int32_t *sel = ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t)); /* [T, kk] */
-        NEED(x && sel);
+        int32_t *loc = ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
+        NEED(x && sel && loc);
         ls_embed_fwd(x, ids + c0, m->embed, T, D);
         for (int l = 0; l < c->n_layers; l++) {
-            mla_ctx L = {T, st->n, st, st, sel, kk, NULL, NULL, scratch};
+            mla_ctx L = {T, st->n, st, st, sel, kk, NULL, NULL, scratch, NULL, -1, -1, 0, NULL};
+            set_cp(&L, st, -1, 0, st->n, loc);
             int skip = l == c->n_layers - 1 && !(logits && last_chunk); /* it feeds only the LM head */
             LS_TRY(layer_fwd(m, l, x, skip, &L));
             ls_trace_layer_end(l, "fwd");
@@ -325,10 +601,7 @@ ls_status ls_mla_branch_fwd(const ls_mla_model *m, const ls_prompt_state *st, co
     int64_t D = c->hidden, pos0 = st ? st->n : 0, kk = sel_stride(c, pos0, T);
     LS_ASSERT(out_from >= 0 && out_from <= T, "out_from %lld outside [0, %lld]", (long long)out_from, (long long)T);
     LS_ASSERT(grad_from >= 0 && grad_from <= out_from, "grad_from %lld", (long long)grad_from);
-    if (st && st->nranks > 1)
-        return ls_err(LS_ERR_UNSUPPORTED, "%s: context parallelism (several ranks) is not built for the MLA family yet",
-                      c->model_type);
-    int taping = tape_out != NULL;
+    int taping = tape_out != NULL, cp = st && st->nranks > 1;
     ls_arena *A = taping ? tape_arena : scratch; /* what outlives a layer */
     ls_arena_mark mk = ls_arena_get_mark(scratch);
     mla_tape *tb = NULL;
@@ -340,15 +613,18 @@ ls_status ls_mla_branch_fwd(const ls_mla_model *m, const ls_prompt_state *st, co
         tb->T = T, tb->out_from = out_from, tb->grad_from = grad_from, tb->pos0 = pos0, tb->kk = kk;
         tb->ids = ids, tb->target = target, tb->st = st, tb->temperature = o->temperature;
         tb->lmhead_rows = o->lmhead_rows;
+        if (cp) tb->cp = st->comm, tb->own_rank = 0, tb->nkeys = pos0;
     }
     float *x = ALLOC_F(A, T * D); /* [T, D] residual stream */
     int32_t *sel = taping ? NULL : ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
-    NEED(x && (taping || sel));
+    int32_t *loc = taping || !cp ? NULL : ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
+    NEED(x && (taping || sel) && (taping || !cp || loc));
     ls_embed_fwd(x, ids, m->embed, T, D);
     for (int l = 0; l < c->n_layers; l++) {
-        mla_ctx L = {T, pos0, st, NULL, sel, kk, taping ? &tb->layers[l] : NULL, tape_arena, scratch};
+        mla_ctx L = {T, pos0, st, NULL, sel, kk, taping ? &tb->layers[l] : NULL, tape_arena, scratch, NULL, -1, -1, 0, NULL};
+        set_cp(&L, st, -1, 0, pos0, loc); /* every rank runs the branch; rank 0 attends its own rows */
         LS_TRY(layer_fwd(m, l, x, 0, &L));
-        sel = L.sel; /* a full layer's picks, for the shared layers after it */
+        sel = L.sel, loc = L.sel_local; /* a full layer's picks, for the shared layers after it */
         ls_trace_layer_end(l, "fwd");
     }
     int64_t n = T - out_from;

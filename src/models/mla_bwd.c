@@ -91,6 +91,16 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
     return LS_OK;
 }
 
+/* Positions < limit this rank holds (as mla.c's held_before). */
+static int64_t held_rows(const ls_prompt_state *st, int64_t limit) {
+    int64_t n = 0;
+    for (int k = 0; k < st->nseg; k++) {
+        int64_t e = limit < st->seg_hi[k] ? limit : st->seg_hi[k];
+        n += e > st->seg_lo[k] ? e - st->seg_lo[k] : 0;
+    }
+    return n;
+}
+
 /* Full mode: where the prompt-state gradient goes (dstate: the captured state's dState,
  * NULL: prefix-frozen) and, in a sweep chunk, whether the chunk's own latent rows take
  * the gradient that later queries left in dState for their positions. */
@@ -111,7 +121,7 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
     int64_t dq = dn + dr, dk = rkv + dr, hb = dn + dv;
     ls_arena_mark mk = ls_arena_get_mark(sc);
     float *dov = ALLOC_F(sc, T * H * dv), *dob = ALLOC_F(sc, T * H * rkv); /* ∂L/∂(W_UV outputs), ∂L/∂ō */
-    float *dqa = ALLOC_F(sc, T * H * dk), *down = ALLOC_F(sc, T * dk);     /* absorbed queries, own rows */
+    float *dqa = ALLOC_F(sc, T * H * dk + T * dk), *down = dqa ? dqa + T * H * dk : NULL; /* queries | own rows */
     float *dqf = ALLOC_F(sc, T * H * dq), *dcq = ALLOC_F(sc, T * rq), *dlat = ALLOC_F(sc, T * rkv);
     float *dkva = ALLOC_F(sc, T * dk);
     NEED(dov && dob && dqa && down && dqf && dcq && dlat && dkva);
@@ -126,20 +136,29 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
     }
     ls_kv_prefix pre = {0, 1, LS_DTYPE_F32, NULL, NULL};
     if (tb->st) pre = ls_state_prefix(tb->st, l);
+    const int32_t *sel = tp->sel;
+    int64_t apos0 = pos0; /* the kernel's own-rows origin */
+    if (tb->cp) { /* this rank's share: its local rows of the selection (spec §6 "Backward") */
+        pre.n = apos0 = held_rows(tb->st, tb->nkeys);
+        sel = tp->sel_local;
+    }
     void *const *dpre = dc->dstate && tb->st ? dc->dstate->full->d[l].dk : NULL; /* the prompt rows' gradient (+=) */
-    LS_TRY(ls_mla_attn_bwd(dqa, down, dpre, dob, tp->o, tp->lse, tp->qa, tp->own, &pre, tp->sel, tb->kk, T, H,
-                           (int)rkv, dr, pos0, m->scale));
+    LS_TRY(ls_mla_attn_bwd(dqa, down, dpre, dob, tp->o, tp->lse, tp->qa, tp->own, &pre, sel, tb->kk, T, H, (int)rkv,
+                           dr, apos0, m->scale));
     if (tb->grad_from > 0) /* the naive mode's prompt rows are keys without gradient */
         memset(down, 0, (size_t)(tb->grad_from * dk) * sizeof(float));
-    if (dc->inject) { /* a sweep chunk: its rows' gradient from every later query */
+    if (dc->inject) { /* a sweep chunk: its rows' gradient from every later query (on the rank holding them) */
         const ls_prompt_state *st = dc->dstate;
         for (int64_t t = 0; t < T; t++) {
             int64_t pos = pos0 + t, lp = ls_state_local_page(st, pos);
-            LS_ASSERT(lp >= 0, "position %lld is not held by this rank", (long long)pos);
+            LS_ASSERT(lp >= 0 || tb->cp, "position %lld is not held by this rank", (long long)pos);
+            if (lp < 0) continue;
             const float *g = (const float *)st->full->d[l].dk[lp] + (pos % st->page_size) * dk;
             for (int64_t i = 0; i < dk; i++) down[t * dk + i] += g[i];
         }
     }
+    if (tb->cp) /* every rank's share of ∂L/∂q and ∂L/∂(own rows), summed: the whole on every rank */
+        LS_TRY(ls_comm_allreduce_f32(tb->cp, dqa, T * H * dk + T * dk, LS_REDUCE_SUM));
     for (int h = 0; h < H; h++) { /* qa[h] = [q_nope[h]·W_UK[h] ; q_pe[h]] */
         const float *Wuk = w->kv_b + h * hb * rkv;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, dn, (int)rkv, 1.0f, dqa + h * dk, (int)(H * dk),
@@ -225,14 +244,43 @@ ls_status ls_mla_branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const ls_
     return branch_bwd(m, grad, (const mla_tape *)tape, dlogprob, &dc, scratch);
 }
 
+/* Chunk j (counted over every rank's chunks, prompt order) of the sweep: positions
+ * [*lo, *hi) of the segment they lie in; 0 when j is past the end. */
+static int sweep_chunk_at(const ls_prompt_state *st, int64_t j, int64_t *lo, int64_t *hi) {
+    int64_t W = st->full->sweep_chunk;
+    for (int sg = 0; sg < ls_state_segments(st); sg++) {
+        int owner;
+        int64_t a, b;
+        ls_state_segment(st, sg, &owner, &a, &b);
+        int64_t n = (b - a + W - 1) / W;
+        if (j < n) {
+            *lo = a + j * W, *hi = *lo + W < b ? *lo + W : b;
+            return 1;
+        }
+        j -= n;
+    }
+    return 0;
+}
+
 ls_status ls_mla_sweep(const ls_mla_model *m, ls_mla_model *grad, ls_prompt_state *st, const int32_t *ids,
                        const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *scratch) {
     LS_ASSERT(st->full, "the sweep needs a state captured in full mode");
-    if (st->nranks > 1)
-        return ls_err(LS_ERR_UNSUPPORTED, "%s: context parallelism (several ranks) is not built for the MLA family yet",
-                      m->cfg.model_type);
-    for (int64_t j = st->full->n_chunks - 1; j >= 0; j--) { /* last chunk first: its gradient is complete */
-        int64_t lo = st->full->chunks[j].lo, T = st->full->chunks[j].hi - lo;
+    /* Under CP every rank recomputes every chunk (a branch against the pages before it,
+     * rank 0 attending its rows) so that each adds the gradient of the pages it holds;
+     * the parameter gradient is rank 0's alone (the caller sums over the ranks). */
+    ls_mla_model none = *grad, *g = grad; /* none: a gradient set without buffers */
+    ls_arena_mark top = ls_arena_get_mark(scratch);
+    if (st->nranks > 1 && st->rank != 0) {
+        none.layers = ls_arena_calloc(scratch, (size_t)m->cfg.n_layers, sizeof(ls_mla_layer));
+        NEED(none.layers);
+        none.embed = none.final_norm = none.lm_head = NULL;
+        g = &none;
+    }
+    int64_t nchunks = 0, lo = 0, hi = 0;
+    while (sweep_chunk_at(st, nchunks, &lo, &hi)) nchunks++;
+    for (int64_t j = nchunks - 1; j >= 0; j--) { /* last chunk first: its gradient is complete */
+        sweep_chunk_at(st, j, &lo, &hi);
+        int64_t T = hi - lo;
         ls_prompt_state view = *st; /* the pages before the chunk */
         view.n = lo;
         view.full = NULL;
@@ -242,8 +290,9 @@ ls_status ls_mla_sweep(const ls_mla_model *m, ls_mla_model *grad, ls_prompt_stat
         mla_tape *tb = (mla_tape *)tape;
         dstate_ctx dc = {st, 1};
         tb->st = &view;
-        LS_TRY(branch_bwd(m, grad, tb, NULL, &dc, scratch));
+        LS_TRY(branch_bwd(m, g, tb, NULL, &dc, scratch));
         ls_arena_release(tape_arena, mk);
     }
+    ls_arena_release(scratch, top);
     return LS_OK;
 }

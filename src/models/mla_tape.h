@@ -17,6 +17,7 @@ typedef struct {
     float *own;                    /* [T, rkv+dr] the call's latent rows [c_kv ; k_pe] */
     float *qa;                     /* [T, H, rkv+dr] absorbed queries [W_UKᵀ q_nope ; q_pe] */
     const int32_t *sel;            /* [T, kk] selected positions (a shared layer: its full layer's) */
+    const int32_t *sel_local;      /* under CP: the selection as this rank's local rows */
     float *o, *lse;                /* [T, H, rkv] attention over the latents, [T, H] */
     float *ov;                     /* [T, H·dv] per-head W_UV outputs (o_proj input) */
     float *x_mid, *xn2, *rstd2;    /* [T, D], [T, D], [T] */
@@ -33,6 +34,9 @@ typedef struct {
     const int32_t *ids;            /* [T] (caller's buffer, alive until backward) */
     const int32_t *target;         /* [T − out_from] */
     const ls_prompt_state *st;     /* the read-only prefix (NULL: none) */
+    const ls_comm *cp;             /* the prefix is split over the ranks of cp (NULL: one rank) */
+    int own_rank;                  /* under CP: the rank that attended the branch's own rows */
+    int64_t nkeys;                 /* under CP: positions < nkeys were paged keys */
     mla_layer_tape *layers;        /* [n_layers] */
     float *x_final, *rstd_f;       /* [T − out_from, D] final-norm input, [T − out_from] */
     float *h_final, *lse;          /* [T − out_from, D] LM-head input, [T − out_from] */

@@ -11,6 +11,8 @@ Writes under fixtures/:
   mla_grpo/cases.json                               every case's exact mla_ref.py flags + results,
                                                     per-fixture selection statistics, self-check numbers
   mla_grpo/grad_<case>[_full].safetensors           gradients (F32, HF names, loss/grad_norm in __metadata__)
+  mla_grpo/adapter_<fixture>.safetensors            PEFT LoRA adapters (F32) of the *_lora cases, whose
+                                                    gradient files hold the lora_A/lora_B gradients only
 """
 
 import argparse
@@ -19,6 +21,7 @@ import filecmp
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 
@@ -41,6 +44,10 @@ CLIP_MARGIN = 2e-3  # min |log rho - log(1 -/+ eps)|
 REWARDS = [1.0, 0.25, -0.5, 0.75]
 NOISE_STD = 0.3
 FD_H = 1e-5
+LORA_ALPHA = 4
+LORA_B_STD = 0.05   # B ~ N(0, 0.05), A ~ N(0, in^-1/2): both nonzero, so both get gradients
+LORA_FD_REL = 1e-6
+LORA_B0_REL = 1e-12
 
 COMMON = dict(vocab_size=97, hidden_size=32, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
               qk_head_dim=16, v_head_dim=8, index_n_heads=2, index_head_dim=16, moe_intermediate_size=8,
@@ -178,9 +185,9 @@ def write_model(d, cfg_raw, w, dt):
 # selection margins
 # ----------------------------------------------------------------------------
 
-def record(cfg, w, prompt, responses, rec=None):
+def record(cfg, w, prompt, responses, rec=None, lora=None):
     rec = rec or mr.Recorder(IDX_REL, ROUTER_GAP)
-    net = mr.Net(cfg, w)
+    net = mr.Net(cfg, w, lora)
     net.rec = rec
     with torch.no_grad():
         for j, r in enumerate(responses):
@@ -190,10 +197,10 @@ def record(cfg, w, prompt, responses, rec=None):
     return rec
 
 
-def clear_margins(cfg, w, prompt, responses):
+def clear_margins(cfg, w, prompt, responses, lora=None):
     """True when every discrete selection is clear of the thresholds (stops at the first violation)."""
     try:
-        record(cfg, w, prompt, responses, mr.Recorder(IDX_REL, ROUTER_GAP, fail_fast=True))
+        record(cfg, w, prompt, responses, mr.Recorder(IDX_REL, ROUTER_GAP, fail_fast=True), lora)
     except mr.SelectionTooClose:
         return False
     return True
@@ -372,7 +379,10 @@ def parse(flags):
 def case_run(root, fx, flags, group, mode):
     a = parse(flags)
     ref = None if a.ref_model is None else os.path.join(root, a.ref_model)
-    return mr.run(os.path.join(root, fx), group, mr.objective_from_args(a), ref_model=ref, grad_mode=mode), a
+    if a.adapter is None:
+        return mr.run(os.path.join(root, fx), group, mr.objective_from_args(a), ref_model=ref, grad_mode=mode), a
+    return mr.run(os.path.join(root, fx), group, mr.objective_from_args(a), ref_model=ref, grad_mode=mode,
+                  adapter=os.path.join(root, a.adapter), lora_alpha=a.lora_alpha), a
 
 
 def make_group_train(root, spec, group, extra, idx):
@@ -399,22 +409,32 @@ def make_group_train(root, spec, group, extra, idx):
 def detached_fullseq_grads(root, fx, flags, group, detach, dtype=DT):
     """the gradient of one full-sequence forward per member (prompt + response, no state), with c_kv, k_pe
     and kI of positions < P-1 detached (prefix-frozen) or nothing detached (the naive full graph).
-    dtype float32: the same computation in float32 (conditioning check)."""
+    dtype float32: the same computation in float32 (conditioning check).
+    With --adapter in flags the parameters are the adapter tensors (LoRA; no --ref-model: base reference)."""
     a = parse(flags)
     obj = mr.objective_from_args(a)
     cfg, w = mr.load_model(os.path.join(root, fx))
     w = {n: t.to(dtype) for n, t in w.items()}
-    used = mr.used_tensors(cfg, w)
-    params = {n: t for n, t in w.items() if n in used}
+    lora = None
+    if a.adapter is not None:
+        ts, sp = gr.load_adapter(os.path.join(root, a.adapter), a.lora_alpha)
+        params = {n: t.to(dtype) for n, t in ts.items()}
+        lora = gr.make_lora(params, sp)
+    else:
+        used = mr.used_tensors(cfg, w)
+        params = {n: t for n, t in w.items() if n in used}
     for t in params.values():
         t.requires_grad_(True)
     ref = None
     if a.beta != 0.0:
-        rc, rw = mr.load_model(os.path.join(root, a.ref_model))
-        rn = mr.Net(rc, {n: t.to(dtype) for n, t in rw.items()})
+        if a.ref_model is not None:
+            rc, rw = mr.load_model(os.path.join(root, a.ref_model))
+            rn = mr.Net(rc, {n: t.to(dtype) for n, t in rw.items()})
+        else:  # LoRA without a reference model: the base, adapters off
+            rn = mr.Net(cfg, {n: t.detach() for n, t in w.items()})
         with torch.no_grad():
             ref = [rn.seq_logprobs(group["prompt"], r, obj.temperature) for r in group["responses"]]
-    net = mr.Net(cfg, w)
+    net = mr.Net(cfg, w, lora)
     P = len(group["prompt"])
     A = gr.group_advantages(group, obj)
     cw = obj.member_weights([len(r) for r in group["responses"]])
@@ -513,11 +533,12 @@ def fd_check(root, fx, flags, group, g_full, g_pf, log):
             "prompt_only_token": tok}
 
 
-def fp32_check(cfg, w, prompt, responses, log, label="policy"):
+def fp32_check(cfg, w, prompt, responses, log, label="policy", lora=None):
     """the same reference in float32: identical selections (index top-k and experts) on every sequence,
-    and the log-prob difference."""
+    and the log-prob difference.  lora: {weight: (A, B, scale)} (fp64), run unmerged in both precisions."""
     w32 = {n: t.to(torch.float32) for n, t in w.items()}
-    n64, n32 = mr.Net(cfg, w), mr.Net(cfg, w32)
+    l32 = None if lora is None else {k: (A.to(torch.float32), B.to(torch.float32), s) for k, (A, B, s) in lora.items()}
+    n64, n32 = mr.Net(cfg, w, lora), mr.Net(cfg, w32, l32)
     worst, same = 0.0, True
     for r in responses:
         seq = list(prompt) + list(r)
@@ -621,6 +642,346 @@ def check_cli(root, entry, log):
 
 
 # ----------------------------------------------------------------------------
+# LoRA cases (PEFT adapters on mla_glm and mla_dsv32)
+# ----------------------------------------------------------------------------
+
+MLA_PROJ = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+
+
+def glm_lora_targets(cfg, names):
+    """rank 2 on every layer's MLA projections, rank 3 on three FFN matrices (routed, shared, dense)."""
+    r3 = {"model.layers.1.mlp.experts.0.gate_proj.weight", "model.layers.2.mlp.shared_experts.down_proj.weight",
+          "model.layers.0.mlp.up_proj.weight"}
+    out = []
+    for n in names:
+        m = re.match(r"model\.layers\.(\d+)\.self_attn\.([a-z_]+)\.weight$", n)
+        if m and int(m.group(1)) < cfg.L and m.group(2) in MLA_PROJ:
+            out.append((n, 2))
+        elif n in r3:
+            out.append((n, 3))
+    return out
+
+
+def dsv32_lora_targets(cfg, names):
+    """rank 2 on every layer's q_b_proj, kv_b_proj, o_proj and on every routed expert's down_proj of layer 1."""
+    out = []
+    for n in names:
+        m = re.match(r"model\.layers\.(\d+)\.self_attn\.(q_b_proj|kv_b_proj|o_proj)\.weight$", n)
+        if (m and int(m.group(1)) < cfg.L) or re.match(r"model\.layers\.1\.mlp\.experts\.\d+\.down_proj\.weight$", n):
+            out.append((n, 2))
+    return out
+
+
+# fx: the fixture (its group_train.json and case flags); seed: where the adapter's margin search starts
+# (the committed seeds were found by it); flags: added to the fixture's case flags besides --adapter/--lora-alpha;
+# fd: the adapter tensors of the prefix-frozen finite-difference check ("ffn": the FFN adapter tensor with the
+# largest |g|)
+LORA_CASES = [
+    dict(fx="mla_glm", adapter="adapter_mla_glm", seed=5103, targets=glm_lora_targets, flags=[],
+         modes=("prefix-frozen", "full"),
+         fd=["model.layers.0.self_attn.q_a_proj.lora_A", "model.layers.2.self_attn.kv_b_proj.lora_B", "ffn"]),
+    dict(fx="mla_dsv32", adapter="adapter_mla_dsv32", seed=5201, targets=dsv32_lora_targets, flags=["--beta", "0.05"],
+         modes=("prefix-frozen",),
+         fd=["model.layers.0.self_attn.q_b_proj.lora_A", "model.layers.2.self_attn.o_proj.lora_B", "ffn"]),
+]
+
+
+def make_adapter(w, targets, seed, zero_b=False):
+    """PEFT tensors {name: fp64 tensor holding F32 values}, lora_A then lora_B per module, in checkpoint order."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for n, r in targets:
+        o, inp = w[n].shape
+        mod = gr.PEFT_PREFIX + n[:-len(".weight")]
+        A = torch.randn(r, inp, generator=g, dtype=DT) * inp ** -0.5
+        B = torch.randn(o, r, generator=g, dtype=DT) * LORA_B_STD
+        out[mod + ".lora_A.weight"] = A.to(torch.float32).to(DT)
+        out[mod + ".lora_B.weight"] = torch.zeros_like(B) if zero_b else B.to(torch.float32).to(DT)
+    return out
+
+
+def write_adapter(path, ad):
+    hr.write_safetensors(path, {n: (t, "F32") for n, t in ad.items()}, {"format": "pt"})
+
+
+def load_lora(path):
+    ts, sp = gr.load_adapter(path, LORA_ALPHA)
+    return ts, sp, gr.make_lora(ts, sp)
+
+
+def lora_flags(L, spec):
+    return spec["case"] + L["flags"] + ["--adapter", "mla_grpo/%s.safetensors" % L["adapter"],
+                                        "--lora-alpha", str(LORA_ALPHA)]
+
+
+def clip_ok(res, a, group):
+    eh = a.epsilon if a.epsilon_high is None else a.epsilon_high
+    margin = gr.log_margin(gr.Objective(a.temperature, a.epsilon, eh), res["logprobs0"],
+                           [torch.as_tensor(o, dtype=DT) for o in group["old_logprobs"]])
+    s = res["stats0"]
+    regions = all(s[k] > 0 for k in ("low_Apos", "low_Aneg", "high_Apos", "high_Aneg"))
+    return margin, margin >= CLIP_MARGIN and regions
+
+
+def build_adapter(root, L, spec, group, log):
+    """the adapter file: the first seed (from L["seed"]) whose LoRA policy keeps every selection margin on every
+    group_train sequence (as the base fixtures do) and every token >= CLIP_MARGIN from a clip edge, with all four
+    clip regions populated (group_train.json is the base fixture's and is not changed)."""
+    fx = L["fx"]
+    cfg, w = mr.load_model(os.path.join(root, fx))
+    targets = L["targets"](cfg, list(w))
+    path = os.path.join(root, "mla_grpo", L["adapter"] + ".safetensors")
+    flags = lora_flags(L, spec)
+    for attempt in range(MAX_ATTEMPTS):
+        seed = L["seed"] + attempt
+        write_adapter(path, make_adapter(w, targets, seed))
+        _, _, lora = load_lora(path)
+        if not clear_margins(cfg, w, group["prompt"], group["responses"], lora):
+            continue
+        res, a = case_run(root, fx, flags, group, "prefix-frozen")
+        margin, ok = clip_ok(res, a, group)
+        if ok:
+            break
+    else:
+        raise RuntimeError("%s: no adapter seed with clear margins in %d tries" % (L["adapter"], MAX_ATTEMPTS))
+    rec = record(cfg, w, group["prompt"], group["responses"], lora=lora)
+    assert rec.ok()
+    info = {"fixture": fx, "seed": seed, "attempts": attempt + 1, "lora_alpha": LORA_ALPHA,
+            "init": "A ~ N(0, in^-1/2), B ~ N(0, %g), stored F32" % LORA_B_STD,
+            "modules": [[n[:-len(".weight")], r] for n, r in targets], "selection": rec_summary(rec),
+            "clip_margin": margin}
+    log("%-20s seed %d (%d tries)  %d modules  %d bytes  selection: %s" % (
+        L["adapter"], seed, attempt + 1, len(targets), os.path.getsize(path), json.dumps(info["selection"])))
+    return info, flags
+
+
+def b0_check(root, L, fx, flags, group, modes, log):
+    """(a) with B = 0 the forward is the base model's, and dL/dB = (alpha/r) G A^T with G the full-FT gradient of
+    the un-adapted model (same flags, same group, same mode); dL/dA = (alpha/r) B^T G = 0 exactly."""
+    cfg, w = mr.load_model(os.path.join(root, fx))
+    targets = L["targets"](cfg, list(w))
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        p0 = os.path.join(tmp, "b0.safetensors")
+        ts, _ = hr.read_safetensors(os.path.join(root, "mla_grpo", L["adapter"] + ".safetensors"))
+        write_adapter(p0, {n: (torch.zeros_like(t) if n.endswith(".lora_B.weight") else t) for n, t in ts.items()})
+        a = parse(flags)
+        ref = None if a.ref_model is None else os.path.join(root, a.ref_model)
+        obj = mr.objective_from_args(a)
+        for mode in modes:
+            rl = mr.run(os.path.join(root, fx), group, obj, ref_model=ref, grad_mode=mode, adapter=p0,
+                        lora_alpha=a.lora_alpha)
+            rf = mr.run(os.path.join(root, fx), group, obj, ref_model=ref, grad_mode=mode)
+            assert rl["loss"][0] == rf["loss"][0], (rl["loss"], rf["loss"])
+            gb, want = {}, {}
+            for n, r in targets:
+                mod = gr.PEFT_PREFIX + n[:-len(".weight")]
+                A = ts[mod + ".lora_A.weight"]
+                gb[n] = rl["grads0"][mod + ".lora_B.weight"]
+                want[n] = (a.lora_alpha / r) * rf["grads0"][n] @ A.T
+                assert float(rl["grads0"][mod + ".lora_A.weight"].abs().max()) == 0.0
+            worst = rel_diff(gb, want)
+            assert worst <= LORA_B0_REL, (mode, worst)
+            out[mode] = {"grad_B_vs_scale_G_At_worst_rel": worst, "grad_B_vs_scale_G_At_global_rel": global_rel(gb, want),
+                         "grad_A_max_abs": 0.0, "loss_equals_base": True}
+    log("               (a) B = 0: grad_B == (alpha/r) G A^T, worst per-tensor rel %s; grad_A == 0; loss == base" % (
+        ", ".join("%s %.1e" % (m, out[m]["grad_B_vs_scale_G_At_worst_rel"]) for m in modes)))
+    return out
+
+
+def lora_fd_check(root, L, fx, flags, group, g_pf, log):
+    """(b) central differences (h = FD_H) of the loss w.r.t. one entry (largest |g|) of three different adapter
+    tensors, prefix-frozen: the prompt state (captured with the unperturbed adapter), old and reference log-probs
+    are held fixed; the selections of the branches are checked unchanged."""
+    a = parse(flags)
+    obj = mr.objective_from_args(a)
+    cfg, w = mr.load_model(os.path.join(root, fx))
+    ts, sp, _ = load_lora(os.path.join(root, a.adapter))
+    ref = None
+    if a.beta != 0.0:
+        rn = mr.Net(*mr.load_model(os.path.join(root, a.ref_model))) if a.ref_model else mr.Net(cfg, w)
+        ref = gr.reference_logprobs(rn, group, obj.temperature)
+    old = [torch.as_tensor(o, dtype=DT) for o in group["old_logprobs"]]
+    with torch.no_grad():
+        state = mr.Net(cfg, w, gr.make_lora(ts, sp)).capture(group["prompt"])
+
+    def loss():
+        net = mr.Net(cfg, w, gr.make_lora(ts, sp))
+        net.rec = mr.Recorder(IDX_REL, ROUTER_GAP)
+        with torch.no_grad():
+            Lv = float(gr.loss_fn(net, state, group, obj, old=old, ref=ref))
+        return Lv, [s.clone() for s in net.rec.sels], [(i, e.clone()) for i, e in net.rec.experts]
+
+    _, sels0, ex0 = loss()
+    names = []
+    for f in L["fd"]:
+        if f == "ffn":
+            cand = [n for n in ts if ".mlp." in n]
+            names.append(max(cand, key=lambda n: float(g_pf[n].abs().max())))
+        else:
+            names.append(gr.PEFT_PREFIX + f + ".weight")
+    assert len(set(names)) == 3 and any("lora_A" in n for n in names) and any("lora_B" in n for n in names)
+    rows, worst = [], 0.0
+    for n in names:
+        flat = int(g_pf[n].abs().flatten().argmax())
+        t = ts[n].view(-1)
+        x0 = float(t[flat])
+        t[flat] = x0 + FD_H
+        Lp, sp_, ep = loss()
+        t[flat] = x0 - FD_H
+        Lm, sm, em = loss()
+        t[flat] = x0
+        same = all(bool(torch.equal(x, y)) for s in (sp_, sm) for x, y in zip(s, sels0)) and \
+            all(i == j and bool(torch.equal(x, y)) for e in (ep, em) for (i, x), (j, y) in zip(e, ex0))
+        assert same, "selection changed under the FD step for %s" % n
+        fd = (Lp - Lm) / (2 * FD_H)
+        ga = float(g_pf[n].reshape(-1)[flat])
+        rel = abs(fd - ga) / abs(ga)
+        assert rel <= LORA_FD_REL, (n, fd, ga, rel)
+        worst = max(worst, rel)
+        rows.append({"tensor": n, "flat_index": flat, "fd": fd, "autograd_prefix_frozen": ga, "rel_err": rel})
+    log("               (b) FD (h=%g, prefix-frozen) on %s: worst rel err %.2e" % (
+        FD_H, ", ".join(n[len(gr.PEFT_PREFIX):-len(".weight")] for n in names), worst))
+    return {"entries": rows, "worst_rel_err": worst, "h": FD_H}
+
+
+def refusal_checks(root, log):
+    """mla_ref refuses LoRA on embed_tokens, on 1-D tensors, on non-.weight parameters, on names the model does
+    not have, on the ignored MTP layer, and on misshapen adapters; each message names the tensor."""
+    cases = [("mla_glm", "model.embed_tokens", (2, 32), (97, 2)),
+             ("mla_glm", "model.layers.0.input_layernorm", (2, 32), (32, 2)),
+             ("mla_glm", "model.layers.1.mlp.gate.e_score_correction_bias", (2, 32), (4, 2)),
+             ("mla_glm", "model.layers.7.self_attn.q_a_proj", (2, 32), (20, 2)),
+             ("mla_dsv32", "model.layers.3.eh_proj", (2, 64), (32, 2)),
+             ("mla_glm", "model.layers.0.self_attn.o_proj", (2, 31), (32, 2))]
+    g = {"prompt": [1, 2, 3], "responses": [[4, 5]], "rewards": [1.0]}
+    msgs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        p = os.path.join(tmp, "bad.safetensors")
+        for fx, mod, sa, sb in cases:
+            write_adapter(p, {gr.PEFT_PREFIX + mod + ".lora_A.weight": torch.ones(sa, dtype=DT),
+                              gr.PEFT_PREFIX + mod + ".lora_B.weight": torch.ones(sb, dtype=DT)})
+            try:
+                mr.run(os.path.join(root, fx), g, gr.Objective(), adapter=p, lora_alpha=4.0)
+            except ValueError as e:
+                assert mod in str(e), (mod, str(e))
+                msgs.append(str(e))
+            else:
+                raise AssertionError("adapter on %s accepted" % mod)
+        # the CLI (plain log-probs, no objective) exits with the same message; p holds the misshapen o_proj adapter
+        try:
+            mr.main(["--model", os.path.join(root, "mla_glm"), "--group", os.path.join(root, "mla_glm", "group.json"),
+                     "--adapter", p, "--lora-alpha", "4"])
+        except SystemExit as e:
+            assert str(e) == "mla_ref.py: " + msgs[-1], str(e)
+        else:
+            raise AssertionError("CLI accepted a misshapen adapter")
+    log("               LoRA refusals (%d): %s" % (len(msgs), "; ".join(msgs)))
+    return msgs
+
+
+def check_lora_file(root, entry, adapter_names):
+    ts, meta = hr.read_safetensors(os.path.join(root, entry["grad"]))
+    assert list(ts) == adapter_names, "LoRA gradient file must hold the adapter tensors in adapter-file order"
+    assert meta["mode"] == "lora" and float(meta["loss"]) == entry["loss"] and float(meta["grad_norm"]) == entry["grad_norm"]
+    assert ("grad_mode" in meta) == ("--mode" in entry["args"])
+    with open(os.path.join(root, entry["grad"]), "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        hdr = json.loads(f.read(n))
+    assert all(v["dtype"] == "F32" for k, v in hdr.items() if k != "__metadata__")
+
+
+def lora_cases(root, trains, log):
+    """the *_lora cases: entries for cases.json, adapter info, self-check numbers."""
+    entries, adapters, checks = [], {}, {}
+    checks["refusals"] = refusal_checks(root, log)
+    for L in LORA_CASES:
+        fx = L["fx"]
+        spec = next(s for s in FIXTURES if s["name"] == fx)
+        group = trains[fx]
+        info, flags = build_adapter(root, L, spec, group, log)
+        adapters["mla_grpo/%s.safetensors" % L["adapter"]] = info
+        args = ["--model", fx, "--group", fx + "/group_train.json"] + flags
+        apath = os.path.join(root, "mla_grpo", L["adapter"] + ".safetensors")
+        adapter_names = list(hr.read_safetensors(apath)[0])
+        res_by_mode, mine = {}, []
+        for mode in L["modes"]:
+            res, a = case_run(root, fx, flags, group, mode)
+            name = fx + "_lora" + ("_full" if mode == "full" else "")
+            gfile = "mla_grpo/grad_%s.safetensors" % name
+            gr.write_grads(os.path.join(root, gfile), res)
+            margin, ok = clip_ok(res, a, group)
+            assert ok, (name, margin)
+            e = {"name": name, "args": args + (["--mode", "full"] if mode == "full" else []), "grad": gfile,
+                 "loss": res["loss"][0], "grad_norm": res["grad_norm"][0], "clip_margin": margin, "stats": res["stats0"]}
+            check_lora_file(root, e, adapter_names)
+            mine.append(e)
+            res_by_mode[mode] = res
+            s = res["stats0"]
+            log("%-20s loss %.8g  grad_norm %.8g  clip margin %.2e  rho<1-e (A>0 %d, A<0 %d) rho>1+e (A>0 %d, A<0 %d)"
+                "  kl_mean %.4g" % (name, e["loss"], e["grad_norm"], margin, s["low_Apos"], s["low_Aneg"],
+                                    s["high_Apos"], s["high_Aneg"], s["kl_mean"]))
+        chk = {}
+        pf = res_by_mode["prefix-frozen"]
+        cfg, w = pf["cfg"], pf["weights"]
+        # the adapter matters: LoRA policy vs the base (same flags, no adapter)
+        base, _ = case_run(root, fx, spec["case"] + L["flags"], group, "prefix-frozen")
+        chk["lora_vs_base_mean_abs_policy_logprob_diff"] = meandiff([l.tolist() for l in pf["logprobs0"]],
+                                                                    [l.tolist() for l in base["logprobs0"]])
+        assert chk["lora_vs_base_mean_abs_policy_logprob_diff"] > 1e-3, chk
+        if pf["ref"] is not None and "--ref-model" not in flags:  # the reference policy is the base, adapters off
+            assert all(torch.equal(f, l) for f, l in zip(pf["ref"], base["logprobs0"]))
+            chk["reference_is_base_policy"] = True
+        # Net's W + s B A on the fly == the merged weights
+        _, _, lora = load_lora(apath)
+        seq = list(group["prompt"]) + list(max(group["responses"], key=len))
+        with torch.no_grad():
+            la = mr.forward_logits(mr.Net(cfg, w, lora), seq)
+            lb = mr.forward_logits(mr.Net(cfg, mr.merged_weights(w, lora)), seq)
+            lc = mr.slow_logits(cfg, mr.merged_weights(w, lora), seq)
+        chk["lora_vs_merged_weights_logits"] = float((la - lb).abs().max())
+        chk["lora_vs_slow_absorbed_merged_logits"] = float((la - lc).abs().max())
+        assert chk["lora_vs_merged_weights_logits"] <= 1e-12 and chk["lora_vs_slow_absorbed_merged_logits"] <= 1e-10, chk
+        # prefix-frozen == full-sequence forward with the prompt state detached; full == naive full graph
+        Ld, gd = detached_fullseq_grads(root, fx, flags, group, detach=True)
+        chk["prefix_frozen_vs_fullseq_detached_loss"] = abs(Ld - pf["loss"][0])
+        chk["prefix_frozen_vs_fullseq_detached_grad_worst_rel"] = rel_diff(pf["grads0"], gd)
+        assert chk["prefix_frozen_vs_fullseq_detached_loss"] <= 1e-12, chk
+        assert chk["prefix_frozen_vs_fullseq_detached_grad_worst_rel"] <= 1e-10, chk
+        if "full" in res_by_mode:
+            fu = res_by_mode["full"]
+            Ln, gn = detached_fullseq_grads(root, fx, flags, group, detach=False)
+            chk["loss_prefix_frozen_minus_full"] = abs(pf["loss"][0] - fu["loss"][0])
+            chk["full_vs_fullseq_naive_loss"] = abs(Ln - fu["loss"][0])
+            chk["full_vs_fullseq_naive_grad_worst_rel"] = rel_diff(fu["grads0"], gn)
+            chk["full_vs_prefix_frozen_global_rel"] = global_rel(fu["grads0"], pf["grads0"])
+            assert chk["loss_prefix_frozen_minus_full"] <= 1e-14 and chk["full_vs_fullseq_naive_loss"] <= 1e-12, chk
+            assert chk["full_vs_fullseq_naive_grad_worst_rel"] <= 1e-10, chk
+            assert chk["full_vs_prefix_frozen_global_rel"] > 1e-2, chk
+        # float32: same selections on every group_train sequence, and the gradient's conditioning
+        chk["fp32_same_selections_logprob_max_diff"] = fp32_check(cfg, w, group["prompt"], group["responses"], log,
+                                                                  "LoRA policy", lora)
+        L32, g32 = detached_fullseq_grads(root, fx, flags, group, detach=True, dtype=torch.float32)
+        chk["fp32_prefix_frozen_grad_worst_rel"] = rel_diff(g32, pf["grads0"])
+        chk["fp32_loss_abs_diff"] = abs(L32 - pf["loss"][0])
+        assert chk["fp32_prefix_frozen_grad_worst_rel"] < 1e-3, chk
+        chk["b_zero"] = b0_check(root, L, fx, flags, group, L["modes"], log)
+        chk["fd_prefix_frozen"] = lora_fd_check(root, L, fx, flags, group, pf["grads0"], log)
+        log("               LoRA vs base policy mean |dlogprob| %.3g; on-the-fly vs merged logits %.1e, vs slow %.1e; "
+            "pf == detached full-seq grads %.1e%s; float32: same selections, logprob %.1e, grads %.1e" % (
+                chk["lora_vs_base_mean_abs_policy_logprob_diff"], chk["lora_vs_merged_weights_logits"],
+                chk["lora_vs_slow_absorbed_merged_logits"], chk["prefix_frozen_vs_fullseq_detached_grad_worst_rel"],
+                "" if "full" not in res_by_mode else "; full == naive %.1e, |full - pf| / |pf| = %.3f" % (
+                    chk["full_vs_fullseq_naive_grad_worst_rel"], chk["full_vs_prefix_frozen_global_rel"]),
+                chk["fp32_same_selections_logprob_max_diff"], chk["fp32_prefix_frozen_grad_worst_rel"]))
+        for e in mine:
+            check_cli(root, e, log)
+        entries += mine
+        checks[fx + "_lora"] = chk
+    return entries, adapters, checks
+
+
+# ----------------------------------------------------------------------------
 
 REAL_DS = dict(model_type="deepseek_v32", hidden_size=7168, num_hidden_layers=61, num_attention_heads=128,
                num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
@@ -678,6 +1039,7 @@ def generate(root, log):
                    "(from fixtures/). Thresholds: router/group gap %g, index relative "
                    "perturbation %g, clip margin %g" % (ROUTER_GAP, IDX_REL, CLIP_MARGIN),
            "cases": [], "fixtures": {}, "self_checks": {"spec_constants": spec_constants(log)}}
+    trains = {}
     for idx, spec in enumerate(FIXTURES):
         d, cfg, w, group, extra, info = build_fixture(root, spec, log)
         fchk = forward_checks(cfg, spec["cfg"], w, group, log)
@@ -693,10 +1055,15 @@ def generate(root, log):
         doc["self_checks"][spec["name"]] = {"forward": fchk}
         if spec.get("case"):
             g = make_group_train(root, spec, group, extra, idx)
+            trains[spec["name"]] = g
             entries, chk = grpo_case(root, spec, g, log)
             check_cli(root, entries[1], log)
             doc["cases"] += entries
             doc["self_checks"][spec["name"]]["grpo"] = chk
+    entries, adapters, lchk = lora_cases(root, trains, log)
+    doc["cases"] += entries
+    doc["adapters"] = adapters
+    doc["self_checks"]["lora"] = lchk
     write_json(os.path.join(root, "mla_grpo", "cases.json"), doc)
     total = 0
     for dd in sorted(os.listdir(root)):

@@ -29,12 +29,20 @@ GRPO (prefix-frozen / full) reuses grpo_ref.py's Objective and policy_loss: the 
 each layer is (c_kv, k_pe, kI) of positions 0..P-2; prefix-frozen captures it without a tape
 (detached), full mode keeps its graph.
 
+LoRA (--adapter FILE --lora-alpha A), PEFT semantics as in grpo_ref.py (its load_adapter is reused):
+tensors base_model.model.<HF name without .weight>.lora_A.weight [r, in] / .lora_B.weight [out, r],
+W_eff = W + (A/r) * B @ A (r per module, from lora_A's shape).  Only 2-D .weight tensors that the
+forward reads can be targets: embed_tokens, 1-D tensors, names the checkpoint lacks and the ignored
+MTP layers are refused (naming the tensor).  The base is frozen; the trainable set (and --out) is the
+adapter tensors, in adapter-file order.  With --beta != 0 and no --ref-model the reference policy is
+the base with the adapters off.  The plain log-probs / --selection-out are those of the adapted model.
+
 CLI
   python3 mla_ref.py --model DIR --group G.json [--mode prefix-frozen|full] [--out GRAD.safetensors]
         [--logprobs-out FILE.json] [--ref-model DIR] [--loss grpo|sft] [--loss-type grpo|dapo|dr_grpo]
         [--epsilon E] [--epsilon-high EH] [--beta B] [--scale-rewards group|batch|none]
         [--temperature T] [--max-completion-length N] [--latent-norm-eps EPS] [--selection-out FILE.json]
-        [--threads N]
+        [--adapter ADAPTER.safetensors --lora-alpha A] [--threads N]
 Without "rewards"/"advantages" in the group (and without --loss sft) it prints
 {"logprobs": [[...], ...]} (temperature 1, one full-sequence forward per response, like
 hybrid_ref.py).  Otherwise it runs the GRPO/SFT objective and prints loss / grad_norm / stats0.
@@ -285,6 +293,46 @@ def is_mtp_name(name, L):
 
 
 # ----------------------------------------------------------------------------
+# LoRA targets
+# ----------------------------------------------------------------------------
+
+def check_lora(cfg, weights, lora, used=None):
+    """Refuse adapter targets the model cannot take (each message names the tensor): embed_tokens,
+    tensors the checkpoint lacks, 1-D tensors (incl. a non-.weight parameter such as
+    e_score_correction_bias), MTP-layer tensors (ignored by the model), shapes that do not fit
+    (A [r, in], B [out, r] for W [out, in]), and, given used (the names the forward reads), unread ones."""
+    for k, (A, B, _s) in lora.items():
+        if k.endswith("embed_tokens.weight"):
+            raise ValueError("LoRA on embed_tokens is not supported (%s)" % k)
+        if k not in weights:
+            base = k[:-len(".weight")] if k.endswith(".weight") else None
+            if base is not None and base in weights:
+                raise ValueError("LoRA on %s (a %d-D parameter, not a .weight matrix) is not supported"
+                                 % (base, weights[base].dim()))
+            raise ValueError("adapter targets %s, which the model does not have (not in the checkpoint)" % k)
+        if is_mtp_name(k, cfg.L):
+            raise ValueError("adapter targets %s, an MTP-layer tensor, which the model ignores" % k)
+        W = weights[k]
+        if W.dim() != 2:
+            raise ValueError("LoRA on the %d-D tensor %s is not supported (2-D weights only)" % (W.dim(), k))
+        if A.dim() != 2 or B.dim() != 2 or A.shape[1] != W.shape[1] or B.shape[0] != W.shape[0] \
+                or B.shape[1] != A.shape[0]:
+            raise ValueError("adapter for %s: lora_A %s / lora_B %s do not fit the weight %s" % (
+                k, list(A.shape), list(B.shape), list(W.shape)))
+        if used is not None and k not in used:
+            raise ValueError("adapter targets %s, which the forward does not read" % k)
+
+
+def merged_weights(weights, lora):
+    """{name: W + scale * B @ A} (detached, in the weights' dtype): the adapted model as plain weights
+    (checks, margin search)."""
+    out = dict(weights)
+    for k, (A, B, s) in lora.items():
+        out[k] = (weights[k] + s * (B.detach().to(weights[k].dtype) @ A.detach().to(weights[k].dtype))).detach()
+    return out
+
+
+# ----------------------------------------------------------------------------
 # stateful, differentiable model
 # ----------------------------------------------------------------------------
 
@@ -294,11 +342,15 @@ class Net:
     state[i] = {"ckv": [T0, rkv] (after kv_a_layernorm), "kpe": [T0, dr] (after RoPE),
                 "kI": [T0, dI] (after k_norm + RoPE; full indexer layers only, else None)}
     for positions 0..T0-1.  rec: None, or a Recorder that collects the selections and their margins.
+    lora: None or {full weight name: (A [r, in], B [out, r], scale)} -> W_eff = W + scale * B @ A
+    (grpo_ref.make_lora); validated by check_lora.
     """
 
-    def __init__(self, cfg, weights):
+    def __init__(self, cfg, weights, lora=None):
         self.cfg = cfg
         self.w = weights
+        self.lora = lora or {}
+        check_lora(cfg, weights, self.lora)
         self.used = set()
         self.rec = None
         # float64 everywhere; float32 weights give a float32 run (the generator's conditioning check)
@@ -310,7 +362,11 @@ class Net:
         if key not in self.w:
             raise KeyError("tensor %s missing from the checkpoint" % key)
         self.used.add(key)
-        return self.w[key]
+        t = self.w[key]
+        if key in self.lora:
+            A, B, s = self.lora[key]
+            t = t + s * (B @ A)
+        return t
 
     def W(self, name):
         return self._get("model." + name)
@@ -764,9 +820,13 @@ def selections(net, ids):
     return {"tokens": list(ids), "index_topk": net.cfg.k, "topk": topk, "experts": experts}
 
 
-def run(model_dir, group, obj, ref_model=None, grad_mode="prefix-frozen", latent_eps=None, log=None):
+def run(model_dir, group, obj, ref_model=None, grad_mode="prefix-frozen", latent_eps=None, log=None,
+        adapter=None, lora_alpha=None):
     """One GRPO/SFT gradient evaluation.  Returns a dict shaped like grpo_ref.run's
-    (grads0, loss, grad_norm, stats0, mode, grad_mode, loss_kind, ...) so grpo_ref.write_grads works."""
+    (grads0, loss, grad_norm, stats0, mode, grad_mode, loss_kind, ...) so grpo_ref.write_grads works.
+    adapter (PEFT safetensors) + lora_alpha: LoRA mode (mode "lora"); the trainable set and grads0 are the
+    adapter tensors in file order, the base is frozen, and the beta != 0 reference without ref_model is
+    the base with the adapters off (grpo_ref.run's rule)."""
     if grad_mode not in ("prefix-frozen", "full"):
         raise ValueError(grad_mode)
     full_graph = grad_mode == "full"
@@ -782,18 +842,29 @@ def run(model_dir, group, obj, ref_model=None, grad_mode="prefix-frozen", latent
             if o.numel() != len(r):
                 raise ValueError("old_logprobs length != response length")
     used = used_tensors(cfg, weights)
-    params = {n: weights[n] for n in order if n in used}
-    for t in params.values():
-        t.requires_grad_(True)
+    lora = None
+    if adapter is not None:
+        if lora_alpha is None:
+            raise ValueError("--adapter needs --lora-alpha")
+        ad, spec = gr.load_adapter(adapter, lora_alpha)  # PEFT names -> {weight: (A name, B name, alpha/r)}
+        params = {n: t.clone().requires_grad_(True) for n, t in ad.items()}
+        lora = gr.make_lora(params, spec)
+        check_lora(cfg, weights, lora, used)
+        mode = "lora"
+    else:
+        params = {n: weights[n] for n in order if n in used}
+        for t in params.values():
+            t.requires_grad_(True)
+        mode = "full"
     ref = None
     if obj.beta != 0.0:
         if ref_model is not None:
             rcfg, rw = load_model(ref_model, latent_eps)
             ref = gr.reference_logprobs(Net(rcfg, rw), group, obj.temperature)
-        else:  # full FT: the initial weights
+        else:  # full FT: the initial weights; LoRA: the base with the adapters off
             ref = gr.reference_logprobs(Net(cfg, {n: t.detach() for n, t in weights.items()}), group,
                                         obj.temperature)
-    net = Net(cfg, weights)
+    net = Net(cfg, weights, lora)
     state = net.capture(group["prompt"], keep_graph=full_graph)
     loss, info = gr.policy_loss(net, state, group, obj, old=old, ref=ref, backward=True,
                                 keep_state_graph=full_graph)
@@ -808,9 +879,10 @@ def run(model_dir, group, obj, ref_model=None, grad_mode="prefix-frozen", latent
         stats0["advantages"] = [float(a) for a in info["advantages"]]
     if log:
         log("loss %.10g  grad_norm %.10g" % (loss, norm))
-    return {"mode": "full", "grad_mode": grad_mode, "loss_kind": obj.loss, "grads0": grads, "loss": [loss],
+    return {"mode": mode, "grad_mode": grad_mode, "loss_kind": obj.loss, "grads0": grads, "loss": [loss],
             "grad_norm": [norm], "stats0": stats0, "logprobs0": info["logprobs"], "old": info["old"], "ref": ref,
-            "order": order, "weights": weights, "cfg": cfg, "unread": unread_tensors(cfg, weights, used)}
+            "order": order, "weights": weights, "cfg": cfg, "unread": unread_tensors(cfg, weights, used),
+            "params": params, "lora": lora}
 
 
 def objective_from_args(a):
@@ -825,6 +897,8 @@ def build_parser():
     ap.add_argument("--mode", choices=("prefix-frozen", "full"), default="prefix-frozen")
     ap.add_argument("--loss", choices=("grpo", "sft"), default="grpo")
     ap.add_argument("--ref-model")
+    ap.add_argument("--adapter", help="PEFT LoRA adapter (safetensors); trains the adapters only")
+    ap.add_argument("--lora-alpha", type=float, help="LoRA alpha (scale alpha/r per module); needed with --adapter")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--epsilon", type=float, default=0.2)
     ap.add_argument("--epsilon-high", type=float)
@@ -854,8 +928,18 @@ def main(argv=None):
         sys.exit("mla_ref.py: --out needs \"rewards\" or \"advantages\" in the group file (or --loss sft)")
     if a.loss == "sft" and a.beta != 0.0:
         sys.exit("mla_ref.py: --loss sft takes no KL term: --beta must be 0 (got %g)" % a.beta)
+    if a.adapter and a.lora_alpha is None:
+        sys.exit("mla_ref.py: --adapter needs --lora-alpha")
     cfg, w = load_model(a.model, a.latent_norm_eps)
-    net = Net(cfg, w)
+    lora = None
+    try:
+        if a.adapter:  # the plain log-probs / selections are those of the adapted model
+            ad, spec = gr.load_adapter(a.adapter, a.lora_alpha)
+            lora = gr.make_lora(ad, spec)
+            check_lora(cfg, w, lora, used_tensors(cfg, w))
+        net = Net(cfg, w, lora)
+    except ValueError as e:
+        sys.exit("mla_ref.py: %s" % e)
     lps = group_logprobs(net, group)
     unread = unread_tensors(cfg, w, net.used)
     if unread:
@@ -865,7 +949,7 @@ def main(argv=None):
     if objective:
         log = None if a.quiet else (lambda s: print(s, file=sys.stderr))
         res = run(a.model, group, objective_from_args(a), ref_model=a.ref_model, grad_mode=a.mode,
-                  latent_eps=a.latent_norm_eps, log=log)
+                  latent_eps=a.latent_norm_eps, log=log, adapter=a.adapter, lora_alpha=a.lora_alpha)
         if a.out:
             gr.write_grads(a.out, res)
         out = {"loss": res["loss"][0], "grad_norm": res["grad_norm"][0], "stats0": res["stats0"]}
