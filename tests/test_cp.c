@@ -27,6 +27,7 @@ int test_cp_full_consistency(void);
 int test_cp_train_and_faults(void);
 int test_train_sigterm_in_capture(void);
 int test_cp_demo(void);
+int test_cp_mla_consistency(void);
 
 #define FIX LS_SOURCE_DIR "/tests/reference/fixtures"
 /* what OpenMPI needs here (root, oversubscription; LeakSanitizer suppressions for
@@ -606,6 +607,83 @@ int test_cp_demo(void) {
         snprintf(path, sizeof path, "%s/demo/run/trace.%d.jsonl", dir, r);
         T_CHECK(stat(path, &st) == 0 && st.st_size > 0, "%s missing", path);
     }
+    t_remove_dir(dir);
+    return 0;
+}
+
+/* The MLA + DSA + MoE family under CP (issue 12): `mpirun -np N longstraw logprobs|grad|
+ * step` for N = 1..4 against one rank, both layouts, on the three GRPO fixtures of its
+ * fp64 reference (GLM-5 F32, GLM-5.2 IndexCache BF16 with a reference model, DeepSeek-
+ * V3.2 YaRN; prompts of 72–130 positions in pages of 7, capture chunks of 5, index_topk
+ * 6–12: every selection crosses shard boundaries). Log-probs 1e-5 absolute; gradients
+ * (prefix-frozen full fine-tune, full mode with sweep chunks of 11, LoRA) and the
+ * weights after a step 1e-5 relative per tensor; every rank's hash equal and the fullest
+ * rank's prompt arena equal to the plan. */
+int test_cp_mla_consistency(void) {
+    if (!LS_MPIEXEC[0]) T_SKIP("built without MPI");
+    static const char *fx[3] = {"mla_glm", "mla_glm_ic", "mla_dsv32"};
+    static const char *lay[2] = {"contiguous", "zigzag"};
+    static const char *mode[4] = {"", "--mode full --sweep-chunk 11", "--lora-rank 2 --lora-alpha 4 --lora-seed 3", ""};
+    char dir[512], err[700];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    snprintf(err, sizeof err, "%s/stderr", dir);
+    int compared = 0;
+    for (int f = 0; f < 3; f++) {
+        char args[8192], ref[1024];
+        int rc;
+        snprintf(args, sizeof args, "logprobs --model %s/%s --group %s/%s/group.json --page-size 7 --capture-chunk 5",
+                 FIX, fx[f], FIX, fx[f]);
+        char *one = run_np(1, args, err, &rc);
+        T_CHECK(one && rc == 0, "%s: one rank failed (rc %d)", fx[f], rc);
+        for (int l = 0; l < 2; l++)
+            for (int np = 2; np <= 4; np++) {
+                char a3[8300];
+                snprintf(a3, sizeof a3, "%s --cp-layout %s --threads 1", args, lay[l]);
+                char *many = run_np(np, a3, err, &rc);
+                int64_t n = 0;
+                double d = many && rc == 0 ? lp_diff(one, many, &n) : -1;
+                printf("  %s logprobs, %d ranks (%s): max |Δ| %.3g over %lld\n", fx[f], np, lay[l], d, (long long)n);
+                T_CHECK(d >= 0 && d <= 1e-5 && n > 0, "%s: %d ranks: log-probs differ by %g (rc %d)", fx[f], np, d, rc);
+                T_CHECK(many && strchr(many, 0x7b) == strrchr(many, 0x7b), "%s: more than one document", fx[f]);
+                free(many);
+                compared++;
+            }
+        free(one);
+        snprintf(ref, sizeof ref, "--ref-model %s/%s", FIX, f == 1 ? "mla_glm_ic_ref" : fx[f]);
+        for (int m = 0; m < 4; m++) { /* grad: prefix-frozen, full mode, LoRA; step (m = 3) */
+            int step = m == 3;
+            char base[1024], pa[4300], pb[4300];
+            for (int l = 0; l < 2; l++)
+                for (int np = 1; np <= 4; np++) {
+                    if (np == 1 && l == 1) continue; /* one rank: both layouts are the whole prompt */
+                    snprintf(base, sizeof base, "%s/%s_%d_%d_%d", dir, fx[f], m, l, np);
+                    snprintf(args, sizeof args,
+                             "%s --model %s/%s --group %s/%s/group_train.json --page-size 7 --capture-chunk 5 "
+                             "--beta 0.05 --epsilon-high 0.28 --lr 1e-4 %s %s --cp-layout %s --threads 1 --out %s%s",
+                             step ? "step" : "grad", FIX, fx[f], FIX, fx[f], m == 2 ? "" : ref, mode[m], lay[l], base,
+                             step ? "" : ".safetensors");
+                    free(run_np(np, args, err, &rc));
+                    char *e = t_read_file(err, NULL);
+                    T_CHECK(rc == 0, "%s %s: %d ranks failed: %s", fx[f], args, np, e ? e : "");
+                    free(e);
+                    snprintf(pa, sizeof pa, "%s%s", base, step ? "/model.safetensors" : ".safetensors");
+                    snprintf(pb, sizeof pb, "%s/%s_%d_0_1%s", dir, fx[f], m, step ? "/model.safetensors" : ".safetensors");
+                    int64_t nt;
+                    double d = st_diff(pa, pb, &nt);
+                    printf("  %s %s, %d ranks (%s): worst tensor relative difference %.3g over %lld tensors\n", fx[f],
+                           step ? "step (weights)" : m == 0 ? "grad" : m == 1 ? "grad --mode full" : "grad LoRA", np,
+                           lay[l], d, (long long)nt);
+                    T_CHECK(d >= 0 && d <= 1e-5 && nt > 0, "%s mode %d: %d ranks: %g", fx[f], m, np, d);
+                    compared++;
+                    if (step) {
+                        char rpath[4300], why[512];
+                        snprintf(rpath, sizeof rpath, "%s/receipt.json", base);
+                        T_CHECK(check_receipt(rpath, np, why, sizeof why), "%s, %d ranks: %s", fx[f], np, why);
+                    }
+                }
+        }
+    }
+    T_CHECK(compared > 0, "nothing compared");
     t_remove_dir(dir);
     return 0;
 }
