@@ -205,33 +205,58 @@ void ls_layernorm_fwd(float *y, const float *x, const float *w, const float *b, 
     }
 }
 
-/* The lightning indexer's scores (spec §3): score[t, s] (=) = Σ_j w[t, j]·scale·
+/* The lightning indexer's scores (spec §3): score[t, s] (=) = scale·Σ_j w[t, j]·
  * ReLU(q[t, j]·k[s]) for s in [0, keys->n) of the paged index keys (one key of dI values
  * per position, f32 or bf16 pages); q[T, nI, dI], w[T, nI] (the nI^−½ already in w),
- * score [T, keys->n] row-major. Causality is the top-k's business (ls_dsa_topk). */
+ * score [T, keys->n] row-major. Causality is the top-k's business (ls_dsa_topk).
+ * Keys go through a transposed f32 block [dI, KB] so the inner loop runs across keys;
+ * every score is summed in the same order (d, then j, ascending) whatever the block
+ * or the number of rows, so a query's scores do not depend on how the caller batches
+ * queries or splits keys (one rank and CP choose the same top-k). */
+#define DSA_KEY_BLOCK 256
 ls_status ls_dsa_scores(float *score, const float *q, const float *w, const ls_kv_prefix *keys, int64_t T, int nI,
                         int dI, float scale, ls_arena *scratch) {
     int64_t n = keys->n, S = keys->page_size;
+    if (n == 0 || T == 0) return LS_OK;
+#ifdef _OPENMP
+    int nthr = omp_get_max_threads();
+#else
+    int nthr = 1;
+#endif
     ls_arena_mark mk = ls_arena_get_mark(scratch);
-    float *kf = ls_arena_alloc(scratch, (size_t)(n > 0 ? n : 1) * (size_t)dI * sizeof(float)); /* [n, dI] f32 */
-    if (!kf) return LS_ERR_NOMEM;
-    for (int64_t p0 = 0; p0 < n; p0 += S) {
-        int64_t m = n - p0 < S ? n - p0 : S;
-        ls_convert_to_f32(kf + p0 * dI, keys->k_pages[p0 / S], keys->dtype, (size_t)(m * dI));
-    }
-#pragma omp parallel for schedule(static) if (T * n > 4096)
-    for (int64_t t = 0; t < T; t++) {
-        const float *qt = q + t * (int64_t)nI * dI, *wt = w + t * nI;
-        float *st = score + t * n;
-        for (int64_t s = 0; s < n; s++) {
-            const float *ks = kf + s * dI;
-            double acc = 0;
+    float *kt = ls_arena_alloc(scratch, (size_t)dI * DSA_KEY_BLOCK * sizeof(float));   /* [dI, KB] */
+    float *row = ls_arena_alloc(scratch, (size_t)dI * sizeof(float));                 /* one key, f32 */
+    float *acc = ls_arena_alloc(scratch, (size_t)nthr * 2 * DSA_KEY_BLOCK * sizeof(float)); /* per thread */
+    if (!kt || !row || !acc) return LS_ERR_NOMEM;
+    for (int64_t s0 = 0; s0 < n; s0 += DSA_KEY_BLOCK) {
+        int64_t nb = n - s0 < DSA_KEY_BLOCK ? n - s0 : DSA_KEY_BLOCK;
+        for (int64_t i = 0; i < nb; i++) {
+            int64_t p = s0 + i;
+            const char *pg = (const char *)keys->k_pages[p / S];
+            ls_convert_to_f32(row, pg + (size_t)((p % S) * dI) * ls_dtype_size(keys->dtype), keys->dtype, (size_t)dI);
+            for (int d = 0; d < dI; d++) kt[d * DSA_KEY_BLOCK + i] = row[d];
+        }
+#pragma omp parallel for schedule(static) if (T * nb > 4096)
+        for (int64_t t = 0; t < T; t++) {
+#ifdef _OPENMP
+            int tid = omp_get_thread_num();
+#else
+            int tid = 0;
+#endif
+            float *a = acc + (size_t)tid * 2 * DSA_KEY_BLOCK, *sc = a + DSA_KEY_BLOCK;
+            const float *qt = q + t * (int64_t)nI * dI, *wt = w + t * nI;
+            for (int64_t i = 0; i < nb; i++) sc[i] = 0.0f;
             for (int j = 0; j < nI; j++) {
-                double dot = 0;
-                for (int d = 0; d < dI; d++) dot += (double)qt[j * dI + d] * ks[d];
-                if (dot > 0) acc += (double)wt[j] * dot;
+                for (int64_t i = 0; i < nb; i++) a[i] = 0.0f;
+                for (int d = 0; d < dI; d++) {
+                    float qd = qt[j * dI + d];
+                    const float *kd = kt + d * DSA_KEY_BLOCK;
+                    for (int64_t i = 0; i < nb; i++) a[i] += qd * kd[i];
+                }
+                for (int64_t i = 0; i < nb; i++) sc[i] += wt[j] * (a[i] > 0.0f ? a[i] : 0.0f);
             }
-            st[s] = (float)(acc * scale);
+            float *st = score + t * n + s0;
+            for (int64_t i = 0; i < nb; i++) st[i] = sc[i] * scale;
         }
     }
     ls_arena_release(scratch, mk);
