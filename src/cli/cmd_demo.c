@@ -1,6 +1,7 @@
 /*
  * cmd_demo.c — `longstraw demo`: the main job on an embedded default. Writes a small
- * random hybrid model (Gated DeltaNet + gated attention) and the byte-level tokenizer,
+ * random model (the hybrid family: Gated DeltaNet + gated attention; or with --family
+ * mla the MLA + DSA + MoE family) and the byte-level tokenizer,
  * runs GRPO updates with rollouts on the passkey task at a long prompt, then prints
  * the receipt table (`longstraw report`) and where the trace and picture are.
  */
@@ -16,6 +17,7 @@
 
 #include "cli.h"
 #include "longstraw/config.h"
+#include "longstraw/mla.h"
 #include "longstraw/model.h"
 #include "longstraw/tokenizer.h"
 
@@ -44,11 +46,51 @@ static const char DEMO_CONFIG[] =
     "  \"tie_word_embeddings\": false\n"
     "}\n";
 
+/* --family mla: the compressed-attention MoE layout (GLM-5.2 style: MLA with a q and a KV
+ * latent, a DSA lightning indexer on layers 0 and 2 that layers 1 and 3 share, a dense
+ * first layer, then 8 routed experts (top 2) + 1 shared), 5.9 M parameters, the same
+ * 257 byte-level ids. index_topk 512 of the 16K prompt: the sparse attention is active. */
+static const char DEMO_CONFIG_MLA[] =
+    "{\n"
+    "  \"model_type\": \"glm_moe_dsa\",\n"
+    "  \"vocab_size\": 257,\n"
+    "  \"hidden_size\": 256,\n"
+    "  \"num_hidden_layers\": 4,\n"
+    "  \"num_attention_heads\": 4,\n"
+    "  \"num_key_value_heads\": 4,\n"
+    "  \"q_lora_rank\": 128,\n"
+    "  \"kv_lora_rank\": 64,\n"
+    "  \"qk_nope_head_dim\": 32,\n"
+    "  \"qk_rope_head_dim\": 16,\n"
+    "  \"v_head_dim\": 32,\n"
+    "  \"index_n_heads\": 4,\n"
+    "  \"index_head_dim\": 32,\n"
+    "  \"index_topk\": 512,\n"
+    "  \"indexer_types\": [\"full\", \"shared\", \"full\", \"shared\"],\n"
+    "  \"indexer_rope_interleave\": true,\n"
+    "  \"intermediate_size\": 512,\n"
+    "  \"n_routed_experts\": 8,\n"
+    "  \"num_experts_per_tok\": 2,\n"
+    "  \"moe_intermediate_size\": 128,\n"
+    "  \"n_shared_experts\": 1,\n"
+    "  \"first_k_dense_replace\": 1,\n"
+    "  \"routed_scaling_factor\": 2.5,\n"
+    "  \"norm_topk_prob\": true,\n"
+    "  \"scoring_func\": \"sigmoid\",\n"
+    "  \"topk_method\": \"noaux_tc\",\n"
+    "  \"n_group\": 1,\n"
+    "  \"topk_group\": 1,\n"
+    "  \"rope_theta\": 1000000,\n"
+    "  \"rms_norm_eps\": 1e-5,\n"
+    "  \"max_position_embeddings\": 1048576,\n"
+    "  \"tie_word_embeddings\": false\n"
+    "}\n";
+
 static const char MARKER[] = ".longstraw-demo";
 
 static void help(void) {
     printf("usage: longstraw demo [options]\n\n"
-           "Write a small random hybrid model and a byte-level tokenizer into OUT/, run GRPO\n"
+           "Write a small random model (--family) and a byte-level tokenizer into OUT/, run GRPO\n"
            "updates with rollouts on the passkey task (a key hidden in a long haystack, asked\n"
            "for at the end; shaped reward), then print the receipt and where the trace,\n"
            "metrics and memory picture are. Runs anywhere: nothing is downloaded.\n\n"
@@ -60,6 +102,8 @@ static void help(void) {
            "  --lr LR              AdamW learning rate (default 1e-3)\n"
            "  --seed N             model, task and sampling seed (default 1)\n"
            "  --threads N          worker threads per rank (default: all cores, over the ranks)\n"
+           "  --family F           hybrid (default: Gated DeltaNet + gated attention, Qwen3-Next\n"
+           "                       layout) or mla (MLA + DSA indexer + MoE, GLM-5.2 layout)\n"
            "  --cp N               context parallelism over N ranks: runs itself under mpirun -np N\n"
            "                       (the same as `mpirun -np N longstraw demo`; default 1)\n"
            "  --quiet              no progress bar\n"
@@ -90,13 +134,14 @@ static ls_status prepare_dir(const char *out) {
     return ls_write_file_atomic(marker, "longstraw demo directory: `longstraw demo` may replace run/\n", 60);
 }
 
-static ls_status write_inputs(const char *out, uint64_t seed) {
+static ls_status write_inputs(const char *out, uint64_t seed, int mla) {
     char path[4200], model[4200];
     snprintf(model, sizeof model, "%s/model", out);
     if (mkdir(model, 0755) != 0 && errno != EEXIST) return ls_err(LS_ERR_IO, "%s: cannot create: %s", model, strerror(errno));
     snprintf(path, sizeof path, "%s/demo_config.json", out);
-    LS_TRY(ls_write_file_atomic(path, DEMO_CONFIG, strlen(DEMO_CONFIG)));
-    LS_TRY(ls_hybrid_write_random(path, model, seed, LS_DTYPE_F32));
+    const char *cfg = mla ? DEMO_CONFIG_MLA : DEMO_CONFIG;
+    LS_TRY(ls_write_file_atomic(path, cfg, strlen(cfg)));
+    LS_TRY(mla ? ls_mla_write_random(path, model, seed, LS_DTYPE_F32) : ls_hybrid_write_random(path, model, seed, LS_DTYPE_F32));
     char *json;
     LS_TRY(ls_tok_byte_level_json(&json));
     snprintf(path, sizeof path, "%s/tokenizer.json", out);
@@ -151,11 +196,11 @@ int cmd_demo(int argc, char **argv) {
         {"max-new-tokens", required_argument, 0, 'n'}, {"lr", required_argument, 0, 'l'},
         {"seed", required_argument, 0, 's'},    {"threads", required_argument, 0, 't'},
         {"quiet", no_argument, 0, 'q'},         {"help", no_argument, 0, 'h'},
-        {"cp", required_argument, 0, 'c'},
+        {"cp", required_argument, 0, 'c'},     {"family", required_argument, 0, 'f'},
         {0, 0, 0, 0}};
     const char *out = "longstraw-demo", *lr = "1e-3";
     int64_t plen = 16384, updates = 16, G = 8, maxnew = 8, seed = 1, threads = 0, cpn = 1;
-    int quiet = 0, ch;
+    int quiet = 0, ch, mla = 0;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
@@ -169,6 +214,11 @@ int cmd_demo(int argc, char **argv) {
         case 't': if (cli_parse_i64("demo", "--threads", optarg, 1, 4096, &threads)) return 2; break;
         case 'q': quiet = 1; break;
         case 'c': if (cli_parse_i64("demo", "--cp", optarg, 1, 4096, &cpn)) return 2; break;
+        case 'f':
+            if (strcmp(optarg, "hybrid") && strcmp(optarg, "mla"))
+                return cli_usage_error("demo", "--family \"%s\": expected hybrid or mla", optarg);
+            mla = !strcmp(optarg, "mla");
+            break;
         case 'h': help(); return 0;
         default: return cli_usage_error("demo", "bad option");
         }
@@ -182,12 +232,13 @@ int cmd_demo(int argc, char **argv) {
     double t0 = ls_now();
     ls_status s = LS_OK;
     if (root) s = prepare_dir(out); /* rank 0 writes the inputs; the others wait for them */
-    if (root && s == LS_OK) s = write_inputs(out, (uint64_t)seed);
+    if (root && s == LS_OK) s = write_inputs(out, (uint64_t)seed, mla);
     if (s != LS_OK) return cli_fail("demo", s);
     if (cp && (s = ls_comm_barrier(cp)) != LS_OK) return cli_fail("demo", s);
-    if (root) fprintf(stderr, "longstraw demo: model %s/model (4 layers: 3 Gated DeltaNet + 1 gated attention, random weights), "
+    if (root) fprintf(stderr, "longstraw demo: model %s/model (4 layers: %s, random weights), "
                     "passkey prompts of %lld tokens, G = %lld, %lld updates\n",
-            out, (long long)plen, (long long)G, (long long)updates);
+            out, mla ? "MLA + DSA indexer (2 full, 2 shared), 1 dense + 3 MoE" : "3 Gated DeltaNet + 1 gated attention",
+            (long long)plen, (long long)G, (long long)updates);
     char model[4200], tok[4200], run[4200], s_plen[32], s_upd[32], s_g[32], s_n[32], s_seed[32], s_thr[32];
     snprintf(model, sizeof model, "%s/model", out);
     snprintf(tok, sizeof tok, "%s/tokenizer.json", out);

@@ -7,6 +7,10 @@
  * state), the others from the call's own rows.
  */
 #include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include <stdlib.h>
 #include <string.h>
 
 #include "longstraw/kernels.h"
@@ -20,33 +24,74 @@ static const float *key_row(const ls_kv_prefix *pf, const float *own, int64_t po
     return tmp;
 }
 
+/* The selected rows of one query, gathered (converted once for every head): K [n, dk]. */
+static int64_t gather(float *K, const ls_kv_prefix *pf, const float *own, int64_t pos0, const int32_t *sel, int64_t k,
+                      int dk) {
+    int64_t n = 0;
+    for (; n < k && sel[n] >= 0; n++) {
+        const float *r = key_row(pf, own, pos0, sel[n], dk, K + n * dk);
+        if (r != K + n * dk) memcpy(K + n * dk, r, (size_t)dk * sizeof(float));
+    }
+    return n;
+}
+
+/* a · b over n floats in 16 independent lanes (the order is fixed: the same bits for the
+ * same rows, whatever the caller's batching) */
+static inline float dot16(const float *a, const float *b, int n) {
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
+    for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i];
+    float s = 0;
+    for (int l = 0; l < 16; l++) s += acc[l];
+    return s;
+}
+
+#define MLA_MAX_DK 4096
+
 ls_status ls_mla_attn_fwd(float *o, float *lse, const float *q, const float *own, const ls_kv_prefix *prefix,
                           const int32_t *sel, int64_t k, int64_t T, int H, int rkv, int dr, int64_t pos0, float scale) {
     const int dk = rkv + dr;
-    LS_ASSERT(dk <= 4096, "MLA key row of %d values", dk);
+    LS_ASSERT(dk <= MLA_MAX_DK, "MLA key row of %d values", dk);
+#ifdef _OPENMP
+    int nthr = omp_get_max_threads();
+#else
+    int nthr = 1;
+#endif
+    float *work = malloc((size_t)nthr * (size_t)(k * dk + k) * sizeof(float) + 64);
+    if (!work) return ls_err(LS_ERR_NOMEM, "MLA attention: %lld selected rows of %d values", (long long)k, dk);
 #pragma omp parallel for schedule(dynamic, 4) if (T > 4)
     for (int64_t t = 0; t < T; t++) {
-        float tmp[4096];
-        const int32_t *st = sel + t * k;
+#ifdef _OPENMP
+        int tid = omp_get_thread_num();
+#else
+        int tid = 0;
+#endif
+        float *K = work + (size_t)tid * (size_t)(k * dk + k), *P = K + k * dk; /* [n, dk], [n] */
+        int64_t n = gather(K, prefix, own, pos0, sel + t * k, k, dk);
         for (int h = 0; h < H; h++) {
             const float *qh = q + (t * H + h) * dk;
             float *oh = o + (t * H + h) * rkv;
-            double m = -INFINITY, l = 0, acc[4096];
-            for (int d = 0; d < rkv; d++) acc[d] = 0;
-            for (int64_t j = 0; j < k && st[j] >= 0; j++) { /* online softmax over the selected keys */
-                const float *kr = key_row(prefix, own, pos0, st[j], dk, tmp);
-                double s = 0;
-                for (int d = 0; d < dk; d++) s += (double)qh[d] * kr[d];
-                s *= scale;
-                double mn = s > m ? s : m, c = exp(m - mn), e = exp(s - mn);
-                l = l * c + e;
-                for (int d = 0; d < rkv; d++) acc[d] = acc[d] * c + e * kr[d];
-                m = mn;
+            float m = -INFINITY;
+            for (int64_t j = 0; j < n; j++) {
+                P[j] = scale * dot16(qh, K + j * dk, dk);
+                m = P[j] > m ? P[j] : m;
             }
-            for (int d = 0; d < rkv; d++) oh[d] = l > 0 ? (float)(acc[d] / l) : 0.0f;
+            double l = 0;
+            for (int64_t j = 0; j < n; j++) l += (double)(P[j] = expf(P[j] - m));
+            for (int d = 0; d < rkv; d++) oh[d] = 0.0f;
+            for (int64_t j = 0; j < n; j++) { /* the value is c_kv: the row's first rkv values */
+                const float *kr = K + j * dk;
+                float pj = P[j];
+                for (int d = 0; d < rkv; d++) oh[d] += pj * kr[d];
+            }
+            float il = l > 0 ? (float)(1.0 / l) : 0.0f;
+            for (int d = 0; d < rkv; d++) oh[d] *= il;
             if (lse) lse[t * H + h] = l > 0 ? (float)(m + log(l)) : -INFINITY;
         }
     }
+    free(work);
     return LS_OK;
 }
 
@@ -55,36 +100,44 @@ ls_status ls_mla_attn_bwd(float *dq, float *down, void *const *dprefix, const fl
                           const int32_t *sel, int64_t k, int64_t T, int H, int rkv, int dr, int64_t pos0,
                           float scale) {
     const int dk = rkv + dr;
+    LS_ASSERT(dk <= MLA_MAX_DK, "MLA key row of %d values", dk);
     memset(dq, 0, (size_t)(T * H * dk) * sizeof(float));
     if (down) memset(down, 0, (size_t)(T * dk) * sizeof(float));
-    /* Serial over queries: key gradients of different queries meet on the same rows. */
-    float tmp[4096];
-    LS_ASSERT(dk <= 4096, "MLA key row of %d values", dk);
+    float *K = malloc((size_t)(k * dk + k * dk) * sizeof(float) + 64); /* [n, dk] rows, [n, dk] their gradient */
+    if (!K) return ls_err(LS_ERR_NOMEM, "MLA attention backward: %lld selected rows", (long long)k);
+    float *dK = K + k * dk;
+    /* Serial over queries: key gradients of different queries meet on the same rows;
+     * within a query the heads run in order. */
     for (int64_t t = 0; t < T; t++) {
         const int32_t *st = sel + t * k;
+        int64_t n = gather(K, prefix, own, pos0, st, k, dk);
+        memset(dK, 0, (size_t)(n * dk) * sizeof(float));
         for (int h = 0; h < H; h++) {
             const float *qh = q + (t * H + h) * dk, *oh = o + (t * H + h) * rkv, *gh = dout + (t * H + h) * rkv;
             float *dqh = dq + (t * H + h) * dk;
-            double D = 0; /* rowsum(dO ⊙ O) */
-            for (int d = 0; d < rkv; d++) D += (double)gh[d] * oh[d];
-            for (int64_t j = 0; j < k && st[j] >= 0; j++) {
-                int64_t p = st[j];
-                const float *kr = key_row(prefix, own, pos0, p, dk, tmp);
-                double s = 0, dp = 0;
-                for (int d = 0; d < dk; d++) s += (double)qh[d] * kr[d];
-                double P = exp(s * scale - (double)lse[t * H + h]);
-                for (int d = 0; d < rkv; d++) dp += (double)gh[d] * kr[d];
-                double ds = P * (dp - D) * scale;
-                for (int d = 0; d < dk; d++) dqh[d] += (float)(ds * kr[d]);
-                float *dk_row = p >= pos0 ? (down ? down + (p - pos0) * dk : NULL)
-                                          : (dprefix ? (float *)dprefix[p / prefix->page_size] +
-                                                           (p % prefix->page_size) * dk
-                                                     : NULL);
-                if (!dk_row) continue;
-                for (int d = 0; d < dk; d++) dk_row[d] += (float)(ds * qh[d]);
-                for (int d = 0; d < rkv; d++) dk_row[d] += (float)(P * gh[d]); /* the value is c_kv */
+            float Dd = dot16(gh, oh, rkv); /* rowsum(dO ⊙ O) */
+            float L = lse[t * H + h];
+            for (int64_t j = 0; j < n; j++) {
+                const float *kr = K + j * dk;
+                float P = expf(scale * dot16(qh, kr, dk) - L);
+                float ds = P * (dot16(gh, kr, rkv) - Dd) * scale;
+                float *dkr = dK + j * dk;
+                for (int d = 0; d < dk; d++) {
+                    dqh[d] += ds * kr[d];
+                    dkr[d] += ds * qh[d];
+                }
+                for (int d = 0; d < rkv; d++) dkr[d] += P * gh[d]; /* the value is c_kv */
             }
         }
+        for (int64_t j = 0; j < n; j++) { /* scatter: own rows, or the prompt pages (full mode) */
+            int64_t p = st[j];
+            float *row = p >= pos0 ? (down ? down + (p - pos0) * dk : NULL)
+                                   : (dprefix ? (float *)dprefix[p / prefix->page_size] + (p % prefix->page_size) * dk
+                                              : NULL);
+            if (!row) continue;
+            for (int d = 0; d < dk; d++) row[d] += dK[j * dk + d];
+        }
     }
+    free(K);
     return LS_OK;
 }
