@@ -1,5 +1,5 @@
 /*
- * bench_model.h — the benchmarks' random checkpoint: write `cfg_json` and random
+ * bench_model.h — the benchmarks' random checkpoint (either family): write `cfg_json` and random
  * weights (seed 1, stored as `dtype`) into a fresh temporary directory (its path in
  * dir, which must hold a mkdtemp template), and remove it afterwards.
  */
@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <string.h>
+
+#include "longstraw/mla.h"
 #include "longstraw/model.h"
 
 /* The small hybrid config of issue 2: hidden 512, 8 layers (full attention at 3 and
@@ -19,6 +22,21 @@
     " \"rope_theta\": 10000000, \"linear_num_key_heads\": 4, \"linear_num_value_heads\": 8,"                         \
     " \"linear_key_head_dim\": 64, \"linear_value_head_dim\": 64, \"intermediate_size\": 1536,"                     \
     " \"num_experts\": 0, \"full_attention_interval\": 4}"
+
+/* The small MLA + DSA + MoE config beside it (GLM-5.2 layout): hidden 512, 8 layers (the
+ * first dense, then 8 routed experts top-2 + 1 shared), MLA with 8 heads (q latent 256,
+ * KV latent 128, nope 64 + rope 32, v 64), a lightning indexer of 8 × 64 on layers 0, 2,
+ * 4, 6 (the others share its top-512), vocab 4096. */
+#define BENCH_SMALL_MLA                                                                                           \
+    "{\"model_type\": \"glm_moe_dsa\", \"vocab_size\": 4096, \"hidden_size\": 512, \"num_hidden_layers\": 8,"       \
+    " \"num_attention_heads\": 8, \"num_key_value_heads\": 8, \"q_lora_rank\": 256, \"kv_lora_rank\": 128,"          \
+    " \"qk_nope_head_dim\": 64, \"qk_rope_head_dim\": 32, \"v_head_dim\": 64, \"index_n_heads\": 8,"                  \
+    " \"index_head_dim\": 64, \"index_topk\": 512, \"index_topk_freq\": 2, \"index_skip_topk_offset\": 1,"            \
+    " \"indexer_rope_interleave\": true, \"intermediate_size\": 1536, \"n_routed_experts\": 8,"                       \
+    " \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 512, \"n_shared_experts\": 1,"                          \
+    " \"first_k_dense_replace\": 1, \"routed_scaling_factor\": 2.5, \"norm_topk_prob\": true,"                        \
+    " \"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\", \"n_group\": 1, \"topk_group\": 1,"               \
+    " \"rope_theta\": 1000000, \"rms_norm_eps\": 1e-5, \"max_position_embeddings\": 1048576}"
 
 static inline int bench_write_model(const char *prog, char *dir, const char *cfg_json, ls_dtype dtype) {
     if (!mkdtemp(dir)) {
@@ -32,7 +50,9 @@ static inline int bench_write_model(const char *prog, char *dir, const char *cfg
         fprintf(stderr, "%s: cannot write %s\n", prog, path);
         return 1;
     }
-    if (ls_hybrid_write_random(path, dir, 1, dtype) != LS_OK) {
+    ls_status st = strstr(cfg_json, "glm_moe_dsa") ? ls_mla_write_random(path, dir, 1, dtype)
+                                                  : ls_hybrid_write_random(path, dir, 1, dtype);
+    if (st != LS_OK) {
         fprintf(stderr, "%s: %s\n", prog, ls_err_msg());
         return 1;
     }

@@ -2,8 +2,9 @@
  * bench/capture.c — prompt-capture throughput beside a cblas_sgemm roofline
  * measured in the same run (this machine is shared and noisy: compare ratios).
  *
- *   build/bench/capture [--moe] [--prompts 4096,16384,65536] [--threads N] [--chunk C]
+ *   build/bench/capture [--moe | --family mla] [--prompts 4096,16384,65536] [--threads N] [--chunk C]
  *
+ * --family mla: the small MLA + DSA + MoE config of bench_model.h (GLM-5.2 layout).
  * Model: the small hybrid config of issue 2 — hidden 512, 8 layers (full attention
  * at layers 3 and 7), vocab 4096; --moe swaps the dense MLP for 8 experts (top 2)
  * plus a shared expert. FLOPs counted are those capture executes: every projection
@@ -17,6 +18,7 @@
 #include <string.h>
 
 #include "bench_model.h"
+#include "longstraw/mla.h"
 #include "longstraw/model.h"
 #include "longstraw/state.h"
 
@@ -49,6 +51,31 @@ static double sgemm_gflops(int n) {
     return 2.0 * n * (double)n * n / best / 1e9;
 }
 
+/* FLOPs the MLA family's capture executes for n tokens: every projection (q_a, q_b, the
+ * W_UK absorption, kv_a, W_UV, o_proj; on full indexer layers wq, wk, weights), the
+ * indexer's scores (2·nI·dI per query × causal key), the sparse attention
+ * (2·(rkv+dr) + 2·rkv per head × selected key) and the FFNs (the last one skipped). */
+static double mla_capture_flops(const ls_config *c, int64_t n) {
+    const ls_mla_config *m = &c->mla;
+    double D = (double)c->hidden, N = (double)n, H = (double)c->n_heads, f = 0;
+    double rq = (double)m->q_lora_rank, rkv = (double)m->kv_lora_rank, dn = m->qk_nope, dr = m->qk_rope, dv = m->v_head;
+    double nI = m->index_heads, dI = m->index_head_dim, k = (double)m->index_topk;
+    double sel = 0; /* Σ_t min(k, t + 1) */
+    for (int64_t t = 0; t < n; t++) sel += (double)(t + 1) < k ? (double)(t + 1) : k;
+    for (int l = 0; l < c->n_layers; l++) {
+        f += 2 * N * (D * rq + rq * H * (dn + dr) + H * dn * rkv + D * (rkv + dr) + H * rkv * dv + H * dv * D);
+        if (m->index_full[l]) f += 2 * N * (rq * nI * dI + D * dI + D * nI) + 2 * nI * dI * (N * (N + 1) / 2);
+        f += sel * H * (2 * (rkv + dr) + 2 * rkv);
+        if (l == c->n_layers - 1) continue;
+        if (c->moe[l])
+            f += 2 * N * D * c->n_experts + 2 * N * c->top_k * 3 * D * (double)c->moe_inter +
+                 2 * N * 3 * D * (double)c->moe_inter * m->n_shared_experts;
+        else
+            f += 2 * N * 3 * D * (double)c->intermediate;
+    }
+    return f;
+}
+
 /* FLOPs capture executes for n tokens (see file comment). */
 static double capture_flops(const ls_config *c, int64_t n) {
     double D = (double)c->hidden, f = 0, N = (double)n;
@@ -78,9 +105,10 @@ static double capture_flops(const ls_config *c, int64_t n) {
 int main(int argc, char **argv) {
     ls_prefer_passive_omp(argv);
     static const struct option opts[] = {{"moe", no_argument, 0, 'm'},       {"prompts", required_argument, 0, 'p'},
+                                         {"family", required_argument, 0, 'f'},
                                          {"threads", required_argument, 0, 't'}, {"chunk", required_argument, 0, 'c'},
                                          {"help", no_argument, 0, 'h'},      {0, 0, 0, 0}};
-    int moe = 0, threads = 0, ch;
+    int moe = 0, threads = 0, ch, mla = 0;
     int64_t chunk = 2048;
     char prompts[256] = "4096,16384,65536";
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -89,8 +117,15 @@ int main(int argc, char **argv) {
         case 'p': snprintf(prompts, sizeof prompts, "%s", optarg); break;
         case 't': threads = atoi(optarg); break;
         case 'c': chunk = atoll(optarg); break;
+        case 'f':
+            if (strcmp(optarg, "hybrid") && strcmp(optarg, "mla")) {
+                fprintf(stderr, "capture: --family hybrid|mla\n");
+                return 2;
+            }
+            mla = !strcmp(optarg, "mla");
+            break;
         case 'h':
-            printf("usage: capture [--moe] [--prompts P1,P2,...] [--threads N] [--chunk C]\n");
+            printf("usage: capture [--moe | --family mla] [--prompts P1,P2,...] [--threads N] [--chunk C]\n");
             return 0;
         default: return 2;
         }
@@ -101,16 +136,21 @@ int main(int argc, char **argv) {
     }
     ls_set_threads(threads);
     char dir[] = "/tmp/ls_bench_capture_XXXXXX";
-    if (bench_write_model("capture", dir, moe ? moe_cfg : dense_cfg, LS_DTYPE_BF16)) return 1;
+    if (bench_write_model("capture", dir, mla ? BENCH_SMALL_MLA : moe ? moe_cfg : dense_cfg, LS_DTYPE_BF16)) return 1;
     ls_arenas ar;
     ls_arenas_init(&ar);
-    ls_hybrid_model m;
-    if (ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]) != LS_OK) {
+    ls_model mdl;
+    if (ls_model_load(&mdl, dir, &ar.a[LS_ARENA_FIXED]) != LS_OK) {
         fprintf(stderr, "capture: %s\n", ls_err_msg());
         return 1;
     }
-    printf("capture benchmark: hidden 512, 8 layers (2 full attention), vocab 4096, %s, %d threads, chunk %lld\n",
-           moe ? "MoE 8 experts top-2 + shared" : "dense SwiGLU", ls_get_threads(), (long long)chunk);
+    const ls_config *cfg = ls_model_config(&mdl);
+    if (mla)
+        printf("capture benchmark: MLA + DSA + MoE, hidden 512, 8 layers (4 full indexer, top-512), 8 experts top-2 + "
+               "shared, vocab 4096, %d threads, chunk %lld\n", ls_get_threads(), (long long)chunk);
+    else
+        printf("capture benchmark: hidden 512, 8 layers (2 full attention), vocab 4096, %s, %d threads, chunk %lld\n",
+               moe ? "MoE 8 experts top-2 + shared" : "dense SwiGLU", ls_get_threads(), (long long)chunk);
     printf("| P | capture s | tokens/s | GFLOP/s | sgemm GFLOP/s (same run) | ratio |\n|---|---|---|---|---|---|\n");
     ls_fwd_opts o;
     ls_fwd_opts_default(&o);
@@ -125,14 +165,15 @@ int main(int argc, char **argv) {
         double sg = sgemm_gflops(2048);
         ls_prompt_state st;
         ls_arena_reset(&ar.a[LS_ARENA_PROMPT]);
-        if (ls_state_init(&st, &m.cfg, P - 1, 64, LS_DTYPE_BF16, NULL, LS_CP_CONTIGUOUS, &ar.a[LS_ARENA_PROMPT]) != LS_OK) return 1;
+        if (mdl.fam->state_init(&st, cfg, P - 1, 64, LS_DTYPE_BF16, NULL, LS_CP_CONTIGUOUS, &ar.a[LS_ARENA_PROMPT]) != LS_OK)
+            return 1;
         double t0 = ls_now();
-        if (ls_hybrid_capture(&m, &st, ids, P - 1, &o, &ar.a[LS_ARENA_SCRATCH]) != LS_OK) {
+        if (mdl.fam->capture(&mdl, &st, ids, P - 1, &o, &ar.a[LS_ARENA_SCRATCH]) != LS_OK) {
             fprintf(stderr, "capture: %s\n", ls_err_msg());
             return 1;
         }
         double t = ls_now() - t0;
-        double gf = capture_flops(&m.cfg, P - 1) / t / 1e9;
+        double gf = (mla ? mla_capture_flops(cfg, P - 1) : capture_flops(cfg, P - 1)) / t / 1e9;
         printf("| %lld | %.2f | %.0f | %.1f | %.1f | %.2f |\n", (long long)P, t, (double)(P - 1) / t, gf, sg, gf / sg);
         fflush(stdout);
         free(ids);

@@ -10,7 +10,9 @@
  *
  *   build/bench/update [--prompts 1024,4096,16384,32768] [--groups 2,8] [--response 128]
  *                      [--no-naive-above P] [--naive-groups 2,8] [--no-full]
- *                      [--sweep-chunk N] [--threads N]
+ *                      [--sweep-chunk N] [--threads N] [--family hybrid|mla]
+ *
+ * --family mla: the small MLA + DSA + MoE config of bench_model.h instead.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -97,7 +99,8 @@ int main(int argc, char **argv) {
                                          {"response", required_argument, 0, 'r'}, {"no-naive-above", required_argument, 0, 'n'},
                                          {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
                                          {"naive-groups", required_argument, 0, 'N'}, {"no-full", no_argument, 0, 'F'},
-                                         {"sweep-chunk", required_argument, 0, 's'}, {0, 0, 0, 0}};
+                                         {"sweep-chunk", required_argument, 0, 's'}, {"family", required_argument, 0, 'f'},
+                                         {0, 0, 0, 0}};
     char prompts[256] = "1024,4096,16384,32768", groups[64] = "2,8", ngroups[64] = "2,8";
     int64_t R = 128, naive_max = INT64_MAX, sweep;
     int threads = 0, ch, no_full = 0;
@@ -116,9 +119,17 @@ int main(int argc, char **argv) {
         case 'N': snprintf(ngroups, sizeof ngroups, ",%s,", optarg); break;
         case 'F': no_full = 1; break;
         case 's': sweep = atoll(optarg); break;
+        case 'f':
+            if (strcmp(optarg, "hybrid") && strcmp(optarg, "mla")) {
+                fprintf(stderr, "update: --family hybrid|mla\n");
+                return 2;
+            }
+            cfg = strcmp(optarg, "mla") ? BENCH_SMALL_DENSE : BENCH_SMALL_MLA;
+            break;
         case 'h':
             printf("usage: update [--prompts P,...] [--groups G,...] [--response R] [--no-naive-above P]\n"
-                   "              [--naive-groups G,...] [--no-full] [--sweep-chunk N] [--threads N]\n");
+                   "              [--naive-groups G,...] [--no-full] [--sweep-chunk N] [--threads N]\n"
+                   "              [--family hybrid|mla]\n");
             return 0;
         default: return 2;
         }
@@ -135,8 +146,8 @@ int main(int argc, char **argv) {
     ls_set_threads(threads);
     char dir[] = "/tmp/ls_bench_update_XXXXXX";
     if (bench_write_model("update", dir, cfg, LS_DTYPE_BF16)) return 1;
-    printf("GRPO update, small hybrid config, R = %lld, %d threads, bf16 prompt pages, full mode's sweep chunk %lld\n",
-           (long long)R, ls_get_threads(), (long long)sweep);
+    printf("GRPO update, small %s config, R = %lld, %d threads, bf16 prompt pages, full mode's sweep chunk %lld\n",
+           strstr(cfg, "glm_moe_dsa") ? "MLA + DSA + MoE" : "hybrid", (long long)R, ls_get_threads(), (long long)sweep);
     printf("| P | G | prefix-frozen s | full s | full / prefix-frozen time | naive s | prefix-frozen RSS MiB | "
            "full RSS MiB | full / prefix-frozen RSS | naive RSS MiB | naive / full RSS | prefix-frozen arenas MiB | "
            "full arenas MiB | naive arenas MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");

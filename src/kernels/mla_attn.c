@@ -59,7 +59,7 @@ ls_status ls_mla_attn_fwd(float *o, float *lse, const float *q, const float *own
 #else
     int nthr = 1;
 #endif
-    float *work = malloc((size_t)nthr * (size_t)(k * dk + k) * sizeof(float) + 64);
+    float *work = malloc((size_t)nthr * (size_t)(k * dk + k * H) * sizeof(float) + 64);
     if (!work) return ls_err(LS_ERR_NOMEM, "MLA attention: %lld selected rows of %d values", (long long)k, dk);
 #pragma omp parallel for schedule(dynamic, 4) if (T > 4)
     for (int64_t t = 0; t < T; t++) {
@@ -68,27 +68,31 @@ ls_status ls_mla_attn_fwd(float *o, float *lse, const float *q, const float *own
 #else
         int tid = 0;
 #endif
-        float *K = work + (size_t)tid * (size_t)(k * dk + k), *P = K + k * dk; /* [n, dk], [n] */
+        float *K = work + (size_t)tid * (size_t)(k * dk + k * H), *P = K + k * dk; /* [n, dk], [H, n] */
         int64_t n = gather(K, prefix, own, pos0, sel + t * k, k, dk);
+        const float *qt = q + t * H * dk;
+        float *ot = o + t * H * rkv;
+        for (int64_t j = 0; j < n; j++) /* a row once for every head */
+            for (int h = 0; h < H; h++) P[h * n + j] = scale * dot16(qt + h * dk, K + j * dk, dk);
+        double l[H > 0 ? H : 1];
         for (int h = 0; h < H; h++) {
-            const float *qh = q + (t * H + h) * dk;
-            float *oh = o + (t * H + h) * rkv;
-            float m = -INFINITY;
-            for (int64_t j = 0; j < n; j++) {
-                P[j] = scale * dot16(qh, K + j * dk, dk);
-                m = P[j] > m ? P[j] : m;
-            }
-            double l = 0;
-            for (int64_t j = 0; j < n; j++) l += (double)(P[j] = expf(P[j] - m));
-            for (int d = 0; d < rkv; d++) oh[d] = 0.0f;
-            for (int64_t j = 0; j < n; j++) { /* the value is c_kv: the row's first rkv values */
-                const float *kr = K + j * dk;
-                float pj = P[j];
+            float *ph = P + h * n, m = -INFINITY;
+            for (int64_t j = 0; j < n; j++) m = ph[j] > m ? ph[j] : m;
+            l[h] = 0;
+            for (int64_t j = 0; j < n; j++) l[h] += (double)(ph[j] = expf(ph[j] - m));
+            if (lse) lse[t * H + h] = l[h] > 0 ? (float)(m + log(l[h])) : -INFINITY;
+        }
+        for (int64_t i = 0; i < (int64_t)H * rkv; i++) ot[i] = 0.0f;
+        for (int64_t j = 0; j < n; j++) { /* the value is c_kv: the row's first rkv values */
+            const float *kr = K + j * dk;
+            for (int h = 0; h < H; h++) {
+                float pj = P[h * n + j], *oh = ot + h * rkv;
                 for (int d = 0; d < rkv; d++) oh[d] += pj * kr[d];
             }
-            float il = l > 0 ? (float)(1.0 / l) : 0.0f;
-            for (int d = 0; d < rkv; d++) oh[d] *= il;
-            if (lse) lse[t * H + h] = l > 0 ? (float)(m + log(l)) : -INFINITY;
+        }
+        for (int h = 0; h < H; h++) {
+            float il = l[h] > 0 ? (float)(1.0 / l[h]) : 0.0f;
+            for (int d = 0; d < rkv; d++) ot[h * rkv + d] *= il;
         }
     }
     free(work);

@@ -218,16 +218,10 @@ ls_status ls_dsa_scores(float *score, const float *q, const float *w, const ls_k
                         int dI, float scale, ls_arena *scratch) {
     int64_t n = keys->n, S = keys->page_size;
     if (n == 0 || T == 0) return LS_OK;
-#ifdef _OPENMP
-    int nthr = omp_get_max_threads();
-#else
-    int nthr = 1;
-#endif
     ls_arena_mark mk = ls_arena_get_mark(scratch);
-    float *kt = ls_arena_alloc(scratch, (size_t)dI * DSA_KEY_BLOCK * sizeof(float));   /* [dI, KB] */
-    float *row = ls_arena_alloc(scratch, (size_t)dI * sizeof(float));                 /* one key, f32 */
-    float *acc = ls_arena_alloc(scratch, (size_t)nthr * 2 * DSA_KEY_BLOCK * sizeof(float)); /* per thread */
-    if (!kt || !row || !acc) return LS_ERR_NOMEM;
+    float *kt = ls_arena_alloc(scratch, (size_t)dI * DSA_KEY_BLOCK * sizeof(float)); /* [dI, KB] */
+    float *row = ls_arena_alloc(scratch, (size_t)dI * sizeof(float));               /* one key, f32 */
+    if (!kt || !row) return LS_ERR_NOMEM;
     for (int64_t s0 = 0; s0 < n; s0 += DSA_KEY_BLOCK) {
         int64_t nb = n - s0 < DSA_KEY_BLOCK ? n - s0 : DSA_KEY_BLOCK;
         for (int64_t i = 0; i < nb; i++) {
@@ -238,25 +232,29 @@ ls_status ls_dsa_scores(float *score, const float *q, const float *w, const ls_k
         }
 #pragma omp parallel for schedule(static) if (T * nb > 4096)
         for (int64_t t = 0; t < T; t++) {
-#ifdef _OPENMP
-            int tid = omp_get_thread_num();
-#else
-            int tid = 0;
-#endif
-            float *a = acc + (size_t)tid * 2 * DSA_KEY_BLOCK, *sc = a + DSA_KEY_BLOCK;
             const float *qt = q + t * (int64_t)nI * dI, *wt = w + t * nI;
-            for (int64_t i = 0; i < nb; i++) sc[i] = 0.0f;
-            for (int j = 0; j < nI; j++) {
-                for (int64_t i = 0; i < nb; i++) a[i] = 0.0f;
-                for (int d = 0; d < dI; d++) {
-                    float qd = qt[j * dI + d];
-                    const float *kd = kt + d * DSA_KEY_BLOCK;
-                    for (int64_t i = 0; i < nb; i++) a[i] += qd * kd[i];
-                }
-                for (int64_t i = 0; i < nb; i++) sc[i] += wt[j] * (a[i] > 0.0f ? a[i] : 0.0f);
-            }
             float *st = score + t * n + s0;
-            for (int64_t i = 0; i < nb; i++) st[i] = sc[i] * scale;
+            for (int64_t i0 = 0; i0 < nb; i0 += 32) { /* 32 keys, up to 4 heads at a time in registers */
+                int64_t m = nb - i0 < 32 ? nb - i0 : 32;
+                float sc[32] = {0};
+                for (int j0 = 0; j0 < nI; j0 += 4) {
+                    int hn = nI - j0 < 4 ? nI - j0 : 4;
+                    float acc[4][32] = {{0}};
+                    for (int d = 0; d < dI; d++) {
+                        const float *kd = kt + d * DSA_KEY_BLOCK + i0;
+                        for (int h = 0; h < hn; h++) {
+                            float qd = qt[(j0 + h) * dI + d];
+                            if (m == 32)
+                                for (int l = 0; l < 32; l++) acc[h][l] += qd * kd[l];
+                            else
+                                for (int l = 0; l < m; l++) acc[h][l] += qd * kd[l];
+                        }
+                    }
+                    for (int h = 0; h < hn; h++)
+                        for (int l = 0; l < 32; l++) sc[l] += wt[j0 + h] * (acc[h][l] > 0.0f ? acc[h][l] : 0.0f);
+                }
+                for (int64_t l = 0; l < m; l++) st[i0 + l] = sc[l] * scale;
+            }
         }
     }
     ls_arena_release(scratch, mk);
