@@ -140,7 +140,7 @@ int main(int argc, char **argv) {
     ls_arenas ar;
     ls_arenas_init(&ar);
     ls_model mdl;
-    if (ls_model_load(&mdl, dir, &ar.a[LS_ARENA_FIXED]) != LS_OK) {
+    if (ls_model_load(&mdl, dir, NULL, &ar.a[LS_ARENA_FIXED]) != LS_OK) {
         fprintf(stderr, "capture: %s\n", ls_err_msg());
         return 1;
     }

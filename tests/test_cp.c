@@ -28,6 +28,7 @@ int test_cp_train_and_faults(void);
 int test_train_sigterm_in_capture(void);
 int test_cp_demo(void);
 int test_cp_mla_consistency(void);
+int test_cp_ep_consistency(void);
 
 #define FIX LS_SOURCE_DIR "/tests/reference/fixtures"
 /* what OpenMPI needs here (root, oversubscription; LeakSanitizer suppressions for
@@ -689,6 +690,93 @@ int test_cp_mla_consistency(void) {
         }
     }
     T_CHECK(compared > 0, "nothing compared");
+    t_remove_dir(dir);
+    return 0;
+}
+
+/* Expert parallelism (issue 12): `mpirun -np W longstraw ... --ep N` with W = CP × EP —
+ * EP 2 (CP 1), CP 2 × EP 2, EP 4 — against one rank, on GLM-5 (4 experts) and
+ * DeepSeek-V3.2 (8 experts in 4 groups): log-probs 1e-5; gradients (prefix-frozen, full
+ * mode, LoRA) and the weights after a step with gradient clipping active (the norm sums
+ * every rank's experts) 1e-5 relative per tensor, every expert in the files (gathered
+ * to rank 0); refusals name what does not split. */
+int test_cp_ep_consistency(void) {
+    if (!LS_MPIEXEC[0]) T_SKIP("built without MPI");
+    static const char *fx[2] = {"mla_glm", "mla_dsv32"};
+    static const int cfg[3][2] = {{2, 2}, {4, 2}, {4, 4}}; /* ranks, --ep */
+    static const char *mode[4] = {"", "--mode full --sweep-chunk 11", "--lora-rank 2 --lora-alpha 4", ""};
+    char dir[512], err[700];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    snprintf(err, sizeof err, "%s/stderr", dir);
+    int compared = 0, rc;
+    for (int f = 0; f < 2; f++) {
+        char args[8192];
+        snprintf(args, sizeof args, "logprobs --model %s/%s --group %s/%s/group.json --page-size 7 --capture-chunk 5",
+                 FIX, fx[f], FIX, fx[f]);
+        char *one = run_np(1, args, err, &rc);
+        T_CHECK(one && rc == 0, "%s: one rank failed", fx[f]);
+        for (int c = 0; c < 3; c++) {
+            char a2[8300];
+            snprintf(a2, sizeof a2, "%s --ep %d --threads 1", args, cfg[c][1]);
+            char *many = run_np(cfg[c][0], a2, err, &rc);
+            int64_t n = 0;
+            double d = many && rc == 0 ? lp_diff(one, many, &n) : -1;
+            printf("  %s logprobs, %d ranks, --ep %d: max |Δ| %.3g over %lld\n", fx[f], cfg[c][0], cfg[c][1], d,
+                   (long long)n);
+            T_CHECK(d >= 0 && d <= 1e-5 && n > 0, "%s: %d ranks --ep %d: %g (rc %d)", fx[f], cfg[c][0], cfg[c][1], d, rc);
+            free(many);
+            compared++;
+        }
+        free(one);
+        for (int m = 0; m < 4; m++) {
+            int step = m == 3;
+            char base[1024], pa[4300], pb[4300];
+            for (int c = -1; c < 3; c++) { /* c = −1: one rank */
+                int np = c < 0 ? 1 : cfg[c][0], ep = c < 0 ? 1 : cfg[c][1];
+                snprintf(base, sizeof base, "%s/%s_ep_%d_%d_%d", dir, fx[f], m, np, ep);
+                snprintf(args, sizeof args,
+                         "%s --model %s/%s --group %s/%s/group_train.json --page-size 7 --capture-chunk 5 "
+                         "--beta 0.05 --ref-model %s/%s --lr 1e-4 --max-grad-norm 0.5 %s --ep %d --threads 1 --out %s%s",
+                         step ? "step" : "grad", FIX, fx[f], FIX, fx[f], FIX, fx[f], mode[m], ep, base,
+                         step ? "" : ".safetensors");
+                free(run_np(np, args, err, &rc));
+                char *e = t_read_file(err, NULL);
+                T_CHECK(rc == 0, "%s: %d ranks --ep %d failed: %s", args, np, ep, e ? e : "");
+                T_CHECK(!step || (e && strstr(e, "grad norm") && !strstr(e, "grad norm 0.")), "%s: clipping not active: %s",
+                        fx[f], e ? e : "");
+                free(e);
+                if (c < 0) continue;
+                snprintf(pa, sizeof pa, "%s%s", base, step ? "/model.safetensors" : ".safetensors");
+                snprintf(pb, sizeof pb, "%s/%s_ep_%d_1_1%s", dir, fx[f], m, step ? "/model.safetensors" : ".safetensors");
+                int64_t nt;
+                double d = st_diff(pa, pb, &nt);
+                printf("  %s %s, %d ranks, --ep %d: worst tensor relative difference %.3g over %lld tensors\n", fx[f],
+                       step ? "step (weights)" : m == 0 ? "grad" : m == 1 ? "grad --mode full" : "grad LoRA", np, ep, d,
+                       (long long)nt);
+                T_CHECK(d >= 0 && d <= 1e-5 && nt > 0, "%s mode %d, %d ranks --ep %d: %g", fx[f], m, np, ep, d);
+                compared++;
+            }
+        }
+    }
+    /* refusals */
+    char args[8192];
+    snprintf(args, sizeof args, "logprobs --model %s/mla_glm --group %s/mla_glm/group.json --ep 3", FIX, FIX);
+    free(run_np(2, args, err, &rc));
+    char *e = t_read_file(err, NULL);
+    T_CHECK(rc != 0 && e && strstr(e, "--ep 3") && strstr(e, "not a multiple"), "--ep 3 on 2 ranks: rc %d: %s", rc,
+            e ? e : "");
+    free(e);
+    snprintf(args, sizeof args, "logprobs --model %s/mla_dsv32 --group %s/mla_dsv32/group.json --ep 3", FIX, FIX);
+    free(run_np(3, args, err, &rc));
+    e = t_read_file(err, NULL);
+    T_CHECK(rc != 0 && e && strstr(e, "n_routed_experts 8"), "8 experts over 3: rc %d: %s", rc, e ? e : "");
+    free(e);
+    snprintf(args, sizeof args, "logprobs --model %s/next_moe --group %s/next_moe/group.json --ep 2", FIX, FIX);
+    free(run_np(2, args, err, &rc));
+    e = t_read_file(err, NULL);
+    T_CHECK(rc != 0 && e && strstr(e, "MLA family only"), "--ep on the hybrid family: rc %d: %s", rc, e ? e : "");
+    free(e);
+    T_CHECK(compared == 2 * (3 + 4 * 3), "compared %d", compared);
     t_remove_dir(dir);
     return 0;
 }

@@ -173,7 +173,7 @@ int test_mla_load(void) {
         ls_arena fixed;
         ls_arena_init(&fixed, "fixed", 0);
         ls_mla_model m;
-        T_OK(ls_mla_load(&m, dir, &fixed));
+        T_OK(ls_mla_load(&m, dir, NULL, &fixed));
         size_t want;
         T_CHECK(ls_mla_param_count(&m.cfg, &want) == 0 && m.n_params == want,
                 "%s: read %zu weights, the config has %zu", fx[f], m.n_params, want);
@@ -225,7 +225,7 @@ int test_mla_load(void) {
     ls_arena fixed;
     ls_arena_init(&fixed, "fixed", 0);
     ls_mla_model m;
-    ls_status s = ls_mla_load(&m, tmp, &fixed);
+    ls_status s = ls_mla_load(&m, tmp, NULL, &fixed);
     T_CHECK(s == LS_ERR_UNSUPPORTED && strstr(ls_err_msg(), "FP8") && strstr(ls_err_msg(), "embed_tokens"),
             "FP8: %d %s", s, ls_err_msg());
     printf("  FP8 refused: %s\n", ls_err_msg());
@@ -234,7 +234,7 @@ int test_mla_load(void) {
              "\"num_hidden_layers\": 4/' %s/config.json",
              LS_SOURCE_DIR, tmp, tmp);
     T_CHECK(system(cmd) == 0, "copy");
-    s = ls_mla_load(&m, tmp, &fixed);
+    s = ls_mla_load(&m, tmp, NULL, &fixed);
     T_CHECK(s == LS_ERR_FORMAT && strstr(ls_err_msg(), "model.layers.3."), "missing layer: %d %s", s, ls_err_msg());
     printf("  missing tensor refused: %s\n", ls_err_msg());
     ls_arena_free(&fixed);

@@ -48,6 +48,10 @@ ls_status ls_comm_send(const ls_comm *c, const void *buf, size_t bytes, int dst,
 ls_status ls_comm_recv(const ls_comm *c, void *buf, size_t bytes, int src, int tag);
 ls_status ls_comm_bcast(const ls_comm *c, void *buf, size_t bytes, int root);
 ls_status ls_comm_barrier(const ls_comm *c);
+/* A new communicator of the ranks of c that pass the same `color`, ordered by `key`
+ * (MPI_Comm_split); freed with ls_comm_free (the world is never freed). */
+ls_status ls_comm_split(const ls_comm *c, int color, int key, ls_comm **out);
+void ls_comm_free(ls_comm *c);
 /* End every rank of the run with `code` (MPI_Abort); the one-rank build exits. */
 void ls_comm_abort(const ls_comm *c, int code) __attribute__((noreturn));
 

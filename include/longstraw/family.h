@@ -61,6 +61,9 @@ typedef struct {
     double lora_alpha;
     const char *lora_targets; /* NULL: the family's default */
     uint64_t lora_seed;
+    /* Expert parallelism (`--ep N`): the ranks of `ep` split the routed experts (NULL or
+     * one rank: every expert here). */
+    const ls_comm *ep;
 } ls_policy_spec;
 
 /* The trainable set of an update: the policy the forward and backward run, its
@@ -73,6 +76,11 @@ typedef struct {
     ls_param *w, *g;
     int64_t n;
     int adapters; /* 1: the trainable tensors are adapters (PEFT files on export) */
+    /* Expert parallelism: sharded[k] = 1 when g[k] is this rank's share of tensors split
+     * over the ranks of ep (its routed experts; the global gradient norm sums those over
+     * ep). NULL: nothing sharded. */
+    const ls_comm *ep;
+    const uint8_t *sharded;
     void *priv;
 } ls_policy;
 
@@ -80,7 +88,8 @@ struct ls_family {
     const char *name;
     /* 1 when this family reads checkpoints of the config's model_type */
     int (*accepts)(const ls_config *cfg);
-    ls_status (*load)(ls_model *m, const char *dir, ls_arena *fixed);
+    /* ep: the expert-parallel ranks (NULL or one: every expert on this rank) */
+    ls_status (*load)(ls_model *m, const char *dir, const ls_comm *ep, ls_arena *fixed);
     const ls_config *(*config)(const ls_model *m);
     /* Capture ids[0..n) (x_1..x_{P−1}) into `st`, no tape (DESIGN §3). */
     ls_status (*capture)(const ls_model *m, ls_prompt_state *st, const int32_t *ids, int64_t n,
@@ -130,7 +139,8 @@ struct ls_family {
      * LoRA the full-weight ∂L/∂W_eff as well as the adapters'), *out malloc'd. */
     ls_status (*policy_grad_buffers)(const ls_policy *p, ls_param **out, int64_t *n);
     /* Weights into directory `dir` (model.safetensors + config.json, or PEFT adapter
-     * files), every file atomic. */
+     * files), every file atomic. With expert parallelism every rank calls it (a
+     * collective: the experts are gathered) and only the ranks given a `dir` write. */
     ls_status (*policy_save)(const ls_policy *p, const ls_policy_spec *spec, const char *dir);
     /* Gradients of the trainable tensors as one safetensors file. */
     ls_status (*policy_save_grads)(const ls_policy *p, const char *path, const char *meta_key,
@@ -143,8 +153,9 @@ struct ls_family {
 /* ---- the registry (src/models/family.c) ------------------------------------ */
 /* The family that reads checkpoints of cfg's model_type; NULL with an error naming it. */
 const ls_family *ls_family_for(const ls_config *cfg, const char *path);
-/* Load `dir` (config.json + safetensors) with the family its config names. */
-ls_status ls_model_load(ls_model *m, const char *dir, ls_arena *fixed);
+/* Load `dir` (config.json + safetensors) with the family its config names (ep: the
+ * expert-parallel ranks, or NULL). */
+ls_status ls_model_load(ls_model *m, const char *dir, const ls_comm *ep, ls_arena *fixed);
 ls_status ls_policy_open(ls_policy *p, const ls_policy_spec *spec, ls_arenas *ar);
 void ls_policy_close(ls_policy *p);
 

@@ -74,6 +74,7 @@ typedef struct {
     int64_t off;
     int frozen;   /* no gradient from the GRPO loss: the indexer, the correction bias */
     int no_decay; /* norms and biases */
+    int expert;   /* a routed expert's projection: its (global) index; −1 otherwise */
 } ls_mla_tensor;
 
 typedef struct {
@@ -87,10 +88,14 @@ typedef struct {
     int64_t n_tensors;
     double *inv_freq;  /* [qk_rope / 2] rotary frequencies (YaRN included) */
     float scale;       /* attention softmax scale (ls_mla_softmax_scale) */
+    /* Expert parallelism: this rank holds routed experts [e0, e0 + n_local_experts) of
+     * every MoE layer (stacked from e0); the ranks of ep hold the others. */
+    const ls_comm *ep;
+    int64_t e0, n_local_experts;
 } ls_mla_model;
 
-/* The tensor list of a config (*out malloc'd). */
-ls_status ls_mla_tensors(const ls_config *c, ls_mla_tensor **out, int64_t *n);
+/* The tensor list of a config with routed experts [e0, e0 + ne) only (*out malloc'd). */
+ls_status ls_mla_tensors(const ls_config *c, int64_t e0, int64_t ne, ls_mla_tensor **out, int64_t *n);
 /* Where tensor t of model m lives (NULL: not allocated, e.g. a frozen tensor's gradient). */
 float *ls_mla_at(const ls_mla_model *m, const ls_mla_tensor *t);
 /* A model-shaped set of zeroed buffers for `src`'s tensors (grads: not the frozen ones). */
@@ -106,11 +111,14 @@ void ls_mla_copy_slots(const ls_mla_model *src, ls_mla_model *dst);
 /* Load DIR (config.json + model.safetensors or a sharded index) into `fixed`: F32,
  * BF16 and F16 tensors; FP8 checkpoints refused (their weight_scale_inv blocks
  * would need dequantising); MTP layers (index >= num_hidden_layers) skipped; every
- * shape checked and NaN/Inf refused, naming the tensor. */
-ls_status ls_mla_load(ls_mla_model *m, const char *dir, ls_arena *fixed);
+ * shape checked and NaN/Inf refused, naming the tensor. With `ep` of N > 1 ranks only
+ * this rank's E/N routed experts are read. */
+ls_status ls_mla_load(ls_mla_model *m, const char *dir, const ls_comm *ep, ls_arena *fixed);
 /* Parameters (non-frozen tensors) in checkpoint order (*out malloc'd). */
 ls_status ls_mla_params(const ls_mla_model *m, ls_param **out, int64_t *n);
-/* Write every tensor under its HF name (zeros for a gradient set's frozen tensors). */
+/* Write every tensor under its HF name (zeros for a gradient set's frozen tensors).
+ * With expert parallelism a collective over m->ep: the routed experts are gathered to
+ * the ep group's rank 0, which writes when path is non-NULL (NULL: take part only). */
 ls_status ls_mla_export(const ls_mla_model *m, const char *path, ls_dtype dtype, const char *meta_key,
                         const char *meta_value);
 

@@ -36,6 +36,10 @@ int cli_fail(const char *cmd, ls_status s);
 int cli_rank(void);
 /* The world when it has several ranks (the CP degree is the world size), else NULL. */
 const ls_comm *cli_cp_comm(void);
+/* --ep N: the world split into CP groups (ranks r ≡ e mod N: the same experts) and EP
+ * groups (ranks c·N .. c·N+N−1: the same prompt pages); *cp NULL with one CP rank,
+ * *epc NULL when ep is 1. Nonzero (usage error printed) when the world does not split. */
+int cli_parallel(const char *cmd, int64_t ep, const ls_comm **cp, const ls_comm **epc);
 /* Print a usage error and return exit code 2. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -24,6 +24,8 @@ typedef struct {
     const char *lora_targets;
     int64_t lora_seed;
     int force; /* run even when the plan says it will not fit */
+    int64_t ep;               /* --ep: expert-parallel degree (1: none) */
+    const ls_comm *ep_comm;   /* its ranks (NULL: one) */
 } cli_train;
 
 extern const struct option cli_train_options[];

@@ -98,11 +98,12 @@ static int run(const char *cmd, int argc, char **argv) {
     if (!is_step) {
         char lossbuf[64];
         snprintf(lossbuf, sizeof lossbuf, "%.10g", mt.loss);
-        if (root) s = pol.p.fam->policy_save_grads(&pol.p, out, "loss", lossbuf);
+        /* with expert parallelism every rank takes part (the experts are gathered) */
+        if (root || t.ep_comm) s = pol.p.fam->policy_save_grads(&pol.p, root ? out : NULL, "loss", lossbuf);
         if (s == LS_OK && receipt) s = ls_receipt_write(receipt, cmd, &pol, &g, &t.o, &mt, &ar);
     } else {
         char path[4096];
-        if (root) s = pol.p.fam->policy_save(&pol.p, &pol.spec, out);
+        if (root || t.ep_comm) s = pol.p.fam->policy_save(&pol.p, &pol.spec, root ? out : NULL);
         snprintf(path, sizeof path, "%s/receipt.json", out);
         if (s == LS_OK) s = ls_receipt_write(receipt ? receipt : path, cmd, &pol, &g, &t.o, &mt, &ar);
     }

@@ -22,6 +22,8 @@ static void help(void) {
            "  --state-dtype T      K/V page storage: f32 or bf16 (default f32)\n"
            "  --threads N          worker threads (default: all cores)\n"
            "  --cp-layout L        under mpirun: contiguous (default) or zigzag page split\n"
+           "  --ep N               under mpirun -np W: split the routed experts over N ranks (MLA\n"
+           "                       family; W = CP x EP; default 1)\n"
            "  --stats              print timing and arena peaks to stderr\n"
            "  --help               this text\n");
 }
@@ -36,12 +38,13 @@ int cmd_logprobs(int argc, char **argv) {
                                          {"threads", required_argument, 0, 't'},
                                          {"cp-layout", required_argument, 0, 'l'},
                                          {"stats", no_argument, 0, 'S'},
+                                         {"ep", required_argument, 0, 'e'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *model = NULL, *group = NULL;
     ls_score_opts so;
     ls_score_opts_default(&so);
-    int64_t threads = 0, v;
+    int64_t threads = 0, v, epn = 1;
     int stats = 0, ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -60,6 +63,7 @@ int cmd_logprobs(int argc, char **argv) {
         case 'd': if (cli_parse_dtype("logprobs", "--state-dtype", optarg, &so.state_dtype)) return 2; break;
         case 't': if (cli_parse_i64("logprobs", "--threads", optarg, 1, 4096, &threads)) return 2; break;
         case 'S': stats = 1; break;
+        case 'e': if (cli_parse_i64("logprobs", "--ep", optarg, 1, 4096, &epn)) return 2; break;
         case 'l': if (cli_parse_layout("logprobs", optarg, &so.fwd.cp_layout)) return 2; break;
         case 'h': help(); return 0;
         default: return cli_usage_error("logprobs", "bad option");
@@ -69,7 +73,10 @@ int cmd_logprobs(int argc, char **argv) {
     if (!model) return cli_usage_error("logprobs", "--model is required");
     if (!group) return cli_usage_error("logprobs", "--group is required");
     ls_set_threads((int)threads);
-    so.fwd.comm = cli_cp_comm(); /* CP degree = world size: each rank holds its share of the pages */
+    /* CP degree = world size / --ep: each CP rank holds its share of the pages, each EP rank
+     * E/ep of the routed experts */
+    const ls_comm *ep = NULL;
+    if (cli_parallel("logprobs", epn, &so.fwd.comm, &ep)) return 2;
 
     ls_arenas ar;
     ls_arenas_init(&ar);
@@ -78,7 +85,7 @@ int cmd_logprobs(int argc, char **argv) {
     memset(&g, 0, sizeof g);
     int rc = 1;
     double t0 = ls_now();
-    ls_status s = ls_model_load(&m, model, &ar.a[LS_ARENA_FIXED]);
+    ls_status s = ls_model_load(&m, model, ep, &ar.a[LS_ARENA_FIXED]);
     if (s != LS_OK) goto fail;
     double t_load = ls_now() - t0;
     s = ls_group_load(&g, group, ls_model_config(&m)->vocab);

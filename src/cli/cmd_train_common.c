@@ -53,13 +53,18 @@ void cli_train_help(void) {
            "context parallelism: under `mpirun -np N` the CP degree is N (the prompt's pages split\n"
            "  across the ranks); the flags are the same, rank 0 alone writes the outputs.\n"
            "  --cp-layout L          contiguous (rank r: block r of N; default) or zigzag (rank r:\n"
-           "                         blocks r and 2N-1-r of 2N)\n");
+           "                         blocks r and 2N-1-r of 2N)\n"
+           "expert parallelism (the MLA family): under `mpirun -np W`, W = CP x EP\n"
+           "  --ep N                 split the routed experts over N ranks (default 1): ranks\n"
+           "                         c·N .. c·N+N-1 share CP rank c's pages and hold E/N experts each;\n"
+           "                         outputs carry every expert (gathered to rank 0)\n");
 }
 
 enum {
     OPT_EPS = 1000, OPT_EPS_HIGH, OPT_BETA, OPT_REF, OPT_LOSS, OPT_MAXLEN, OPT_SCALE, OPT_TEMP, OPT_ITERS,
     OPT_LR, OPT_WD, OPT_B1, OPT_B2, OPT_AEPS, OPT_MAXGN, OPT_NOCAP, OPT_CHUNK, OPT_PAGE, OPT_SDT, OPT_THREADS,
-    OPT_ADAPTER, OPT_LRANK, OPT_LALPHA, OPT_LTARGETS, OPT_LSEED, OPT_FORCE, OPT_LAYOUT, OPT_OBJ, OPT_MODE, OPT_SWEEP
+    OPT_ADAPTER, OPT_LRANK, OPT_LALPHA, OPT_LTARGETS, OPT_LSEED, OPT_FORCE, OPT_LAYOUT, OPT_OBJ, OPT_MODE, OPT_SWEEP,
+    OPT_EP
 };
 
 const struct option cli_train_options[] = {
@@ -78,6 +83,7 @@ const struct option cli_train_options[] = {
     {"lora-seed", required_argument, 0, OPT_LSEED},   {"force", no_argument, 0, OPT_FORCE},
     {"cp-layout", required_argument, 0, OPT_LAYOUT},  {"loss", required_argument, 0, OPT_OBJ},
     {"mode", required_argument, 0, OPT_MODE},         {"sweep-chunk", required_argument, 0, OPT_SWEEP},
+    {"ep", required_argument, 0, OPT_EP},
 };
 const int cli_train_n_options = (int)(sizeof cli_train_options / sizeof cli_train_options[0]);
 
@@ -103,6 +109,7 @@ void cli_train_init(cli_train *t) {
     t->eps_high_set = 0;
     t->lora_alpha = 16;
     t->lora_targets = NULL; /* default: the attention and linear-attention projections of the model's layout */
+    t->ep = 1;
 }
 
 int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg) {
@@ -173,6 +180,7 @@ int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg) {
     case OPT_LTARGETS: t->lora_targets = arg; break;
     case OPT_FORCE: t->force = 1; break;
     case OPT_LSEED: if (cli_parse_i64(cmd, "--lora-seed", arg, 0, INT64_MAX, &t->lora_seed)) return 2; break;
+    case OPT_EP: if (cli_parse_i64(cmd, "--ep", arg, 1, 4096, &t->ep)) return 2; break;
     default: return -1; /* not ours */
     }
     return 0;
@@ -189,8 +197,8 @@ int cli_train_finish(const char *cmd, cli_train *t) {
         return 2;
     }
     ls_set_threads((int)t->threads);
-    t->o.fwd.comm = cli_cp_comm(); /* CP degree = world size */
-    return 0;
+    /* CP degree = world size / --ep; the expert-parallel ranks hold E/ep experts each */
+    return cli_parallel(cmd, t->ep, &t->o.fwd.comm, &t->ep_comm) ? 2 : 0;
 }
 
 
@@ -201,7 +209,8 @@ ls_policy_spec cli_policy_spec(const char *model, const cli_train *t) {
                             .lora_rank = t->lora_rank,
                             .lora_alpha = t->lora_alpha,
                             .lora_targets = t->lora_targets,
-                            .lora_seed = (uint64_t)t->lora_seed};
+                            .lora_seed = (uint64_t)t->lora_seed,
+                            .ep = t->ep_comm};
 }
 
 ls_status cli_trainable_open(ls_trainable *p, const char *model, const cli_train *t, int with_adam, ls_arenas *ar) {

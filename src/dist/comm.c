@@ -127,6 +127,29 @@ void ls_comm_finalize(void) {
 
 int ls_comm_have_mpi(void) { return 1; }
 
+ls_status ls_comm_split(const ls_comm *c, int color, int key, ls_comm **out) {
+    *out = NULL;
+    ls_comm *n = calloc(1, sizeof *n);
+    if (!n) return ls_err(LS_ERR_NOMEM, "ls_comm_split: out of memory");
+    int rc = MPI_Comm_split(c->mc, color, key, &n->mc);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(n->mc, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(n->mc, &n->rank);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(n->mc, &n->size);
+    if (rc != MPI_SUCCESS) {
+        free(n);
+        return mpi_fail("ls_comm_split", "MPI_Comm_split", rc);
+    }
+    *out = n;
+    return LS_OK;
+}
+
+void ls_comm_free(ls_comm *c) {
+    if (!c || c == &g_world) return;
+    MPI_Comm_free(&c->mc);
+    free(c);
+}
+
+
 /* Reduce to rank 0 then broadcast: every rank gets rank 0's bits, whatever
  * algorithm (and summation order) MPI picks for each rank. */
 static ls_status allreduce(const ls_comm *c, void *buf, int64_t n, MPI_Datatype type, size_t esize,
@@ -282,6 +305,19 @@ ls_status ls_comm_init(int *argc, char ***argv, ls_comm **world) {
 void ls_comm_finalize(void) { g_have_world = 0; }
 
 int ls_comm_have_mpi(void) { return 0; }
+
+ls_status ls_comm_split(const ls_comm *c, int color, int key, ls_comm **out) {
+    (void)color, (void)key;
+    *out = calloc(1, sizeof **out);
+    if (!*out) return ls_err(LS_ERR_NOMEM, "ls_comm_split: out of memory");
+    **out = *c;
+    return LS_OK;
+}
+
+void ls_comm_free(ls_comm *c) {
+    if (c && c != &g_world) free(c);
+}
+
 
 static ls_status identity(const ls_comm *c, const void *buf, size_t bytes, const char *kind) {
     LS_ASSERT(c != NULL && (buf != NULL || bytes == 0), "%s: c %p buf %p", kind, (const void *)c, buf);

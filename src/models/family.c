@@ -34,10 +34,10 @@ static ls_status family_of_dir(const char *dir, const ls_family **fam) {
     return *fam ? LS_OK : LS_ERR_UNSUPPORTED;
 }
 
-ls_status ls_model_load(ls_model *m, const char *dir, ls_arena *fixed) {
+ls_status ls_model_load(ls_model *m, const char *dir, const ls_comm *ep, ls_arena *fixed) {
     const ls_family *fam;
     LS_TRY(family_of_dir(dir, &fam));
-    return fam->load(m, dir, fixed);
+    return fam->load(m, dir, ep, fixed);
 }
 
 ls_status ls_policy_open(ls_policy *p, const ls_policy_spec *spec, ls_arenas *ar) {

@@ -19,7 +19,14 @@ static const ls_hybrid_model *H(const ls_model *m) { return (const ls_hybrid_mod
 
 static int hy_accepts(const ls_config *cfg) { return cfg->family == LS_FAMILY_HYBRID && cfg->n_layers > 0; }
 
-static ls_status hy_load(ls_model *m, const char *dir, ls_arena *fixed) {
+static ls_status no_ep(const ls_comm *ep, const char *dir) {
+    if (ep && ls_comm_size(ep) > 1)
+        return ls_err(LS_ERR_UNSUPPORTED, "%s: expert parallelism (--ep) is built for the MLA family only", dir);
+    return LS_OK;
+}
+
+static ls_status hy_load(ls_model *m, const char *dir, const ls_comm *ep, ls_arena *fixed) {
+    LS_TRY(no_ep(ep, dir));
     ls_hybrid_model *h = ls_arena_calloc(fixed, 1, sizeof *h);
     if (!h) return LS_ERR_NOMEM;
     LS_TRY(ls_hybrid_load(h, dir, fixed));
@@ -113,6 +120,7 @@ static ls_status hy_policy_open(ls_policy *p, const ls_policy_spec *sp, ls_arena
     if (!hp) return ls_err(LS_ERR_NOMEM, "cannot allocate a policy");
     hp->owned = 1;
     p->priv = hp;
+    LS_TRY(no_ep(sp->ep, sp->model_dir));
     p->fam = &ls_hybrid_family;
     ls_arena *fixed = &ar->a[LS_ARENA_FIXED], *ga = &ar->a[LS_ARENA_GRAD];
     LS_TRY(ls_hybrid_load(&hp->base, sp->model_dir, fixed));

@@ -402,19 +402,26 @@ static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, ml
     int64_t maxn = 0;
     for (int e = 0; e < E; e++) maxn = count[e + 1] - count[e] > maxn ? count[e + 1] - count[e] : maxn;
     float *xs = ALLOC_F(sc, maxn * D), *ys = ALLOC_F(sc, maxn * D); /* [n_e, D] */
-    NEED(xs && ys);
-    for (int e = 0; e < E; e++) {
+    /* expert parallelism: this rank's experts into y [T, D], summed over the ep ranks
+     * (every rank routes the same tokens: the dense part is replicated) */
+    float *y = m->ep ? ls_arena_calloc(sc, (size_t)(T * D), sizeof(float)) : x;
+    NEED(xs && ys && y);
+    for (int64_t e = m->e0; e < m->e0 + m->n_local_experts; e++) {
         int64_t n = count[e + 1] - count[e];
         if (n == 0) continue;
         const int64_t *r = rows + count[e];
         for (int64_t i = 0; i < n; i++) memcpy(xs + i * D, xn + (r[i] / K) * D, (size_t)D * sizeof(float));
-        LS_TRY(swiglu(ys, NULL, NULL, xs, n, D, Im, w->exp_gu + (int64_t)e * 2 * Im * D,
-                      w->exp_down + (int64_t)e * D * Im, 0, sc));
+        LS_TRY(swiglu(ys, NULL, NULL, xs, n, D, Im, w->exp_gu + (e - m->e0) * 2 * Im * D,
+                      w->exp_down + (e - m->e0) * D * Im, 0, sc));
         for (int64_t i = 0; i < n; i++) {
             float g = wt[r[i]];
-            float *xt = x + (r[i] / K) * D;
-            for (int64_t d = 0; d < D; d++) xt[d] += g * ys[i * D + d];
+            float *yt = y + (r[i] / K) * D;
+            for (int64_t d = 0; d < D; d++) yt[d] += g * ys[i * D + d];
         }
+    }
+    if (m->ep) {
+        LS_TRY(ls_comm_allreduce_f32(m->ep, y, T * D, LS_REDUCE_SUM));
+        for (int64_t i = 0; i < T * D; i++) x[i] += y[i];
     }
     if (Is > 0) {
         float *sgu = tp ? ALLOC_F(A, T * 2 * Is) : NULL, *sact = tp ? ALLOC_F(A, T * Is) : NULL;

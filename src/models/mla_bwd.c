@@ -49,7 +49,9 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
     ls_arena_mark mk = ls_arena_get_mark(sc);
     int64_t *count = ls_arena_alloc(sc, (size_t)(E + 1) * sizeof(int64_t));
     int64_t *rows = ls_arena_alloc(sc, (size_t)(T * K) * sizeof(int64_t));
-    float *dwt = CALLOC_F(sc, T * K), *dlog = ALLOC_F(sc, T * E);
+    /* [dwt (T·K) | the experts' ∂L/∂xn (T·D) under expert parallelism]: one buffer, summed over ep */
+    float *dwt = CALLOC_F(sc, T * K + (m->ep ? T * D : 0)), *dlog = ALLOC_F(sc, T * E);
+    float *dxe = m->ep ? dwt + T * K : dxn;
     NEED(count && rows && dwt && dlog);
     LS_TRY(ls_moe_group(count, rows, tp->esel, T, E, K, sc));
     int64_t maxn = 0;
@@ -57,11 +59,11 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
     float *xs = ALLOC_F(sc, maxn * D), *ys = ALLOC_F(sc, maxn * D), *dys = ALLOC_F(sc, maxn * D);
     float *gu = ALLOC_F(sc, maxn * 2 * Im), *act = ALLOC_F(sc, maxn * Im), *dxs = ALLOC_F(sc, maxn * D);
     NEED(xs && ys && dys && gu && act && dxs);
-    for (int e = 0; e < E; e++) {
-        int64_t n = count[e + 1] - count[e];
+    for (int64_t e = m->e0; e < m->e0 + m->n_local_experts; e++) { /* this rank's experts */
+        int64_t n = count[e + 1] - count[e], le = e - m->e0;
         if (n == 0) continue;
         const int64_t *r = rows + count[e];
-        const float *Wgu = w->exp_gu + (int64_t)e * 2 * Im * D, *Wdn = w->exp_down + (int64_t)e * D * Im;
+        const float *Wgu = w->exp_gu + le * 2 * Im * D, *Wdn = w->exp_down + le * D * Im;
         for (int64_t i = 0; i < n; i++) memcpy(xs + i * D, tp->xn2 + (r[i] / K) * D, (size_t)D * sizeof(float));
         ls_linear_fwd(gu, xs, Wgu, n, D, 2 * Im, 0); /* the expert, recomputed */
         ls_swiglu_fwd(act, gu, n, Im);
@@ -75,12 +77,16 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
             }
             dwt[r[i]] = (float)dot;
         }
-        LS_TRY(swiglu_bwd(dxs, GOFF(gw->exp_gu, (int64_t)e * 2 * Im * D), GOFF(gw->exp_down, (int64_t)e * D * Im), dys,
-                          xs, gu, act, Wgu, Wdn, n, D, Im, 0, sc));
+        LS_TRY(swiglu_bwd(dxs, GOFF(gw->exp_gu, le * 2 * Im * D), GOFF(gw->exp_down, le * D * Im), dys, xs, gu, act,
+                          Wgu, Wdn, n, D, Im, 0, sc));
         for (int64_t i = 0; i < n; i++) {
-            float *dx = dxn + (r[i] / K) * D;
+            float *dx = dxe + (r[i] / K) * D;
             for (int64_t d = 0; d < D; d++) dx[d] += dxs[i * D + d];
         }
+    }
+    if (m->ep) { /* every rank's experts' shares, summed: the whole on every rank */
+        LS_TRY(ls_comm_allreduce_f32(m->ep, dwt, T * K + T * D, LS_REDUCE_SUM));
+        for (int64_t i = 0; i < T * D; i++) dxn[i] += dxe[i];
     }
     ls_mla_route_bwd(dlog, dwt, tp->s, tp->esel, T, E, K, c->norm_topk, mc->routed_scaling);
     ls_linear_bwd(dxn, gw->router, dlog, tp->xn2, w->router, T, D, E, 1);

@@ -16,10 +16,10 @@ static const ls_mla_model *M(const ls_model *m) { return (const ls_mla_model *)m
 
 static int mla_accepts(const ls_config *cfg) { return cfg->family == LS_FAMILY_MLA && cfg->n_layers > 0; }
 
-static ls_status mla_load(ls_model *m, const char *dir, ls_arena *fixed) {
+static ls_status mla_load(ls_model *m, const char *dir, const ls_comm *ep, ls_arena *fixed) {
     ls_mla_model *h = ls_arena_calloc(fixed, 1, sizeof *h);
     if (!h) return LS_ERR_NOMEM;
-    LS_TRY(ls_mla_load(h, dir, fixed));
+    LS_TRY(ls_mla_load(h, dir, ep, fixed));
     *m = ls_mla_handle(h);
     return LS_OK;
 }
@@ -100,7 +100,8 @@ static int adapted(const ls_mla_tensor *t, const void *ctx) {
 
 typedef struct {
     ls_mla_model base, ref, grad, merged;
-    ls_lora *lora; /* NULL: a full fine-tune */
+    ls_lora *lora;    /* NULL: a full fine-tune */
+    uint8_t *sharded; /* [n] expert parallelism: 1 for this rank's routed experts */
 } mla_policy;
 
 static mla_policy *MP(const ls_policy *p) { return (mla_policy *)p->priv; }
@@ -129,6 +130,12 @@ static ls_status open_lora(ls_policy *p, mla_policy *mp, const ls_policy_spec *s
                                                     sp->lora_alpha, sp->lora_seed, fixed, ga);
     free(tg);
     LS_TRY(s);
+    for (int64_t i = 0; mp->base.ep && i < mp->base.n_tensors; i++) {
+        const ls_mla_tensor *t = &mp->base.tensors[i];
+        if (t->expert >= 0 && ls_lora_adapts(mp->lora, t->layer, t->field))
+            return ls_err(LS_ERR_UNSUPPORTED, "LoRA on the routed experts (%s) with --ep is not built: adapt the "
+                                              "attention projections, or run without --ep", t->name);
+    }
     LS_TRY(ls_mla_alloc_subset(&mp->base, &mp->grad, ga, adapted, mp->lora, NULL));
     LS_TRY(ls_mla_alloc_subset(&mp->base, &mp->merged, fixed, adapted, mp->lora, &mp->base));
     remerge(mp);
@@ -145,10 +152,10 @@ static ls_status mla_policy_open(ls_policy *p, const ls_policy_spec *sp, ls_aren
     p->priv = mp;
     p->fam = &ls_mla_family;
     ls_arena *fixed = &ar->a[LS_ARENA_FIXED], *ga = &ar->a[LS_ARENA_GRAD];
-    LS_TRY(ls_mla_load(&mp->base, sp->model_dir, fixed));
+    LS_TRY(ls_mla_load(&mp->base, sp->model_dir, sp->ep, fixed));
     p->ref = (ls_model){&ls_mla_family, NULL};
     if (sp->ref_dir) {
-        LS_TRY(ls_mla_load(&mp->ref, sp->ref_dir, fixed));
+        LS_TRY(ls_mla_load(&mp->ref, sp->ref_dir, sp->ep, fixed));
         const ls_config *a = &mp->ref.cfg, *b = &mp->base.cfg;
         if (a->vocab != b->vocab || a->n_layers != b->n_layers || a->hidden != b->hidden ||
             mp->ref.n_tensors != mp->base.n_tensors)
@@ -156,6 +163,7 @@ static ls_status mla_policy_open(ls_policy *p, const ls_policy_spec *sp, ls_aren
         p->ref = ls_mla_handle(&mp->ref);
     }
     p->grad = ls_mla_handle(&mp->grad);
+    p->ep = mp->base.ep;
     if (sp->adapter || sp->lora_rank > 0) return open_lora(p, mp, sp, fixed, ga);
     LS_TRY(ls_mla_alloc_like(&mp->base, &mp->grad, ga, 1));
     p->policy = ls_mla_handle(&mp->base);
@@ -163,10 +171,17 @@ static ls_status mla_policy_open(ls_policy *p, const ls_policy_spec *sp, ls_aren
     LS_TRY(ls_mla_params(&mp->base, &p->w, &p->n));
     LS_TRY(ls_mla_params(&mp->grad, &p->g, &n2));
     LS_ASSERT(n2 == p->n, "parameter lists differ");
+    if (mp->base.ep) { /* the routed experts' gradients are this rank's shares (the norm sums them over ep) */
+        if (!(mp->sharded = calloc((size_t)(p->n > 0 ? p->n : 1), 1))) return LS_ERR_NOMEM;
+        for (int64_t i = 0, k = 0; i < mp->base.n_tensors; i++)
+            if (!mp->base.tensors[i].frozen) mp->sharded[k++] = mp->base.tensors[i].expert >= 0;
+        p->sharded = mp->sharded;
+    }
     return LS_OK;
 }
 
 static void mla_policy_close(ls_policy *p) {
+    if (p->priv) free(MP(p)->sharded);
     free(p->w);
     free(p->g);
     free(p->priv);
@@ -215,6 +230,8 @@ static void mla_zero_grad(ls_policy *p) {
 static ls_status mla_policy_save(const ls_policy *p, const ls_policy_spec *sp, const char *dir) {
     const mla_policy *mp = MP(p);
     char path[4096], src[4096];
+    if (!dir && (mp->lora || !mp->base.ep)) return LS_OK; /* nothing to gather: adapters are replicated */
+    if (!dir) return ls_mla_export(&mp->base, NULL, LS_DTYPE_F32, NULL, NULL);
     if (mp->lora) { /* PEFT layout */
         snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
         LS_TRY(ls_lora_export(mp->lora, 0, path, NULL, NULL));
@@ -231,8 +248,8 @@ static ls_status mla_policy_save(const ls_policy *p, const ls_policy_spec *sp, c
 static ls_status mla_policy_save_grads(const ls_policy *p, const char *path, const char *meta_key,
                                        const char *meta_value) {
     const mla_policy *mp = MP(p);
-    return mp->lora ? ls_lora_export(mp->lora, 1, path, meta_key, meta_value)
-                    : ls_mla_export(&mp->grad, path, LS_DTYPE_F32, meta_key, meta_value);
+    if (mp->lora) return path ? ls_lora_export(mp->lora, 1, path, meta_key, meta_value) : LS_OK;
+    return ls_mla_export(&mp->grad, path, LS_DTYPE_F32, meta_key, meta_value);
 }
 
 static void mla_policy_predict(const ls_policy *p, int optimizer, size_t *grad, size_t *fixed) {

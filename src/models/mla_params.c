@@ -36,7 +36,7 @@ static void add(tlist *l, int layer, size_t field, int64_t off, ls_init_kind ini
         va_end(ap);
         t->ndim = ndim, t->shape[0] = d0, t->shape[1] = ndim > 1 ? d1 : 1;
         t->init = init, t->layer = layer, t->field = field, t->off = off, t->frozen = frozen;
-        t->no_decay = ndim == 1;
+        t->no_decay = ndim == 1, t->expert = -1;
     }
     l->n++;
 }
@@ -44,7 +44,7 @@ static void add(tlist *l, int layer, size_t field, int64_t off, ls_init_kind ini
 #define LF(f) offsetof(ls_mla_layer, f)
 #define MF(f) offsetof(ls_mla_model, f)
 
-static void walk(const ls_config *c, tlist *l) {
+static void walk(const ls_config *c, int64_t e0, int64_t ne, tlist *l) {
     const ls_mla_config *m = &c->mla;
     int64_t D = c->hidden, H = c->n_heads, dn = m->qk_nope, dr = m->qk_rope, dv = m->v_head;
     int64_t rq = m->q_lora_rank, rkv = m->kv_lora_rank, nI = m->index_heads, dI = m->index_head_dim;
@@ -73,13 +73,14 @@ static void walk(const ls_config *c, tlist *l) {
             add(l, i, LF(router), 0, LS_INIT_LINEAR, 0, 2, c->n_experts, D, "%s%d.mlp.gate.weight", p, i);
             add(l, i, LF(router_bias), 0, LS_INIT_BIAS0, 1, 1, c->n_experts, 0, "%s%d.mlp.gate.e_score_correction_bias",
                 p, i);
-            for (int e = 0; e < c->n_experts; e++) {
-                int64_t g = (int64_t)e * 2 * Im * D;
+            for (int e = (int)e0; e < e0 + ne; e++) { /* stacked from e0 */
+                int64_t g = (e - e0) * 2 * Im * D;
                 add(l, i, LF(exp_gu), g, LS_INIT_LINEAR, 0, 2, Im, D, "%s%d.mlp.experts.%d.gate_proj.weight", p, i, e);
                 add(l, i, LF(exp_gu), g + Im * D, LS_INIT_LINEAR, 0, 2, Im, D, "%s%d.mlp.experts.%d.up_proj.weight", p,
                     i, e);
-                add(l, i, LF(exp_down), (int64_t)e * D * Im, LS_INIT_LINEAR, 0, 2, D, Im,
+                add(l, i, LF(exp_down), (e - e0) * D * Im, LS_INIT_LINEAR, 0, 2, D, Im,
                     "%s%d.mlp.experts.%d.down_proj.weight", p, i, e);
+                for (int k = 1; l->t && k <= 3; k++) l->t[l->n - k].expert = e;
             }
             if (Is > 0) {
                 add(l, i, LF(sh_gu), 0, LS_INIT_LINEAR, 0, 2, Is, D, "%s%d.mlp.shared_experts.gate_proj.weight", p, i);
@@ -98,13 +99,13 @@ static void walk(const ls_config *c, tlist *l) {
     if (!c->tie_embeddings) add(l, -1, MF(lm_head), 0, LS_INIT_LINEAR, 0, 2, c->vocab, D, "lm_head.weight");
 }
 
-ls_status ls_mla_tensors(const ls_config *c, ls_mla_tensor **out, int64_t *n) {
+ls_status ls_mla_tensors(const ls_config *c, int64_t e0, int64_t ne, ls_mla_tensor **out, int64_t *n) {
     tlist l = {0};
-    walk(c, &l);
+    walk(c, e0, ne, &l);
     l.t = malloc((size_t)(l.n > 0 ? l.n : 1) * sizeof *l.t);
     if (!l.t) return ls_err(LS_ERR_NOMEM, "out of memory listing the tensors of %s", c->model_type);
     l.n = 0;
-    walk(c, &l);
+    walk(c, e0, ne, &l);
     if (l.err) {
         free(l.t);
         return ls_err(LS_ERR_ARG, "%s: a tensor name is longer than %zu bytes", c->model_type,
@@ -116,7 +117,7 @@ ls_status ls_mla_tensors(const ls_config *c, ls_mla_tensor **out, int64_t *n) {
 
 ls_status ls_mla_hf_specs(const ls_config *c, ls_hf_tensor_spec **out, int64_t *n) {
     ls_mla_tensor *t;
-    LS_TRY(ls_mla_tensors(c, &t, n));
+    LS_TRY(ls_mla_tensors(c, 0, c->n_experts, &t, n));
     ls_hf_tensor_spec *sp = calloc((size_t)(*n > 0 ? *n : 1), sizeof *sp);
     if (!sp) {
         free(t);
@@ -184,6 +185,7 @@ ls_status ls_mla_alloc_subset(const ls_mla_model *src, ls_mla_model *dst, ls_are
     dst->cfg = src->cfg;
     dst->tensors = src->tensors, dst->n_tensors = src->n_tensors;
     dst->inv_freq = src->inv_freq, dst->scale = src->scale, dst->n_params = src->n_params;
+    dst->ep = src->ep, dst->e0 = src->e0, dst->n_local_experts = src->n_local_experts;
     return alloc_slots(dst, arena, keep, ctx, share);
 }
 
@@ -226,16 +228,22 @@ static ls_status read_tensor(const ls_st_model *st, const ls_mla_tensor *t, floa
     return LS_OK;
 }
 
-ls_status ls_mla_load(ls_mla_model *m, const char *dir, ls_arena *fixed) {
+ls_status ls_mla_load(ls_mla_model *m, const char *dir, const ls_comm *ep, ls_arena *fixed) {
     memset(m, 0, sizeof *m);
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     LS_TRY(ls_config_load(&m->cfg, path));
     const ls_config *c = &m->cfg;
     if (c->family != LS_FAMILY_MLA) return ls_err(LS_ERR_ARG, "%s: not an MLA-family checkpoint", path);
+    int N = ep ? ls_comm_size(ep) : 1;
+    if (c->n_experts % N != 0)
+        return ls_err(LS_ERR_ARG, "%s: n_routed_experts %d does not split over --ep %d ranks", path, c->n_experts, N);
+    m->ep = N > 1 ? ep : NULL;
+    m->n_local_experts = c->n_experts / N;
+    m->e0 = (N > 1 ? ls_comm_rank(ep) : 0) * m->n_local_experts;
     ls_mla_tensor *tl;
     int64_t nt;
-    LS_TRY(ls_mla_tensors(c, &tl, &nt));
+    LS_TRY(ls_mla_tensors(c, m->e0, m->n_local_experts, &tl, &nt));
     ls_mla_tensor *keep = ls_arena_alloc(fixed, (size_t)nt * sizeof *keep);
     m->inv_freq = ls_arena_alloc(fixed, (size_t)(c->mla.qk_rope / 2 + 1) * sizeof(double));
     if (!keep || !m->inv_freq) {
@@ -276,24 +284,62 @@ ls_status ls_mla_params(const ls_mla_model *m, ls_param **out, int64_t *n) {
     return LS_OK;
 }
 
+/* One tensor of an export: its data (borrowed, or `own` when gathered). */
+typedef struct {
+    const ls_mla_tensor *t;
+    const float *p;
+    float *own;
+} out_tensor;
+
+/* The element offset of global expert tensor t in a model holding experts from e0. */
+static int64_t local_off(const ls_mla_tensor *t, const ls_config *c, int64_t e0) {
+    int64_t unit = t->field == offsetof(ls_mla_layer, exp_gu) ? 2 * c->moe_inter * c->hidden : c->hidden * c->moe_inter;
+    return t->off - e0 * unit;
+}
+
 ls_status ls_mla_export(const ls_mla_model *m, const char *path, ls_dtype dtype, const char *meta_key,
                         const char *meta_value) {
+    const ls_config *c = &m->cfg;
+    int N = m->ep ? ls_comm_size(m->ep) : 1, r = m->ep ? ls_comm_rank(m->ep) : 0;
+    if (N == 1 && !path) return LS_OK;
+    ls_mla_tensor *all = NULL; /* the full list: every expert */
+    int64_t nall = 0;
+    LS_TRY(ls_mla_tensors(c, 0, c->n_experts, &all, &nall));
+    out_tensor *ot = calloc((size_t)(nall > 0 ? nall : 1), sizeof *ot);
+    int64_t zmax = 0;
+    ls_status s = ot ? LS_OK : LS_ERR_NOMEM;
+    for (int64_t i = 0; i < nall && s == LS_OK; i++) {
+        const ls_mla_tensor *t = &all[i];
+        ot[i].t = t;
+        int owner = t->expert >= 0 ? (int)(t->expert / m->n_local_experts) : r;
+        float *b = *slot(m, t->layer, t->field); /* NULL: a frozen slot (every rank alike) */
+        if (owner == r) { /* held here: the slot's buffer at the local offset */
+            ot[i].p = b ? b + (t->expert >= 0 ? local_off(t, c, m->e0) : t->off) : NULL;
+            if (t->expert >= 0 && owner != 0 && ot[i].p) /* an expert not the writer's: to the ep group's rank 0 */
+                s = ls_comm_send(m->ep, ot[i].p, (size_t)numel(t) * sizeof(float), 0, 7);
+        } else if (r == 0 && b) { /* the ep group's rank 0 gathers every expert */
+            if (!(ot[i].own = malloc((size_t)numel(t) * sizeof(float)))) s = LS_ERR_NOMEM;
+            if (s == LS_OK) s = ls_comm_recv(m->ep, ot[i].own, (size_t)numel(t) * sizeof(float), owner, 7);
+            ot[i].p = ot[i].own;
+        }
+        if (!ot[i].p && numel(t) > zmax) zmax = numel(t);
+    }
     ls_st_writer w;
     ls_st_writer_init(&w);
-    int64_t zmax = 0;
-    for (int64_t i = 0; i < m->n_tensors; i++)
-        if (!ls_mla_at(m, &m->tensors[i]) && numel(&m->tensors[i]) > zmax) zmax = numel(&m->tensors[i]);
-    float *zeros = calloc((size_t)(zmax > 0 ? zmax : 1), sizeof(float)); /* frozen tensors of a gradient set */
-    ls_status s = zeros ? LS_OK : LS_ERR_NOMEM;
-    for (int64_t i = 0; i < m->n_tensors && s == LS_OK; i++) {
-        const ls_mla_tensor *t = &m->tensors[i];
-        const float *p = ls_mla_at(m, t);
-        s = ls_st_writer_add_f32(&w, t->name, t->ndim == 1 ? LS_DTYPE_F32 : dtype, t->ndim, t->shape, p ? p : zeros);
+    float *zeros = NULL; /* frozen tensors of a gradient set */
+    if (s == LS_OK && path && r == 0 && !(zeros = calloc((size_t)(zmax > 0 ? zmax : 1), sizeof(float)))) s = LS_ERR_NOMEM;
+    for (int64_t i = 0; i < nall && s == LS_OK && path && r == 0; i++) {
+        const ls_mla_tensor *t = ot[i].t;
+        s = ls_st_writer_add_f32(&w, t->name, t->ndim == 1 ? LS_DTYPE_F32 : dtype, t->ndim, t->shape,
+                                 ot[i].p ? ot[i].p : zeros);
     }
-    if (s == LS_OK) s = ls_st_writer_add_meta(&w, "format", "pt");
-    if (s == LS_OK && meta_key) s = ls_st_writer_add_meta(&w, meta_key, meta_value);
-    if (s == LS_OK) s = ls_st_write(&w, path);
+    if (s == LS_OK && path && r == 0) s = ls_st_writer_add_meta(&w, "format", "pt");
+    if (s == LS_OK && path && r == 0 && meta_key) s = ls_st_writer_add_meta(&w, meta_key, meta_value);
+    if (s == LS_OK && path && r == 0) s = ls_st_write(&w, path);
     ls_st_writer_free(&w);
+    for (int64_t i = 0; ot && i < nall; i++) free(ot[i].own);
+    free(ot);
     free(zeros);
+    free(all);
     return s;
 }

@@ -99,16 +99,20 @@ static ls_score_opts score_opts(const ls_grpo_opts *o) {
     return (ls_score_opts){o->no_capture, o->page_size, o->state_dtype, o->fwd, 0};
 }
 
-static double grad_norm(const ls_param *gp, int64_t n) {
-    double s = 0;
-    for (int64_t k = 0; k < n; k++) {
-        const float *g = gp[k].p;
+/* The global gradient norm: with expert parallelism the sharded tensors' squares are
+ * summed over the ranks holding the other shares (every rank then clips alike). */
+static ls_status grad_norm(const ls_policy *p, double *out) {
+    double s[2] = {0, 0}; /* replicated, sharded */
+    for (int64_t k = 0; k < p->n; k++) {
+        const float *g = p->g[k].p;
         double sk = 0;
-#pragma omp parallel for schedule(static) reduction(+ : sk) if (gp[k].n > 65536)
-        for (int64_t i = 0; i < gp[k].n; i++) sk += (double)g[i] * g[i];
-        s += sk;
+#pragma omp parallel for schedule(static) reduction(+ : sk) if (p->g[k].n > 65536)
+        for (int64_t i = 0; i < p->g[k].n; i++) sk += (double)g[i] * g[i];
+        s[p->sharded && p->sharded[k]] += sk;
     }
-    return sqrt(s);
+    if (p->ep && p->sharded) LS_TRY(ls_comm_allreduce_f64(p->ep, &s[1], 1, LS_REDUCE_SUM));
+    *out = sqrt(s[0] + s[1]);
+    return LS_OK;
 }
 
 /* Clip (torch.nn.utils.clip_grad_norm_ semantics) and one AdamW step (torch AdamW:
@@ -516,7 +520,11 @@ ls_status ls_grpo_update_batch(ls_policy *p, ls_adamw *adam, ls_group *groups, i
         mt->clip_low = acc.tokens > 0 ? acc.clip_low / acc.tokens : 0;
         mt->clip_high = acc.tokens > 0 ? acc.clip_high / acc.tokens : 0;
         mt->entropy = acc.tokens > 0 ? ent_sum / acc.tokens : 0;
-        mt->grad_norm = grad_norm(p->g, p->n);
+        s = grad_norm(p, &mt->grad_norm);
+        if (s != LS_OK) {
+            ls_trace_phase_end("optimize");
+            break;
+        }
         if (it < 64) mt->iter_loss[it] = mt->loss, mt->iter_grad_norm[it] = mt->grad_norm;
         mt->n_iter = it + 1;
         if (!isfinite(mt->grad_norm) || !isfinite(mt->loss)) {

@@ -117,7 +117,8 @@ ls_status ls_receipt_write(const char *path, const char *cmd, const ls_trainable
     fprintf(f, "  \"process_peak_rss_bytes\": %zu,\n", ls_peak_rss_bytes());
     /* per rank (DESIGN §8): prompt arena peak beside the plan's per-rank prediction, peak
      * RSS, and the trainable tensors' hash (identical on every rank after a step) */
-    fprintf(f, "  \"cp\": %d,\n  \"cp_layout\": \"%s\",\n  \"ranks\": [", N, ls_cp_layout_name(o->fwd.cp_layout));
+    fprintf(f, "  \"cp\": %d,\n  \"ep\": %d,\n  \"cp_layout\": \"%s\",\n  \"ranks\": [", N,
+            pol->p.ep ? ls_comm_size(pol->p.ep) : 1, ls_cp_layout_name(o->fwd.cp_layout));
     for (int r = 0; r < N; r++)
         fprintf(f, "%s{\"rank\": %d, \"prompt_peak_bytes\": %llu, \"prompt_predicted_bytes\": %zu, "
                    "\"peak_rss_bytes\": %llu, \"trainable_hash\": \"%016llx\"}",
