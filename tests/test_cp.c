@@ -29,6 +29,7 @@ int test_train_sigterm_in_capture(void);
 int test_cp_demo(void);
 int test_cp_mla_consistency(void);
 int test_cp_ep_consistency(void);
+int test_cp_mla_rollouts(void);
 
 #define FIX LS_SOURCE_DIR "/tests/reference/fixtures"
 /* what OpenMPI needs here (root, oversubscription; LeakSanitizer suppressions for
@@ -777,6 +778,55 @@ int test_cp_ep_consistency(void) {
     T_CHECK(rc != 0 && e && strstr(e, "MLA family only"), "--ep on the hybrid family: rc %d: %s", rc, e ? e : "");
     free(e);
     T_CHECK(compared == 2 * (3 + 4 * 3), "compared %d", compared);
+    t_remove_dir(dir);
+    return 0;
+}
+
+/* Rollouts of the MLA family (decode with the indexer from forks of the captured state):
+ * `demo --family mla` writes its model, then `train --rollout --task passkey-shaped` on 1,
+ * 2 and 3 ranks gives the same rewards and the same weights after two updates (1e-5
+ * relative per tensor; --adam-eps 1e-6 keeps Adam's first steps out of its eps band, as
+ * in cp_consistency), the receipts' prompt arenas equal to the plan. */
+int test_cp_mla_rollouts(void) {
+    if (!LS_MPIEXEC[0]) T_SKIP("built without MPI");
+    char dir[512], cmd[4096], a[1024], b[1024], why[512];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    snprintf(cmd, sizeof cmd, "%s demo --family mla --out %s/d --prompt-len 700 --updates 1 --num-generations 2 "
+             "--max-new-tokens 2 --quiet >/dev/null 2>&1", LS_CLI_PATH, dir);
+    T_CHECK(system(cmd) == 0, "demo --family mla failed");
+    for (int np = 1; np <= 3; np++) {
+        char args[4096];
+        snprintf(args, sizeof args,
+                 "train --model %s/d/model --tokenizer %s/d/tokenizer.json --out %s/r%d --rollout --task passkey-shaped "
+                 "--prompt-len 700 --num-generations 3 --max-new-tokens 5 --updates 2 --seed 1 --lr 1e-4 "
+                 "--adam-eps 1e-6 --save-every 2 --threads 1 --quiet",
+                 dir, dir, dir, np);
+        snprintf(a, sizeof a, "%s/stderr%d", dir, np);
+        int rc;
+        free(run_np(np, args, a, &rc));
+        char *e = t_read_file(a, NULL);
+        T_CHECK(rc == 0, "train --rollout on %d ranks failed: %s", np, e ? e : "");
+        free(e);
+        snprintf(a, sizeof a, "%s/r%d/receipt.json", dir, np);
+        T_CHECK(check_receipt(a, np, why, sizeof why), "%s", why);
+        if (np == 1) continue;
+        snprintf(a, sizeof a, "%s/r%d/checkpoint-2/model.safetensors", dir, np);
+        snprintf(b, sizeof b, "%s/r1/checkpoint-2/model.safetensors", dir);
+        int64_t nt;
+        double d = st_diff(a, b, &nt);
+        printf("  train --rollout (MLA), %d ranks: weights after 2 updates vs one rank %.3g over %lld tensors\n", np,
+               d, (long long)nt);
+        T_CHECK(d >= 0 && d <= 1e-5 && nt > 0, "%d ranks: weights differ by %g", np, d);
+        char *m1, *mn;
+        snprintf(a, sizeof a, "%s/r1/metrics.jsonl", dir);
+        snprintf(b, sizeof b, "%s/r%d/metrics.jsonl", dir, np);
+        m1 = t_read_file(a, NULL), mn = t_read_file(b, NULL);
+        const char *r1 = m1 ? strstr(m1, "\"reward\"") : NULL, *rn = mn ? strstr(mn, "\"reward\"") : NULL;
+        T_CHECK(r1 && rn && strncmp(r1, rn, 24) == 0, "%d ranks: rewards differ: %.40s vs %.40s", np, r1 ? r1 : "-",
+                rn ? rn : "-");
+        free(m1);
+        free(mn);
+    }
     t_remove_dir(dir);
     return 0;
 }

@@ -29,6 +29,7 @@ int test_mla_route(void);
 int test_dsa_scores(void);
 int test_mla_attn(void);
 int test_mla_reference_logprobs(void);
+int test_mla_receipt_plan(void);
 
 /* double reference of one rotation */
 static void rope_ref(double *y, const float *x, int64_t T, int heads, int hd, int off, int half, const double *f,
@@ -541,5 +542,51 @@ int test_mla_reference_logprobs(void) {
         }
         cJSON_Delete(want);
     }
+    return 0;
+}
+
+/* The receipt's prompt arena equals `plan`'s per-rank total byte for byte on a real run
+ * of this family: `step` on GLM-5.2's IndexCache fixture (shared layers keep no index
+ * keys), prefix-frozen and full mode (the f32 dState of the latent pages), bf16 and f32
+ * pages of 7. */
+int test_mla_receipt_plan(void) {
+    const char *fix = LS_SOURCE_DIR "/tests/reference/fixtures";
+    char dir[512], cmd[4096];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    for (int full = 0; full < 2; full++)
+        for (int bf = 0; bf < 2; bf++) {
+            const char *mode = full ? "--mode full --sweep-chunk 11" : "";
+            const char *dt = bf ? "bf16" : "f32";
+            snprintf(cmd, sizeof cmd,
+                     "'%s' step --model '%s/mla_glm_ic' --group '%s/mla_glm_ic/group_train.json' --page-size 7 "
+                     "--state-dtype %s %s --out '%s/s%d%d' 2>&1",
+                     LS_CLI_PATH, fix, fix, dt, mode, dir, full, bf);
+            int rc;
+            char *out = t_run_capture(cmd, &rc);
+            T_CHECK(rc == 0, "step failed: %s", out ? out : "");
+            free(out);
+            char path[1024];
+            snprintf(path, sizeof path, "%s/s%d%d/receipt.json", dir, full, bf);
+            char *txt = t_read_file(path, NULL);
+            cJSON *r = txt ? cJSON_Parse(txt) : NULL;
+            free(txt);
+            const cJSON *rk = r ? cJSON_GetArrayItem(cJSON_GetObjectItem(r, "ranks"), 0) : NULL;
+            T_CHECK(rk != NULL, "%s: no ranks", path);
+            double peak = cJSON_GetObjectItem(rk, "prompt_peak_bytes")->valuedouble;
+            cJSON_Delete(r);
+            snprintf(cmd, sizeof cmd,
+                     "'%s' plan --model '%s/mla_glm_ic' --prompt 72 --page-size 7 --state-dtype %s %s --json", LS_CLI_PATH,
+                     fix, dt, mode);
+            out = t_run_capture(cmd, &rc);
+            cJSON *pl = out && rc == 0 ? cJSON_Parse(out) : NULL;
+            free(out);
+            T_CHECK(pl != NULL, "plan failed");
+            double want = cJSON_GetObjectItem(pl, "total_bytes_per_rank")->valuedouble;
+            cJSON_Delete(pl);
+            printf("  %s, %s pages: receipt prompt arena %.0f bytes, plan %.0f\n", full ? "full mode" : "prefix-frozen", dt,
+                   peak, want);
+            T_CHECK(peak == want && peak > 0, "prompt arena %.0f, plan %.0f", peak, want);
+        }
+    T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }

@@ -36,22 +36,34 @@ static double gib(size_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
 
 /* The fixed and grad terms of M_live (DESIGN §1) for a full fine-tune in f32. */
-static void print_live_terms(size_t params, size_t w_bytes, size_t m_bytes, int width, const char *what) {
+static void print_live_terms(size_t params, size_t w_bytes, size_t m_bytes, size_t g_bytes, int width,
+                             const char *what) {
     printf("\n  other M_live terms, full fine-tune in f32 (%zu parameters%s):\n", params, what);
     printf("  %-*s %20zu %12.2f\n", width, "fixed: weights", w_bytes, gib(w_bytes));
     printf("  %-*s %20zu %12.2f\n", width, "fixed: AdamW moments", m_bytes, gib(m_bytes));
-    printf("  %-*s %20zu %12.2f\n", width, "grad", w_bytes, gib(w_bytes));
+    printf("  %-*s %20zu %12.2f\n", width, "grad", g_bytes, gib(g_bytes));
 }
 
 /* The MLA + DSA + MoE family (mla.h): latent pages per MLA layer, index-key pages per
  * full indexer layer, the MoE routed-hidden buffers of a capture chunk. */
 static int plan_mla(const ls_config *cfg, const char *path, int64_t P, int64_t S, ls_dtype dt, int cp,
-                    ls_cp_layout lay, int json) {
+                    ls_cp_layout lay, int64_t sweep, int json) {
     ls_mla_plan_t p;
+    ls_state_plan_t sp; /* the family's state plan: full mode's dState and chunk table */
     ls_status s = ls_mla_state_plan(&p, cfg, P, S, dt, cp, lay, 2048);
+    if (s == LS_OK) s = ls_state_plan(&sp, cfg, P, S, dt, cp, lay, sweep);
     if (s != LS_OK) return cli_fail("plan", s);
-    size_t params = 0, w_bytes = 0, m_bytes = 0;
-    if (ls_mla_param_count(cfg, &params) || ls_mul_size(params, 4, &w_bytes) || ls_mul_size(params, 8, &m_bytes))
+    size_t params = 0, frozen = 0, w_bytes = 0, m_bytes = 0, g_bytes = 0, total = p.total_bytes_per_rank;
+    ls_mla_tensor *tl = NULL;
+    int64_t nt = 0;
+    if (ls_mla_param_count(cfg, &params) == 0 && params <= ((size_t)1 << 40) &&
+        ls_mla_tensors(cfg, 0, cfg->n_experts, &tl, &nt) == LS_OK)
+        for (int64_t i = 0; i < nt; i++)
+            if (tl[i].frozen) frozen += (size_t)(tl[i].shape[0] * tl[i].shape[1]);
+    free(tl);
+    if (ls_mla_param_count(cfg, &params) || ls_mul_size(params, 4, &w_bytes) ||
+        ls_mul_size(params - frozen, 8, &m_bytes) || ls_mul_size(params - frozen, 4, &g_bytes) ||
+        ls_add_size(total, sp.dstate_bytes_per_rank + sp.ckpt_bytes_per_rank, &total))
         return cli_fail("plan", ls_err(LS_ERR_ARG, "%s: the parameter count's byte size overflows 64 bits", path));
     const char *dts = dt == LS_DTYPE_BF16 ? "bf16" : "f32";
     if (json) {
@@ -61,12 +73,15 @@ static int plan_mla(const ls_config *cfg, const char *path, int64_t P, int64_t S
                "\"latent_bytes_per_layer_per_rank\": %zu, \"index_bytes_per_layer_per_rank\": %zu, "
                "\"latent_bytes_per_rank\": %zu, \"index_bytes_per_rank\": %zu, \"table_bytes_per_rank\": %zu, "
                "\"total_bytes_per_rank\": %zu, \"routed_bytes_per_rank\": %zu, \"capture_chunk\": %lld, "
-               "\"parameters\": %zu, \"weights_bytes_f32\": %zu, \"adamw_bytes\": %zu, \"grad_bytes\": %zu}\n",
+               "\"mode\": \"%s\", \"sweep_chunk\": %lld, \"dstate_bytes_per_rank\": %zu, \"ckpt_bytes_per_rank\": %zu, "
+               "\"parameters\": %zu, \"trainable_parameters\": %zu, \"weights_bytes_f32\": %zu, \"adamw_bytes\": %zu, "
+               "\"grad_bytes\": %zu}\n",
                cfg->model_type, (long long)P, (long long)p.positions, (long long)S, cp, ls_cp_layout_name(lay), dts,
                p.n_mla, p.n_index, (long long)p.pages, (long long)p.pages_per_rank, p.latent_layer_bytes_per_rank,
                p.index_layer_bytes_per_rank, p.latent_bytes_per_rank, p.index_bytes_per_rank, p.table_bytes_per_rank,
-               p.total_bytes_per_rank, p.routed_bytes_per_rank, (long long)p.capture_chunk, params, w_bytes, m_bytes,
-               w_bytes);
+               total, p.routed_bytes_per_rank, (long long)p.capture_chunk, sweep ? "full" : "prefix-frozen",
+               (long long)sweep, sp.dstate_bytes_per_rank, sp.ckpt_bytes_per_rank, params, params - frozen, w_bytes,
+               m_bytes, g_bytes);
         return 0;
     }
     printf("prompt state plan: %s (%s, MLA + DSA indexer + MoE)\n", path, cfg->model_type);
@@ -85,11 +100,19 @@ static int plan_mla(const ls_config *cfg, const char *path, int64_t P, int64_t S
     snprintf(row, sizeof row, "index-key pages (%d layers x %.2f MiB)", p.n_index, mib(p.index_layer_bytes_per_rank));
     printf("  %-40s %20zu %12.4f\n", row, p.index_bytes_per_rank, gib(p.index_bytes_per_rank));
     printf("  %-40s %20zu %12.4f\n", "page tables + layer headers", p.table_bytes_per_rank, gib(p.table_bytes_per_rank));
-    printf("  %-40s %20zu %12.4f\n", "prompt arena total", p.total_bytes_per_rank, gib(p.total_bytes_per_rank));
+    if (sweep) {
+        printf("  %-40s %20zu %12.4f\n", "full mode: dState (f32, latent pages)", sp.dstate_bytes_per_rank,
+               gib(sp.dstate_bytes_per_rank));
+        snprintf(row, sizeof row, "full mode: sweep chunks of %lld", (long long)sweep);
+        printf("  %-40s %20zu %12.4f\n", row, sp.ckpt_bytes_per_rank, gib(sp.ckpt_bytes_per_rank));
+    }
+    printf("  %-40s %20zu %12.4f\n", "prompt arena total", total, gib(total));
     snprintf(row, sizeof row, "MoE routed hidden (chunk of %lld, f32)", (long long)p.capture_chunk);
     printf("  %-40s %20zu %12.4f\n", row, p.routed_bytes_per_rank, gib(p.routed_bytes_per_rank));
-    print_live_terms(params, w_bytes, m_bytes, 40, ", MTP layers excluded");
-    printf("  (loading, scoring and training this family are not built yet: issue 12)\n");
+    char what[160];
+    snprintf(what, sizeof what, ", MTP layers excluded; %zu of the indexers and correction biases: no gradient, no "
+                                "moments", frozen);
+    print_live_terms(params, w_bytes, m_bytes, g_bytes, 40, what);
     return 0;
 }
 
@@ -140,8 +163,7 @@ int cmd_plan(int argc, char **argv) {
     ls_status s = ls_config_load(&cfg, path);
     if (s != LS_OK) return cli_fail("plan", s);
     if (cfg.family == LS_FAMILY_MLA) {
-        if (full) return cli_usage_error("plan", "--mode full: not built for the MLA family yet");
-        return plan_mla(&cfg, path, P, S, dt, (int)cp, lay, json);
+        return plan_mla(&cfg, path, P, S, dt, (int)cp, lay, full ? sweep : 0, json);
     }
     const ls_family *fam = ls_family_for(&cfg, path);
     if (!fam) return cli_fail("plan", LS_ERR_UNSUPPORTED);
@@ -208,7 +230,7 @@ int cmd_plan(int argc, char **argv) {
     if (p.cp > 1)
         printf("  %-34s %20zu %12.2f\n", "CP capture: shard residual (scratch)", p.cp_capture_bytes_per_rank,
                gib(p.cp_capture_bytes_per_rank));
-    print_live_terms(params, w_bytes, m_bytes, 34, "");
+    print_live_terms(params, w_bytes, m_bytes, w_bytes, 34, "");
     printf("  (branch: one member's tape, grows with R_i, not P; score: 4 bytes per response token)\n");
     return 0;
 }
