@@ -99,6 +99,8 @@ ls_status ls_state_init(ls_prompt_state *st, const ls_config *cfg, int64_t capac
  * (zeroed) and the sweep checkpoints for chunks of `sweep_chunk` positions, cut in each
  * of this rank's segments from its start. Capture then saves the checkpoints. */
 ls_status ls_state_enable_full(ls_prompt_state *st, int64_t sweep_chunk);
+/* Positions before `limit` this rank holds (its local rows 0 .. n−1, page · S + offset). */
+int64_t ls_state_held_before(const ls_prompt_state *st, int64_t limit);
 /* Local page index of global position `pos`, which this rank holds (−1 if not). */
 int64_t ls_state_local_page(const ls_prompt_state *st, int64_t pos);
 /* Sweep chunk j of this rank whose start is `pos`, or −1 (capture saves its checkpoint). */

@@ -134,17 +134,8 @@ static ls_status select_local(const ls_mla_model *m, int l, const float *qI, con
 
 /* ---- context parallelism ------------------------------------------------------------ */
 
-/* Positions < limit this rank holds; its local row (page · S + offset) of a held
- * position (−1: another rank's); the position of local row li. */
-static int64_t held_before(const ls_prompt_state *st, int64_t limit) {
-    int64_t n = 0;
-    for (int k = 0; k < st->nseg; k++) {
-        int64_t e = limit < st->seg_hi[k] ? limit : st->seg_hi[k];
-        n += e > st->seg_lo[k] ? e - st->seg_lo[k] : 0;
-    }
-    return n;
-}
-
+/* A held position's local row (page · S + offset; −1: another rank's); the position of
+ * local row li (ls_state_held_before counts them). */
 static int64_t local_row(const ls_prompt_state *st, int64_t pos) {
     int64_t lp = ls_state_local_page(st, pos);
     return lp < 0 ? -1 : lp * st->page_size + pos % st->page_size;
@@ -185,7 +176,7 @@ static ls_status cp_select(const ls_mla_model *m, int l, const float *qI, const 
     const ls_mla_config *mc = &m->cfg.mla;
     const ls_prompt_state *st = L->st;
     int nI = mc->index_heads, dI = mc->index_head_dim, N = ls_comm_size(L->cp), rank = ls_comm_rank(L->cp);
-    int64_t T = L->T, kk = L->kk, nloc = held_before(st, L->nkeys), nown = rank == L->own_rank ? T : 0;
+    int64_t T = L->T, kk = L->kk, nloc = ls_state_held_before(st, L->nkeys), nown = rank == L->own_rank ? T : 0;
     ls_arena *sc = L->sc;
     ls_arena_mark mk = ls_arena_get_mark(sc);
     ls_kv_prefix pre = ls_state_prefix(st, l);
@@ -197,7 +188,7 @@ static ls_status cp_select(const ls_mla_model *m, int l, const float *qI, const 
     int32_t *ls = ls_arena_alloc(sc, (size_t)kk * sizeof(int32_t));
     NEED(mine && all && pool && row && ls);
     for (int64_t t = 0; t < T; t++) {
-        int64_t qp = L->pos0 + t, vloc = held_before(st, qp + 1 < L->nkeys ? qp + 1 : L->nkeys);
+        int64_t qp = L->pos0 + t, vloc = ls_state_held_before(st, qp + 1 < L->nkeys ? qp + 1 : L->nkeys);
         int64_t vown = nown ? t + 1 : 0, n = vloc + vown, cnt = 0;
         cand *c = mine + t * kk;
         for (int64_t j = 0; j < kk; j++) c[j] = (cand){0.0f, -1};
@@ -229,7 +220,7 @@ static ls_status cp_select(const ls_mla_model *m, int l, const float *qI, const 
  * the nloc paged ones, on the own-rows rank), compacted, −1 after. */
 static void cp_local_sel(const ls_prompt_state *st, const int32_t *sel, int32_t *loc, int64_t T, int64_t kk,
                          int64_t pos0, int64_t nkeys, int own) {
-    int64_t nloc = held_before(st, nkeys);
+    int64_t nloc = ls_state_held_before(st, nkeys);
     for (int64_t t = 0; t < T; t++) {
         int64_t k = 0;
         for (int64_t j = 0; j < kk && sel[t * kk + j] >= 0; j++) {
@@ -258,7 +249,7 @@ static ls_status cp_attend(const ls_mla_model *m, int l, const float *qa, const 
                            mla_ctx *L) {
     const ls_mla_config *mc = &m->cfg.mla;
     const ls_prompt_state *st = L->st;
-    int64_t T = L->T, kk = L->kk, rkv = mc->kv_lora_rank, nloc = held_before(st, L->nkeys);
+    int64_t T = L->T, kk = L->kk, rkv = mc->kv_lora_rank, nloc = ls_state_held_before(st, L->nkeys);
     int H = m->cfg.n_heads, mine = ls_comm_rank(L->cp) == L->own_rank;
     if (mc->index_full[l]) { /* shared layers reuse their full layer's local rows */
         if (L->tp) L->sel_local = ls_arena_alloc(L->ta, (size_t)(T * kk) * sizeof(int32_t));

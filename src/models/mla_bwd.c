@@ -97,16 +97,6 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
     return LS_OK;
 }
 
-/* Positions < limit this rank holds (as mla.c's held_before). */
-static int64_t held_rows(const ls_prompt_state *st, int64_t limit) {
-    int64_t n = 0;
-    for (int k = 0; k < st->nseg; k++) {
-        int64_t e = limit < st->seg_hi[k] ? limit : st->seg_hi[k];
-        n += e > st->seg_lo[k] ? e - st->seg_lo[k] : 0;
-    }
-    return n;
-}
-
 /* Full mode: where the prompt-state gradient goes (dstate: the captured state's dState,
  * NULL: prefix-frozen) and, in a sweep chunk, whether the chunk's own latent rows take
  * the gradient that later queries left in dState for their positions. */
@@ -145,7 +135,7 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
     const int32_t *sel = tp->sel;
     int64_t apos0 = pos0; /* the kernel's own-rows origin */
     if (tb->cp) { /* this rank's share: its local rows of the selection (spec §6 "Backward") */
-        pre.n = apos0 = held_rows(tb->st, tb->nkeys);
+        pre.n = apos0 = ls_state_held_before(tb->st, tb->nkeys);
         sel = tp->sel_local;
     }
     void *const *dpre = dc->dstate && tb->st ? dc->dstate->full->d[l].dk : NULL; /* the prompt rows' gradient (+=) */

@@ -428,13 +428,18 @@ ls_status ls_state_append_kv(ls_prompt_state *st, int layer, const float *k, con
 
 void ls_state_advance(ls_prompt_state *st, int64_t T) { st->n += T; }
 
+int64_t ls_state_held_before(const ls_prompt_state *st, int64_t limit) {
+    int64_t n = 0; /* whole earlier segments, then a part */
+    for (int k = 0; k < st->nseg; k++) {
+        int64_t end = limit < st->seg_hi[k] ? limit : st->seg_hi[k];
+        n += end > st->seg_lo[k] ? end - st->seg_lo[k] : 0;
+    }
+    return n;
+}
+
 ls_kv_prefix ls_state_prefix(const ls_prompt_state *st, int layer) {
     ls_kv_prefix p;
-    p.n = 0; /* the held positions before st->n: whole earlier segments, then a part */
-    for (int k = 0; k < st->nseg; k++) {
-        int64_t end = st->n < st->seg_hi[k] ? st->n : st->seg_hi[k];
-        p.n += end > st->seg_lo[k] ? end - st->seg_lo[k] : 0;
-    }
+    p.n = ls_state_held_before(st, st->n);
     p.page_size = st->page_size;
     p.dtype = st->dtype;
     p.k_pages = st->attn[layer].k_pages;
