@@ -43,8 +43,8 @@ typedef struct {
      * rank attends over the chosen keys it holds and the partials merge by log-sum-exp.
      * qroot: the rank that computed the queries (capture: the chunk's owner, which
      * broadcasts them), −1 when every rank computed them (branches, decode). own_rank:
-     * the rank that scores and attends the call's own rows, −1 when they are in the
-     * pages already (capture appends them first). Keys of positions < nkeys are paged. */
+     * the rank that scores and attends the call's own rows (capture: the owner; branches
+     * and decode: 0). Keys of positions < nkeys are paged. */
     const ls_comm *cp;
     int qroot, own_rank;
     int64_t nkeys;
@@ -81,6 +81,16 @@ static void index_keys(const ls_mla_model *m, int l, const float *xn, int64_t T,
     ls_linear_fwd(kI, xn, w->idx_wk, T, c->hidden, dI, 0);
     ls_layernorm_fwd(kI, kI, w->idx_knorm_w, w->idx_knorm_b, T, dI, 1e-6f);
     ls_rope_table_fwd(kI, T, 1, dI, 0, mc->qk_rope / 2, m->inv_freq, mc->indexer_rope_interleave, pos0);
+}
+
+/* x[0..n) rounded to `dtype` in place (bf16: round to nearest even, as the pages store). */
+static void round_to(float *x, int64_t n, ls_dtype dtype) {
+    uint16_t tmp[256];
+    for (int64_t i = 0; i < n; i += 256) {
+        int64_t m = n - i < 256 ? n - i : 256;
+        ls_convert_from_f32(tmp, dtype, x + i, (size_t)m);
+        ls_convert_to_f32(x + i, tmp, dtype, (size_t)m);
+    }
 }
 
 /* Scores [nb, np] of queries (qI, wq) against positions [0, np) of index-key pages
@@ -300,6 +310,11 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
         memcpy(own + t * dk + rkv, kva + t * dk + rkv, (size_t)dr * sizeof(float));
     }
     ls_rope_table_fwd(own, T, 1, (int)dk, (int)rkv, half, m->inv_freq, mc->rope_interleave, pos0);
+    /* the call's own latent rows rounded as the pages round theirs (bf16 pages): every key
+     * and value then reads the same whether it is still the call's or paged already, so
+     * capture chunking, the CP split and decode order cannot move a near-tie selection of
+     * a later layer (the backward passes straight through the rounding) */
+    if (L->st && L->st->dtype != LS_DTYPE_F32) round_to(own, T * dk, L->st->dtype);
     /* absorbed queries: q̃[h] = W_UK[h]ᵀ q_nope[h] (W_UK[h] = kv_b rows h·(dn+dv) ..+dn) */
     for (int h = 0; h < H; h++) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)rkv, dn, 1.0f, q + h * dq, (int)(H * dq),
@@ -320,21 +335,25 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
         kI = ALLOC_F(sc, T * dI);
         NEED(qI && wq && kI);
         index_keys(m, l, xn, T, pos0, kI);
+        /* the call's own index keys rounded as the pages round theirs: a selection is then a
+         * function of the keys alone, whatever the chunking, the CP split or decode order
+         * (near ties flip under bf16 otherwise, spec §7.3) */
+        if (L->st && L->st->dtype != LS_DTYPE_F32) round_to(kI, T * mc->index_head_dim, L->st->dtype);
         index_queries(m, l, xn, cq, T, pos0, qI, wq);
         if (L->cp) {
-            if (L->append && L->own_rank < 0) LS_TRY(ls_state_append_kv(L->append, l, own, kI, T)); /* capture */
             if (L->qroot >= 0) LS_TRY(cp_share_queries(L->cp, L->qroot, qa, qI, wq, T * H * dk, T * nI * dI, T * nI));
             LS_TRY(cp_select(m, l, qI, wq, kI, L));
         } else {
             LS_TRY(select_local(m, l, qI, wq, kI, L));
         }
-    } else if (L->cp) {
-        if (L->append && L->own_rank < 0) LS_TRY(ls_state_append_kv(L->append, l, own, NULL, T));
-        if (L->qroot >= 0) LS_TRY(cp_share_queries(L->cp, L->qroot, qa, NULL, NULL, T * H * dk, 0, 0));
+    } else if (L->cp && L->qroot >= 0) {
+        LS_TRY(cp_share_queries(L->cp, L->qroot, qa, NULL, NULL, T * H * dk, 0, 0));
     }
     LS_ASSERT(L->sel, "layer %d shares the selection of a full indexer layer, and none came before it", l);
     if (L->cp) {
-        LS_TRY(cp_attend(m, l, qa, own, o, lse ? lse : ALLOC_F(sc, T * H), L));
+        float *lse_cp = lse ? lse : ALLOC_F(sc, T * H); /* the merge needs one */
+        NEED(lse_cp);
+        LS_TRY(cp_attend(m, l, qa, own, o, lse_cp, L));
         if (tp) tp->sel_local = L->sel_local;
     } else {
         ls_kv_prefix pre = prefix_of(L->st, l);
@@ -345,9 +364,10 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, dv, (int)rkv, 1.0f, o + h * rkv, (int)(H * rkv),
                     w->kv_b + (h * hb + dn) * rkv, (int)rkv, 0.0f, ov + h * dv, H * dv);
     ls_linear_fwd(x, ov, w->o_proj, T, (int64_t)H * dv, D, 1);
-    if (L->append && !(L->cp && L->own_rank < 0)) { /* decode under CP: the rank holding the position */
-        if (!L->cp || L->append->rank == L->append->tail_rank) LS_TRY(ls_state_append_kv(L->append, l, own, kI, T));
-    }
+    /* the call's rows into the state, on the rank holding their positions (under CP: the
+     * chunk's owner in capture, the tail rank in decode) */
+    if (L->append && (!L->cp || ls_state_local_page(L->append, pos0) >= 0))
+        LS_TRY(ls_state_append_kv(L->append, l, own, kI, T));
     if (tp) {
         tp->cq_raw = cq_raw, tp->rstd_q = rstd_q, tp->cq = cq, tp->q = q, tp->lat_raw = lat_raw;
         tp->rstd_kv = rstd_kv, tp->own = own, tp->qa = qa, tp->sel = L->sel, tp->o = o, tp->lse = lse, tp->ov = ov;
@@ -497,8 +517,8 @@ static void set_cp(mla_ctx *L, const ls_prompt_state *st, int qroot, int own_ran
 /* Capture under CP (spec §6, DESIGN §8): the prompt's chunks in prompt order, each
  * through every layer on the rank owning its positions; at every layer all ranks
  * score the chunk's queries against the keys they hold, choose the global top-k, attend
- * over their share of it and merge. The chunk's owner appends its latent rows and index
- * keys first, so its own positions are paged keys like the others'. */
+ * over their share of it and merge. The chunk's own rows are the owner's, in f32 as in
+ * one-rank capture (bf16 pages round only what came before), appended after. */
 static ls_status capture_cp(const ls_mla_model *m, ls_prompt_state *st, const int32_t *ids, int64_t n,
                             const ls_fwd_opts *o, ls_arena *scratch) {
     const ls_config *c = &m->cfg;
@@ -525,7 +545,7 @@ static ls_status capture_cp(const ls_mla_model *m, ls_prompt_state *st, const in
             if (mine) ls_embed_fwd(x, ids + c0, m->embed, T, D);
             for (int l = 0; l < c->n_layers; l++) {
                 mla_ctx L = {T, c0, st, mine ? st : NULL, sel, kk, NULL, NULL, scratch, NULL, -1, -1, 0, NULL};
-                set_cp(&L, st, owner, -1, c0 + T, loc);
+                set_cp(&L, st, owner, owner, c0, loc); /* the owner's rows are its own (f32) until appended */
                 st->n = c0;
                 LS_TRY(mine ? layer_fwd(m, l, x, l == c->n_layers - 1, &L) : cp_assist(m, l, &L));
                 ls_trace_layer_end(l, "fwd");

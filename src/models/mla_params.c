@@ -302,6 +302,11 @@ ls_status ls_mla_export(const ls_mla_model *m, const char *path, ls_dtype dtype,
     const ls_config *c = &m->cfg;
     int N = m->ep ? ls_comm_size(m->ep) : 1, r = m->ep ? ls_comm_rank(m->ep) : 0;
     if (N == 1 && !path) return LS_OK;
+    if (N > 1) { /* only the EP group whose rank 0 writes gathers the experts */
+        float writes = path && r == 0 ? 1.0f : 0.0f;
+        LS_TRY(ls_comm_allreduce_f32(m->ep, &writes, 1, LS_REDUCE_MAX));
+        if (writes == 0.0f) return LS_OK;
+    }
     ls_mla_tensor *all = NULL; /* the full list: every expert */
     int64_t nall = 0;
     LS_TRY(ls_mla_tensors(c, 0, c->n_experts, &all, &nall));
@@ -312,7 +317,7 @@ ls_status ls_mla_export(const ls_mla_model *m, const char *path, ls_dtype dtype,
         const ls_mla_tensor *t = &all[i];
         ot[i].t = t;
         int owner = t->expert >= 0 ? (int)(t->expert / m->n_local_experts) : r;
-        float *b = *slot(m, t->layer, t->field); /* NULL: a frozen slot (every rank alike) */
+        float *b = t->frozen ? NULL : *slot(m, t->layer, t->field); /* NULL: frozen, or not in this set */
         if (owner == r) { /* held here: the slot's buffer at the local offset */
             ot[i].p = b ? b + (t->expert >= 0 ? local_off(t, c, m->e0) : t->off) : NULL;
             if (t->expert >= 0 && owner != 0 && ot[i].p) /* an expert not the writer's: to the ep group's rank 0 */

@@ -81,7 +81,9 @@ ls_status ls_receipt_write(const char *path, const char *cmd, const ls_trainable
     } else {
         hs[0] = h, pks[0] = pk, rsss[0] = rss;
     }
-    if (cs != LS_OK || (comm && ls_comm_rank(comm) != 0)) { /* rank 0 alone writes */
+    /* rank 0 alone writes: of the CP group, and with --ep of the EP group too (world rank 0) */
+    int writer = (!comm || ls_comm_rank(comm) == 0) && (!pol->p.ep || ls_comm_rank(pol->p.ep) == 0);
+    if (cs != LS_OK || !writer) {
         free(hs), free(pks), free(rsss);
         return cs;
     }
