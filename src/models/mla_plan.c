@@ -16,45 +16,40 @@
 static int mul(size_t a, size_t b, size_t *o) { return ls_mul_size(a, b, o); }
 static int mul3(size_t a, size_t b, size_t c, size_t *o) { return mul(a, b, o) || mul(*o, c, o); }
 static int add(size_t *acc, size_t v) { return ls_add_size(*acc, v, acc); }
-static int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 ls_status ls_mla_state_plan(ls_mla_plan_t *p, const ls_config *cfg, int64_t prompt_len, int64_t page_size,
                             ls_dtype dtype, int cp, ls_cp_layout layout, int64_t capture_chunk) {
     if (cfg->family != LS_FAMILY_MLA) return ls_err(LS_ERR_ARG, "not an MLA-family config (%s)", cfg->model_type);
-    if (prompt_len < 1) return ls_err(LS_ERR_ARG, "prompt length must be >= 1 (got %lld)", (long long)prompt_len);
-    if (page_size < 1) return ls_err(LS_ERR_ARG, "page size must be >= 1 (got %lld)", (long long)page_size);
-    if (cp < 1) return ls_err(LS_ERR_ARG, "--cp must be >= 1 (got %d)", cp);
-    if (dtype != LS_DTYPE_F32 && dtype != LS_DTYPE_BF16) return ls_err(LS_ERR_ARG, "state dtype must be f32 or bf16");
+    /* the state's own plan (what ls_state_init allocates: pages, tables, the fullest rank),
+     * broken down here into latent and index-key pages */
+    ls_state_plan_t sp;
+    LS_TRY(ls_state_plan(&sp, cfg, prompt_len, page_size, dtype, cp, layout, 0));
     memset(p, 0, sizeof *p);
     const ls_mla_config *m = &cfg->mla;
-    p->positions = prompt_len - 1; /* x_P is the first input of every branch (DESIGN §3) */
+    p->positions = sp.positions;
     p->page_size = page_size;
     p->cp = cp;
     p->layout = layout;
-    p->pages = ceil_div(p->positions, page_size);
-    p->pages_per_rank = ls_state_layout_pages(p->positions, page_size, cp, layout); /* the hybrid pages' split */
+    p->pages = sp.pages;
+    p->pages_per_rank = sp.pages_per_rank;
     p->n_mla = ls_cfg_count_kind(cfg, LS_LAYER_MLA);
     p->n_index = ls_cfg_count_index_full(cfg);
     p->capture_chunk = capture_chunk;
-    size_t esz = ls_dtype_size(dtype), ppr = (size_t)p->pages_per_rank, lpage, ipage, tab, t;
+    size_t esz = ls_dtype_size(dtype), ppr = (size_t)p->pages_per_rank, lpage, ipage;
     /* a latent page: S positions of [c_kv (kv_lora_rank) ; k_pe (qk_rope)]; an index page:
-     * S positions of k_I (index_head_dim); each page right-sized and aligned */
-    if (mul3((size_t)page_size, (size_t)(m->kv_lora_rank + m->qk_rope), esz, &lpage) ||
-        mul3((size_t)page_size, (size_t)m->index_head_dim, esz, &ipage) || lpage > SIZE_MAX - LS_ALIGN ||
-        ipage > SIZE_MAX - LS_ALIGN || mul(ppr, ls_align_up(lpage), &p->latent_layer_bytes_per_rank) ||
-        mul(ppr, ls_align_up(ipage), &p->index_layer_bytes_per_rank) ||
-        mul(p->latent_layer_bytes_per_rank, (size_t)p->n_mla, &p->latent_bytes_per_rank) ||
-        mul(p->index_layer_bytes_per_rank, (size_t)p->n_index, &p->index_bytes_per_rank) ||
-        mul(ppr, sizeof(void *), &t) || t > SIZE_MAX - LS_ALIGN ||
-        mul(ls_align_up(t), (size_t)(p->n_mla + p->n_index), &tab) ||
-        mul3((size_t)cfg->n_layers, 2 * sizeof(void *), 1, &t) || add(&tab, ls_align_up(t)))
-        return ls_err(LS_ERR_ARG, "prompt length %lld with page size %lld: the MLA prompt state overflows a 64-bit "
-                                  "byte count", (long long)prompt_len, (long long)page_size);
-    p->table_bytes_per_rank = tab;
-    p->total_bytes_per_rank = p->latent_bytes_per_rank;
-    if (add(&p->total_bytes_per_rank, p->index_bytes_per_rank) || add(&p->total_bytes_per_rank, tab))
-        return ls_err(LS_ERR_ARG, "prompt length %lld: the MLA prompt state overflows a 64-bit byte count",
-                      (long long)prompt_len);
+     * S positions of k_I (index_head_dim); each page right-sized and aligned (ls_state_plan
+     * checked every product) */
+    lpage = ls_align_up((size_t)page_size * (size_t)(m->kv_lora_rank + m->qk_rope) * esz);
+    ipage = ls_align_up((size_t)page_size * (size_t)m->index_head_dim * esz);
+    p->latent_layer_bytes_per_rank = ppr * lpage;
+    p->index_layer_bytes_per_rank = ppr * ipage;
+    p->latent_bytes_per_rank = p->latent_layer_bytes_per_rank * (size_t)p->n_mla;
+    p->index_bytes_per_rank = p->index_layer_bytes_per_rank * (size_t)p->n_index;
+    LS_ASSERT(p->latent_bytes_per_rank + p->index_bytes_per_rank == sp.kv_bytes_per_rank,
+              "latent + index-key pages %zu + %zu, the state plan's pages %zu", p->latent_bytes_per_rank,
+              p->index_bytes_per_rank, sp.kv_bytes_per_rank);
+    p->table_bytes_per_rank = sp.table_bytes_per_rank;
+    p->total_bytes_per_rank = sp.total_bytes_per_rank;
     if (cfg->n_experts > 0 && capture_chunk > 0 &&
         (mul3((size_t)capture_chunk, (size_t)cfg->top_k, (size_t)cfg->hidden, &p->routed_bytes_per_rank) ||
          mul3(p->routed_bytes_per_rank, 2, sizeof(float), &p->routed_bytes_per_rank)))
