@@ -546,10 +546,42 @@ int test_mla_reference_logprobs(void) {
     return 0;
 }
 
+/* Every tensor of the input checkpoint `in` is in `out`; those the policy keeps frozen
+ * (the indexers, e_score_correction_bias) equal bit for bit, and at least one trained one
+ * moved. */
+static int frozen_kept(const char *in, const char *out) {
+    ls_st_model a;
+    ls_st_file b;
+    T_OK(ls_st_model_open(&a, in));
+    T_OK(ls_st_open(&b, out));
+    int frozen = 0, moved = 0;
+    for (int64_t i = 0; i < ls_st_model_count(&a); i++) {
+        const ls_st_tensor *ta = ls_st_model_at(&a, i), *tb = ls_st_find(&b, ta->name);
+        T_CHECK(tb && tb->numel == ta->numel, "%s: %s missing or resized", out, ta->name);
+        float *x = malloc((size_t)ta->numel * sizeof(float)), *y = malloc((size_t)ta->numel * sizeof(float));
+        T_OK(ls_st_read_f32(ta, x, ta->numel, ta->name));
+        T_OK(ls_st_read_f32(tb, y, tb->numel, tb->name));
+        int same = memcmp(x, y, (size_t)ta->numel * sizeof(float)) == 0;
+        free(x);
+        free(y);
+        if (strstr(ta->name, ".indexer.") || strstr(ta->name, "e_score_correction_bias")) {
+            T_CHECK(same, "%s: frozen tensor %s changed (a step must write it back as loaded)", out, ta->name);
+            frozen++;
+        } else {
+            moved += !same;
+        }
+    }
+    T_CHECK(frozen > 0 && moved > 0, "%s: %d frozen tensors, %d moved", out, frozen, moved);
+    ls_st_model_close(&a);
+    ls_st_close(&b);
+    return 0;
+}
+
 /* The receipt's prompt arena equals `plan`'s per-rank total byte for byte on a real run
  * of this family: `step` on GLM-5.2's IndexCache fixture (shared layers keep no index
  * keys), prefix-frozen and full mode (the f32 dState of the latent pages), bf16 and f32
- * pages of 7. */
+ * pages of 7. The stepped checkpoint keeps the frozen tensors as loaded (they were once
+ * written as zeros). */
 int test_mla_receipt_plan(void) {
     const char *fix = LS_SOURCE_DIR "/tests/reference/fixtures";
     char dir[512], cmd[4096];
@@ -566,7 +598,10 @@ int test_mla_receipt_plan(void) {
             char *out = t_run_capture(cmd, &rc);
             T_CHECK(rc == 0, "step failed: %s", out ? out : "");
             free(out);
-            char path[1024];
+            char path[1024], in[1024];
+            snprintf(path, sizeof path, "%s/s%d%d/model.safetensors", dir, full, bf);
+            snprintf(in, sizeof in, "%s/mla_glm_ic", fix);
+            if (frozen_kept(in, path)) return 1;
             snprintf(path, sizeof path, "%s/s%d%d/receipt.json", dir, full, bf);
             char *txt = t_read_file(path, NULL);
             cJSON *r = txt ? cJSON_Parse(txt) : NULL;

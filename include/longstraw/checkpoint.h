@@ -34,10 +34,15 @@ ls_status ls_ckpt_prune(const char *run, int keep);
  * the step count, as optimizer.safetensors: exp_avg.<k>, exp_avg_sq.<k> (f32, 1-D), or
  * with by_name exp_avg.<m[k].what> (LoRA: PEFT tensor names, so the moments find their
  * adapters whatever order a loader keeps). Loading checks the tensor count and every
- * size against the lists. */
+ * size against the lists.
+ * Expert parallelism (`sharded` non-NULL and `ep` of several ranks; sharded[k] = 1 for
+ * this rank's share of split tensors): saving is collective over ep — rank 0 gathers
+ * every rank's shards and writes one file of the whole set by name (the ranks given no
+ * path only take part when rank 0 has one); loading, every rank reads its own tensors
+ * by name. */
 ls_status ls_optim_save(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t step,
-                        int by_name);
+                        int by_name, const uint8_t *sharded, const struct ls_comm *ep);
 ls_status ls_optim_load(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t *step,
-                        int by_name);
+                        int by_name, const uint8_t *sharded, const struct ls_comm *ep);
 
 #endif

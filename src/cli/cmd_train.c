@@ -220,10 +220,6 @@ static int run_train(int argc, char **argv) {
         a.r.out = resume;
     }
     if ((r = check_flags(&a))) return r;
-    if (a.t.ep > 1)
-        return cli_usage_error("train", "--ep %lld: expert parallelism runs in grad and step; the training loop's "
-                                        "checkpoints (optimizer moments per expert) do not carry it yet",
-                               (long long)a.t.ep);
     if (cli_train_finish("train", &a.t)) return 2;
     ls_progress_enable(!a.quiet && cli_rank() == 0);
     ls_train_opts o = a.r;

@@ -317,7 +317,7 @@ ls_status ls_mla_export(const ls_mla_model *m, const char *path, ls_dtype dtype,
         const ls_mla_tensor *t = &all[i];
         ot[i].t = t;
         int owner = t->expert >= 0 ? (int)(t->expert / m->n_local_experts) : r;
-        float *b = t->frozen ? NULL : *slot(m, t->layer, t->field); /* NULL: frozen, or not in this set */
+        float *b = *slot(m, t->layer, t->field); /* NULL: not in this set (a frozen tensor of a gradient set) */
         if (owner == r) { /* held here: the slot's buffer at the local offset */
             ot[i].p = b ? b + (t->expert >= 0 ? local_off(t, c, m->e0) : t->off) : NULL;
             if (t->expert >= 0 && owner != 0 && ot[i].p) /* an expert not the writer's: to the ep group's rank 0 */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "longstraw/checkpoint.h"
+#include "longstraw/comm.h"
 #include "longstraw/safetensors.h"
 
 /* Remove the entries of the open directory `fd` (named `path` in messages), depth
@@ -191,8 +192,86 @@ static void moment_name(char *out, size_t cap, int which, const ls_param *p, int
     else snprintf(out, cap, "%s.%lld", which ? "exp_avg_sq" : "exp_avg", (long long)k);
 }
 
+/* The moments of expert-parallel ranks ≠ 0 go to rank 0 as one message each: the
+ * count of its shards, then per shard its name (fixed width), size and both moments. */
+#define OPTIM_NAME 256
+
+typedef struct {
+    char name[OPTIM_NAME];
+    int64_t n;
+} optim_shard;
+
+/* Rank 0 of `ep` receives every other rank's shards into the writer (buffers kept in
+ * *held until the file is written). */
+static ls_status gather_shards(ls_st_writer *w, const ls_comm *ep, float ***held, int64_t *nheld) {
+    ls_status s = LS_OK;
+    for (int r = 1; r < ls_comm_size(ep) && s == LS_OK; r++) {
+        int64_t cnt = 0;
+        s = ls_comm_recv(ep, &cnt, sizeof cnt, r, 11);
+        for (int64_t k = 0; k < cnt && s == LS_OK; k++) {
+            optim_shard h;
+            s = ls_comm_recv(ep, &h, sizeof h, r, 11);
+            float **grow = s == LS_OK ? realloc(*held, (size_t)(*nheld + 1) * sizeof **held) : NULL;
+            float *buf = grow && h.n > 0 ? malloc((size_t)h.n * 2 * sizeof(float)) : NULL;
+            if (grow) *held = grow;
+            if (s == LS_OK && !buf) s = ls_err(LS_ERR_NOMEM, "cannot hold the moments of %s from rank %d", h.name, r);
+            if (s == LS_OK) (*held)[(*nheld)++] = buf;
+            if (s == LS_OK) s = ls_comm_recv(ep, buf, (size_t)h.n * 2 * sizeof(float), r, 11);
+            int64_t shape[1] = {h.n};
+            char name[OPTIM_NAME + 16];
+            h.name[OPTIM_NAME - 1] = 0;
+            snprintf(name, sizeof name, "exp_avg.%s", h.name);
+            if (s == LS_OK) s = ls_st_writer_add_f32(w, name, LS_DTYPE_F32, 1, shape, buf);
+            snprintf(name, sizeof name, "exp_avg_sq.%s", h.name);
+            if (s == LS_OK) s = ls_st_writer_add_f32(w, name, LS_DTYPE_F32, 1, shape, buf + h.n);
+        }
+    }
+    return s;
+}
+
+/* A rank ≠ 0 of `ep`: its shards to rank 0. */
+static ls_status send_shards(const ls_param *m, const ls_param *v, int64_t n, const uint8_t *sharded,
+                             const ls_comm *ep) {
+    int64_t cnt = 0;
+    for (int64_t k = 0; k < n; k++) cnt += sharded[k] != 0;
+    ls_status s = ls_comm_send(ep, &cnt, sizeof cnt, 0, 11);
+    float *buf = NULL;
+    for (int64_t k = 0; k < n && s == LS_OK; k++) {
+        if (!sharded[k]) continue;
+        optim_shard h;
+        memset(&h, 0, sizeof h);
+        if (strlen(m[k].what) >= OPTIM_NAME) {
+            s = ls_err(LS_ERR_ARG, "tensor name too long for the optimizer file: %s", m[k].what);
+            break;
+        }
+        snprintf(h.name, sizeof h.name, "%s", m[k].what);
+        h.n = m[k].n;
+        float *grow = realloc(buf, (size_t)(h.n > 0 ? h.n : 1) * 2 * sizeof(float));
+        if (!grow) s = ls_err(LS_ERR_NOMEM, "cannot stage the moments of %s", h.name);
+        else buf = grow;
+        if (s == LS_OK) s = ls_comm_send(ep, &h, sizeof h, 0, 11);
+        if (s == LS_OK) {
+            memcpy(buf, m[k].p, (size_t)h.n * sizeof(float));
+            memcpy(buf + h.n, v[k].p, (size_t)h.n * sizeof(float));
+            s = ls_comm_send(ep, buf, (size_t)h.n * 2 * sizeof(float), 0, 11);
+        }
+    }
+    free(buf);
+    return s;
+}
+
+static int ep_size(const ls_comm *ep) { return ep ? ls_comm_size(ep) : 1; }
+
 ls_status ls_optim_save(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t step,
-                        int by_name) {
+                        int by_name, const uint8_t *sharded, const ls_comm *ep) {
+    int N = sharded ? ep_size(ep) : 1, r = N > 1 ? ls_comm_rank(ep) : 0;
+    if (N > 1) { /* collective: only when the group's rank 0 writes */
+        float writes = path && r == 0 ? 1.0f : 0.0f;
+        LS_TRY(ls_comm_allreduce_f32(ep, &writes, 1, LS_REDUCE_MAX));
+        if (writes == 0.0f) return LS_OK;
+        if (r != 0) return send_shards(m, v, n, sharded, ep);
+        by_name = 1; /* positions differ between the ranks: names do not */
+    }
     ls_st_writer w;
     ls_st_writer_init(&w);
     char name[512], buf[32];
@@ -204,17 +283,34 @@ ls_status ls_optim_save(const char *path, const ls_param *m, const ls_param *v, 
         moment_name(name, sizeof name, 1, &m[k], k, by_name);
         if (s == LS_OK) s = ls_st_writer_add_f32(&w, name, LS_DTYPE_F32, 1, shape, v[k].p);
     }
+    float **held = NULL; /* the other ranks' moments, until the file is written */
+    int64_t nheld = 0, total = n;
+    if (N > 1) {
+        ls_status g = gather_shards(&w, ep, &held, &nheld); /* every message received, even after an error here */
+        if (s == LS_OK) s = g;
+        total = w.n / 2;
+    }
     snprintf(buf, sizeof buf, "%lld", (long long)step);
     if (s == LS_OK) s = ls_st_writer_add_meta(&w, "step", buf);
-    snprintf(buf, sizeof buf, "%lld", (long long)n);
+    snprintf(buf, sizeof buf, "%lld", (long long)total);
     if (s == LS_OK) s = ls_st_writer_add_meta(&w, "tensors", buf);
-    if (s == LS_OK) s = ls_st_write(&w, path);
+    if (s == LS_OK && path) s = ls_st_write(&w, path);
     ls_st_writer_free(&w);
+    for (int64_t k = 0; k < nheld; k++) free(held[k]);
+    free(held);
     return s;
 }
 
 ls_status ls_optim_load(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t *step,
-                        int by_name) {
+                        int by_name, const uint8_t *sharded, const ls_comm *ep) {
+    int N = sharded ? ep_size(ep) : 1;
+    int64_t total = n; /* every rank holds as many shards as the others (the experts split evenly) */
+    if (N > 1) {
+        int64_t nsh = 0;
+        for (int64_t k = 0; k < n; k++) nsh += sharded[k] != 0;
+        total = n + (N - 1) * nsh;
+        by_name = 1;
+    }
     ls_st_file f;
     LS_TRY(ls_st_open(&f, path));
     ls_status s = LS_OK;
@@ -223,16 +319,18 @@ ls_status ls_optim_load(const char *path, const ls_param *m, const ls_param *v, 
     long long sv = st ? strtoll(st, &end, 10) : -1;
     if (!st || !end || *end || sv < 0)
         s = ls_err(LS_ERR_FORMAT, "%s: metadata \"step\" is missing or not a count", path);
-    else if (!nt || strtoll(nt, NULL, 10) != n || ls_st_count(&f) != 2 * n)
+    else if (!nt || strtoll(nt, NULL, 10) != total || ls_st_count(&f) != 2 * total)
         s = ls_err(LS_ERR_FORMAT, "%s: holds moments of %s tensors (%lld entries), but %lld are trained: "
-                                  "a different model or LoRA setup", path, nt ? nt : "?", (long long)ls_st_count(&f),
-                   (long long)n);
+                                  "a different model, LoRA or --ep setup", path, nt ? nt : "?", (long long)ls_st_count(&f),
+                   (long long)total);
     char name[512];
     for (int64_t k = 0; k < n && s == LS_OK; k++) {
         for (int which = 0; which < 2 && s == LS_OK; which++) {
             moment_name(name, sizeof name, which, &m[k], k, by_name);
             const ls_st_tensor *t = ls_st_find(&f, name);
-            if (!t) s = ls_err(LS_ERR_FORMAT, "%s: tensor \"%s\" is missing", path, name);
+            if (!t) s = ls_err(LS_ERR_FORMAT, "%s: tensor \"%s\" is missing%s", path, name,
+                               by_name && ls_st_find(&f, which ? "exp_avg_sq.0" : "exp_avg.0")
+                                   ? " (the file names its moments by position: saved without --ep)" : "");
             else s = ls_st_read_f32(t, which ? v[k].p : m[k].p, which ? v[k].n : m[k].n, path);
         }
     }

@@ -231,6 +231,27 @@ static const ls_comm *tr_comm(const trainer *tr) {
 
 static int tr_rank(const trainer *tr) { return tr_comm(tr) ? ls_comm_rank(tr_comm(tr)) : 0; }
 
+/* Expert parallelism: the ranks holding the other experts (NULL: none). The world is
+ * CP × EP; the CP groups' ranks 0 are together one EP group, the one world rank 0 is
+ * in (src/cli/main.c: cli_parallel). */
+static const ls_comm *tr_ep(const trainer *tr) {
+    const ls_comm *e = tr->a->spec.ep;
+    return e && ls_comm_size(e) > 1 ? e : NULL;
+}
+
+/* World rank 0: the one rank that writes RUN/ and runs the reward process. */
+static int tr_root(const trainer *tr) { return tr_rank(tr) == 0 && (!tr_ep(tr) || ls_comm_rank(tr_ep(tr)) == 0); }
+
+/* The world rank (trace file names). */
+static int tr_world_rank(void) { return ls_comm_world() ? ls_comm_rank(ls_comm_world()) : 0; }
+
+/* bytes from world rank 0 to every rank: over the EP group of the CP groups' ranks 0,
+ * then over each CP group. */
+static ls_status tr_bcast(const trainer *tr, void *buf, size_t bytes) {
+    if (tr_ep(tr) && tr_rank(tr) == 0) LS_TRY(ls_comm_bcast(tr_ep(tr), buf, bytes, 0));
+    return tr_comm(tr) ? ls_comm_bcast(tr_comm(tr), buf, bytes, 0) : LS_OK;
+}
+
 /* Every line checked before the first update (JSON, fields, ids, G, rewards; text is not
  * tokenized here), so a typo on line 90,000 does not end a run hours in. */
 static ls_status validate_data(trainer *tr) {
@@ -443,6 +464,26 @@ static ls_status evaluate(trainer *tr, double *nll) {
     return s;
 }
 
+/* Expert parallelism: every CP group decoded the group on its own (the same weights,
+ * RNG and, through the experts' all-reduce, the same logits), so the samples agree;
+ * checked, since the experts' sums mix the EP ranks' rows and a difference (another
+ * thread count on one rank) would make the update's data disagree silently. */
+static ls_status ep_same_samples(const trainer *tr, const ls_group *g) {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < g->G; i++)
+        for (int64_t t = 0; t < g->R[i]; t++) h = (h ^ (uint64_t)(uint32_t)g->resp[i][t]) * 1099511628211ull;
+    int N = ls_comm_size(tr_ep(tr));
+    uint64_t *all = malloc((size_t)N * sizeof *all);
+    if (!all) return LS_ERR_NOMEM;
+    ls_status s = ls_comm_allgather(tr_ep(tr), &h, all, sizeof h);
+    for (int r = 1; r < N && s == LS_OK; r++)
+        if (all[r] != all[0])
+            s = ls_err(LS_ERR_ARG, "--ep: rank %d of the expert-parallel group sampled other responses than rank 0 "
+                                        "(logits differ between ranks: run every rank with the same OMP_NUM_THREADS)", r);
+    free(all);
+    return s;
+}
+
 /* The rollout hook (ls_rollout_hook): G samples from the captured state, then rewards. */
 static ls_status rollout(void *ctx, int gi, ls_group *g, const ls_model *policy, const ls_prompt_state *st,
                          ls_arenas *ar) {
@@ -475,8 +516,9 @@ static ls_status rollout(void *ctx, int gi, ls_group *g, const ls_model *policy,
     if (s != LS_OK) return s;
     /* rewards on the decoded text, by rank 0 (its reward process), sent to every rank */
     ls_trace_phase_begin("reward");
-    if (tr_rank(tr) != 0) {
-        s = ls_comm_bcast(tr_comm(tr), g->rewards, (size_t)G * sizeof(double), 0);
+    if (tr_ep(tr)) LS_TRY(ep_same_samples(tr, g));
+    if (!tr_root(tr)) {
+        s = tr_bcast(tr, g->rewards, (size_t)G * sizeof(double));
         ls_trace_phase_end("reward");
         return s;
     }
@@ -504,8 +546,8 @@ static ls_status rollout(void *ctx, int gi, ls_group *g, const ls_model *policy,
     for (int i = 0; text && i < G; i++) free(text[i]);
     free(text);
     free(len);
-    if (tr_comm(tr)) { /* sent even after a failure here: the other ranks wait for it (cli_fail ends them) */
-        ls_status b = ls_comm_bcast(tr_comm(tr), g->rewards, (size_t)G * sizeof(double), 0);
+    { /* sent even after a failure here: the other ranks wait for it (cli_fail ends them) */
+        ls_status b = tr_bcast(tr, g->rewards, (size_t)G * sizeof(double));
         if (s == LS_OK) s = b;
     }
     ls_trace_phase_end("reward");
@@ -567,18 +609,31 @@ static void test_pause(void) {
 }
 
 static ls_status save_checkpoint(trainer *tr) {
-    if (tr_rank(tr) != 0) return LS_OK; /* rank 0 alone writes RUN/ */
+    /* world rank 0 alone writes RUN/; with --ep the other ranks of its EP group (the CP
+     * groups' ranks 0) send it their experts and their moments */
+    if (tr_rank(tr) != 0) return LS_OK;
+    int root = tr_root(tr);
     char tmp[4200], dir[4200], path[4400];
     double t0 = ls_now();
     ls_trace_phase_begin("checkpoint");
-    ls_status s = ls_ckpt_begin(tr->run, tr->update, tmp, sizeof tmp);
+    ls_status s = root ? ls_ckpt_begin(tr->run, tr->update, tmp, sizeof tmp) : LS_OK;
     ls_policy_spec sp = tr->pol.spec;
     sp.model_dir = tr->a->model; /* config.json from the run's model (a resumed policy may come from a checkpoint) */
-    if (s == LS_OK) s = tr->pol.p.fam->policy_save(&tr->pol.p, &sp, tmp);
+    /* collective under --ep: called on every rank of the group, a path on the writer
+     * while nothing failed (none: the others learn it and nothing is gathered) */
+    int write = root && s == LS_OK;
+    ls_status w = tr->pol.p.fam->policy_save(&tr->pol.p, &sp, write ? tmp : NULL);
+    if (s == LS_OK) s = w;
     test_pause();
+    write = root && s == LS_OK;
     snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
-    if (s == LS_OK)
-        s = ls_optim_save(path, tr->pol.adam.m, tr->pol.adam.v, tr->pol.adam.n, tr->pol.adam.step, tr->pol.p.adapters);
+    w = ls_optim_save(write ? path : NULL, tr->pol.adam.m, tr->pol.adam.v, tr->pol.adam.n, tr->pol.adam.step,
+                      tr->pol.p.adapters, tr->pol.p.sharded, tr_ep(tr));
+    if (s == LS_OK) s = w;
+    if (!root) {
+        ls_trace_phase_end("checkpoint");
+        return s;
+    }
     test_pause();
     snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
     if (s == LS_OK) s = write_state(tr, path); /* last: the commit point is the rename below */
@@ -683,8 +738,7 @@ static ls_status setup(trainer *tr) {
     snprintf(tr->run, sizeof tr->run, "%s", a->out);
     /* under CP rank 0 alone writes RUN/ (lock, args, checkpoints, metrics, receipt);
      * every rank reads the checkpoint it resumes from and writes its own trace */
-    const ls_comm *cp = tr_comm(tr);
-    int root = tr_rank(tr) == 0;
+    int root = tr_root(tr);
     int64_t last = -1;
     char ckpt[4200] = "";
     if (root) {
@@ -698,13 +752,12 @@ static ls_status setup(trainer *tr) {
             fprintf(stderr, "longstraw train: %s has no checkpoint yet: starting from the beginning\n", a->out);
         if (argc > 0) LS_TRY(save_args(a->out, argc, argv));
     }
-    if (cp) { /* the checkpoint to resume from, as rank 0 found it */
-        LS_TRY(ls_comm_bcast(cp, &last, sizeof last, 0));
-        LS_TRY(ls_comm_bcast(cp, ckpt, sizeof ckpt, 0));
-    }
+    /* the checkpoint to resume from, as rank 0 found it */
+    LS_TRY(tr_bcast(tr, &last, sizeof last));
+    LS_TRY(tr_bcast(tr, ckpt, sizeof ckpt));
     char path[4400];
-    snprintf(path, sizeof path, "%s/trace.%d.jsonl", a->out, tr_rank(tr));
-    LS_TRY(ls_trace_open(path, tr_rank(tr), &tr->ar, "train"));
+    snprintf(path, sizeof path, "%s/trace.%d.jsonl", a->out, tr_world_rank());
+    LS_TRY(ls_trace_open(path, tr_world_rank(), &tr->ar, "train"));
     ls_trace_phase_begin("load");
     /* weights: the checkpoint's (full fine-tune) or the base + the checkpoint's adapters */
     const char *model = a->model;
@@ -723,7 +776,8 @@ static ls_status setup(trainer *tr) {
         LS_TRY(read_state(tr, ckpt));
         snprintf(path, sizeof path, "%s/optimizer.safetensors", ckpt);
         int64_t step = 0;
-        LS_TRY(ls_optim_load(path, tr->pol.adam.m, tr->pol.adam.v, tr->pol.adam.n, &step, tr->pol.p.adapters));
+        LS_TRY(ls_optim_load(path, tr->pol.adam.m, tr->pol.adam.v, tr->pol.adam.n, &step, tr->pol.p.adapters,
+                             tr->pol.p.sharded, tr_ep(tr)));
         tr->pol.adam.step = step;
         if (root) fprintf(stderr, "longstraw train: resumed from %s (update %lld, data position %lld, optimizer step %lld)\n", ckpt,
                 (long long)tr->update, (long long)tr->data_pos, (long long)step);
@@ -789,7 +843,7 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
     memset(&mt, 0, sizeof mt);
     int skipped = 0;
     int64_t first = tr->update;
-    int root = tr_rank(tr) == 0;
+    int root = tr_root(tr);
     if (s == LS_OK && tr->update >= a->updates && root)
         fprintf(stderr, "longstraw train: %lld updates already done (--updates %lld): nothing to do\n",
                 (long long)tr->update, (long long)a->updates);
@@ -827,7 +881,8 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
             char why[1024];
             snprintf(why, sizeof why, "%s", ls_err_msg());
             if (tr->pol.adam.step == step0) tr->data_pos = pos0, tr->epoch = epoch0, tr->rng = rng0;
-            if (tr->pol.adam.step == step0 && tr->update > saved && save_checkpoint(tr) == LS_OK && root)
+            /* (not with --ep: saving is collective there, and the other ranks are elsewhere) */
+            if (tr->pol.adam.step == step0 && tr->update > saved && !tr_ep(tr) && save_checkpoint(tr) == LS_OK && root)
                 fprintf(stderr, "longstraw train: update %lld %s; the %lld finished updates are in checkpoint-%lld\n",
                         (long long)tr->update + 1, stopped ? "stopped" : "failed", (long long)tr->update,
                         (long long)tr->update);
