@@ -784,6 +784,169 @@ static int kb_lmhead(kstat *ks, ls_rng *rng) {
 }
 
 /* ======================================================================================
+ * LayerNorm with weight and bias (the indexer's k_norm, trained by the indexer KL loss)
+ * ==================================================================================== */
+typedef struct {
+    double *x, *w, *b, *R, *y;
+    int64_t n, d;
+} ln_ctx;
+
+static double ln_loss(void *vc) {
+    ln_ctx *c = vc;
+    for (int64_t i = 0; i < c->n; i++) {
+        const double *xi = c->x + i * c->d;
+        double mu = 0, var = 0;
+        for (int64_t j = 0; j < c->d; j++) mu += xi[j];
+        mu /= (double)c->d;
+        for (int64_t j = 0; j < c->d; j++) var += (xi[j] - mu) * (xi[j] - mu);
+        double r = 1.0 / sqrt(var / (double)c->d + 1e-6);
+        for (int64_t j = 0; j < c->d; j++) c->y[i * c->d + j] = (xi[j] - mu) * r * c->w[j] + c->b[j];
+    }
+    return dot_d(c->y, c->R, c->n * c->d);
+}
+
+/* p = {n, d}: dx (also in place over dy), dw and db (+= onto a pre-fill) */
+static int kb_layernorm_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
+    const int64_t n = p[0], d = p[1], nx = n * d;
+    float *x = pf_normal(pl, nx, rng, 1.5f), *w = pf_normal(pl, d, rng, 1.0f), *b = pf_normal(pl, d, rng, 0.3f);
+    float *R = pf_normal(pl, nx, rng, 1.0f), *y = pf(pl, nx), *dx = pf(pl, nx), *dw = pf(pl, d), *db = pf(pl, d);
+    float *dx2 = pf(pl, nx);
+    ln_ctx c = {pd(pl, nx), pd(pl, d), pd(pl, d), pd(pl, nx), pd(pl, nx), n, d};
+    fdsel sx = sel_make(pl, nx, 0, rng), sw = sel_make(pl, d, 0, rng);
+    double *gx = pd(pl, nx), *gw = pd(pl, d), *gb = pd(pl, d);
+    T_CHECK(!pl->oom, "oom");
+    to_d(c.x, x, nx), to_d(c.w, w, d), to_d(c.b, b, d), to_d(c.R, R, nx);
+    ln_loss(&c);
+    ls_layernorm_fwd(y, x, w, b, n, d, 1e-6f);
+    if (cmp_fwd(ks, "y", y, c.y, nx)) return 1;
+    fill_f(dw, d, PREFILL), fill_f(db, d, PREFILL);
+    ls_layernorm_bwd(dx, dw, db, R, x, w, n, d, 1e-6f);
+    memcpy(dx2, R, (size_t)nx * sizeof(float)); /* in place: dx over dy */
+    ls_layernorm_bwd(dx2, NULL, NULL, dx2, x, w, n, d, 1e-6f);
+    if (cmp_same(ks, "dx in place", dx2, dx, nx)) return 1;
+    fd_grad(gx, c.x, sx, ln_loss, &c);
+    fd_grad(gw, c.w, sw, ln_loss, &c);
+    fd_grad(gb, c.b, sw, ln_loss, &c);
+    return cmp_grad(ks, "dx", dx, 0.0f, gx, sx) || cmp_grad(ks, "dw", dw, PREFILL, gw, sw) ||
+           cmp_grad(ks, "db", db, PREFILL, gb, sw);
+}
+
+static int kb_layernorm(kstat *ks, ls_rng *rng) {
+    static const int64_t cases[][8] = {{3, 16}, {5, 131}};
+    return run_cases(ks, rng, kb_layernorm_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+/* ======================================================================================
+ * the index scores of selected keys (the indexer KL loss's student), and the attention
+ * probabilities averaged over heads (its teacher; forward only, detached)
+ * ==================================================================================== */
+typedef struct {
+    double *q, *w, *kp, *ko, *R; /* q [T,nI,dI], w [T,nI], paged keys [np,dI], own keys [T,dI], R [T,k] */
+    const int32_t *sel;
+    int64_t T, k, np;
+    int nI, dI;
+    double scale;
+} dsa_ctx;
+
+static double dsa_loss(void *vc) {
+    dsa_ctx *c = vc;
+    double L = 0;
+    for (int64_t t = 0; t < c->T; t++)
+        for (int64_t j = 0; j < c->k; j++) {
+            int64_t p = c->sel[t * c->k + j];
+            if (p < 0) continue;
+            const double *kr = p < c->np ? c->kp + p * c->dI : c->ko + (p - c->np) * c->dI;
+            double s = 0;
+            for (int h = 0; h < c->nI; h++) {
+                double a = 0;
+                for (int d = 0; d < c->dI; d++) a += c->q[(t * c->nI + h) * c->dI + d] * kr[d];
+                if (a > 0) s += c->w[t * c->nI + h] * a;
+            }
+            L += c->R[t * c->k + j] * s * c->scale;
+        }
+    return L;
+}
+
+/* p = {T, np (paged positions, pages of 5), k, nI, dI, H, rkv, dr}: selections of causal
+ * positions with −1 padding; scores, their backward (dq, dw, the own keys' +=), and the
+ * head-averaged probabilities against a double reference */
+static int kb_dsa_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
+    const int64_t T = p[0], np = p[1], k = p[2];
+    const int nI = (int)p[3], dI = (int)p[4], H = (int)p[5], rkv = (int)p[6], dr = (int)p[7], dk = rkv + dr;
+    const int64_t S = 5, npg = (np + S - 1) / S;
+    float *q = pf_normal(pl, T * nI * dI, rng, 1.0f), *w = pf_normal(pl, T * nI, rng, 1.0f);
+    float *kpage = pf_normal(pl, npg * S * dI, rng, 1.0f), *ko = pf_normal(pl, T * dI, rng, 1.0f);
+    float *R = pf_normal(pl, T * k, rng, 1.0f), *isc = pf(pl, T * k), *dq = pf(pl, T * nI * dI), *dw = pf(pl, T * nI);
+    float *dko = pf(pl, T * dI);
+    float *qa = pf_normal(pl, T * H * dk, rng, 0.5f), *lpage = pf_normal(pl, npg * S * dk, rng, 1.0f);
+    float *lo = pf_normal(pl, T * dk, rng, 1.0f), *P = pf(pl, T * k), *lse = pf(pl, T * H), *o = pf(pl, T * H * rkv);
+    int32_t *sel = pv(pl, T * k, sizeof(int32_t));
+    void **kp = pv(pl, npg, sizeof(void *)), **lp = pv(pl, npg, sizeof(void *));
+    dsa_ctx c = {pd(pl, T * nI * dI), pd(pl, T * nI), pd(pl, np * dI), pd(pl, T * dI), pd(pl, T * k), sel, T, k, np,
+                 nI, dI, 1.0 / sqrt((double)dI)};
+    double *Pref = pd(pl, T * k);
+    T_CHECK(!pl->oom, "oom");
+    for (int64_t i = 0; i < npg; i++) kp[i] = kpage + i * S * dI, lp[i] = lpage + i * S * dk;
+    for (int64_t t = 0; t < T; t++) { /* distinct causal positions, ascending, some rows short */
+        int64_t n = np + t + 1, m = n < k ? n : k - (t % 3 == 0 ? 1 : 0), c0 = 0;
+        for (int64_t pos = 0; pos < n && c0 < m; pos++)
+            if ((int64_t)(ls_rng_u64(rng) % (uint64_t)(n - pos)) < m - c0) sel[t * k + c0++] = (int32_t)pos;
+        for (; c0 < k; c0++) sel[t * k + c0] = -1;
+    }
+    ls_kv_prefix keys = {np, S, LS_DTYPE_F32, (void *const *)kp, NULL};
+    ls_kv_prefix lat = {np, S, LS_DTYPE_F32, (void *const *)lp, NULL};
+    to_d(c.q, q, T * nI * dI), to_d(c.w, w, T * nI), to_d(c.kp, kpage, np * dI), to_d(c.ko, ko, T * dI);
+    to_d(c.R, R, T * k);
+    float scale = (float)c.scale;
+    ls_dsa_sel_scores(isc, q, w, &keys, ko, sel, k, T, nI, dI, np, scale);
+    double L = 0;
+    int64_t valid = 0;
+    for (int64_t i = 0; i < T * k; i++)
+        if (sel[i] >= 0) L += (double)R[i] * isc[i], valid++;
+        else T_CHECK(isc[i] == -INFINITY, "%s: padding score %g, not -inf", ks->name, isc[i]);
+    double Lref = dsa_loss(&c);
+    T_CHECK(valid > 0 && fabs(L - Lref) <= FWD_TOL * (fabs(Lref) + 1), "%s: scores %.9g vs %.9g", ks->name, L, Lref);
+    float *dS = pf(pl, T * k);
+    T_CHECK(!pl->oom, "oom");
+    for (int64_t i = 0; i < T * k; i++) dS[i] = sel[i] >= 0 ? R[i] : 0.0f;
+    fill_f(dko, T * dI, PREFILL);
+    ls_dsa_sel_scores_bwd(dq, dw, dko, dS, q, w, &keys, ko, sel, k, T, nI, dI, np, scale);
+    fdsel sq = sel_make(pl, T * nI * dI, 60, rng), sw = sel_make(pl, T * nI, 0, rng), so = sel_make(pl, T * dI, 0, rng);
+    double *gq = pd(pl, sq.m), *gw = pd(pl, sw.m), *go = pd(pl, so.m);
+    T_CHECK(!pl->oom, "oom");
+    fd_grad(gq, c.q, sq, dsa_loss, &c);
+    fd_grad(gw, c.w, sw, dsa_loss, &c);
+    fd_grad(go, c.ko, so, dsa_loss, &c);
+    if (cmp_grad(ks, "dq", dq, 0.0f, gq, sq) || cmp_grad(ks, "dw", dw, 0.0f, gw, sw) ||
+        cmp_grad(ks, "down", dko, PREFILL, go, so))
+        return 1;
+    /* the teacher: lse from the attention forward, P against (1/H)Σ_h softmax in double */
+    LS_TRY(ls_mla_attn_fwd(o, lse, qa, lo, &lat, sel, k, T, H, rkv, dr, np, 0.3f));
+    ls_mla_attn_probs(P, qa, lse, lo, &lat, sel, k, T, H, rkv, dr, np, 0.3f);
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t j = 0; j < k; j++) Pref[t * k + j] = 0;
+        for (int h = 0; h < H; h++) {
+            double sc[4096], mx = -INFINITY, z = 0;
+            for (int64_t j = 0; j < k && sel[t * k + j] >= 0; j++) {
+                int64_t pos = sel[t * k + j];
+                const float *kr = pos < np ? lpage + pos * dk : lo + (pos - np) * dk;
+                double a = 0;
+                for (int d = 0; d < dk; d++) a += (double)qa[(t * H + h) * dk + d] * kr[d];
+                sc[j] = 0.3 * a, mx = sc[j] > mx ? sc[j] : mx;
+            }
+            for (int64_t j = 0; j < k && sel[t * k + j] >= 0; j++) z += exp(sc[j] - mx);
+            for (int64_t j = 0; j < k && sel[t * k + j] >= 0; j++) Pref[t * k + j] += exp(sc[j] - mx) / z / H;
+        }
+    }
+    return cmp_fwd(ks, "P", P, Pref, T * k);
+}
+
+static int kb_dsa(kstat *ks, ls_rng *rng) {
+    static const int64_t cases[][8] = {{4, 0, 3, 2, 8, 2, 8, 4}, {6, 13, 7, 3, 16, 3, 16, 8}};
+    return run_cases(ks, rng, kb_dsa_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+/* ======================================================================================
  * the table
  * ==================================================================================== */
 int test_kernels_bwd_fd(void) {
@@ -793,7 +956,8 @@ int test_kernels_bwd_fd(void) {
     } table[] = {
         {"linear", kb_linear}, {"embed", kb_embed},   {"rmsnorm", kb_rmsnorm},
         {"gated_rmsnorm", kb_gated_rmsnorm},          {"l2norm", kb_l2norm},
-        {"plain_rmsnorm", kb_plain_rmsnorm},
+        {"plain_rmsnorm", kb_plain_rmsnorm},          {"layernorm", kb_layernorm},
+        {"dsa_sel_scores", kb_dsa},
         {"conv", kb_conv},     {"rope", kb_rope},     {"swiglu", kb_swiglu},
         {"lmhead", kb_lmhead},
     };

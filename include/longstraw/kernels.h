@@ -96,9 +96,12 @@ ls_status ls_dsa_topk(int32_t *sel, int64_t *count, const float *score, int64_t 
  * (=, NULL skips) for the backward. E <= 1024. */
 void ls_mla_route_fwd(int32_t *sel, float *wt, float *s_out, const float *logits, const float *bias, int64_t T, int E,
                       int K, int n_group, int topk_group, int norm, double scaling);
-/* LayerNorm with weight and bias over rows of x[n, d] (y may alias x); forward only:
- * the indexer's k_norm gets no gradient from the GRPO loss. */
+/* LayerNorm with weight and bias over rows of x[n, d] (y may alias x). The backward
+ * (the indexer KL loss trains k_norm): dx (=, may alias dy), dw and db (+=, NULL skips)
+ * from dy and the forward's input x. */
 void ls_layernorm_fwd(float *y, const float *x, const float *w, const float *b, int64_t n, int64_t d, float eps);
+void ls_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w, int64_t n,
+                      int64_t d, float eps);
 /* dlogits [T,E] (=) from dwt [T,K]; the selection and the bias get no gradient. */
 void ls_mla_route_bwd(float *dlogits, const float *dwt, const float *s, const int32_t *sel, int64_t T, int E, int K,
                       int norm, double scaling);
@@ -172,6 +175,23 @@ ls_status ls_mla_attn_bwd(float *dq, float *down, void *const *dprefix, const fl
                           const float *lse, const float *q, const float *own, const ls_kv_prefix *prefix,
                           const int32_t *sel, int64_t k, int64_t T, int H, int rkv, int dr, int64_t pos0,
                           float scale);
+/* The indexer KL loss's pieces (spec §3 "Indexer training", sparse stage), over the
+ * selected rows sel[t, 0..k) (−1: none; positions below pos0 from pages, the others
+ * from own rows, as ls_mla_attn_fwd reads them):
+ * ls_mla_attn_probs: P[t, j] (=) = (1/H)·Σ_h exp(scale·q[t,h]·key_j − lse[t,h]), the
+ *   attention's probabilities averaged over heads (0 where sel is −1);
+ * ls_dsa_sel_scores: score[t, j] (=) = scale·Σ_h w[t,h]·ReLU(q[t,h]·k_j), the index scores of
+ *   the selected keys (−inf where sel is −1), keys->k_pages the index-key pages, own
+ *   [., dI] the own index keys;
+ * ls_dsa_sel_scores_bwd: from dS = ∂L/∂I [T, k]: dq [T, nI, dI] (=), dw [T, nI] (=), down [., dI]
+ *   (+=, NULL skips) the own keys' gradient; the paged keys get none. */
+void ls_mla_attn_probs(float *P, const float *q, const float *lse, const float *own, const ls_kv_prefix *prefix,
+                       const int32_t *sel, int64_t k, int64_t T, int H, int rkv, int dr, int64_t pos0, float scale);
+void ls_dsa_sel_scores(float *score, const float *q, const float *w, const ls_kv_prefix *keys, const float *own,
+                       const int32_t *sel, int64_t k, int64_t T, int nI, int dI, int64_t pos0, float scale);
+void ls_dsa_sel_scores_bwd(float *dq, float *dw, float *down, const float *dS, const float *q, const float *w,
+                           const ls_kv_prefix *keys, const float *own, const int32_t *sel, int64_t k, int64_t T, int nI,
+                           int dI, int64_t pos0, float scale);
 /* The lightning indexer's scores (spec §3): score[t, s] (=) = scale·Σ_j w[t,j]·ReLU(q[t,j]·k[s])
  * over the paged index keys (keys->k_pages: one key of dI values per position, f32 or
  * bf16); q [T, nI, dI], w [T, nI]; score [T, keys->n]. */

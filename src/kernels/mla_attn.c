@@ -145,3 +145,82 @@ ls_status ls_mla_attn_bwd(float *dq, float *down, void *const *dprefix, const fl
     free(K);
     return LS_OK;
 }
+
+/* ---- the indexer KL loss (spec §3 "Indexer training", sparse stage) ------------------ */
+
+/* The index key of position p (the same row layout as key_row: pages below pos0, own
+ * rows after), into tmp when converted. */
+static const float *index_row(const ls_kv_prefix *keys, const float *own, int64_t pos0, int64_t p, int dI,
+                              float *tmp) {
+    if (p >= pos0) return own + (p - pos0) * dI;
+    const char *page = (const char *)keys->k_pages[p / keys->page_size];
+    ls_convert_to_f32(tmp, page + (size_t)(p % keys->page_size) * (size_t)dI * ls_dtype_size(keys->dtype), keys->dtype,
+                      (size_t)dI);
+    return tmp;
+}
+
+void ls_mla_attn_probs(float *P, const float *q, const float *lse, const float *own, const ls_kv_prefix *prefix,
+                       const int32_t *sel, int64_t k, int64_t T, int H, int rkv, int dr, int64_t pos0, float scale) {
+    const int dk = rkv + dr;
+#pragma omp parallel for schedule(dynamic, 4) if (T > 4)
+    for (int64_t t = 0; t < T; t++) {
+        float tmp[MLA_MAX_DK];
+        for (int64_t j = 0; j < k; j++) {
+            float *pt = P + t * k + j;
+            *pt = 0.0f;
+            if (sel[t * k + j] < 0) continue;
+            const float *kr = key_row(prefix, own, pos0, sel[t * k + j], dk, tmp);
+            double s = 0;
+            for (int h = 0; h < H; h++) s += exp((double)(scale * dot16(q + (t * H + h) * dk, kr, dk)) - lse[t * H + h]);
+            *pt = (float)(s / H);
+        }
+    }
+}
+
+void ls_dsa_sel_scores(float *score, const float *q, const float *w, const ls_kv_prefix *keys, const float *own,
+                       const int32_t *sel, int64_t k, int64_t T, int nI, int dI, int64_t pos0, float scale) {
+#pragma omp parallel for schedule(dynamic, 4) if (T > 4)
+    for (int64_t t = 0; t < T; t++) {
+        float tmp[MLA_MAX_DK];
+        for (int64_t j = 0; j < k; j++) {
+            float *it = score + t * k + j;
+            *it = -INFINITY;
+            if (sel[t * k + j] < 0) continue;
+            const float *kr = index_row(keys, own, pos0, sel[t * k + j], dI, tmp);
+            double s = 0;
+            for (int h = 0; h < nI; h++) {
+                float a = dot16(q + (t * nI + h) * dI, kr, dI);
+                if (a > 0) s += (double)w[t * nI + h] * a;
+            }
+            *it = (float)(s * scale);
+        }
+    }
+}
+
+void ls_dsa_sel_scores_bwd(float *dq, float *dw, float *down, const float *dS, const float *q, const float *w,
+                           const ls_kv_prefix *keys, const float *own, const int32_t *sel, int64_t k, int64_t T, int nI,
+                           int dI, int64_t pos0, float scale) {
+    memset(dq, 0, (size_t)(T * nI * dI) * sizeof(float));
+    memset(dw, 0, (size_t)(T * nI) * sizeof(float));
+    /* serial over queries: own keys' gradients of different queries meet on the same rows */
+    float tmp[MLA_MAX_DK];
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int64_t p = sel[t * k + j];
+            float g = dS[t * k + j];
+            if (p < 0 || g == 0.0f) continue;
+            const float *kr = index_row(keys, own, pos0, p, dI, tmp);
+            float *dk = p >= pos0 && down ? down + (p - pos0) * dI : NULL;
+            for (int h = 0; h < nI; h++) {
+                const float *qh = q + (t * nI + h) * dI;
+                float a = dot16(qh, kr, dI);
+                if (!(a > 0)) continue; /* ReLU: no gradient below the kink */
+                dw[t * nI + h] += g * scale * a;
+                float c = g * scale * w[t * nI + h];
+                float *dqh = dq + (t * nI + h) * dI;
+                for (int d = 0; d < dI; d++) dqh[d] += c * kr[d];
+                if (dk)
+                    for (int d = 0; d < dI; d++) dk[d] += c * qh[d];
+            }
+        }
+}

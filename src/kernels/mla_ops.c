@@ -190,7 +190,7 @@ void ls_mla_route_bwd(float *dlogits, const float *dwt, const float *s, const in
 }
 
 /* LayerNorm with weight and bias over rows of x[n, d]: y = (x − mean)/√(var + eps)·w + b.
- * y may alias x. (The indexer's k_norm, spec §3: no gradient reaches it.) */
+ * y may alias x. (The indexer's k_norm, spec §3: trained only by the indexer KL loss.) */
 void ls_layernorm_fwd(float *y, const float *x, const float *w, const float *b, int64_t n, int64_t d, float eps) {
 #pragma omp parallel for schedule(static) if (n * d > 65536)
     for (int64_t i = 0; i < n; i++) {
@@ -202,6 +202,30 @@ void ls_layernorm_fwd(float *y, const float *x, const float *w, const float *b, 
         for (int64_t j = 0; j < d; j++) var += ((double)xi[j] - mu) * ((double)xi[j] - mu);
         double r = 1.0 / sqrt(var / (double)d + (double)eps);
         for (int64_t j = 0; j < d; j++) yi[j] = (float)(((double)xi[j] - mu) * r * w[j] + b[j]);
+    }
+}
+
+void ls_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w, int64_t n,
+                      int64_t d, float eps) {
+    for (int64_t i = 0; i < n; i++) { /* serial over rows: dw and db accumulate */
+        const float *xi = x + i * d, *gi = dy + i * d;
+        float *di = dx + i * d;
+        double mu = 0, var = 0;
+        for (int64_t j = 0; j < d; j++) mu += xi[j];
+        mu /= (double)d;
+        for (int64_t j = 0; j < d; j++) var += ((double)xi[j] - mu) * ((double)xi[j] - mu);
+        double r = 1.0 / sqrt(var / (double)d + (double)eps), m1 = 0, m2 = 0;
+        for (int64_t j = 0; j < d; j++) { /* ĝ = dy·w; dx = r·(ĝ − mean ĝ − x̂·mean(ĝ·x̂)) */
+            double xh = ((double)xi[j] - mu) * r, gh = (double)gi[j] * w[j];
+            m1 += gh, m2 += gh * xh;
+            if (dw) dw[j] += (float)((double)gi[j] * xh);
+            if (db) db[j] += gi[j];
+        }
+        m1 /= (double)d, m2 /= (double)d;
+        for (int64_t j = 0; j < d; j++) {
+            double xh = ((double)xi[j] - mu) * r;
+            di[j] = (float)(r * ((double)gi[j] * w[j] - m1 - xh * m2));
+        }
     }
 }
 
