@@ -30,6 +30,13 @@ typedef struct {
      * partial outputs by log-sum-exp. */
     const ls_comm *comm;
     ls_cp_layout cp_layout; /* how the prompt's pages split over the ranks (contiguous) */
+    /* The indexer KL loss (MLA family, specs/mla-dsa-moe.md §3 "Indexer training"): a
+     * branch backward adds the gradient of Σ over its queries (from out_from) and full
+     * indexer layers of KL(attention ‖ softmax of index scores), weight 1 per query, to
+     * the indexer tensors only, and that sum to *indexer_kl_sum (the same on every rank).
+     * 0: off. */
+    int indexer_kl;
+    double *indexer_kl_sum;
 } ls_fwd_opts;
 void ls_fwd_opts_default(ls_fwd_opts *o);
 
@@ -64,6 +71,9 @@ typedef struct {
     /* Expert parallelism (`--ep N`): the ranks of `ep` split the routed experts (NULL or
      * one rank: every expert here). */
     const ls_comm *ep;
+    /* Train the indexers by the indexer KL loss (MLA family, full fine-tune): their
+     * tensors join the trainable set (policy aux). */
+    int indexer_kl;
 } ls_policy_spec;
 
 /* The trainable set of an update: the policy the forward and backward run, its
@@ -81,6 +91,9 @@ typedef struct {
      * ep). NULL: nothing sharded. */
     const ls_comm *ep;
     const uint8_t *sharded;
+    /* aux[k] = 1 when g[k] receives only the indexer KL loss's gradient (the transaction
+     * scales those by its own weight); NULL: none. */
+    const uint8_t *aux;
     void *priv;
 } ls_policy;
 

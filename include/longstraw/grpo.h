@@ -28,6 +28,10 @@ typedef struct {
     int full;             /* exact gradient through the prompt (--mode full; DESIGN §3) */
     int64_t sweep_chunk;  /* full mode: positions per reverse-sweep chunk */
     int sft;              /* --loss sft: mean NLL of the response tokens (no rewards, scores, reference) */
+    /* the indexer KL loss (MLA family, prefix-frozen): coef · (1/N) Σ over the batch's N
+     * response tokens and the full indexer layers of KL(attention ‖ index scores),
+     * trained into the indexers alone (policy aux); 0 = off */
+    double indexer_kl_coef;
     int64_t page_size;
     ls_dtype state_dtype;
     ls_fwd_opts fwd;      /* capture chunk, LM-head rows, temperature, communicator */
@@ -46,6 +50,7 @@ void ls_grpo_advantages(double *A, const double *rewards, int G, ls_scale_reward
  * ∂L/∂logπ_θ(t) (=); counters for the metrics. ref may be NULL (β = 0). */
 typedef struct {
     double loss, kl_sum, clip_low, clip_high, tokens;
+    double indexer_kl; /* Σ of the indexer KL loss over the replayed queries (unweighted) */
 } ls_grpo_terms;
 void ls_grpo_member_terms(float *dl, ls_grpo_terms *acc, const float *lp, const float *old,
                           const float *ref, int64_t R, double A, double w, const ls_grpo_opts *o);
@@ -53,6 +58,7 @@ void ls_grpo_member_terms(float *dl, ls_grpo_terms *acc, const float *lp, const 
 typedef struct {
     double loss, reward_mean, reward_std, adv_mean, adv_std; /* reward_std: mean of per-group stds (TRL) */
     double clip_low, clip_high, kl, entropy, grad_norm;
+    double indexer_kl; /* the indexer KL loss per response token (0 when off) */
     double len_mean;
     int64_t len_min, len_max;
     int P, G;         /* of the first group */

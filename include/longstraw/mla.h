@@ -130,9 +130,10 @@ ls_status ls_mla_branch_fwd(const ls_mla_model *m, const ls_prompt_state *st, co
                             int64_t out_from, int64_t grad_from, const int32_t *target, float *logprob, float *entropy,
                             ls_branch_tape **tape_out, const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *scratch);
 /* Parameter gradients (+=) into `grad`; with `dstate` (full mode) the gradient w.r.t.
- * the latent rows the branch read is added to dstate's dState. */
+ * the latent rows the branch read is added to dstate's dState; o->indexer_kl adds the
+ * indexer KL loss's (ls_fwd_opts). */
 ls_status ls_mla_branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const ls_branch_tape *tape,
-                            const float *dlogprob, ls_prompt_state *dstate, ls_arena *scratch);
+                            const float *dlogprob, ls_prompt_state *dstate, const ls_fwd_opts *o, ls_arena *scratch);
 /* Full mode, after every member's backward: the reverse prompt sweep (sweep chunks last
  * to first, each recomputed under a tape against the pages before it and backpropagated
  * from the gradient its latent rows received); one chunk's tape at a time. */

@@ -31,6 +31,11 @@ void cli_train_help(void) {
            "  --temperature T        logits divided by T before the log-softmax (default 1)\n"
            "  --num-iterations N     optimizer steps on the same groups, old log-probs from the first\n"
            "                         (step, train)\n"
+           "  --indexer-kl-coef C    MLA family, full fine-tune, prefix-frozen: also train the DSA\n"
+           "                         indexers by C x the mean over response tokens of the sum over\n"
+           "                         full indexer layers of KL(head-averaged attention || softmax of the\n"
+           "                         index scores) over the selected keys (DeepSeek-V3.2's sparse-stage\n"
+           "                         indexer loss; default 0: indexers frozen)\n"
            "optimizer (AdamW, torch semantics; no decay on norms, A_log, dt_bias):\n"
            "  --lr LR (1e-6)  --weight-decay WD (0)  --adam-beta1 B1 (0.9)  --adam-beta2 B2 (0.999)\n"
            "  --adam-eps EPS (1e-8)  --max-grad-norm N (1.0; 0 disables clipping)\n"
@@ -64,7 +69,7 @@ enum {
     OPT_EPS = 1000, OPT_EPS_HIGH, OPT_BETA, OPT_REF, OPT_LOSS, OPT_MAXLEN, OPT_SCALE, OPT_TEMP, OPT_ITERS,
     OPT_LR, OPT_WD, OPT_B1, OPT_B2, OPT_AEPS, OPT_MAXGN, OPT_NOCAP, OPT_CHUNK, OPT_PAGE, OPT_SDT, OPT_THREADS,
     OPT_ADAPTER, OPT_LRANK, OPT_LALPHA, OPT_LTARGETS, OPT_LSEED, OPT_FORCE, OPT_LAYOUT, OPT_OBJ, OPT_MODE, OPT_SWEEP,
-    OPT_EP
+    OPT_EP, OPT_IKL
 };
 
 const struct option cli_train_options[] = {
@@ -83,7 +88,7 @@ const struct option cli_train_options[] = {
     {"lora-seed", required_argument, 0, OPT_LSEED},   {"force", no_argument, 0, OPT_FORCE},
     {"cp-layout", required_argument, 0, OPT_LAYOUT},  {"loss", required_argument, 0, OPT_OBJ},
     {"mode", required_argument, 0, OPT_MODE},         {"sweep-chunk", required_argument, 0, OPT_SWEEP},
-    {"ep", required_argument, 0, OPT_EP},
+    {"ep", required_argument, 0, OPT_EP},             {"indexer-kl-coef", required_argument, 0, OPT_IKL},
 };
 const int cli_train_n_options = (int)(sizeof cli_train_options / sizeof cli_train_options[0]);
 
@@ -181,6 +186,9 @@ int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg) {
     case OPT_FORCE: t->force = 1; break;
     case OPT_LSEED: if (cli_parse_i64(cmd, "--lora-seed", arg, 0, INT64_MAX, &t->lora_seed)) return 2; break;
     case OPT_EP: if (cli_parse_i64(cmd, "--ep", arg, 1, 4096, &t->ep)) return 2; break;
+    case OPT_IKL:
+        if (cli_parse_f64(cmd, "--indexer-kl-coef", arg, 0, 1e6, &t->o.indexer_kl_coef)) return 2;
+        break;
     default: return -1; /* not ours */
     }
     return 0;
@@ -194,6 +202,16 @@ int cli_train_finish(const char *cmd, cli_train *t) {
     }
     if (t->o.beta > 0 && !t->ref_model && !t->adapter && !t->lora_rank) {
         fprintf(stderr, "longstraw %s: --beta %g needs --ref-model DIR (the reference policy; with LoRA the base serves)\n", cmd, t->o.beta);
+        return 2;
+    }
+    if (t->o.indexer_kl_coef > 0 && t->o.full) {
+        fprintf(stderr, "longstraw %s: --indexer-kl-coef runs in prefix-frozen mode (its gradient through the prompt's "
+                        "index keys, which --mode full would need, is not built)\n", cmd);
+        return 2;
+    }
+    if (t->o.indexer_kl_coef > 0 && (t->adapter || t->lora_rank)) {
+        fprintf(stderr, "longstraw %s: --indexer-kl-coef trains the indexers' own weights: not with LoRA (--lora-rank, "
+                        "--adapter)\n", cmd);
         return 2;
     }
     ls_set_threads((int)t->threads);
@@ -210,7 +228,8 @@ ls_policy_spec cli_policy_spec(const char *model, const cli_train *t) {
                             .lora_alpha = t->lora_alpha,
                             .lora_targets = t->lora_targets,
                             .lora_seed = (uint64_t)t->lora_seed,
-                            .ep = t->ep_comm};
+                            .ep = t->ep_comm,
+                            .indexer_kl = t->o.indexer_kl_coef > 0};
 }
 
 ls_status cli_trainable_open(ls_trainable *p, const char *model, const cli_train *t, int with_adam, ls_arenas *ar) {

@@ -59,7 +59,7 @@ static ls_kv_prefix prefix_of(const ls_prompt_state *st, int l) {
 
 /* The indexer's per-query inputs of full layer l (spec §3): qI [T, nI, dI] (rope dims
  * first) and the per-head weights wq [T, nI] (nI^−½ included). */
-static void index_queries(const ls_mla_model *m, int l, const float *xn, const float *cq, int64_t T, int64_t pos0,
+void ls_mla_index_queries(const ls_mla_model *m, int l, const float *xn, const float *cq, int64_t T, int64_t pos0,
                           float *qI, float *wq) {
     const ls_config *c = &m->cfg;
     const ls_mla_config *mc = &c->mla;
@@ -84,7 +84,7 @@ static void index_keys(const ls_mla_model *m, int l, const float *xn, int64_t T,
 }
 
 /* x[0..n) rounded to `dtype` in place (bf16: round to nearest even, as the pages store). */
-static void round_to(float *x, int64_t n, ls_dtype dtype) {
+void ls_mla_round_to(float *x, int64_t n, ls_dtype dtype) {
     uint16_t tmp[256];
     for (int64_t i = 0; i < n; i += 256) {
         int64_t m = n - i < 256 ? n - i : 256;
@@ -314,7 +314,7 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
      * and value then reads the same whether it is still the call's or paged already, so
      * capture chunking, the CP split and decode order cannot move a near-tie selection of
      * a later layer (the backward passes straight through the rounding) */
-    if (L->st && L->st->dtype != LS_DTYPE_F32) round_to(own, T * dk, L->st->dtype);
+    if (L->st && L->st->dtype != LS_DTYPE_F32) ls_mla_round_to(own, T * dk, L->st->dtype);
     /* absorbed queries: q̃[h] = W_UK[h]ᵀ q_nope[h] (W_UK[h] = kv_b rows h·(dn+dv) ..+dn) */
     for (int h = 0; h < H; h++) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)rkv, dn, 1.0f, q + h * dq, (int)(H * dq),
@@ -338,8 +338,8 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
         /* the call's own index keys rounded as the pages round theirs: a selection is then a
          * function of the keys alone, whatever the chunking, the CP split or decode order
          * (near ties flip under bf16 otherwise, spec §7.3) */
-        if (L->st && L->st->dtype != LS_DTYPE_F32) round_to(kI, T * mc->index_head_dim, L->st->dtype);
-        index_queries(m, l, xn, cq, T, pos0, qI, wq);
+        if (L->st && L->st->dtype != LS_DTYPE_F32) ls_mla_round_to(kI, T * mc->index_head_dim, L->st->dtype);
+        ls_mla_index_queries(m, l, xn, cq, T, pos0, qI, wq);
         if (L->cp) {
             if (L->qroot >= 0) LS_TRY(cp_share_queries(L->cp, L->qroot, qa, qI, wq, T * H * dk, T * nI * dI, T * nI));
             LS_TRY(cp_select(m, l, qI, wq, kI, L));

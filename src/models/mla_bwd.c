@@ -1,15 +1,18 @@
 /*
  * mla_bwd.c — backward of a taped MLA-family branch (prefix-frozen, DESIGN §3):
  * parameter gradients (+=) into a gradient set. The selections (indexer top-k, expert
- * choice) are constants: the indexer and e_score_correction_bias get no gradient, and
- * experts are recomputed from the saved routing. A gradient set may leave tensors NULL
+ * choice) are constants: the indexer and e_score_correction_bias get no gradient from
+ * the GRPO loss (the indexer only from the optional indexer KL loss), and experts are
+ * recomputed from the saved routing. A gradient set may leave tensors NULL
  * (frozen): their gradient is skipped. Rows before the tape's grad_from (the naive
  * mode's prompt) pass no gradient as keys, so the plain forward over prompt + response
  * gives the prefix-frozen gradient too.
  */
 #include <cblas.h>
+#include <math.h>
 #include <string.h>
 
+#include "longstraw/comm.h"
 #include "longstraw/kernels.h"
 #include "longstraw/trace.h"
 #include "mla_tape.h"
@@ -103,7 +106,98 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
 typedef struct {
     ls_prompt_state *dstate;
     int inject;
+    double *indexer_kl; /* non-NULL: add the indexer KL loss (ls_fwd_opts), its sum here */
 } dstate_ctx;
+
+/* The indexer KL loss of full layer l (spec §3 "Indexer training", sparse stage): for the
+ * branch's queries t ≥ out_from, KL(p_t ‖ q_t) over the selected keys S_t, p_t the
+ * attention's probabilities averaged over heads (detached), q_t = softmax over S_t of
+ * the index scores; the indexer's inputs (x, c_q) and the prompt's index keys are
+ * constants, so only the layer's indexer tensors get its gradient (weight 1 per query),
+ * and Σ_t KL goes to *sum. Under CP a rank holds part of each S_t: one MAX and one SUM
+ * all-reduce make the softmax's and the KL's sums global, and one SUM all-reduce the
+ * queries' and own keys' gradients (every rank then forms the same weight gradients). */
+static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const mla_tape *tb, double *sum,
+                                ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    const ls_mla_config *mc = &c->mla;
+    const ls_mla_layer *w = &m->layers[l];
+    const mla_layer_tape *tp = &tb->layers[l];
+    int64_t T = tb->T, D = c->hidden, rq = mc->q_lora_rank, kk = tb->kk, t0 = tb->out_from, nq = T - t0;
+    int64_t pos0 = tb->pos0, dk = mc->kv_lora_rank + mc->qk_rope;
+    int nI = mc->index_heads, dI = mc->index_head_dim, H = c->n_heads, half = mc->qk_rope / 2;
+    if (nq <= 0) return LS_OK;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *qI = ALLOC_F(sc, nq * nI * dI), *wq = ALLOC_F(sc, nq * nI), *kpre = ALLOC_F(sc, T * dI);
+    float *kI = ALLOC_F(sc, T * dI), *Is = ALLOC_F(sc, nq * kk), *P = ALLOC_F(sc, nq * kk), *mx = ALLOC_F(sc, nq);
+    double *st = ls_arena_alloc(sc, (size_t)(3 * nq) * sizeof(double)); /* [Σ exp(I − max) | Σ p(log p − I) | Σ p] */
+    /* [dqI (nq·nI·dI) | dw (nq·nI) | the own keys' gradient (T·dI)]: one buffer, summed over cp */
+    int64_t nb = nq * nI * dI + nq * nI + T * dI;
+    float *dq = CALLOC_F(sc, nb), *dw = dq ? dq + nq * nI * dI : NULL, *dkI = dq ? dw + nq * nI : NULL;
+    NEED(qI && wq && kpre && kI && Is && P && mx && st && dq);
+    ls_mla_index_queries(m, l, tp->xn1 + t0 * D, tp->cq + t0 * rq, nq, pos0 + t0, qI, wq);
+    ls_linear_fwd(kpre, tp->xn1, w->idx_wk, T, D, dI, 0); /* the own index keys, as the forward formed them */
+    ls_layernorm_fwd(kI, kpre, w->idx_knorm_w, w->idx_knorm_b, T, dI, 1e-6f);
+    ls_rope_table_fwd(kI, T, 1, dI, 0, half, m->inv_freq, mc->indexer_rope_interleave, pos0);
+    if (tb->st && tb->st->dtype != LS_DTYPE_F32) ls_mla_round_to(kI, T * dI, tb->st->dtype);
+    ls_kv_prefix lat = {0, 1, LS_DTYPE_F32, NULL, NULL};
+    if (tb->st) lat = ls_state_prefix(tb->st, l);
+    const int32_t *sel = tp->sel;
+    int64_t apos0 = pos0; /* the own rows' origin in the selection */
+    if (tb->cp) {
+        lat.n = apos0 = ls_state_held_before(tb->st, tb->nkeys);
+        sel = tp->sel_local;
+    }
+    int mine = !tb->cp || ls_comm_rank(tb->cp) == tb->own_rank; /* this rank holds the branch's own keys */
+    ls_kv_prefix keys = {lat.n, lat.page_size, lat.dtype, lat.v_pages, NULL}; /* the index-key pages */
+    float scale = 1.0f / sqrtf((float)dI);
+    sel += t0 * kk;
+    ls_dsa_sel_scores(Is, qI, wq, &keys, kI, sel, kk, nq, nI, dI, apos0, scale);
+    ls_mla_attn_probs(P, tp->qa + t0 * H * dk, tp->lse + t0 * H, tp->own, &lat, sel, kk, nq, H, mc->kv_lora_rank,
+                      mc->qk_rope, apos0, m->scale);
+    for (int64_t i = 0; i < nq; i++) {
+        float v = -INFINITY;
+        for (int64_t j = 0; j < kk; j++) v = Is[i * kk + j] > v ? Is[i * kk + j] : v;
+        mx[i] = v;
+    }
+    if (tb->cp) LS_TRY(ls_comm_allreduce_f32(tb->cp, mx, nq, LS_REDUCE_MAX));
+    for (int64_t i = 0; i < nq; i++) {
+        double z = 0, a = 0, b = 0;
+        for (int64_t j = 0; j < kk; j++) {
+            float sv = Is[i * kk + j], p = P[i * kk + j];
+            if (sv == -INFINITY) continue;
+            z += exp((double)sv - mx[i]);
+            if (p > 0) {
+                a += (double)p * (log((double)p) - sv);
+                b += p;
+            }
+        }
+        st[i] = z, st[nq + i] = a, st[2 * nq + i] = b;
+    }
+    if (tb->cp) LS_TRY(ls_comm_allreduce_f64(tb->cp, st, 3 * nq, LS_REDUCE_SUM));
+    for (int64_t i = 0; i < nq; i++) { /* KL = Σ p log p − Σ p (I − lse_I); ∂KL/∂I = q − p */
+        double lse = mx[i] + log(st[i]);
+        *sum += st[nq + i] + lse * st[2 * nq + i];
+        for (int64_t j = 0; j < kk; j++) {
+            float *g = Is + i * kk + j; /* becomes ∂KL/∂I */
+            *g = *g == -INFINITY ? 0.0f : (float)(exp((double)*g - lse) - (double)P[i * kk + j]);
+        }
+    }
+    ls_dsa_sel_scores_bwd(dq, dw, mine ? dkI : NULL, Is, qI, wq, &keys, kI, sel, kk, nq, nI, dI, apos0, scale);
+    if (tb->grad_from > 0) memset(dkI, 0, (size_t)(tb->grad_from * dI) * sizeof(float)); /* naive: the prompt's keys */
+    if (tb->cp) LS_TRY(ls_comm_allreduce_f32(tb->cp, dq, nb, LS_REDUCE_SUM));
+    /* qI = rope(wq_b c_q); w = weights_proj(x)·nI^−½; kI = rope(LayerNorm(wk x)) */
+    ls_rope_table_bwd(dq, nq, nI, dI, 0, half, m->inv_freq, mc->indexer_rope_interleave, pos0 + t0);
+    ls_linear_bwd(NULL, gw->idx_wq, dq, tp->cq + t0 * rq, w->idx_wq, nq, rq, (int64_t)nI * dI, 0);
+    float ws = 1.0f / sqrtf((float)nI);
+    for (int64_t i = 0; i < nq * nI; i++) dw[i] *= ws;
+    ls_linear_bwd(NULL, gw->idx_weights, dw, tp->xn1 + t0 * D, w->idx_weights, nq, D, nI, 0);
+    ls_rope_table_bwd(dkI, T, 1, dI, 0, half, m->inv_freq, mc->indexer_rope_interleave, pos0);
+    ls_layernorm_bwd(dkI, gw->idx_knorm_w, gw->idx_knorm_b, dkI, kpre, w->idx_knorm_w, T, dI, 1e-6f);
+    ls_linear_bwd(NULL, gw->idx_wk, dkI, tp->xn1, w->idx_wk, T, D, dI, 0);
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
 
 /* The MLA mixer's backward: dy [T, D] = ∂L/∂(mixer output) → dxn [T, D] (=). */
 static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const mla_tape *tb, const float *dy,
@@ -115,6 +209,7 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
     int64_t T = tb->T, D = c->hidden, rq = mc->q_lora_rank, rkv = mc->kv_lora_rank, pos0 = tb->pos0;
     int H = c->n_heads, dn = mc->qk_nope, dr = mc->qk_rope, dv = mc->v_head, half = dr / 2;
     int64_t dq = dn + dr, dk = rkv + dr, hb = dn + dv;
+    if (dc->indexer_kl && mc->index_full[l]) LS_TRY(indexer_kl_bwd(m, l, gw, tb, dc->indexer_kl, sc));
     ls_arena_mark mk = ls_arena_get_mark(sc);
     float *dov = ALLOC_F(sc, T * H * dv), *dob = ALLOC_F(sc, T * H * rkv); /* ∂L/∂(W_UV outputs), ∂L/∂ō */
     float *dqa = ALLOC_F(sc, T * H * dk + T * dk), *down = dqa ? dqa + T * H * dk : NULL; /* queries | own rows */
@@ -234,9 +329,10 @@ static ls_status branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const mla
 }
 
 ls_status ls_mla_branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const ls_branch_tape *tape,
-                            const float *dlogprob, ls_prompt_state *dstate, ls_arena *scratch) {
+                            const float *dlogprob, ls_prompt_state *dstate, const ls_fwd_opts *o, ls_arena *scratch) {
     LS_ASSERT(!dstate || dstate->full, "the prompt state has no gradient buffer (full mode)");
-    dstate_ctx dc = {dstate, 0};
+    LS_ASSERT(!(o && o->indexer_kl) || o->indexer_kl_sum, "the indexer KL loss needs a sum to add to");
+    dstate_ctx dc = {dstate, 0, o && o->indexer_kl ? o->indexer_kl_sum : NULL};
     return branch_bwd(m, grad, (const mla_tape *)tape, dlogprob, &dc, scratch);
 }
 
@@ -284,7 +380,7 @@ ls_status ls_mla_sweep(const ls_mla_model *m, ls_mla_model *grad, ls_prompt_stat
         ls_branch_tape *tape;
         LS_TRY(ls_mla_branch_fwd(m, &view, ids + lo, T, T, 0, NULL, NULL, NULL, &tape, o, tape_arena, scratch));
         mla_tape *tb = (mla_tape *)tape;
-        dstate_ctx dc = {st, 1};
+        dstate_ctx dc = {st, 1, NULL};
         tb->st = &view;
         LS_TRY(branch_bwd(m, g, tb, NULL, &dc, scratch));
         ls_arena_release(tape_arena, mk);

@@ -4,6 +4,7 @@
  * e_score_correction_bias are frozen: the loss gives them no gradient, spec §8.4, §8.6,
  * so they carry no gradient buffer and no optimizer state), or merged LoRA adapters.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +43,7 @@ static ls_status mla_branch_fwd(const ls_model *m, const ls_prompt_state *st, co
 static ls_status mla_branch_bwd(const ls_model *m, ls_model *grad, const ls_branch_tape *tape, const float *dl,
                                 ls_prompt_state *dstate, const ls_fwd_opts *o, ls_arena *scratch) {
     (void)o;
-    return ls_mla_branch_bwd(M(m), (ls_mla_model *)grad->impl, tape, dl, dstate, scratch);
+    return ls_mla_branch_bwd(M(m), (ls_mla_model *)grad->impl, tape, dl, dstate, o, scratch);
 }
 
 static ls_status mla_sweep(const ls_model *m, ls_model *grad, ls_prompt_state *st, const int32_t *ids,
@@ -102,6 +103,7 @@ typedef struct {
     ls_mla_model base, ref, grad, merged;
     ls_lora *lora;    /* NULL: a full fine-tune */
     uint8_t *sharded; /* [n] expert parallelism: 1 for this rank's routed experts */
+    uint8_t *aux;     /* [n] the indexer KL loss: 1 for the indexers' tensors */
 } mla_policy;
 
 static mla_policy *MP(const ls_policy *p) { return (mla_policy *)p->priv; }
@@ -164,7 +166,22 @@ static ls_status mla_policy_open(ls_policy *p, const ls_policy_spec *sp, ls_aren
     }
     p->grad = ls_mla_handle(&mp->grad);
     p->ep = mp->base.ep;
+    if (sp->indexer_kl && (sp->adapter || sp->lora_rank > 0))
+        return ls_err(LS_ERR_ARG, "--indexer-kl-coef trains the indexers' own weights, which LoRA keeps frozen: use a "
+                                  "full fine-tune (without --lora-rank / --adapter)");
     if (sp->adapter || sp->lora_rank > 0) return open_lora(p, mp, sp, fixed, ga);
+    if (sp->indexer_kl) { /* the indexers join the trainable set (the correction bias stays frozen) */
+        int any = 0;
+        for (int64_t i = 0; i < mp->base.n_tensors; i++) {
+            ls_mla_tensor *t = (ls_mla_tensor *)&mp->base.tensors[i]; /* the policy's own list (fixed arena) */
+            if (t->layer >= 0 && (t->field == offsetof(ls_mla_layer, idx_wq) || t->field == offsetof(ls_mla_layer, idx_wk) ||
+                                  t->field == offsetof(ls_mla_layer, idx_knorm_w) ||
+                                  t->field == offsetof(ls_mla_layer, idx_knorm_b) ||
+                                  t->field == offsetof(ls_mla_layer, idx_weights)))
+                t->frozen = 0, any = 1;
+        }
+        if (!any) return ls_err(LS_ERR_ARG, "--indexer-kl-coef: %s has no indexer tensors", sp->model_dir);
+    }
     LS_TRY(ls_mla_alloc_like(&mp->base, &mp->grad, ga, 1));
     p->policy = ls_mla_handle(&mp->base);
     int64_t n2 = 0;
@@ -177,11 +194,17 @@ static ls_status mla_policy_open(ls_policy *p, const ls_policy_spec *sp, ls_aren
             if (!mp->base.tensors[i].frozen) mp->sharded[k++] = mp->base.tensors[i].expert >= 0;
         p->sharded = mp->sharded;
     }
+    if (sp->indexer_kl) { /* the indexers' gradients come from the indexer KL loss alone */
+        if (!(mp->aux = calloc((size_t)(p->n > 0 ? p->n : 1), 1))) return LS_ERR_NOMEM;
+        for (int64_t i = 0, k = 0; i < mp->base.n_tensors; i++)
+            if (!mp->base.tensors[i].frozen) mp->aux[k++] = strstr(mp->base.tensors[i].name, ".indexer.") != NULL;
+        p->aux = mp->aux;
+    }
     return LS_OK;
 }
 
 static void mla_policy_close(ls_policy *p) {
-    if (p->priv) free(MP(p)->sharded);
+    if (p->priv) free(MP(p)->sharded), free(MP(p)->aux);
     free(p->w);
     free(p->g);
     free(p->priv);

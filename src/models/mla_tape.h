@@ -44,4 +44,11 @@ typedef struct {
     int64_t lmhead_rows;
 } mla_tape;
 
+/* Shared by the forward and the backward (mla.c): the indexer's per-query inputs of full
+ * layer l, qI [T, nI, dI] (rope dims first, rotated) and weights wq [T, nI] (nI^−½ in);
+ * x[0..n) rounded to `dtype` in place, as the pages store it. */
+void ls_mla_index_queries(const ls_mla_model *m, int l, const float *xn, const float *cq, int64_t T, int64_t pos0,
+                          float *qI, float *wq);
+void ls_mla_round_to(float *x, int64_t n, ls_dtype dtype);
+
 #endif

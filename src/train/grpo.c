@@ -332,7 +332,9 @@ static ls_status replay(ls_policy *p, const ls_group *g, const group_scores *gs,
                 ls_grpo_member_terms(dl, acc, lp, gs->old[i], o->beta != 0 ? gs->rlp[i] : NULL, g->R[i], gs->A[i],
                                      member_weight(o, g->R[i]), o);
             for (int64_t t = 0; t < g->R[i]; t++) *ent_sum += ent[t];
-            s = p->fam->branch_bwd(&p->policy, &p->grad, tape, dl, o->full && stp ? stp : NULL, &o->fwd,
+            ls_fwd_opts fo = o->fwd; /* the indexer KL loss adds its sum to acc */
+            fo.indexer_kl = o->indexer_kl_coef > 0, fo.indexer_kl_sum = &acc->indexer_kl;
+            s = p->fam->branch_bwd(&p->policy, &p->grad, tape, dl, o->full && stp ? stp : NULL, &fo,
                                    &ar->a[LS_ARENA_SCRATCH]);
         }
         ls_arena_release(br, bm);
@@ -432,9 +434,10 @@ static ls_status run_group(ls_policy *p, ls_group *g, int gi, group_scores *gs, 
     return s;
 }
 
-static void scale_params(const ls_param *gp, int64_t n, double c) {
+/* g[k] *= c, or c_aux where aux[k] (the indexer KL loss's tensors; aux may be NULL). */
+static void scale_params(const ls_param *gp, int64_t n, double c, const uint8_t *aux, double c_aux) {
     for (int64_t k = 0; k < n; k++) {
-        float *g = gp[k].p, cf = (float)c;
+        float *g = gp[k].p, cf = (float)(aux && aux[k] ? c_aux : c);
 #pragma omp parallel for schedule(static) if (gp[k].n > 65536)
         for (int64_t i = 0; i < gp[k].n; i++) g[i] *= cf;
     }
@@ -483,6 +486,12 @@ ls_status ls_grpo_update_batch(ls_policy *p, ls_adamw *adam, ls_group *groups, i
         return ls_err(LS_ERR_ARG, "--loss sft has no reference term: --beta must be 0 (got %g)", o->beta);
     if (o->sft && rollout) return ls_err(LS_ERR_ARG, "--loss sft trains on given responses: not with rollouts");
     if (o->full && !p->fam->sweep) return ls_err(LS_ERR_UNSUPPORTED, "family %s has no full-mode sweep", p->fam->name);
+    if (!(o->indexer_kl_coef >= 0)) return ls_err(LS_ERR_ARG, "indexer KL coefficient %g: must be >= 0", o->indexer_kl_coef);
+    if (o->indexer_kl_coef > 0 && !p->aux)
+        return ls_err(LS_ERR_ARG, "the indexer KL loss needs the indexers in the trainable set (policy opened without it)");
+    if (o->indexer_kl_coef > 0 && o->full)
+        return ls_err(LS_ERR_UNSUPPORTED, "the indexer KL loss runs in prefix-frozen mode: its gradient through the "
+                                          "prompt's index keys (the full mode's) is not built");
     if (o->beta != 0 && !p->ref.impl) return ls_err(LS_ERR_ARG, "beta = %g needs a reference policy", o->beta);
     if (!adam && o->num_iterations != 1) return ls_err(LS_ERR_ARG, "gradients only: num_iterations must be 1");
     if (o->num_iterations < 1) return ls_err(LS_ERR_ARG, "num_iterations must be >= 1");
@@ -499,7 +508,7 @@ ls_status ls_grpo_update_batch(ls_policy *p, ls_adamw *adam, ls_group *groups, i
     }
     if (s == LS_OK && !rollout && !o->sft) advantages(gs, groups, n_groups, o->scale);
     for (int it = 0; it < o->num_iterations && s == LS_OK; it++) {
-        ls_grpo_terms acc = {0, 0, 0, 0, 0};
+        ls_grpo_terms acc = {0};
         double ent_sum = 0;
         for (int k = 0; k < n_groups && s == LS_OK; k++)
             s = run_group(p, &groups[k], k, &gs[k], it == 0, rollout, o, ar, &acc, &ent_sum, mt);
@@ -514,8 +523,12 @@ ls_status ls_grpo_update_batch(ls_policy *p, ls_adamw *adam, ls_group *groups, i
             break;
         }
         double c = batch_constant(groups, n_groups, o->loss, o->sft, o->max_completion_length);
-        scale_params(p->g, p->n, c);
+        int64_t ntok = 0; /* the indexer KL loss is a mean over the batch's response tokens */
+        for (int k = 0; k < n_groups; k++) ntok += sum_R(&groups[k]);
+        double caux = ntok > 0 ? o->indexer_kl_coef / (double)ntok : 0;
+        scale_params(p->g, p->n, c, p->aux, caux);
         mt->loss = c * acc.loss;
+        mt->indexer_kl = ntok > 0 ? acc.indexer_kl / (double)ntok : 0;
         mt->kl = acc.tokens > 0 ? acc.kl_sum / acc.tokens : 0;
         mt->clip_low = acc.tokens > 0 ? acc.clip_low / acc.tokens : 0;
         mt->clip_high = acc.tokens > 0 ? acc.clip_high / acc.tokens : 0;
