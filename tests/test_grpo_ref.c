@@ -19,6 +19,7 @@ int test_grpo_reference_grads(void);
 int test_grpo_reference_trajectory(void);
 int test_grpo_reference_full(void);
 int test_mla_reference_grads(void);
+int test_mla_reference_indexer_kl(void);
 int test_grpo_full_fd(void);
 int test_grpo_reference_full_trajectory(void);
 int test_grpo_full_vs_naive_tool(void);
@@ -114,9 +115,12 @@ static int grads_vs_reference_of(const char *file, const char *key, const char *
         const char *name = cJSON_GetObjectItem(c, "name")->valuestring;
         const cJSON *args = cJSON_GetObjectItem(c, "args");
         if (prefix_only && full_case(args)) continue;
-        char out[700], extra[1200], cmd[4096];
+        char out[700], extra[2000], cmd[4096], rcpt[700];
+        const cJSON *ikl = cJSON_GetObjectItem(c, "indexer_kl"); /* the indexer KL loss's value, from the receipt */
         snprintf(out, sizeof out, "%s/%s.safetensors", tmp, name);
-        snprintf(extra, sizeof extra, "%s --out '%s'", engine, out);
+        snprintf(rcpt, sizeof rcpt, "%s/%s.json", tmp, name);
+        snprintf(extra, sizeof extra, "%s --out '%s'%s%s%s", engine, out, ikl ? " --receipt '" : "", ikl ? rcpt : "",
+                 ikl ? "'" : "");
         build_cmd(cmd, sizeof cmd, "grad", args, extra);
         int rc;
         char *log = t_run_capture(cmd, &rc);
@@ -132,6 +136,16 @@ static int grads_vs_reference_of(const char *file, const char *key, const char *
         ls_st_close(&fa);
         ls_st_close(&fb);
         T_CHECK(fabs(la - lb) <= 1e-5 * fmax(1.0, fabs(lb)), "%s: loss %.9g vs reference %.9g", name, la, lb);
+        if (ikl) {
+            char *rt = t_read_file(rcpt, NULL);
+            cJSON *r = rt ? cJSON_Parse(rt) : NULL;
+            free(rt);
+            const cJSON *v = r ? cJSON_GetObjectItem(cJSON_GetObjectItem(r, "metrics"), "indexer_kl") : NULL;
+            double ka = v ? v->valuedouble : NAN, kb = ikl->valuedouble;
+            cJSON_Delete(r);
+            T_CHECK(fabs(ka - kb) <= 1e-5 * fmax(1.0, fabs(kb)), "%s: indexer KL %.9g vs reference %.9g", name, ka, kb);
+            printf("  %-12s indexer KL %.7f (ref %.7f)\n", name, ka, kb);
+        }
         double worst;
         int64_t n;
         if (compare_files(out, want, NULL, 1e-3, &worst, &n)) return 1;
@@ -349,4 +363,13 @@ int test_mla_reference_grads(void) {
                               6, 0))
         return 1;
     return grads_vs_reference_of(FIX "/mla_grpo/cases.json", "cases", "--no-capture", 6, 0);
+}
+
+/* The indexer KL loss (--indexer-kl-coef) against mla_ref.py's: the gradient of GRPO +
+ * coef·KL (the indexers' tensors carry the KL's alone) to 1e-3 relative per tensor, the
+ * GRPO loss and the KL's value to 1e-5, by capture (pages of 7, chunks of 5) and naive. */
+int test_mla_reference_indexer_kl(void) {
+    if (grads_vs_reference_of(FIX "/mla_grpo/cases.json", "kl_cases", "--page-size 7 --capture-chunk 5", 3, 0))
+        return 1;
+    return grads_vs_reference_of(FIX "/mla_grpo/cases.json", "kl_cases", "--no-capture", 3, 0);
 }

@@ -28,6 +28,8 @@ static void help(void) {
            "  --mode M             prefix-frozen (default) or full: adds the exact-gradient mode's\n"
            "                       dState (f32 dK/dV pages, d(S, conv tail)) and sweep checkpoints\n"
            "  --sweep-chunk N      full mode: positions per reverse-sweep chunk (default 512)\n"
+           "  --ep N               MLA family: the routed experts split over N expert-parallel ranks\n"
+           "                       (weights, moments and gradients per rank hold E/N experts)\n"
            "  --json               print JSON instead of a table\n"
            "  --help               this text\n");
 }
@@ -47,28 +49,36 @@ static void print_live_terms(size_t params, size_t w_bytes, size_t m_bytes, size
 /* The MLA + DSA + MoE family (mla.h): latent pages per MLA layer, index-key pages per
  * full indexer layer, the MoE routed-hidden buffers of a capture chunk. */
 static int plan_mla(const ls_config *cfg, const char *path, int64_t P, int64_t S, ls_dtype dt, int cp,
-                    ls_cp_layout lay, int64_t sweep, int json) {
+                    ls_cp_layout lay, int64_t sweep, int ep, int json) {
     ls_mla_plan_t p;
     ls_state_plan_t sp; /* the family's state plan: full mode's dState and chunk table */
     ls_status s = ls_mla_state_plan(&p, cfg, P, S, dt, cp, lay, 2048);
     if (s == LS_OK) s = ls_state_plan(&sp, cfg, P, S, dt, cp, lay, sweep);
     if (s != LS_OK) return cli_fail("plan", s);
-    size_t params = 0, frozen = 0, w_bytes = 0, m_bytes = 0, g_bytes = 0, total = p.total_bytes_per_rank;
+    if (ep > 1 && (cfg->n_experts == 0 || cfg->n_experts % ep != 0))
+        return cli_fail("plan", ls_err(LS_ERR_ARG, "%s: n_routed_experts %d does not split over --ep %d ranks", path,
+                                       cfg->n_experts, ep));
+    size_t params = 0, frozen = 0, experts = 0, w_bytes = 0, m_bytes = 0, g_bytes = 0, total = p.total_bytes_per_rank;
     ls_mla_tensor *tl = NULL;
     int64_t nt = 0;
-    if (ls_mla_param_count(cfg, &params) == 0 && params <= ((size_t)1 << 40) &&
-        ls_mla_tensors(cfg, 0, cfg->n_experts, &tl, &nt) == LS_OK)
-        for (int64_t i = 0; i < nt; i++)
-            if (tl[i].frozen) frozen += (size_t)(tl[i].shape[0] * tl[i].shape[1]);
+    ls_status pc = ls_mla_param_count(cfg, &params);
+    if (pc == LS_OK && params <= ((size_t)1 << 40) && ls_mla_tensors(cfg, 0, cfg->n_experts, &tl, &nt) == LS_OK)
+        for (int64_t i = 0; i < nt; i++) {
+            size_t n = (size_t)(tl[i].shape[0] * tl[i].shape[1]);
+            if (tl[i].frozen) frozen += n;
+            if (tl[i].expert >= 0) experts += n;
+        }
     free(tl);
-    if (ls_mla_param_count(cfg, &params) || ls_mul_size(params, 4, &w_bytes) ||
+    size_t all = params; /* every rank holds the rest and E/ep experts */
+    if (ep > 1 && params > 0) params -= experts - experts / (size_t)ep;
+    if (pc != LS_OK || ls_mul_size(params, 4, &w_bytes) ||
         ls_mul_size(params - frozen, 8, &m_bytes) || ls_mul_size(params - frozen, 4, &g_bytes) ||
         ls_add_size(total, sp.dstate_bytes_per_rank + sp.ckpt_bytes_per_rank, &total))
         return cli_fail("plan", ls_err(LS_ERR_ARG, "%s: the parameter count's byte size overflows 64 bits", path));
     const char *dts = dt == LS_DTYPE_BF16 ? "bf16" : "f32";
     if (json) {
         printf("{\"family\": \"mla\", \"model_type\": \"%s\", \"prompt\": %lld, \"captured_positions\": %lld, "
-               "\"page_size\": %lld, \"cp\": %d, \"cp_layout\": \"%s\", \"state_dtype\": \"%s\", "
+               "\"page_size\": %lld, \"ep\": %d, \"experts_per_rank\": %d, \"parameters_all_ranks\": %zu, \"cp\": %d, \"cp_layout\": \"%s\", \"state_dtype\": \"%s\", "
                "\"mla_layers\": %d, \"index_layers\": %d, \"pages_per_layer\": %lld, \"pages_per_rank\": %lld, "
                "\"latent_bytes_per_layer_per_rank\": %zu, \"index_bytes_per_layer_per_rank\": %zu, "
                "\"latent_bytes_per_rank\": %zu, \"index_bytes_per_rank\": %zu, \"table_bytes_per_rank\": %zu, "
@@ -76,7 +86,8 @@ static int plan_mla(const ls_config *cfg, const char *path, int64_t P, int64_t S
                "\"mode\": \"%s\", \"sweep_chunk\": %lld, \"dstate_bytes_per_rank\": %zu, \"ckpt_bytes_per_rank\": %zu, "
                "\"parameters\": %zu, \"trainable_parameters\": %zu, \"weights_bytes_f32\": %zu, \"adamw_bytes\": %zu, "
                "\"grad_bytes\": %zu}\n",
-               cfg->model_type, (long long)P, (long long)p.positions, (long long)S, cp, ls_cp_layout_name(lay), dts,
+               cfg->model_type, (long long)P, (long long)p.positions, (long long)S, ep, cfg->n_experts / ep, all, cp,
+               ls_cp_layout_name(lay), dts,
                p.n_mla, p.n_index, (long long)p.pages, (long long)p.pages_per_rank, p.latent_layer_bytes_per_rank,
                p.index_layer_bytes_per_rank, p.latent_bytes_per_rank, p.index_bytes_per_rank, p.table_bytes_per_rank,
                total, p.routed_bytes_per_rank, (long long)p.capture_chunk, sweep ? "full" : "prefix-frozen",
@@ -109,9 +120,13 @@ static int plan_mla(const ls_config *cfg, const char *path, int64_t P, int64_t S
     printf("  %-40s %20zu %12.4f\n", "prompt arena total", total, gib(total));
     snprintf(row, sizeof row, "MoE routed hidden (chunk of %lld, f32)", (long long)p.capture_chunk);
     printf("  %-40s %20zu %12.4f\n", row, p.routed_bytes_per_rank, gib(p.routed_bytes_per_rank));
-    char what[160];
-    snprintf(what, sizeof what, ", MTP layers excluded; %zu of the indexers and correction biases: no gradient, no "
-                                "moments", frozen);
+    char what[320];
+    int o = 0;
+    if (ep > 1)
+        o = snprintf(what, sizeof what, " per rank with EP %d: %d of %d routed experts; %zu on all ranks", ep,
+                     cfg->n_experts / ep, cfg->n_experts, all);
+    snprintf(what + o, sizeof what - (size_t)o, ", MTP layers excluded; %zu of the indexers and correction biases: no "
+                                                 "gradient, no moments", frozen);
     print_live_terms(params, w_bytes, m_bytes, g_bytes, 40, what);
     return 0;
 }
@@ -126,6 +141,7 @@ int cmd_plan(int argc, char **argv) {
                                          {"cp-layout", required_argument, 0, 'l'},
                                          {"mode", required_argument, 0, 'M'},
                                          {"sweep-chunk", required_argument, 0, 'w'},
+                                         {"ep", required_argument, 0, 'e'},
                                          {"json", no_argument, 0, 'j'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -134,7 +150,7 @@ int cmd_plan(int argc, char **argv) {
     ls_dtype dt = LS_DTYPE_BF16;
     ls_cp_layout lay = LS_CP_CONTIGUOUS;
     int full = 0;
-    int64_t sweep = 512;
+    int64_t sweep = 512, ep = 1;
     int json = 0, ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -148,6 +164,7 @@ int cmd_plan(int argc, char **argv) {
         case 'l': if (cli_parse_layout("plan", optarg, &lay)) return 2; break;
         case 'M': if (cli_parse_mode("plan", optarg, &full)) return 2; break;
         case 'w': if (cli_parse_i64("plan", "--sweep-chunk", optarg, 1, INT64_MAX / 4, &sweep)) return 2; break;
+        case 'e': if (cli_parse_i64("plan", "--ep", optarg, 1, 4096, &ep)) return 2; break;
         case 'j': json = 1; break;
         case 'h': help(); return 0;
         default: return cli_usage_error("plan", "bad option");
@@ -163,8 +180,11 @@ int cmd_plan(int argc, char **argv) {
     ls_status s = ls_config_load(&cfg, path);
     if (s != LS_OK) return cli_fail("plan", s);
     if (cfg.family == LS_FAMILY_MLA) {
-        return plan_mla(&cfg, path, P, S, dt, (int)cp, lay, full ? sweep : 0, json);
+        return plan_mla(&cfg, path, P, S, dt, (int)cp, lay, full ? sweep : 0, (int)ep, json);
     }
+    if (ep > 1)
+        return cli_usage_error("plan", "--ep %lld: expert parallelism is built for the MLA family only (%s is %s)",
+                               (long long)ep, path, cfg.model_type);
     const ls_family *fam = ls_family_for(&cfg, path);
     if (!fam) return cli_fail("plan", LS_ERR_UNSUPPORTED);
     ls_state_plan_t p;
