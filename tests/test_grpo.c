@@ -179,10 +179,11 @@ static int modes_vs_naive(int full, double tol) {
             T_OK(t_grpo_update(&m, &ref, &g5, NULL, &g, &o, &ar, &m2));
             T_CHECK(worst_tensor(&g5, &g1, &f2, NULL) == 0, "floor");
             floor = f2 > floor ? f2 : floor;
-            /* 2×: the tensors this bites are 4-element ones (A_log, dt_bias) whose
+            /* 3×: the tensors this bites are 4-element ones (A_log, dt_bias) whose
              * smallest element carries a 7e-8 absolute difference where the floor's
-             * carries 3e-8 */
-            bound = 2 * floor > tol ? 2 * floor : tol;
+             * carries 3e-8; measured 2.0× the floor in a Release build and 2.6× under
+             * ASan (other code generation) on an Intel AVX-512 machine */
+            bound = 3 * floor > tol ? 3 * floor : tol;
         }
         double worst = 0;
         const char *what = "";

@@ -312,7 +312,7 @@ int test_grpo_reference_full_trajectory(void) {
  * (`--no-capture --mode full`: each member's whole sequence under one tape, nothing
  * detached) through the tool, on the four fixtures (both layouts, dense and MoE), full
  * fine-tune and LoRA, β = 0.05 with clipping both ways, pages of 7 and sweep chunks of
- * 13 (130 captured positions). Bound 1e-5 per tensor, or 1.5× the fixture's own float
+ * 13 (130 captured positions). Bound 1e-5 per tensor, or 3× the fixture's own float
  * floor where that is larger: prefix-frozen capture against prefix-frozen naive, the
  * same comparison with nothing new in it (q35_moe's MoE routing makes it ~1e-4). */
 int test_grpo_full_vs_naive_tool(void) {
@@ -340,7 +340,9 @@ int test_grpo_full_vs_naive_tool(void) {
             double floor, worst;
             int64_t n;
             if (compare_files(out[2], out[3], NULL, 1.0, &floor, &n)) return 1;
-            double tol = 1.5 * floor > 1e-5 ? 1.5 * floor : 1e-5;
+            /* 3× the floor: float32 schedules differ by up to ~2.6× their measured floor
+             * here between builds (Release vs ASan code generation) and machines */
+            double tol = 3 * floor > 1e-5 ? 3 * floor : 1e-5;
             if (compare_files(out[0], out[1], NULL, tol, &worst, &n)) return 1;
             printf("  %-10s %-4s full mode vs the naive full graph: worst tensor %.2e over %lld (prefix-frozen floor "
                    "%.2e, bound %.1e)\n",
