@@ -34,6 +34,17 @@ int test_cp_mla_indexer_kl(void);
 int test_cp_mla_rollouts(void);
 
 #define FIX LS_SOURCE_DIR "/tests/reference/fixtures"
+/* A sanitizer build runs the CP comparisons at N = 1 and 3 only (CMakeLists.txt): the
+ * Release build runs every N; this one looks for memory errors on every code path (3
+ * ranks: a middle rank, uneven shards, remote and own keys). */
+#ifdef LS_TEST_SANITIZED
+#define CP_SKIP_NP(np) ((np) == 2 || (np) == 4)
+#define CP_SANITIZED 1
+#else
+#define CP_SKIP_NP(np) 0
+#define CP_SANITIZED 0
+#endif
+
 /* what OpenMPI needs here (root, oversubscription; LeakSanitizer suppressions for
  * OpenMPI's own allocations in a sanitizer build): CMake's LS_MPI_ENV */
 #define MPI_ENV LS_MPI_ENV
@@ -177,6 +188,7 @@ static int cp_consistency(const char *layout) {
             }
             double tol = 1.5 * floor > 1e-5 ? 1.5 * floor : 1e-5;
             for (int np = 1; np <= 4; np++) {
+                if (CP_SKIP_NP(np)) continue;
                 char a3[8300];
                 snprintf(a3, sizeof a3, "%s --cp-layout %s", args, layout);
                 char *many = run_np(np, a3, err, &rc);
@@ -209,6 +221,7 @@ static int cp_consistency(const char *layout) {
             double gfloor = -1; /* the gradient's one-rank float floor, as for the log-probs */
             for (int step = 0; step < 2; step++) {
                 for (int np = 1; np <= 4; np++) {
+                    if (CP_SKIP_NP(np)) continue;
                     snprintf(base, sizeof base, "%s/%s_%d_%d_%d", dir, fx[f], lora, step, np);
                     snprintf(args, sizeof args,
                              "%s --model %s/%s --group %s/%s/group_train.json --page-size 7 --capture-chunk 16 "
@@ -329,6 +342,7 @@ int test_cp_full_consistency(void) {
             double tol = 1.5 * floor > 1e-5 ? 1.5 * floor : 1e-5;
             for (int l = 0; l < 2; l++)
                 for (int np = 1; np <= 4; np++) {
+                    if (CP_SKIP_NP(np)) continue;
                     snprintf(got, sizeof got, "%s/%s_%d_%d_%d.safetensors", dir, fx[f], lora, l, np);
                     snprintf(args, sizeof args, "%s --capture-chunk 16 --sweep-chunk 23 --cp-layout %s --out %s",
                              common, lay[l], got);
@@ -379,7 +393,7 @@ int test_cp_full_consistency(void) {
                 rp);
         free(rt);
     }
-    T_CHECK(compared == 64, "compared %d", compared);
+    T_CHECK(compared == (CP_SANITIZED ? 32 : 64), "compared %d", compared);
     t_remove_dir(dir);
     return 0;
 }
@@ -652,6 +666,7 @@ int test_cp_mla_consistency(void) {
         T_CHECK(one && rc == 0, "%s: one rank failed (rc %d)", fx[f], rc);
         for (int l = 0; l < 2; l++)
             for (int np = 2; np <= 4; np++) {
+                if (CP_SKIP_NP(np)) continue;
                 char a3[8300];
                 snprintf(a3, sizeof a3, "%s --cp-layout %s --threads 1", args, lay[l]);
                 char *many = run_np(np, a3, err, &rc);
@@ -670,6 +685,7 @@ int test_cp_mla_consistency(void) {
             char base[1024], pa[4300], pb[4300];
             for (int l = 0; l < 2; l++)
                 for (int np = 1; np <= 4; np++) {
+                    if (CP_SKIP_NP(np)) continue;
                     if (np == 1 && l == 1) continue; /* one rank: both layouts are the whole prompt */
                     snprintf(base, sizeof base, "%s/%s_%d_%d_%d", dir, fx[f], m, l, np);
                     snprintf(args, sizeof args,
@@ -725,6 +741,7 @@ int test_cp_ep_consistency(void) {
         char *one = run_np(1, args, err, &rc);
         T_CHECK(one && rc == 0, "%s: one rank failed", fx[f]);
         for (int c = 0; c < 3; c++) {
+            if (CP_SANITIZED && c != 1) continue; /* sanitizer build: CP 2 x EP 2 only */
             char a2[8300];
             snprintf(a2, sizeof a2, "%s --ep %d --threads 1", args, cfg[c][1]);
             char *many = run_np(cfg[c][0], a2, err, &rc);
@@ -741,6 +758,7 @@ int test_cp_ep_consistency(void) {
             int step = m == 3;
             char base[1024], pa[4300], pb[4300];
             for (int c = -1; c < 3; c++) { /* c = −1: one rank */
+                if (CP_SANITIZED && c >= 0 && c != 1) continue;
                 int np = c < 0 ? 1 : cfg[c][0], ep = c < 0 ? 1 : cfg[c][1];
                 snprintf(base, sizeof base, "%s/%s_ep_%d_%d_%d", dir, fx[f], m, np, ep);
                 snprintf(args, sizeof args,
@@ -815,7 +833,7 @@ int test_cp_ep_consistency(void) {
     e = t_read_file(err, NULL);
     T_CHECK(rc != 0 && e && strstr(e, "MLA family only"), "--ep on the hybrid family: rc %d: %s", rc, e ? e : "");
     free(e);
-    T_CHECK(compared == 2 * (3 + 4 * 3), "compared %d", compared);
+    T_CHECK(compared == (CP_SANITIZED ? 2 * (1 + 4 * 1) : 2 * (3 + 4 * 3)), "compared %d", compared);
     t_remove_dir(dir);
     return 0;
 }
@@ -997,6 +1015,7 @@ int test_cp_mla_indexer_kl(void) {
             ls_st_close(&g);
         }
         for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+            if (CP_SANITIZED && (runs[r].np == 2 || (runs[r].np == 4 && !runs[r].extra[0]))) continue;
             snprintf(pa, sizeof pa, "%s/%s_%zu.safetensors", dir, fx[f], r + 2);
             snprintf(args, sizeof args, "grad --model %s/%s --group %s/%s/group_train.json --ref-model %s/%s %s %s --out %s",
                      FIX, fx[f], FIX, fx[f], FIX, fx[f], common, runs[r].extra, pa);
@@ -1065,7 +1084,7 @@ int test_cp_mla_indexer_kl(void) {
         T_CHECK(rc != 0 && e && strstr(e, bad[i].want), "%s %s: rc %d: %s", bad[i].model, bad[i].extra, rc, e ? e : "");
         free(e);
     }
-    T_CHECK(compared == 12, "compared %d", compared);
+    T_CHECK(compared == (CP_SANITIZED ? 8 : 12), "compared %d", compared);
     t_remove_dir(dir);
     return 0;
 }
