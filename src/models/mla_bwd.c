@@ -176,6 +176,7 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
     }
     if (tb->cp) LS_TRY(ls_comm_allreduce_f64(tb->cp, st, 3 * nq, LS_REDUCE_SUM));
     for (int64_t i = 0; i < nq; i++) { /* KL = Σ p log p − Σ p (I − lse_I); ∂KL/∂I = q − p */
+        LS_ASSERT(st[i] > 0, "layer %d: query %lld selected no key", l, (long long)(t0 + i)); /* its own is causal */
         double lse = mx[i] + log(st[i]);
         *sum += st[nq + i] + lse * st[2 * nq + i];
         for (int64_t j = 0; j < kk; j++) {
