@@ -121,3 +121,15 @@ char *t_read_file(const char *path, size_t *len) {
     if (len) *len = n;
     return buf;
 }
+
+int t_st_same_f32(const ls_st_tensor *a, const ls_st_tensor *b) {
+    if (!a || !b || a->numel != b->numel) return -1;
+    float *x = malloc((size_t)(a->numel > 0 ? a->numel : 1) * sizeof(float));
+    float *y = malloc((size_t)(b->numel > 0 ? b->numel : 1) * sizeof(float));
+    int r = -1;
+    if (x && y && ls_st_read_f32(a, x, a->numel, a->name) == LS_OK && ls_st_read_f32(b, y, b->numel, b->name) == LS_OK)
+        r = memcmp(x, y, (size_t)a->numel * sizeof(float)) == 0;
+    free(x);
+    free(y);
+    return r;
+}

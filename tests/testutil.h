@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "longstraw/core.h"
+#include "longstraw/safetensors.h"
 
 #define T_FAIL(...)                                                  \
     do {                                                             \
@@ -60,5 +61,8 @@ char *t_run_capture(const char *cmd, int *exit_code);
 /* A whole file as a NUL-terminated malloc'd string (caller frees), its length in *len
  * (may be NULL); NULL when it cannot be read. */
 char *t_read_file(const char *path, size_t *len);
+/* 1 when two safetensors tensors (any dtypes) hold the same values bit for bit as f32,
+ * 0 when they differ, −1 when they cannot be compared (size, read, memory). */
+int t_st_same_f32(const ls_st_tensor *a, const ls_st_tensor *b);
 
 #endif
