@@ -927,6 +927,10 @@ int test_cp_ep_train(void) {
             struct stat st;
             snprintf(a, sizeof a, "%s/r%d/trace.%d.jsonl", dir, c, r);
             T_CHECK((stat(a, &st) == 0) == (r < np), "%s: %s", a, r < np ? "missing" : "unexpected");
+            if (r >= np || ep == 1) continue;
+            char *tr = t_read_file(a, NULL); /* the routed outputs went back by all-to-all */
+            T_CHECK(tr && strstr(tr, "\"kind\": \"alltoallv\""), "%s: no alltoallv collective", a);
+            free(tr);
         }
         if (!c) continue;
         snprintf(a, sizeof a, "%s/r%d/checkpoint-4/model.safetensors", dir, c);

@@ -43,6 +43,11 @@ ls_status ls_comm_allreduce_f32(const ls_comm *c, float *buf, int64_t n, ls_redu
 ls_status ls_comm_allreduce_f64(const ls_comm *c, double *buf, int64_t n, ls_reduce_op op);
 /* recv[r·bytes .. (r+1)·bytes) = rank r's send[0..bytes). */
 ls_status ls_comm_allgather(const ls_comm *c, const void *send, void *recv, size_t bytes);
+/* Every rank sends send_bytes[r] bytes to rank r (the blocks of `send` in rank order) and
+ * receives recv_bytes[r] from rank r (into `recv` in rank order); the counts must match
+ * pairwise. Each message under 2 GiB. */
+ls_status ls_comm_alltoallv(const ls_comm *c, const void *send, const size_t *send_bytes, void *recv,
+                            const size_t *recv_bytes);
 /* Point to point (not collective): blocking send / receive of exactly `bytes`. */
 ls_status ls_comm_send(const ls_comm *c, const void *buf, size_t bytes, int dst, int tag);
 ls_status ls_comm_recv(const ls_comm *c, void *buf, size_t bytes, int src, int tag);

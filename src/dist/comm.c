@@ -183,6 +183,35 @@ ls_status ls_comm_allreduce_f64(const ls_comm *c, double *buf, int64_t n, ls_red
     return allreduce(c, buf, n, MPI_DOUBLE, sizeof(double), op, "allreduce_f64");
 }
 
+ls_status ls_comm_alltoallv(const ls_comm *c, const void *send, const size_t *send_bytes, void *recv,
+                            const size_t *recv_bytes) {
+    LS_ASSERT(c != NULL && send_bytes && recv_bytes, "alltoallv: c %p", (const void *)c);
+    int N = c->size;
+    int *sc = malloc((size_t)N * 4 * sizeof(int)), *sd = sc ? sc + N : NULL, *rc_ = sc ? sc + 2 * N : NULL,
+        *rd = sc ? sc + 3 * N : NULL;
+    if (!sc) return ls_err(LS_ERR_NOMEM, "alltoallv: counts of %d ranks", N);
+    size_t so = 0, ro = 0;
+    for (int r = 0; r < N; r++) {
+        if (send_bytes[r] > INT_MAX || recv_bytes[r] > INT_MAX || so > INT_MAX || ro > INT_MAX) {
+            free(sc);
+            return ls_err(LS_ERR_UNSUPPORTED, "alltoallv: %zu / %zu bytes for rank %d (over 2 GiB in one message)",
+                          send_bytes[r], recv_bytes[r], r);
+        }
+        sc[r] = (int)send_bytes[r], sd[r] = (int)so, rc_[r] = (int)recv_bytes[r], rd[r] = (int)ro;
+        so += send_bytes[r], ro += recv_bytes[r];
+    }
+    if (so > INT_MAX || ro > INT_MAX) {
+        free(sc);
+        return ls_err(LS_ERR_UNSUPPORTED, "alltoallv: %zu / %zu bytes in all (over 2 GiB)", so, ro);
+    }
+    double t0 = trace_begin();
+    int rc = MPI_Alltoallv(send, sc, sd, MPI_BYTE, recv, rc_, rd, MPI_BYTE, c->mc);
+    free(sc);
+    if (rc != MPI_SUCCESS) return mpi_fail("alltoallv", "MPI_Alltoallv", rc);
+    trace_end("alltoallv", so, t0);
+    return LS_OK;
+}
+
 ls_status ls_comm_allgather(const ls_comm *c, const void *send, void *recv, size_t bytes) {
     LS_ASSERT(c != NULL && ((send && recv) || bytes == 0), "allgather: c %p send %p recv %p", (const void *)c,
               send, recv);
@@ -336,6 +365,15 @@ ls_status ls_comm_allreduce_f64(const ls_comm *c, double *buf, int64_t n, ls_red
     LS_ASSERT(n >= 0 && (op == LS_REDUCE_SUM || op == LS_REDUCE_MAX), "allreduce_f64: n %lld op %d", (long long)n,
               (int)op);
     return identity(c, buf, (size_t)n * sizeof(double), "allreduce_f64");
+}
+
+ls_status ls_comm_alltoallv(const ls_comm *c, const void *send, const size_t *send_bytes, void *recv,
+                            const size_t *recv_bytes) {
+    LS_ASSERT(c != NULL && send_bytes && recv_bytes && send_bytes[0] == recv_bytes[0], "alltoallv: one rank");
+    double t0 = trace_begin();
+    if (send_bytes[0] && send != recv) memmove(recv, send, send_bytes[0]);
+    trace_end("alltoallv", send_bytes[0], t0);
+    return LS_OK;
 }
 
 ls_status ls_comm_allgather(const ls_comm *c, const void *send, void *recv, size_t bytes) {

@@ -376,6 +376,53 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
     return LS_OK;
 }
 
+/* Rank d of the EP group holds a share of token t's routed outputs iff one of t's
+ * experts (sel [T, K]) is among its n_local. */
+static int ep_holds(const int32_t *sel, int64_t t, int K, int64_t n_local, int d) {
+    for (int k = 0; k < K; k++)
+        if (sel[t * K + k] / n_local == d) return 1;
+    return 0;
+}
+
+ls_status ls_mla_ep_combine(const ls_mla_model *m, float *y, int64_t T, int64_t W, const int32_t *sel, int K,
+                            ls_arena *sc) {
+    const ls_comm *ep = m->ep;
+    int N = ls_comm_size(ep), r = ls_comm_rank(ep);
+    int64_t q = (T + N - 1) / N, lo = (int64_t)r * q, hi = lo + q < T ? lo + q : T, nl = m->n_local_experts;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    size_t *cnt = ls_arena_alloc(sc, (size_t)(2 * N) * sizeof(size_t)), *rcnt = cnt ? cnt + N : NULL;
+    float *snd = ALLOC_F(sc, T * W), *rcv = ALLOC_F(sc, (N * q > 0 ? N * q : 1) * W);
+    float *all = ALLOC_F(sc, (N * q > 0 ? N * q : 1) * W), *mine = ALLOC_F(sc, (q > 0 ? q : 1) * W);
+    NEED(cnt && snd && rcv && all && mine);
+    /* out: the rows this rank holds a share of, to the owner of each token's slice (in
+     * rank order, tokens ascending); in: the shares of this rank's slice, from each rank */
+    int64_t ns = 0;
+    for (int s = 0; s < N; s++) {
+        int64_t n = 0;
+        for (int64_t t = (int64_t)s * q; t < (s + 1) * q && t < T; t++)
+            if (ep_holds(sel, t, K, nl, r)) memcpy(snd + (ns + n++) * W, y + t * W, (size_t)W * sizeof(float));
+        cnt[s] = (size_t)(n * W) * sizeof(float), ns += n;
+        int64_t nr = 0;
+        for (int64_t t = lo; t < hi; t++) nr += ep_holds(sel, t, K, nl, s);
+        rcnt[s] = (size_t)(nr * W) * sizeof(float);
+    }
+    LS_TRY(ls_comm_alltoallv(ep, snd, cnt, rcv, rcnt));
+    /* the slice's sums, ranks in order (the same bits whatever the group's timing) */
+    memset(mine, 0, (size_t)((q > 0 ? q : 1) * W) * sizeof(float));
+    const float *in = rcv;
+    for (int d = 0; d < N; d++)
+        for (int64_t t = lo; t < hi; t++)
+            if (ep_holds(sel, t, K, nl, d)) {
+                float *o = mine + (t - lo) * W;
+                for (int64_t i = 0; i < W; i++) o[i] += in[i];
+                in += W;
+            }
+    LS_TRY(ls_comm_allgather(ep, mine, all, (size_t)(q * W) * sizeof(float)));
+    memcpy(y, all, (size_t)(T * W) * sizeof(float));
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
 /* SwiGLU on rows xs[n, D] with fused [gate ; up] rows gu_w [2I, D]: out (= or +=)
  * down(SiLU(gate) ⊙ up); gu [n, 2I] and act [n, I] kept when given. */
 static ls_status swiglu(float *out, float *gu, float *act, const float *xs, int64_t n, int64_t D, int64_t NI,
@@ -413,8 +460,9 @@ static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, ml
     int64_t maxn = 0;
     for (int e = 0; e < E; e++) maxn = count[e + 1] - count[e] > maxn ? count[e + 1] - count[e] : maxn;
     float *xs = ALLOC_F(sc, maxn * D), *ys = ALLOC_F(sc, maxn * D); /* [n_e, D] */
-    /* expert parallelism: this rank's experts into y [T, D], summed over the ep ranks
-     * (every rank routes the same tokens: the dense part is replicated) */
+    /* expert parallelism: this rank's experts into y [T, D], their outputs back to the
+     * tokens' slice owners by all-to-all and the sums all-gathered (every rank routes the
+     * same tokens: the dense part is replicated, so the rows need not go out) */
     float *y = m->ep ? ls_arena_calloc(sc, (size_t)(T * D), sizeof(float)) : x;
     NEED(xs && ys && y);
     for (int64_t e = m->e0; e < m->e0 + m->n_local_experts; e++) {
@@ -431,7 +479,7 @@ static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, ml
         }
     }
     if (m->ep) {
-        LS_TRY(ls_comm_allreduce_f32(m->ep, y, T * D, LS_REDUCE_SUM));
+        LS_TRY(ls_mla_ep_combine(m, y, T, D, sel, K, sc));
         for (int64_t i = 0; i < T * D; i++) x[i] += y[i];
     }
     if (Is > 0) {

@@ -52,10 +52,11 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
     ls_arena_mark mk = ls_arena_get_mark(sc);
     int64_t *count = ls_arena_alloc(sc, (size_t)(E + 1) * sizeof(int64_t));
     int64_t *rows = ls_arena_alloc(sc, (size_t)(T * K) * sizeof(int64_t));
-    /* [dwt (T·K) | the experts' ∂L/∂xn (T·D) under expert parallelism]: one buffer, summed over ep */
+    /* [dwt (T·K) | the experts' ∂L/∂xn (T·D) under expert parallelism], combined over ep as
+     * rows [T, K + D] */
     float *dwt = CALLOC_F(sc, T * K + (m->ep ? T * D : 0)), *dlog = ALLOC_F(sc, T * E);
-    float *dxe = m->ep ? dwt + T * K : dxn;
-    NEED(count && rows && dwt && dlog);
+    float *dxe = m->ep ? dwt + T * K : dxn, *rowsw = m->ep ? ALLOC_F(sc, T * (K + D)) : NULL;
+    NEED(count && rows && dwt && dlog && (!m->ep || rowsw));
     LS_TRY(ls_moe_group(count, rows, tp->esel, T, E, K, sc));
     int64_t maxn = 0;
     for (int e = 0; e < E; e++) maxn = count[e + 1] - count[e] > maxn ? count[e + 1] - count[e] : maxn;
@@ -87,9 +88,17 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
             for (int64_t d = 0; d < D; d++) dx[d] += dxs[i * D + d];
         }
     }
-    if (m->ep) { /* every rank's experts' shares, summed: the whole on every rank */
-        LS_TRY(ls_comm_allreduce_f32(m->ep, dwt, T * K + T * D, LS_REDUCE_SUM));
-        for (int64_t i = 0; i < T * D; i++) dxn[i] += dxe[i];
+    if (m->ep) { /* every rank's experts' shares, back to the tokens' slice owners and summed (forward's way) */
+        for (int64_t t = 0; t < T; t++) {
+            memcpy(rowsw + t * (K + D), dwt + t * K, (size_t)K * sizeof(float));
+            memcpy(rowsw + t * (K + D) + K, dxe + t * D, (size_t)D * sizeof(float));
+        }
+        LS_TRY(ls_mla_ep_combine(m, rowsw, T, K + D, tp->esel, K, sc));
+        for (int64_t t = 0; t < T; t++) {
+            memcpy(dwt + t * K, rowsw + t * (K + D), (size_t)K * sizeof(float));
+            const float *g = rowsw + t * (K + D) + K;
+            for (int64_t d = 0; d < D; d++) dxn[t * D + d] += g[d];
+        }
     }
     ls_mla_route_bwd(dlog, dwt, tp->s, tp->esel, T, E, K, c->norm_topk, mc->routed_scaling);
     ls_linear_bwd(dxn, gw->router, dlog, tp->xn2, w->router, T, D, E, 1);

@@ -626,6 +626,8 @@ def write_grads(path, res):
     if res.get("grad_mode", "prefix-frozen") != "prefix-frozen" or res.get("loss_kind", "grpo") != "grpo":
         meta["grad_mode"] = res["grad_mode"]
         meta["objective"] = res["loss_kind"]
+    if res.get("indexer_kl") is not None:  # mla_ref.py --indexer-kl-coef > 0 only (the unscaled L_I)
+        meta["indexer_kl"] = repr(res["indexer_kl"])
     hr.write_safetensors(path, {n: (g, "F32") for n, g in res["grads0"].items()}, meta)
 
 

@@ -333,6 +333,68 @@ def merged_weights(weights, lora):
 
 
 # ----------------------------------------------------------------------------
+# indexer KL loss (spec §3 "Indexer training", sparse stage; §8.4)
+# ----------------------------------------------------------------------------
+
+def indexer_kl_rows(A, I, sel):
+    """KL(p || q) per query [T] over the selected keys: A [H, T, S] attention probabilities (0 off the
+    selection), I [T, S] index scores, sel [T, S] bool.  Teacher p = head-summed A, L1-normalised (the
+    head average); student q = softmax of I over the selection; 0 log 0 = 0."""
+    p = A.sum(0)
+    p = p / p.sum(-1, keepdim=True)
+    logq = torch.log_softmax(I.masked_fill(~sel, NEG_INF), -1)
+    zero = torch.zeros_like(p)
+    on = sel & (p > 0)
+    lq = torch.where(sel, logq, zero)
+    lp = torch.log(torch.where(on, p, torch.ones_like(p)))
+    return torch.where(on, p * (lp - lq), zero).sum(-1)
+
+
+def indexer_kl_member(net, state, prompt, resp):
+    """sum over the branch queries of one response and over the layers with their own indexer of
+    KL(p || q), as a tensor (graph to the indexer tensors only); the branch is branch_logprobs' forward."""
+    net.kl = []
+    try:
+        net.branch_logprobs(state, prompt, resp)
+        terms = net.kl
+    finally:
+        net.kl = None
+    if not terms:
+        raise ValueError("indexer KL: the model has no layer with its own indexer")
+    total = terms[0][1].sum()
+    for _, t in terms[1:]:
+        total = total + t.sum()
+    return total
+
+
+def indexer_kl_loss(net, state, group):
+    """L_I = (1/N) sum_i sum_{branch queries t of response i} sum_{full indexer layers l} KL(p_lt || q_lt),
+    N = total response tokens, on a captured (detached) prompt state.  Returns a tensor."""
+    resps = group["responses"]
+    N = sum(len(r) for r in resps)
+    L = 0.0
+    for r in resps:
+        L = L + indexer_kl_member(net, state, group["prompt"], r)
+    return L / N
+
+
+def check_indexer_kl(coef, grad_mode, adapter, loss):
+    """the combinations --indexer-kl-coef takes (raises ValueError)."""
+    if not coef >= 0.0 or math.isinf(coef):
+        raise ValueError("--indexer-kl-coef must be a finite number >= 0 (got %r)" % coef)
+    if coef == 0.0:
+        return
+    if grad_mode != "prefix-frozen":
+        raise ValueError("--indexer-kl-coef needs --mode prefix-frozen (the indexer KL is defined on the "
+                         "captured, detached prompt state)")
+    if adapter is not None:
+        raise ValueError("--indexer-kl-coef trains the indexer tensors themselves: not with --adapter (LoRA)")
+    if loss != "grpo":
+        raise ValueError("--indexer-kl-coef is an addition to the GRPO objective (--loss grpo, any --loss-type): "
+                         "not with --loss %s" % loss)
+
+
+# ----------------------------------------------------------------------------
 # stateful, differentiable model
 # ----------------------------------------------------------------------------
 
@@ -357,6 +419,10 @@ class Net:
         self.dt = weights["model.embed_tokens.weight"].dtype
         self.inv_freq = cfg.inv_freq().to(self.dt)
         self.shared_dense = False  # negative control: shared layers attend densely instead of reusing
+        # indexer KL loss (see indexer_kl_loss): None, or a list that every full indexer layer appends
+        # (layer, KL per query [T]) to; kl_detach False is a negative control (indexer inputs and teacher attached)
+        self.kl = None
+        self.kl_detach = True
 
     def _get(self, key):
         if key not in self.w:
@@ -382,6 +448,11 @@ class Net:
         c = self.cfg
         p = "layers.%d.self_attn.indexer." % i
         T = x.shape[0]
+        if self.kl is not None and self.kl_detach:
+            # indexer KL: the indexer reads constants (x, c_q, the prompt's index keys), so L_I reaches only the
+            # indexer's own tensors; the values (and the selection) are unchanged
+            x, cq = x.detach(), cq.detach()
+            st = dict(st, kI=st["kI"].detach())
         kI = layernorm(x @ self.W(p + "wk.weight").T, self.W(p + "k_norm.weight"), self.W(p + "k_norm.bias"),
                        INDEXER_LN_EPS)
         kI = torch.cat([rope(kI[:, :c.dr], pos, self.inv_freq, c.idx_interleave), kI[:, c.dr:]], -1)
@@ -398,7 +469,7 @@ class Net:
         if self.rec is not None:
             self.rec.indexer(i, I.detach(), dots.detach(), wts.detach(), qI.detach().norm(dim=-1),
                              KI.detach().norm(dim=-1), sel, causal, pos, c.k, c.dI ** -0.5)
-        return sel, KI
+        return sel, KI, I
 
     # --- MLA (spec §2) -------------------------------------------------------
     def attn(self, i, x, st, pos0, sel_prev, cut):
@@ -418,9 +489,9 @@ class Net:
         if cut is not None:  # full-sequence forward with the prompt state detached (checks)
             CKV = torch.cat([CKV[:cut].detach(), CKV[cut:]], 0)
             KPE = torch.cat([KPE[:cut].detach(), KPE[cut:]], 0)
-        KI = None
+        KI = I = None
         if c.full_idx[i]:
-            sel, KI = self.indexer(i, x, cq, pos, st, cut)
+            sel, KI, I = self.indexer(i, x, cq, pos, st, cut)
         elif self.shared_dense:
             sel = torch.arange(CKV.shape[0])[None, :] <= pos[:, None]
         else:
@@ -430,7 +501,10 @@ class Net:
         v = torch.einsum("hdr,sr->shd", Wkvb[:, c.dn:], CKV)
         S = c.sigma * (torch.einsum("thd,shd->hts", q_nope, k_nope) + torch.einsum("thd,sd->hts", q_pe, KPE))
         S = S.masked_fill(~sel[None], NEG_INF)
-        o = torch.einsum("hts,shd->thd", torch.softmax(S, -1), v).reshape(T, c.H * c.dv)
+        A = torch.softmax(S, -1)  # [H, T, S]
+        if self.kl is not None and I is not None:  # only layers that run their own indexer
+            self.kl.append((i, indexer_kl_rows(A.detach() if self.kl_detach else A, I, sel)))
+        o = torch.einsum("hts,shd->thd", A, v).reshape(T, c.H * c.dv)
         out = o @ self.W(p + "o_proj.weight").T
         return out, {"ckv": CKV, "kpe": KPE, "kI": KI}, sel
 
@@ -821,14 +895,17 @@ def selections(net, ids):
 
 
 def run(model_dir, group, obj, ref_model=None, grad_mode="prefix-frozen", latent_eps=None, log=None,
-        adapter=None, lora_alpha=None):
+        adapter=None, lora_alpha=None, indexer_kl_coef=0.0):
     """One GRPO/SFT gradient evaluation.  Returns a dict shaped like grpo_ref.run's
     (grads0, loss, grad_norm, stats0, mode, grad_mode, loss_kind, ...) so grpo_ref.write_grads works.
     adapter (PEFT safetensors) + lora_alpha: LoRA mode (mode "lora"); the trainable set and grads0 are the
     adapter tensors in file order, the base is frozen, and the beta != 0 reference without ref_model is
-    the base with the adapters off (grpo_ref.run's rule)."""
+    the base with the adapters off (grpo_ref.run's rule).
+    indexer_kl_coef C > 0 (prefix-frozen, no adapter, GRPO objectives): grads0 = grad(L_GRPO + C * L_I)
+    (indexer_kl_loss); "loss" stays the GRPO loss, res["indexer_kl"] = L_I (unscaled)."""
     if grad_mode not in ("prefix-frozen", "full"):
         raise ValueError(grad_mode)
+    check_indexer_kl(indexer_kl_coef, grad_mode, adapter, obj.loss)
     full_graph = grad_mode == "full"
     sft = obj.loss == "sft"
     if not group.get("responses"):
@@ -868,6 +945,17 @@ def run(model_dir, group, obj, ref_model=None, grad_mode="prefix-frozen", latent
     state = net.capture(group["prompt"], keep_graph=full_graph)
     loss, info = gr.policy_loss(net, state, group, obj, old=old, ref=ref, backward=True,
                                 keep_state_graph=full_graph)
+    kl = None
+    if indexer_kl_coef > 0.0:
+        # a second pass over the same branches: its graph reaches only the indexer tensors (inputs and teacher
+        # detached), so the GRPO part of every other gradient is untouched
+        N = sum(len(r) for r in group["responses"])
+        kl = 0.0
+        for r in group["responses"]:
+            ki = indexer_kl_member(net, state, group["prompt"], r)
+            (ki * (indexer_kl_coef / N)).backward()
+            kl += float(ki)
+        kl /= N
     del state
     grads = {n: (t.grad.detach().clone() if t.grad is not None else torch.zeros_like(t)) for n, t in params.items()}
     for t in params.values():
@@ -878,11 +966,11 @@ def run(model_dir, group, obj, ref_model=None, grad_mode="prefix-frozen", latent
     if not sft:
         stats0["advantages"] = [float(a) for a in info["advantages"]]
     if log:
-        log("loss %.10g  grad_norm %.10g" % (loss, norm))
+        log("loss %.10g  grad_norm %.10g%s" % (loss, norm, "" if kl is None else "  indexer_kl %.10g" % kl))
     return {"mode": mode, "grad_mode": grad_mode, "loss_kind": obj.loss, "grads0": grads, "loss": [loss],
             "grad_norm": [norm], "stats0": stats0, "logprobs0": info["logprobs"], "old": info["old"], "ref": ref,
             "order": order, "weights": weights, "cfg": cfg, "unread": unread_tensors(cfg, weights, used),
-            "params": params, "lora": lora}
+            "params": params, "lora": lora, "indexer_kl": kl, "indexer_kl_coef": indexer_kl_coef}
 
 
 def objective_from_args(a):
@@ -913,6 +1001,9 @@ def build_parser():
                                            "(at --temperature, prefix-frozen branch), temperature]}")
     ap.add_argument("--selection-out", help="JSON of the index top-k and the routed experts of one plain forward over "
                                             "prompt + the last response (see selections())")
+    ap.add_argument("--indexer-kl-coef", type=float, default=0.0,
+                    help="C >= 0: the gradient is that of L_GRPO + C * L_I, the indexer KL loss (indexer_kl_loss; "
+                         "prefix-frozen, no --adapter); L_I goes to __metadata__ indexer_kl.  0 = off")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quiet", action="store_true")
     return ap
@@ -930,6 +1021,12 @@ def main(argv=None):
         sys.exit("mla_ref.py: --loss sft takes no KL term: --beta must be 0 (got %g)" % a.beta)
     if a.adapter and a.lora_alpha is None:
         sys.exit("mla_ref.py: --adapter needs --lora-alpha")
+    try:
+        check_indexer_kl(a.indexer_kl_coef, a.mode, a.adapter, a.loss)
+    except ValueError as e:
+        sys.exit("mla_ref.py: %s" % e)
+    if a.indexer_kl_coef > 0.0 and not objective:
+        sys.exit("mla_ref.py: --indexer-kl-coef needs an objective: \"rewards\" or \"advantages\" in the group file")
     cfg, w = load_model(a.model, a.latent_norm_eps)
     lora = None
     try:
@@ -949,10 +1046,13 @@ def main(argv=None):
     if objective:
         log = None if a.quiet else (lambda s: print(s, file=sys.stderr))
         res = run(a.model, group, objective_from_args(a), ref_model=a.ref_model, grad_mode=a.mode,
-                  latent_eps=a.latent_norm_eps, log=log, adapter=a.adapter, lora_alpha=a.lora_alpha)
+                  latent_eps=a.latent_norm_eps, log=log, adapter=a.adapter, lora_alpha=a.lora_alpha,
+                  indexer_kl_coef=a.indexer_kl_coef)
         if a.out:
             gr.write_grads(a.out, res)
         out = {"loss": res["loss"][0], "grad_norm": res["grad_norm"][0], "stats0": res["stats0"]}
+        if res["indexer_kl"] is not None:
+            out["indexer_kl"] = res["indexer_kl"]
     if a.selection_out:
         with open(a.selection_out, "w") as f:
             json.dump(selections(net, list(group["prompt"]) + list(group["responses"][-1])), f,
