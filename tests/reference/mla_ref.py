@@ -742,10 +742,12 @@ def _rope_complex(x, pos, inv_freq, interleaved):
     return torch.stack([z.real, z.imag], -1).flatten(-2) if interleaved else torch.cat([z.real, z.imag], -1)
 
 
-def slow_logits(cfg, w, ids):
+def slow_logits(cfg, w, ids, kl=None, kl_from=0):
     """logits [T, V] from a token-by-token implementation written differently from Net:
     complex-number RoPE, absorbed attention (q~ = W_UK^T q_nope against [c_kv; k_pe], value c_kv,
-    W_UV after the sum), top-k and routing by python sorting, one token at a time."""
+    W_UV after the sum), top-k and routing by python sorting, one token at a time.
+    kl: a list that gets (layer, t, KL(p || q)) of every query t >= kl_from of every layer with its own
+    indexer (teacher = head average of the absorbed attention, student = softmax of the python scores)."""
     c = cfg
     W = lambda n: w["model." + n]  # noqa: E731
     inv = c.inv_freq()
@@ -801,6 +803,12 @@ def slow_logits(cfg, w, ids):
             mx = lg.max(-1, keepdim=True).values
             pr = torch.exp(lg - mx)
             pr = pr / pr.sum(-1, keepdim=True)
+            if kl is not None and c.full_idx[i] and t >= kl_from:
+                sc = [scores[s] for s in sel]
+                m0 = max(sc)
+                lz = m0 + math.log(sum(math.exp(v - m0) for v in sc))
+                pt = [float(pr[:, j].sum()) / c.H for j in range(len(sel))]
+                kl.append((i, t, sum(pj * (math.log(pj) - (v - lz)) for pj, v in zip(pt, sc) if pj > 0)))
             ob = pr @ keys[:, :c.rkv]  # [H, rkv]
             o = torch.einsum("hdr,hr->hd", WUV, ob).reshape(-1)
             outs.append(W(a_ + "o_proj.weight") @ o)
