@@ -4,6 +4,7 @@ GRPO gradient fixtures, from the fp64 reference mla_ref.py, and assert its self-
 
     /usr/bin/python3 make_mla_fixtures.py            # (re)writes fixtures/mla_*/
     /usr/bin/python3 make_mla_fixtures.py --check    # regenerate into a temp dir, compare bit for bit
+    /usr/bin/python3 make_mla_fixtures.py --kl-only [--check]   # only cases.json "kl_cases" + grad_*_kl files
 
 Writes under fixtures/:
   mla_<name>/{config.json, model.safetensors, group.json, expected.json[, group_train.json]}
@@ -11,6 +12,7 @@ Writes under fixtures/:
   mla_grpo/cases.json                               every case's exact mla_ref.py flags + results,
                                                     per-fixture selection statistics, self-check numbers
   mla_grpo/grad_<case>[_full].safetensors           gradients (F32, HF names, loss/grad_norm in __metadata__)
+  mla_grpo/grad_<fixture>_kl.safetensors            indexer KL cases (--indexer-kl-coef; cases.json "kl_cases")
   mla_grpo/adapter_<fixture>.safetensors            PEFT LoRA adapters (F32) of the *_lora cases, whose
                                                     gradient files hold the lora_A/lora_B gradients only
 """
@@ -22,6 +24,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 
@@ -380,7 +383,8 @@ def case_run(root, fx, flags, group, mode):
     a = parse(flags)
     ref = None if a.ref_model is None else os.path.join(root, a.ref_model)
     if a.adapter is None:
-        return mr.run(os.path.join(root, fx), group, mr.objective_from_args(a), ref_model=ref, grad_mode=mode), a
+        return mr.run(os.path.join(root, fx), group, mr.objective_from_args(a), ref_model=ref, grad_mode=mode,
+                      indexer_kl_coef=a.indexer_kl_coef), a
     return mr.run(os.path.join(root, fx), group, mr.objective_from_args(a), ref_model=ref, grad_mode=mode,
                   adapter=os.path.join(root, a.adapter), lora_alpha=a.lora_alpha), a
 
@@ -982,6 +986,271 @@ def lora_cases(root, trains, log):
 
 
 # ----------------------------------------------------------------------------
+# indexer KL cases (mla_ref.py --indexer-kl-coef; cases.json "kl_cases")
+# ----------------------------------------------------------------------------
+
+# fx: the fixture whose model, group_train.json and case flags are used; coef: --indexer-kl-coef
+KL_CASES = [
+    dict(fx="mla_glm", coef=0.5),      # GLM-5, F32, grpo
+    dict(fx="mla_glm_ic", coef=1.0),   # GLM-5.2 IndexCache (layers 1, 3 shared), BF16, dapo + beta 0.05 + ref model
+    dict(fx="mla_dsv32", coef=2.0),    # DeepSeek-V3.2 (YaRN, half-split indexer RoPE), F32, dr_grpo
+]
+KL_FD_PER_TENSOR = 3   # the largest-|g| entry + 2 seeded random entries with |g| >= 1e-2 max|g|
+KL_FD_REL = 1e-6
+INDEXER_TENSORS = ("wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight")
+
+
+def is_indexer(n):
+    return ".self_attn.indexer." in n
+
+
+def kl_flags(K, spec):
+    return spec["case"] + ["--indexer-kl-coef", repr(float(K["coef"]))]
+
+
+def kl_grads(cfg, w, group, names, detach=True):
+    """(L_I, {name: dL_I/dname}) for the tensors names, from mla_ref.indexer_kl_loss on a prompt state captured
+    (detached) from w; detach False is the negative control (indexer inputs and teacher attached)."""
+    net = mr.Net(cfg, w)
+    state = net.capture(group["prompt"])
+    net.kl_detach = detach
+    for n in names:
+        w[n].requires_grad_(True)
+    try:
+        L = mr.indexer_kl_loss(net, state, group)
+        L.backward()
+        g = {n: (w[n].grad.detach().clone().to(DT) if w[n].grad is not None else torch.zeros_like(w[n], dtype=DT))
+             for n in names}
+    finally:
+        for n in names:
+            w[n].requires_grad_(False)
+            w[n].grad = None
+    return float(L), g
+
+
+class ReluMargin:
+    """Recorder stand-in: the smallest |qI_j . kI_s| / (|qI_j| |kI_s|) over the branch queries, the heads and the
+    SELECTED keys of every full indexer layer (how far the student's ReLUs are from their kink), and the selections."""
+
+    def __init__(self):
+        self.min_pos, self.rel, self.sels = 0, float("inf"), []
+
+    def router(self, *a):
+        pass
+
+    def indexer(self, i, I, dots, wts, qn, kn, sel, causal, qpos, k, scale):
+        self.sels.append(sel.clone())
+        r = dots.abs() / (qn[:, :, None] * kn[None, None, :])   # [T, nI, S]
+        self.rel = min(self.rel, float(r.masked_fill(~sel[:, None, :], float("inf")).min()))
+
+
+def kl_value(cfg, w, state, group, coef, rec=None):
+    net = mr.Net(cfg, w)
+    net.rec = rec
+    with torch.no_grad():
+        return coef * float(mr.indexer_kl_loss(net, state, group))
+
+
+def kl_fd_check(cfg, w, group, coef, g, log):
+    """central differences (h = FD_H) of C * L_I (prompt state captured once and held fixed: it is a constant
+    of L_I) w.r.t. KL_FD_PER_TENSOR entries of each of the 5 indexer tensors of the first and the last full
+    indexer layer, against the written gradient; the branch selections are checked unchanged."""
+    with torch.no_grad():
+        state = mr.Net(cfg, w).capture(group["prompt"])
+    r0 = ReluMargin()
+    kl_value(cfg, w, state, group, coef, r0)
+    full = [i for i in range(cfg.L) if cfg.full_idx[i]]
+    layers = [full[0], full[-1]]
+    rows, worst = [], 0.0
+    gen = torch.Generator().manual_seed(4242)
+    for i in layers:
+        for tn in INDEXER_TENSORS:
+            n = "model.layers.%d.self_attn.indexer.%s" % (i, tn)
+            ga = g[n].reshape(-1)
+            big = (ga.abs() >= 1e-2 * float(ga.abs().max())).nonzero().flatten()
+            flats = [int(ga.abs().argmax())]
+            for j in torch.randperm(big.numel(), generator=gen).tolist():
+                if len(flats) == KL_FD_PER_TENSOR:
+                    break
+                if int(big[j]) not in flats:
+                    flats.append(int(big[j]))
+            t = w[n].view(-1)
+            for flat in flats:
+                x0 = float(t[flat])
+                rp, rm = ReluMargin(), ReluMargin()
+                t[flat] = x0 + FD_H
+                Lp = kl_value(cfg, w, state, group, coef, rp)
+                t[flat] = x0 - FD_H
+                Lm = kl_value(cfg, w, state, group, coef, rm)
+                t[flat] = x0
+                assert all(torch.equal(a_, b_) for r in (rp, rm) for a_, b_ in zip(r.sels, r0.sels)), \
+                    "selection changed under the FD step for %s" % n
+                fd = (Lp - Lm) / (2 * FD_H)
+                gv = float(ga[flat])
+                rel = abs(fd - gv) / abs(gv)
+                assert rel <= KL_FD_REL, (n, flat, fd, gv, rel)
+                worst = max(worst, rel)
+                rows.append({"tensor": n, "flat_index": flat, "fd": fd, "autograd": gv, "rel_err": rel})
+    log("               FD (h=%g) of C*L_I on %d entries of the 5 indexer tensors of layers %s: worst rel err %.2e"
+        % (FD_H, len(rows), layers, worst))
+    return {"entries": rows, "worst_rel_err": worst, "h": FD_H, "layers": layers}, r0.rel
+
+
+def kl_refusals(root, log):
+    """--indexer-kl-coef > 0 is refused with --mode full, with --adapter, with --loss sft and when negative; by
+    run and by the CLI."""
+    fx = os.path.join(root, "mla_glm")
+    g = {"prompt": [1, 2, 3], "responses": [[4, 5]], "rewards": [1.0]}
+    ad = os.path.join(root, "mla_grpo", "adapter_mla_glm.safetensors")
+    grp = os.path.join(fx, "group_train.json")
+    cases = [(dict(grad_mode="full"), 0.5, ["--mode", "full"], "--mode prefix-frozen"),
+             (dict(adapter=ad, lora_alpha=4.0), 0.5, ["--adapter", ad, "--lora-alpha", "4"], "--adapter"),
+             (dict(), 0.5, ["--loss", "sft"], "--loss sft"),
+             (dict(), -0.5, [], ">= 0")]
+    msgs = []
+    for kw, coef, flags, want in cases:
+        obj = gr.Objective(loss="sft") if "--loss" in flags else gr.Objective()
+        try:
+            mr.run(fx, g, obj, indexer_kl_coef=coef, **kw)
+        except ValueError as e:
+            assert want in str(e), (want, str(e))
+            msgs.append(str(e))
+        else:
+            raise AssertionError("run accepted --indexer-kl-coef %g with %s" % (coef, kw))
+        try:
+            mr.main(["--model", fx, "--group", grp, "--indexer-kl-coef", repr(coef), "--quiet"] + flags)
+        except SystemExit as e:
+            assert str(e) == "mla_ref.py: " + msgs[-1], str(e)
+        else:
+            raise AssertionError("CLI accepted --indexer-kl-coef %g %s" % (coef, flags))
+    log("               indexer KL refusals (%d): %s" % (len(msgs), "; ".join(msgs)))
+    return msgs
+
+
+def kl_cases(root, trains, log):
+    """the "kl_cases" entries of cases.json (each with its self-check numbers) and their gradient files."""
+    entries = []
+    refusals = kl_refusals(root, log)
+    for K in KL_CASES:
+        fx = K["fx"]
+        spec = next(s for s in FIXTURES if s["name"] == fx)
+        group = trains[fx]
+        flags = kl_flags(K, spec)
+        name = fx + "_kl"
+        args = ["--model", fx, "--group", fx + "/group_train.json"] + flags
+        res, a = case_run(root, fx, flags, group, "prefix-frozen")
+        gfile = "mla_grpo/grad_%s.safetensors" % name
+        gr.write_grads(os.path.join(root, gfile), res)
+        margin, ok = clip_ok(res, a, group)
+        assert ok, (name, margin)
+        cfg, w = res["cfg"], res["weights"]
+        # the selections: every group_train sequence passes the same margin test as the fixtures
+        rec = record(cfg, w, group["prompt"], group["responses"])
+        assert rec.ok(), rec_summary(rec)
+        chk = {}
+        g = res["grads0"]
+        names = list(g)
+        idx = [n for n in names if is_indexer(n)]
+        # C = 0: the same flags without the KL term
+        res0, _ = case_run(root, fx, spec["case"], group, "prefix-frozen")
+        assert res0["indexer_kl"] is None and res0["loss"][0] == res["loss"][0]
+        # (3) detachment: every non-indexer gradient is the GRPO one, bit for bit; the router bias stays 0
+        assert all(torch.equal(g[n], res0["grads0"][n]) for n in names if not is_indexer(n))
+        assert all(float(res0["grads0"][n].abs().max()) == 0.0 for n in idx)
+        assert all(float(g[n].abs().max()) == 0.0 for n in names if n.endswith("e_score_correction_bias"))
+        chk["non_indexer_grads_bitwise_equal_c0"] = True
+        # the indexer part: C * dL_I/dtheta from indexer_kl_loss on its own; full layers only
+        L_I, gk = kl_grads(cfg, {n: t.clone() for n, t in w.items()}, group, idx)
+        chk["indexer_kl_standalone_abs_diff"] = abs(L_I - res["indexer_kl"])
+        chk["indexer_grads_vs_coef_times_standalone_worst_rel"] = rel_diff({n: g[n] for n in idx},
+                                                                          {n: K["coef"] * gk[n] for n in idx})
+        assert chk["indexer_kl_standalone_abs_diff"] <= 1e-13 and chk["indexer_grads_vs_coef_times_standalone_worst_rel"] <= 1e-13, chk
+        assert all(float(g[n].abs().max()) > 0.0 for n in idx), "an indexer tensor of a full layer got no KL gradient"
+        assert len(idx) == 5 * sum(cfg.full_idx)
+        # an independent value: slow_logits' per-query python KL (absorbed attention, python top-k)
+        P, kls = len(group["prompt"]), []
+        with torch.no_grad():
+            for r in group["responses"]:
+                mr.slow_logits(cfg, w, list(group["prompt"]) + list(r[:-1]), kl=kls, kl_from=P - 1)
+        N = sum(len(r) for r in group["responses"])
+        chk["indexer_kl_vs_slow_abs_diff"] = abs(sum(v for _, _, v in kls) / N - res["indexer_kl"])
+        assert chk["indexer_kl_vs_slow_abs_diff"] <= 1e-12, chk
+        assert len(kls) == N * sum(cfg.full_idx)
+        # negative control: without the detachment L_I would also reach the non-indexer tensors
+        _, gn = kl_grads(cfg, {n: t.clone() for n, t in w.items()}, group, names, detach=False)
+        chk["undetached_control_non_indexer_grad_norm"] = math.sqrt(sum(float((gn[n] ** 2).sum()) for n in names
+                                                                        if not is_indexer(n)))
+        assert chk["undetached_control_non_indexer_grad_norm"] > 1e-3, chk
+        # (1) central differences of C * L_I
+        chk["fd_indexer_kl"], chk["selected_key_relu_min_rel"] = kl_fd_check(cfg, {n: t.clone() for n, t in w.items()},
+                                                                            group, K["coef"], g, log)
+        # the student's ReLUs on the selected keys are as clear of their kink as the selections of their cutoff
+        assert chk["selected_key_relu_min_rel"] >= IDX_REL, chk
+        # float32: L_I and its indexer gradients (same selections: the fixture's fp32 check)
+        fp32_check(cfg, w, group["prompt"], group["responses"], log, "kl " + name)
+        L32, g32 = kl_grads(cfg, {n: t.to(torch.float32) for n, t in w.items()}, group, idx)
+        chk["fp32_indexer_kl_rel_diff"] = abs(L32 - L_I) / L_I
+        chk["fp32_indexer_grads_worst_rel"] = rel_diff(g32, gk)
+        assert chk["fp32_indexer_grads_worst_rel"] < 1e-3, chk
+        e = {"name": name, "args": args, "grad": gfile, "loss": res["loss"][0], "grad_norm": res["grad_norm"][0],
+             "indexer_kl": res["indexer_kl"], "indexer_kl_coef": K["coef"], "clip_margin": margin,
+             "stats": res["stats0"], "base_case": fx, "selection": rec_summary(rec), "self_checks": chk}
+        ts, meta = hr.read_safetensors(os.path.join(root, gfile))
+        assert list(ts) == names and float(meta["indexer_kl"]) == e["indexer_kl"]
+        assert float(meta["loss"]) == e["loss"] and float(meta["grad_norm"]) == e["grad_norm"]
+        # (2) C = 0 is today's output: the base case's gradient file (same tensors, bit for bit) and, through the
+        # CLI, --indexer-kl-coef 0 writes the same bytes as no flag
+        tb, mb = hr.read_safetensors(os.path.join(root, "mla_grpo", "grad_%s.safetensors" % fx))
+        with tempfile.TemporaryDirectory() as tmp:
+            p0 = os.path.join(tmp, "c0.safetensors")
+            gr.write_grads(p0, res0)
+            t0, m0 = hr.read_safetensors(p0)
+            assert "indexer_kl" not in m0 and list(t0) == list(tb) and all(torch.equal(t0[n], tb[n]) for n in tb)
+        chk["c0_tensors_bitwise_equal_base_grad_file"] = True
+        chk["c0_loss_rel_diff_base_grad_file"] = abs(float(m0["loss"]) - float(mb["loss"])) / abs(float(mb["loss"]))
+        assert chk["c0_loss_rel_diff_base_grad_file"] <= 1e-12, chk
+        check_cli(root, e, log)
+        with tempfile.TemporaryDirectory() as tmp:
+            cwd = os.getcwd()
+            os.chdir(root)
+            try:
+                base = ["--model", fx, "--group", fx + "/group_train.json"] + spec["case"] + ["--quiet"]
+                mr.main(base + ["--out", os.path.join(tmp, "a.safetensors")])
+                mr.main(base + ["--indexer-kl-coef", "0", "--out", os.path.join(tmp, "b.safetensors")])
+            finally:
+                os.chdir(cwd)
+            assert filecmp.cmp(os.path.join(tmp, "a.safetensors"), os.path.join(tmp, "b.safetensors"), shallow=False)
+        chk["c0_cli_bytes_equal_no_flag"] = True
+        entries.append(e)
+        log("%-20s loss %.8g  grad_norm %.8g (C=0: %.8g)  indexer_kl %.8g  C %g  clip margin %.2e" % (
+            name, e["loss"], e["grad_norm"], res0["grad_norm"][0], e["indexer_kl"], K["coef"], margin))
+        log("               L_I standalone %.1e, vs slow %.1e; indexer grads == C * standalone %.1e; non-indexer "
+            "grads == C=0 bit for bit; undetached control |g_other| %.3g; selected-key ReLU margin %.2e; "
+            "float32 L_I %.1e grads %.1e" % (
+                chk["indexer_kl_standalone_abs_diff"], chk["indexer_kl_vs_slow_abs_diff"],
+                chk["indexer_grads_vs_coef_times_standalone_worst_rel"],
+                chk["undetached_control_non_indexer_grad_norm"], chk["selected_key_relu_min_rel"],
+                chk["fp32_indexer_kl_rel_diff"], chk["fp32_indexer_grads_worst_rel"]))
+    entries[0]["self_checks"]["refusals"] = refusals
+    return entries
+
+
+def kl_only(root, log):
+    """add (or replace) cases.json's "kl_cases" and their gradient files, from the committed fixtures, leaving
+    every other file and key as it is."""
+    path = os.path.join(root, "mla_grpo", "cases.json")
+    with open(path) as f:
+        doc = json.load(f)
+    trains = {}
+    for K in KL_CASES:
+        with open(os.path.join(root, K["fx"], "group_train.json")) as f:
+            trains[K["fx"]] = json.load(f)
+    doc["kl_cases"] = kl_cases(root, trains, log)
+    write_json(path, doc)
+    return doc
+
+
+# ----------------------------------------------------------------------------
 
 REAL_DS = dict(model_type="deepseek_v32", hidden_size=7168, num_hidden_layers=61, num_attention_heads=128,
                num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
@@ -1064,6 +1333,7 @@ def generate(root, log):
     doc["cases"] += entries
     doc["adapters"] = adapters
     doc["self_checks"]["lora"] = lchk
+    doc["kl_cases"] = kl_cases(root, trains, log)
     write_json(os.path.join(root, "mla_grpo", "cases.json"), doc)
     total = 0
     for dd in sorted(os.listdir(root)):
@@ -1079,10 +1349,30 @@ def generate(root, log):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="regenerate into a temp dir and compare bit for bit")
+    ap.add_argument("--kl-only", action="store_true",
+                    help="only (re)write cases.json's \"kl_cases\" and grad_*_kl.safetensors from the committed "
+                         "fixtures (with --check: into a copy, compared bit for bit)")
     ap.add_argument("--out", default=os.path.join(HERE, "fixtures"))
     a = ap.parse_args()
     torch.set_num_threads(1)
     log = lambda s: print(s, flush=True)  # noqa: E731
+    if a.kl_only:
+        if not a.check:
+            kl_only(a.out, log)
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            for dd in os.listdir(a.out):
+                if dd.startswith("mla_"):
+                    shutil.copytree(os.path.join(a.out, dd), os.path.join(tmp, dd))
+            kl_only(tmp, log)
+            bad = [dd + "/" + f for dd in sorted(os.listdir(tmp)) for f in sorted(os.listdir(os.path.join(tmp, dd)))
+                   if not os.path.exists(os.path.join(a.out, dd, f))
+                   or not filecmp.cmp(os.path.join(tmp, dd, f), os.path.join(a.out, dd, f), shallow=False)]
+        if bad:
+            print("MISMATCH: %s" % bad)
+            sys.exit(1)
+        print("the indexer KL cases reproduce bit for bit")
+        return
     if not a.check:
         generate(a.out, log)
         return

@@ -37,12 +37,18 @@ MTP layers are refused (naming the tensor).  The base is frozen; the trainable s
 adapter tensors, in adapter-file order.  With --beta != 0 and no --ref-model the reference policy is
 the base with the adapters off.  The plain log-probs / --selection-out are those of the adapted model.
 
+Indexer KL (--indexer-kl-coef C > 0; prefix-frozen, no adapter, GRPO objectives; spec §3 sparse stage, §8.4):
+the gradient is that of L_GRPO + C * L_I, L_I = (1/N) sum over responses, branch queries t and layers with
+their own indexer of KL(p || q) over the layer's selection S_t: p = head-averaged MLA attention probabilities
+(detached), q = softmax of the index scores; the indexer reads detached x, c_q and prompt keys, so L_I reaches
+only the indexer tensors.  N = total response tokens.  __metadata__ "indexer_kl" = L_I; "loss" = L_GRPO.
+
 CLI
   python3 mla_ref.py --model DIR --group G.json [--mode prefix-frozen|full] [--out GRAD.safetensors]
         [--logprobs-out FILE.json] [--ref-model DIR] [--loss grpo|sft] [--loss-type grpo|dapo|dr_grpo]
         [--epsilon E] [--epsilon-high EH] [--beta B] [--scale-rewards group|batch|none]
         [--temperature T] [--max-completion-length N] [--latent-norm-eps EPS] [--selection-out FILE.json]
-        [--adapter ADAPTER.safetensors --lora-alpha A] [--threads N]
+        [--adapter ADAPTER.safetensors --lora-alpha A] [--indexer-kl-coef C] [--threads N]
 Without "rewards"/"advantages" in the group (and without --loss sft) it prints
 {"logprobs": [[...], ...]} (temperature 1, one full-sequence forward per response, like
 hybrid_ref.py).  Otherwise it runs the GRPO/SFT objective and prints loss / grad_norm / stats0.

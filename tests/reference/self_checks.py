@@ -10,7 +10,10 @@
  (c) causality: per-position logprobs of one full forward == last-position logprobs of
      forwards over the prefixes;
  (d) the recurrent state matters in the fixtures (resetting it changes logprobs a lot);
- (e) stored expected.json reproduces.
+ (e) stored expected.json reproduces (hybrid fixtures; the mla_* ones are checked by make_mla_fixtures.py);
+ (f) the MLA indexer KL cases (mla_ref.py --indexer-kl-coef, cases.json "kl_cases"): the committed gradient
+     files reproduce, their non-indexer tensors are the C = 0 (GRPO-only) files' bit for bit, C = 0 writes
+     the GRPO-only tensors, and central differences of C*L_I on the 5 indexer tensors of two layers.
 
     python3 self_checks.py      # exit 0 on success
 """
@@ -320,6 +323,8 @@ def check_expected():
         d = os.path.join(FIX, name)
         if not os.path.exists(os.path.join(d, "expected.json")):
             continue  # grpo/ and next_dense_ref/ (GRPO fixtures) have no expected.json
+        if name.startswith("mla_"):
+            continue  # MLA family (mla_ref.py): checked by make_mla_fixtures.py and (f)
         m = hr.HybridModel(d)
         with open(os.path.join(d, "group.json")) as f:
             grp = json.load(f)
@@ -331,6 +336,67 @@ def check_expected():
         report("(e) %s expected.json reproduces" % name, err, 1e-12)
 
 
+# ---------------------------------------------------------------------------- (f) MLA indexer KL
+def check_indexer_kl():
+    """per kl_cases entry: mla_ref.main(args) reproduces the committed file (tensors bit for bit as F32; loss,
+    grad_norm, indexer_kl to 1e-12 relative: the last fp64 bits of the metadata vary across CPUs); the
+    non-indexer tensors equal the base (C = 0) case's file bit for bit and its indexer tensors are 0; the same
+    args with --indexer-kl-coef 0 give the base tensors; central differences (h = 1e-5, prompt state held)
+    of C*L_I at the largest-|g| entry of the 5 indexer tensors of the first and last full indexer layer."""
+    import tempfile
+    import mla_ref as mr
+    with open(os.path.join(FIX, "mla_grpo", "cases.json")) as f:
+        doc = json.load(f)
+    base = {c["name"]: c for c in doc["cases"]}
+    cwd = os.getcwd()
+    os.chdir(FIX)
+    try:
+        with torch.enable_grad(), tempfile.TemporaryDirectory() as tmp:
+            for e in doc["kl_cases"]:
+                b = base[e["base_case"]]
+                tc, mc = hr.read_safetensors(e["grad"])
+                tb, _ = hr.read_safetensors(b["grad"])
+                _, res = mr.main(e["args"] + ["--quiet", "--out", os.path.join(tmp, "k.safetensors")])
+                tk, mk = hr.read_safetensors(os.path.join(tmp, "k.safetensors"))
+                bad = [n for n in tc if not torch.equal(tc[n], tk[n])] + [n for n in tb if ".indexer." not in n
+                                                                          and not torch.equal(tb[n], tc[n])]
+                bad += [n for n in tb if ".indexer." in n and float(tb[n].abs().max()) != 0.0]
+                rel = max(abs(float(mk[k]) - float(mc[k])) / abs(float(mc[k])) for k in ("loss", "grad_norm", "indexer_kl"))
+                _ = mr.main(e["args"] + ["--quiet", "--indexer-kl-coef", "0", "--out", os.path.join(tmp, "z.safetensors")])
+                tz, mz = hr.read_safetensors(os.path.join(tmp, "z.safetensors"))
+                bad += ["C=0:" + n for n in tb if not torch.equal(tb[n], tz[n])] + (["C=0 meta"] if "indexer_kl" in mz else [])
+                report("(f) %s reproduces, GRPO part == %s (mismatches)" % (e["name"], b["name"]),
+                       float(len(bad)) + (rel if rel > 1e-12 else 0.0), 0.5)
+                cfg, w = res["cfg"], {n: t.clone() for n, t in res["weights"].items()}
+                with open(e["args"][e["args"].index("--group") + 1]) as f:
+                    group = json.load(f)
+                C = e["indexer_kl_coef"]
+                with torch.no_grad():
+                    state = mr.Net(cfg, w).capture(group["prompt"])
+
+                def val():
+                    with torch.no_grad():
+                        return C * float(mr.indexer_kl_loss(mr.Net(cfg, w), state, group))
+                full = [i for i in range(cfg.L) if cfg.full_idx[i]]
+                worst = 0.0
+                for i in (full[0], full[-1]):
+                    for tn in ("wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight"):
+                        n = "model.layers.%d.self_attn.indexer.%s" % (i, tn)
+                        g = res["grads0"][n].reshape(-1)
+                        j = int(g.abs().argmax())
+                        t = w[n].view(-1)
+                        x0 = float(t[j])
+                        t[j] = x0 + 1e-5
+                        lp = val()
+                        t[j] = x0 - 1e-5
+                        lm = val()
+                        t[j] = x0
+                        worst = max(worst, abs((lp - lm) / 2e-5 - float(g[j])) / abs(float(g[j])))
+                report("(f) %s FD of C*L_I, 10 indexer entries (rel)" % e["name"], worst, 1e-6)
+    finally:
+        os.chdir(cwd)
+
+
 if __name__ == "__main__":
     torch.set_grad_enabled(False)
     check_rule()
@@ -338,5 +404,6 @@ if __name__ == "__main__":
     check_causality()
     check_state_matters()
     check_expected()
+    check_indexer_kl()
     print("self_checks:", "OK" if ok else "FAILED")
     sys.exit(0 if ok else 1)
