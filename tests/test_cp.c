@@ -788,31 +788,34 @@ int test_cp_ep_consistency(void) {
     /* plan --ep: its per-rank weights and gradient rows are what a run's receipt predicts
      * (and what the arenas hold, up to their alignment) */
     char args[8192];
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < 4; f++) { /* f ≥ 2: with the indexers trained (--indexer-kl) */
         char rp[1024];
-        snprintf(rp, sizeof rp, "%s/%s_plan_receipt.json", dir, fx[f]);
+        int kl = f >= 2;
+        snprintf(rp, sizeof rp, "%s/%s_%d_plan_receipt.json", dir, fx[f % 2], kl);
         snprintf(args, sizeof args, "grad --model %s/%s --group %s/%s/group_train.json --ep 2 --threads 1 --out %s/g.st "
-                 "--receipt %s", FIX, fx[f], FIX, fx[f], dir, rp);
+                 "--receipt %s%s", FIX, fx[f % 2], FIX, fx[f % 2], dir, rp, kl ? " --indexer-kl-coef 1" : "");
         free(run_np(2, args, err, &rc));
-        T_CHECK(rc == 0, "%s: grad --ep 2 failed", fx[f]);
+        T_CHECK(rc == 0, "%s: grad --ep 2 failed", fx[f % 2]);
         char pc[4096];
-        snprintf(pc, sizeof pc, "%s plan --model %s/%s --prompt 10 --ep 2 --json", LS_CLI_PATH, FIX, fx[f]);
+        snprintf(pc, sizeof pc, "%s plan --model %s/%s --prompt 10 --ep 2 --json%s", LS_CLI_PATH, FIX, fx[f % 2],
+                 kl ? " --indexer-kl" : "");
         char *pj = t_run_capture(pc, &rc), *rt = t_read_file(rp, NULL);
         cJSON *pl = pj && rc == 0 ? cJSON_Parse(pj) : NULL, *rj = rt ? cJSON_Parse(rt) : NULL;
         free(pj);
         free(rt);
-        T_CHECK(pl && rj, "%s: plan or receipt unreadable", fx[f]);
+        T_CHECK(pl && rj, "%s: plan or receipt unreadable", fx[f % 2]);
         const cJSON *mem = cJSON_GetObjectItem(rj, "m_live");
         double pw = cJSON_GetObjectItem(pl, "weights_bytes_f32")->valuedouble;
         double pg = cJSON_GetObjectItem(pl, "grad_bytes")->valuedouble;
         double rw = mem ? cJSON_GetObjectItem(cJSON_GetObjectItem(mem, "fixed"), "predicted_min")->valuedouble : -1;
         double rg = mem ? cJSON_GetObjectItem(cJSON_GetObjectItem(mem, "grad"), "predicted_min")->valuedouble : -1;
-        printf("  %s plan --ep 2: weights %.0f, grad %.0f bytes per rank; receipt %.0f, %.0f\n", fx[f], pw, pg, rw, rg);
-        T_CHECK(pw == rw && pg == rg && pw > 0, "%s: plan --ep 2 (%.0f, %.0f) vs receipt (%.0f, %.0f)", fx[f], pw, pg,
+        printf("  %s plan --ep 2%s: weights %.0f, grad %.0f bytes per rank; receipt %.0f, %.0f\n", fx[f % 2],
+               kl ? " --indexer-kl" : "", pw, pg, rw, rg);
+        T_CHECK(pw == rw && pg == rg && pw > 0, "%s: plan --ep 2 (%.0f, %.0f) vs receipt (%.0f, %.0f)", fx[f % 2], pw, pg,
                 rw, rg);
         T_CHECK(cJSON_GetObjectItem(pl, "parameters_all_ranks")->valuedouble >
                     cJSON_GetObjectItem(pl, "parameters")->valuedouble,
-                "%s: plan --ep 2 holds every expert per rank", fx[f]);
+                "%s: plan --ep 2 holds every expert per rank", fx[f % 2]);
         cJSON_Delete(pl);
         cJSON_Delete(rj);
     }

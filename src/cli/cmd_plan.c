@@ -28,6 +28,8 @@ static void help(void) {
            "  --mode M             prefix-frozen (default) or full: adds the exact-gradient mode's\n"
            "                       dState (f32 dK/dV pages, d(S, conv tail)) and sweep checkpoints\n"
            "  --sweep-chunk N      full mode: positions per reverse-sweep chunk (default 512)\n"
+           "  --indexer-kl         MLA family: the indexers trained too (--indexer-kl-coef > 0): their\n"
+           "                       moments and gradients counted\n"
            "  --ep N               MLA family: the routed experts split over N expert-parallel ranks\n"
            "                       (weights, moments and gradients per rank hold E/N experts)\n"
            "  --json               print JSON instead of a table\n"
@@ -49,7 +51,7 @@ static void print_live_terms(size_t params, size_t w_bytes, size_t m_bytes, size
 /* The MLA + DSA + MoE family (mla.h): latent pages per MLA layer, index-key pages per
  * full indexer layer, the MoE routed-hidden buffers of a capture chunk. */
 static int plan_mla(const ls_config *cfg, const char *path, int64_t P, int64_t S, ls_dtype dt, int cp,
-                    ls_cp_layout lay, int64_t sweep, int ep, int json) {
+                    ls_cp_layout lay, int64_t sweep, int ep, int ikl, int json) {
     ls_mla_plan_t p;
     ls_state_plan_t sp; /* the family's state plan: full mode's dState and chunk table */
     ls_status s = ls_mla_state_plan(&p, cfg, P, S, dt, cp, lay, 2048);
@@ -65,7 +67,7 @@ static int plan_mla(const ls_config *cfg, const char *path, int64_t P, int64_t S
     if (pc == LS_OK && params <= ((size_t)1 << 40) && ls_mla_tensors(cfg, 0, cfg->n_experts, &tl, &nt) == LS_OK)
         for (int64_t i = 0; i < nt; i++) {
             size_t n = (size_t)(tl[i].shape[0] * tl[i].shape[1]);
-            if (tl[i].frozen) frozen += n;
+            if (tl[i].frozen && !(ikl && strstr(tl[i].name, ".indexer."))) frozen += n;
             if (tl[i].expert >= 0) experts += n;
         }
     free(tl);
@@ -125,8 +127,8 @@ static int plan_mla(const ls_config *cfg, const char *path, int64_t P, int64_t S
     if (ep > 1)
         o = snprintf(what, sizeof what, " per rank with EP %d: %d of %d routed experts; %zu on all ranks", ep,
                      cfg->n_experts / ep, cfg->n_experts, all);
-    snprintf(what + o, sizeof what - (size_t)o, ", MTP layers excluded; %zu of the indexers and correction biases: no "
-                                                 "gradient, no moments", frozen);
+    snprintf(what + o, sizeof what - (size_t)o, ", MTP layers excluded; %zu of the %s: no gradient, no moments", frozen,
+             ikl ? "correction biases" : "indexers and correction biases");
     print_live_terms(params, w_bytes, m_bytes, g_bytes, 40, what);
     return 0;
 }
@@ -142,6 +144,7 @@ int cmd_plan(int argc, char **argv) {
                                          {"mode", required_argument, 0, 'M'},
                                          {"sweep-chunk", required_argument, 0, 'w'},
                                          {"ep", required_argument, 0, 'e'},
+                                         {"indexer-kl", no_argument, 0, 'k'},
                                          {"json", no_argument, 0, 'j'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -151,7 +154,7 @@ int cmd_plan(int argc, char **argv) {
     ls_cp_layout lay = LS_CP_CONTIGUOUS;
     int full = 0;
     int64_t sweep = 512, ep = 1;
-    int json = 0, ch;
+    int json = 0, ikl = 0, ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
@@ -164,6 +167,7 @@ int cmd_plan(int argc, char **argv) {
         case 'l': if (cli_parse_layout("plan", optarg, &lay)) return 2; break;
         case 'M': if (cli_parse_mode("plan", optarg, &full)) return 2; break;
         case 'w': if (cli_parse_i64("plan", "--sweep-chunk", optarg, 1, INT64_MAX / 4, &sweep)) return 2; break;
+        case 'k': ikl = 1; break;
         case 'e': if (cli_parse_i64("plan", "--ep", optarg, 1, 4096, &ep)) return 2; break;
         case 'j': json = 1; break;
         case 'h': help(); return 0;
@@ -180,8 +184,9 @@ int cmd_plan(int argc, char **argv) {
     ls_status s = ls_config_load(&cfg, path);
     if (s != LS_OK) return cli_fail("plan", s);
     if (cfg.family == LS_FAMILY_MLA) {
-        return plan_mla(&cfg, path, P, S, dt, (int)cp, lay, full ? sweep : 0, (int)ep, json);
+        return plan_mla(&cfg, path, P, S, dt, (int)cp, lay, full ? sweep : 0, (int)ep, ikl, json);
     }
+    if (ikl) return cli_usage_error("plan", "--indexer-kl: %s is %s, which has no DSA indexer", path, cfg.model_type);
     if (ep > 1)
         return cli_usage_error("plan", "--ep %lld: expert parallelism is built for the MLA family only (%s is %s)",
                                (long long)ep, path, cfg.model_type);
