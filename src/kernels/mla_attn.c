@@ -15,7 +15,8 @@
 
 #include "longstraw/kernels.h"
 
-/* The key row of position p: a page row (converted into tmp) or an own row. */
+/* The key row of position p: a page row (converted into tmp) or an own row (latent rows
+ * of dk values, or index keys of dI). */
 static const float *key_row(const ls_kv_prefix *pf, const float *own, int64_t pos0, int64_t p, int dk, float *tmp) {
     if (p >= pos0) return own + (p - pos0) * dk;
     const char *page = (const char *)pf->k_pages[p / pf->page_size];
@@ -148,17 +149,6 @@ ls_status ls_mla_attn_bwd(float *dq, float *down, void *const *dprefix, const fl
 
 /* ---- the indexer KL loss (spec §3 "Indexer training", sparse stage) ------------------ */
 
-/* The index key of position p (the same row layout as key_row: pages below pos0, own
- * rows after), into tmp when converted. */
-static const float *index_row(const ls_kv_prefix *keys, const float *own, int64_t pos0, int64_t p, int dI,
-                              float *tmp) {
-    if (p >= pos0) return own + (p - pos0) * dI;
-    const char *page = (const char *)keys->k_pages[p / keys->page_size];
-    ls_convert_to_f32(tmp, page + (size_t)(p % keys->page_size) * (size_t)dI * ls_dtype_size(keys->dtype), keys->dtype,
-                      (size_t)dI);
-    return tmp;
-}
-
 void ls_mla_attn_probs(float *P, const float *q, const float *lse, const float *own, const ls_kv_prefix *prefix,
                        const int32_t *sel, int64_t k, int64_t T, int H, int rkv, int dr, int64_t pos0, float scale) {
     const int dk = rkv + dr;
@@ -186,7 +176,7 @@ void ls_dsa_sel_scores(float *score, const float *q, const float *w, const ls_kv
             float *it = score + t * k + j;
             *it = -INFINITY;
             if (sel[t * k + j] < 0) continue;
-            const float *kr = index_row(keys, own, pos0, sel[t * k + j], dI, tmp);
+            const float *kr = key_row(keys, own, pos0, sel[t * k + j], dI, tmp); /* an index key row */
             double s = 0;
             for (int h = 0; h < nI; h++) {
                 float a = dot16(q + (t * nI + h) * dI, kr, dI);
@@ -209,7 +199,7 @@ void ls_dsa_sel_scores_bwd(float *dq, float *dw, float *down, const float *dS, c
             int64_t p = sel[t * k + j];
             float g = dS[t * k + j];
             if (p < 0 || g == 0.0f) continue;
-            const float *kr = index_row(keys, own, pos0, p, dI, tmp);
+            const float *kr = key_row(keys, own, pos0, p, dI, tmp);
             float *dk = p >= pos0 && down ? down + (p - pos0) * dI : NULL;
             for (int h = 0; h < nI; h++) {
                 const float *qh = q + (t * nI + h) * dI;
