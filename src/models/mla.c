@@ -72,14 +72,15 @@ void ls_mla_index_queries(const ls_mla_model *m, int l, const float *xn, const f
     for (int64_t i = 0; i < T * nI; i++) wq[i] *= ws;
 }
 
-/* The index keys kI [T, dI] of full layer l: LayerNorm(wk x), RoPE on the first dims. */
-static void index_keys(const ls_mla_model *m, int l, const float *xn, int64_t T, int64_t pos0, float *kI) {
+void ls_mla_index_keys(const ls_mla_model *m, int l, const float *xn, int64_t T, int64_t pos0, float *kI,
+                       float *kpre) {
     const ls_config *c = &m->cfg;
     const ls_mla_config *mc = &c->mla;
     const ls_mla_layer *w = &m->layers[l];
     int dI = mc->index_head_dim;
-    ls_linear_fwd(kI, xn, w->idx_wk, T, c->hidden, dI, 0);
-    ls_layernorm_fwd(kI, kI, w->idx_knorm_w, w->idx_knorm_b, T, dI, 1e-6f);
+    float *pre = kpre ? kpre : kI;
+    ls_linear_fwd(pre, xn, w->idx_wk, T, c->hidden, dI, 0);
+    ls_layernorm_fwd(kI, pre, w->idx_knorm_w, w->idx_knorm_b, T, dI, LS_MLA_INDEX_NORM_EPS);
     ls_rope_table_fwd(kI, T, 1, dI, 0, mc->qk_rope / 2, m->inv_freq, mc->indexer_rope_interleave, pos0);
 }
 
@@ -334,7 +335,7 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
         float *qI = ALLOC_F(sc, T * nI * dI), *wq = ALLOC_F(sc, T * nI);
         kI = ALLOC_F(sc, T * dI);
         NEED(qI && wq && kI);
-        index_keys(m, l, xn, T, pos0, kI);
+        ls_mla_index_keys(m, l, xn, T, pos0, kI, NULL);
         /* the call's own index keys rounded as the pages round theirs: a selection is then a
          * function of the keys alone, whatever the chunking, the CP split or decode order
          * (near ties flip under bf16 otherwise, spec §7.3) */

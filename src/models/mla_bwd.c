@@ -145,9 +145,7 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
     float *dq = CALLOC_F(sc, nb), *dw = dq ? dq + nq * nI * dI : NULL, *dkI = dq ? dw + nq * nI : NULL;
     NEED(qI && wq && kpre && kI && Is && P && mx && st && dq);
     ls_mla_index_queries(m, l, tp->xn1 + t0 * D, tp->cq + t0 * rq, nq, pos0 + t0, qI, wq);
-    ls_linear_fwd(kpre, tp->xn1, w->idx_wk, T, D, dI, 0); /* the own index keys, as the forward formed them */
-    ls_layernorm_fwd(kI, kpre, w->idx_knorm_w, w->idx_knorm_b, T, dI, 1e-6f);
-    ls_rope_table_fwd(kI, T, 1, dI, 0, half, m->inv_freq, mc->indexer_rope_interleave, pos0);
+    ls_mla_index_keys(m, l, tp->xn1, T, pos0, kI, kpre); /* the own index keys, as the forward formed them */
     if (tb->st && tb->st->dtype != LS_DTYPE_F32) ls_mla_round_to(kI, T * dI, tb->st->dtype);
     ls_kv_prefix lat = {0, 1, LS_DTYPE_F32, NULL, NULL};
     if (tb->st) lat = ls_state_prefix(tb->st, l);
@@ -203,7 +201,7 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
     for (int64_t i = 0; i < nq * nI; i++) dw[i] *= ws;
     ls_linear_bwd(NULL, gw->idx_weights, dw, tp->xn1 + t0 * D, w->idx_weights, nq, D, nI, 0);
     ls_rope_table_bwd(dkI, T, 1, dI, 0, half, m->inv_freq, mc->indexer_rope_interleave, pos0);
-    ls_layernorm_bwd(dkI, gw->idx_knorm_w, gw->idx_knorm_b, dkI, kpre, w->idx_knorm_w, T, dI, 1e-6f);
+    ls_layernorm_bwd(dkI, gw->idx_knorm_w, gw->idx_knorm_b, dkI, kpre, w->idx_knorm_w, T, dI, LS_MLA_INDEX_NORM_EPS);
     ls_linear_bwd(NULL, gw->idx_wk, dkI, tp->xn1, w->idx_wk, T, D, dI, 0);
     ls_arena_release(sc, mk);
     return LS_OK;

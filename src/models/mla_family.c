@@ -42,7 +42,6 @@ static ls_status mla_branch_fwd(const ls_model *m, const ls_prompt_state *st, co
 
 static ls_status mla_branch_bwd(const ls_model *m, ls_model *grad, const ls_branch_tape *tape, const float *dl,
                                 ls_prompt_state *dstate, const ls_fwd_opts *o, ls_arena *scratch) {
-    (void)o;
     return ls_mla_branch_bwd(M(m), (ls_mla_model *)grad->impl, tape, dl, dstate, o, scratch);
 }
 
@@ -147,6 +146,16 @@ static ls_status open_lora(ls_policy *p, mla_policy *mp, const ls_policy_spec *s
     return ls_lora_params(mp->lora, &p->w, &p->g, &p->n);
 }
 
+/* A tensor of a layer's DSA indexer (what the indexer KL loss trains). */
+static int is_indexer(const ls_mla_tensor *t) {
+    static const size_t f[5] = {offsetof(ls_mla_layer, idx_wq), offsetof(ls_mla_layer, idx_wk),
+                                offsetof(ls_mla_layer, idx_knorm_w), offsetof(ls_mla_layer, idx_knorm_b),
+                                offsetof(ls_mla_layer, idx_weights)};
+    for (int i = 0; t->layer >= 0 && i < 5; i++)
+        if (t->field == f[i]) return 1;
+    return 0;
+}
+
 static ls_status mla_policy_open(ls_policy *p, const ls_policy_spec *sp, ls_arenas *ar) {
     memset(p, 0, sizeof *p);
     mla_policy *mp = calloc(1, sizeof *mp);
@@ -174,11 +183,7 @@ static ls_status mla_policy_open(ls_policy *p, const ls_policy_spec *sp, ls_aren
         int any = 0;
         for (int64_t i = 0; i < mp->base.n_tensors; i++) {
             ls_mla_tensor *t = (ls_mla_tensor *)&mp->base.tensors[i]; /* the policy's own list (fixed arena) */
-            if (t->layer >= 0 && (t->field == offsetof(ls_mla_layer, idx_wq) || t->field == offsetof(ls_mla_layer, idx_wk) ||
-                                  t->field == offsetof(ls_mla_layer, idx_knorm_w) ||
-                                  t->field == offsetof(ls_mla_layer, idx_knorm_b) ||
-                                  t->field == offsetof(ls_mla_layer, idx_weights)))
-                t->frozen = 0, any = 1;
+            if (is_indexer(t)) t->frozen = 0, any = 1;
         }
         if (!any) return ls_err(LS_ERR_ARG, "--indexer-kl-coef: %s has no indexer tensors", sp->model_dir);
     }
@@ -197,7 +202,7 @@ static ls_status mla_policy_open(ls_policy *p, const ls_policy_spec *sp, ls_aren
     if (sp->indexer_kl) { /* the indexers' gradients come from the indexer KL loss alone */
         if (!(mp->aux = calloc((size_t)(p->n > 0 ? p->n : 1), 1))) return LS_ERR_NOMEM;
         for (int64_t i = 0, k = 0; i < mp->base.n_tensors; i++)
-            if (!mp->base.tensors[i].frozen) mp->aux[k++] = strstr(mp->base.tensors[i].name, ".indexer.") != NULL;
+            if (!mp->base.tensors[i].frozen) mp->aux[k++] = (uint8_t)is_indexer(&mp->base.tensors[i]);
         p->aux = mp->aux;
     }
     return LS_OK;

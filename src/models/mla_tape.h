@@ -50,6 +50,11 @@ typedef struct {
 void ls_mla_index_queries(const ls_mla_model *m, int l, const float *xn, const float *cq, int64_t T, int64_t pos0,
                           float *qI, float *wq);
 void ls_mla_round_to(float *x, int64_t n, ls_dtype dtype);
+/* The index keys kI [T, dI] of full layer l: LayerNorm(wk x) (eps below, spec §3), RoPE on
+ * the first dims; kpre [T, dI] (NULL: not kept) gets wk x, the norm's input. */
+#define LS_MLA_INDEX_NORM_EPS 1e-6f
+void ls_mla_index_keys(const ls_mla_model *m, int l, const float *xn, int64_t T, int64_t pos0, float *kI,
+                       float *kpre);
 /* Expert parallelism, the routed outputs' way back (docs/architecture.md): y [T, W] holds
  * this rank's experts' shares of every token's rows (zero where it holds none of the
  * token's experts, sel [T, K]); on return every rank of m->ep holds the sum over the

@@ -465,7 +465,7 @@ static ls_status evaluate(trainer *tr, double *nll) {
 }
 
 /* Expert parallelism: every CP group decoded the group on its own (the same weights,
- * RNG and, through the experts' all-reduce, the same logits), so the samples agree;
+ * RNG and, through the experts' combine, the same logits), so the samples agree;
  * checked, since the experts' sums mix the EP ranks' rows and a difference (another
  * thread count on one rank) would make the update's data disagree silently. */
 static ls_status ep_same_samples(const trainer *tr, const ls_group *g) {
