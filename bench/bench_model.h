@@ -13,6 +13,7 @@
 
 #include "longstraw/mla.h"
 #include "longstraw/model.h"
+#include "longstraw/runtime.h"
 
 /* The small hybrid config of issue 2: hidden 512, 8 layers (full attention at 3 and
  * 7), 4 query heads × 128, 2 KV heads, GDN 4 key / 8 value heads × 64, vocab 4096. */
@@ -37,6 +38,13 @@
     " \"first_k_dense_replace\": 1, \"routed_scaling_factor\": 2.5, \"norm_topk_prob\": true,"                        \
     " \"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\", \"n_group\": 1, \"topk_group\": 1,"               \
     " \"rope_theta\": 1000000, \"rms_norm_eps\": 1e-5, \"max_position_embeddings\": 1048576}"
+
+/* "BLAS: <library>; <core> kernels (chosen by ...), sgemm N GFLOP/s on T threads" */
+static inline void bench_print_blas(void) {
+    char line[512];
+    ls_blas_describe(line, sizeof line);
+    printf("BLAS: %s\n", line);
+}
 
 static inline int bench_write_model(const char *prog, char *dir, const char *cfg_json, ls_dtype dtype) {
     if (!mkdtemp(dir)) {

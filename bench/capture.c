@@ -3,6 +3,13 @@
  * measured in the same run (this machine is shared and noisy: compare ratios).
  *
  *   build/bench/capture [--moe | --family mla] [--prompts 4096,16384,65536] [--threads N] [--chunk C]
+ *   build/bench/capture --core-check [--prompts 4096] [...]
+ *
+ * --core-check: capture tokens/s at the first prompt length with OPENBLAS_CORETYPE
+ * unset (the tool's own choice, ls_runtime_setup), forced to the strongest core the
+ * CPU runs, and forced to the core the BLAS picks by itself, each in a fresh process,
+ * interleaved over 3 rounds (the machine is shared: best of 3, ratios to the forced
+ * best core).
  *
  * --family mla: the small MLA + DSA + MoE config of bench_model.h (GLM-5.2 layout).
  * Model: the small hybrid config of issue 2 — hidden 512, 8 layers (full attention
@@ -16,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench_model.h"
 #include "longstraw/mla.h"
@@ -102,18 +110,70 @@ static double capture_flops(const ls_config *c, int64_t n) {
     return f;
 }
 
+/* One child run of this program at prompt length P under `env` (an `env` argument
+ * list); its tokens/s, or -1. */
+static double child_tps(const char *env, const char *self, const char *fam, int threads, int64_t chunk, int64_t P) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "env %s '%s' %s --threads %d --chunk %lld --prompts %lld --print-tps", env, self, fam,
+             threads, (long long)chunk, (long long)P);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    double v = -1;
+    if (fscanf(p, "%lf", &v) != 1) v = -1;
+    if (pclose(p) != 0) v = -1;
+    return v;
+}
+
+static int core_check(const char *fam, int threads, int64_t chunk, int64_t P) {
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return 1;
+    self[n] = 0;
+    ls_blas_info b;
+    ls_blas_info_get(&b);
+    if (!b.cpu_core[0]) {
+        printf("core check: this CPU runs nothing better than the SSE kernels: nothing to compare\n");
+        return 0;
+    }
+    const char *unset = "-u OPENBLAS_CORETYPE -u LONGSTRAW_SET_OPENBLAS_CORETYPE -u LONGSTRAW_BLAS_OWN_CORETYPE";
+    char best[128], own[128];
+    snprintf(best, sizeof best, "-u LONGSTRAW_SET_OPENBLAS_CORETYPE OPENBLAS_CORETYPE=%s", b.cpu_core);
+    snprintf(own, sizeof own, "-u LONGSTRAW_SET_OPENBLAS_CORETYPE OPENBLAS_CORETYPE=%s",
+             b.blas_core[0] ? b.blas_core : b.core);
+    double tu = 0, tb = 0, to = 0;
+    for (int r = 0; r < 3; r++) {
+        double u = child_tps(unset, self, fam, threads, chunk, P), x = child_tps(best, self, fam, threads, chunk, P),
+               o = child_tps(own, self, fam, threads, chunk, P);
+        if (u < 0 || x < 0 || o < 0) {
+            fprintf(stderr, "capture: a child run failed\n");
+            return 1;
+        }
+        if (u > tu) tu = u;
+        if (x > tb) tb = x;
+        if (o > to) to = o;
+    }
+    printf("| P = %lld, tokens/s (best of 3) | OPENBLAS_CORETYPE unset | forced %s (the CPU's best) | forced %s (the "
+           "BLAS's own pick) |\n|---|---|---|---|\n| capture | %.0f | %.0f | %.0f |\n| ratio to forced best | %.2f | "
+           "1.00 | %.2f |\n",
+           (long long)P, b.cpu_core, b.blas_core[0] ? b.blas_core : b.core, tu, tb, to, tu / tb, to / tb);
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    ls_prefer_passive_omp(argv);
+    ls_runtime_setup(argv);
     static const struct option opts[] = {{"moe", no_argument, 0, 'm'},       {"prompts", required_argument, 0, 'p'},
                                          {"family", required_argument, 0, 'f'},
                                          {"threads", required_argument, 0, 't'}, {"chunk", required_argument, 0, 'c'},
+                                         {"core-check", no_argument, 0, 'k'}, {"print-tps", no_argument, 0, 'T'},
                                          {"help", no_argument, 0, 'h'},      {0, 0, 0, 0}};
-    int moe = 0, threads = 0, ch, mla = 0;
+    int moe = 0, threads = 0, ch, mla = 0, check = 0, print_tps = 0;
     int64_t chunk = 2048;
     char prompts[256] = "4096,16384,65536";
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
         case 'm': moe = 1; break;
+        case 'k': check = 1; break;
+        case 'T': print_tps = 1; break;
         case 'p': snprintf(prompts, sizeof prompts, "%s", optarg); break;
         case 't': threads = atoi(optarg); break;
         case 'c': chunk = atoll(optarg); break;
@@ -125,7 +185,8 @@ int main(int argc, char **argv) {
             mla = !strcmp(optarg, "mla");
             break;
         case 'h':
-            printf("usage: capture [--moe | --family mla] [--prompts P1,P2,...] [--threads N] [--chunk C]\n");
+            printf("usage: capture [--moe | --family mla] [--prompts P1,P2,...] [--threads N] [--chunk C] "
+                   "[--core-check]\n");
             return 0;
         default: return 2;
         }
@@ -135,6 +196,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     ls_set_threads(threads);
+    if (check)
+        return core_check(mla ? "--family mla" : moe ? "--moe" : "", ls_get_threads(), chunk, atoll(prompts));
     char dir[] = "/tmp/ls_bench_capture_XXXXXX";
     if (bench_write_model("capture", dir, mla ? BENCH_SMALL_MLA : moe ? moe_cfg : dense_cfg, LS_DTYPE_BF16)) return 1;
     ls_arenas ar;
@@ -145,13 +208,15 @@ int main(int argc, char **argv) {
         return 1;
     }
     const ls_config *cfg = ls_model_config(&mdl);
-    if (mla)
+    if (!print_tps) bench_print_blas();
+    if (!print_tps && mla)
         printf("capture benchmark: MLA + DSA + MoE, hidden 512, 8 layers (4 full indexer, top-512), 8 experts top-2 + "
                "shared, vocab 4096, %d threads, chunk %lld\n", ls_get_threads(), (long long)chunk);
-    else
+    else if (!print_tps)
         printf("capture benchmark: hidden 512, 8 layers (2 full attention), vocab 4096, %s, %d threads, chunk %lld\n",
                moe ? "MoE 8 experts top-2 + shared" : "dense SwiGLU", ls_get_threads(), (long long)chunk);
-    printf("| P | capture s | tokens/s | GFLOP/s | sgemm GFLOP/s (same run) | ratio |\n|---|---|---|---|---|---|\n");
+    if (!print_tps)
+        printf("| P | capture s | tokens/s | GFLOP/s | sgemm GFLOP/s (same run) | ratio |\n|---|---|---|---|---|---|\n");
     ls_fwd_opts o;
     ls_fwd_opts_default(&o);
     o.capture_chunk = chunk;
@@ -162,7 +227,7 @@ int main(int argc, char **argv) {
         ls_rng r;
         ls_rng_seed(&r, (uint64_t)P);
         for (int64_t i = 0; i < P; i++) ids[i] = (int32_t)(ls_rng_u64(&r) % 4096u);
-        double sg = sgemm_gflops(2048);
+        double sg = print_tps ? 0 : sgemm_gflops(2048);
         ls_prompt_state st;
         ls_arena_reset(&ar.a[LS_ARENA_PROMPT]);
         if (mdl.fam->state_init(&st, cfg, P - 1, 64, LS_DTYPE_BF16, NULL, LS_CP_CONTIGUOUS, &ar.a[LS_ARENA_PROMPT]) != LS_OK)
@@ -174,7 +239,8 @@ int main(int argc, char **argv) {
         }
         double t = ls_now() - t0;
         double gf = (mla ? mla_capture_flops(cfg, P - 1) : capture_flops(cfg, P - 1)) / t / 1e9;
-        printf("| %lld | %.2f | %.0f | %.1f | %.1f | %.2f |\n", (long long)P, t, (double)(P - 1) / t, gf, sg, gf / sg);
+        if (print_tps) printf("%.3f\n", (double)(P - 1) / t);
+        else printf("| %lld | %.2f | %.0f | %.1f | %.1f | %.2f |\n", (long long)P, t, (double)(P - 1) / t, gf, sg, gf / sg);
         fflush(stdout);
         free(ids);
     }

@@ -443,6 +443,7 @@ static void cp_usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    ls_runtime_setup(argv); /* the tool it starts chooses the same kernels (its receipts name them) */
     static const struct option opts[] = {
         {"prompt", required_argument, 0, 'p'}, {"ranks", required_argument, 0, 'n'},
         {"group-size", required_argument, 0, 'g'}, {"response", required_argument, 0, 'r'},
@@ -536,6 +537,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_runs; i++) snprintf(runs[i].out, sizeof runs[i].out, "%s/out_%s", dir, runs[i].label);
 
     int cores = ls_num_cores();
+    bench_print_blas();
     printf("Context parallelism: `longstraw step`, small hybrid config (bf16 weights), P = %lld, G = %lld, R = %lld,\n"
            "%s prompt state, 1 thread per rank, %d cores; tool %s\n",
            (long long)P, (long long)G, (long long)R, state_dtype, cores, cli);

@@ -21,7 +21,7 @@
 static const char *cfg = BENCH_SMALL_DENSE; /* bench_model.h */
 
 int main(int argc, char **argv) {
-    ls_prefer_passive_omp(argv);
+    ls_runtime_setup(argv);
     static const struct option opts[] = {{"prompt", required_argument, 0, 'p'}, {"groups", required_argument, 0, 'g'},
                                          {"new", required_argument, 0, 'n'},    {"threads", required_argument, 0, 't'},
                                          {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
@@ -66,6 +66,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "rollout: %s\n", ls_err_msg());
         return 1;
     }
+    bench_print_blas();
     printf("rollout benchmark: hidden 512, 8 layers (2 full attention), vocab 4096, f32 weights, bf16 pages, P = %lld, "
            "%lld greedy tokens per member, %d threads\n",
            (long long)P, (long long)N, ls_get_threads());

@@ -94,7 +94,7 @@ static result run_one(const char *dir, int64_t P, int G, int64_t R, int mode, in
 }
 
 int main(int argc, char **argv) {
-    ls_prefer_passive_omp(argv);
+    ls_runtime_setup(argv);
     static const struct option opts[] = {{"prompts", required_argument, 0, 'p'}, {"groups", required_argument, 0, 'g'},
                                          {"response", required_argument, 0, 'r'}, {"no-naive-above", required_argument, 0, 'n'},
                                          {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
@@ -146,6 +146,7 @@ int main(int argc, char **argv) {
     ls_set_threads(threads);
     char dir[] = "/tmp/ls_bench_update_XXXXXX";
     if (bench_write_model("update", dir, cfg, LS_DTYPE_BF16)) return 1;
+    bench_print_blas();
     printf("GRPO update, small %s config, R = %lld, %d threads, bf16 prompt pages, full mode's sweep chunk %lld\n",
            strstr(cfg, "glm_moe_dsa") ? "MLA + DSA + MoE" : "hybrid", (long long)R, ls_get_threads(), (long long)sweep);
     printf("| P | G | prefix-frozen s | full s | full / prefix-frozen time | naive s | prefix-frozen RSS MiB | "

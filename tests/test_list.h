@@ -2,6 +2,7 @@
  * `ls_tests` runs all. CMake registers each entry with CTest. */
 LS_TEST_ENTRY(core_arena)
 LS_TEST_ENTRY(core_dtype)
+LS_TEST_ENTRY(runtime_blas_core)
 LS_TEST_ENTRY(gdr_chunk_vs_serial)
 LS_TEST_ENTRY(gdr_serial_vs_double)
 LS_TEST_ENTRY(attn_tiled_vs_naive)

@@ -9,6 +9,7 @@
 
 #include "longstraw/comm.h"
 #include "longstraw/core.h"
+#include "longstraw/runtime.h"
 #include "testutil.h"
 
 #define LS_TEST_ENTRY(name) int test_##name(void);
@@ -27,7 +28,7 @@ static const test_entry tests[] = {
 };
 
 int main(int argc, char **argv) {
-    ls_prefer_passive_omp(argv);
+    ls_runtime_setup(argv);
     int n = (int)(sizeof tests / sizeof tests[0]);
     int ran = 0, failed = 0, skipped = 0;
     const char *threads = getenv("LS_TEST_THREADS");

@@ -154,11 +154,7 @@ size_t ls_peak_rss_bytes(void);   /* process peak resident set */
 void ls_set_threads(int n);       /* OpenMP + OpenBLAS; n <= 0 means all cores */
 int ls_get_threads(void);
 int ls_num_cores(void);
-/* Call first in main(): unless OMP_WAIT_POLICY is set, set it to "passive" and
- * re-exec the program (libgomp reads it before main). Idle OpenMP workers then
- * sleep instead of spinning: on a shared 2-core machine spinning made `step` 4–5×
- * slower under load (measured, docs/architecture.md). */
-void ls_prefer_passive_omp(char **argv);
+/* (ls_runtime_setup in runtime.h: OMP_WAIT_POLICY and the BLAS's kernels) */
 
 /* ---- output files ---------------------------------------------------------- */
 /* May an atomic writer replace `path` (temp file + rename over it)? LS_OK when

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "longstraw/runtime.h"
 #include "longstraw/score.h"
 
 static void help(void) {
@@ -24,7 +25,7 @@ static void help(void) {
            "  --cp-layout L        under mpirun: contiguous (default) or zigzag page split\n"
            "  --ep N               under mpirun -np W: split the routed experts over N ranks (MLA\n"
            "                       family; W = CP x EP; default 1)\n"
-           "  --stats              print timing and arena peaks to stderr\n"
+           "  --stats              print timing, arena peaks and the BLAS (core, sgemm rate) to stderr\n"
            "  --help               this text\n");
 }
 
@@ -115,6 +116,9 @@ int cmd_logprobs(int argc, char **argv) {
         for (int i = 0; i < LS_ARENA_COUNT; i++)
             fprintf(stderr, "  arena %-8s peak %zu bytes\n", ls_arena_id_name((ls_arena_id)i), ar.a[i].peak);
         fprintf(stderr, "  process peak RSS %zu bytes\n", ls_peak_rss_bytes());
+        char blas[512];
+        ls_blas_describe(blas, sizeof blas);
+        fprintf(stderr, "  BLAS %s\n", blas);
     }
     rc = 0;
     goto done;

@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "longstraw/trace.h"
+#include "longstraw/runtime.h"
 
 static const struct {
     const char *name;
@@ -156,7 +157,7 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
 }
 
 int main(int argc, char **argv) {
-    ls_prefer_passive_omp(argv);
+    ls_runtime_setup(argv);
     /* MPI starts only under a launcher (mpirun sets these): a plain `longstraw` is one
      * rank without MPI_Init, so it starts fast and may launch mpirun itself (demo --cp) */
     ls_comm *world = NULL;

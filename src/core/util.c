@@ -200,12 +200,6 @@ void ls_set_threads(int n) {
 
 int ls_get_threads(void) { return g_threads > 0 ? g_threads : ls_num_cores(); }
 
-void ls_prefer_passive_omp(char **argv) {
-    if (getenv("OMP_WAIT_POLICY")) return;
-    if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
-    execv("/proc/self/exe", argv); /* returns only on failure: carry on spinning */
-}
-
 /* ---- output files ---- */
 static const char *file_kind(mode_t m) {
     if (S_ISDIR(m)) return "a directory";

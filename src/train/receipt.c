@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "longstraw/runtime.h"
 #include "longstraw/trainer.h"
 
 ls_status ls_trainable_open(ls_trainable *p, const ls_policy_spec *spec, int with_adam, ls_arenas *ar) {
@@ -117,6 +118,15 @@ ls_status ls_receipt_write(const char *path, const char *cmd, const ls_trainable
         fprintf(f, "},\n");
     }
     fprintf(f, "  \"process_peak_rss_bytes\": %zu,\n", ls_peak_rss_bytes());
+    /* the BLAS and the kernels it ran (runtime.h): a receipt from a machine whose BLAS
+     * fell back to weak kernels says so, with the rate they reach */
+    ls_blas_info bi;
+    ls_blas_info_get(&bi);
+    fprintf(f, "  \"blas\": {\"config\": \"%s\", \"core\": \"%s\", \"chosen_by\": \"%s\", \"blas_own_core\": \"%s\", "
+               "\"cpu_best_core\": \"%s\", \"weaker_than_cpu\": %s, \"threads\": %d, ",
+            bi.config, bi.core, bi.source, bi.blas_core, bi.cpu_core, bi.weaker ? "true" : "false", ls_get_threads());
+    json_field(f, "sgemm_gflops", ls_blas_sgemm_gflops());
+    fputs("},\n", f);
     /* per rank (DESIGN §8): prompt arena peak beside the plan's per-rank prediction, peak
      * RSS, and the trainable tensors' hash (identical on every rank after a step) */
     fprintf(f, "  \"cp\": %d,\n  \"ep\": %d,\n  \"cp_layout\": \"%s\",\n  \"ranks\": [", N,
