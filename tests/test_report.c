@@ -26,6 +26,7 @@ int test_report_truncated_line(void);
 int test_report_malformed(void);
 int test_report_downsample(void);
 int test_report_usage(void);
+int test_report_metrics_svg(void);
 
 #define FIXTURES LS_SOURCE_DIR "/tests/fixtures/report"
 
@@ -369,5 +370,66 @@ int test_report_usage(void) {
         free(out);
     }
     T_CHECK(t_remove_dir(dir) == 0, "cleanup");
+    return 0;
+}
+
+/* metrics.svg draws what a run is watched by: for GRPO the reward with its spread, KL,
+ * entropy, clipped fraction, gradient norm, response length and the held-out curves,
+ * never the GRPO loss (≈ 0 at ratio 1); for SFT the training NLL. A skipped update's
+ * nulls leave a gap, not a zero. */
+int test_report_metrics_svg(void) {
+    char dir[512], cmd[2048], path[800];
+    int rc;
+    for (int grpo = 1; grpo >= 0; grpo--) {
+        T_CHECK(copy_fixture("two_segments", dir, sizeof dir) == 0, "copy fixture");
+        snprintf(path, sizeof path, "%s/run/metrics.jsonl", dir);
+        FILE *f = fopen(path, "w");
+        T_CHECK(f, "metrics.jsonl");
+        for (int u = 0; u < 6; u++) {
+            if (grpo)
+                fprintf(f, "{\"update\": %d, \"loss\": 1e-16, \"reward\": %s, \"reward_std\": 0.1, \"kl\": 0.0%d, "
+                           "\"entropy\": %g, \"clip_ratio/low_mean\": 0.01, \"clip_ratio/high_mean\": 0.02, "
+                           "\"completions/mean_length\": 7, \"completions/min_length\": 3, \"completions/max_length\": 8, "
+                           "\"grad_norm\": 2.5, \"eval/exact_match\": %g%s}\n",
+                        u, u == 3 ? "null" : u == 0 ? "0.125" : "0.5", u, 3.0 - 0.2 * u, 0.1 * u,
+                        u == 0 ? ", \"eval/exact_match_before\": 0" : "");
+            else
+                fprintf(f, "{\"update\": %d, \"loss\": %g, \"reward\": null, \"eval/nll\": %g}\n", u, 4.0 - 0.5 * u,
+                        4.1 - 0.5 * u);
+        }
+        fclose(f);
+        snprintf(cmd, sizeof cmd, "'%s' report '%s/run'", LS_CLI_PATH, dir);
+        char *out = run(cmd, &rc);
+        T_CHECK(out && rc == 0 && strstr(out, "metrics.svg"), "report rc %d: %s", rc, out ? out : "");
+        free(out);
+        snprintf(path, sizeof path, "%s/run/metrics.svg", dir);
+        char *svg = NULL;
+        T_OK(ls_read_file(path, &svg, NULL));
+        T_CHECK(strncmp(svg, "<svg", 4) == 0 && strstr(svg, "</svg>\n") && !strstr(svg, "nan") && !strstr(svg, "inf"),
+                "not a closed SVG, or non-finite coordinates");
+        static const char *grpo_panels[] = {"reward: group mean", "KL to the reference", "entropy",
+                                            "clipped fraction", "gradient norm", "response length",
+                                            "held-out exact_match", "GRPO run, 6 updates"};
+        static const char *sft_panels[] = {"training loss: NLL", "held-out NLL per response token", "SFT run"};
+        const char *const *want = grpo ? grpo_panels : sft_panels;
+        size_t nwant = grpo ? sizeof grpo_panels / sizeof *grpo_panels : sizeof sft_panels / sizeof *sft_panels;
+        for (size_t i = 0; i < nwant; i++) T_CHECK(strstr(svg, want[i]), "%s metrics.svg lacks \"%s\"", grpo ? "GRPO" : "SFT", want[i]);
+        if (grpo) {
+            T_CHECK(!strstr(svg, "training loss"), "the GRPO loss is drawn");
+            T_CHECK(count(svg, "<polygon") == 2, "expected 2 bands (reward spread, length range), got %d",
+                    count(svg, "<polygon"));
+            /* the reward line: 5 points (update 3 had none), the held-out one 7 (before + 6) */
+            const char *rw = strstr(svg, "reward: group mean");
+            const char *pl = rw ? strstr(rw, "<polyline") : NULL, *pe = pl ? strstr(pl, "/>") : NULL;
+            T_CHECK(pl && pe, "no reward polyline");
+            int pts = 0;
+            for (const char *q = strstr(pl, "points=\""); q && q < pe; q++) pts += *q == ',';
+            T_CHECK(pts == 5, "reward polyline has %d points, expected 5", pts);
+        } else {
+            T_CHECK(!strstr(svg, "reward: group mean") && !strstr(svg, "clipped fraction"), "GRPO panels in an SFT run");
+        }
+        free(svg);
+        T_CHECK(t_remove_dir(dir) == 0, "cleanup");
+    }
     return 0;
 }

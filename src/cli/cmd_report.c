@@ -433,25 +433,45 @@ static ls_status find_ranks(const char *run, int **ranks, int *n) {
 #define NMETRIC 4
 static const char *const metric_name[NMETRIC] = {"reward", "kl", "grad_norm", "step_time"};
 
-/* the curves of metrics.svg: (update, value) points of the training loss and of the
- * held-out NLL ("eval/nll" after an update, "eval/nll_before" before the first) */
-#define NCURVE 2
+/* The series of metrics.svg: (update, value) points of one metrics.jsonl field, after
+ * update u at x = u + 1; "eval/X_before" is eval/X at x = 0 (before the first update);
+ * "reward-" / "reward+" are reward ∓ reward_std (the band of the reward panel). */
+#define NSERIES 32
 typedef struct {
+    char name[64];
     double *x, *y;
     int64_t n, cap;
-} curve;
+} series;
 
 typedef struct {
     int64_t updates;
     int have[NMETRIC];
     double first[NMETRIC], last[NMETRIC];
-    curve c[NCURVE];
+    series s[NSERIES];
+    int ns;
+    int grpo; /* some update had a finite reward: a GRPO run, drawn as one */
     int oom;
 } metrics;
 
-static void curve_add(metrics *m, int k, double x, double y) {
-    curve *c = &m->c[k];
-    if (!isfinite(y)) return;
+/* the fields drawn (besides every "eval/..." field) */
+static const char *const drawn_field[] = {"loss", "reward", "kl", "entropy", "indexer_kl", "clip_ratio/low_mean",
+                                          "clip_ratio/high_mean", "grad_norm", "completions/mean_length",
+                                          "completions/min_length", "completions/max_length"};
+
+static series *series_find(const metrics *m, const char *name) {
+    for (int i = 0; i < m->ns; i++)
+        if (strcmp(m->s[i].name, name) == 0) return (series *)&m->s[i];
+    return NULL;
+}
+
+static void series_add(metrics *m, const char *name, double x, double y) {
+    if (!isfinite(y) || strlen(name) >= sizeof m->s[0].name) return;
+    series *c = series_find(m, name);
+    if (!c) {
+        if (m->ns == NSERIES) return; /* more eval fields than panels: the first ones are drawn */
+        c = &m->s[m->ns++];
+        snprintf(c->name, sizeof c->name, "%s", name);
+    }
     if (c->n == c->cap) {
         int64_t cap = c->cap ? 2 * c->cap : 64;
         double *nx = realloc(c->x, (size_t)cap * sizeof(double)), *ny = nx ? realloc(c->y, (size_t)cap * sizeof(double)) : NULL;
@@ -465,17 +485,39 @@ static void curve_add(metrics *m, int k, double x, double y) {
     c->x[c->n] = x, c->y[c->n] = y, c->n++;
 }
 
+static void metrics_free(metrics *m) {
+    for (int i = 0; i < m->ns; i++) free(m->s[i].x), free(m->s[i].y);
+}
+
 static ls_status metrics_line(void *ctx, const cJSON *o, const lctx *c) {
     metrics *m = ctx;
     m->updates++;
     const cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "update");
     double x = cJSON_IsNumber(u) ? u->valuedouble + 1 : (double)m->updates; /* after update u (0-based) */
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "loss");
-    if (cJSON_IsNumber(v)) curve_add(m, 0, x, v->valuedouble);
-    v = cJSON_GetObjectItemCaseSensitive(o, "eval/nll_before");
-    if (cJSON_IsNumber(v)) curve_add(m, 1, x - 1, v->valuedouble);
-    v = cJSON_GetObjectItemCaseSensitive(o, "eval/nll");
-    if (cJSON_IsNumber(v)) curve_add(m, 1, x, v->valuedouble);
+    for (size_t i = 0; i < sizeof drawn_field / sizeof drawn_field[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, drawn_field[i]);
+        if (cJSON_IsNumber(v)) series_add(m, drawn_field[i], x, v->valuedouble);
+    }
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "reward"), *sd = cJSON_GetObjectItemCaseSensitive(o, "reward_std");
+    if (cJSON_IsNumber(r) && isfinite(r->valuedouble)) {
+        m->grpo = 1;
+        if (cJSON_IsNumber(sd)) {
+            series_add(m, "reward-", x, r->valuedouble - sd->valuedouble);
+            series_add(m, "reward+", x, r->valuedouble + sd->valuedouble);
+        }
+    }
+    const cJSON *ev;
+    cJSON_ArrayForEach(ev, o) {
+        if (!ev->string || strncmp(ev->string, "eval/", 5) != 0 || !cJSON_IsNumber(ev)) continue;
+        size_t len = strlen(ev->string);
+        char name[64];
+        if (len > 7 && strcmp(ev->string + len - 7, "_before") == 0 && len - 7 < sizeof name) {
+            snprintf(name, sizeof name, "%.*s", (int)(len - 7), ev->string);
+            series_add(m, name, x - 1, ev->valuedouble);
+        } else {
+            series_add(m, ev->string, x, ev->valuedouble);
+        }
+    }
     for (int i = 0; i < NMETRIC; i++) {
         const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, metric_name[i]);
         if (!it || cJSON_IsNull(it)) continue; /* absent this update */
@@ -720,56 +762,124 @@ static ls_status write_svg(const trace *tr, const char *run, const char *out) {
 
 /* ---- metrics.svg ---------------------------------------------------------------------- */
 
-/* One panel [top, top + h) of metrics.svg: the curve against the update, with axes. */
-static void svg_curve(sbuf *b, const curve *c, double top, double h, const char *title, const char *colour) {
+/* One panel of metrics.svg: up to three series (lines with dots) and an optional band
+ * (the area between two series, drawn under them), against the update, with axes and
+ * a legend; the box [x0, x1] × [top, top + h). */
+#define PANEL_LINES 3
+typedef struct {
+    const char *title;
+    const series *line[PANEL_LINES];
+    const char *label[PANEL_LINES];
+    const series *lo, *hi; /* band, or NULL */
+} panel;
+
+static const char *const line_colour[PANEL_LINES] = {"#4e79a7", "#e15759", "#59a14f"};
+
+static void svg_panel(sbuf *b, const panel *p, double x0, double x1, double top, double h) {
     double xmax = 1, ymin = INFINITY, ymax = -INFINITY;
-    for (int64_t i = 0; i < c->n; i++) {
-        xmax = c->x[i] > xmax ? c->x[i] : xmax;
-        ymin = c->y[i] < ymin ? c->y[i] : ymin;
-        ymax = c->y[i] > ymax ? c->y[i] : ymax;
-    }
+    const series *all[PANEL_LINES + 2] = {p->line[0], p->line[1], p->line[2], p->lo, p->hi};
+    for (int k = 0; k < PANEL_LINES + 2; k++)
+        for (int64_t i = 0; all[k] && i < all[k]->n; i++) {
+            xmax = all[k]->x[i] > xmax ? all[k]->x[i] : xmax;
+            ymin = all[k]->y[i] < ymin ? all[k]->y[i] : ymin;
+            ymax = all[k]->y[i] > ymax ? all[k]->y[i] : ymax;
+        }
     if (!(ymax > ymin)) ymin -= 0.5, ymax += 0.5;
     double pad = 0.05 * (ymax - ymin), y0 = ymin - pad, y1 = ymax + pad, bot = top + h;
-#define MX(x) (PL + (PR - PL) * (x) / xmax)
+#define MX(x) (x0 + (x1 - x0) * (x) / xmax)
 #define MY(y) (bot - h * ((y) - y0) / (y1 - y0))
-    sb_printf(b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"14\">%s</text>\n", PL, top - 10, title);
-    sb_printf(b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#999\"/>\n", PL, top,
-              PR - PL, h);
-    double ys = nice_step(y1 - y0, 5), xs = nice_step(xmax, 8);
+    sb_printf(b, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\">", x0, top - 10);
+    sb_escape(b, p->title);
+    sb_printf(b, "</text>\n<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#999\"/>\n",
+              x0, top, x1 - x0, h);
+    double ys = nice_step(y1 - y0, 4), xs = nice_step(xmax, 6);
     for (double y = ceil(y0 / ys) * ys; y <= y1; y += ys)
         sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/><text x=\"%.1f\" y=\"%.1f\" "
-                  "text-anchor=\"end\">%.4g</text>\n", PL, MY(y), PR, MY(y), PL - 6, MY(y) + 4, y);
+                  "text-anchor=\"end\">%.4g</text>\n", x0, MY(y), x1, MY(y), x0 - 6, MY(y) + 4, fabs(y) < 1e-9 * ys ? 0.0 : y);
     for (double x = 0; x <= xmax + 1e-9; x += xs)
         sb_printf(b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.0f</text>\n", MX(x), bot + 16, x);
-    sb_printf(b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", colour);
-    for (int64_t i = 0; i < c->n; i++) sb_printf(b, "%.1f,%.1f ", MX(c->x[i]), MY(c->y[i]));
-    sb_printf(b, "\"/>\n");
-    for (int64_t i = 0; i < c->n && c->n <= 200; i++)
-        sb_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", MX(c->x[i]), MY(c->y[i]), colour);
+    if (p->lo && p->hi && p->lo->n == p->hi->n && p->lo->n > 0) { /* the band: along hi, back along lo */
+        sb_printf(b, "<polygon fill=\"%s\" fill-opacity=\"0.18\" stroke=\"none\" points=\"", line_colour[0]);
+        for (int64_t i = 0; i < p->hi->n; i++) sb_printf(b, "%.1f,%.1f ", MX(p->hi->x[i]), MY(p->hi->y[i]));
+        for (int64_t i = p->lo->n - 1; i >= 0; i--) sb_printf(b, "%.1f,%.1f ", MX(p->lo->x[i]), MY(p->lo->y[i]));
+        sb_printf(b, "\"/>\n");
+    }
+    double lx = x0 + 8;
+    for (int k = 0; k < PANEL_LINES; k++) {
+        const series *c = p->line[k];
+        if (!c || c->n == 0) continue;
+        sb_printf(b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", line_colour[k]);
+        for (int64_t i = 0; i < c->n; i++) sb_printf(b, "%.1f,%.1f ", MX(c->x[i]), MY(c->y[i]));
+        sb_printf(b, "\"/>\n");
+        for (int64_t i = 0; i < c->n && c->n <= 200; i++)
+            sb_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n", MX(c->x[i]), MY(c->y[i]), line_colour[k]);
+        if (p->label[k]) { /* legend inside the box, top left */
+            sb_printf(b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%.1f\" y=\"%.1f\">",
+                      lx, top + 8, line_colour[k], lx + 14, top + 17);
+            sb_escape(b, p->label[k]);
+            sb_printf(b, "</text>\n");
+            lx += 24 + 7.0 * (double)strlen(p->label[k]);
+        }
+    }
+    if (!p->line[0] || p->line[0]->n == 0)
+        sb_printf(b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#999\">no finite values</text>\n",
+                  (x0 + x1) / 2, top + h / 2);
 #undef MX
 #undef MY
 }
 
-/* RUN/metrics.svg: the training loss per update and, when the run evaluated held-out
- * data, the held-out NLL per token (from before the first update). */
+/* RUN/metrics.svg. A GRPO run (some update has a reward): what TRL and verl users
+ * watch — reward mean with its spread (± std over the group's members), KL to the
+ * reference, entropy, the clipped fraction of tokens, the gradient norm, the response
+ * length (mean, min–max band) — then every held-out "eval/..." curve. The GRPO loss
+ * is not drawn: at ratio 1 it is ≈ 0 whatever the model learns. An SFT run: the
+ * training NLL and the held-out curves. Two panels a row. */
 static ls_status write_metrics_svg(const metrics *m, const char *run, const char *out) {
-    int panels = (m->c[0].n > 0) + (m->c[1].n > 0);
-    if (panels == 0) return LS_OK;
-    double ph = 180, gap = 70, H = 50 + panels * (ph + gap);
+    panel pn[NSERIES + 8];
+    int np = 0;
+    if (m->grpo) {
+        pn[np++] = (panel){.title = "reward: group mean (band: ± std over members)", .line = {series_find(m, "reward")},
+                           .lo = series_find(m, "reward-"), .hi = series_find(m, "reward+")};
+        pn[np++] = (panel){.title = "KL to the reference (per token)", .line = {series_find(m, "kl")}};
+        pn[np++] = (panel){.title = "entropy (nats per response token)", .line = {series_find(m, "entropy")}};
+        pn[np++] = (panel){.title = "clipped fraction of response tokens",
+                           .line = {series_find(m, "clip_ratio/low_mean"), series_find(m, "clip_ratio/high_mean")},
+                           .label = {"ratio < 1 - eps", "ratio > 1 + eps"}};
+        pn[np++] = (panel){.title = "gradient norm (before clipping)", .line = {series_find(m, "grad_norm")}};
+        pn[np++] = (panel){.title = "response length, tokens (mean; band: min to max)",
+                           .line = {series_find(m, "completions/mean_length")},
+                           .lo = series_find(m, "completions/min_length"), .hi = series_find(m, "completions/max_length")};
+        if (series_find(m, "indexer_kl"))
+            pn[np++] = (panel){.title = "indexer KL (DSA indexer vs attention)", .line = {series_find(m, "indexer_kl")}};
+    } else if (series_find(m, "loss")) {
+        pn[np++] = (panel){.title = "training loss: NLL per response token (metrics.jsonl \"loss\")",
+                           .line = {series_find(m, "loss")}};
+    }
+    char titles[NSERIES][96];
+    for (int i = 0; i < m->ns; i++) {
+        if (strncmp(m->s[i].name, "eval/", 5) != 0) continue;
+        if (strcmp(m->s[i].name, "eval/nll") == 0)
+            snprintf(titles[i], sizeof titles[i], "held-out NLL per response token (update 0: before training)");
+        else snprintf(titles[i], sizeof titles[i], "held-out %s (update 0: before training)", m->s[i].name + 5);
+        pn[np++] = (panel){.title = titles[i], .line = {&m->s[i]}};
+    }
+    if (np == 0) return LS_OK;
+    const double ph = 170, gap = 75, W = SVG_W, colw = W / 2;
+    int rows = (np + 1) / 2;
+    double H = 50 + rows * (ph + gap);
     sbuf b = {0};
     sb_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" height=\"%.0f\" "
-              "viewBox=\"0 0 %d %.0f\" font-family=\"sans-serif\" font-size=\"12\">\n", SVG_W, H, SVG_W, H);
+              "viewBox=\"0 0 %d %.0f\" font-family=\"sans-serif\" font-size=\"11\">\n", SVG_W, H, SVG_W, H);
     sb_printf(&b, "<title>LongStraw metrics: ");
     sb_escape(&b, run);
     sb_printf(&b, "</title>\n<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n");
-    double top = 60;
-    if (m->c[0].n) {
-        svg_curve(&b, &m->c[0], top, ph, "training loss per update (metrics.jsonl \"loss\")", "#4e79a7");
-        top += ph + gap;
+    sb_printf(&b, "<text x=\"%.1f\" y=\"24\" font-size=\"15\">", 20.0);
+    sb_escape(&b, run);
+    sb_printf(&b, " — %s run, %lld updates (x axis: update)</text>\n", m->grpo ? "GRPO" : "SFT", (long long)m->updates);
+    for (int i = 0; i < np; i++) {
+        double x0 = (i % 2) * colw + 70, top = 70 + (i / 2) * (ph + gap);
+        svg_panel(&b, &pn[i], x0, x0 + colw - 100, top, ph);
     }
-    if (m->c[1].n)
-        svg_curve(&b, &m->c[1], top, ph, "held-out NLL per response token (\"eval/nll\"; update 0: before training)",
-                  "#e15759");
     sb_printf(&b, "</svg>\n");
     ls_status s = b.oom ? ls_err(LS_ERR_NOMEM, "out of memory drawing %s", out) : ls_write_file_atomic(out, b.p, b.len);
     free(b.p);
@@ -785,7 +895,9 @@ static void help(void) {
            "phase's count, seconds and per-arena peak bytes; the last update's predicted vs\n"
            "measured memory terms; the first and last metrics. Draws the live bytes of each\n"
            "arena over time (rank 0, restarts concatenated, phases shaded) to RUN/memory.svg, and\n"
-           "the training loss and held-out NLL (train --eval-*) per update to RUN/metrics.svg.\n\n"
+           "the curves a run is watched by to RUN/metrics.svg: for GRPO the reward (mean, spread),\n"
+           "KL, entropy, clipped fraction, gradient norm and response length; for SFT the\n"
+           "training NLL; and every held-out eval/ metric (train --eval-*), per update.\n\n"
            "  --out FILE           write the timeline to FILE instead of RUN/memory.svg\n"
            "  --no-svg             do not draw the timeline or the curves\n"
            "  --help               this text\n");
@@ -818,7 +930,7 @@ static ls_status report_metrics(const char *run, int draw) {
     if (s == LS_OK && m.oom) s = ls_err(LS_ERR_NOMEM, "%s: out of memory", path);
     if (s == LS_OK) print_metrics(path, &m);
     if (s == LS_OK && draw) s = write_metrics_svg(&m, run, svg);
-    for (int k = 0; k < NCURVE; k++) free(m.c[k].x), free(m.c[k].y);
+    metrics_free(&m);
     return s;
 }
 
