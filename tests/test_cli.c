@@ -11,6 +11,7 @@
 #include "longstraw/config.h"
 #include "longstraw/mla.h"
 #include "longstraw/safetensors.h"
+#include "test_family.h"
 #include "testutil.h"
 
 int test_cli_help_and_flags(void);
@@ -117,6 +118,46 @@ static double compare_lp(const char *a, const char *b, int64_t *n) {
     return m;
 }
 
+/* The perturbation floor (testutil.h) of scoring `group` on the checkpoint `mdir`, through
+ * the library: the plain forward and the capture (chunks of 100, pages of 7, as the tool
+ * runs them below) each against itself on the model with every weight one ulp away; the
+ * worst over every log-prob, or -1 on failure. */
+static double perturbation_floor(const char *mdir, const char *group) {
+    ls_arenas ar;
+    ls_arenas_init(&ar);
+    ls_hybrid_model m, mp;
+    ls_group g;
+    double f = -1;
+    if (ls_hybrid_load(&m, mdir, &ar.a[LS_ARENA_FIXED]) != LS_OK ||
+        ls_hybrid_load(&mp, mdir, &ar.a[LS_ARENA_FIXED]) != LS_OK || t_hybrid_perturb(&mp, 5) != LS_OK)
+        goto done;
+    if (ls_group_load(&g, group, m.cfg.vocab) != LS_OK) goto done;
+    f = 0;
+    for (int v = 0; v < 2 && f >= 0; v++) {
+        ls_score_opts o;
+        ls_score_opts_default(&o);
+        o.no_capture = v == 0;
+        o.fwd.capture_chunk = 100;
+        o.page_size = 7;
+        float *a[8], *b[8];
+        if (g.G > 8 || t_score_group(&m, &g, &o, &ar, a, NULL) != LS_OK ||
+            t_score_group(&mp, &g, &o, &ar, b, NULL) != LS_OK) {
+            f = -1;
+            break;
+        }
+        for (int i = 0; i < g.G; i++) {
+            double d = t_max_abs_diff_f(a[i], b[i], g.R[i]);
+            if (!(d <= f)) f = d;
+        }
+        ls_arena_reset(&ar.a[LS_ARENA_SCORE]);
+    }
+    ls_group_free(&g);
+done:
+    if (f < 0) fprintf(stderr, "  floor: %s\n", ls_err_msg());
+    ls_arenas_free(&ar);
+    return isfinite(f) ? f : -1;
+}
+
 int test_cli_init_logprobs(void) {
     char dir[512], cmd[4096], path[700];
     int rc;
@@ -143,10 +184,35 @@ int test_cli_init_logprobs(void) {
     snprintf(cmd, sizeof cmd, "%s logprobs --model %s/m --group %s --no-capture", LS_CLI_PATH, dir, path);
     char *plain = t_run_capture(cmd, &rc);
     T_CHECK(plain && rc == 0, "logprobs --no-capture rc %d", rc);
+    /* two float32 schedules: the bound is 4x the floor measured here (testutil.h), the
+     * worst of the capture against itself with four other chunk and page sizes (equal in
+     * exact arithmetic; held under T_FLOOR_NOISE_MAX, so a chunking bug cannot raise it)
+     * and each schedule against itself on the model with every weight one ulp away.
+     * min 1e-6: two ulps of a log-prob in [4, 8) */
+    double floor = 0;
+    static const char *alts[] = {"--capture-chunk 37 --page-size 5", "--capture-chunk 300 --page-size 64",
+                                 "--capture-chunk 16 --page-size 7", "--capture-chunk 53 --page-size 13"};
+    for (int v = 0; v < 4; v++) {
+        snprintf(cmd, sizeof cmd, "%s logprobs --model %s/m --group %s --threads 1 %s", LS_CLI_PATH, dir, path, alts[v]);
+        char *cap2 = t_run_capture(cmd, &rc);
+        T_CHECK(cap2 && rc == 0, "logprobs (other chunks) rc %d", rc);
+        int64_t n2;
+        double f2 = compare_lp(cap2, cap, &n2);
+        free(cap2);
+        T_CHECK(n2 == 88 && f2 <= T_FLOOR_NOISE_MAX, "other capture chunks move log-probs by %.3e: not rounding", f2);
+        floor = f2 > floor ? f2 : floor;
+    }
+    snprintf(cmd, sizeof cmd, "%s/m", dir);
+    double pf = perturbation_floor(cmd, path);
+    T_CHECK(pf >= 0, "the perturbation floor could not be measured");
+    floor = pf > floor ? pf : floor;
     int64_t n;
     double d = compare_lp(cap, plain, &n);
-    printf("  CLI capture vs --no-capture: max diff %.2e over %lld tokens\n", d, (long long)n);
-    T_CHECK(n == 88 && d <= 1e-5, "capture vs plain %.3e over %lld tokens", d, (long long)n);
+    double tol = t_floor_bound(floor, 4, 1e-6);
+    printf("  CLI capture vs --no-capture: max diff %.2e over %lld tokens (floor %.2e, bound %.2e)\n", d, (long long)n,
+           floor, tol);
+    T_CHECK(n == 88 && d <= tol, "capture vs plain %.3e over %lld tokens (bound %.2e: 4x the floor %.2e)", d,
+            (long long)n, tol, floor);
     free(cap);
     free(plain);
     /* bad inputs: id out of range, missing file, broken checkpoint dir */

@@ -3,6 +3,10 @@
  */
 #include "test_family.h"
 
+#include <stdlib.h>
+
+#include "testutil.h"
+
 ls_status t_grpo_update_lora(ls_hybrid_model *policy, const ls_hybrid_model *ref, ls_hybrid_model *grad,
                              ls_adamw *adam, ls_lora *lora, const ls_hybrid_model *base, const ls_group *g,
                              const ls_grpo_opts *o, ls_arenas *ar, ls_grpo_metrics *mt) {
@@ -40,4 +44,16 @@ ls_status t_score_group(const ls_hybrid_model *m, const ls_group *g, const ls_sc
                         ls_score_stats *stats) {
     ls_model h = ls_hybrid_handle((ls_hybrid_model *)m); /* read only */
     return ls_score_group(&h, g, o, ar, out, stats);
+}
+
+ls_status t_hybrid_perturb(ls_hybrid_model *m, uint64_t seed) {
+    ls_param *p;
+    int64_t n;
+    LS_TRY(ls_hybrid_params(m, &p, &n));
+    ls_rng r;
+    ls_rng_seed(&r, seed);
+    for (int64_t k = 0; k < n; k++)
+        if (p[k].p) t_perturb_ulp(p[k].p, p[k].n, &r);
+    free(p);
+    return LS_OK;
 }

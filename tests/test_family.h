@@ -24,6 +24,9 @@ ls_status t_grpo_update_batch(ls_hybrid_model *policy, const ls_hybrid_model *re
                               ls_grpo_metrics *mt);
 /* AdamW moments for a full fine-tune of m. */
 ls_status t_adamw_init(ls_adamw *a, ls_hybrid_model *m, ls_arena *fixed);
+/* Every weight of m moved one ulp up or down at random (t_perturb_ulp): the model a
+ * perturbation floor is measured on (testutil.h). */
+ls_status t_hybrid_perturb(ls_hybrid_model *m, uint64_t seed);
 ls_status t_score_group(const ls_hybrid_model *m, const ls_group *g, const ls_score_opts *o, ls_arenas *ar, float **out,
                         ls_score_stats *stats);
 

@@ -462,6 +462,23 @@ int test_lora_merge_and_grad(void) {
     return 0;
 }
 
+/* Every adapter gradient of a list, end to end, into out. */
+static void flatten(const ls_param *p, int64_t n, float *out) {
+    for (int64_t i = 0, off = 0; i < n; off += p[i].n, i++) memcpy(out + off, p[i].p, (size_t)p[i].n * sizeof(float));
+}
+
+/* One GRPO gradient of the adapters L (gradient list lg, zeroed first) through `policy`
+ * (a merged copy with the gradient set gr, or the side-branch view with none), flattened
+ * into out; 0 on success. */
+static int adapter_grads(ls_hybrid_model *policy, ls_hybrid_model *gr, ls_lora *L, const ls_hybrid_model *base,
+                         const ls_group *g, const ls_grpo_opts *o, ls_arenas *ar, ls_grpo_metrics *mt,
+                         const ls_param *lg, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) memset(lg[i].p, 0, (size_t)lg[i].n * sizeof(float));
+    T_OK(t_grpo_update_lora(policy, NULL, gr, NULL, L, base, g, o, ar, mt));
+    flatten(lg, n, out);
+    return 0;
+}
+
 /* Gradient buffers only for adapted tensors (ls_hybrid_alloc_grad_lora): the frozen
  * tensors get none, and a GRPO gradient through them gives the adapters exactly the
  * gradient the full buffer set gives. */
@@ -533,24 +550,60 @@ int test_lora_grad_subset(void) {
             mc.grad_norm, f1 - f0);
     free(pc);
     /* side branches (policy = base + adapters on the fly, no gradient buffers at all):
-     * the same gradients up to float rounding (B ≠ 0 here, so dA and dB both live) */
+     * the same gradients up to float rounding (B ≠ 0 here, so dA and dB both live). Two
+     * float32 schedules (W·x + s·B(A·x) against fl(W + s·B·A)·x), so the bound is a
+     * floor measured here (testutil.h), the worst of: the merged policy and the side
+     * branches each on weights moved one ulp, and each with other capture chunks and
+     * pages. Over Prescott, Sandybridge, Haswell, SkylakeX and Zen kernels side vs merged
+     * measured 3.6e-6 .. 2.0e-5 and 0.25–1.05× that floor: 4× it. */
     T_CHECK(ls_lora_side_ok(Lb), "side mode refused");
-    for (int64_t i = 0; i < nb; i++) memset(pb[i].p, 0, (size_t)pb[i].n * sizeof(float));
+    int64_t tot = 0;
+    for (int64_t i = 0; i < na; i++) tot += pa[i].n;
+    float *merged = malloc((size_t)tot * sizeof(float)), *sidev = malloc((size_t)tot * sizeof(float));
+    float *alt = malloc((size_t)tot * sizeof(float));
+    T_CHECK(merged && sidev && alt, "alloc");
+    flatten(pa, na, merged);
     ls_hybrid_model side = nd, gnone;
     side.lora = Lb;
     T_OK(ls_hybrid_alloc_none(&nd, &gnone, grad));
     ls_grpo_metrics md;
-    T_OK(t_grpo_update_lora(&side, NULL, &gnone, NULL, Lb, &nd, &g, &o, &ar, &md));
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < na; i++)
-        for (int64_t e = 0; e < pa[i].n; e++) {
-            double d = (double)pb[i].p[e] - pa[i].p[e];
-            num += d * d;
-            den += (double)pa[i].p[e] * pa[i].p[e];
-        }
-    printf("  side branches vs merged: adapter gradients rel %.2e, grad norm %.9g vs %.9g, loss %.9g vs %.9g\n",
-           sqrt(num / den), md.grad_norm, ma.grad_norm, md.loss, ma.loss);
-    T_CHECK(den > 0 && sqrt(num / den) <= 1e-5, "side-branch gradients differ: rel %.3e", sqrt(num / den));
+    if (adapter_grads(&side, &gnone, Lb, &nd, &g, &o, &ar, &md, pb, nb, sidev)) return 1;
+    double err = t_rel_err_f(sidev, merged, tot);
+    /* the floors */
+    ls_hybrid_model effp, ndp, gp, sidep;
+    T_OK(ls_hybrid_alloc_like(&nd, &effp, fixed));
+    ls_lora_merge(Lb, &nd, &effp);
+    T_OK(t_hybrid_perturb(&effp, 41));
+    T_OK(ls_hybrid_load(&ndp, FIX "/next_dense", fixed));
+    T_OK(t_hybrid_perturb(&ndp, 42));
+    sidep = ndp;
+    sidep.lora = Lb;
+    ls_grpo_opts o2 = o;
+    o2.fwd.capture_chunk = 37;
+    o2.page_size = 7;
+    double fl[4];
+    T_OK(ls_hybrid_alloc_grad_lora(&nd, &gp, grad, Lb));
+    if (adapter_grads(&effp, &gp, Lb, &nd, &g, &o, &ar, &mc, pb, nb, alt)) return 1;
+    fl[0] = t_rel_err_f(alt, merged, tot);
+    if (adapter_grads(&sidep, &gnone, Lb, &ndp, &g, &o, &ar, &mc, pb, nb, alt)) return 1;
+    fl[1] = t_rel_err_f(alt, sidev, tot);
+    T_OK(ls_hybrid_alloc_grad_lora(&nd, &gp, grad, Lb));
+    if (adapter_grads(&eff, &gp, Lb, &nd, &g, &o2, &ar, &mc, pb, nb, alt)) return 1;
+    fl[2] = t_rel_err_f(alt, merged, tot);
+    if (adapter_grads(&side, &gnone, Lb, &nd, &g, &o2, &ar, &mc, pb, nb, alt)) return 1;
+    fl[3] = t_rel_err_f(alt, sidev, tot);
+    double floor = 0;
+    for (int k = 0; k < 4; k++) floor = fl[k] > floor ? fl[k] : floor;
+    T_CHECK(fl[2] <= T_FLOOR_NOISE_MAX && fl[3] <= T_FLOOR_NOISE_MAX,
+            "other capture chunks move the adapter gradients by %.3e (merged) / %.3e (side): not rounding", fl[2], fl[3]);
+    double tol = t_floor_bound(floor, 4, 1e-6); /* min: 8 float32 epsilons */
+    printf("  side branches vs merged: adapter gradients rel %.2e (%.2fx the floor %.2e: one ulp merged %.2e, side "
+           "%.2e; other chunks merged %.2e, side %.2e; bound %.2e), grad norm %.9g vs %.9g, loss %.9g vs %.9g\n",
+           err, err / floor, floor, fl[0], fl[1], fl[2], fl[3], tol, md.grad_norm, ma.grad_norm, md.loss, ma.loss);
+    T_CHECK(err <= tol, "side-branch gradients differ: rel %.3e > %.2e (4x the floor %.2e)", err, tol, floor);
+    free(merged);
+    free(sidev);
+    free(alt);
     free(pa);
     free(pb);
     ls_group_free(&g);

@@ -63,6 +63,16 @@ void t_fill_normal(float *x, int64_t n, ls_rng *r, float std) {
     for (int64_t i = 0; i < n; i++) x[i] = (float)(std * ls_rng_normal(r));
 }
 
+void t_perturb_ulp(float *x, int64_t n, ls_rng *r) {
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(x[i]) && x[i] != 0.0f) x[i] = nextafterf(x[i], (ls_rng_u64(r) & 1) ? INFINITY : -INFINITY);
+}
+
+double t_floor_bound(double floor, double k, double min_bound) {
+    if (isnan(floor)) return NAN;
+    return k * floor > min_bound ? k * floor : min_bound;
+}
+
 int t_make_tmpdir(char *out, size_t cap) {
     const char *base = getenv("TMPDIR");
     if (!base || !base[0]) base = "/tmp";

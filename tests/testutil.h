@@ -52,6 +52,36 @@ double t_rel_err_f(const float *a, const float *b, int64_t n);
 double t_rel_err_fd(const float *a, const double *b, int64_t n);
 int t_all_finite_f(const float *a, int64_t n);
 void t_fill_normal(float *x, int64_t n, ls_rng *r, float std);
+/* Tolerances from measured floors (issue 18). Two float32 schedules of one computation
+ * (capture vs plain, side branches vs merged LoRA, CP vs one rank, full mode vs naive,
+ * other chunk sizes) differ by rounding alone, and by how much depends on the BLAS
+ * kernels (OpenBLAS's Prescott, Sandybridge, Haswell, SkylakeX and Zen cores sum in
+ * other orders, with and without FMA), the model and the input: side branches vs merged
+ * LoRA measured 3.6e-6 with SkylakeX kernels and 2.0e-5 with Sandybridge's. A constant
+ * set at one machine's float floor fails on the next, so such a bound is k times a floor
+ * measured in the same run, on the same model and input, with the same kernels:
+ *  - the perturbation floor: a schedule run again after every weight moved by one ulp at
+ *    random (t_perturb_ulp) — the outputs' sensitivity to rounding-sized changes. The
+ *    code under test does not enter it, so a bug cannot raise it;
+ *  - a reordering floor: a schedule against itself with other chunk or page sizes (equal
+ *    in exact arithmetic), which follows the kernels' summation order. A bug in the
+ *    chunking could raise it, so it is first held under what rounding can give
+ *    (T_FLOOR_NOISE_MAX), and the test fails when it is not.
+ * Comparisons against an fp64 reference with bounds well above float noise and
+ * bit-for-bit comparisons do not need one. */
+/* Move every finite non-zero element one ulp up or down at random (zeros stay zero, so
+ * structural zeros such as a fresh LoRA B keep their meaning). */
+void t_perturb_ulp(float *x, int64_t n, ls_rng *r);
+/* max(k·floor, min_bound); NaN when floor is NaN (so a `!(err <= bound)` check fails).
+ * min_bound is a few ulps of the compared values: it only keeps a floor of exactly 0
+ * (outputs the perturbation does not reach) from demanding bit equality. */
+double t_floor_bound(double floor, double k, double min_bound);
+/* A reordering floor above this (absolute on log-probs, relative per tensor on
+ * gradients) is not rounding: a wrong index or a missing term gives 1e-2 .. 1. The
+ * largest floor measured, 8.9e-5 (q35_moe's gradient, prefix-frozen capture against
+ * naive with Haswell kernels: top-k routing near ties), sits below it with 10x room. */
+#define T_FLOOR_NOISE_MAX 1e-3
+
 /* A fresh empty temp directory (under $TMPDIR or /tmp); path written to out. */
 int t_make_tmpdir(char *out, size_t cap);
 /* Remove a directory tree (rm -rf); 0 on success. */

@@ -29,6 +29,7 @@ typedef struct {
     int rope_interleave;         /* MLA's q_pe / k_pe pairs: 1 (both models; `rope_interleave`) */
     int indexer_rope_interleave; /* GLM: 1; DeepSeek-V3.2: 0 (half-split) */
     int n_shared_experts, n_group, topk_group;
+    int n_mtp;                   /* num_nextn_predict_layers: MTP layers after the last (not loaded) */
     double routed_scaling;
     /* YaRN (rope_scaling type yarn; factor 0: none) */
     double yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;

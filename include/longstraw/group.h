@@ -39,6 +39,8 @@ ls_status ls_group_parse(ls_group *g, const char *text, const char *path, int64_
  * `tok` (NULL: text is an error saying so). `path` labels messages ("data.jsonl:17"). */
 ls_status ls_group_parse_ex(ls_group *g, const char *text, const char *path, int64_t vocab,
                             const ls_tokenizer *tok, int flags);
+/* ls_group_load with text allowed (tokenized with `tok`) and the parse flags. */
+ls_status ls_group_load_ex(ls_group *g, const char *path, int64_t vocab, const ls_tokenizer *tok, int flags);
 void ls_group_free(ls_group *g);
 
 #endif

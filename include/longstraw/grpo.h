@@ -38,6 +38,12 @@ typedef struct {
 } ls_grpo_opts;
 
 void ls_grpo_opts_default(ls_grpo_opts *o);
+/* Refuse options no update can run with, naming the flag and value: AdamW's lr
+ * (finite, >= 0), eps (finite, > 0), betas in [0, 1), weight decay and max grad norm
+ * (finite, >= 0); the clip range, beta, temperature, iterations, the indexer KL
+ * coefficient, and the indexer KL loss with full mode (not built). Every training
+ * command and `plan` ask this, and ls_grpo_update_batch checks it first. */
+ls_status ls_grpo_opts_check(const ls_grpo_opts *o);
 /* The sweep chunk the prompt state is planned and cut with: o->sweep_chunk in full
  * mode with capture, 0 otherwise (no checkpoints, no dState). */
 int64_t ls_grpo_sweep_chunk(const ls_grpo_opts *o);
@@ -65,7 +71,7 @@ typedef struct {
     int n_seq;        /* responses in the update */
     int n_rewarded;   /* of which with rewards */
     int skipped;      /* a non-finite loss or gradient: no optimizer step was taken */
-    char skip_reason[160];
+    char skip_reason[384];
     double t_ref, t_capture, t_rollout, t_score, t_replay, t_sweep, t_optim, t_total;
     int n_iter;                                 /* iterations run */
     double iter_loss[64], iter_grad_norm[64];   /* per iteration (first 64) */
@@ -98,8 +104,9 @@ typedef struct {
  * state and one tape alive at a time — then one optimizer call. The normalisers
  * count the whole batch (grpo: 1/(N·R_i), dapo: 1/ΣR, dr_grpo: 1/(N·L)); scale =
  * batch uses the std of every reward. G >= 2 per group. A non-finite loss or
- * gradient skips the optimizer call (mt->skipped, mt->skip_reason), weights and
- * moments untouched, and returns LS_OK; the caller zeroes the gradients
+ * gradient, or a step that would write a non-finite weight or moment, skips the
+ * optimizer call (mt->skipped, mt->skip_reason), weights and moments untouched, and
+ * returns LS_OK; the caller zeroes the gradients
  * (p->fam->policy_zero_grad) before the next. Under CP (o->fwd.comm with several
  * ranks) every rank calls this with the same groups; the gradients of the
  * replicated parameters are summed across ranks before the optimizer, so every rank

@@ -59,8 +59,16 @@ ls_status ls_reward_cmd_score(ls_reward_cmd *rc, const char *prompt, size_t prom
 /* Close the child's stdin, wait for it to exit (up to 3 s, draining its stdout; no
  * wait after a timeout), then SIGKILL its process group; free. NULL is a no-op. */
 void ls_reward_cmd_stop(ls_reward_cmd *rc);
-/* The process group of the running command (0 when none): a signal handler may end
- * it with kill(-pgid, SIGTERM). */
+/* The process group of the running command (0 when none), for a signal handler
+ * (ls_reward_cmd_kill_group). */
 int ls_reward_cmd_pgid(const ls_reward_cmd *rc);
+
+/* End process group `pgid` (a reward command's) from anywhere, a signal handler included
+ * (async-signal-safe: kill, waitpid, nanosleep): SIGTERM, then after `grace_s` seconds
+ * SIGKILL to whatever of the group is still alive, so a command that ignores or traps
+ * SIGTERM cannot outlive us; returns once the group is gone (or 1 s after the SIGKILL).
+ * Group members that are our children are reaped. pgid <= 0: nothing. */
+void ls_reward_cmd_kill_group(int pgid, double grace_s);
+#define LS_REWARD_KILL_GRACE_S 2.0 /* the grace a second Ctrl-C gives the reward command */
 
 #endif

@@ -45,4 +45,10 @@ ls_status ls_score_members(const ls_model *m, const ls_group *g, const ls_prompt
 ls_status ls_score_group(const ls_model *m, const ls_group *g, const ls_score_opts *o, ls_arenas *ar,
                          float **out, ls_score_stats *stats);
 
+/* LS_OK when every out[i][t] is finite; else LS_ERR_ARG naming the first member and
+ * response position whose log-prob is NaN or ±Inf (a forward that overflowed) and how
+ * many are. A log-prob of a softmax over finite logits is finite, so any other value
+ * is an error, never an output. */
+ls_status ls_score_check_finite(const ls_group *g, float *const *out);
+
 #endif

@@ -15,10 +15,19 @@
 #include "longstraw/core.h"
 
 /* Start tracing to `path` (created or appended: a resumed run continues its trace).
- * `ar` is sampled at every event; `command` goes into the start event. */
+ * `ar` is sampled at every event; `command` goes into the start event. The file is
+ * written in place (ls_open_in_place): a symbolic link, FIFO or directory at `path` is
+ * refused, never followed. */
 ls_status ls_trace_open(const char *path, int rank, ls_arenas *ar, const char *command);
-void ls_trace_close(void);
+/* Write the end event and close; the status is ls_trace_status's (close included). */
+ls_status ls_trace_close(void);
 int ls_trace_on(void);
+/* A failed trace write (disk full, file size limit) is an error like any other write:
+ * each event is one write() of a whole line; the first that fails is remembered, its
+ * partial line cut off again (the file ends with a whole line) and nothing more is
+ * written. LS_ERR_IO naming the file and the system's reason once that happened, else
+ * LS_OK. Callers check it where they can stop cleanly (the trainer: after each update). */
+ls_status ls_trace_status(void);
 
 /* Phase begin/end. At the end the event carries the phase's time and the peak bytes
  * of each arena while it ran (the arenas' own peaks keep their run-wide maxima). */

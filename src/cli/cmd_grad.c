@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include "cli_train.h"
+#include "longstraw/files.h"
+#include "longstraw/tokenizer.h"
 
 static void help(const char *cmd) {
     if (!strcmp(cmd, "grad"))
@@ -22,7 +24,8 @@ static void help(const char *cmd) {
                "  --model DIR            checkpoint directory\n"
                "  --group FILE           group file with \"rewards\" or \"advantages\" (--loss sft: neither)\n"
                "  --out FILE             gradient safetensors (written atomically)\n"
-               "  --receipt FILE         also write the receipt JSON\n");
+               "  --receipt FILE         also write the receipt JSON\n"
+               "  --tokenizer FILE       tokenizer.json: the group's prompt and responses may be text\n");
     else
         printf("usage: longstraw step --model DIR --group FILE.json --out DIR2 [options]\n\n"
                "One GRPO update (capture, score, replay, one AdamW call from a fresh optimizer\n"
@@ -30,14 +33,15 @@ static void help(const char *cmd) {
                "DIR2/receipt.json, each atomically (temp file, fsync, rename).\n\n"
                "  --model DIR            checkpoint directory\n"
                "  --group FILE           group file with \"rewards\" or \"advantages\"\n"
-               "  --out DIR2             output directory (created if missing)\n");
+               "  --out DIR2             output directory (created if missing)\n"
+               "  --tokenizer FILE       tokenizer.json: the group's prompt and responses may be text\n");
     printf("  --help                 this text\n\n");
     cli_train_help();
 }
 
 static int run(const char *cmd, int argc, char **argv) {
     int is_step = !strcmp(cmd, "step");
-    enum { O_MODEL = 1, O_GROUP, O_OUT, O_RECEIPT, O_HELP };
+    enum { O_MODEL = 1, O_GROUP, O_OUT, O_RECEIPT, O_HELP, O_TOK };
     struct option opts[64];
     int n = 0;
     opts[n++] = (struct option){"model", required_argument, 0, O_MODEL};
@@ -45,10 +49,11 @@ static int run(const char *cmd, int argc, char **argv) {
     opts[n++] = (struct option){"out", required_argument, 0, O_OUT};
     opts[n++] = (struct option){"receipt", required_argument, 0, O_RECEIPT};
     opts[n++] = (struct option){"help", no_argument, 0, O_HELP};
+    opts[n++] = (struct option){"tokenizer", required_argument, 0, O_TOK};
     LS_ASSERT(n + cli_train_n_options < 64, "option table too small");
     for (int i = 0; i < cli_train_n_options; i++) opts[n++] = cli_train_options[i];
     opts[n] = (struct option){0, 0, 0, 0};
-    const char *model = NULL, *group = NULL, *out = NULL, *receipt = NULL;
+    const char *model = NULL, *group = NULL, *out = NULL, *receipt = NULL, *tokenizer = NULL;
     cli_train t;
     cli_train_init(&t);
     int ch;
@@ -59,6 +64,7 @@ static int run(const char *cmd, int argc, char **argv) {
         case O_GROUP: group = optarg; break;
         case O_OUT: out = optarg; break;
         case O_RECEIPT: receipt = optarg; break;
+        case O_TOK: tokenizer = optarg; break;
         case O_HELP:
         case 'h': help(cmd); return 0;
         default: {
@@ -71,6 +77,11 @@ static int run(const char *cmd, int argc, char **argv) {
     if (optind < argc) return cli_usage_error(cmd, "unexpected argument \"%s\"", argv[optind]);
     if (!model || !group || !out) return cli_usage_error(cmd, "--model, --group and --out are required");
     if (!is_step && t.o.num_iterations != 1) return cli_usage_error(cmd, "--num-iterations applies to step only");
+    { /* under mpirun every rank reads the same files (main.c compared the command lines) */
+        const char *in[] = {model, group, tokenizer, t.ref_model, t.adapter};
+        ls_status cs = ls_check_same_inputs(cli_cp_comm(), argc, argv, in, 5);
+        if (cs != LS_OK) return cli_fail(cmd, cs);
+    }
     if (cli_train_finish(cmd, &t)) return 2;
 
     ls_arenas ar;
@@ -79,11 +90,13 @@ static int run(const char *cmd, int argc, char **argv) {
     memset(&pol, 0, sizeof pol);
     ls_group g;
     memset(&g, 0, sizeof g);
+    ls_tokenizer *tok = NULL;
     int rc = 1;
     /* a bad --out fails before the update, not after it */
     ls_status s = is_step && cli_rank() == 0 ? ls_make_dir(out) : LS_OK;
     if (s == LS_OK) s = cli_trainable_open(&pol, model, &t, is_step, &ar);
-    if (s == LS_OK) s = ls_group_load(&g, group, pol.cfg->vocab);
+    if (s == LS_OK && tokenizer) s = ls_tok_load(&tok, tokenizer);
+    if (s == LS_OK) s = ls_group_load_ex(&g, group, pol.cfg->vocab, tok, 0);
     if (s == LS_OK && !t.force) s = ls_check_fits(&pol, &t.o, g.P, is_step);
     if (s == LS_OK && !t.o.sft && !g.rewards && !g.advantages)
         s = ls_err(LS_ERR_FORMAT, "%s: needs \"rewards\" or \"advantages\" to define the objective (or --loss sft)",
@@ -93,6 +106,9 @@ static int run(const char *cmd, int argc, char **argv) {
                    group, g.G);
     ls_grpo_metrics mt;
     if (s == LS_OK) s = ls_grpo_update(&pol.p, is_step ? &pol.adam : NULL, &g, &t.o, &ar, &mt);
+    if (s == LS_OK && !is_step && mt.skipped) /* a non-finite gradient is not an output */
+        s = ls_err(LS_ERR_ARG, "%s; nothing written (the forward or backward overflowed: NaN/Inf weights, rewards "
+                               "or activations)", mt.skip_reason);
     if (s != LS_OK) goto fail;
     int root = cli_rank() == 0; /* rank 0 alone writes outputs (the receipt gathers every rank) */
     if (!is_step) {
@@ -118,6 +134,7 @@ fail:
 done:
     ls_trainable_close(&pol);
     ls_group_free(&g);
+    ls_tok_free(tok);
     ls_arenas_free(&ar);
     return rc;
 }

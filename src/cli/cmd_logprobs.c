@@ -7,8 +7,10 @@
 #include <string.h>
 
 #include "cli.h"
+#include "longstraw/files.h"
 #include "longstraw/runtime.h"
 #include "longstraw/score.h"
+#include "longstraw/tokenizer.h"
 
 static void help(void) {
     printf("usage: longstraw logprobs --model DIR --group FILE.json [options]\n\n"
@@ -17,6 +19,7 @@ static void help(void) {
            "response from the captured state.\n\n"
            "  --model DIR          checkpoint directory (config.json + safetensors)\n"
            "  --group FILE         group file {\"prompt\": [ids], \"responses\": [[ids], ...]}\n"
+           "  --tokenizer FILE     tokenizer.json: the group's prompt and responses may be text\n"
            "  --no-capture         one plain forward over prompt+response per member (reference)\n"
            "  --capture-chunk N    tokens per capture chunk (default 2048)\n"
            "  --page-size S        positions per K/V page (default 64)\n"
@@ -40,9 +43,10 @@ int cmd_logprobs(int argc, char **argv) {
                                          {"cp-layout", required_argument, 0, 'l'},
                                          {"stats", no_argument, 0, 'S'},
                                          {"ep", required_argument, 0, 'e'},
+                                         {"tokenizer", required_argument, 0, 'k'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    const char *model = NULL, *group = NULL;
+    const char *model = NULL, *group = NULL, *tokenizer = NULL;
     ls_score_opts so;
     ls_score_opts_default(&so);
     int64_t threads = 0, v, epn = 1;
@@ -52,6 +56,7 @@ int cmd_logprobs(int argc, char **argv) {
         switch (ch) {
         case 'm': model = optarg; break;
         case 'g': group = optarg; break;
+        case 'k': tokenizer = optarg; break;
         case 'n': so.no_capture = 1; break;
         case 'c':
             if (cli_parse_i64("logprobs", "--capture-chunk", optarg, 1, 1 << 24, &v)) return 2;
@@ -74,6 +79,11 @@ int cmd_logprobs(int argc, char **argv) {
     if (!model) return cli_usage_error("logprobs", "--model is required");
     if (!group) return cli_usage_error("logprobs", "--group is required");
     ls_set_threads((int)threads);
+    { /* under mpirun every rank reads the same files (main.c compared the command lines) */
+        const char *in[] = {model, group, tokenizer};
+        ls_status cs = ls_check_same_inputs(cli_cp_comm(), argc, argv, in, 3);
+        if (cs != LS_OK) return cli_fail("logprobs", cs);
+    }
     /* CP degree = world size / --ep: each CP rank holds its share of the pages, each EP rank
      * E/ep of the routed experts */
     const ls_comm *ep = NULL;
@@ -84,12 +94,14 @@ int cmd_logprobs(int argc, char **argv) {
     ls_model m;
     ls_group g;
     memset(&g, 0, sizeof g);
+    ls_tokenizer *tok = NULL;
     int rc = 1;
     double t0 = ls_now();
     ls_status s = ls_model_load(&m, model, ep, &ar.a[LS_ARENA_FIXED]);
     if (s != LS_OK) goto fail;
     double t_load = ls_now() - t0;
-    s = ls_group_load(&g, group, ls_model_config(&m)->vocab);
+    if (tokenizer && (s = ls_tok_load(&tok, tokenizer)) != LS_OK) goto fail;
+    s = ls_group_load_ex(&g, group, ls_model_config(&m)->vocab, tok, 0);
     if (s != LS_OK) goto fail;
     float **lp = ls_arena_alloc(&ar.a[LS_ARENA_SCORE], (size_t)g.G * sizeof(float *));
     if (!lp) {
@@ -98,6 +110,7 @@ int cmd_logprobs(int argc, char **argv) {
     }
     ls_score_stats st;
     s = ls_score_group(&m, &g, &so, &ar, lp, &st);
+    if (s == LS_OK) s = ls_score_check_finite(&g, lp); /* NaN/Inf is an error, never printed */
     if (s != LS_OK) goto fail;
     if (cli_rank() != 0) { /* rank 0 alone prints: one JSON document, as with one rank */
         rc = 0;
@@ -106,7 +119,10 @@ int cmd_logprobs(int argc, char **argv) {
     printf("{\"logprobs\": [");
     for (int i = 0; i < g.G; i++) {
         printf(i ? ", [" : "[");
-        for (int64_t t = 0; t < g.R[i]; t++) printf(t ? ", %.9g" : "%.9g", (double)lp[i][t]);
+        for (int64_t t = 0; t < g.R[i]; t++) {
+            if (t) printf(", ");
+            ls_json_number(stdout, "%.9g", (double)lp[i][t]);
+        }
         printf("]");
     }
     printf("]}\n");
@@ -126,6 +142,7 @@ fail:
     rc = cli_fail("logprobs", s);
 done:
     ls_group_free(&g);
+    ls_tok_free(tok);
     ls_arenas_free(&ar);
     return rc;
 }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "longstraw/config.h"
+#include "longstraw/grpo.h"
 #include "longstraw/mla.h"
 #include "longstraw/model.h"
 #include "longstraw/state.h"
@@ -177,6 +178,17 @@ int cmd_plan(int argc, char **argv) {
     if (optind < argc) return cli_usage_error("plan", "unexpected argument \"%s\"", argv[optind]);
     if (!model == !config) return cli_usage_error("plan", "give exactly one of --model or --config");
     if (P < 0) return cli_usage_error("plan", "--prompt is required");
+    { /* what `grad`/`step`/`train` would refuse, refused here the same way (the library's check) */
+        ls_grpo_opts o;
+        ls_grpo_opts_default(&o);
+        o.full = full;
+        o.sweep_chunk = sweep;
+        o.indexer_kl_coef = ikl ? 1.0 : 0.0;
+        if (ls_grpo_opts_check(&o) != LS_OK) {
+            fprintf(stderr, "longstraw plan: %s\n", ls_err_msg());
+            return 2;
+        }
+    }
     char path[4096];
     if (model) snprintf(path, sizeof path, "%s/config.json", model);
     else snprintf(path, sizeof path, "%s", config);

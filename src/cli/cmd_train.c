@@ -17,6 +17,8 @@
 #include <unistd.h>
 
 #include "cli_train.h"
+#include "longstraw/files.h"
+#include "longstraw/reward.h"
 #include "longstraw/trace.h"
 #include "longstraw/trainer.h"
 
@@ -179,10 +181,12 @@ static void on_stop(int sig) {
         return;
     }
     say("longstraw train: second signal: stopping now, with the reward process; the last checkpoint is intact\n");
-    int pg = ls_train_reward_pgid();
-    if (pg > 0) kill(-pg, SIGTERM);
+    /* SIGTERM to its process group, SIGKILL after a grace period: one that ignores
+     * SIGTERM does not outlive us */
+    ls_reward_cmd_kill_group(ls_train_reward_pgid(), LS_REWARD_KILL_GRACE_S);
     signal(sig, SIG_DFL);
     raise(sig);
+    _exit(128 + sig); /* as PID 1 (a container's init) a signal at its default action is ignored */
 }
 
 static int check_flags(const train_args *a) {
@@ -220,6 +224,17 @@ static int run_train(int argc, char **argv) {
         a.r.out = resume;
     }
     if ((r = check_flags(&a))) return r;
+    { /* under mpirun: every rank the same (saved and given) flags and the same files */
+        const char *in[] = {a.r.model, a.r.data, a.r.eval_data, a.r.tokenizer, a.t.ref_model, a.t.adapter};
+        ls_status s = ls_check_same_inputs(cli_cp_comm(), a.resume ? nargc : argc, a.resume ? nargv : argv, in,
+                                           (int)(sizeof in / sizeof in[0]));
+        if (s != LS_OK) {
+            r = cli_fail("train", s);
+            for (int i = 0; i < nargc; i++) free(nargv[i]);
+            free(nargv);
+            return r;
+        }
+    }
     if (cli_train_finish("train", &a.t)) return 2;
     ls_progress_enable(!a.quiet && cli_rank() == 0);
     ls_train_opts o = a.r;

@@ -171,7 +171,14 @@ int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg) {
     case OPT_WD: if (cli_parse_f64(cmd, "--weight-decay", arg, 0, 1e3, &o->weight_decay)) return 2; break;
     case OPT_B1: if (cli_parse_f64(cmd, "--adam-beta1", arg, 0, 0.999999999, &o->beta1)) return 2; break;
     case OPT_B2: if (cli_parse_f64(cmd, "--adam-beta2", arg, 0, 0.999999999, &o->beta2)) return 2; break;
-    case OPT_AEPS: if (cli_parse_f64(cmd, "--adam-eps", arg, 0, 1, &o->adam_eps)) return 2; break;
+    case OPT_AEPS:
+        if (cli_parse_f64(cmd, "--adam-eps", arg, 0, 1, &o->adam_eps)) return 2;
+        if (o->adam_eps <= 0) { /* 0 makes 0/0 = NaN of every weight whose moments are 0 */
+            fprintf(stderr, "longstraw %s: --adam-eps: %g must be > 0 (it keeps the step finite where the second "
+                            "moment is 0)\n", cmd, o->adam_eps);
+            return 2;
+        }
+        break;
     case OPT_MAXGN: if (cli_parse_f64(cmd, "--max-grad-norm", arg, 0, 1e12, &o->max_grad_norm)) return 2; break;
     case OPT_NOCAP: o->no_capture = 1; break;
     case OPT_CHUNK: if (cli_parse_i64(cmd, "--capture-chunk", arg, 1, 1 << 24, &o->fwd.capture_chunk)) return 2; break;
@@ -204,9 +211,8 @@ int cli_train_finish(const char *cmd, cli_train *t) {
         fprintf(stderr, "longstraw %s: --beta %g needs --ref-model DIR (the reference policy; with LoRA the base serves)\n", cmd, t->o.beta);
         return 2;
     }
-    if (t->o.indexer_kl_coef > 0 && t->o.full) {
-        fprintf(stderr, "longstraw %s: --indexer-kl-coef runs in prefix-frozen mode (its gradient through the prompt's "
-                        "index keys, which --mode full would need, is not built)\n", cmd);
+    if (ls_grpo_opts_check(&t->o) != LS_OK) { /* the library's own check: one message for every command */
+        fprintf(stderr, "longstraw %s: %s\n", cmd, ls_err_msg());
         return 2;
     }
     if (t->o.indexer_kl_coef > 0 && (t->adapter || t->lora_rank)) {

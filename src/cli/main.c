@@ -10,7 +10,10 @@
 #include <string.h>
 
 #include "cli.h"
+#include "longstraw/files.h"
+#include "longstraw/reward.h"
 #include "longstraw/trace.h"
+#include "longstraw/trainer.h"
 #include "longstraw/runtime.h"
 
 static const struct {
@@ -43,6 +46,8 @@ static int run(int argc, char **argv);
  * 0 after every phase, so nothing partial is left; a resumed run continues from the
  * last complete checkpoint. Only async-signal-safe calls here. */
 static int fault_rank, fault_size;
+/* what to do next, by command: only train (and the demo's train) has --resume */
+static const char *fault_advice = " (nothing partial was written: run the command again)";
 static void put(const char *s) {
     ssize_t w = write(2, s, strlen(s));
     (void)w;
@@ -57,8 +62,9 @@ static void put_int(int v) {
 }
 static void on_fault_signal(int sig) {
     put("longstraw: rank "), put_int(fault_rank), put(" of "), put_int(fault_size), put(": signal "), put_int(sig);
-    put(" in phase \""), put(ls_trace_current_phase()), put("\": ending this rank (the run directory holds only complete "
-                                                          "checkpoints; continue with --resume)\n");
+    put(" in phase \""), put(ls_trace_current_phase()), put("\": ending this rank"), put(fault_advice), put("\n");
+    /* rank 0's reward process, if any: one that ignores SIGTERM does not outlive us */
+    ls_reward_cmd_kill_group(ls_train_reward_pgid(), 0.5);
     _exit(128 + sig);
 }
 
@@ -169,8 +175,17 @@ int main(int argc, char **argv) {
     }
     if (world && ls_comm_size(world) > 1) {
         fault_rank = ls_comm_rank(world), fault_size = ls_comm_size(world);
+        if (argc > 1 && !strcmp(argv[1], "train"))
+            fault_advice = " (the run directory holds only complete checkpoints; continue with --resume)";
+        else if (argc > 1 && !strcmp(argv[1], "demo"))
+            fault_advice = " (the run directory holds only complete checkpoints; continue with longstraw train "
+                           "--resume OUT/run)";
         signal(SIGTERM, on_fault_signal);
         signal(SIGINT, on_fault_signal);
+        /* before any command's first collective: every rank the same program and command
+         * line (the commands check their input files next), else every rank refuses */
+        ls_status s = ls_check_same_inputs(world, argc, argv, NULL, 0);
+        if (s != LS_OK) return cli_fail(argc > 1 ? argv[1] : "longstraw", s);
     }
     int rc = run(argc, argv);
     ls_comm_finalize();

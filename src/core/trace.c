@@ -2,17 +2,27 @@
  * trace.c — the run's trace (docs/trace.md) and the progress line on stderr.
  * Process-wide state, used from the main thread only (see trace.h).
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "longstraw/files.h"
 #include "longstraw/trace.h"
 
 static struct {
-    FILE *f;
+    int fd;               /* -1: tracing off */
+    char path[4096];
+    int64_t size;         /* bytes of whole lines in the file */
+    int err;              /* errno of the first failed write (0: none); nothing is written after it */
+    char *line;           /* the event being built */
+    size_t len, cap;
     ls_arenas *ar;
     double t0;
     int64_t update;
@@ -21,27 +31,85 @@ static struct {
     const char *phase;    /* current phase (static strings) */
     double phase_t0;
     size_t saved_peak[LS_ARENA_COUNT];
-} T = {.update = -1, .member = -1, .layers = 1};
+} T = {.fd = -1, .update = -1, .member = -1, .layers = 1};
 
-int ls_trace_on(void) { return T.f != NULL; }
+int ls_trace_on(void) { return T.fd >= 0; }
+
+/* Append printf-style text to the event being built. */
+static void out(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void vout(const char *fmt, va_list ap) {
+    if (T.err) return;
+    for (;;) {
+        va_list aq;
+        va_copy(aq, ap);
+        size_t room = T.cap - T.len;
+        int n = vsnprintf(T.line ? T.line + T.len : NULL, room, fmt, aq);
+        va_end(aq);
+        if (n < 0) {
+            T.err = EINVAL;
+            return;
+        }
+        if ((size_t)n < room) {
+            T.len += (size_t)n;
+            return;
+        }
+        size_t cap = T.cap ? T.cap : 512;
+        while (cap < T.len + (size_t)n + 1) cap *= 2;
+        char *l = realloc(T.line, cap);
+        if (!l) {
+            T.err = ENOMEM;
+            return;
+        }
+        T.line = l, T.cap = cap;
+    }
+}
+static void out(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vout(fmt, ap);
+    va_end(ap);
+}
 
 /* "{"t": .., "ev": "..", "live": [..]" — the caller adds fields and closes. */
 static void head(const char *ev) {
-    fprintf(T.f, "{\"t\": %.6f, \"ev\": \"%s\", \"live\": [", ls_now() - T.t0, ev);
-    for (int a = 0; a < LS_ARENA_COUNT; a++) fprintf(T.f, "%s%zu", a ? ", " : "", T.ar->a[a].cur);
-    fputc(']', T.f);
+    T.len = 0;
+    out("{\"t\": %.6f, \"ev\": \"%s\", \"live\": [", ls_now() - T.t0, ev);
+    for (int a = 0; a < LS_ARENA_COUNT; a++) out("%s%zu", a ? ", " : "", T.ar->a[a].cur);
+    out("]");
 }
 
+/* Close the event and write its line with one write(): a crash loses at most the event
+ * being written. A failed write (disk full, file size limit) is remembered and reported
+ * (ls_trace_status); a partly written line is cut off again, so the file always ends
+ * with a whole line, and nothing is written after the failure. */
 static void tail(void) {
-    fputs("}\n", T.f);
-    fflush(T.f); /* a crash loses at most the event being written */
+    out("}\n");
+    if (T.err) return;
+    size_t off = 0;
+    while (off < T.len) {
+        ssize_t w = write(T.fd, T.line + off, T.len - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            T.err = w < 0 ? errno : EIO;
+            if (off && ftruncate(T.fd, (off_t)T.size) != 0) { /* the cut line stays: readers skip it (docs/trace.md) */
+            }
+            return;
+        }
+        off += (size_t)w;
+    }
+    T.size += (int64_t)T.len;
 }
 
 ls_status ls_trace_open(const char *path, int rank, ls_arenas *ar, const char *command) {
     ls_trace_close();
-    FILE *f = fopen(path, "a");
-    if (!f) return ls_err(LS_ERR_IO, "%s: cannot open the trace for appending", path);
-    T.f = f;
+    /* in place in the run directory: a symbolic link or FIFO planted there is refused */
+    int fd;
+    LS_TRY(ls_open_in_place(path, O_WRONLY | O_APPEND, &fd));
+    struct stat st;
+    T.fd = fd;
+    T.size = fstat(fd, &st) == 0 ? (int64_t)st.st_size : 0;
+    T.err = 0;
+    snprintf(T.path, sizeof T.path, "%s", path);
     T.ar = ar;
     T.t0 = ls_now();
     T.update = -1;
@@ -51,20 +119,31 @@ ls_status ls_trace_open(const char *path, int rank, ls_arenas *ar, const char *c
     struct timeval tv;
     gettimeofday(&tv, NULL);
     head("start");
-    fprintf(T.f, ", \"rank\": %d, \"pid\": %ld, \"time_unix\": %.6f, \"command\": \"%s\", \"arenas\": [", rank,
-            (long)getpid(), (double)tv.tv_sec + tv.tv_usec * 1e-6, command);
-    for (int a = 0; a < LS_ARENA_COUNT; a++) fprintf(T.f, "%s\"%s\"", a ? ", " : "", ls_arena_id_name((ls_arena_id)a));
-    fputc(']', T.f);
+    out(", \"rank\": %d, \"pid\": %ld, \"time_unix\": %.6f, \"command\": \"%s\", \"arenas\": [", rank, (long)getpid(),
+        (double)tv.tv_sec + tv.tv_usec * 1e-6, command);
+    for (int a = 0; a < LS_ARENA_COUNT; a++) out("%s\"%s\"", a ? ", " : "", ls_arena_id_name((ls_arena_id)a));
+    out("]");
     tail();
-    return LS_OK;
+    return ls_trace_status();
 }
 
-void ls_trace_close(void) {
-    if (!T.f) return;
+ls_status ls_trace_status(void) {
+    if (T.fd < 0 || !T.err) return LS_OK;
+    return ls_err(LS_ERR_IO, "%s: cannot write the trace: %s (it ends at its last whole line)", T.path, strerror(T.err));
+}
+
+ls_status ls_trace_close(void) {
+    if (T.fd < 0) return LS_OK;
     head("end");
     tail();
-    fclose(T.f);
-    T.f = NULL;
+    if (close(T.fd) != 0 && !T.err) T.err = errno;
+    ls_status s = ls_trace_status();
+    T.fd = -1;
+    T.err = 0;
+    free(T.line);
+    T.line = NULL;
+    T.len = T.cap = 0;
+    return s;
 }
 
 void ls_trace_set_update(int64_t update) { T.update = update; }
@@ -84,7 +163,7 @@ const char *ls_trace_current_phase(void) { return current_phase ? current_phase 
 
 void ls_trace_phase_begin(const char *phase) {
     current_phase = phase;
-    if (!T.f) return;
+    if (T.fd < 0) return;
     /* measure the phase's own peak: remember the run-wide peaks, restart them at the
      * current level, and fold them back at the end */
     for (int a = 0; a < LS_ARENA_COUNT; a++) {
@@ -95,42 +174,42 @@ void ls_trace_phase_begin(const char *phase) {
     T.phase = phase;
     T.phase_t0 = ls_now();
     head("phase_begin");
-    fprintf(T.f, ", \"phase\": \"%s\", \"update\": %lld", phase, (long long)T.update);
+    out(", \"phase\": \"%s\", \"update\": %lld", phase, (long long)T.update);
     tail();
 }
 
 void ls_trace_phase_end(const char *phase) {
     current_phase = NULL;
-    if (!T.f) return;
+    if (T.fd < 0) return;
     head("phase_end");
-    fprintf(T.f, ", \"phase\": \"%s\", \"update\": %lld, \"s\": %.6f, \"peak\": [", phase, (long long)T.update,
-            ls_now() - T.phase_t0);
+    out(", \"phase\": \"%s\", \"update\": %lld, \"s\": %.6f, \"peak\": [", phase, (long long)T.update,
+        ls_now() - T.phase_t0);
     for (int a = 0; a < LS_ARENA_COUNT; a++) {
         ls_arena *ar = &T.ar->a[a];
-        fprintf(T.f, "%s%zu", a ? ", " : "", ar->peak);
+        out("%s%zu", a ? ", " : "", ar->peak);
         if (T.saved_peak[a] > ar->peak) ar->peak = T.saved_peak[a];
     }
-    fputc(']', T.f);
+    out("]");
     tail();
     T.phase = NULL;
 }
 
 void ls_trace_layer_end(int layer, const char *pass) {
-    if (!T.f || !T.layers) return;
+    if (T.fd < 0 || !T.layers) return;
     head("layer_end");
-    fprintf(T.f, ", \"phase\": \"%s\", \"update\": %lld, \"pass\": \"%s\", \"layer\": %d, \"member\": %d",
-            T.phase ? T.phase : "", (long long)T.update, pass, layer, T.member);
+    out(", \"phase\": \"%s\", \"update\": %lld, \"pass\": \"%s\", \"layer\": %d, \"member\": %d",
+        T.phase ? T.phase : "", (long long)T.update, pass, layer, T.member);
     tail();
 }
 
 void ls_trace_event(const char *ev, const char *fmt, ...) {
-    if (!T.f) return;
+    if (T.fd < 0) return;
     head(ev);
     if (fmt) {
-        fputs(", ", T.f);
+        out(", ");
         va_list ap;
         va_start(ap, fmt);
-        vfprintf(T.f, fmt, ap);
+        vout(fmt, ap);
         va_end(ap);
     }
     tail();

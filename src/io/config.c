@@ -14,10 +14,11 @@
 #include <unistd.h>
 
 #include "longstraw/config.h"
+#include "longstraw/files.h"
 
 ls_status ls_read_file(const char *path, char **out, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f;
+    LS_TRY(ls_open_input_stream(path, &f)); /* a FIFO or directory is refused by name, never blocks */
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
     while (buf) {
@@ -32,12 +33,12 @@ ls_status ls_read_file(const char *path, char **out, size_t *len) {
         buf = nb;
         cap *= 2;
     }
-    int err = ferror(f);
+    int err = ferror(f), e = errno;
     fclose(f);
     if (!buf) return ls_err(LS_ERR_NOMEM, "%s: file too large to read", path);
     if (err) {
         free(buf);
-        return ls_err(LS_ERR_IO, "%s: read error", path);
+        return ls_err(LS_ERR_IO, "%s: read error: %s", path, strerror(e));
     }
     buf[n] = 0;
     *out = buf;
@@ -297,6 +298,7 @@ static ls_status parse_mla(ls_config *c, const cJSON *o, const char *mt, const c
     INT("n_shared_experts", 0, 0, 0, 1024, m->n_shared_experts);
     INT("n_group", 1, 0, 1, 1 << 20, m->n_group);
     INT("topk_group", m->n_group, 0, 1, 1 << 20, m->topk_group);
+    INT("num_nextn_predict_layers", 0, 0, 0, 64, m->n_mtp);
     int64_t first_dense, moe_freq, freq, offset;
     INT("first_k_dense_replace", 0, 0, 0, LS_MAX_LAYERS, first_dense);
     INT("moe_layer_freq", 1, 0, 1, LS_MAX_LAYERS, moe_freq);

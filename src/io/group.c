@@ -205,10 +205,14 @@ ls_status ls_group_parse_ex(ls_group *g, const char *text, const char *path, int
 }
 
 ls_status ls_group_load(ls_group *g, const char *path, int64_t vocab) {
+    return ls_group_load_ex(g, path, vocab, NULL, 0);
+}
+
+ls_status ls_group_load_ex(ls_group *g, const char *path, int64_t vocab, const ls_tokenizer *tok, int flags) {
     char *text = NULL;
     memset(g, 0, sizeof *g);
     LS_TRY(ls_read_file(path, &text, NULL));
-    ls_status s = ls_group_parse(g, text, path, vocab);
+    ls_status s = ls_group_parse_ex(g, text, path, vocab, tok, flags);
     free(text);
     return s;
 }

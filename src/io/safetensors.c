@@ -7,6 +7,7 @@
  * (load time only); tensor data stays in the read-only mapping.
  */
 #include "longstraw/safetensors.h"
+#include "longstraw/files.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -389,8 +390,8 @@ done:
 static ls_status st_open(ls_st_file *f, const char *path) {
     f->path = strdup(path);
     if (!f->path) return ls_err(LS_ERR_NOMEM, "%s: out of memory", path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    int fd;
+    LS_TRY(ls_open_input(path, &fd)); /* a FIFO is refused by name, never blocks */
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
@@ -528,8 +529,8 @@ ls_status ls_st_check_shape(const ls_st_tensor *t, int ndim, const int64_t *shap
 
 /* Whole small file into a NUL-terminated malloc'd buffer. */
 static ls_status read_text_file(const char *path, char **out) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *fp;
+    LS_TRY(ls_open_input_stream(path, &fp));
     struct stat st;
     if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
         fclose(fp);

@@ -44,6 +44,14 @@ ls_status ls_policy_open(ls_policy *p, const ls_policy_spec *spec, ls_arenas *ar
     const ls_family *fam;
     memset(p, 0, sizeof *p);
     LS_TRY(family_of_dir(spec->model_dir, &fam));
+    if (spec->ref_dir) { /* the reference runs the policy's own forward: the same family */
+        const ls_family *rfam;
+        LS_TRY(family_of_dir(spec->ref_dir, &rfam));
+        if (rfam != fam)
+            return ls_err(LS_ERR_ARG, "the reference model %s is of the \"%s\" family, the policy %s of the \"%s\" "
+                                      "family: the reference (--ref-model) must be the same family and config as the policy",
+                          spec->ref_dir, rfam->name, spec->model_dir, fam->name);
+    }
     ls_status s = fam->policy_open(p, spec, ar);
     if (s != LS_OK && p->fam) ls_policy_close(p);
     return s;

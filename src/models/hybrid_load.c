@@ -21,7 +21,49 @@ typedef struct {
     ls_arena *fixed;
     size_t n_params;
     int fused_gdn, fused_experts;
+    uint8_t *used; /* [ls_st_model_count] 1: read (unknown_tensors reports the rest) */
 } loader;
+
+/* The position of t in the model's name order (binary search). */
+static int64_t tensor_index(const loader *L, const ls_st_tensor *t) {
+    int64_t lo = 0, hi = ls_st_model_count(&L->st) - 1;
+    while (lo <= hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(ls_st_model_at(&L->st, mid)->name, t->name);
+        if (c == 0) return mid;
+        if (c < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -1;
+}
+
+/* Tensors a checkpoint may hold that the text model does not read (specs/
+ * hybrid-qwen3next.md §6): the multi-token-prediction module (mtp.*), Qwen3.5's vision
+ * tower (model.visual.*), and lm_head.weight beside tied embeddings. */
+static int documented_skip(const ls_config *c, const char *name) {
+    return !strncmp(name, "mtp.", 4) || !strncmp(name, "model.visual.", 13) ||
+           (c->tie_embeddings && !strcmp(name, "lm_head.weight"));
+}
+
+/* Every tensor of the checkpoint was read or is a documented skip: anything else
+ * means config.json does not describe these weights (3 layers on disk, 2 in the
+ * config silently dropped layer 2), and is refused naming the tensors. */
+static ls_status unknown_tensors(const loader *L, const ls_config *c) {
+    int64_t n = ls_st_model_count(&L->st), bad = 0;
+    char names[512] = "";
+    size_t off = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const char *nm = ls_st_model_at(&L->st, i)->name;
+        if (L->used[i] || documented_skip(c, nm)) continue;
+        if (bad++ < 3 && off < sizeof names)
+            off += (size_t)snprintf(names + off, sizeof names - off, "%s%s", off ? ", " : "", nm);
+    }
+    if (!bad) return LS_OK;
+    return ls_err(LS_ERR_FORMAT, "%s: %lld tensor%s that config.json (%s, %lld layers) does not describe: %s%s; refusing "
+                                 "weights the config does not match (only mtp.*, model.visual.* and a tied lm_head.weight "
+                                 "are skipped)", L->st.dir, (long long)bad, bad == 1 ? "" : "s", c->model_type,
+                  (long long)c->n_layers, names, bad > 3 ? ", ..." : "");
+}
 
 static float *falloc(loader *L, int64_t n) {
     return ls_arena_alloc(L->fixed, (size_t)n * sizeof(float));
@@ -55,6 +97,8 @@ static ls_status read_t(loader *L, const char *name, int ndim, int64_t d0, int64
     LS_TRY(ls_st_check_shape(t, ndim, shape, name));
     int64_t n = d0 * (ndim > 1 ? d1 : 1) * (ndim > 2 ? d2 : 1);
     LS_TRY(ls_st_read_f32(t, dst, n, name));
+    int64_t at = tensor_index(L, t);
+    if (at >= 0) L->used[at] = 1;
     int64_t bad = first_non_finite(dst, n);
     if (bad >= 0)
         return ls_err(LS_ERR_FORMAT, "%s: tensor %s holds a non-finite value (%s) at element %lld", t->file, t->name,
@@ -289,12 +333,20 @@ ls_status ls_hybrid_load(ls_hybrid_model *m, const char *dir, ls_arena *fixed) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     LS_TRY(ls_config_load(&m->cfg, path));
-    if (m->cfg.family != LS_FAMILY_HYBRID) return ls_family_for(&m->cfg, path) ? LS_ERR_ARG : LS_ERR_UNSUPPORTED;
+    if (m->cfg.family != LS_FAMILY_HYBRID) {
+        const ls_family *f = ls_family_for(&m->cfg, path); /* sets the message when none reads it */
+        return f ? ls_err(LS_ERR_ARG, "%s: model_type \"%s\" belongs to the \"%s\" family, not the hybrid (Gated DeltaNet) one", path,
+                          m->cfg.model_type, f->name)
+                 : LS_ERR_UNSUPPORTED;
+    }
     loader L;
     memset(&L, 0, sizeof L);
     L.fixed = fixed;
     LS_TRY(ls_st_model_open(&L.st, dir));
-    ls_status s = load_all(&L, m);
+    L.used = calloc((size_t)(ls_st_model_count(&L.st) > 0 ? ls_st_model_count(&L.st) : 1), 1);
+    ls_status s = L.used ? load_all(&L, m) : LS_ERR_NOMEM;
+    if (s == LS_OK) s = unknown_tensors(&L, &m->cfg);
+    free(L.used);
     m->n_params = L.n_params;
     m->fused_gdn = L.fused_gdn;
     m->fused_experts = L.fused_experts;

@@ -228,6 +228,53 @@ static ls_status read_tensor(const ls_st_model *st, const ls_mla_tensor *t, floa
     return LS_OK;
 }
 
+static int cmp_name(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* A layer of the multi-token-prediction module: model.layers.<i>.* with i in
+ * [num_hidden_layers, + num_nextn_predict_layers) (specs/mla-dsa-moe.md §5: used for
+ * speculative decoding only, never read here). */
+static int is_mtp_layer(const ls_config *c, const char *name) {
+    const char *p = "model.layers.";
+    if (strncmp(name, p, strlen(p)) != 0) return 0;
+    char *end;
+    long i = strtol(name + strlen(p), &end, 10);
+    return *end == '.' && i >= c->n_layers && i < c->n_layers + c->mla.n_mtp;
+}
+
+/* Every tensor of the checkpoint is one the config describes (any expert: the other
+ * --ep ranks read theirs) or an MTP layer; anything else means config.json does not
+ * describe these weights (a third layer on disk with two in the config was silently
+ * dropped) and is refused naming the tensors. */
+static ls_status unknown_tensors(const ls_st_model *st, const ls_config *c) {
+    ls_mla_tensor *all;
+    int64_t nall;
+    LS_TRY(ls_mla_tensors(c, 0, c->n_experts, &all, &nall));
+    const char **names = malloc((size_t)(nall > 0 ? nall : 1) * sizeof *names);
+    if (!names) {
+        free(all);
+        return ls_err(LS_ERR_NOMEM, "out of memory listing the tensors of %s", c->model_type);
+    }
+    for (int64_t i = 0; i < nall; i++) names[i] = all[i].name;
+    qsort(names, (size_t)nall, sizeof *names, cmp_name);
+    int64_t bad = 0;
+    char list[512] = "";
+    size_t off = 0;
+    for (int64_t i = 0; i < ls_st_model_count(st); i++) {
+        const char *nm = ls_st_model_at(st, i)->name;
+        if (bsearch(&nm, names, (size_t)nall, sizeof *names, cmp_name) || is_mtp_layer(c, nm)) continue;
+        if (bad++ < 3 && off < sizeof list)
+            off += (size_t)snprintf(list + off, sizeof list - off, "%s%s", off ? ", " : "", nm);
+    }
+    free(names);
+    free(all);
+    if (!bad) return LS_OK;
+    return ls_err(LS_ERR_FORMAT, "%s: %lld tensor%s that config.json (%s, %lld layers + %d MTP) does not describe: %s%s; "
+                                 "refusing weights the config does not match (only the MTP layers model.layers.%lld.. "
+                                 "(num_nextn_predict_layers) are skipped)", st->dir, (long long)bad, bad == 1 ? "" : "s",
+                  c->model_type, (long long)c->n_layers, c->mla.n_mtp, list, bad > 3 ? ", ..." : "",
+                  (long long)c->n_layers);
+}
+
 ls_status ls_mla_load(ls_mla_model *m, const char *dir, const ls_comm *ep, ls_arena *fixed) {
     memset(m, 0, sizeof *m);
     char path[4096];
@@ -258,13 +305,14 @@ ls_status ls_mla_load(ls_mla_model *m, const char *dir, const ls_comm *ep, ls_ar
     ls_st_model st;
     LS_TRY(ls_st_model_open(&st, dir));
     ls_status s = refuse_fp8(&st);
+    if (s == LS_OK) s = unknown_tensors(&st, c);
     for (int64_t i = 0; i < nt && s == LS_OK; i++) { /* every tensor present and shaped before any allocation */
         const ls_st_tensor *f = ls_st_model_find(&st, keep[i].name);
         s = f ? ls_st_check_shape(f, keep[i].ndim, keep[i].shape, keep[i].name)
               : ls_err(LS_ERR_FORMAT, "%s: checkpoint has no tensor \"%s\"", st.dir, keep[i].name);
     }
     if (s == LS_OK) s = alloc_slots(m, fixed, NULL, NULL, NULL);
-    for (int64_t i = 0; i < nt && s == LS_OK; i++) { /* MTP layers are not in the list: never read */
+    for (int64_t i = 0; i < nt && s == LS_OK; i++) { /* MTP layers are not in the list: never read (allowed above) */
         s = read_tensor(&st, &keep[i], ls_mla_at(m, &keep[i]));
         m->n_params += (size_t)numel(&keep[i]);
     }

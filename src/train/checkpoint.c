@@ -5,6 +5,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +121,36 @@ ls_status ls_ckpt_commit(const char *run, int64_t update, const char *tmp, char 
     return fsync_dir(run);
 }
 
+/* The update number of a directory named "checkpoint-<digits>": 1 and *u when <digits>
+ * is a canonical number (no sign, no leading zero) up to LS_CKPT_MAX_UPDATE, 0 when the
+ * name is not of that form (a user's own "checkpoint-best" is left alone), −1 with an
+ * error when it is of that form but out of range or not canonical: such a name is
+ * refused rather than read as another number (sscanf's %lld made
+ * checkpoint-99999999999999999999 INT64_MAX). */
+static int ckpt_number(const char *run, const char *name, int64_t *u) {
+    const char *d = name + strlen("checkpoint-");
+    if (strncmp(name, "checkpoint-", strlen("checkpoint-")) != 0 || !*d) return 0;
+    for (const char *c = d; *c; c++)
+        if (*c < '0' || *c > '9') return 0;
+    int64_t v = 0;
+    for (const char *c = d; *c; c++) {
+        if (v > (LS_CKPT_MAX_UPDATE - (*c - '0')) / 10) {
+            ls_err(LS_ERR_FORMAT, "%s/%s: update number out of range (a run holds at most %lld updates): not a "
+                                  "checkpoint this tool wrote; rename or remove it", run, name,
+                   (long long)LS_CKPT_MAX_UPDATE);
+            return -1;
+        }
+        v = 10 * v + (*c - '0');
+    }
+    if (d[0] == '0' && d[1]) {
+        ls_err(LS_ERR_FORMAT, "%s/%s: not a checkpoint name this tool writes (it would be checkpoint-%lld): rename "
+                              "or remove it", run, name, (long long)v);
+        return -1;
+    }
+    *u = v;
+    return 1;
+}
+
 /* Committed checkpoints' update numbers, ascending (malloc'd); stale tmps removed. */
 static ls_status list(const char *run, int64_t **out, int64_t *count) {
     *out = NULL;
@@ -138,7 +170,13 @@ static ls_status list(const char *run, int64_t **out, int64_t *count) {
             s = remove_dir(p);
             continue;
         }
-        if (sscanf(e->d_name, "checkpoint-%lld%c", &u, &extra) != 1 || u < 0) continue;
+        int64_t num = 0;
+        int is = ckpt_number(run, e->d_name, &num);
+        if (is < 0) {
+            s = LS_ERR_FORMAT;
+            break;
+        }
+        if (!is) continue;
         if (*count == cap) {
             cap = cap ? 2 * cap : 16;
             int64_t *t = realloc(*out, (size_t)cap * sizeof(int64_t));
@@ -148,7 +186,7 @@ static ls_status list(const char *run, int64_t **out, int64_t *count) {
             }
             *out = t;
         }
-        (*out)[(*count)++] = u;
+        (*out)[(*count)++] = num;
     }
     closedir(d);
     for (int64_t i = 1; i < *count; i++) /* insertion sort: few entries */
@@ -301,6 +339,33 @@ ls_status ls_optim_save(const char *path, const ls_param *m, const ls_param *v, 
     return s;
 }
 
+/* Why a moment is missing, when the file says: its moments are named the other way
+ * (by position: saved on one rank; by tensor name: saved with --ep > 1 or LoRA). */
+static const char *missing_hint(const ls_st_file *f, int by_name) {
+    if (by_name && ls_st_find(f, "exp_avg.0"))
+        return " (the file names its moments by position: the run was saved without --ep; resume it with the "
+               "run's own --ep 1)";
+    if (!by_name && ls_st_count(f) > 0 && !ls_st_find(f, "exp_avg.0"))
+        return " (the file names its moments by tensor: the run was saved with expert parallelism; resume it under "
+               "mpirun with the run's own --ep, see its args.json)";
+    return "";
+}
+
+/* A loaded moment is usable: every value finite, and the second moment (a running
+ * mean of squares) >= 0; else the file, tensor, element and value are named. A NaN
+ * here would otherwise reach every weight it touches at the next step. */
+static ls_status check_moment(const char *path, const char *name, int second, const float *x, int64_t n) {
+    int bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static) if (n > (1 << 20))
+    for (int64_t i = 0; i < n; i++) bad |= !(fabsf(x[i]) <= FLT_MAX) || (second && x[i] < 0);
+    for (int64_t i = 0; bad && i < n; i++)
+        if (!isfinite(x[i]) || (second && x[i] < 0))
+            return ls_err(LS_ERR_FORMAT, "%s: tensor \"%s\" holds an invalid value %g at element %lld (%s)", path,
+                          name, (double)x[i], (long long)i,
+                          second ? "exp_avg_sq must be finite and >= 0" : "exp_avg must be finite");
+    return LS_OK;
+}
+
 ls_status ls_optim_load(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t *step,
                         int by_name, const uint8_t *sharded, const ls_comm *ep) {
     int N = sharded ? ep_size(ep) : 1;
@@ -316,8 +381,9 @@ ls_status ls_optim_load(const char *path, const ls_param *m, const ls_param *v, 
     ls_status s = LS_OK;
     const char *st = ls_st_meta_get(&f, "step"), *nt = ls_st_meta_get(&f, "tensors");
     char *end = NULL;
+    errno = 0;
     long long sv = st ? strtoll(st, &end, 10) : -1;
-    if (!st || !end || *end || sv < 0)
+    if (!st || !end || *end || end == st || errno || sv < 0)
         s = ls_err(LS_ERR_FORMAT, "%s: metadata \"step\" is missing or not a count", path);
     else if (!nt || strtoll(nt, NULL, 10) != total || ls_st_count(&f) != 2 * total)
         s = ls_err(LS_ERR_FORMAT, "%s: holds moments of %s tensors (%lld entries), but %lld are trained: "
@@ -328,10 +394,9 @@ ls_status ls_optim_load(const char *path, const ls_param *m, const ls_param *v, 
         for (int which = 0; which < 2 && s == LS_OK; which++) {
             moment_name(name, sizeof name, which, &m[k], k, by_name);
             const ls_st_tensor *t = ls_st_find(&f, name);
-            if (!t) s = ls_err(LS_ERR_FORMAT, "%s: tensor \"%s\" is missing%s", path, name,
-                               by_name && ls_st_find(&f, which ? "exp_avg_sq.0" : "exp_avg.0")
-                                   ? " (the file names its moments by position: saved without --ep)" : "");
+            if (!t) s = ls_err(LS_ERR_FORMAT, "%s: tensor \"%s\" is missing%s", path, name, missing_hint(&f, by_name));
             else s = ls_st_read_f32(t, which ? v[k].p : m[k].p, which ? v[k].n : m[k].n, path);
+            if (s == LS_OK) s = check_moment(path, name, which, which ? v[k].p : m[k].p, which ? v[k].n : m[k].n);
         }
     }
     if (s == LS_OK) *step = sv;

@@ -8,6 +8,7 @@
  *   5. finalize: gradient norm, clipping, one AdamW call.
  * Normalisers are fixed before the replay, so serial accumulation is exact.
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,34 @@ void ls_grpo_opts_default(ls_grpo_opts *o) {
     o->state_dtype = LS_DTYPE_F32;
     o->sweep_chunk = 512;
     ls_fwd_opts_default(&o->fwd);
+}
+
+ls_status ls_grpo_opts_check(const ls_grpo_opts *o) {
+    /* AdamW (torch semantics): eps keeps the step finite where the second moment is 0
+     * (eps 0 turned untouched rows into 0/0 = NaN), betas are decay rates below 1 */
+    if (!(o->lr >= 0 && isfinite(o->lr))) return ls_err(LS_ERR_ARG, "--lr %g: the learning rate must be finite and >= 0", o->lr);
+    if (!(o->adam_eps > 0 && isfinite(o->adam_eps)))
+        return ls_err(LS_ERR_ARG, "--adam-eps %g: must be finite and > 0 (it keeps the step finite where the second "
+                                  "moment is 0)", o->adam_eps);
+    if (!(o->beta1 >= 0 && o->beta1 < 1)) return ls_err(LS_ERR_ARG, "--adam-beta1 %g: must be in [0, 1)", o->beta1);
+    if (!(o->beta2 >= 0 && o->beta2 < 1)) return ls_err(LS_ERR_ARG, "--adam-beta2 %g: must be in [0, 1)", o->beta2);
+    if (!(o->weight_decay >= 0 && isfinite(o->weight_decay)))
+        return ls_err(LS_ERR_ARG, "--weight-decay %g: must be finite and >= 0", o->weight_decay);
+    if (!(o->max_grad_norm >= 0 && isfinite(o->max_grad_norm)))
+        return ls_err(LS_ERR_ARG, "--max-grad-norm %g: must be finite and >= 0 (0 disables clipping)", o->max_grad_norm);
+    if (!(o->eps_low >= 0 && o->eps_low <= 1)) return ls_err(LS_ERR_ARG, "--epsilon %g: must be in [0, 1]", o->eps_low);
+    if (!(o->eps_high >= 0 && isfinite(o->eps_high)))
+        return ls_err(LS_ERR_ARG, "--epsilon-high %g: must be finite and >= 0", o->eps_high);
+    if (!(o->beta >= 0 && isfinite(o->beta))) return ls_err(LS_ERR_ARG, "--beta %g: must be finite and >= 0", o->beta);
+    if (!(o->fwd.temperature > 0 && isfinite(o->fwd.temperature)))
+        return ls_err(LS_ERR_ARG, "--temperature %g: must be finite and > 0", (double)o->fwd.temperature);
+    if (o->num_iterations < 1) return ls_err(LS_ERR_ARG, "--num-iterations %d: must be >= 1", o->num_iterations);
+    if (!(o->indexer_kl_coef >= 0 && isfinite(o->indexer_kl_coef)))
+        return ls_err(LS_ERR_ARG, "--indexer-kl-coef %g: must be finite and >= 0", o->indexer_kl_coef);
+    if (o->indexer_kl_coef > 0 && o->full)
+        return ls_err(LS_ERR_UNSUPPORTED, "--indexer-kl-coef runs in prefix-frozen mode (its gradient through the "
+                                          "prompt's index keys, which --mode full would need, is not built)");
+    return LS_OK;
 }
 
 int64_t ls_grpo_sweep_chunk(const ls_grpo_opts *o) { return o->full && !o->no_capture ? o->sweep_chunk : 0; }
@@ -115,31 +144,87 @@ static ls_status grad_norm(const ls_policy *p, double *out) {
     return LS_OK;
 }
 
-/* Clip (torch.nn.utils.clip_grad_norm_ semantics) and one AdamW step (torch AdamW:
- * decoupled decay first, bias-corrected moments, eps outside the sqrt). */
-static void optimize(ls_policy *p, ls_adamw *adam, const ls_grpo_opts *o, double gnorm) {
-    double clip = 1.0;
+/* The constants of one AdamW step. */
+typedef struct {
+    double clip, bc1, bc2, lr, eps;
+    float b1, b2;
+} adamw_step;
+
+/* One element of the step (torch AdamW: decoupled decay first, bias-corrected
+ * moments, eps outside the sqrt): the new weight and moments, written by the caller.
+ * The check pass and the writing pass share it, so they compute the same values. */
+static inline void adamw_elem(const adamw_step *c, float decay, float w, float g, float m, float v, float *nw,
+                              float *nm, float *nv) {
+    float gi = (float)(g * c->clip);
+    *nm = c->b1 * m + (1.0f - c->b1) * gi;
+    *nv = c->b2 * v + (1.0f - c->b2) * gi * gi;
+    double mh = *nm / c->bc1, vh = *nv / c->bc2;
+    *nw = (float)((double)(w * decay) - c->lr * mh / (sqrt(vh) + c->eps));
+}
+
+static float tensor_decay(const ls_param *w, const ls_grpo_opts *o) {
+    return (o->weight_decay != 0 && !w->no_decay) ? (float)(1.0 - o->lr * o->weight_decay) : 1.0f;
+}
+
+/* Clip (torch.nn.utils.clip_grad_norm_ semantics) and one AdamW step — unless it
+ * would write a non-finite weight or moment anywhere (finite gradients can still do
+ * that: a huge first moment over a zero second moment, an overflowing product): then
+ * nothing is written, the step count stays, and *skipped says where (one pass that
+ * only checks, then the pass that writes). With expert parallelism every rank of the
+ * group learns whether any rank would, so they skip together. */
+static ls_status optimize(ls_policy *p, ls_adamw *adam, const ls_grpo_opts *o, double gnorm, char *skipped,
+                          size_t cap) {
+    adamw_step c = {.clip = 1.0, .lr = o->lr, .eps = o->adam_eps, .b1 = (float)o->beta1, .b2 = (float)o->beta2};
     if (o->max_grad_norm > 0) {
         double coef = o->max_grad_norm / (gnorm + 1e-6);
-        if (coef < 1.0) clip = coef;
+        if (coef < 1.0) c.clip = coef;
     }
-    adam->step++;
-    double bc1 = 1.0 - pow(o->beta1, (double)adam->step), bc2 = 1.0 - pow(o->beta2, (double)adam->step);
-    float b1 = (float)o->beta1, b2 = (float)o->beta2;
+    int64_t step = adam->step + 1;
+    c.bc1 = 1.0 - pow(o->beta1, (double)step);
+    c.bc2 = 1.0 - pow(o->beta2, (double)step);
     LS_ASSERT(adam->n == p->n, "optimizer holds %lld moments for %lld tensors", (long long)adam->n, (long long)p->n);
-    for (int64_t k = 0; k < p->n; k++) {
-        float decay = (o->weight_decay != 0 && !p->w[k].no_decay) ? (float)(1.0 - o->lr * o->weight_decay) : 1.0f;
-        float *w = p->w[k].p, *gr = p->g[k].p, *m = adam->m[k].p, *v = adam->v[k].p;
-#pragma omp parallel for schedule(static) if (p->w[k].n > 65536)
+    skipped[0] = 0;
+    int64_t bad_k = -1;
+    for (int64_t k = 0; k < p->n && bad_k < 0; k++) {
+        float decay = tensor_decay(&p->w[k], o);
+        const float *w = p->w[k].p, *gr = p->g[k].p, *m = adam->m[k].p, *v = adam->v[k].p;
+        int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (p->w[k].n > 65536)
         for (int64_t i = 0; i < p->w[k].n; i++) {
-            float gi = (float)(gr[i] * clip);
-            m[i] = b1 * m[i] + (1.0f - b1) * gi;
-            v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-            double mh = m[i] / bc1, vh = v[i] / bc2;
-            w[i] = (float)((double)(w[i] * decay) - o->lr * mh / (sqrt(vh) + o->adam_eps));
+            float nw, nm, nv;
+            adamw_elem(&c, decay, w[i], gr[i], m[i], v[i], &nw, &nm, &nv);
+            bad |= !(fabsf(nw) <= FLT_MAX) | !(fabsf(nm) <= FLT_MAX) | !(nv >= 0 && nv <= FLT_MAX);
+        }
+        if (!bad) continue;
+        bad_k = k;
+        for (int64_t i = 0; i < p->w[k].n; i++) { /* the first such element, for the report */
+            float nw, nm, nv;
+            adamw_elem(&c, decay, w[i], gr[i], m[i], v[i], &nw, &nm, &nv);
+            if (isfinite(nw) && isfinite(nm) && nv >= 0 && isfinite(nv)) continue;
+            snprintf(skipped, cap, "the step would write a non-finite value into %s (element %lld: weight %g -> %g, "
+                     "exp_avg %g, exp_avg_sq %g)", p->w[k].what ? p->w[k].what : "a trainable tensor", (long long)i,
+                     (double)w[i], (double)nw, (double)nm, (double)nv);
+            break;
         }
     }
+    if (p->ep && p->sharded) { /* the other ranks' shares: skip together */
+        float any = bad_k >= 0 ? 1.0f : 0.0f;
+        LS_TRY(ls_comm_allreduce_f32(p->ep, &any, 1, LS_REDUCE_MAX));
+        if (any > 0 && bad_k < 0) {
+            snprintf(skipped, cap, "the step would write a non-finite value into an expert of another --ep rank");
+            bad_k = 0;
+        }
+    }
+    if (bad_k >= 0) return LS_OK;
+    adam->step = step;
+    for (int64_t k = 0; k < p->n; k++) {
+        float decay = tensor_decay(&p->w[k], o);
+        float *w = p->w[k].p, *gr = p->g[k].p, *m = adam->m[k].p, *v = adam->v[k].p;
+#pragma omp parallel for schedule(static) if (p->w[k].n > 65536)
+        for (int64_t i = 0; i < p->w[k].n; i++) adamw_elem(&c, decay, w[i], gr[i], m[i], v[i], &w[i], &m[i], &v[i]);
+    }
     p->fam->policy_step_done(p);
+    return LS_OK;
 }
 
 /* Per-group results that live in the score arena for the whole update. */
@@ -482,19 +567,15 @@ ls_status ls_grpo_update_batch(ls_policy *p, ls_adamw *adam, ls_group *groups, i
     double t_start = ls_now(), t0;
     memset(mt, 0, sizeof *mt);
     if (n_groups < 1) return ls_err(LS_ERR_ARG, "an update needs at least one group");
+    LS_TRY(ls_grpo_opts_check(o));
     if (o->sft && o->beta != 0)
         return ls_err(LS_ERR_ARG, "--loss sft has no reference term: --beta must be 0 (got %g)", o->beta);
     if (o->sft && rollout) return ls_err(LS_ERR_ARG, "--loss sft trains on given responses: not with rollouts");
     if (o->full && !p->fam->sweep) return ls_err(LS_ERR_UNSUPPORTED, "family %s has no full-mode sweep", p->fam->name);
-    if (!(o->indexer_kl_coef >= 0)) return ls_err(LS_ERR_ARG, "indexer KL coefficient %g: must be >= 0", o->indexer_kl_coef);
     if (o->indexer_kl_coef > 0 && !p->aux)
         return ls_err(LS_ERR_ARG, "the indexer KL loss needs the indexers in the trainable set (policy opened without it)");
-    if (o->indexer_kl_coef > 0 && o->full)
-        return ls_err(LS_ERR_UNSUPPORTED, "the indexer KL loss runs in prefix-frozen mode: its gradient through the "
-                                          "prompt's index keys (the full mode's) is not built");
     if (o->beta != 0 && !p->ref.impl) return ls_err(LS_ERR_ARG, "beta = %g needs a reference policy", o->beta);
     if (!adam && o->num_iterations != 1) return ls_err(LS_ERR_ARG, "gradients only: num_iterations must be 1");
-    if (o->num_iterations < 1) return ls_err(LS_ERR_ARG, "num_iterations must be >= 1");
     if (rollout && o->no_capture) return ls_err(LS_ERR_ARG, "rollouts sample from a captured prompt state: not with no_capture");
     if (rollout && n_groups > 1 && o->scale == LS_SCALE_BATCH)
         return ls_err(LS_ERR_ARG, "scale_rewards = batch needs every reward before the first replay, but rollouts "
@@ -555,7 +636,19 @@ ls_status ls_grpo_update_batch(ls_policy *p, ls_adamw *adam, ls_group *groups, i
             break;
         }
         if (adam) {
-            optimize(p, adam, o, mt->grad_norm);
+            s = optimize(p, adam, o, mt->grad_norm, mt->skip_reason, sizeof mt->skip_reason);
+            if (s == LS_OK && mt->skip_reason[0]) { /* reported as the non-finite-gradient skip is */
+                mt->skipped = 1;
+                ls_trace_event("optimizer",
+                               "\"update\": %lld, \"iteration\": %d, \"step\": %lld, \"grad_norm\": %.9g, \"lr\": %g, "
+                               "\"skipped\": true",
+                               (long long)ls_trace_update(), it, (long long)adam->step, mt->grad_norm, o->lr);
+            }
+            if (s != LS_OK || mt->skipped) {
+                ls_trace_phase_end("optimize");
+                mt->t_optim += ls_now() - t0;
+                break;
+            }
             ls_trace_event("optimizer",
                            "\"update\": %lld, \"iteration\": %d, \"step\": %lld, \"grad_norm\": %.9g, \"lr\": %g, "
                            "\"skipped\": false",

@@ -386,6 +386,35 @@ void ls_reward_cmd_stop(ls_reward_cmd *rc) {
     free(rc);
 }
 
+/* Async-signal-safe (kill, waitpid, nanosleep only): a second Ctrl-C's handler ends the
+ * process group this way, so a command that ignores SIGTERM cannot outlive us. */
+void ls_reward_cmd_kill_group(int pgid, double grace_s) {
+    if (pgid <= 0) return;
+    int saved = errno, st;
+    kill(-pgid, SIGTERM);
+    for (int phase = 0; phase < 2; phase++) {
+        /* phase 0: the grace period after SIGTERM; phase 1: SIGKILL, then up to 1 s for
+         * the kernel to end them */
+        long steps = phase == 0 ? (grace_s > 0 ? (long)(grace_s * 100.0) : 0) : 100;
+        if (phase == 1) kill(-pgid, SIGKILL);
+        for (long i = 0; i <= steps; i++) {
+            /* reap what of the group is ours (the shell; orphans too when we are PID 1),
+             * so a zombie does not count as alive */
+            while (waitpid(-pgid, &st, WNOHANG) > 0) {
+            }
+            if (kill(-pgid, 0) != 0 && errno == ESRCH) {
+                errno = saved;
+                return;
+            }
+            if (i < steps) {
+                struct timespec ts = {0, 10000000L};
+                nanosleep(&ts, NULL);
+            }
+        }
+    }
+    errno = saved;
+}
+
 /* ---- one batch ---------------------------------------------------------------- */
 
 /* Parse one answer line (without its '\n'). 0: ok; 1: not a number; 2: not finite. */

@@ -4,6 +4,7 @@
  * the read-only state; or the plain full-sequence forward per member. The
  * transaction (grpo.c) scores through the same functions.
  */
+#include <math.h>
 #include <string.h>
 
 #include "longstraw/score.h"
@@ -84,4 +85,20 @@ ls_status ls_score_group(const ls_model *m, const ls_group *g, const ls_score_op
     stats->score_s = ls_now() - t0;
     ls_arena_release(prompt, pm);
     return s;
+}
+
+ls_status ls_score_check_finite(const ls_group *g, float *const *lp) {
+    int64_t bad = 0, all = 0;
+    int bi = -1;
+    int64_t bt = -1;
+    for (int i = 0; i < g->G; i++)
+        for (int64_t t = 0; t < g->R[i]; t++, all++)
+            if (!isfinite(lp[i][t]) && bad++ == 0) bi = i, bt = t;
+    if (!bad) return LS_OK;
+    return ls_err(LS_ERR_ARG,
+                  "the log-prob of member %d (0-based), response token %lld (id %d) is %s: the forward overflowed "
+                  "(%lld of %lld log-probs are not finite; the weights or the inputs drive activations beyond the "
+                  "float range)",
+                  bi, (long long)bt, g->resp[bi][bt], isnan(lp[bi][bt]) ? "NaN" : lp[bi][bt] > 0 ? "+Inf" : "-Inf",
+                  (long long)bad, (long long)all);
 }

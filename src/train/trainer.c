@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "longstraw/checkpoint.h"
+#include "longstraw/files.h"
 #include "longstraw/reward.h"
 #include "longstraw/rollout.h"
 #include "longstraw/task.h"
@@ -91,11 +92,11 @@ static ls_status save_args(const char *run, int argc, char **argv) {
 static ls_status lock_run(const char *run, int *fd) {
     char path[4200];
     snprintf(path, sizeof path, "%s/.lock", run);
-    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (*fd < 0) return ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    LS_TRY(ls_open_in_place(path, O_RDWR, fd)); /* a symbolic link planted there is refused, not written through */
     if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
         char pid[32] = "";
         ssize_t n = read(*fd, pid, sizeof pid - 1);
+        while (n > 0 && (pid[n - 1] == '\n' || pid[n - 1] == ' ')) n--; /* "(pid N)", not "(pid N\n)" */
         pid[n > 0 ? n : 0] = 0;
         close(*fd);
         *fd = -1;
@@ -216,6 +217,7 @@ typedef struct {
     FILE *metrics;
     char run[4096];
     char adapter[4400]; /* a resumed LoRA run's adapters (checkpoint path) */
+    char model_abs[PATH_MAX]; /* the base model's resolved path (trainer_state.json "model") */
     int lock_fd;
     size_t pred_grad, pred_fixed;
     int64_t max_prompt; /* the longest id prompt in the data (validation), for the memory check */
@@ -558,15 +560,36 @@ static void zero_grads(trainer *tr) { tr->pol.p.fam->policy_zero_grad(&tr->pol.p
 
 /* ---- checkpoints and trainer state ----------------------------------------------------- */
 
+/* A JSON string literal of s (malloc'd; "null" for NULL), or NULL when out of memory. */
+static char *json_string(const char *s) {
+    if (!s) return strdup("null");
+    cJSON *j = cJSON_CreateString(s);
+    char *t = j ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    return t;
+}
+
+/* trainer_state.json: where the run is (counters, RNG) and what it trains — the base
+ * model's path, its family, the LoRA targets as given (null: the family's default)
+ * and the --ep degree — which a resume must not change (check_resume). */
 static ls_status write_state(trainer *tr, const char *path) {
+    char *model = json_string(tr->model_abs[0] ? tr->model_abs : tr->a->model);
+    char *targets = json_string(tr->a->spec.lora_targets);
+    char *family = json_string(tr->pol.p.fam->name);
+    const ls_comm *ep = tr->a->spec.ep;
     char *buf = NULL;
     size_t blen = 0;
-    FILE *f = open_memstream(&buf, &blen);
-    if (!f) return LS_ERR_NOMEM;
+    FILE *f = model && targets && family ? open_memstream(&buf, &blen) : NULL;
+    if (!f) {
+        free(model), free(targets), free(family);
+        return LS_ERR_NOMEM;
+    }
     fprintf(f, "{\n  \"format\": 1,\n  \"update\": %lld,\n  \"data_position\": %lld,\n  \"epoch\": %lld,\n"
-               "  \"adam_step\": %lld,\n  \"rng\": [\"%016" PRIx64 "\", \"%016" PRIx64 "\", \"%016" PRIx64 "\", \"%016" PRIx64 "\"]\n}\n",
+               "  \"adam_step\": %lld,\n  \"rng\": [\"%016" PRIx64 "\", \"%016" PRIx64 "\", \"%016" PRIx64 "\", \"%016" PRIx64 "\"],\n"
+               "  \"model\": %s,\n  \"family\": %s,\n  \"lora_targets\": %s,\n  \"ep\": %d\n}\n",
             (long long)tr->update, (long long)tr->data_pos, (long long)tr->epoch, (long long)tr->pol.adam.step,
-            tr->rng.s[0], tr->rng.s[1], tr->rng.s[2], tr->rng.s[3]);
+            tr->rng.s[0], tr->rng.s[1], tr->rng.s[2], tr->rng.s[3], model, family, targets, ep ? ls_comm_size(ep) : 1);
+    free(model), free(targets), free(family);
     return ls_write_memstream(path, f, &buf, &blen);
 }
 
@@ -578,26 +601,229 @@ static ls_status state_int(const cJSON *root, const char *path, const char *fiel
     return LS_OK;
 }
 
-static ls_status read_state(trainer *tr, const char *dir) {
+/* A checkpoint's trainer_state.json. The fields after rng are absent in checkpoints
+ * written before they were recorded: then model/family are "", ep 0, has_targets 0. */
+typedef struct {
+    int64_t update, data_pos, epoch, adam_step;
+    uint64_t rng[4];
+    char model[PATH_MAX], family[64], targets[1024];
+    int has_targets, targets_default; /* "lora_targets" present; null (the default) */
+    int64_t ep;
+} ckpt_state;
+
+static ls_status state_str(const cJSON *root, const char *path, const char *field, char *out, size_t cap,
+                           int *present, int *is_null) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, field);
+    out[0] = 0;
+    if (present) *present = e != NULL;
+    if (is_null) *is_null = cJSON_IsNull(e);
+    if (!e || (is_null && cJSON_IsNull(e))) return LS_OK;
+    if (!cJSON_IsString(e) || strlen(e->valuestring) >= cap)
+        return ls_err(LS_ERR_FORMAT, "%s: field \"%s\" must be a string (below %zu bytes)", path, field, cap);
+    snprintf(out, cap, "%s", e->valuestring);
+    return LS_OK;
+}
+
+/* Parse DIR/trainer_state.json of checkpoint-<expect>: its "update" must be expect —
+ * a state that disagrees with its directory's name is refused, naming both, rather than
+ * trusted (it would skip or repeat updates). */
+static ls_status parse_state(const char *dir, int64_t expect, ckpt_state *st) {
     char path[4200];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    memset(st, 0, sizeof *st);
     cJSON *root;
     LS_TRY(read_json(path, 0, &root));
-    int64_t step = 0;
-    ls_status s = state_int(root, path, "update", &tr->update);
-    if (s == LS_OK) s = state_int(root, path, "data_position", &tr->data_pos);
-    if (s == LS_OK) s = state_int(root, path, "epoch", &tr->epoch);
-    if (s == LS_OK) s = state_int(root, path, "adam_step", &step);
+    ls_status s = state_int(root, path, "update", &st->update);
+    if (s == LS_OK && st->update != expect)
+        s = ls_err(LS_ERR_FORMAT, "%s: \"update\" is %lld but its directory is checkpoint-%lld (the state after %lld "
+                                  "updates): the checkpoint disagrees with itself; refusing to resume from it (move it "
+                                  "away to resume from an earlier checkpoint)", path, (long long)st->update,
+                   (long long)expect, (long long)expect);
+    if (s == LS_OK) s = state_int(root, path, "data_position", &st->data_pos);
+    if (s == LS_OK) s = state_int(root, path, "epoch", &st->epoch);
+    if (s == LS_OK) s = state_int(root, path, "adam_step", &st->adam_step);
     const cJSON *rng = cJSON_GetObjectItemCaseSensitive(root, "rng");
     for (int i = 0; s == LS_OK && i < 4; i++) {
         const cJSON *e = cJSON_GetArrayItem(rng, i);
         char *end = NULL;
-        if (cJSON_IsString(e)) tr->rng.s[i] = strtoull(e->valuestring, &end, 16);
-        if (!cJSON_IsString(e) || !end || *end)
+        errno = 0;
+        if (cJSON_IsString(e)) st->rng[i] = strtoull(e->valuestring, &end, 16);
+        if (!cJSON_IsString(e) || !end || *end || end == e->valuestring || errno)
             s = ls_err(LS_ERR_FORMAT, "%s: field \"rng\"[%d] must be a hex string", path, i);
+    }
+    if (s == LS_OK) s = state_str(root, path, "model", st->model, sizeof st->model, NULL, NULL);
+    if (s == LS_OK) s = state_str(root, path, "family", st->family, sizeof st->family, NULL, NULL);
+    if (s == LS_OK)
+        s = state_str(root, path, "lora_targets", st->targets, sizeof st->targets, &st->has_targets, &st->targets_default);
+    if (s == LS_OK && cJSON_GetObjectItemCaseSensitive(root, "ep")) {
+        s = state_int(root, path, "ep", &st->ep);
+        if (s == LS_OK && st->ep < 1) s = ls_err(LS_ERR_FORMAT, "%s: field \"ep\" must be >= 1", path);
     }
     cJSON_Delete(root);
     return s;
+}
+
+static ls_status read_state(trainer *tr, const char *dir, int64_t expect, int64_t *adam_step) {
+    ckpt_state st;
+    LS_TRY(parse_state(dir, expect, &st));
+    tr->update = st.update;
+    tr->data_pos = st.data_pos;
+    tr->epoch = st.epoch;
+    *adam_step = st.adam_step;
+    for (int i = 0; i < 4; i++) tr->rng.s[i] = st.rng[i];
+    return LS_OK;
+}
+
+/* ---- what a resume may not change ---------------------------------------------------- */
+
+/* 1 when the comma-separated lists a and b name the same set (order and repeats aside). */
+static int same_names(const char *a, const char *b) {
+    for (int pass = 0; pass < 2; pass++) {
+        const char *x = pass ? b : a, *y = pass ? a : b;
+        for (const char *p = x; *p;) {
+            size_t n = strcspn(p, ",");
+            int found = 0;
+            for (const char *q = y; *q && !found;) {
+                size_t m = strcspn(q, ",");
+                found = m == n && !strncmp(p, q, n);
+                q += m + (q[m] == ',');
+            }
+            if (!found && n > 0) return 0;
+            p += n + (p[n] == ',');
+        }
+    }
+    return 1;
+}
+
+/* The first field in which two model configs differ, as "field A vs B", into out;
+ * 0 when they describe the same model. */
+static int config_diff(const ls_config *x, const ls_config *y, char *out, size_t cap) {
+#define CMP_I(f, key)                                                                                    \
+    if (x->f != y->f) return snprintf(out, cap, "%s %lld vs %lld", key, (long long)x->f, (long long)y->f), 1
+    if (strcmp(x->model_type, y->model_type))
+        return snprintf(out, cap, "model_type %s vs %s", x->model_type, y->model_type), 1;
+    CMP_I(family, "family");
+    CMP_I(layout, "weight layout");
+    CMP_I(vocab, "vocab_size");
+    CMP_I(hidden, "hidden_size");
+    CMP_I(n_layers, "num_hidden_layers");
+    CMP_I(n_heads, "num_attention_heads");
+    CMP_I(n_kv, "num_key_value_heads");
+    CMP_I(head_dim, "head_dim");
+    CMP_I(intermediate, "intermediate_size");
+    CMP_I(n_experts, "experts");
+    CMP_I(moe_inter, "moe_intermediate_size");
+    CMP_I(shared_inter, "shared expert width");
+    CMP_I(tie_embeddings, "tie_word_embeddings");
+#undef CMP_I
+    for (int64_t l = 0; l < x->n_layers && l < LS_MAX_LAYERS; l++)
+        if (x->kind[l] != y->kind[l] || x->moe[l] != y->moe[l])
+            return snprintf(out, cap, "layer %lld's kind", (long long)l), 1;
+    if (memcmp(x, y, sizeof *x)) return snprintf(out, cap, "another field of config.json"), 1;
+    return 0;
+}
+
+/* The run's --model as RUN/args.json saved it (the last one given; resolved), for
+ * checkpoints written before trainer_state.json recorded it; "" when not found. */
+static ls_status saved_model(const char *run, char *out, size_t cap) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/args.json", run);
+    out[0] = 0;
+    if (access(path, F_OK) != 0) return LS_OK;
+    cJSON *arr;
+    LS_TRY(read_json(path, 1, &arr));
+    const char *model = NULL;
+    for (int i = 0; i + 1 < cJSON_GetArraySize(arr); i++) {
+        const cJSON *f = cJSON_GetArrayItem(arr, i), *v = cJSON_GetArrayItem(arr, i + 1);
+        if (cJSON_IsString(f) && cJSON_IsString(v) && !strcmp(f->valuestring, "--model")) model = v->valuestring;
+        if (cJSON_IsString(f) && !strncmp(f->valuestring, "--model=", 8)) model = f->valuestring + 8;
+    }
+    char abs[PATH_MAX];
+    if (model) snprintf(out, cap, "%s", realpath(model, abs) ? abs : model);
+    cJSON_Delete(arr);
+    return LS_OK;
+}
+
+/* A resume continues the run it finds: refused, naming both values, before anything in
+ * RUN/ is written, when the options would train something else — another base model
+ * (path or config), family, LoRA rank, alpha or targets, full fine-tune vs LoRA, or
+ * --ep degree — or when the checkpoint disagrees with itself (parse_state). Before
+ * this, such a resume ran, wrote checkpoints whose config.json did not match their
+ * weights and pruned the good ones. */
+static ls_status check_resume(trainer *tr, const char *ckpt, int64_t last) {
+    const ls_train_opts *a = tr->a;
+    ckpt_state st;
+    LS_TRY(parse_state(ckpt, last, &st));
+    char path[4400], diff[256];
+    /* the base model: the run's own (its recorded path), with the checkpoint's config */
+    if (!realpath(a->model, tr->model_abs)) return ls_err(LS_ERR_IO, "--model %s: %s", a->model, strerror(errno));
+    if (!st.model[0]) LS_TRY(saved_model(a->out, st.model, sizeof st.model)); /* a checkpoint from before "model" */
+    if (st.model[0] && strcmp(st.model, tr->model_abs))
+        return ls_err(LS_ERR_ARG, "%s trains --model %s, but this resume gives --model %s: a resume continues the run's "
+                                  "own model (train another in a new run, with another --out)", a->out, st.model,
+                      tr->model_abs);
+    ls_config given, saved;
+    snprintf(path, sizeof path, "%s/config.json", a->model);
+    LS_TRY(ls_config_load(&given, path));
+    const ls_family *fam = ls_family_for(&given, path);
+    if (!fam) return LS_ERR_UNSUPPORTED;
+    if (st.family[0] && strcmp(st.family, fam->name))
+        return ls_err(LS_ERR_ARG, "%s trains a model of the %s family, but --model %s is of the %s family (%s)", a->out,
+                      st.family, a->model, fam->name, given.model_type);
+    snprintf(path, sizeof path, "%s/config.json", ckpt); /* full fine-tunes carry it */
+    if (access(path, F_OK) == 0) {
+        LS_TRY(ls_config_load(&saved, path));
+        if (config_diff(&saved, &given, diff, sizeof diff))
+            return ls_err(LS_ERR_ARG, "%s holds another model than --model %s: %s (checkpoint vs --model); a resume "
+                                      "continues the run's own model", ckpt, a->model, diff);
+    }
+    /* what is trained: every weight, or the checkpoint's adapters (rank, alpha, targets) */
+    int lora = a->spec.adapter || a->spec.lora_rank > 0;
+    snprintf(path, sizeof path, "%s/adapter_config.json", ckpt);
+    int saved_lora = access(path, F_OK) == 0;
+    if (saved_lora != lora)
+        return ls_err(LS_ERR_ARG, "%s holds %s, but this resume trains %s: a resume trains what the run trains", ckpt,
+                      saved_lora ? "LoRA adapters (adapter_config.json)" : "every weight (a full fine-tune)",
+                      lora ? "LoRA adapters (--lora-rank / --adapter)" : "every weight (no --lora-rank)");
+    if (saved_lora) {
+        cJSON *ac;
+        LS_TRY(read_json(path, 0, &ac));
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(ac, "r"), *al = cJSON_GetObjectItemCaseSensitive(ac, "lora_alpha");
+        const cJSON *tm = cJSON_GetObjectItemCaseSensitive(ac, "target_modules"), *e;
+        char mods[1024] = "";
+        size_t off = 0;
+        cJSON_ArrayForEach(e, tm) {
+            if (cJSON_IsString(e) && off < sizeof mods)
+                off += (size_t)snprintf(mods + off, sizeof mods - off, "%s%s", off ? "," : "", e->valuestring);
+        }
+        ls_status s = LS_OK;
+        if (!cJSON_IsNumber(r) || !cJSON_IsNumber(al))
+            s = ls_err(LS_ERR_FORMAT, "%s: \"r\" and \"lora_alpha\" must be numbers", path);
+        else if (a->spec.lora_rank > 0 && (double)a->spec.lora_rank != r->valuedouble)
+            s = ls_err(LS_ERR_ARG, "%s: the run's adapters have rank %g, but this resume gives --lora-rank %lld: a resume "
+                                   "continues the run's adapters", path, r->valuedouble, (long long)a->spec.lora_rank);
+        else if (!(fabs(a->spec.lora_alpha - al->valuedouble) <= 1e-9 * fabs(al->valuedouble)))
+            s = ls_err(LS_ERR_ARG, "%s: the run's adapters have lora_alpha %g, but this resume gives --lora-alpha %g: a "
+                                   "resume continues the run's adapters", path, al->valuedouble, a->spec.lora_alpha);
+        else if (st.has_targets && (st.targets_default != !a->spec.lora_targets ||
+                                    (a->spec.lora_targets && !same_names(st.targets, a->spec.lora_targets))))
+            s = ls_err(LS_ERR_ARG, "%s adapts --lora-targets %s, but this resume gives --lora-targets %s: a resume "
+                                   "continues the run's adapters", a->out, st.targets_default ? "(the default)" : st.targets,
+                       a->spec.lora_targets ? a->spec.lora_targets : "(the default)");
+        else if (!st.has_targets && a->spec.lora_targets && !same_names(mods, a->spec.lora_targets))
+            s = ls_err(LS_ERR_ARG, "%s: the run's adapters are on %s, but this resume gives --lora-targets %s: a resume "
+                                   "continues the run's adapters", path, mods, a->spec.lora_targets);
+        cJSON_Delete(ac);
+        LS_TRY(s);
+    }
+    /* expert parallelism: the optimizer file's layout follows it */
+    int ep = a->spec.ep ? ls_comm_size(a->spec.ep) : 1;
+    if (st.ep > 0 && st.ep != ep)
+        return ls_err(LS_ERR_ARG, "%s was saved with --ep %lld (the routed experts split over %lld ranks), but this resume "
+                                  "has --ep %d: resume it with --ep %lld, under mpirun -np <a multiple of %lld> (ranks = "
+                                  "CP x EP)", ckpt, (long long)st.ep, (long long)st.ep, ep, (long long)st.ep,
+                      (long long)st.ep);
+    return LS_OK;
 }
 
 /* Test hook: LONGSTRAW_TEST_CHECKPOINT_PAUSE_MS=N sleeps N ms after each file of a
@@ -742,6 +968,7 @@ static ls_status setup(trainer *tr) {
     int root = tr_root(tr);
     int64_t last = -1;
     char ckpt[4200] = "";
+    LS_TRY(ls_grpo_opts_check(&a->o)); /* before RUN/ is made */
     if (root) {
         LS_TRY(ls_make_dir(a->out));
         LS_TRY(lock_run(a->out, &tr->lock_fd)); /* before anything in RUN/ is touched */
@@ -751,7 +978,9 @@ static ls_status setup(trainer *tr) {
                           a->out, ckpt, a->out);
         if (a->resume && last < 0)
             fprintf(stderr, "longstraw train: %s has no checkpoint yet: starting from the beginning\n", a->out);
-        if (argc > 0) LS_TRY(save_args(a->out, argc, argv));
+        /* a resume that would train something else is refused before RUN/ is written */
+        if (last >= 0) LS_TRY(check_resume(tr, ckpt, last));
+        else if (!realpath(a->model, tr->model_abs)) tr->model_abs[0] = 0; /* the loader names it */
     }
     /* the checkpoint to resume from, as rank 0 found it */
     LS_TRY(tr_bcast(tr, &last, sizeof last));
@@ -774,11 +1003,15 @@ static ls_status setup(trainer *tr) {
     tr->pol.p.fam->policy_predict(&tr->pol.p, 1, &tr->pred_grad, &tr->pred_fixed);
     ls_rng_seed(&tr->rng, (uint64_t)a->seed);
     if (last >= 0) {
-        LS_TRY(read_state(tr, ckpt));
+        int64_t state_step = 0, step = 0;
+        LS_TRY(read_state(tr, ckpt, last, &state_step));
         snprintf(path, sizeof path, "%s/optimizer.safetensors", ckpt);
-        int64_t step = 0;
         LS_TRY(ls_optim_load(path, tr->pol.adam.m, tr->pol.adam.v, tr->pol.adam.n, &step, tr->pol.p.adapters,
                              tr->pol.p.sharded, tr_ep(tr)));
+        if (step != state_step)
+            return ls_err(LS_ERR_FORMAT, "%s: optimizer step %lld, but %s/trainer_state.json says \"adam_step\": %lld: the "
+                                         "checkpoint disagrees with itself", path, (long long)step, ckpt,
+                          (long long)state_step);
         tr->pol.adam.step = step;
         if (root) fprintf(stderr, "longstraw train: resumed from %s (update %lld, data position %lld, optimizer step %lld)\n", ckpt,
                 (long long)tr->update, (long long)tr->data_pos, (long long)step);
@@ -820,11 +1053,19 @@ static ls_status setup(trainer *tr) {
     if (!tr->items) return LS_ERR_NOMEM;
     snprintf(path, sizeof path, "%s/metrics.jsonl", a->out);
     if (root) {
+        /* everything is loaded and checked: only now is RUN/ written (a refused resume
+         * leaves args.json, metrics and checkpoints as they were) */
+        if (argc > 0) LS_TRY(save_args(a->out, argc, argv));
         LS_TRY(trim_metrics(path, tr->update));
-        if (!(tr->metrics = fopen(path, "a"))) return ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        int mfd;
+        LS_TRY(ls_open_in_place(path, O_WRONLY | O_APPEND, &mfd)); /* never through a symbolic link */
+        if (!(tr->metrics = fdopen(mfd, "a"))) {
+            close(mfd);
+            return ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        }
     }
     ls_trace_phase_end("load");
-    return LS_OK;
+    return ls_trace_status();
 }
 
 ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
@@ -929,6 +1170,18 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
             tr->update = done - 1;
             if (s == LS_OK) saved = done;
         }
+        if (s == LS_OK && (s = ls_trace_status()) != LS_OK) {
+            /* a failed trace write ends the run like any failed write, with the finished
+             * updates checkpointed (not with --ep: saving is collective there) */
+            char why[1024];
+            snprintf(why, sizeof why, "%s", ls_err_msg());
+            tr->update = done;
+            if (done > saved && !tr_ep(tr) && save_checkpoint(tr) == LS_OK && root)
+                fprintf(stderr, "longstraw train: the %lld finished updates are in checkpoint-%lld\n", (long long)done,
+                        (long long)done);
+            s = ls_err(LS_ERR_IO, "%s", why);
+            break;
+        }
         if (stop && s == LS_OK) {
             if (root) fprintf(stderr, "longstraw train: stopped by signal %d after update %lld; continue with --resume %s\n", stop,
                     (long long)done, a->out);
@@ -958,7 +1211,10 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
     free(tr->eval);
     ls_reward_cmd_stop(tr->rcmd);
     if (tr->metrics) fclose(tr->metrics);
-    ls_trace_close();
+    {
+        ls_status ts = ls_trace_close(); /* its last event too is a write that can fail */
+        if (s == LS_OK) s = ts;
+    }
     if (tr->lock_fd >= 0) close(tr->lock_fd);
     jsonl_free(&tr->data);
     ls_trainable_close(&tr->pol);
