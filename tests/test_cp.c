@@ -209,8 +209,10 @@ static float *st_tensor(const ls_st_file *f, const char *name, int64_t *n) {
  * other chunks). Per tensor: the largest gain over its elements whose gradient is not
  * exactly zero (zero in every schedule: rows of tokens no one saw, experts no token
  * chose) times the largest element difference between the one-rank gradient `grad` and
- * the floor runs' `alts` (the gradient's own rounding there), relative to the stepped
- * tensor's norm; the worst over the tensors of `stepped`. -1 on failure. */
+ * the floor runs' `alts` (the gradient's own rounding there), at most 2·lr (an update is
+ * smaller than lr: a flipped sign), relative to the stepped tensor's norm; the worst over
+ * the tensors of `stepped`. A bug that moves whole tensors by lr-sized steps stays
+ * sqrt(n) times above it. -1 on failure. */
 static double step_floor(const char *grad, const char *const *alts, int nalts, const char *stepped, double lr,
                          double eps, double max_norm) {
     ls_st_file g, a[FLOOR_ALTS], w;
@@ -251,7 +253,8 @@ static double step_floor(const char *grad, const char *const *alts, int nalts, c
             free(at);
         }
         if (!wt || n != ng) floor = -1;
-        if (floor >= 0 && wn > 0 && gain * dg / sqrt(wn) > floor) floor = gain * dg / sqrt(wn);
+        double move = fmin(gain * dg, 2 * lr); /* no element moves by more than lr either way */
+        if (floor >= 0 && wn > 0 && move / sqrt(wn) > floor) floor = move / sqrt(wn);
         free(wt);
         free(gt);
     }
