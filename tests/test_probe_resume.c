@@ -51,18 +51,6 @@ int test_safety_plan_indexer_full(void);
 
 #define FIX LS_SOURCE_DIR "/tests/reference/fixtures"
 
-/* Run a shell command, stderr folded into the output (malloc'd). */
-static char *sh(int *rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static char *sh(int *rc, const char *fmt, ...) {
-    char cmd[16384];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(cmd, sizeof cmd - 8, fmt, ap);
-    va_end(ap);
-    if (n < 0 || n >= (int)sizeof cmd - 8) return NULL;
-    strcat(cmd, " 2>&1");
-    return t_run_capture(cmd, rc);
-}
 
 /* ---- a directory's bytes, to compare before and after ------------------------------ */
 
@@ -148,7 +136,7 @@ static int expect_refused(const char *run, int skip_trace, const char *args, ...
     char *before = snapshot(run, skip_trace);
     T_CHECK(before, "cannot snapshot %s", run);
     int rc;
-    char *out = sh(&rc, "%s %s", LS_CLI_PATH, args);
+    char *out = t_run_fmt(&rc, "%s %s", LS_CLI_PATH, args);
     char *after = snapshot(run, skip_trace);
     int ok = rc != 0 && out && after && !strcmp(before, after);
     va_list ap;
@@ -175,7 +163,7 @@ static int expect_refused(const char *run, int skip_trace, const char *args, ...
 /* dir/name: a model of the fixture's config (all have 97 ids). */
 static int init_model(const char *dir, const char *fixture, int seed, const char *name) {
     int rc;
-    char *out = sh(&rc, "%s init --config %s/%s/config.json --seed %d --out %s/%s", LS_CLI_PATH, FIX, fixture, seed, dir,
+    char *out = t_run_fmt(&rc, "%s init --config %s/%s/config.json --seed %d --out %s/%s", LS_CLI_PATH, FIX, fixture, seed, dir,
                    name);
     if (rc != 0) fprintf(stderr, "  init: %s\n", out ? out : "");
     free(out);
@@ -206,7 +194,7 @@ static int make_data(const char *dir, int lines) {
 /* `longstraw train ARGS` succeeds (output returned in *out when wanted). */
 static int train_ok(const char *args, char **out) {
     int rc;
-    char *o = sh(&rc, "%s train %s", LS_CLI_PATH, args);
+    char *o = t_run_fmt(&rc, "%s train %s", LS_CLI_PATH, args);
     if (rc != 0) fprintf(stderr, "  `train %s`: rc %d\n%s\n", args, rc, o ? o : "");
     if (out) *out = o;
     else free(o);
@@ -240,7 +228,7 @@ int test_safety_resume_identity(void) {
     T_CHECK(init_model(dir, "next_dense", 1, "A") == 0 && init_model(dir, "q35_dense", 2, "B") == 0 &&
                 make_data(dir, 3) == 0, "setup");
     int rc;
-    free(sh(&rc, "cp -a %s/A %s/A2", dir, dir));
+    free(t_run_fmt(&rc, "cp -a %s/A %s/A2", dir, dir));
     T_CHECK(rc == 0, "cp");
     snprintf(run, sizeof run, "%s/run", dir);
     snprintf(lrun, sizeof lrun, "%s/lrun", dir);
@@ -320,7 +308,7 @@ int test_safety_resume_ep(void) {
     T_CHECK(init_model(dir, "mla_glm", 3, "C") == 0 && make_data(dir, 2) == 0, "setup");
     snprintf(run, sizeof run, "%s/erun", dir);
     int rc;
-    char *out = sh(&rc, LS_MPI_ENV "%s --oversubscribe --allow-run-as-root -np 2 %s train --model %s/C --data %s/d.jsonl "
+    char *out = t_run_fmt(&rc, LS_MPI_ENV "%s --oversubscribe --allow-run-as-root -np 2 %s train --model %s/C --data %s/d.jsonl "
                    "--out %s --updates 1 --ep 2 --threads 1 --quiet", LS_MPIEXEC, LS_CLI_PATH, dir, dir, run);
     T_CHECK(rc == 0, "the --ep 2 run: %s", out ? out : "");
     free(out);
@@ -425,7 +413,7 @@ int test_safety_optim_state(void) {
     snprintf(args, sizeof args, "train --resume %s --updates 3 --adam-eps 0 --quiet", run);
     if (expect_refused(run, 0, args, "--adam-eps", "must be > 0", (char *)NULL)) return 1;
     int rc;
-    char *out = sh(&rc, "%s train --model %s/A --data %s/d.jsonl --out %s/fresh --adam-eps 0 --quiet", LS_CLI_PATH, dir,
+    char *out = t_run_fmt(&rc, "%s train --model %s/A --data %s/d.jsonl --out %s/fresh --adam-eps 0 --quiet", LS_CLI_PATH, dir,
                    dir, dir);
     snprintf(args, sizeof args, "%s/fresh", dir);
     T_CHECK(rc == 2 && out && strstr(out, "--adam-eps") && access(args, F_OK) != 0, "--adam-eps 0: rc %d %s", rc,
@@ -469,7 +457,7 @@ int test_safety_optim_state(void) {
      * reported, the checkpoint keeps the last good weights (before: inf weights
      * saved, "0 skipped") */
     T_CHECK(rewrite_optim(opt, huge_first_moment) == 0, "rewrite");
-    out = sh(&rc, "%s train --resume %s --updates 3 --lr 1 --quiet", LS_CLI_PATH, run);
+    out = t_run_fmt(&rc, "%s train --resume %s --updates 3 --lr 1 --quiet", LS_CLI_PATH, run);
     int ok = rc == 0 && out && strstr(out, "update 3/3 SKIPPED: the step would write a non-finite value into") &&
              strstr(out, "(1 skipped)");
     if (!ok) fprintf(stderr, "  resume with explosive moments: rc %d\n%s\n", rc, out ? out : "");
@@ -494,7 +482,7 @@ int test_safety_optim_state(void) {
  * `layers` (and `key` = kv when key non-NULL). */
 static int cut_config(const char *dir, const char *from, const char *to, int layers, const char *key, double kv) {
     int rc;
-    free(sh(&rc, "rm -rf %s/%s && mkdir %s/%s && cp %s/%s/model.safetensors %s/%s/ && cp %s/%s/config.json %s/%s/", dir,
+    free(t_run_fmt(&rc, "rm -rf %s/%s && mkdir %s/%s && cp %s/%s/model.safetensors %s/%s/ && cp %s/%s/config.json %s/%s/", dir,
             to, dir, to, dir, from, dir, to, dir, from, dir, to));
     if (rc != 0) return -1;
     char path[2048];
@@ -507,7 +495,7 @@ static int cut_config(const char *dir, const char *from, const char *to, int lay
 static int add_tensors(const char *dir, const char *from, const char *to, const char *const *names) {
     char src[2048], dst[2048];
     int rc;
-    free(sh(&rc, "rm -rf %s/%s && cp -a %s/%s %s/%s", dir, to, dir, from, dir, to));
+    free(t_run_fmt(&rc, "rm -rf %s/%s && cp -a %s/%s %s/%s", dir, to, dir, from, dir, to));
     if (rc != 0) return -1;
     snprintf(src, sizeof src, "%s/%s/model.safetensors", dir, from);
     snprintf(dst, sizeof dst, "%s/%s/model.safetensors", dir, to);
@@ -563,14 +551,14 @@ int test_safety_unknown_tensors(void) {
           " \"intermediate_size\": 48, \"num_experts\": 0, \"full_attention_interval\": 2}", f);
     T_CHECK(fclose(f) == 0, "write");
     int rc;
-    char *out = sh(&rc, "%s init --config %s --seed 5 --out %s/h3", LS_CLI_PATH, cfg, dir);
+    char *out = t_run_fmt(&rc, "%s init --config %s --seed 5 --out %s/h3", LS_CLI_PATH, cfg, dir);
     T_CHECK(rc == 0, "init: %s", out ? out : "");
     free(out);
     if (expect_load(dir, "h3", NULL)) return 1;
     T_CHECK(cut_config(dir, "h3", "h2", 2, NULL, 0) == 0, "h2");
     if (expect_load(dir, "h2", "model.layers.2.")) return 1;
     /* through the tool: `step` (before: rc 0, layer 2 dropped from its output) */
-    out = sh(&rc, "%s step --model %s/h2 --group %s/next_dense/group_train.json --out %s/h2step", LS_CLI_PATH, dir, FIX, dir);
+    out = t_run_fmt(&rc, "%s step --model %s/h2 --group %s/next_dense/group_train.json --out %s/h2step", LS_CLI_PATH, dir, FIX, dir);
     int ok = rc != 0 && out && strstr(out, "model.layers.2.") && strstr(out, "does not describe");
     if (!ok) fprintf(stderr, "  step on h2: rc %d %s\n", rc, out ? out : "");
     free(out);
@@ -666,10 +654,10 @@ static char *message_of(const char *out, const char *cmd) {
 
 int test_safety_plan_indexer_full(void) {
     int rc1, rc2, rc3;
-    char *plan = sh(&rc1, "%s plan --config %s/mla_glm/config.json --prompt 100 --indexer-kl --mode full", LS_CLI_PATH, FIX);
-    char *grad = sh(&rc2, "%s grad --model %s/mla_glm --group %s/mla_glm/group.json --out /nonexistent/g.safetensors "
+    char *plan = t_run_fmt(&rc1, "%s plan --config %s/mla_glm/config.json --prompt 100 --indexer-kl --mode full", LS_CLI_PATH, FIX);
+    char *grad = t_run_fmt(&rc2, "%s grad --model %s/mla_glm --group %s/mla_glm/group.json --out /nonexistent/g.safetensors "
                     "--indexer-kl-coef 1 --mode full", LS_CLI_PATH, FIX, FIX);
-    char *ctl = sh(&rc3, "%s plan --config %s/mla_glm/config.json --prompt 100 --indexer-kl", LS_CLI_PATH, FIX);
+    char *ctl = t_run_fmt(&rc3, "%s plan --config %s/mla_glm/config.json --prompt 100 --indexer-kl", LS_CLI_PATH, FIX);
     char *mp = message_of(plan, "plan"), *mg = message_of(grad, "grad");
     int ok = rc1 == 2 && rc2 == 2 && rc3 == 0 && mp && mg && !strcmp(mp, mg) && strstr(mp, "--mode full");
     if (!ok)

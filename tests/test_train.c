@@ -38,18 +38,6 @@ int test_train_sigint_checkpoints(void);
 int test_train_error_keeps_progress(void);
 int test_train_sft_passkey(void);
 
-/* Run a shell command (stderr folded into the output). */
-static char *run(int *rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static char *run(int *rc, const char *fmt, ...) {
-    char cmd[16384];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(cmd, sizeof cmd - 8, fmt, ap);
-    va_end(ap);
-    if (n < 0 || n >= (int)sizeof cmd - 8) return NULL;
-    strcat(cmd, " 2>&1");
-    return t_run_capture(cmd, rc);
-}
 
 static int write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
@@ -130,7 +118,7 @@ static double ckpt_diff(const char *dir, const char *ra, const char *rb, int k, 
 
 static int init_model(const char *dir, const char *config, int seed) {
     int rc;
-    char *out = run(&rc, "%s init --config %s --seed %d --out %s/m", LS_CLI_PATH, config, seed, dir);
+    char *out = t_run_fmt(&rc, "%s init --config %s --seed %d --out %s/m", LS_CLI_PATH, config, seed, dir);
     if (rc != 0) fprintf(stderr, "  init: %s\n", out ? out : "");
     free(out);
     return rc;
@@ -204,11 +192,11 @@ int test_train_matches_step(void) {
     group_line(f, 40, 3, R, rw, 0, NULL);
     fclose(f);
     const char *flags = "--lr 1e-3 --beta 0 --epsilon 0.2 --max-grad-norm 0.5 --threads 2";
-    char *out = run(&rc, "%s train --model %s/m --data %s --out %s/run --updates 1 --quiet %s", LS_CLI_PATH, dir, data,
+    char *out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/run --updates 1 --quiet %s", LS_CLI_PATH, dir, data,
                     dir, flags);
     T_CHECK(rc == 0 && out && strstr(out, "update 1/1"), "train: rc %d %s", rc, out ? out : "");
     free(out);
-    out = run(&rc, "%s step --model %s/m --group %s --out %s/step %s", LS_CLI_PATH, dir, grp, dir, flags);
+    out = t_run_fmt(&rc, "%s step --model %s/m --group %s --out %s/step %s", LS_CLI_PATH, dir, grp, dir, flags);
     T_CHECK(rc == 0, "step: %s", out ? out : "");
     free(out);
     snprintf(a, sizeof a, "%s/run/checkpoint-1/model.safetensors", dir);
@@ -235,7 +223,7 @@ int test_train_matches_step(void) {
     T_CHECK(fabs(num(cJSON_GetArrayItem(m, 0), "completions/mean_length") - 11.0 / 3) <= 1e-6, "mean length");
     cJSON_Delete(m);
     /* a second run into the same directory must not silently start over */
-    out = run(&rc, "%s train --model %s/m --data %s --out %s/run --updates 1 --quiet", LS_CLI_PATH, dir, data, dir);
+    out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/run --updates 1 --quiet", LS_CLI_PATH, dir, data, dir);
     T_CHECK(rc == 1 && out && strstr(out, "--resume"), "rerun into a run dir: rc %d %s", rc, out ? out : "");
     free(out);
     T_CHECK(t_remove_dir(dir) == 0, "cleanup");
@@ -249,7 +237,7 @@ int test_train_sigkill_resume(void) {
     /* 5 updates over 3 lines (the data wraps), two groups per update, a checkpoint
      * after every update */
     const char *flags = "--updates 5 --groups-per-update 2 --save-every 1 --save-total-limit 5 --lr 2e-3 --quiet --threads 2";
-    char *out = run(&rc, "%s train --model %s/m --data %s --out %s/A %s", LS_CLI_PATH, dir, data, dir, flags);
+    char *out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/A %s", LS_CLI_PATH, dir, data, dir, flags);
     T_CHECK(rc == 0, "uninterrupted run: %s", out ? out : "");
     free(out);
     /* the same run, killed while it writes checkpoint-3 */
@@ -280,7 +268,7 @@ int test_train_sigkill_resume(void) {
     double d = ckpt_diff(dir, "A", "B", 2, "model.safetensors");
     T_CHECK(d >= 0 && d <= 1e-6, "checkpoint-2 differs from the uninterrupted run's: %g", d);
     /* resume: the saved flags, nothing else */
-    out = run(&rc, "%s train --resume %s/B", LS_CLI_PATH, dir);
+    out = t_run_fmt(&rc, "%s train --resume %s/B", LS_CLI_PATH, dir);
     T_CHECK(rc == 0 && out && strstr(out, "resumed from") && strstr(out, "update 2"), "resume: rc %d %s", rc,
             out ? out : "");
     free(out);
@@ -315,7 +303,7 @@ int test_train_nan_step_skipped(void) {
     int rc;
     /* line 2's advantages overflow float in the token terms: an infinite gradient */
     T_CHECK(setup_fixture("next_dense", dir, sizeof dir, data, sizeof data, 7, 3, 1) == 0, "setup");
-    char *out = run(&rc, "%s train --model %s/m --data %s --out %s/run --save-every 1 --save-total-limit 5 --lr 1e-3 --quiet",
+    char *out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/run --save-every 1 --save-total-limit 5 --lr 1e-3 --quiet",
                     LS_CLI_PATH, dir, data, dir);
     T_CHECK(rc == 0 && out && strstr(out, "update 2/3 SKIPPED: non-finite") && strstr(out, "update 3/3  reward"),
             "rc %d %s", rc, out ? out : "");
@@ -342,7 +330,7 @@ int test_train_nan_step_skipped(void) {
             "optimizer steps 1, 1, 2");
     cJSON_Delete(m);
     /* a run whose last update is skipped still writes a receipt that is JSON */
-    out = run(&rc, "%s train --model %s/m --data %s --out %s/run2 --updates 2 --quiet", LS_CLI_PATH, dir, data, dir);
+    out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/run2 --updates 2 --quiet", LS_CLI_PATH, dir, data, dir);
     T_CHECK(rc == 0 && out && strstr(out, "update 2/2 SKIPPED"), "run2: %s", out ? out : "");
     free(out);
     snprintf(a, sizeof a, "%s/run2/receipt.json", dir);
@@ -384,7 +372,7 @@ int test_train_rejects_bad_data(void) {
         fputs("{\"prompt\": [1, 2, 3], \"responses\": [[1], [2]], \"rewards\": [1, 0]}\n\n", f);
         fprintf(f, "%s\n", bad[i].line);
         fclose(f);
-        char *out = run(&rc, "%s train --model %s/m --data %s --out %s/run%zu --quiet", LS_CLI_PATH, dir, data, dir, i);
+        char *out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/run%zu --quiet", LS_CLI_PATH, dir, data, dir, i);
         char where[800];
         snprintf(where, sizeof where, "%s:3: ", data);
         T_CHECK(rc == 1 && out && strstr(out, where) && strstr(out, bad[i].needle), "case %zu: rc %d, wanted \"%s%s\", got %s",
@@ -393,13 +381,13 @@ int test_train_rejects_bad_data(void) {
         free(out);
     }
     T_CHECK(write_text(data, "\n\n") == 0, "empty data");
-    char *out = run(&rc, "%s train --model %s/m --data %s --out %s/runE --quiet", LS_CLI_PATH, dir, data, dir);
+    char *out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/runE --quiet", LS_CLI_PATH, dir, data, dir);
     T_CHECK(rc == 1 && out && strstr(out, "no groups"), "empty data: %s", out ? out : "");
     free(out);
-    out = run(&rc, "%s train --resume %s/nowhere", LS_CLI_PATH, dir);
+    out = t_run_fmt(&rc, "%s train --resume %s/nowhere", LS_CLI_PATH, dir);
     T_CHECK(rc == 1 && out && strstr(out, "nowhere/args.json"), "resume of nothing: %s", out ? out : "");
     free(out);
-    out = run(&rc, "%s train --model %s/m --out %s/runF --task passkey", LS_CLI_PATH, dir, dir);
+    out = t_run_fmt(&rc, "%s train --model %s/m --out %s/runF --task passkey", LS_CLI_PATH, dir, dir);
     T_CHECK(rc == 2 && out && strstr(out, "add --rollout"), "task without rollout: %s", out ? out : "");
     free(out);
     T_CHECK(t_remove_dir(dir) == 0, "cleanup");
@@ -415,7 +403,7 @@ int test_train_rollout_reward_cmd(void) {
                              "{\"prompt\": \"def f(x):\\n    return\"}\n") == 0, "prompts");
     /* reward = the item's index within its group: mean (G−1)/2, group std known */
     const char *rcmd = "sed -u -e 's/.*\\\"index\\\": *\\([0-9]*\\).*/\\1/'";
-    char *out = run(&rc, "%s train --model %s/m --tokenizer %s --data %s --out %s/run --rollout --num-generations 4 "
+    char *out = t_run_fmt(&rc, "%s train --model %s/m --tokenizer %s --data %s --out %s/run --rollout --num-generations 4 "
                     "--max-new-tokens 5 --updates 2 --groups-per-update 2 --temperature 1.0 --top-p 0.95 --lr 1e-3 "
                     "--trace-layers 1 --reward-cmd \"%s\" --quiet", LS_CLI_PATH, dir, tok, data, dir, rcmd);
     T_CHECK(rc == 0, "rollout train: rc %d %s", rc, out ? out : "");
@@ -452,7 +440,7 @@ int test_train_rollout_reward_cmd(void) {
             "answers");
     const char *runs[2][2] = {{"run3", "--data answers.jsonl --tokenizer tokenizer.json"}, {"run4", "--task passkey --prompt-len 400"}};
     for (int k = 0; k < 2; k++) {
-        out = run(&rc, "cd %s && %s train --model m --out %s --rollout %s --num-generations 3 --max-new-tokens 4 "
+        out = t_run_fmt(&rc, "cd %s && %s train --model m --out %s --rollout %s --num-generations 3 --max-new-tokens 4 "
                        "--updates 2 --quiet", dir, LS_CLI_PATH, runs[k][0], runs[k][1]);
         T_CHECK(rc == 0, "%s: rc %d %s", runs[k][1], rc, out ? out : "");
         free(out);
@@ -466,7 +454,7 @@ int test_train_rollout_reward_cmd(void) {
         cJSON_Delete(m);
     }
     /* a reward process that answers nonsense is an error naming it */
-    out = run(&rc, "%s train --model %s/m --tokenizer %s --data %s --out %s/run2 --rollout --num-generations 2 "
+    out = t_run_fmt(&rc, "%s train --model %s/m --tokenizer %s --data %s --out %s/run2 --rollout --num-generations 2 "
                    "--max-new-tokens 2 --updates 1 --reward-cmd 'sed -u s/.*/abc/' --quiet",
               LS_CLI_PATH, dir, tok, data, dir);
     T_CHECK(rc == 1 && out && strstr(out, "abc"), "bad reward answer: rc %d %s", rc, out ? out : "");
@@ -479,7 +467,7 @@ int test_demo_receipt(void) {
     char dir[512], path[800];
     int rc;
     T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
-    char *out = run(&rc, "%s demo --out %s/demo --prompt-len 700 --updates 2 --num-generations 4 --quiet --threads 2",
+    char *out = t_run_fmt(&rc, "%s demo --out %s/demo --prompt-len 700 --updates 2 --num-generations 4 --quiet --threads 2",
                     LS_CLI_PATH, dir);
     T_CHECK(rc == 0 && out && strstr(out, "predicted vs measured") && strstr(out, "replay") &&
                 strstr(out, "memory.svg") && strstr(out, "update 2/2"),
@@ -503,10 +491,10 @@ int test_demo_receipt(void) {
     T_CHECK(strncmp(svg, "<svg", 4) == 0 || strncmp(svg, "<?xml", 5) == 0, "svg header");
     free(svg);
     /* rerunning replaces the demo's run; a foreign directory is refused */
-    out = run(&rc, "%s demo --out %s/demo --prompt-len 600 --updates 1 --num-generations 2 --quiet", LS_CLI_PATH, dir);
+    out = t_run_fmt(&rc, "%s demo --out %s/demo --prompt-len 600 --updates 1 --num-generations 2 --quiet", LS_CLI_PATH, dir);
     T_CHECK(rc == 0, "demo rerun: %s", out ? out : "");
     free(out);
-    out = run(&rc, "%s demo --out %s --updates 1 --quiet", LS_CLI_PATH, dir);
+    out = t_run_fmt(&rc, "%s demo --out %s --updates 1 --quiet", LS_CLI_PATH, dir);
     T_CHECK(rc == 1 && out && strstr(out, "not a demo directory"), "foreign dir: %s", out ? out : "");
     free(out);
     T_CHECK(t_remove_dir(dir) == 0, "cleanup");
@@ -527,17 +515,17 @@ int test_train_lora_resume(void) {
         int rc;
         T_CHECK(setup_fixture(fixtures[f], dir, sizeof dir, data, sizeof data, 10, 3, -1) == 0, "setup");
         snprintf(flags, sizeof flags, "--lora-rank 2 --lora-targets %s --lr 1e-2 --save-every 1 --quiet", targets[f]);
-        char *out = run(&rc, "%s train --model %s/m --data %s --out %s/A --updates 3 %s", LS_CLI_PATH, dir, data, dir, flags);
+        char *out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/A --updates 3 %s", LS_CLI_PATH, dir, data, dir, flags);
         T_CHECK(rc == 0, "run A: %s", out ? out : "");
         free(out);
-        out = run(&rc, "%s train --model %s/m --data %s --out %s/B --updates 2 %s", LS_CLI_PATH, dir, data, dir, flags);
+        out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/B --updates 2 %s", LS_CLI_PATH, dir, data, dir, flags);
         T_CHECK(rc == 0, "run B: %s", out ? out : "");
         free(out);
-        out = run(&rc, "%s train --resume %s/B/ --updates 3", LS_CLI_PATH, dir); /* the same directory, with a slash */
+        out = t_run_fmt(&rc, "%s train --resume %s/B/ --updates 3", LS_CLI_PATH, dir); /* the same directory, with a slash */
         T_CHECK(rc == 0 && out && strstr(out, "update 3/3"), "%s: resume B: %s", fixtures[f], out ? out : "");
         free(out);
         /* the override is saved with the run: a plain resume now has nothing left to do */
-        out = run(&rc, "%s train --resume %s/B", LS_CLI_PATH, dir);
+        out = t_run_fmt(&rc, "%s train --resume %s/B", LS_CLI_PATH, dir);
         T_CHECK(rc == 0 && out && strstr(out, "3 updates already done (--updates 3)"), "second resume: %s",
                 out ? out : "");
         free(out);
@@ -594,7 +582,7 @@ int test_train_sigint_checkpoints(void) {
     cJSON_Delete(m);
     snprintf(path, sizeof path, "%s/run/checkpoint-%d/trainer_state.json", dir, done);
     T_CHECK(access(path, R_OK) == 0, "no checkpoint for the %d finished updates", done);
-    char *out = run(&rc, "%s train --resume %s/run --updates %d", LS_CLI_PATH, dir, done + 1);
+    char *out = t_run_fmt(&rc, "%s train --resume %s/run --updates %d", LS_CLI_PATH, dir, done + 1);
     char want[64];
     snprintf(want, sizeof want, "update %d/%d", done + 1, done + 1);
     T_CHECK(rc == 0 && out && strstr(out, want), "resume after Ctrl-C: %s", out ? out : "");
@@ -613,7 +601,7 @@ int test_train_error_keeps_progress(void) {
     snprintf(data, sizeof data, "%s/p.jsonl", dir);
     T_CHECK(write_text(data, "{\"prompt\": [1, 2, 3, 4]}\n{\"prompt\": \"hello there\"}\n") == 0, "prompts");
     const char *rcmd = "n=0; while read l; do n=$((n+1)); [ $n -gt 8 ] && exit 3; echo $n; done";
-    char *out = run(&rc, "%s train --model %s/m --tokenizer %s --data %s --out %s/run --rollout --num-generations 4 "
+    char *out = t_run_fmt(&rc, "%s train --model %s/m --tokenizer %s --data %s --out %s/run --rollout --num-generations 4 "
                     "--max-new-tokens 3 --updates 5 --save-every 100 --reward-cmd '%s' --quiet",
                     LS_CLI_PATH, dir, tok, data, dir, rcmd);
     T_CHECK(rc == 1 && out && strstr(out, "the 2 finished updates are in checkpoint-2") && strstr(out, "exited with status 3"),
@@ -628,7 +616,7 @@ int test_train_error_keeps_progress(void) {
     snprintf(path, sizeof path, "%s/run/.lock", dir);
     int fd = open(path, O_RDWR);
     T_CHECK(fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0, "lock");
-    out = run(&rc, "%s train --resume %s/run --quiet", LS_CLI_PATH, dir);
+    out = t_run_fmt(&rc, "%s train --resume %s/run --quiet", LS_CLI_PATH, dir);
     T_CHECK(rc == 1 && out && strstr(out, "in use by another longstraw train"), "locked run: rc %d %s", rc, out ? out : "");
     free(out);
     close(fd);
@@ -645,7 +633,7 @@ int test_train_sft_passkey(void) {
     T_CHECK(setup_bytes(dir, sizeof dir, tok, sizeof tok, 7) == 0, "setup");
     for (int full = 0; full < 2; full++) {
         int rc;
-        char *out = run(&rc,
+        char *out = t_run_fmt(&rc,
                         "%s train --model %s/m --out %s/run%d --task passkey --loss sft --mode %s --prompt-len 300 "
                         "--updates 24 --groups-per-update 4 --lr 3e-3 --eval-lines 6 --eval-every 8 --sweep-chunk 70 "
                         "--page-size 16 --quiet",
@@ -665,7 +653,7 @@ int test_train_sft_passkey(void) {
         T_CHECK(evals == 3, "%d evaluations, expected 3 (every 8 updates)", evals);
         T_CHECK(before > 0 && after < 0.8 * before, "held-out NLL did not fall: %g -> %g", before, after);
         cJSON_Delete(m);
-        out = run(&rc, "%s report %s", LS_CLI_PATH, rd);
+        out = t_run_fmt(&rc, "%s report %s", LS_CLI_PATH, rd);
         T_CHECK(rc == 0 && out && strstr(out, "metrics.svg"), "report: %s", out ? out : "");
         free(out);
         char svg[700];

@@ -1,6 +1,7 @@
 /*
  * testutil.c — comparison helpers shared by the tests (NaN-safe).
  */
+#include <stdarg.h>
 #include "testutil.h"
 
 #include <stdlib.h>
@@ -142,4 +143,15 @@ int t_st_same_f32(const ls_st_tensor *a, const ls_st_tensor *b) {
     free(x);
     free(y);
     return r;
+}
+
+char *t_run_fmt(int *exit_code, const char *fmt, ...) {
+    char cmd[16384];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(cmd, sizeof cmd - 8, fmt, ap);
+    va_end(ap);
+    if (n < 0 || n >= (int)sizeof cmd - 8) return NULL;
+    strcat(cmd, " 2>&1");
+    return t_run_capture(cmd, exit_code);
 }

@@ -88,6 +88,9 @@ int t_make_tmpdir(char *out, size_t cap);
 int t_remove_dir(const char *dir);
 /* Run a shell command, capture stdout into a malloc'd buffer (caller frees). */
 char *t_run_capture(const char *cmd, int *exit_code);
+/* The same for a printf-style command, stderr folded into the output; NULL when the
+ * command does not fit. */
+char *t_run_fmt(int *exit_code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A whole file as a NUL-terminated malloc'd string (caller frees), its length in *len
  * (may be NULL); NULL when it cannot be read. */
 char *t_read_file(const char *path, size_t *len);

@@ -157,6 +157,8 @@ int ls_num_cores(void);
 /* (ls_runtime_setup in runtime.h: OMP_WAIT_POLICY and the BLAS's kernels) */
 
 /* ---- output files ---------------------------------------------------------- */
+/* What a st_mode names, for messages: "a directory", "a FIFO", ... */
+const char *ls_file_kind(unsigned int st_mode);
 /* May an atomic writer replace `path` (temp file + rename over it)? LS_OK when
  * nothing is there or a regular file is; LS_ERR_ARG naming the path and what it is
  * when it is a directory, FIFO, device, socket or symbolic link (a link is refused,

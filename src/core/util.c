@@ -201,7 +201,7 @@ void ls_set_threads(int n) {
 int ls_get_threads(void) { return g_threads > 0 ? g_threads : ls_num_cores(); }
 
 /* ---- output files ---- */
-static const char *file_kind(mode_t m) {
+const char *ls_file_kind(unsigned int m) {
     if (S_ISDIR(m)) return "a directory";
     if (S_ISFIFO(m)) return "a FIFO";
     if (S_ISCHR(m)) return "a character device";
@@ -241,7 +241,7 @@ ls_status ls_check_output_file(const char *path) {
         return ls_err(LS_ERR_ARG, "%s is a symbolic link (to %s), not a regular file: refusing to replace it "
                                   "(name the file itself)", path, n > 0 ? to : "?");
     }
-    return ls_err(LS_ERR_ARG, "%s is %s, not a regular file: refusing to replace it", path, file_kind(st.st_mode));
+    return ls_err(LS_ERR_ARG, "%s is %s, not a regular file: refusing to replace it", path, ls_file_kind(st.st_mode));
 }
 
 ls_status ls_create_temp_file(const char *tmp, int *fd) {
@@ -268,7 +268,7 @@ ls_status ls_make_dir(const char *path) {
     if (e == EEXIST && stat(path, &st) == 0) {
         if (S_ISDIR(st.st_mode)) return LS_OK;
         return ls_err(LS_ERR_ARG, "%s exists and is %s, not a directory", path,
-                      S_ISREG(st.st_mode) ? "a regular file" : file_kind(st.st_mode));
+                      S_ISREG(st.st_mode) ? "a regular file" : ls_file_kind(st.st_mode));
     }
     if (e == EEXIST) /* a dangling symlink */
         return ls_err(LS_ERR_ARG, "%s exists and is a symbolic link to nothing, not a directory", path);

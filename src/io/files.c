@@ -14,18 +14,8 @@
 
 #include "longstraw/files.h"
 
-static const char *kind_of(mode_t m) {
-    if (S_ISDIR(m)) return "a directory";
-    if (S_ISFIFO(m)) return "a FIFO (named pipe)";
-    if (S_ISCHR(m)) return "a character device";
-    if (S_ISBLK(m)) return "a block device";
-    if (S_ISSOCK(m)) return "a socket";
-    if (S_ISLNK(m)) return "a symbolic link";
-    return "not a regular file";
-}
-
 static ls_status not_regular_input(const char *path, mode_t m) {
-    return ls_err(LS_ERR_ARG, "%s is %s, not a regular file: refusing to read it%s", path, kind_of(m),
+    return ls_err(LS_ERR_ARG, "%s is %s, not a regular file: refusing to read it%s", path, ls_file_kind(m),
                   S_ISDIR(m) ? " (name a file, not a directory)" : "");
 }
 
@@ -76,7 +66,7 @@ ls_status ls_open_in_place(const char *path, int flags, int *fd) {
             return ls_err(LS_ERR_ARG, "%s is a symbolic link (to %s), not a regular file: refusing to write through it",
                           path, n > 0 ? to : "?");
         }
-        return ls_err(LS_ERR_ARG, "%s is %s, not a regular file: refusing to write it", path, kind_of(st.st_mode));
+        return ls_err(LS_ERR_ARG, "%s is %s, not a regular file: refusing to write it", path, ls_file_kind(st.st_mode));
     }
     /* O_NOFOLLOW and the fstat close the window between the lstat and the open */
     int f = open(path, flags | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
@@ -88,7 +78,7 @@ ls_status ls_open_in_place(const char *path, int flags, int *fd) {
         int e = errno;
         close(f);
         if (S_ISREG(st.st_mode)) return ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(e));
-        return ls_err(LS_ERR_ARG, "%s is %s, not a regular file: refusing to write it", path, kind_of(st.st_mode));
+        return ls_err(LS_ERR_ARG, "%s is %s, not a regular file: refusing to write it", path, ls_file_kind(st.st_mode));
     }
     *fd = f;
     return LS_OK;
