@@ -145,13 +145,18 @@ int t_st_same_f32(const ls_st_tensor *a, const ls_st_tensor *b) {
     return r;
 }
 
-char *t_run_fmt(int *exit_code, const char *fmt, ...) {
+char *t_run_vfmt(int *exit_code, const char *fmt, va_list ap) {
     char cmd[16384];
-    va_list ap;
-    va_start(ap, fmt);
     int n = vsnprintf(cmd, sizeof cmd - 8, fmt, ap);
-    va_end(ap);
     if (n < 0 || n >= (int)sizeof cmd - 8) return NULL;
     strcat(cmd, " 2>&1");
     return t_run_capture(cmd, exit_code);
+}
+
+char *t_run_fmt(int *exit_code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char *out = t_run_vfmt(exit_code, fmt, ap);
+    va_end(ap);
+    return out;
 }

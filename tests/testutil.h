@@ -6,6 +6,7 @@
 #define LS_TESTUTIL_H
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -91,6 +92,7 @@ char *t_run_capture(const char *cmd, int *exit_code);
 /* The same for a printf-style command, stderr folded into the output; NULL when the
  * command does not fit. */
 char *t_run_fmt(int *exit_code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+char *t_run_vfmt(int *exit_code, const char *fmt, va_list ap);
 /* A whole file as a NUL-terminated malloc'd string (caller frees), its length in *len
  * (may be NULL); NULL when it cannot be read. */
 char *t_read_file(const char *path, size_t *len);
