@@ -47,7 +47,8 @@ typedef struct {
     const char *model, *out;  /* checkpoint, run directory */
     const char *data;         /* JSONL groups (or prompts with rollout), or NULL with a task */
     const char *tokenizer;    /* tokenizer.json for text (a task defaults to plain bytes) */
-    const char *task;         /* "passkey" | "passkey-shaped" | NULL */
+    const char *task;         /* a built-in task (task.h: passkey, multikey, vartrack[-shaped]) or NULL */
+    const char *haystack;     /* the task's haystack: "repeat" (NULL) or "varied" */
     const char *reward_cmd;   /* reward process (rollouts) or NULL */
     const char *stop;         /* stop tokens, ids or token strings, comma separated */
     int64_t updates;          /* 0: one pass over the data (10 with a task) */
@@ -62,6 +63,11 @@ typedef struct {
      * drawn from their own seed (never the training items) */
     const char *eval_data;
     int64_t eval_lines, eval_every;
+    /* with a task: eval_prompts held-out prompts per length of eval_prompt_len ("N[,N...]";
+     * NULL: prompt_len), decoded greedily (eval.h), before the first update and after
+     * every eval_every-th: "eval/exact_match", "eval/score", "eval/exact_match/<L>" */
+    int64_t eval_prompts;
+    const char *eval_prompt_len;
     int resume;               /* continue RUN's newest checkpoint (else RUN must hold none) */
     ls_grpo_opts o;           /* objective, optimizer, engine, communicator */
     ls_policy_spec spec;      /* what is trained (model_dir: set from `model` or the checkpoint) */

@@ -18,6 +18,7 @@ int cmd_grad(int argc, char **argv);
 int cmd_step(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_report(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 
 /* Parse an integer flag value in [lo, hi]; prints "longstraw CMD: --flag: ..." and

@@ -580,6 +580,13 @@ static void print_metrics(const char *path, const metrics *m) {
         if (m->have[i]) printf("  %-11s %14.6g %14.6g\n", metric_name[i], m->first[i], m->last[i]);
         else printf("  %-11s %14s %14s\n", metric_name[i], "-", "-");
     }
+    /* the held-out curves: first (update 0 when measured before training) and last */
+    for (int i = 0; i < m->ns; i++) {
+        const series *c = &m->s[i];
+        if (strncmp(c->name, "eval/", 5) != 0 || c->n == 0) continue;
+        printf("  %-11s %14.6g %14.6g   (%s, update %.0f to %.0f)\n", c->name + 5, c->y[0], c->y[c->n - 1], c->name,
+               c->x[0], c->x[c->n - 1]);
+    }
 }
 
 /* ---- memory.svg ---------------------------------------------------------------------- */
@@ -855,12 +862,33 @@ static ls_status write_metrics_svg(const metrics *m, const char *run, const char
         pn[np++] = (panel){.title = "training loss: NLL per response token (metrics.jsonl \"loss\")",
                            .line = {series_find(m, "loss")}};
     }
-    char titles[NSERIES][96];
+    /* held-out exact match: beside the reward (both in [0, 1]) in a GRPO run; its
+     * per-length curves (eval/exact_match/<L>) together in one panel */
+    const series *em = series_find(m, "eval/exact_match");
+    if (m->grpo && em) {
+        pn[0].title = "reward: group mean (band: ± std), and held-out exact match (update 0: before)";
+        pn[0].line[1] = em;
+        pn[0].label[0] = "reward (training prompts)", pn[0].label[1] = "held-out exact match";
+    }
+    panel *bylen = NULL;
+    char titles[NSERIES][96], lens[NSERIES][32];
     for (int i = 0; i < m->ns; i++) {
-        if (strncmp(m->s[i].name, "eval/", 5) != 0) continue;
-        if (strcmp(m->s[i].name, "eval/nll") == 0)
+        const char *name = m->s[i].name;
+        if (strncmp(name, "eval/", 5) != 0 || (m->grpo && em == &m->s[i])) continue;
+        if (!strncmp(name, "eval/exact_match/", 17)) {
+            if (!bylen || bylen->line[PANEL_LINES - 1]) {
+                bylen = &pn[np++];
+                *bylen = (panel){.title = "held-out exact match by prompt length (update 0: before training)"};
+            }
+            int k = 0;
+            while (bylen->line[k]) k++;
+            snprintf(lens[i], sizeof lens[i], "P = %s", name + 17);
+            bylen->line[k] = &m->s[i], bylen->label[k] = lens[i];
+            continue;
+        }
+        if (strcmp(name, "eval/nll") == 0)
             snprintf(titles[i], sizeof titles[i], "held-out NLL per response token (update 0: before training)");
-        else snprintf(titles[i], sizeof titles[i], "held-out %s (update 0: before training)", m->s[i].name + 5);
+        else snprintf(titles[i], sizeof titles[i], "held-out %s (update 0: before training)", name + 5);
         pn[np++] = (panel){.title = titles[i], .line = {&m->s[i]}};
     }
     if (np == 0) return LS_OK;
@@ -887,10 +915,98 @@ static ls_status write_metrics_svg(const metrics *m, const char *run, const char
     return s;
 }
 
+/* ---- the heat map of an evaluation (RULER's picture) ---------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Exact match by prompt length (rows) and needle depth (columns) of an eval document
+ * (`longstraw eval --out`, RUN/eval.json), each cell coloured from red (0) to green
+ * (1) with its value and count; written atomically to `out`. */
+static ls_status write_eval_svg(const char *path, const char *out) {
+    char *text = NULL;
+    LS_TRY(ls_read_file(path, &text, NULL));
+    cJSON *doc = cJSON_Parse(text);
+    free(text);
+    const cJSON *bl = cJSON_GetObjectItemCaseSensitive(doc, "by_length");
+    const cJSON *em = cJSON_GetObjectItemCaseSensitive(doc, "exact_match");
+    if (!cJSON_IsObject(bl) || !cJSON_IsNumber(em)) {
+        cJSON_Delete(doc);
+        return ls_err(LS_ERR_FORMAT, "%s: not an evaluation (no \"by_length\" object or \"exact_match\" number)", path);
+    }
+    double lens[64], deps[64];
+    int nl = 0, nd = 0;
+    const cJSON *L, *D;
+    cJSON_ArrayForEach(L, bl) {
+        if (nl < 64) lens[nl++] = atof(L->string);
+        cJSON_ArrayForEach(D, cJSON_GetObjectItemCaseSensitive(L, "by_depth")) {
+            double d = atof(D->string);
+            int seen = 0;
+            for (int i = 0; i < nd; i++) seen |= deps[i] == d;
+            if (!seen && nd < 64) deps[nd++] = d;
+        }
+    }
+    qsort(lens, (size_t)nl, sizeof *lens, cmp_double);
+    qsort(deps, (size_t)nd, sizeof *deps, cmp_double);
+    const double cw = 90, ch = 34, x0 = 120, y0 = 90;
+    double W = x0 + cw * (nd > 0 ? nd : 1) + 140, H = y0 + ch * (nl > 0 ? nl : 1) + 70;
+    sbuf b = {0};
+    sb_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%.0f\" height=\"%.0f\" "
+              "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%%\" "
+              "height=\"100%%\" fill=\"#fff\"/>\n<text x=\"20\" y=\"26\" font-size=\"15\">", W, H, W, H);
+    const cJSON *task = cJSON_GetObjectItemCaseSensitive(doc, "task"), *hay = cJSON_GetObjectItemCaseSensitive(doc, "haystack");
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(doc, "model");
+    sb_escape(&b, cJSON_IsString(task) ? task->valuestring : "?");
+    sb_printf(&b, " (%s haystack): held-out exact match %.3f", cJSON_IsString(hay) ? hay->valuestring : "?", em->valuedouble);
+    sb_printf(&b, "</text>\n<text x=\"20\" y=\"46\" fill=\"#555\">");
+    sb_escape(&b, cJSON_IsString(model) ? model->valuestring : path);
+    sb_printf(&b, " — rows: prompt length (tokens), columns: needle depth, cell: exact match (prompts)</text>\n");
+    for (int j = 0; j < nd; j++)
+        sb_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%g</text>\n", x0 + cw * (j + 0.5), y0 - 8, deps[j]);
+    sb_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555\">needle depth</text>\n",
+              x0 + cw * nd / 2.0, y0 - 26);
+    for (int i = 0; i < nl; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "%.0f", lens[i]);
+        const cJSON *row = cJSON_GetObjectItemCaseSensitive(bl, key), *bd = cJSON_GetObjectItemCaseSensitive(row, "by_depth");
+        double y = y0 + ch * i;
+        sb_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", x0 - 8, y + ch / 2 + 4, key);
+        for (int j = 0; j < nd; j++) {
+            const cJSON *c = NULL;
+            cJSON_ArrayForEach(D, bd) if (atof(D->string) == deps[j]) c = D;
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(c, "exact_match"), *n = cJSON_GetObjectItemCaseSensitive(c, "n");
+            double x = x0 + cw * j;
+            if (!cJSON_IsNumber(v) || !cJSON_IsNumber(n) || n->valuedouble < 1) {
+                sb_printf(&b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#eee\" stroke=\"#fff\"/>\n",
+                          x, y, cw, ch);
+                continue;
+            }
+            double e = v->valuedouble < 0 ? 0 : v->valuedouble > 1 ? 1 : v->valuedouble;
+            int r = (int)(215 - 170 * e), g = (int)(60 + 120 * e), bl2 = (int)(60 + 30 * e);
+            sb_printf(&b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"rgb(%d,%d,%d)\" "
+                      "stroke=\"#fff\"/>\n<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#fff\">%.2f "
+                      "(%.0f)</text>\n", x, y, cw, ch, r, g, bl2, x + cw / 2, y + ch / 2 + 4, v->valuedouble, n->valuedouble);
+        }
+        const cJSON *re = cJSON_GetObjectItemCaseSensitive(row, "exact_match");
+        if (cJSON_IsNumber(re))
+            sb_printf(&b, "<text x=\"%.1f\" y=\"%.1f\">all depths %.2f</text>\n", x0 + cw * nd + 10, y + ch / 2 + 4,
+                      re->valuedouble);
+    }
+    sb_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" fill=\"#555\">prompt length</text>\n", x0 - 8, y0 - 8);
+    sb_printf(&b, "</svg>\n");
+    cJSON_Delete(doc);
+    ls_status s = b.oom ? ls_err(LS_ERR_NOMEM, "out of memory drawing %s", out) : ls_write_file_atomic(out, b.p, b.len);
+    free(b.p);
+    if (s == LS_OK) printf("exact match by length and depth: %s\n", out);
+    return s;
+}
+
 /* ---- the command --------------------------------------------------------------------- */
 
 static void help(void) {
-    printf("usage: longstraw report RUN/ [options]\n\n"
+    printf("usage: longstraw report RUN/ [options]\n       longstraw report --eval FILE.json [--out FILE.svg]\n\n"
            "Summarise a run from RUN/trace.<rank>.jsonl and RUN/metrics.jsonl: per rank, each\n"
            "phase's count, seconds and per-arena peak bytes; the last update's predicted vs\n"
            "measured memory terms; the first and last metrics. Draws the live bytes of each\n"
@@ -898,6 +1014,10 @@ static void help(void) {
            "the curves a run is watched by to RUN/metrics.svg: for GRPO the reward (mean, spread),\n"
            "KL, entropy, clipped fraction, gradient norm and response length; for SFT the\n"
            "training NLL; and every held-out eval/ metric (train --eval-*), per update.\n\n"
+           "A run that evaluated on a task (train --eval-every) left RUN/eval.json: its exact match\n"
+           "by prompt length and needle depth is drawn to RUN/eval.svg (RULER's heat map).\n"
+           "longstraw report --eval FILE.json draws that picture for a `longstraw eval --out` file.\n\n"
+           "  --eval FILE          draw FILE's heat map (to FILE with .svg for .json, or --out)\n"
            "  --out FILE           write the timeline to FILE instead of RUN/memory.svg\n"
            "  --no-svg             do not draw the timeline or the curves\n"
            "  --help               this text\n");
@@ -942,6 +1062,11 @@ static ls_status report(const char *run, const char *svg) {
     if (s == LS_OK) s = report_metrics(run, svg != NULL);
     if (s == LS_OK && svg) s = write_svg(&tr[0], run, svg);
     if (s == LS_OK && svg) printf("memory timeline (rank %d): %s\n", tr[0].rank, svg);
+    char ej[4200], es[4200];
+    struct stat st;
+    snprintf(ej, sizeof ej, "%s/eval.json", run);
+    snprintf(es, sizeof es, "%s/eval.svg", run);
+    if (s == LS_OK && svg && stat(ej, &st) == 0) s = write_eval_svg(ej, es); /* train's last held-out evaluation */
     for (int i = 0; tr && i < n; i++) trace_free(&tr[i]);
     free(tr);
     return s;
@@ -949,19 +1074,32 @@ static ls_status report(const char *run, const char *svg) {
 
 int cmd_report(int argc, char **argv) {
     static const struct option opts[] = {{"out", required_argument, 0, 'o'},
+                                         {"eval", required_argument, 0, 'e'},
                                          {"no-svg", no_argument, 0, 'n'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    const char *out = NULL;
+    const char *out = NULL, *eval = NULL;
     int no_svg = 0, ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
         case 'o': out = optarg; break;
+        case 'e': eval = optarg; break;
         case 'n': no_svg = 1; break;
         case 'h': help(); return 0;
         default: return cli_usage_error("report", "bad option");
         }
+    }
+    if (eval) { /* one evaluation's picture */
+        if (optind < argc) return cli_usage_error("report", "--eval FILE draws one evaluation: no RUN/ with it");
+        if (no_svg) return cli_usage_error("report", "--eval draws a picture: not with --no-svg");
+        char dst[4200];
+        size_t el = strlen(eval);
+        if (out) snprintf(dst, sizeof dst, "%s", out);
+        else if (el > 5 && !strcmp(eval + el - 5, ".json")) snprintf(dst, sizeof dst, "%.*s.svg", (int)(el - 5), eval);
+        else snprintf(dst, sizeof dst, "%s.svg", eval);
+        ls_status es = write_eval_svg(eval, dst);
+        return es == LS_OK ? 0 : cli_fail("report", es);
     }
     if (optind >= argc) return cli_usage_error("report", "the run directory RUN/ is required");
     if (optind + 1 < argc) return cli_usage_error("report", "unexpected argument \"%s\"", argv[optind + 1]);

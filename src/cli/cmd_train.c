@@ -17,14 +17,15 @@
 #include <unistd.h>
 
 #include "cli_train.h"
+#include "longstraw/eval.h"
 #include "longstraw/files.h"
 #include "longstraw/reward.h"
 #include "longstraw/trace.h"
 #include "longstraw/trainer.h"
 
 static void help(void) {
-    printf("usage: longstraw train --model DIR --out RUN/ (--data FILE.jsonl | --rollout --task passkey |\n"
-           "                        --loss sft --task passkey) [options]\n"
+    printf("usage: longstraw train --model DIR --out RUN/ (--data FILE.jsonl | --rollout --task T |\n"
+           "                        --loss sft --task T) [options]\n"
            "       longstraw train --resume RUN/ [options that override the saved ones]\n\n"
            "GRPO training: one transaction per update (capture each prompt once, score, replay\n"
            "each response under a tape, one AdamW call). Writes RUN/metrics.jsonl (one line per\n"
@@ -41,8 +42,8 @@ static void help(void) {
            "  --updates N            number of updates (default: one pass over --data; 10 with --task)\n"
            "  --groups-per-update K  groups per update (default 1); the data wraps around\n"
            "  --seed N               sampling and task seed (default 0)\n"
-           "  --no-validate          skip checking every line before the first update\n"
-           "rollouts:\n"
+           "  --no-validate          skip checking every line before the first update\n");
+    printf("rollouts:\n"
            "  --rollout              sample the responses from the captured prompt state\n"
            "  --num-generations G    responses per prompt (default 8)\n"
            "  --max-new-tokens N     response length limit (default 32)\n"
@@ -50,17 +51,25 @@ static void help(void) {
            "                         sampling and the scoring temperature (TRL semantics)\n"
            "  --stop LIST            stop tokens, ids or token strings, comma separated (default:\n"
            "                         <|endoftext|> and <|im_end|> when the tokenizer has them)\n"
-           "  --task T               built-in prompts: passkey (exact-match reward) or\n"
-           "                         passkey-shaped (partial credit for digits; docs/architecture.md)\n"
-           "  --prompt-len N         passkey prompt length in tokens (default 16384)\n"
+           "  --task T               built-in prompts (RULER-like; held-out answers never drawn):\n"
+           "                         passkey (one key in the haystack), multikey (four keys under\n"
+           "                         words, one asked for), vartrack (a chain of assignments: every\n"
+           "                         variable holding a value); exact-match reward, or T-shaped:\n"
+           "                         partial credit (docs/architecture.md)\n"
+           "  --haystack H           the task's haystack: repeat (filler sentences, default) or varied\n"
+           "  --prompt-len N         task prompt length in tokens (default 16384)\n"
            "  --reward-cmd CMD       rewards from a process: one JSON line {\"prompt\",\"response\",\n"
            "                         \"index\",\"group\"} in, one number per line out\n"
            "  --reward-timeout S     seconds to wait for each answer (default 60)\n"
-           "  (--loss sft with --task: each group is a passkey prompt with its key as the one\n"
+           "  (--loss sft with --task: each group is a task prompt with its answer as the one\n"
            "                         response: long-context retrieval SFT, no rollouts)\n"
-           "held-out evaluation (\"eval/nll\" in metrics.jsonl: mean NLL per response token):\n"
+           "held-out evaluation (metrics.jsonl \"eval/nll\": mean NLL per response token;\n"
+           "\"eval/exact_match\", \"eval/score\", \"eval/exact_match/<L>\": greedy answers, as `longstraw eval`):\n"
            "  --eval-data FILE       held-out JSONL groups (responses; rewards are not needed)\n"
            "  --eval-lines N         with --task: N held-out items from their own seed\n"
+           "  --eval-prompts K       with --task: K held-out prompts per length, answered greedily\n"
+           "                         (default 16 when --eval-every is given with --task, else 0)\n"
+           "  --eval-prompt-len L    their prompt lengths, N[,N...] (default --prompt-len)\n"
            "  --eval-every N         evaluate before the first update and after every N-th (default 1)\n"
            "checkpoints and output:\n"
            "  --save-every N         checkpoint every N updates (default 50; the last is always saved)\n"
@@ -81,13 +90,14 @@ typedef struct {
     ls_train_opts r;
     const char *resume;
     int quiet;
+    int eval_every_set; /* --eval-every given: with a task and no other held-out data, 16 task prompts */
     cli_train t; /* objective, optimizer, engine, what is trained */
 } train_args;
 
 enum {
     O_MODEL = 2000, O_DATA, O_OUT, O_TOK, O_UPDATES, O_GPU, O_SEED, O_ROLLOUT, O_NGEN, O_MAXNEW, O_TOPP, O_STOP,
     O_TASK, O_PLEN, O_RCMD, O_RTIMEOUT, O_SAVE, O_SAVELIM, O_RESUME, O_QUIET, O_NOVAL, O_TLAYERS, O_HELP,
-    O_EVDATA, O_EVLINES, O_EVEVERY
+    O_EVDATA, O_EVLINES, O_EVEVERY, O_HAY, O_EVPROMPTS, O_EVPLEN
 };
 
 static int parse_args(train_args *a, int argc, char **argv) {
@@ -101,6 +111,7 @@ static int parse_args(train_args *a, int argc, char **argv) {
         {"save-every", 1, O_SAVE}, {"save-total-limit", 1, O_SAVELIM}, {"resume", 1, O_RESUME}, {"quiet", 0, O_QUIET},
         {"no-validate", 0, O_NOVAL}, {"trace-layers", 1, O_TLAYERS}, {"help", 0, O_HELP},
         {"eval-data", 1, O_EVDATA}, {"eval-lines", 1, O_EVLINES}, {"eval-every", 1, O_EVEVERY},
+        {"haystack", 1, O_HAY}, {"eval-prompts", 1, O_EVPROMPTS}, {"eval-prompt-len", 1, O_EVPLEN},
     };
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
         opts[n++] = (struct option){own[i].name, own[i].has_arg ? required_argument : no_argument, 0, own[i].id};
@@ -125,12 +136,21 @@ static int parse_args(train_args *a, int argc, char **argv) {
         case O_TOPP: if (cli_parse_f64(c, "--top-p", optarg, 1e-9, 1, &a->r.top_p)) return 2; break;
         case O_STOP: a->r.stop = optarg; break;
         case O_TASK:
-            if (strcmp(optarg, "passkey") != 0 && strcmp(optarg, "passkey-shaped") != 0) {
-                fprintf(stderr, "longstraw train: --task: \"%s\" is not passkey or passkey-shaped\n", optarg);
-                return 2;
-            }
-            a->r.task = optarg;
+        case O_HAY: {
+            ls_task t;
+            ls_status ts = ls_task_parse(&t, ch == O_TASK ? optarg : "passkey", ch == O_HAY ? optarg : NULL);
+            if (ts != LS_OK) return cli_usage_error(c, "%s: %s", ch == O_TASK ? "--task" : "--haystack", ls_err_msg());
+            *(ch == O_TASK ? &a->r.task : &a->r.haystack) = optarg;
             break;
+        }
+        case O_EVPROMPTS: if (cli_parse_i64(c, "--eval-prompts", optarg, 0, 1 << 20, &a->r.eval_prompts)) return 2; break;
+        case O_EVPLEN: {
+            ls_eval_opts eo;
+            ls_eval_opts_default(&eo);
+            if (ls_eval_parse_lengths(&eo, optarg) != LS_OK) return cli_usage_error(c, "%s", ls_err_msg());
+            a->r.eval_prompt_len = optarg;
+            break;
+        }
         case O_PLEN: if (cli_parse_i64(c, "--prompt-len", optarg, 64, INT64_MAX / 64, &a->r.prompt_len)) return 2; break;
         case O_RCMD: a->r.reward_cmd = optarg; break;
         case O_RTIMEOUT: if (cli_parse_f64(c, "--reward-timeout", optarg, 1e-3, 1e7, &a->r.reward_timeout)) return 2; break;
@@ -141,7 +161,10 @@ static int parse_args(train_args *a, int argc, char **argv) {
         case O_NOVAL: a->r.no_validate = 1; break;
         case O_EVDATA: a->r.eval_data = optarg; break;
         case O_EVLINES: if (cli_parse_i64(c, "--eval-lines", optarg, 1, 1 << 20, &a->r.eval_lines)) return 2; break;
-        case O_EVEVERY: if (cli_parse_i64(c, "--eval-every", optarg, 1, INT64_MAX / 4, &a->r.eval_every)) return 2; break;
+        case O_EVEVERY:
+            if (cli_parse_i64(c, "--eval-every", optarg, 1, INT64_MAX / 4, &a->r.eval_every)) return 2;
+            a->eval_every_set = 1;
+            break;
         case O_TLAYERS: if (cli_parse_i64(c, "--trace-layers", optarg, -1, INT64_MAX / 4, &a->r.trace_layers)) return 2; break;
         case O_HELP:
         case 'h': help(); return 1;
@@ -197,6 +220,9 @@ static int check_flags(const train_args *a) {
     if (a->t.o.sft && a->r.rollout) return cli_usage_error("train", "--loss sft trains on given responses: not with --rollout");
     if (a->r.eval_lines && !a->r.task) return cli_usage_error("train", "--eval-lines draws held-out --task items: give --task");
     if (a->r.eval_lines && a->r.eval_data) return cli_usage_error("train", "give --eval-data or --eval-lines, not both");
+    if ((a->r.eval_prompts || a->r.eval_prompt_len) && (!a->r.task || a->r.data))
+        return cli_usage_error("train", "--eval-prompts and --eval-prompt-len evaluate a built-in --task: give --task");
+    if (a->r.haystack && !a->r.task) return cli_usage_error("train", "--haystack is the haystack of a built-in --task: give --task");
     if (a->r.reward_cmd && !a->r.rollout) return cli_usage_error("train", "--reward-cmd scores rollouts: add --rollout");
     if (a->r.rollout && a->t.o.no_capture) return cli_usage_error("train", "--rollout samples from the captured state: not with --no-capture");
     if (a->r.rollout && !a->r.tokenizer && !a->r.task)
@@ -224,6 +250,8 @@ static int run_train(int argc, char **argv) {
         a.r.out = resume;
     }
     if ((r = check_flags(&a))) return r;
+    if (a.eval_every_set && a.r.task && !a.r.data && !a.r.eval_lines && !a.r.eval_data && !a.r.eval_prompts)
+        a.r.eval_prompts = 16; /* --eval-every with a task: its held-out exact match */
     { /* under mpirun: every rank the same (saved and given) flags and the same files */
         const char *in[] = {a.r.model, a.r.data, a.r.eval_data, a.r.tokenizer, a.t.ref_model, a.t.adapter};
         ls_status s = ls_check_same_inputs(cli_cp_comm(), a.resume ? nargc : argc, a.resume ? nargv : argv, in,

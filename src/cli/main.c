@@ -27,8 +27,9 @@ static const struct {
     {"grad", cmd_grad, "gradient of the GRPO loss over a group (no step)"},
     {"step", cmd_step, "one GRPO update: capture, score, replay, AdamW; writes the new checkpoint"},
     {"train", cmd_train, "the training loop: JSONL groups or rollouts, checkpoints, resume, metrics"},
+    {"eval", cmd_eval, "held-out exact match of a checkpoint on a built-in task, by prompt length and depth"},
     {"report", cmd_report, "receipt table of a run and RUN/memory.svg (live bytes per arena over time)"},
-    {"demo", cmd_demo, "GRPO with rollouts on the passkey task at a 16K prompt, on a small random model"},
+    {"demo", cmd_demo, "a small model learns a 16K-token passkey task: GRPO with rollouts, held-out exact match"},
 };
 
 static void usage(FILE *f) {

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "longstraw/checkpoint.h"
+#include "longstraw/eval.h"
 #include "longstraw/files.h"
 #include "longstraw/reward.h"
 #include "longstraw/rollout.h"
@@ -213,7 +214,10 @@ typedef struct {
     int64_t epoch;
     ls_sample_opts so;
     int32_t stop_ids[16];
-    ls_passkey_item *items; /* [groups_per_update] the passkey items of this update */
+    ls_task task;           /* the built-in task (a->task) */
+    ls_task_item *items;    /* [groups_per_update] the task items of this update */
+    ls_eval_opts ev;        /* held-out task evaluation (ev.num_prompts 0: none) */
+    ls_eval_result ev_res, ev_res0; /* after this update / before the first (n 0: not measured) */
     FILE *metrics;
     char run[4096];
     char adapter[4400]; /* a resumed LoRA run's adapters (checkpoint path) */
@@ -307,35 +311,10 @@ static ls_status stop_tokens(trainer *tr) {
     return LS_OK;
 }
 
-/* A passkey prompt of about --prompt-len tokens (the byte length is adjusted until the
- * token count fits). */
-static ls_status passkey_group(trainer *tr, ls_passkey_item *it, ls_group *g) {
-    int64_t target = tr->a->prompt_len;
-    double bytes = (double)target;
-    for (int attempt = 0;; attempt++) {
-        ls_rng save = tr->rng;
-        LS_TRY(ls_passkey_make(it, bytes < 256 ? 256 : (size_t)bytes, -1.0, &tr->rng));
-        int32_t *ids;
-        int64_t n;
-        ls_status s = ls_tok_encode(tr->tok, it->prompt, it->prompt_len, &ids, &n);
-        if (s != LS_OK) return s;
-        if ((n <= target && n >= target - target / 50 - 2) || attempt == 6 || n < 1) {
-            g->prompt = ids;
-            g->P = n;
-            g->prompt_text = strdup(it->prompt);
-            return g->prompt_text ? LS_OK : LS_ERR_NOMEM;
-        }
-        free(ids);
-        ls_passkey_free(it);
-        bytes = bytes * (double)target / (double)n * (n > target ? 0.995 : 1.0);
-        tr->rng = save; /* the same key and depth, a different length */
-    }
-}
-
-/* SFT on the task: the key (" 12345", as the question "The pass key is" asks for it)
- * is the one response. */
-static ls_status passkey_key_response(trainer *tr, const ls_passkey_item *it, ls_group *g) {
-    char text[32];
+/* SFT on the task: the answer (" 12345", as the question asks for it) is the one
+ * response. */
+static ls_status task_answer_response(trainer *tr, const ls_task_item *it, ls_group *g) {
+    char text[80];
     snprintf(text, sizeof text, " %s", it->answer);
     int32_t *ids;
     int64_t n;
@@ -354,8 +333,9 @@ static ls_status passkey_key_response(trainer *tr, const ls_passkey_item *it, ls
 static ls_status next_group(trainer *tr, int k, ls_group *g) {
     memset(g, 0, sizeof *g);
     if (tr->a->task && !tr->a->data) {
-        ls_status s = passkey_group(tr, &tr->items[k], g);
-        if (s == LS_OK && tr->a->o.sft) s = passkey_key_response(tr, &tr->items[k], g);
+        /* training items: answers from the training part only (task.h), depth uniform */
+        ls_status s = ls_task_prompt(&tr->task, tr->tok, tr->a->prompt_len, -1.0, 0, &tr->rng, &tr->items[k], g);
+        if (s == LS_OK && tr->a->o.sft) s = task_answer_response(tr, &tr->items[k], g);
         tr->data_pos++;
         return s;
     }
@@ -433,10 +413,10 @@ static ls_status load_eval(trainer *tr) {
             s = ls_group_parse_ex(g, d.buf + d.off[i], label, tr->pol.cfg->vocab, tr->tok, 0);
             if (s == LS_OK && g->P < 2) s = ls_err(LS_ERR_FORMAT, "%s: \"prompt\" needs at least 2 tokens", label);
         } else {
-            ls_passkey_item it;
-            s = passkey_group(tr, &it, g);
-            if (s == LS_OK) s = passkey_key_response(tr, &it, g);
-            ls_passkey_free(&it);
+            ls_task_item it;
+            s = ls_task_prompt(&tr->task, tr->tok, a->prompt_len, -1.0, 1, &tr->rng, &it, g);
+            if (s == LS_OK) s = task_answer_response(tr, &it, g);
+            ls_task_item_free(&it);
         }
     }
     tr->rng = keep;
@@ -464,6 +444,33 @@ static ls_status evaluate(trainer *tr, double *nll) {
     ls_trace_phase_end("eval");
     *nll = ntok > 0 ? tot / ntok : NAN;
     return s;
+}
+
+/* The held-out task evaluation (eval.h) under the current weights, into *r; rank 0
+ * writes it as RUN/eval.json (the newest one: `longstraw report` draws its heat map). */
+static ls_status evaluate_task(trainer *tr, ls_eval_result *r) {
+    ls_eval_result_free(r);
+    if (!tr->ev.num_prompts) return LS_OK;
+    LS_TRY(ls_eval_run(&tr->pol.p.policy, tr->tok, &tr->ev, &tr->ar, r));
+    if (!tr_root(tr)) return LS_OK;
+    char path[4200], what[4200];
+    snprintf(path, sizeof path, "%s/eval.json", tr->a->out);
+    snprintf(what, sizeof what, "%s after update %lld", tr->a->out, (long long)tr->update + (r == &tr->ev_res));
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *f = open_memstream(&buf, &blen);
+    if (!f) return LS_ERR_NOMEM;
+    ls_eval_json(f, r, &tr->ev, what);
+    return ls_write_memstream(path, f, &buf, &blen);
+}
+
+/* "held-out exact match 0.750 (16384: 0.750, 32768: 0.500)" */
+static const char *eval_line(const trainer *tr, const ls_eval_result *r, char *buf, size_t cap) {
+    int n = snprintf(buf, cap, "held-out exact match %.3f", r->exact_match);
+    for (int l = 0; l < tr->ev.n_lengths && tr->ev.n_lengths > 1 && n > 0 && (size_t)n < cap; l++)
+        n += snprintf(buf + n, cap - (size_t)n, "%s%lld: %.3f%s", l ? ", " : " (", (long long)tr->ev.lengths[l],
+                      ls_eval_mean(r, tr->ev.lengths[l], -1, 0, NULL), l + 1 == tr->ev.n_lengths ? ")" : "");
+    return buf;
 }
 
 /* Expert parallelism: every CP group decoded the group on its own (the same weights,
@@ -536,10 +543,8 @@ static ls_status rollout(void *ctx, int gi, ls_group *g, const ls_model *policy,
                                 tr->update * tr->a->groups_per_update + gi, g->rewards);
     } else if (s == LS_OK) {
         for (int i = 0; i < G; i++) {
-            const ls_passkey_item *it = tr->a->data ? NULL : &tr->items[gi];
-            int shaped = tr->a->task && !strcmp(tr->a->task, "passkey-shaped");
-            g->rewards[i] = it ? (shaped ? ls_passkey_reward_shaped(it, text[i], len[i]) : ls_passkey_reward(it, text[i], len[i]))
-                               : ls_answer_reward(g->answer, text[i], len[i]);
+            const ls_task_item *it = tr->a->data ? NULL : &tr->items[gi];
+            g->rewards[i] = it ? ls_task_reward(&tr->task, it, text[i], len[i]) : ls_answer_reward(g->answer, text[i], len[i]);
         }
     }
     if (s == LS_OK && gi == 0 && text) /* one sample per update on the trace, for a human reading it */
@@ -903,6 +908,21 @@ static void json_metric(FILE *f, const char *k, double v) {
     else fprintf(f, ", \"%s\": null", k);
 }
 
+/* eval/exact_match and eval/score over every held-out prompt, and per length
+ * eval/exact_match/<L> (with `suffix` "_before": the evaluation before the first update). */
+static void eval_metrics(const trainer *tr, FILE *f, const ls_eval_result *r, const char *suffix) {
+    if (!r->n) return;
+    char key[96];
+    snprintf(key, sizeof key, "eval/exact_match%s", suffix);
+    json_metric(f, key, r->exact_match);
+    snprintf(key, sizeof key, "eval/score%s", suffix);
+    json_metric(f, key, r->score);
+    for (int l = 0; l < tr->ev.n_lengths; l++) {
+        snprintf(key, sizeof key, "eval/exact_match%s/%lld", suffix, (long long)tr->ev.lengths[l]);
+        json_metric(f, key, ls_eval_mean(r, tr->ev.lengths[l], -1, 0, NULL));
+    }
+}
+
 static void write_metrics(trainer *tr, const ls_grpo_metrics *mt, double step_time, const ls_group *g, int n) {
     if (!tr->metrics) return; /* not rank 0 */
     int64_t ptok = 0, pmax = 0;
@@ -928,6 +948,8 @@ static void write_metrics(trainer *tr, const ls_grpo_metrics *mt, double step_ti
     json_metric(f, "step_time", step_time);
     if (!isnan(tr->eval_nll)) json_metric(f, "eval/nll", tr->eval_nll);
     if (!isnan(tr->eval_nll0)) json_metric(f, "eval/nll_before", tr->eval_nll0);
+    eval_metrics(tr, f, &tr->ev_res, "");
+    eval_metrics(tr, f, &tr->ev_res0, "_before");
     fprintf(f, ", \"num_sequences\": %d, \"prompt_tokens\": %lld, \"max_prompt_tokens\": %lld, \"epoch\": %lld, \"data_position\": %lld, "
                "\"skipped\": %s, \"time\": {\"capture\": %.4f, \"rollout\": %.4f, \"reference\": %.4f, "
                "\"score\": %.4f, \"replay\": %.4f, \"sweep\": %.4f, \"optimize\": %.4f}}\n",
@@ -1031,6 +1053,19 @@ static ls_status setup(trainer *tr) {
                       (long long)tr->pol.cfg->vocab);
     if (a->data) LS_TRY(jsonl_open(&tr->data, a->data));
     if (a->data && !a->no_validate) LS_TRY(validate_data(tr));
+    if (a->task) LS_TRY(ls_task_parse(&tr->task, a->task, a->haystack));
+    if (a->task && a->eval_prompts) { /* held-out task prompts, greedy, every eval_every updates */
+        ls_eval_opts_default(&tr->ev);
+        tr->ev.task = tr->task;
+        tr->ev.num_prompts = a->eval_prompts;
+        tr->ev.seed = (uint64_t)a->seed;
+        tr->ev.lengths[0] = a->prompt_len;
+        if (a->eval_prompt_len) LS_TRY(ls_eval_parse_lengths(&tr->ev, a->eval_prompt_len));
+        tr->ev.so.page_size = a->o.page_size;
+        tr->ev.so.state_dtype = a->o.state_dtype;
+        tr->ev.so.fwd = a->o.fwd;
+        tr->ev.so.fwd.temperature = 1;
+    }
     LS_TRY(load_eval(tr));
     /* refuse a prompt that cannot fit before anything sized by it is allocated */
     if (!a->force) LS_TRY(ls_check_fits(&tr->pol, &a->o, a->task && !a->data ? a->prompt_len : tr->max_prompt, 1));
@@ -1095,6 +1130,11 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
         s = evaluate(tr, &tr->eval_nll0);
         if (s == LS_OK && root) fprintf(stderr, "held-out NLL %.4f per token before update %lld\n", tr->eval_nll0, (long long)tr->update + 1);
     }
+    if (s == LS_OK && tr->ev.num_prompts && tr->update < a->updates) {
+        s = evaluate_task(tr, &tr->ev_res0);
+        char line[512];
+        if (s == LS_OK && root) fprintf(stderr, "%s before update %lld\n", eval_line(tr, &tr->ev_res0, line, sizeof line), (long long)tr->update + 1);
+    }
     int big = 0;                /* the group with the longest prompt, for receipts */
     for (; s == LS_OK && tr->update < a->updates; tr->update++) {
         double t0 = ls_now();
@@ -1107,7 +1147,7 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
         ls_rng rng0 = tr->rng;
         for (int k = 0; k < (int)a->groups_per_update; k++) {
             ls_group_free(&groups[k]);
-            if (a->task && !a->data) ls_passkey_free(&tr->items[k]);
+            if (a->task && !a->data) ls_task_item_free(&tr->items[k]);
         }
         for (int k = 0; k < (int)a->groups_per_update && s == LS_OK; k++) s = next_group(tr, k, &groups[k]);
         if (s == LS_OK) {
@@ -1138,13 +1178,17 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
         }
         int64_t done1 = tr->update + 1;
         tr->eval_nll = NAN;
-        if (tr->n_eval && (done1 % a->eval_every == 0 || done1 == a->updates)) s = evaluate(tr, &tr->eval_nll);
+        int eval_now = done1 % a->eval_every == 0 || done1 == a->updates;
+        if (tr->n_eval && eval_now) s = evaluate(tr, &tr->eval_nll);
+        ls_eval_result_free(&tr->ev_res);
+        if (s == LS_OK && tr->ev.num_prompts && eval_now) s = evaluate_task(tr, &tr->ev_res);
         if (s != LS_OK) break;
         double dt = ls_now() - t0;
         big = 0;
         for (int k = 1; k < (int)a->groups_per_update; k++) big = groups[k].P > groups[big].P ? k : big;
         write_metrics(tr, &mt, dt, groups, (int)a->groups_per_update);
         tr->eval_nll0 = NAN; /* written once, with the first update */
+        ls_eval_result_free(&tr->ev_res0);
         trace_update_end(tr, &groups[big], &mt);
         if (mt.skipped) {
             skipped++;
@@ -1152,15 +1196,16 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
                     mt.skip_reason, mt.n_iter > 1 ? "this iteration took no step (earlier iterations of the update did)"
                                                   : "weights and optimizer state untouched");
         } else if (root) {
-            char ev[64] = "";
+            char ev[128] = "";
             if (!isnan(tr->eval_nll)) snprintf(ev, sizeof ev, "  held-out nll %.4f", tr->eval_nll);
+            if (tr->ev_res.n) snprintf(ev + strlen(ev), sizeof ev - strlen(ev), "  held-out em %.3f", tr->ev_res.exact_match);
             if (a->o.sft)
                 fprintf(stderr, "update %lld/%lld  nll %.4f  grad_norm %.4g%s  %.1fs\n", (long long)tr->update + 1,
                         (long long)a->updates, mt.loss, mt.grad_norm, ev, dt);
             else
-                fprintf(stderr, "update %lld/%lld  reward %.4f ± %.4f  kl %.3g  entropy %.3f  len %.1f  grad_norm %.4g  %.1fs\n",
+                fprintf(stderr, "update %lld/%lld  reward %.4f ± %.4f  kl %.3g  entropy %.3f  len %.1f  grad_norm %.4g%s  %.1fs\n",
                         (long long)tr->update + 1, (long long)a->updates, mt.reward_mean, mt.reward_std, mt.kl,
-                        mt.entropy, mt.len_mean, mt.grad_norm, dt);
+                        mt.entropy, mt.len_mean, mt.grad_norm, ev, dt);
         }
         int64_t done = tr->update + 1;
         int stop = ls_stop_requested(); /* read once: the checkpoint and the message agree */
@@ -1203,12 +1248,14 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
     reward_pgid = 0;
     for (int k = 0; groups && k < (int)a->groups_per_update; k++) {
         ls_group_free(&groups[k]);
-        if (tr->items) ls_passkey_free(&tr->items[k]);
+        if (tr->items) ls_task_item_free(&tr->items[k]);
     }
     free(groups);
     free(tr->items);
     for (int64_t k = 0; tr->eval && k < tr->n_eval; k++) ls_group_free(&tr->eval[k]);
     free(tr->eval);
+    ls_eval_result_free(&tr->ev_res);
+    ls_eval_result_free(&tr->ev_res0);
     ls_reward_cmd_stop(tr->rcmd);
     if (tr->metrics) fclose(tr->metrics);
     {
