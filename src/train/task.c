@@ -87,9 +87,9 @@ static ls_status build(ls_task_item *it, size_t prompt_bytes, const char *head, 
                        int nn, ls_haystack h, ls_rng *r) {
     size_t fixed = strlen(head) + strlen(tail);
     for (int i = 0; i < nn; i++) fixed += nd[i].len;
-    if (prompt_bytes < fixed + 64)
+    if (prompt_bytes < fixed + 16)
         return ls_err(LS_ERR_ARG, "a prompt of %zu bytes is too short for the task (it needs at least %zu)",
-                      prompt_bytes, fixed + 64);
+                      prompt_bytes, fixed + 16);
     size_t hay = prompt_bytes - fixed;
     int order[MAX_NEEDLES];
     for (int i = 0; i < nn; i++) order[i] = i;

@@ -909,7 +909,8 @@ static void json_metric(FILE *f, const char *k, double v) {
 }
 
 /* eval/exact_match and eval/score over every held-out prompt, and per length
- * eval/exact_match/<L> (with `suffix` "_before": the evaluation before the first update). */
+ * eval/exact_match/<L> (each with `suffix` "_before": the evaluation before the first
+ * update). */
 static void eval_metrics(const trainer *tr, FILE *f, const ls_eval_result *r, const char *suffix) {
     if (!r->n) return;
     char key[96];
@@ -918,7 +919,7 @@ static void eval_metrics(const trainer *tr, FILE *f, const ls_eval_result *r, co
     snprintf(key, sizeof key, "eval/score%s", suffix);
     json_metric(f, key, r->score);
     for (int l = 0; l < tr->ev.n_lengths; l++) {
-        snprintf(key, sizeof key, "eval/exact_match%s/%lld", suffix, (long long)tr->ev.lengths[l]);
+        snprintf(key, sizeof key, "eval/exact_match/%lld%s", (long long)tr->ev.lengths[l], suffix);
         json_metric(f, key, ls_eval_mean(r, tr->ev.lengths[l], -1, 0, NULL));
     }
 }
