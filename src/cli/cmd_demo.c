@@ -1,11 +1,14 @@
 /*
- * cmd_demo.c — `longstraw demo`: the main job on an embedded default. Writes a small
- * random model (the hybrid family: Gated DeltaNet + gated attention; or with --family
- * mla the MLA + DSA + MoE family) and the byte-level tokenizer,
- * runs GRPO updates with rollouts on the passkey task at a long prompt, then prints
- * the receipt table (`longstraw report`) and where the trace and picture are.
+ * cmd_demo.c — `longstraw demo`: the main job on an embedded default. Writes the
+ * starting model — the embedded SFT checkpoint (demo_asset.c: a small hybrid model
+ * taught the passkey task at a short prompt), or random weights (--from-scratch; the
+ * only choice for --family mla, the MLA + DSA + MoE family) — and the byte-level
+ * tokenizer, runs GRPO updates with rollouts on the passkey task at a long prompt with
+ * the held-out exact match measured before, during and after, then prints the receipt
+ * table (`longstraw report`), the before/after numbers and where the pictures are.
  */
 #define _XOPEN_SOURCE 700
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <ftw.h>
 #include <getopt.h>
@@ -16,6 +19,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "demo_asset.h"
 #include "longstraw/config.h"
 #include "longstraw/mla.h"
 #include "longstraw/model.h"
@@ -89,26 +93,43 @@ static const char DEMO_CONFIG_MLA[] =
 static const char MARKER[] = ".longstraw-demo";
 
 static void help(void) {
+    ls_demo_blob mb, cb;
+    int have = ls_demo_sft(&mb, &cb);
     printf("usage: longstraw demo [options]\n\n"
-           "Write a small random model (--family) and a byte-level tokenizer into OUT/, run GRPO\n"
-           "updates with rollouts on the passkey task (a key hidden in a long haystack, asked\n"
-           "for at the end; shaped reward), then print the receipt and where the trace,\n"
-           "metrics and memory picture are. Runs anywhere: nothing is downloaded.\n\n"
-           "  --out DIR            demo directory (default longstraw-demo; rerunning replaces its run/)\n"
+           "A small model learns a long-context skill. Writes the starting model and a byte-level\n"
+           "tokenizer into OUT/: %s.\n"
+           "Then GRPO at a long prompt on the passkey task (a five-digit key hidden in a long\n"
+           "haystack, asked for at the end; exact-match reward): each update captures one prompt,\n"
+           "samples G responses from the captured state, scores and replays them. The held-out\n"
+           "exact match (greedy answers to prompts whose keys training never draws) is measured\n"
+           "before the first update, during and after. Prints the per-update reward, the receipt,\n"
+           "the exact match before and after, and where the pictures are. Nothing is downloaded.\n\n",
+           have ? "the embedded SFT checkpoint (a 4-layer hybrid, 2 Gated DeltaNet + 2 gated\n"
+                  "attention layers, taught the task at 256-token prompts; scripts/make-demo-sft.sh\n"
+                  "reproduces it), or random weights with --from-scratch"
+                : "random weights (this build has no embedded SFT checkpoint: assets/demo-sft/\n"
+                  "was missing; scripts/make-demo-sft.sh makes it)");
+    printf("  --out DIR            demo directory (default longstraw-demo; rerunning replaces its run/)\n"
            "  --prompt-len N       prompt length in tokens (default 16384)\n"
-           "  --updates N          GRPO updates (default 16)\n"
+           "  --updates N          GRPO updates (default 24)\n"
            "  --num-generations G  responses per prompt (default 8)\n"
            "  --max-new-tokens N   response length limit (default 8)\n"
-           "  --lr LR              AdamW learning rate (default 1e-3)\n"
+           "  --lr LR              AdamW learning rate (default 3e-4; 1e-3 from scratch)\n"
+           "  --eval-prompts K     held-out prompts per evaluation (default 12)\n"
+           "  --eval-every N       evaluate after every N-th update too (default 8)\n"
            "  --seed N             model, task and sampling seed (default 1)\n"
            "  --threads N          worker threads per rank (default: all cores, over the ranks)\n"
+           "  --from-scratch       start from random weights (shaped reward: a random model never\n"
+           "                       hits a key, so exact match would give no gradient)\n"
            "  --family F           hybrid (default: Gated DeltaNet + gated attention, Qwen3-Next\n"
-           "                       layout) or mla (MLA + DSA indexer + MoE, GLM-5.2 layout)\n"
+           "                       layout) or mla (MLA + DSA indexer + MoE, GLM-5.2 layout; from\n"
+           "                       scratch)\n"
            "  --cp N               context parallelism over N ranks: runs itself under mpirun -np N\n"
            "                       (the same as `mpirun -np N longstraw demo`; default 1)\n"
            "  --quiet              no progress bar\n"
            "  --help               this text\n\n"
-           "Afterwards: longstraw train --help for the real loop (this demo is a `train` call).\n");
+           "Afterwards: longstraw train --help for the real loop (this demo is a `train` call),\n"
+           "longstraw eval --help to measure a checkpoint, scripts/recipe.sh for the whole recipe.\n");
 }
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
@@ -134,20 +155,62 @@ static ls_status prepare_dir(const char *out) {
     return ls_write_file_atomic(marker, "longstraw demo directory: `longstraw demo` may replace run/\n", 60);
 }
 
-static ls_status write_inputs(const char *out, uint64_t seed, int mla) {
-    char path[4200], model[4200];
+/* OUT/model (the embedded SFT checkpoint, or random weights), OUT/demo_config.json,
+ * OUT/tokenizer.json. */
+static ls_status write_inputs(const char *out, uint64_t seed, int mla, int scratch) {
+    char path[4400], model[4200];
     snprintf(model, sizeof model, "%s/model", out);
     if (mkdir(model, 0755) != 0 && errno != EEXIST) return ls_err(LS_ERR_IO, "%s: cannot create: %s", model, strerror(errno));
-    snprintf(path, sizeof path, "%s/demo_config.json", out);
-    const char *cfg = mla ? DEMO_CONFIG_MLA : DEMO_CONFIG;
-    LS_TRY(ls_write_file_atomic(path, cfg, strlen(cfg)));
-    LS_TRY(mla ? ls_mla_write_random(path, model, seed, LS_DTYPE_F32) : ls_hybrid_write_random(path, model, seed, LS_DTYPE_F32));
+    ls_demo_blob mb, cb;
+    if (!scratch && ls_demo_sft(&mb, &cb)) {
+        snprintf(path, sizeof path, "%s/demo_config.json", out);
+        LS_TRY(ls_write_file_atomic(path, cb.data, cb.len));
+        snprintf(path, sizeof path, "%s/config.json", model);
+        LS_TRY(ls_write_file_atomic(path, cb.data, cb.len));
+        snprintf(path, sizeof path, "%s/model.safetensors", model);
+        LS_TRY(ls_write_file_atomic(path, mb.data, mb.len));
+    } else {
+        snprintf(path, sizeof path, "%s/demo_config.json", out);
+        const char *cfg = mla ? DEMO_CONFIG_MLA : DEMO_CONFIG;
+        LS_TRY(ls_write_file_atomic(path, cfg, strlen(cfg)));
+        LS_TRY(mla ? ls_mla_write_random(path, model, seed, LS_DTYPE_F32) : ls_hybrid_write_random(path, model, seed, LS_DTYPE_F32));
+    }
     char *json;
     LS_TRY(ls_tok_byte_level_json(&json));
     snprintf(path, sizeof path, "%s/tokenizer.json", out);
     ls_status s = ls_write_file_atomic(path, json, strlen(json));
     free(json);
     return s;
+}
+
+/* What the run's metrics say: held-out exact match before the first update and after
+ * the last, the mean reward over the first and the last k updates. */
+typedef struct {
+    double em_before, em_after, r_first, r_last;
+    int k, n;
+} demo_summary;
+
+static void summarise(const char *run, demo_summary *d) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run);
+    memset(d, 0, sizeof *d);
+    d->em_before = d->em_after = -1;
+    char *text = NULL;
+    if (ls_read_file(path, &text, NULL) != LS_OK) return;
+    double rw[4096];
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "eval/exact_match_before");
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "eval/exact_match");
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "reward");
+        if (cJSON_IsNumber(b)) d->em_before = b->valuedouble;
+        if (cJSON_IsNumber(a)) d->em_after = a->valuedouble;
+        if (cJSON_IsNumber(r) && d->n < 4096) rw[d->n++] = r->valuedouble;
+        cJSON_Delete(o);
+    }
+    free(text);
+    d->k = d->n >= 10 ? 5 : d->n / 2;
+    for (int i = 0; i < d->k; i++) d->r_first += rw[i] / d->k, d->r_last += rw[d->n - d->k + i] / d->k;
 }
 
 /* --cp N: the same command under `mpirun -np N` (this binary, the flags but --cp). */
@@ -197,10 +260,11 @@ int cmd_demo(int argc, char **argv) {
         {"seed", required_argument, 0, 's'},    {"threads", required_argument, 0, 't'},
         {"quiet", no_argument, 0, 'q'},         {"help", no_argument, 0, 'h'},
         {"cp", required_argument, 0, 'c'},     {"family", required_argument, 0, 'f'},
-        {0, 0, 0, 0}};
-    const char *out = "longstraw-demo", *lr = "1e-3";
-    int64_t plen = 16384, updates = 16, G = 8, maxnew = 8, seed = 1, threads = 0, cpn = 1;
-    int quiet = 0, ch, mla = 0;
+        {"from-scratch", no_argument, 0, 'S'}, {"eval-prompts", required_argument, 0, 'k'},
+        {"eval-every", required_argument, 0, 'e'}, {0, 0, 0, 0}};
+    const char *out = "longstraw-demo", *lr = NULL;
+    int64_t plen = 16384, updates = 24, G = 8, maxnew = 8, seed = 1, threads = 0, cpn = 1, evk = 12, eve = 8;
+    int quiet = 0, ch, mla = 0, scratch = 0;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
@@ -214,6 +278,9 @@ int cmd_demo(int argc, char **argv) {
         case 't': if (cli_parse_i64("demo", "--threads", optarg, 1, 4096, &threads)) return 2; break;
         case 'q': quiet = 1; break;
         case 'c': if (cli_parse_i64("demo", "--cp", optarg, 1, 4096, &cpn)) return 2; break;
+        case 'S': scratch = 1; break;
+        case 'k': if (cli_parse_i64("demo", "--eval-prompts", optarg, 0, 1 << 16, &evk)) return 2; break;
+        case 'e': if (cli_parse_i64("demo", "--eval-every", optarg, 1, 1 << 20, &eve)) return 2; break;
         case 'f':
             if (strcmp(optarg, "hybrid") && strcmp(optarg, "mla"))
                 return cli_usage_error("demo", "--family \"%s\": expected hybrid or mla", optarg);
@@ -224,6 +291,9 @@ int cmd_demo(int argc, char **argv) {
         }
     }
     if (optind < argc) return cli_usage_error("demo", "unexpected argument \"%s\"", argv[optind]);
+    ls_demo_blob mb, cb;
+    if (!ls_demo_sft(&mb, &cb) || mla) scratch = 1; /* the embedded checkpoint is the hybrid's */
+    if (!lr) lr = scratch ? "1e-3" : "3e-4";
     const ls_comm *cp = cli_cp_comm();
     if (cpn > 1 && !cp) return relaunch(argc, argv, (int)cpn, threads);
     if (cpn > 1 && ls_comm_size(cp) != cpn)
@@ -232,14 +302,18 @@ int cmd_demo(int argc, char **argv) {
     double t0 = ls_now();
     ls_status s = LS_OK;
     if (root) s = prepare_dir(out); /* rank 0 writes the inputs; the others wait for them */
-    if (root && s == LS_OK) s = write_inputs(out, (uint64_t)seed, mla);
+    if (root && s == LS_OK) s = write_inputs(out, (uint64_t)seed, mla, scratch);
     if (s != LS_OK) return cli_fail("demo", s);
     if (cp && (s = ls_comm_barrier(cp)) != LS_OK) return cli_fail("demo", s);
-    if (root) fprintf(stderr, "longstraw demo: model %s/model (4 layers: %s, random weights), "
-                    "passkey prompts of %lld tokens, G = %lld, %lld updates\n",
-            out, mla ? "MLA + DSA indexer (2 full, 2 shared), 1 dense + 3 MoE" : "3 Gated DeltaNet + 1 gated attention",
-            (long long)plen, (long long)G, (long long)updates);
-    char model[4200], tok[4200], run[4200], s_plen[32], s_upd[32], s_g[32], s_n[32], s_seed[32], s_thr[32];
+    if (root)
+        fprintf(stderr, "longstraw demo: model %s/model (4 layers: %s, %s), passkey prompts of %lld tokens, G = %lld, "
+                        "%lld updates\n",
+                out, mla ? "MLA + DSA indexer (2 full, 2 shared), 1 dense + 3 MoE"
+                         : scratch ? "3 Gated DeltaNet + 1 gated attention" : "2 Gated DeltaNet + 2 gated attention",
+                scratch ? "random weights" : "after SFT on the passkey task at 256-token prompts",
+                (long long)plen, (long long)G, (long long)updates);
+    char model[4200], tok[4200], run[4200], s_plen[32], s_upd[32], s_g[32], s_n[32], s_seed[32], s_thr[32], s_k[32],
+        s_e[32];
     snprintf(model, sizeof model, "%s/model", out);
     snprintf(tok, sizeof tok, "%s/tokenizer.json", out);
     snprintf(run, sizeof run, "%s/run", out);
@@ -249,13 +323,17 @@ int cmd_demo(int argc, char **argv) {
     snprintf(s_n, sizeof s_n, "%lld", (long long)maxnew);
     snprintf(s_seed, sizeof s_seed, "%lld", (long long)seed);
     snprintf(s_thr, sizeof s_thr, "%lld", (long long)threads);
-    char *targv[40];
+    snprintf(s_k, sizeof s_k, "%lld", (long long)evk);
+    snprintf(s_e, sizeof s_e, "%lld", (long long)eve);
+    char *targv[48];
     int k = 0;
+    /* from scratch the exact-match reward is always 0 (no gradient): partial credit then */
     const char *fixed[] = {"train", "--model", model, "--tokenizer", tok, "--out", run, "--rollout",
-                           "--task", "passkey-shaped", "--prompt-len", s_plen, "--num-generations", s_g,
-                           "--max-new-tokens", s_n, "--updates", s_upd, "--seed", s_seed, "--lr", lr,
-                           "--save-every", s_upd, "--max-grad-norm", "1.0"};
+                           "--task", scratch ? "passkey-shaped" : "passkey", "--prompt-len", s_plen,
+                           "--num-generations", s_g, "--max-new-tokens", s_n, "--updates", s_upd, "--seed", s_seed,
+                           "--lr", lr, "--save-every", s_upd, "--max-grad-norm", "1.0"};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) targv[k++] = (char *)fixed[i];
+    if (evk > 0) targv[k++] = "--eval-prompts", targv[k++] = s_k, targv[k++] = "--eval-every", targv[k++] = s_e;
     if (threads) targv[k++] = "--threads", targv[k++] = s_thr;
     if (quiet) targv[k++] = "--quiet";
     targv[k] = NULL;
@@ -265,12 +343,21 @@ int cmd_demo(int argc, char **argv) {
     printf("\n");
     rc = cmd_report(2, rargv);
     if (rc != 0) return rc;
-    printf("\nlongstraw demo: done in %.1fs.\n"
-           "  receipt      %s/receipt.json\n"
-           "  metrics      %s/metrics.jsonl (one line per update, TRL names)\n"
+    demo_summary d;
+    summarise(run, &d);
+    printf("\nlongstraw demo: done in %.1fs.\n", ls_now() - t0);
+    if (d.k > 0)
+        printf("  reward       %.3f (mean of the first %d updates) -> %.3f (the last %d)%s\n", d.r_first, d.k, d.r_last,
+               d.k, scratch ? " (shaped: partial credit for digits)" : " (exact match of the G samples)");
+    if (d.em_before >= 0 && d.em_after >= 0)
+        printf("  held-out     exact match %.3f before -> %.3f after, at %lld-token prompts (%lld prompts whose keys\n"
+               "               training never draws, answered greedily; %s/eval.svg by needle depth)\n",
+               d.em_before, d.em_after, (long long)plen, (long long)evk, run);
+    printf("  receipt      %s/receipt.json\n"
+           "  metrics      %s/metrics.jsonl (one line per update, TRL names), %s/metrics.svg (curves)\n"
            "  trace        %s/trace.<rank>.jsonl (docs/trace.md)\n"
            "  memory       %s/memory.svg (live bytes per arena, phases marked; open in a browser)\n"
            "  checkpoint   %s/checkpoint-%lld/ (weights, optimizer state, data position)\n",
-           ls_now() - t0, run, run, run, run, run, (long long)updates);
+           run, run, run, run, run, run, (long long)updates);
     return 0;
 }

@@ -584,7 +584,7 @@ static void print_metrics(const char *path, const metrics *m) {
     for (int i = 0; i < m->ns; i++) {
         const series *c = &m->s[i];
         if (strncmp(c->name, "eval/", 5) != 0 || c->n == 0) continue;
-        printf("  %-11s %14.6g %14.6g   (%s, update %.0f to %.0f)\n", c->name + 5, c->y[0], c->y[c->n - 1], c->name,
+        printf("  %-11s %14.6g %14.6g   (%s, update %.0f to %.0f)\n", "held-out", c->y[0], c->y[c->n - 1], c->name,
                c->x[0], c->x[c->n - 1]);
     }
 }

@@ -311,11 +311,12 @@ static ls_status stop_tokens(trainer *tr) {
     return LS_OK;
 }
 
-/* SFT on the task: the answer (" 12345", as the question asks for it) is the one
- * response. */
+/* SFT on the task: the answer as the question asks for it, ended as a sentence
+ * (" 12345."), is the one response: the model learns where the answer stops too (exact
+ * match refuses "12345" followed by more digits or names). */
 static ls_status task_answer_response(trainer *tr, const ls_task_item *it, ls_group *g) {
     char text[80];
-    snprintf(text, sizeof text, " %s", it->answer);
+    snprintf(text, sizeof text, " %s.", it->answer);
     int32_t *ids;
     int64_t n;
     LS_TRY(ls_tok_encode(tr->tok, text, strlen(text), &ids, &n));

@@ -1,0 +1,17 @@
+/*
+ * demo_asset.h — the demo's embedded starting checkpoint (demo_asset.c).
+ */
+#ifndef LONGSTRAW_CLI_DEMO_ASSET_H
+#define LONGSTRAW_CLI_DEMO_ASSET_H
+
+#include <stddef.h>
+
+typedef struct {
+    const unsigned char *data;
+    size_t len;
+} ls_demo_blob;
+
+/* 1 and the embedded model.safetensors and config.json; 0 when this build has none. */
+int ls_demo_sft(ls_demo_blob *model, ls_demo_blob *config);
+
+#endif
