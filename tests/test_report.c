@@ -390,9 +390,11 @@ int test_report_metrics_svg(void) {
                 fprintf(f, "{\"update\": %d, \"loss\": 1e-16, \"reward\": %s, \"reward_std\": 0.1, \"kl\": 0.0%d, "
                            "\"entropy\": %g, \"clip_ratio/low_mean\": 0.01, \"clip_ratio/high_mean\": 0.02, "
                            "\"completions/mean_length\": 7, \"completions/min_length\": 3, \"completions/max_length\": 8, "
-                           "\"grad_norm\": 2.5, \"eval/exact_match\": %g, \"eval/exact_match/300\": %g%s}\n",
-                        u, u == 3 ? "null" : u == 0 ? "0.125" : "0.5", u, 3.0 - 0.2 * u, 0.1 * u, 0.1 * u,
-                        u == 0 ? ", \"eval/exact_match_before\": 0, \"eval/exact_match/300_before\": 0" : "");
+                           "\"grad_norm\": 2.5, \"eval/exact_match\": %g, \"eval/exact_match/300\": %g, "
+                           "\"eval/exact_match/600\": %g%s}\n",
+                        u, u == 3 ? "null" : u == 0 ? "0.125" : "0.5", u, 3.0 - 0.2 * u, 0.1 * u, 0.1 * u, 0.05 * u,
+                        u == 0 ? ", \"eval/exact_match_before\": 0, \"eval/exact_match/300_before\": 0, "
+                                 "\"eval/exact_match/600_before\": 0" : "");
             else
                 fprintf(f, "{\"update\": %d, \"loss\": %g, \"reward\": null, \"eval/nll\": %g}\n", u, 4.0 - 0.5 * u,
                         4.1 - 0.5 * u);
@@ -409,7 +411,7 @@ int test_report_metrics_svg(void) {
                 "not a closed SVG, or non-finite coordinates");
         static const char *grpo_panels[] = {"reward: group mean", "KL to the reference", "entropy",
                                             "clipped fraction", "gradient norm", "response length",
-                                            "held-out exact match", "by prompt length", "P = 300",
+                                            "held-out exact match", "by prompt length", "P = 300", "P = 600",
                                             "GRPO run, 6 updates"};
         static const char *sft_panels[] = {"training loss: NLL", "held-out NLL per response token", "SFT run"};
         const char *const *want = grpo ? grpo_panels : sft_panels;

@@ -870,12 +870,21 @@ static ls_status write_metrics_svg(const metrics *m, const char *run, const char
         pn[0].line[1] = em;
         pn[0].label[0] = "reward (training prompts)", pn[0].label[1] = "held-out exact match";
     }
+    /* a task's reward is 0 or 1 for most prompts: its running mean shows the trend */
+    const series *avg = series_find(m, "reward_avg");
+    if (m->grpo && avg && avg->n >= 8) {
+        pn[0].line[2] = avg;
+        pn[0].label[2] = "reward, mean of the last 8";
+    }
+    int nlen = 0; /* held-out per-length curves: drawn together, when there are several */
+    for (int i = 0; i < m->ns; i++) nlen += !strncmp(m->s[i].name, "eval/exact_match/", 17);
     panel *bylen = NULL;
     char titles[NSERIES][96], lens[NSERIES][32];
     for (int i = 0; i < m->ns; i++) {
         const char *name = m->s[i].name;
         if (strncmp(name, "eval/", 5) != 0 || (m->grpo && em == &m->s[i])) continue;
         if (!strncmp(name, "eval/exact_match/", 17)) {
+            if (nlen < 2) continue;
             if (!bylen || bylen->line[PANEL_LINES - 1]) {
                 bylen = &pn[np++];
                 *bylen = (panel){.title = "held-out exact match by prompt length (update 0: before training)"};
@@ -1047,6 +1056,14 @@ static ls_status report_metrics(const char *run, int draw) {
     metrics m = {0};
     int truncated;
     ls_status s = read_jsonl(path, metrics_line, &m, &truncated);
+    if (s == LS_OK && m.oom) s = ls_err(LS_ERR_NOMEM, "%s: out of memory", path);
+    const series *rw = series_find(&m, "reward");
+    for (int64_t i = 0; s == LS_OK && rw && i < rw->n; i++) { /* the trailing mean of 8 updates' rewards */
+        double sum = 0;
+        int64_t k = 0;
+        for (int64_t j = i; j >= 0 && j > i - 8; j--) sum += rw->y[j], k++;
+        if (i >= 7) series_add(&m, "reward_avg", rw->x[i], sum / (double)k); /* m.s is fixed: rw stays valid */
+    }
     if (s == LS_OK && m.oom) s = ls_err(LS_ERR_NOMEM, "%s: out of memory", path);
     if (s == LS_OK) print_metrics(path, &m);
     if (s == LS_OK && draw) s = write_metrics_svg(&m, run, svg);
