@@ -5,7 +5,7 @@
 # rounded to bfloat16 (2 MiB; norm weights, A_log and dt_bias stay float32).
 #   1. init, seed 1
 #   2. SFT at 256-token prompts: 1000 updates of 8 prompts, lr 2e-3, --mode full
-#   3. SFT at 1024-token prompts: 30 updates of 8 prompts, lr 1e-3, --mode full
+#   3. SFT at 1024-token prompts: 5 updates of 8 prompts, lr 1e-3, --mode full
 # One thread, so that the result is the committed file bit for bit (other thread counts
 # sum in another order: an equivalent checkpoint, not the same bytes). About 10 minutes
 # on one core.       scripts/make-demo-sft.sh [WORKDIR (default demo-sft-work)]
@@ -23,9 +23,9 @@ $LS init --config examples/recipe/hybrid.json --seed 1 --out "$W/init"
 $LS train --model "$W/init" --out "$W/sft1" --loss sft --task passkey --prompt-len 256 --mode full \
   --groups-per-update 8 --updates 1000 --lr 2e-3 --seed 0 --save-every 1000 --threads 1 --quiet
 $LS train --model "$W/sft1/checkpoint-1000" --out "$W/sft2" --loss sft --task passkey --prompt-len 1024 --mode full \
-  --groups-per-update 8 --updates 30 --lr 1e-3 --seed 2 --save-every 30 --threads 1 --quiet
-python3 tools/st_to_bf16.py "$W/sft2/checkpoint-30/model.safetensors" assets/demo-sft/model.safetensors
-cp "$W/sft2/checkpoint-30/config.json" assets/demo-sft/config.json
+  --groups-per-update 8 --updates 5 --lr 1e-3 --seed 2 --save-every 5 --threads 1 --quiet
+python3 tools/st_to_bf16.py "$W/sft2/checkpoint-5/model.safetensors" assets/demo-sft/model.safetensors
+cp "$W/sft2/checkpoint-5/config.json" assets/demo-sft/config.json
 set +x
 sha256sum assets/demo-sft/model.safetensors
 echo "assets/demo-sft/ written; rebuild (cmake --build build) to embed it in longstraw"

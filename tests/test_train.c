@@ -472,6 +472,16 @@ int test_demo_receipt(void) {
     T_CHECK(rc == 0 && out && strstr(out, "predicted vs measured") && strstr(out, "replay") &&
                 strstr(out, "memory.svg") && strstr(out, "update 2/2"),
             "demo: rc %d %s", rc, out ? out : "");
+    /* the learning it shows: held-out exact match before and after, the reward's trend */
+    T_CHECK(strstr(out, "held-out     exact match") && strstr(out, "before ->") && strstr(out, "reward       ") &&
+                strstr(out, "eval.svg"), "demo summary: %s", out);
+    static const char *files[] = {"model/config.json", "model/model.safetensors", "tokenizer.json", "run/eval.json",
+                                  "run/metrics.svg", "run/checkpoint-2/model.safetensors"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        struct stat fst;
+        snprintf(path, sizeof path, "%s/demo/%s", dir, files[i]);
+        T_CHECK(stat(path, &fst) == 0 && fst.st_size > 0, "demo left no %s", path);
+    }
     /* the receipt's M_live terms: the prompt state and the gradients are exactly what
      * the config predicts */
     const char *pv = strstr(out, "predicted vs measured");

@@ -105,18 +105,19 @@ static void help(void) {
            "before the first update, during and after. Prints the per-update reward, the receipt,\n"
            "the exact match before and after, and where the pictures are. Nothing is downloaded.\n\n",
            have ? "the embedded SFT checkpoint (a 4-layer hybrid, 2 Gated DeltaNet + 2 gated\n"
-                  "attention layers, taught the task at 256-token prompts; scripts/make-demo-sft.sh\n"
+                  "attention layers, taught the task at 256- then 1024-token prompts; scripts/make-demo-sft.sh\n"
                   "reproduces it), or random weights with --from-scratch"
                 : "random weights (this build has no embedded SFT checkpoint: assets/demo-sft/\n"
                   "was missing; scripts/make-demo-sft.sh makes it)");
     printf("  --out DIR            demo directory (default longstraw-demo; rerunning replaces its run/)\n"
            "  --prompt-len N       prompt length in tokens (default 16384)\n"
-           "  --updates N          GRPO updates (default 24)\n"
+           "  --updates N          GRPO updates (default 20)\n"
+           "  --groups-per-update K  prompts per update (default 2; 1 from scratch)\n"
            "  --num-generations G  responses per prompt (default 8)\n"
            "  --max-new-tokens N   response length limit (default 8)\n"
-           "  --lr LR              AdamW learning rate (default 3e-4; 1e-3 from scratch)\n"
-           "  --eval-prompts K     held-out prompts per evaluation (default 12)\n"
-           "  --eval-every N       evaluate after every N-th update too (default 8)\n"
+           "  --lr LR              AdamW learning rate (default 5e-4; 1e-3 from scratch)\n"
+           "  --eval-prompts K     held-out prompts per evaluation (default 12; 0: none)\n"
+           "  --eval-every N       evaluate after every N-th update too (default 10)\n"
            "  --seed N             model, task and sampling seed (default 1)\n"
            "  --threads N          worker threads per rank (default: all cores, over the ranks)\n"
            "  --from-scratch       start from random weights (shaped reward: a random model never\n"
@@ -261,9 +262,10 @@ int cmd_demo(int argc, char **argv) {
         {"quiet", no_argument, 0, 'q'},         {"help", no_argument, 0, 'h'},
         {"cp", required_argument, 0, 'c'},     {"family", required_argument, 0, 'f'},
         {"from-scratch", no_argument, 0, 'S'}, {"eval-prompts", required_argument, 0, 'k'},
-        {"eval-every", required_argument, 0, 'e'}, {0, 0, 0, 0}};
+        {"eval-every", required_argument, 0, 'e'}, {"groups-per-update", required_argument, 0, 'G'},
+        {0, 0, 0, 0}};
     const char *out = "longstraw-demo", *lr = NULL;
-    int64_t plen = 16384, updates = 24, G = 8, maxnew = 8, seed = 1, threads = 0, cpn = 1, evk = 12, eve = 8;
+    int64_t plen = 16384, updates = 20, G = 8, maxnew = 8, seed = 1, threads = 0, cpn = 1, evk = 12, eve = 10, gpu = 0;
     int quiet = 0, ch, mla = 0, scratch = 0;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -281,6 +283,7 @@ int cmd_demo(int argc, char **argv) {
         case 'S': scratch = 1; break;
         case 'k': if (cli_parse_i64("demo", "--eval-prompts", optarg, 0, 1 << 16, &evk)) return 2; break;
         case 'e': if (cli_parse_i64("demo", "--eval-every", optarg, 1, 1 << 20, &eve)) return 2; break;
+        case 'G': if (cli_parse_i64("demo", "--groups-per-update", optarg, 1, 1024, &gpu)) return 2; break;
         case 'f':
             if (strcmp(optarg, "hybrid") && strcmp(optarg, "mla"))
                 return cli_usage_error("demo", "--family \"%s\": expected hybrid or mla", optarg);
@@ -293,7 +296,8 @@ int cmd_demo(int argc, char **argv) {
     if (optind < argc) return cli_usage_error("demo", "unexpected argument \"%s\"", argv[optind]);
     ls_demo_blob mb, cb;
     if (!ls_demo_sft(&mb, &cb) || mla) scratch = 1; /* the embedded checkpoint is the hybrid's */
-    if (!lr) lr = scratch ? "1e-3" : "3e-4";
+    if (!lr) lr = scratch ? "1e-3" : "5e-4";
+    if (!gpu) gpu = scratch ? 1 : 2; /* two prompts an update: half the prompt-to-prompt spread of the reward */
     const ls_comm *cp = cli_cp_comm();
     if (cpn > 1 && !cp) return relaunch(argc, argv, (int)cpn, threads);
     if (cpn > 1 && ls_comm_size(cp) != cpn)
@@ -310,10 +314,10 @@ int cmd_demo(int argc, char **argv) {
                         "%lld updates\n",
                 out, mla ? "MLA + DSA indexer (2 full, 2 shared), 1 dense + 3 MoE"
                          : scratch ? "3 Gated DeltaNet + 1 gated attention" : "2 Gated DeltaNet + 2 gated attention",
-                scratch ? "random weights" : "after SFT on the passkey task at 256-token prompts",
+                scratch ? "random weights" : "after SFT on the passkey task at 256- and 1024-token prompts",
                 (long long)plen, (long long)G, (long long)updates);
     char model[4200], tok[4200], run[4200], s_plen[32], s_upd[32], s_g[32], s_n[32], s_seed[32], s_thr[32], s_k[32],
-        s_e[32];
+        s_e[32], s_gpu[32];
     snprintf(model, sizeof model, "%s/model", out);
     snprintf(tok, sizeof tok, "%s/tokenizer.json", out);
     snprintf(run, sizeof run, "%s/run", out);
@@ -325,13 +329,14 @@ int cmd_demo(int argc, char **argv) {
     snprintf(s_thr, sizeof s_thr, "%lld", (long long)threads);
     snprintf(s_k, sizeof s_k, "%lld", (long long)evk);
     snprintf(s_e, sizeof s_e, "%lld", (long long)eve);
+    snprintf(s_gpu, sizeof s_gpu, "%lld", (long long)gpu);
     char *targv[48];
     int k = 0;
     /* from scratch the exact-match reward is always 0 (no gradient): partial credit then */
     const char *fixed[] = {"train", "--model", model, "--tokenizer", tok, "--out", run, "--rollout",
                            "--task", scratch ? "passkey-shaped" : "passkey", "--prompt-len", s_plen,
                            "--num-generations", s_g, "--max-new-tokens", s_n, "--updates", s_upd, "--seed", s_seed,
-                           "--lr", lr, "--save-every", s_upd, "--max-grad-norm", "1.0"};
+                           "--lr", lr, "--save-every", s_upd, "--max-grad-norm", "1.0", "--groups-per-update", s_gpu};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) targv[k++] = (char *)fixed[i];
     if (evk > 0) targv[k++] = "--eval-prompts", targv[k++] = s_k, targv[k++] = "--eval-every", targv[k++] = s_e;
     if (threads) targv[k++] = "--threads", targv[k++] = s_thr;
@@ -348,7 +353,7 @@ int cmd_demo(int argc, char **argv) {
     printf("\nlongstraw demo: done in %.1fs.\n", ls_now() - t0);
     if (d.k > 0)
         printf("  reward       %.3f (mean of the first %d updates) -> %.3f (the last %d)%s\n", d.r_first, d.k, d.r_last,
-               d.k, scratch ? " (shaped: partial credit for digits)" : " (exact match of the G samples)");
+               d.k, scratch ? " (shaped: partial credit for digits)" : " (exact match of the G samples of each prompt)");
     if (d.em_before >= 0 && d.em_after >= 0)
         printf("  held-out     exact match %.3f before -> %.3f after, at %lld-token prompts (%lld prompts whose keys\n"
                "               training never draws, answered greedily; %s/eval.svg by needle depth)\n",
