@@ -236,6 +236,32 @@ int test_train_eval_task(void) {
     struct stat st;
     snprintf(path, sizeof path, "%s/run/eval.svg", dir);
     T_CHECK(stat(path, &st) == 0, "RUN/eval.svg");
+    /* LoRA: the run's evaluation is `eval --adapter` of its checkpoint (alpha read from
+     * adapter_config.json) */
+    out = t_run_fmt(&rc, "%s train --model %s/m --out %s/lora --rollout --task passkey-shaped --prompt-len 300 --updates 2 "
+                         "--eval-every 2 --eval-prompts 2 --num-generations 4 --max-new-tokens 4 --lr 0.1 --lora-rank 2 "
+                         "--lora-alpha 8 --seed 4 --quiet --threads 1 2>&1", LS_CLI_PATH, dir, dir);
+    T_CHECK(out && rc == 0, "LoRA train: %s", out ? out : "");
+    free(out);
+    snprintf(path, sizeof path, "%s/lora/eval.json", dir);
+    ej = t_read_file(path, NULL);
+    a = ej ? cJSON_Parse(ej) : NULL;
+    free(ej);
+    out = t_run_fmt(&rc, "%s eval --model %s/m --adapter %s/lora/checkpoint-2/adapter_model.safetensors --prompt-len 300 "
+                         "--num-prompts 2 --seed 4 --quiet --threads 1 2>&1", LS_CLI_PATH, dir, dir);
+    b = out ? cJSON_Parse(out) : NULL;
+    T_CHECK(rc == 0 && a && b, "eval --adapter: %s", out ? out : "");
+    free(out);
+    T_CHECK(same_prompts(a, b, why, sizeof why), "LoRA run's evaluation vs eval --adapter: %s", why);
+    cJSON_Delete(b);
+    /* (the adapters matter: another alpha answers otherwise) */
+    out = t_run_fmt(&rc, "%s eval --model %s/m --adapter %s/lora/checkpoint-2/adapter_model.safetensors --lora-alpha 16 "
+                         "--prompt-len 300 --num-prompts 2 --seed 4 --quiet --threads 1 2>&1", LS_CLI_PATH, dir, dir);
+    b = out ? cJSON_Parse(out) : NULL;
+    T_CHECK(rc == 0 && b && !same_prompts(a, b, why, sizeof why), "alpha 16 answered as alpha 8: %s", out ? out : "");
+    free(out);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
     /* flags that need a task are refused without one */
     out = t_run_fmt(&rc, "%s train --model %s/m --out %s/r2 --data x.jsonl --eval-prompts 3 2>&1", LS_CLI_PATH, dir, dir);
     T_CHECK(rc == 2 && out && strstr(out, "--eval-prompts"), "eval-prompts without a task: %s", out ? out : "");

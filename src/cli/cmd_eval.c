@@ -4,7 +4,9 @@
  * answered greedily from the captured prompt state (eval.h). One JSON document on
  * stdout (rank 0 under mpirun), optionally also written to a file.
  */
+#include <cjson/cJSON.h>
 #include <getopt.h>
+#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,8 @@ static void help(void) {
            "  --model DIR          checkpoint directory (config.json + safetensors)\n"
            "  --adapter FILE       LoRA adapters on the model (a LoRA run's\n"
            "                       checkpoint-N/adapter_model.safetensors)\n"
+           "  --lora-alpha A       their scaling alpha (default: \"lora_alpha\" of the\n"
+           "                       adapter_config.json beside FILE, else 16)\n"
            "  --task T             passkey (default), multikey or vartrack (train --help)\n"
            "  --haystack H         repeat (default) or varied\n"
            "  --prompt-len LIST    prompt lengths in tokens, N[,N...] (default 16384)\n"
@@ -49,6 +53,23 @@ static void help(void) {
            "  --help               this text\n");
 }
 
+/* "lora_alpha" of the adapter_config.json beside an adapter file (what `train` wrote
+ * with it), else PEFT's default 16. */
+static double adapter_alpha(const char *adapter) {
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s", adapter);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dirname(dir));
+    char *text = NULL;
+    double a = 16;
+    if (ls_read_file(path, &text, NULL) != LS_OK) return a;
+    cJSON *j = cJSON_Parse(text);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "lora_alpha");
+    if (cJSON_IsNumber(v) && v->valuedouble > 0) a = v->valuedouble;
+    cJSON_Delete(j);
+    free(text);
+    return a;
+}
+
 int cmd_eval(int argc, char **argv) {
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},     {"adapter", required_argument, 0, 'a'},
@@ -60,12 +81,14 @@ int cmd_eval(int argc, char **argv) {
         {"page-size", required_argument, 0, 'P'}, {"state-dtype", required_argument, 0, 'd'},
         {"threads", required_argument, 0, 't'},   {"cp-layout", required_argument, 0, 'l'},
         {"ep", required_argument, 0, 'e'},        {"quiet", no_argument, 0, 'q'},
-        {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
+        {"lora-alpha", required_argument, 0, 'A'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     const char *c = "eval", *model = NULL, *adapter = NULL, *task = "passkey", *hay = NULL, *tokenizer = NULL,
                *out = NULL;
     ls_eval_opts o;
     ls_eval_opts_default(&o);
     int64_t threads = 0, v, epn = 1;
+    double alpha = 0;
     int quiet = 0, ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -98,6 +121,7 @@ int cmd_eval(int argc, char **argv) {
         case 'l': if (cli_parse_layout(c, optarg, &o.so.fwd.cp_layout)) return 2; break;
         case 'e': if (cli_parse_i64(c, "--ep", optarg, 1, 4096, &epn)) return 2; break;
         case 'q': quiet = 1; break;
+        case 'A': if (cli_parse_f64(c, "--lora-alpha", optarg, 1e-9, 1e9, &alpha)) return 2; break;
         case 'h': help(); return 0;
         default: return cli_usage_error(c, "bad option");
         }
@@ -128,8 +152,9 @@ int cmd_eval(int argc, char **argv) {
     memset(&res, 0, sizeof res);
     const ls_model *run = &m;
     ls_status s;
+    if (adapter && alpha == 0) alpha = adapter_alpha(adapter);
     if (adapter) { /* the base with the adapters, as training runs it */
-        ls_policy_spec spec = {.model_dir = model, .adapter = adapter, .lora_alpha = 16, .ep = ep};
+        ls_policy_spec spec = {.model_dir = model, .adapter = adapter, .lora_alpha = alpha, .ep = ep};
         s = ls_policy_open(&pol, &spec, &ar);
         run = &pol.policy;
     } else {
