@@ -115,7 +115,7 @@ static void help(void) {
            "  --groups-per-update K  prompts per update (default 2; 1 from scratch)\n"
            "  --num-generations G  responses per prompt (default 8)\n"
            "  --max-new-tokens N   response length limit (default 8)\n"
-           "  --lr LR              AdamW learning rate (default 5e-4; 1e-3 from scratch)\n"
+           "  --lr LR              AdamW learning rate (default 1e-3)\n"
            "  --eval-prompts K     held-out prompts per evaluation (default 12; 0: none)\n"
            "  --eval-every N       evaluate after every N-th update too (default 10)\n"
            "  --seed N             model, task and sampling seed (default 1)\n"
@@ -296,7 +296,7 @@ int cmd_demo(int argc, char **argv) {
     if (optind < argc) return cli_usage_error("demo", "unexpected argument \"%s\"", argv[optind]);
     ls_demo_blob mb, cb;
     if (!ls_demo_sft(&mb, &cb) || mla) scratch = 1; /* the embedded checkpoint is the hybrid's */
-    if (!lr) lr = scratch ? "1e-3" : "5e-4";
+    if (!lr) lr = "1e-3";
     if (!gpu) gpu = scratch ? 1 : 2; /* two prompts an update: half the prompt-to-prompt spread of the reward */
     const ls_comm *cp = cli_cp_comm();
     if (cpn > 1 && !cp) return relaunch(argc, argv, (int)cpn, threads);

@@ -868,13 +868,13 @@ static ls_status write_metrics_svg(const metrics *m, const char *run, const char
     if (m->grpo && em) {
         pn[0].title = "reward: group mean (band: ± std), and held-out exact match (update 0: before)";
         pn[0].line[1] = em;
-        pn[0].label[0] = "reward (training prompts)", pn[0].label[1] = "held-out exact match";
+        pn[0].label[0] = "reward", pn[0].label[1] = "held-out exact match";
     }
     /* a task's reward is 0 or 1 for most prompts: its running mean shows the trend */
     const series *avg = series_find(m, "reward_avg");
     if (m->grpo && avg && avg->n >= 8) {
         pn[0].line[2] = avg;
-        pn[0].label[2] = "reward, mean of the last 8";
+        pn[0].label[2] = "reward, mean of last 8";
     }
     int nlen = 0; /* held-out per-length curves: drawn together, when there are several */
     for (int i = 0; i < m->ns; i++) nlen += !strncmp(m->s[i].name, "eval/exact_match/", 17);
