@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The recipe that teaches a random model a long-context skill (docs/recipe.md):
-#   1. init     a small random hybrid model (examples/recipe/hybrid.json)
+#   1. init     a small random model (examples/recipe/hybrid.json, or mla.json)
 #   2. sft      supervised fine-tuning on the task's answers at short prompts, exact
 #               gradient through the prompt (--mode full): the SFT_STAGES in turn
 #   3. eval     held-out exact match of the SFT model at the long length
 #   4. grpo     GRPO with rollouts and the exact-match reward at the long length
 #   5. eval     held-out exact match after GRPO; pictures
 #
-#   scripts/recipe.sh [--task passkey|multikey|vartrack] [--out DIR] [--np N] [--threads N]
-#                     [--long N] [--skip-build]
+#   scripts/recipe.sh [--task passkey|multikey|vartrack] [--family hybrid|mla] [--out DIR]
+#                     [--np N] [--threads N] [--long N] [--skip-build]
 # Every stage is a `longstraw` command printed before it runs; a stage whose output
 # exists is skipped (rerun with the same --out to continue after an interruption).
 # --np N runs every training and eval command under `mpirun -np N` (context
@@ -16,17 +16,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TASK=passkey OUT=recipe-out NP=1 THREADS=${THREADS:-} LONG=16384 BUILD=1 SEED=1
+TASK=passkey FAMILY=hybrid OUT=recipe-out NP=1 THREADS=${THREADS:-} LONG=16384 BUILD=1 SEED=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --task) TASK=$2; shift 2 ;;
+    --family) FAMILY=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --np) NP=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     --long) LONG=$2; shift 2 ;;
     --seed) SEED=$2; shift 2 ;;
     --skip-build) BUILD=0; shift ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "recipe.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
 done
@@ -50,6 +51,9 @@ GRPO_G=${GRPO_G:-8}
 EVAL_PROMPTS=${EVAL_PROMPTS:-32}
 MAXNEW=8; [ "$TASK" = vartrack ] && MAXNEW=16   # the answer and its period fit
 
+CONFIG=examples/recipe/$FAMILY.json
+[ -f "$CONFIG" ] || { echo "recipe.sh: --family $FAMILY: no $CONFIG (hybrid or mla)" >&2; exit 2; }
+
 if [ "$BUILD" = 1 ]; then
   scripts/install-deps.sh
   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -71,8 +75,8 @@ step() { say "${RUN[*]} $*"; "${RUN[@]}" "$@"; }
 
 # 1. init
 if [ ! -f "$OUT/init/model.safetensors" ]; then
-  say "$LS init --config examples/recipe/hybrid.json --seed $SEED --out $OUT/init"
-  "$LS" init --config examples/recipe/hybrid.json --seed "$SEED" --out "$OUT/init"
+  say "$LS init --config $CONFIG --seed $SEED --out $OUT/init"
+  "$LS" init --config "$CONFIG" --seed "$SEED" --out "$OUT/init"
 fi
 
 # 2. SFT stages at short lengths
