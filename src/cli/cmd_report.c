@@ -959,8 +959,9 @@ static ls_status write_eval_svg(const char *path, const char *out) {
     }
     qsort(lens, (size_t)nl, sizeof *lens, cmp_double);
     qsort(deps, (size_t)nd, sizeof *deps, cmp_double);
-    const double cw = 90, ch = 34, x0 = 120, y0 = 90;
+    const double cw = 90, ch = 34, x0 = 120, y0 = 104;
     double W = x0 + cw * (nd > 0 ? nd : 1) + 140, H = y0 + ch * (nl > 0 ? nl : 1) + 70;
+    if (W < 760) W = 760; /* the two lines of text above the grid */
     sbuf b = {0};
     sb_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%.0f\" height=\"%.0f\" "
               "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%%\" "
@@ -971,7 +972,8 @@ static ls_status write_eval_svg(const char *path, const char *out) {
     sb_printf(&b, " (%s haystack): held-out exact match %.3f", cJSON_IsString(hay) ? hay->valuestring : "?", em->valuedouble);
     sb_printf(&b, "</text>\n<text x=\"20\" y=\"46\" fill=\"#555\">");
     sb_escape(&b, cJSON_IsString(model) ? model->valuestring : path);
-    sb_printf(&b, " — rows: prompt length (tokens), columns: needle depth, cell: exact match (prompts)</text>\n");
+    sb_printf(&b, "</text>\n<text x=\"20\" y=\"62\" fill=\"#555\">rows: prompt length (tokens), columns: needle "
+              "depth, cell: exact match (prompts)</text>\n");
     for (int j = 0; j < nd; j++)
         sb_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%g</text>\n", x0 + cw * (j + 0.5), y0 - 8, deps[j]);
     sb_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#555\">needle depth</text>\n",
