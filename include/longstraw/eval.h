@@ -9,8 +9,6 @@
 #ifndef LONGSTRAW_EVAL_H
 #define LONGSTRAW_EVAL_H
 
-#include <stdio.h>
-
 #include "longstraw/group.h"
 #include "longstraw/score.h"
 #include "longstraw/task.h"
@@ -66,9 +64,10 @@ void ls_eval_result_free(ls_eval_result *r);
 /* Means of exact match over the rows of one length (depth < 0: every depth) or of one
  * depth level (length < 0: every length); NAN when none. */
 double ls_eval_mean(const ls_eval_result *r, int64_t length, double depth, int score, int64_t *n);
-/* The JSON document: {"task", "haystack", "exact_match", "score", "num_prompts",
- * "by_length": {"L": {"exact_match", "score", "n", "by_depth": {"D": {...}}}},
- * "by_depth": {...}, "prompts": [...], "seconds", ...} (`model` written as given). */
-void ls_eval_json(FILE *f, const ls_eval_result *r, const ls_eval_opts *o, const char *model);
+/* The JSON document, newline-terminated and malloc'd (NULL: out of memory):
+ * {"task", "haystack", "exact_match", "score", "num_prompts", "by_length": {"L":
+ * {"exact_match", "score", "n", "by_depth": {"D": {...}}}}, "by_depth": {...},
+ * "prompts": [...], "seconds", ...} (`model` written as given). */
+char *ls_eval_json(const ls_eval_result *r, const ls_eval_opts *o, const char *model);
 
 #endif

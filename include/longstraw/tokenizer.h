@@ -62,6 +62,11 @@ ls_status ls_tok_decode(const ls_tokenizer *t, const int32_t *ids, int64_t n, ch
  * `longstraw demo` uses, so it needs no download. */
 ls_status ls_tok_byte_level_json(char **json);
 
+/* The tokenizer.json at `path`, or the plain byte-level one above when path is NULL;
+ * one whose ids do not fit a model of `vocab` ids (vocab > 0) is refused, naming the
+ * file and both counts (*out NULL on any error). */
+ls_status ls_tok_load_for_model(ls_tokenizer **out, const char *path, int64_t vocab);
+
 /* 1 + the largest id of the vocab and the added tokens. */
 int64_t ls_tok_vocab_size(const ls_tokenizer *t);
 /* Id of a token spelt as in tokenizer.json ("Ġthe", "<|im_start|>"); -1 if absent. */
@@ -78,6 +83,10 @@ int ls_tok_uni_ccc(uint32_t cp);       /* Canonical_Combining_Class */
 /* Decode one UTF-8 scalar at s[0..len): returns its length (1..4) and the code point in
  * *cp, or 0 for an ill-formed sequence (overlong, surrogate, > U+10FFFF, truncated). */
 int ls_tok_utf8_decode(const unsigned char *s, size_t len, uint32_t *cp);
+/* *adv = the length (n ≥ 1) of the well-formed UTF-8 sequence at s (return 1), or of
+ * the maximal subpart of an ill-formed one (return 0: those *adv bytes become one
+ * U+FFFD, Unicode §3.9 "substitution of maximal subparts"). */
+int ls_tok_utf8_seq(const unsigned char *s, size_t n, size_t *adv);
 /* Canonical composition (NFC) of code points: in[0..n) -> out (malloc'd, caller frees),
  * *out_n code points. Decomposes (canonical mappings + Hangul), orders marks by
  * combining class, then composes primary composites (and Hangul LV/LVT). */

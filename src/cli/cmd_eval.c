@@ -160,38 +160,18 @@ int cmd_eval(int argc, char **argv) {
     } else {
         s = ls_model_load(&m, model, ep, &ar.a[LS_ARENA_FIXED]);
     }
-    if (s == LS_OK) {
-        if (tokenizer) {
-            s = ls_tok_load(&tok, tokenizer);
-        } else {
-            char *json;
-            s = ls_tok_byte_level_json(&json);
-            if (s == LS_OK) s = ls_tok_load_json(&tok, json, strlen(json), "(built-in byte-level tokenizer)");
-            if (s == LS_OK) free(json);
-        }
-    }
-    if (s == LS_OK && ls_tok_vocab_size(tok) > ls_model_config(run)->vocab)
-        s = ls_err(LS_ERR_ARG, "%s: the tokenizer has %lld ids but the model's vocab_size is %lld",
-                   tokenizer ? tokenizer : "(built-in tokenizer)", (long long)ls_tok_vocab_size(tok),
-                   (long long)ls_model_config(run)->vocab);
+    if (s == LS_OK) s = ls_tok_load_for_model(&tok, tokenizer, ls_model_config(run)->vocab);
     if (s == LS_OK) s = ls_eval_run(run, tok, &o, &ar, &res);
     int rc = 0;
     if (s != LS_OK) {
         rc = cli_fail(c, s);
-    } else if (cli_rank() == 0) {
-        ls_eval_json(stdout, &res, &o, model);
-        fflush(stdout);
-        if (out) {
-            char *buf = NULL;
-            size_t blen = 0;
-            FILE *f = open_memstream(&buf, &blen);
-            if (!f) s = LS_ERR_NOMEM;
-            else {
-                ls_eval_json(f, &res, &o, model);
-                s = ls_write_memstream(out, f, &buf, &blen);
-            }
-            if (s != LS_OK) rc = cli_fail(c, s);
-        }
+    } else if (cli_rank() == 0) { /* one document: on stdout and, with --out, in the file */
+        char *text = ls_eval_json(&res, &o, model);
+        if (!text) s = LS_ERR_NOMEM;
+        if (text) fputs(text, stdout), fflush(stdout);
+        if (text && out) s = ls_write_file_atomic(out, text, strlen(text));
+        free(text);
+        if (s != LS_OK) rc = cli_fail(c, s);
         if (!quiet && rc == 0)
             fprintf(stderr, "longstraw eval: exact match %.3f (score %.3f) over %lld prompts in %.1fs\n",
                     res.exact_match, res.score, (long long)res.n, res.seconds);

@@ -91,22 +91,17 @@ ls_status ls_eval_parse_depths(ls_eval_opts *o, const char *list) {
     return LS_OK;
 }
 
-/* s[0..len) with every ill-formed UTF-8 sequence replaced by U+FFFD (a byte-level
- * model's response may split a character; JSON must be UTF-8). NULL: out of memory. */
+/* s[0..len) with each ill-formed UTF-8 subpart replaced by U+FFFD, as the reward
+ * process gets it (a byte-level model's response may split a character; JSON must be
+ * UTF-8), and NUL bytes too (a C string goes into the document). NULL: out of memory. */
 static char *utf8_clean(const char *s, size_t len) {
     char *o = malloc(3 * len + 1);
     if (!o) return NULL;
-    size_t k = 0;
-    for (size_t i = 0; i < len;) {
-        uint32_t cp;
-        int n = ls_tok_utf8_decode((const unsigned char *)s + i, len - i, &cp);
-        if (n > 0 && cp != 0) {
-            memcpy(o + k, s + i, (size_t)n);
-            k += (size_t)n, i += (size_t)n;
-        } else {
-            memcpy(o + k, "\xEF\xBF\xBD", 3);
-            k += 3, i++;
-        }
+    size_t k = 0, adv;
+    for (size_t i = 0; i < len; i += adv) {
+        int ok = ls_tok_utf8_seq((const unsigned char *)s + i, len - i, &adv) && s[i] != 0;
+        memcpy(o + k, ok ? s + i : "\xEF\xBF\xBD", ok ? adv : 3);
+        k += ok ? adv : 3;
     }
     o[k] = 0;
     return o;
@@ -235,7 +230,7 @@ static cJSON *cell(const ls_eval_result *r, int64_t length, double depth) {
     return c;
 }
 
-void ls_eval_json(FILE *f, const ls_eval_result *r, const ls_eval_opts *o, const char *model) {
+char *ls_eval_json(const ls_eval_result *r, const ls_eval_opts *o, const char *model) {
     char name[32], key[64];
     cJSON *doc = cJSON_CreateObject();
     cJSON_AddStringToObject(doc, "task", ls_task_name(&o->task, name, sizeof name));
@@ -279,7 +274,13 @@ void ls_eval_json(FILE *f, const ls_eval_result *r, const ls_eval_opts *o, const
     }
     cJSON_AddNumberToObject(doc, "seconds", round(r->seconds * 1e3) / 1e3);
     char *text = cJSON_Print(doc);
-    if (text) fprintf(f, "%s\n", text);
-    free(text);
     cJSON_Delete(doc);
+    size_t n = text ? strlen(text) : 0;
+    char *line = text ? realloc(text, n + 2) : NULL; /* one document, one trailing newline */
+    if (!line) {
+        free(text);
+        return NULL;
+    }
+    line[n] = '\n', line[n + 1] = 0;
+    return line;
 }

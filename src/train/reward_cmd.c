@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "longstraw/reward.h"
+#include "longstraw/tokenizer.h"
 
 extern char **environ;
 
@@ -163,37 +164,6 @@ static int set_nonblock(int fd) {
 
 /* ---- JSON escaping ------------------------------------------------------------ */
 
-/* Length of the well-formed UTF-8 sequence at s (return 1), or of the maximal
- * subpart of an ill-formed one (return 0: replace those *adv bytes by one U+FFFD;
- * Unicode §3.9 "U+FFFD substitution of maximal subparts"). */
-static int utf8_seq(const unsigned char *s, size_t n, size_t *adv) {
-    unsigned b = s[0], lo = 0x80, hi = 0xBF;
-    size_t need;
-    if (b < 0x80) {
-        *adv = 1;
-        return 1;
-    }
-    if (b >= 0xC2 && b <= 0xDF) need = 1;
-    else if (b == 0xE0) need = 2, lo = 0xA0;                 /* no overlongs */
-    else if (b == 0xED) need = 2, hi = 0x9F;                 /* no surrogates */
-    else if (b >= 0xE1 && b <= 0xEF) need = 2;
-    else if (b == 0xF0) need = 3, lo = 0x90;                 /* no overlongs */
-    else if (b >= 0xF1 && b <= 0xF3) need = 3;
-    else if (b == 0xF4) need = 3, hi = 0x8F;                 /* ≤ U+10FFFF */
-    else {
-        *adv = 1; /* 80..C1, F5..FF: never a lead byte */
-        return 0;
-    }
-    size_t k = 1;
-    while (k <= need && k < n) {
-        unsigned c = s[k];
-        if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xBF)) break;
-        k++;
-    }
-    *adv = k;
-    return k == need + 1;
-}
-
 /* Write s as a quoted JSON string at dst (when dst != NULL); return its length.
  * Worst case 6 bytes per input byte (control bytes as \u00XX). */
 static size_t json_escape(char *dst, const char *src, size_t n) {
@@ -206,7 +176,7 @@ static size_t json_escape(char *dst, const char *src, size_t n) {
         unsigned c = s[i];
         size_t adv;
         if (c >= 0x80) {
-            if (utf8_seq(s + i, n - i, &adv)) {
+            if (ls_tok_utf8_seq(s + i, n - i, &adv)) {
                 for (size_t k = 0; k < adv; k++) PUT(s[i + k]);
             } else {
                 PUT(0xEF), PUT(0xBF), PUT(0xBD); /* U+FFFD */

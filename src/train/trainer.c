@@ -457,12 +457,11 @@ static ls_status evaluate_task(trainer *tr, ls_eval_result *r) {
     char path[4200], what[4200];
     snprintf(path, sizeof path, "%s/eval.json", tr->a->out);
     snprintf(what, sizeof what, "%s after update %lld", tr->a->out, (long long)tr->update + (r == &tr->ev_res));
-    char *buf = NULL;
-    size_t blen = 0;
-    FILE *f = open_memstream(&buf, &blen);
-    if (!f) return LS_ERR_NOMEM;
-    ls_eval_json(f, r, &tr->ev, what);
-    return ls_write_memstream(path, f, &buf, &blen);
+    char *text = ls_eval_json(r, &tr->ev, what);
+    if (!text) return LS_ERR_NOMEM;
+    ls_status s = ls_write_file_atomic(path, text, strlen(text));
+    free(text);
+    return s;
 }
 
 /* "held-out exact match 0.750 (16384: 0.750, 32768: 0.500)" */
@@ -1041,18 +1040,7 @@ static ls_status setup(trainer *tr) {
                 (long long)tr->update, (long long)tr->data_pos, (long long)step);
     }
     /* tokenizer: given, or plain bytes for the built-in task */
-    if (a->tokenizer) LS_TRY(ls_tok_load(&tr->tok, a->tokenizer));
-    else if (a->task) {
-        char *json;
-        LS_TRY(ls_tok_byte_level_json(&json));
-        ls_status s = ls_tok_load_json(&tr->tok, json, strlen(json), "(built-in byte-level tokenizer)");
-        free(json);
-        LS_TRY(s);
-    }
-    if (tr->tok && ls_tok_vocab_size(tr->tok) > tr->pol.cfg->vocab)
-        return ls_err(LS_ERR_ARG, "%s: the tokenizer has %lld ids but the model's vocab_size is %lld",
-                      a->tokenizer ? a->tokenizer : "(built-in tokenizer)", (long long)ls_tok_vocab_size(tr->tok),
-                      (long long)tr->pol.cfg->vocab);
+    if (a->tokenizer || a->task) LS_TRY(ls_tok_load_for_model(&tr->tok, a->tokenizer, tr->pol.cfg->vocab));
     if (a->data) LS_TRY(jsonl_open(&tr->data, a->data));
     if (a->data && !a->no_validate) LS_TRY(validate_data(tr));
     if (a->task) LS_TRY(ls_task_parse(&tr->task, a->task, a->haystack));
