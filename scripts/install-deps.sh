@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install LongStraw's build dependencies from Debian 12 packages (idempotent).
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libcjson-dev libopenmpi-dev openmpi-bin)
+pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libcjson-dev libopenmpi-dev openmpi-bin xz-utils)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -107,7 +107,7 @@ static void help(void) {
            have ? "the embedded SFT checkpoint (a 4-layer hybrid, 2 Gated DeltaNet + 2 gated\n"
                   "attention layers, taught the task at 256- then 1024-token prompts; scripts/make-demo-sft.sh\n"
                   "reproduces it), or random weights with --from-scratch"
-                : "random weights (this build has no embedded SFT checkpoint: assets/demo-sft/\n"
+                : "random weights (this build has no embedded SFT checkpoint: assets/demo-sft.tar.xz\n"
                   "was missing; scripts/make-demo-sft.sh makes it)");
     printf("  --out DIR            demo directory (default longstraw-demo; rerunning replaces its run/)\n"
            "  --prompt-len N       prompt length in tokens (default 16384)\n"

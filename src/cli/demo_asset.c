@@ -1,6 +1,7 @@
 /*
  * demo_asset.c — the demo's starting checkpoint, embedded in the binary when the build
- * found assets/demo-sft/ (CMakeLists.txt defines LS_DEMO_SFT_DIR): a small hybrid model
+ * found assets/demo-sft.tar.xz (CMakeLists.txt extracts it and defines LS_DEMO_SFT_DIR,
+ * the extracted model.safetensors and config.json): a small hybrid model
  * taught the passkey task at a short prompt by supervised fine-tuning
  * (scripts/make-demo-sft.sh reproduces it). `longstraw demo` writes it to OUT/model/.
  */
