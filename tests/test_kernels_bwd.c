@@ -1,6 +1,7 @@
 /*
- * test_kernels_bwd.c — every backward of the small CPU kernels (linear, embed, the three
- * norms, conv, RoPE, SwiGLU, LM head) checked by central finite differences in double.
+ * test_kernels_bwd.c — every backward of the small CPU kernels (linear, embed, the
+ * norms, conv, RoPE, SwiGLU, LM head, the sigmoid gates, the Gated DeltaNet prologue)
+ * checked by central finite differences in double.
  *
  * For each kernel: a naive double-precision forward written here (independent of the kernel
  * code); the f32 kernel forward against it; then the gradient of L = Σ out·R (R random; for
@@ -949,6 +950,202 @@ static int kb_dsa(kstat *ks, ls_rng *rng) {
 /* ======================================================================================
  * the table
  * ==================================================================================== */
+/* ======================================================================================
+ * the small gates (backend ops of their own): y = x·σ(gate); x[t] += σ(logit[t])·y[t];
+ * the Gated DeltaNet prologue (spec §2.3–§2.5)
+ * ==================================================================================== */
+static double sig_d(double z) { return 1.0 / (1.0 + exp(-z)); }
+
+typedef struct {
+    double *x, *gate, *R;
+    int64_t n;
+} smul_ctx;
+
+static double smul_loss(void *vc) {
+    smul_ctx *c = vc;
+    double L = 0;
+    for (int64_t i = 0; i < c->n; i++) L += c->x[i] * sig_d(c->gate[i]) * c->R[i];
+    return L;
+}
+
+/* p = {n}: n > 65536 takes the OpenMP path */
+static int kb_sigmoid_mul_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
+    const int64_t n = p[0];
+    float *x = pf_normal(pl, n, rng, 1.0f), *gate = pf_normal(pl, n, rng, 2.0f), *R = pf_normal(pl, n, rng, 1.0f);
+    float *y = pf(pl, n), *dx = pf(pl, n), *dg = pf(pl, n), *dx2 = pf(pl, n), *dg2 = pf(pl, n);
+    smul_ctx c = {pd(pl, n), pd(pl, n), pd(pl, n), n};
+    double *ref = pd(pl, n);
+    fdsel sx = sel_make(pl, n, n > 4096 ? 2000 : 0, rng), sg = sel_make(pl, n, n > 4096 ? 2000 : 0, rng);
+    double *gx = pd(pl, sx.m), *gg = pd(pl, sg.m);
+    T_CHECK(!pl->oom, "out of memory");
+    to_d(c.x, x, n);
+    to_d(c.gate, gate, n);
+    to_d(c.R, R, n);
+    for (int64_t i = 0; i < n; i++) ref[i] = c.x[i] * sig_d(c.gate[i]);
+    fill_f(y, n, NAN);
+    ls_sigmoid_mul_fwd(y, x, gate, n);
+    if (cmp_fwd(ks, "y", y, ref, n)) return 1;
+    fd_grad(gx, c.x, sx, smul_loss, &c);
+    fd_grad(gg, c.gate, sg, smul_loss, &c);
+    fill_f(dx, n, NAN);
+    fill_f(dg, n, NAN);
+    ls_sigmoid_mul_bwd(dx, dg, R, x, gate, n);
+    if (cmp_grad(ks, "dx", dx, 0.0f, gx, sx) || cmp_grad(ks, "dgate", dg, 0.0f, gg, sg)) return 1;
+    memcpy(dx2, R, (size_t)n * sizeof(float)); /* dx == dy */
+    fill_f(dg2, n, NAN);
+    ls_sigmoid_mul_bwd(dx2, dg2, dx2, x, gate, n);
+    return cmp_same(ks, "dx, dx == dy", dx2, dx, n) || cmp_same(ks, "dgate, dx == dy", dg2, dg, n);
+}
+
+static int kb_sigmoid_mul(kstat *ks, ls_rng *rng) {
+    static const int64_t cases[][8] = {{7}, {70001}};
+    return run_cases(ks, rng, kb_sigmoid_mul_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+typedef struct {
+    double *logit, *y, *R;
+    int64_t T, D;
+} gadd_ctx;
+
+static double gadd_loss(void *vc) {
+    gadd_ctx *c = vc;
+    double L = 0;
+    for (int64_t t = 0; t < c->T; t++)
+        for (int64_t d = 0; d < c->D; d++) L += sig_d(c->logit[t]) * c->y[t * c->D + d] * c->R[t * c->D + d];
+    return L;
+}
+
+/* p = {T, D} */
+static int kb_gated_add_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
+    const int64_t T = p[0], D = p[1], n = T * D;
+    float *x = pf_normal(pl, n, rng, 1.0f), *logit = pf_normal(pl, T, rng, 2.0f), *y = pf_normal(pl, n, rng, 1.0f);
+    float *R = pf_normal(pl, n, rng, 1.0f), *dy = pf(pl, n), *dl = pf(pl, T);
+    gadd_ctx c = {pd(pl, T), pd(pl, n), pd(pl, n), T, D};
+    double *ref = pd(pl, n);
+    fdsel sy = sel_make(pl, n, 0, rng), sl = sel_make(pl, T, 0, rng);
+    double *gy = pd(pl, sy.m), *gl = pd(pl, sl.m);
+    T_CHECK(!pl->oom, "out of memory");
+    to_d(c.logit, logit, T);
+    to_d(c.y, y, n);
+    to_d(c.R, R, n);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t d = 0; d < D; d++) ref[t * D + d] = (double)x[t * D + d] + sig_d(c.logit[t]) * c.y[t * D + d];
+    ls_gated_add_rows(x, logit, y, T, D); /* += onto x */
+    if (cmp_fwd(ks, "x", x, ref, n)) return 1;
+    fd_grad(gy, c.y, sy, gadd_loss, &c);
+    fd_grad(gl, c.logit, sl, gadd_loss, &c);
+    fill_f(dy, n, NAN);
+    fill_f(dl, T, NAN);
+    ls_gated_add_rows_bwd(dy, dl, R, logit, y, T, D);
+    return cmp_grad(ks, "dy", dy, 0.0f, gy, sy) || cmp_grad(ks, "dlogit", dl, 0.0f, gl, sl);
+}
+
+static int kb_gated_add(kstat *ks, ls_rng *rng) {
+    static const int64_t cases[][8] = {{1, 5}, {6, 13}};
+    return run_cases(ks, rng, kb_gated_add_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+typedef struct {
+    double *y, *ba, *A_log, *dt_bias, *R; /* R: [T, 2·kd + vd + 2·Hv], the outputs in order q k v beta g */
+    int64_t T;
+    ls_gdr_dims dm;
+} prep_ctx;
+
+static double prep_loss(void *vc) {
+    prep_ctx *c = vc;
+    int64_t kd = (int64_t)c->dm.H_k * c->dm.d_k, vd = (int64_t)c->dm.H_v * c->dm.d_v, cd = 2 * kd + vd;
+    int Hv = c->dm.H_v, dk = c->dm.d_k;
+    int64_t ro = cd + 2 * Hv;
+    double L = 0;
+    for (int64_t t = 0; t < c->T; t++) {
+        const double *yt = c->y + t * cd, *R = c->R + t * ro;
+        for (int part = 0; part < 2; part++) /* q, k: L2-normalised per key head */
+            for (int h = 0; h < c->dm.H_k; h++) {
+                const double *u = yt + part * kd + h * dk;
+                double s = 0;
+                for (int j = 0; j < dk; j++) s += u[j] * u[j];
+                double r = 1.0 / sqrt(s + 1e-6);
+                for (int j = 0; j < dk; j++) L += u[j] * r * R[part * kd + h * dk + j];
+            }
+        for (int64_t i = 0; i < vd; i++) L += yt[2 * kd + i] * R[2 * kd + i];
+        for (int h = 0; h < Hv; h++) {
+            double b = c->ba[t * 2 * Hv + h], a = c->ba[t * 2 * Hv + Hv + h] + c->dt_bias[h];
+            double sp = a > 20 ? a : log1p(exp(a));
+            L += sig_d(b) * R[cd + h] - exp(c->A_log[h]) * sp * R[cd + Hv + h];
+        }
+    }
+    return L;
+}
+
+/* p = {T, H_k, H_v, d_k, d_v}; T·… large enough for the OpenMP loop to split */
+static int kb_gdn_prep_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
+    const int64_t T = p[0];
+    ls_gdr_dims dm = {(int)p[1], (int)p[2], (int)p[3], (int)p[4], 1.0f};
+    const int64_t kd = p[1] * p[3], vd = p[2] * p[4], cd = 2 * kd + vd, Hv = p[2], ro = cd + 2 * Hv;
+    float *y = pf_normal(pl, T * cd, rng, 1.0f), *ba = pf_normal(pl, T * 2 * Hv, rng, 1.5f);
+    float *A_log = pf_normal(pl, Hv, rng, 0.5f), *dt_bias = pf_normal(pl, Hv, rng, 0.5f);
+    float *R = pf_normal(pl, T * ro, rng, 1.0f);
+    float *q = pf(pl, T * kd), *k = pf(pl, T * kd), *v = pf(pl, T * vd), *beta = pf(pl, T * Hv), *g = pf(pl, T * Hv);
+    float *rq = pf(pl, T * p[1]), *rk = pf(pl, T * p[1]);
+    float *dq = pf(pl, T * kd), *dk = pf(pl, T * kd), *dv = pf(pl, T * vd), *db = pf(pl, T * Hv), *dg = pf(pl, T * Hv);
+    float *dy = pf(pl, T * cd), *dba = pf(pl, T * 2 * Hv), *dA = pf(pl, Hv), *ddt = pf(pl, Hv);
+    float *dy2 = pf(pl, T * cd), *dba2 = pf(pl, T * 2 * Hv);
+    prep_ctx c = {pd(pl, T * cd), pd(pl, T * 2 * Hv), pd(pl, Hv), pd(pl, Hv), pd(pl, T * ro), T, dm};
+    fdsel sy = sel_make(pl, T * cd, 600, rng), sb = sel_make(pl, T * 2 * Hv, 0, rng);
+    fdsel sA = sel_make(pl, Hv, 0, rng), sd = sel_make(pl, Hv, 0, rng);
+    double *gy = pd(pl, sy.m), *gb = pd(pl, sb.m), *gA = pd(pl, sA.m), *gd = pd(pl, sd.m);
+    T_CHECK(!pl->oom, "out of memory");
+    to_d(c.y, y, T * cd);
+    to_d(c.ba, ba, T * 2 * Hv);
+    to_d(c.A_log, A_log, Hv);
+    to_d(c.dt_bias, dt_bias, Hv);
+    to_d(c.R, R, T * ro);
+    fill_f(q, T * kd, NAN), fill_f(k, T * kd, NAN), fill_f(v, T * vd, NAN);
+    fill_f(beta, T * Hv, NAN), fill_f(g, T * Hv, NAN);
+    ls_gdn_prep_fwd(q, k, v, beta, g, rq, rk, y, ba, A_log, dt_bias, T, dm);
+    /* the forward through the loss's own pieces: Σ out·R in double against the loss */
+    double Lk = 0;
+    for (int64_t t = 0; t < T; t++) {
+        const float *Rt = R + t * ro;
+        for (int64_t i = 0; i < kd; i++) Lk += (double)q[t * kd + i] * Rt[i] + (double)k[t * kd + i] * Rt[kd + i];
+        for (int64_t i = 0; i < vd; i++) Lk += (double)v[t * vd + i] * Rt[2 * kd + i];
+        for (int64_t h = 0; h < Hv; h++) Lk += (double)beta[t * Hv + h] * Rt[cd + h] + (double)g[t * Hv + h] * Rt[cd + Hv + h];
+    }
+    double Lr = prep_loss(&c);
+    T_CHECK(t_all_finite_f(q, T * kd) && t_all_finite_f(g, T * Hv), "gdn_prep: non-finite forward output");
+    T_CHECK(fabs(Lk - Lr) <= FWD_TOL * (fabs(Lr) + 1.0), "gdn_prep forward: Σ out·R %.9g vs reference %.9g", Lk, Lr);
+    if (Lr != 0 && fabs(Lk - Lr) / fabs(Lr) > ks->fwd) ks->fwd = fabs(Lk - Lr) / fabs(Lr);
+    fd_grad(gy, c.y, sy, prep_loss, &c);
+    fd_grad(gb, c.ba, sb, prep_loss, &c);
+    fd_grad(gA, c.A_log, sA, prep_loss, &c);
+    fd_grad(gd, c.dt_bias, sd, prep_loss, &c);
+    for (int64_t t = 0; t < T; t++) { /* the backward's inputs: R split into its parts */
+        const float *Rt = R + t * ro;
+        memcpy(dq + t * kd, Rt, (size_t)kd * sizeof(float));
+        memcpy(dk + t * kd, Rt + kd, (size_t)kd * sizeof(float));
+        memcpy(dv + t * vd, Rt + 2 * kd, (size_t)vd * sizeof(float));
+        memcpy(db + t * Hv, Rt + cd, (size_t)Hv * sizeof(float));
+        memcpy(dg + t * Hv, Rt + cd + Hv, (size_t)Hv * sizeof(float));
+    }
+    fill_f(dy, T * cd, NAN);
+    fill_f(dba, T * 2 * Hv, NAN);
+    fill_f(dA, Hv, PREFILL);
+    fill_f(ddt, Hv, PREFILL);
+    ls_gdn_prep_bwd(dy, dba, dA, ddt, dq, dk, dv, db, dg, y, rq, rk, ba, beta, g, A_log, dt_bias, T, dm);
+    if (cmp_grad(ks, "dy", dy, 0.0f, gy, sy) || cmp_grad(ks, "dba", dba, 0.0f, gb, sb) ||
+        cmp_grad(ks, "dA_log", dA, PREFILL, gA, sA) || cmp_grad(ks, "ddt_bias", ddt, PREFILL, gd, sd))
+        return 1;
+    fill_f(dy2, T * cd, NAN); /* dA_log, ddt_bias NULL: the rest unchanged */
+    fill_f(dba2, T * 2 * Hv, NAN);
+    ls_gdn_prep_bwd(dy2, dba2, NULL, NULL, dq, dk, dv, db, dg, y, rq, rk, ba, beta, g, A_log, dt_bias, T, dm);
+    return cmp_same(ks, "dy (NULL sums)", dy2, dy, T * cd) || cmp_same(ks, "dba (NULL sums)", dba2, dba, T * 2 * Hv);
+}
+
+static int kb_gdn_prep(kstat *ks, ls_rng *rng) {
+    static const int64_t cases[][8] = {{3, 1, 2, 4, 3}, {37, 2, 4, 8, 5}};
+    return run_cases(ks, rng, kb_gdn_prep_case, cases, sizeof cases / sizeof cases[0]);
+}
+
 int test_kernels_bwd_fd(void) {
     static const struct {
         const char *name;
@@ -960,6 +1157,7 @@ int test_kernels_bwd_fd(void) {
         {"dsa_sel_scores", kb_dsa},
         {"conv", kb_conv},     {"rope", kb_rope},     {"swiglu", kb_swiglu},
         {"lmhead", kb_lmhead},
+        {"sigmoid_mul", kb_sigmoid_mul}, {"gated_add_rows", kb_gated_add}, {"gdn_prep", kb_gdn_prep},
     };
     ls_rng rng;
     ls_rng_seed(&rng, 20240611);

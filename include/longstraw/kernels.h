@@ -1,6 +1,8 @@
 /*
- * kernels.h — CPU kernels of the hybrid family (forward; backward lands beside
- * each forward in the next issue). Conventions (STYLE.md §2, llm.c order):
+ * kernels.h — the CPU backend's kernels (src/backend/cpu/), each backward beside its
+ * forward: the reference every backend is held to. The models reach them only
+ * through the backend table (backend.h, ls_op_*); tests and benchmarks call them
+ * directly. Conventions (STYLE.md §2, llm.c order):
  * outputs, saved-for-backward (tape; NULL = no tape), inputs, weights, dims.
  * Activations are f32, row-major, token-major: x[t][...]. Weights are in HF
  * layout [out, in]. Functions that need scratch memory take an ls_arena and
@@ -67,6 +69,10 @@ void ls_conv_fwd(float *y, float *pre, float *tail, const float *x, const float 
 void ls_conv_bwd(float *dx, float *dw, float *dtail, const float *dy, const float *pre,
                  const float *x, const float *tail_in, const float *w, int64_t T, int64_t C,
                  int64_t W);
+/* One token of each of n sequences (batched decode): row i of y, x [n, C] against its
+ * own tail tails[i] [W−1, C] (updated in place); no pre-activation is kept. */
+void ls_conv_step_seqs(float *y, float *const *tails, const float *x, const float *w, int64_t n, int64_t C,
+                       int64_t W);
 
 /* ---- rotary embedding ------------------------------------------------------ */
 /* In-place partial rotate-half RoPE (§4.3) on x[T, heads, hd]: dims [0, rot) of each
@@ -109,6 +115,10 @@ void ls_mla_route_bwd(float *dlogits, const float *dwt, const float *s, const in
 /* MoE rows grouped by expert (both families): count[E+1] prefix sums, rows[T·K] =
  * token·K + slot, ascending within an expert. */
 ls_status ls_moe_group(int64_t *count, int64_t *rows, const int32_t *sel, int64_t T, int E, int K, ls_arena *sc);
+/* The hybrid family's MoE routing (specs/hybrid-qwen3next.md §5): probs[T,E] (=) =
+ * softmax(logits); sel[T,K] (=) the K largest (ties to the lower index), wt[T,K] (=)
+ * their probabilities, renormalised to sum 1 when norm_topk. */
+void ls_moe_route(float *probs, int32_t *sel, float *wt, const float *logits, int64_t T, int E, int K, int norm_topk);
 
 /* ---- activations ------------------------------------------------------------ */
 /* out[T,I] = SiLU(gu[t, 0:I]) ⊙ gu[t, I:2I]. */
@@ -116,6 +126,21 @@ void ls_swiglu_fwd(float *out, const float *gu, int64_t T, int64_t n_inter);
 /* dgu[T,2I] (=) from dout[T,I] and the forward input gu. */
 void ls_swiglu_bwd(float *dgu, const float *dout, const float *gu, int64_t T, int64_t n_inter);
 static inline float ls_sigmoidf(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
+/* The attention output gate: y[i] (=) = x[i]·σ(gate[i]) (y may alias x); backward:
+ * dgate (=) and dx (=, may alias dy) from dy and the forward's x and gate. */
+void ls_sigmoid_mul_fwd(float *y, const float *x, const float *gate, int64_t n);
+void ls_sigmoid_mul_bwd(float *dx, float *dgate, const float *dy, const float *x, const float *gate, int64_t n);
+/* The shared expert's gated add: x[t,:] += σ(logit[t])·y[t,:] over [T,D]; backward:
+ * dy (=) = σ·dx and dlogit[t] (=) = (dx[t]·y[t])·σ(1−σ), the dot in double. */
+void ls_gated_add_rows(float *x, const float *logit, const float *y, int64_t T, int64_t D);
+void ls_gated_add_rows_bwd(float *dy, float *dlogit, const float *dx, const float *logit, const float *y, int64_t T,
+                           int64_t D);
+
+/* ---- products ------------------------------------------------------------------ */
+/* C[M,N] = alpha·op(A)·op(B) + beta·C, row-major with leading dimensions; op(X) = Xᵀ
+ * when trans_x (through cblas_sgemm). */
+void ls_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+             const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
 /* ---- gated delta rule (specs/hybrid-qwen3next.md §2.6, §3) ------------------ */
 /* Dimensions of one Gated DeltaNet recurrence. Value head h reads key head h/(H_v/H_k). */
@@ -135,6 +160,22 @@ ls_status ls_gdr_chunk_fwd(float *o, float *tape_h, float *state, const float *q
 /* Token-serial recurrence, same contract (the reference, and the one-token decode step). */
 void ls_gdr_serial_fwd(float *o, float *state, const float *q, const float *k, const float *v,
                        const float *beta, const float *g, int64_t T, ls_gdr_dims dm);
+/* One token of each of n sequences (batched decode): row i of o, q, k, v, beta, g
+ * continues states[i] (advanced in place). */
+void ls_gdr_step_seqs(float *o, float *const *states, const float *q, const float *k, const float *v,
+                      const float *beta, const float *g, int64_t n, ls_gdr_dims dm);
+/* The mixer's prologue (spec §2.3–§2.5) on the conv output y [T, 2·H_k·d_k + H_v·d_v]
+ * = [q | k | v] and the projected ba [T, 2·H_v] = [b | a]: q, k [T,H_k,d_k] (=)
+ * L2-normalised (eps 1e-6; rq, rk [T,H_k] their saved 1/norms, NULL skips), v (=) the
+ * copy, beta = σ(b), g = −e^{A_log}·softplus(a + dt_bias) [T,H_v] (=). */
+void ls_gdn_prep_fwd(float *q, float *k, float *v, float *beta, float *g, float *rq, float *rk, const float *y,
+                     const float *ba, const float *A_log, const float *dt_bias, int64_t T, ls_gdr_dims dm);
+/* Its backward from dq, dk, dv, dbeta, dg: dy [T, conv_dim] (=), dba [T, 2·H_v] (=),
+ * dA_log, ddt_bias [H_v] (+=, in token order; NULL skips). */
+void ls_gdn_prep_bwd(float *dy, float *dba, float *dA_log, float *ddt_bias, const float *dq, const float *dk,
+                     const float *dv, const float *dbeta, const float *dg, const float *y, const float *rq,
+                     const float *rk, const float *ba, const float *beta, const float *g, const float *A_log,
+                     const float *dt_bias, int64_t T, ls_gdr_dims dm);
 /* Backward of ls_gdr_chunk_fwd (spec §3, "Chunk backward"). Inputs: dout [T,H_v,d_v];
  * dstate_T [H_v,d_k,d_v] = gradient w.r.t. the final state (NULL = zero); the forward's
  * inputs q, k, v, beta, g and its tape_h (chunk-start states, tape_h[0] = S_0).

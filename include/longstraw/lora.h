@@ -47,11 +47,11 @@ typedef struct {
 } ls_lora_view;
 
 /* ls_lora_load / ls_lora_new over a family's targets (in layer order); `layout` describes
- * the checkpoint in errors. */
+ * the checkpoint in errors; `be` is the base model's backend. */
 ls_status ls_lora_load_targets(ls_lora **out, const ls_lora_target *targets, int64_t ntargets, const ls_config *cfg,
-                               const char *layout, const char *path, double alpha, ls_arena *fixed, ls_arena *grad);
+                               const ls_backend *be, const char *layout, const char *path, double alpha, ls_arena *fixed, ls_arena *grad);
 ls_status ls_lora_new_targets(ls_lora **out, const ls_lora_target *targets, int64_t ntargets, const ls_config *cfg,
-                              const char *names, int rank, double alpha, uint64_t seed, ls_arena *fixed,
+                              const ls_backend *be, const char *names, int rank, double alpha, uint64_t seed, ls_arena *fixed,
                               ls_arena *grad);
 /* dst's adapted tensors += (alpha/r)·B·A (dst holds the base values already). */
 void ls_lora_merge_view(const ls_lora *L, const ls_lora_view *dst);

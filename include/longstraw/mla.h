@@ -8,6 +8,7 @@
 #ifndef LONGSTRAW_MLA_H
 #define LONGSTRAW_MLA_H
 
+#include "longstraw/backend.h"
 #include "longstraw/config.h"
 #include "longstraw/state.h"
 
@@ -79,6 +80,7 @@ typedef struct {
 
 typedef struct {
     ls_config cfg;
+    const ls_backend *be; /* where its tensors live and its ops run (backend.h) */
     float *embed;      /* [V, D] */
     float *final_norm; /* [D] */
     float *lm_head;    /* [V, D] (= embed when tied) */

@@ -8,6 +8,7 @@
 #ifndef LONGSTRAW_MODEL_H
 #define LONGSTRAW_MODEL_H
 
+#include "longstraw/backend.h"
 #include "longstraw/config.h"
 #include "longstraw/core.h"
 #include "longstraw/family.h"
@@ -45,6 +46,7 @@ typedef struct ls_lora ls_lora;
 
 typedef struct {
     ls_config cfg;
+    const ls_backend *be; /* where its tensors live and its ops run (backend.h) */
     /* LoRA side branches (lora.h): non-NULL, every adapted projection adds s·B·A·x to
      * the frozen weights' output and the backward feeds the adapters; the struct is then
      * a view of the base (same tensors) — the policy beside the base as reference */

@@ -117,6 +117,9 @@ const char *ls_st_meta_get(const ls_st_file *f, const char *key);
  * holds a different number of elements, LS_ERR_UNSUPPORTED when its dtype is not
  * F32/BF16/F16/F64. `ctx` (may be NULL) prefixes the message, e.g. "layer 3 q_proj". */
 ls_status ls_st_read_f32(const ls_st_tensor *t, float *dst, int64_t numel_expected, const char *ctx);
+/* ls_st_read_f32 for a model's weights: a NaN or Inf in them is refused here (LS_ERR_FORMAT,
+ * naming the file, the tensor and the element) instead of surfacing as a NaN loss later. */
+ls_status ls_st_read_weights(const ls_st_tensor *t, float *dst, int64_t numel_expected, const char *ctx);
 /* LS_ERR_FORMAT unless the tensor has exactly this shape. */
 ls_status ls_st_check_shape(const ls_st_tensor *t, int ndim, const int64_t *shape, const char *ctx);
 

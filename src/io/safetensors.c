@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -471,6 +472,27 @@ const char *ls_st_meta_get(const ls_st_file *f, const char *key) {
     for (int64_t i = 0; i < f->n_meta; i++)
         if (strcmp(f->meta_keys[i], key) == 0) return f->meta_values[i];
     return NULL;
+}
+
+/* Index of the first NaN or ±Inf in x[0..n), or -1. The common all-finite case is
+ * one branch-free pass, in parallel for large tensors. */
+static int64_t first_non_finite(const float *x, int64_t n) {
+    int bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static) if (n > (1 << 20))
+    for (int64_t i = 0; i < n; i++) bad |= !(fabsf(x[i]) <= FLT_MAX); /* NaN compares false */
+    if (!bad) return -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return i;
+    return -1;
+}
+
+ls_status ls_st_read_weights(const ls_st_tensor *t, float *dst, int64_t numel_expected, const char *ctx) {
+    LS_TRY(ls_st_read_f32(t, dst, numel_expected, ctx));
+    int64_t bad = first_non_finite(dst, numel_expected);
+    if (bad >= 0)
+        return ls_err(LS_ERR_FORMAT, "%s: tensor %s holds a non-finite value (%s) at element %lld", t->file, t->name,
+                      isnan(dst[bad]) ? "nan" : dst[bad] > 0 ? "inf" : "-inf", (long long)bad);
+    return LS_OK;
 }
 
 ls_status ls_st_read_f32(const ls_st_tensor *t, float *dst, int64_t numel_expected, const char *ctx) {

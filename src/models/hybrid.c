@@ -27,7 +27,6 @@
  * chunked form's 64-row blocks cost more than they save for a decode step). */
 #define GDN_SERIAL_MAX_T 4
 
-static float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 /* Per-call context of one layer. */
 typedef struct {
@@ -63,7 +62,7 @@ typedef struct {
  * earlier segment another rank holds (segments before `seg`, in prompt order) of
  * attention layer l, received block by block — never a remote page beyond its block
  * (the owners send them once per chunk of this segment, cp_send_pages). */
-static ls_status cp_merge_earlier(const ls_prompt_state *st, int l, int seg, const float *q, float *o, float *lse,
+static ls_status cp_merge_earlier(const ls_backend *be, const ls_prompt_state *st, int l, int seg, const float *q, float *o, float *lse,
                                   int64_t T, int64_t bp, ls_arena *sc) {
     const ls_config *c = st->cfg;
     int64_t S = st->page_size, qd = (int64_t)c->n_heads * c->head_dim;
@@ -86,8 +85,8 @@ static ls_status cp_merge_earlier(const ls_prompt_state *st, int l, int seg, con
             for (int64_t i = 0; i < nb; i++) kp[i] = buf + (size_t)i * pb, vp[i] = buf + (size_t)(nb + i) * pb;
             int64_t bn = rhi - (rlo + p0 * S);
             ls_kv_prefix blk = {bn < nb * S ? bn : nb * S, S, st->dtype, kp, vp};
-            LS_TRY(ls_attn_prefix_fwd(ob, lb, q, &blk, T, nh, c->n_kv, hd, 1.0f / sqrtf((float)hd), sc));
-            ls_attn_merge(o, lse, ob, lb, T, nh, hd);
+            LS_TRY(ls_op_attn_prefix_fwd(be, ob, lb, q, &blk, T, nh, c->n_kv, hd, 1.0f / sqrtf((float)hd), sc));
+            ls_op_attn_merge(be, o, lse, ob, lb, T, nh, hd);
         }
     }
     ls_arena_release(sc, mk);
@@ -120,42 +119,33 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
     float *grstd = tp ? ALLOC_F(A, T * Hv) : NULL;
     NEED(qkv && y && z && ba && q && k && v && beta && g && o && on);
     NEED(!tp || (cpre && rq && rk && grstd));
-    ls_linear_fwd(qkv, xn, w->gdn_in, T, D, cd, 0);
-    ls_linear_fwd(z, xn, w->gdn_in + cd * D, T, D, vd, 0);
-    ls_linear_fwd(ba, xn, w->gdn_in + (cd + vd) * D, T, D, 2 * Hv, 0);
+    ls_op_linear_fwd(m->be, qkv, xn, w->gdn_in, T, D, cd, 0);
+    ls_op_linear_fwd(m->be, z, xn, w->gdn_in + cd * D, T, D, vd, 0);
+    ls_op_linear_fwd(m->be, ba, xn, w->gdn_in + (cd + vd) * D, T, D, 2 * Hv, 0);
     LORA_FWD(m, L->layer, gdn_in, 0, cd, qkv, xn, T, L->sc);
     LORA_FWD(m, L->layer, gdn_in, cd, vd, z, xn, T, L->sc);
     LORA_FWD(m, L->layer, gdn_in, cd + vd, 2 * Hv, ba, xn, T, L->sc);
     int64_t s0 = L->seg0;
-    if (s0 > 0) ls_conv_fwd(y, cpre, L->tail, qkv, w->conv_w, s0, cd, c->conv_k);
+    if (s0 > 0) ls_op_conv_fwd(m->be, y, cpre, L->tail, qkv, w->conv_w, s0, cd, c->conv_k);
     if (tp) {
         tp->tail0 = ALLOC_F(A, Wm * cd > 0 ? Wm * cd : 1);
         NEED(tp->tail0);
         memcpy(tp->tail0, L->tail, (size_t)(Wm * cd) * sizeof(float));
     }
-    if (L->seqs) /* one token per sequence, each against its own conv tail */
-#pragma omp parallel for schedule(static) if (T > 1)
-        for (int64_t i = 0; i < T; i++)
-            ls_conv_fwd(y + i * cd, NULL, L->seqs[i]->gdn[L->layer].conv_tail, qkv + i * cd, w->conv_w, 1, cd,
-                        c->conv_k);
+    /* batched decode: row i continues sequence i's conv tail and recurrent state */
+    float **seq_st = L->seqs ? ls_arena_alloc(L->sc, 2 * (size_t)T * sizeof(float *)) : NULL;
+    NEED(!L->seqs || seq_st);
+    for (int64_t i = 0; L->seqs && i < T; i++)
+        seq_st[i] = L->seqs[i]->gdn[L->layer].conv_tail, seq_st[T + i] = L->seqs[i]->gdn[L->layer].S;
+    if (L->seqs)
+        ls_op_conv_step_seqs(m->be, y, seq_st, qkv, w->conv_w, T, cd, c->conv_k);
     else
-        ls_conv_fwd(y + s0 * cd, cpre ? cpre + s0 * cd : NULL, L->tail, qkv + s0 * cd, w->conv_w, T - s0, cd,
-                    c->conv_k);
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; t++) {
-        const float *yt = y + t * cd;
-        ls_l2norm_fwd(q + t * kd, rq ? rq + t * Hk : NULL, yt, Hk, c->d_k, 1e-6f);
-        ls_l2norm_fwd(k + t * kd, rk ? rk + t * Hk : NULL, yt + kd, Hk, c->d_k, 1e-6f);
-        memcpy(v + t * vd, yt + 2 * kd, (size_t)vd * sizeof(float));
-        for (int h = 0; h < Hv; h++) {
-            float bb = ba[t * 2 * Hv + h], aa = ba[t * 2 * Hv + Hv + h];
-            beta[t * Hv + h] = 1.0f / (1.0f + expf(-bb));
-            g[t * Hv + h] = -expf(w->A_log[h]) * softplusf(aa + w->dt_bias[h]);
-        }
-    }
+        ls_op_conv_fwd(m->be, y + s0 * cd, cpre ? cpre + s0 * cd : NULL, L->tail, qkv + s0 * cd, w->conv_w, T - s0, cd,
+                       c->conv_k);
     ls_gdr_dims dm = {c->H_k, c->H_v, c->d_k, c->d_v, 1.0f / sqrtf((float)c->d_k)};
+    ls_op_gdn_prep_fwd(m->be, q, k, v, beta, g, rq, rk, y, ba, w->A_log, w->dt_bias, T, dm);
     size_t sn = (size_t)Hv * (size_t)c->d_k * (size_t)c->d_v;
-    if (s0 > 0) LS_TRY(ls_gdr_chunk_fwd(o, NULL, L->S, q, k, v, beta, g, s0, dm, L->sc));
+    if (s0 > 0) LS_TRY(ls_op_gdr_chunk_fwd(m->be, o, NULL, L->S, q, k, v, beta, g, s0, dm, L->sc));
     float *tape_h = NULL;
     if (tp) {
         tp->S0 = ALLOC_F(A, sn);
@@ -164,19 +154,16 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
         memcpy(tp->S0, L->S, sn * sizeof(float));
     }
     if (L->seqs) { /* one recurrence step per sequence, the sequences side by side */
-#pragma omp parallel for schedule(static) if (T > 1)
-        for (int64_t i = 0; i < T; i++)
-            ls_gdr_serial_fwd(o + i * vd, L->seqs[i]->gdn[L->layer].S, q + i * kd, k + i * kd, v + i * vd, beta + i * Hv,
-                              g + i * Hv, 1, dm);
+        ls_op_gdr_step_seqs(m->be, o, seq_st + T, q, k, v, beta, g, T, dm);
     } else if (L->decode && T - s0 <= GDN_SERIAL_MAX_T) { /* decoding: no chunk to amortise */
-        ls_gdr_serial_fwd(o + s0 * vd, L->S, q + s0 * kd, k + s0 * kd, v + s0 * vd, beta + s0 * Hv, g + s0 * Hv,
+        ls_op_gdr_serial_fwd(m->be, o + s0 * vd, L->S, q + s0 * kd, k + s0 * kd, v + s0 * vd, beta + s0 * Hv, g + s0 * Hv,
                           T - s0, dm);
     } else {
-        LS_TRY(ls_gdr_chunk_fwd(o + s0 * vd, tape_h, L->S, q + s0 * kd, k + s0 * kd, v + s0 * vd, beta + s0 * Hv,
+        LS_TRY(ls_op_gdr_chunk_fwd(m->be, o + s0 * vd, tape_h, L->S, q + s0 * kd, k + s0 * kd, v + s0 * vd, beta + s0 * Hv,
                                 g + s0 * Hv, T - s0, dm, L->sc));
     }
-    ls_gated_rmsnorm_fwd(on, grstd, o, z, w->gnorm, T * Hv, c->d_v, c->eps);
-    ls_linear_fwd(x, on, w->gdn_out, T, vd, D, 1);
+    ls_op_gated_rmsnorm_fwd(m->be, on, grstd, o, z, w->gnorm, T * Hv, c->d_v, c->eps);
+    ls_op_linear_fwd(m->be, x, on, w->gdn_out, T, vd, D, 1);
     LORA_FWD(m, L->layer, gdn_out, 0, D, x, on, T, L->sc);
     if (tp) {
         tp->seg0 = s0;
@@ -210,16 +197,16 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
     float *lse = tp ? ALLOC_F(A, T * c->n_heads) : NULL;
     NEED(q && gate && k && v && o && qr && kr && og);
     NEED(!tp || (rsq && rsk && lse));
-    ls_linear_fwd(q, xn, w->attn_in, T, D, qd, 0);
-    ls_linear_fwd(gate, xn, w->attn_in + qd * D, T, D, qd, 0);
-    ls_linear_fwd(k, xn, w->attn_in + 2 * qd * D, T, D, kvd, 0);
-    ls_linear_fwd(v, xn, w->attn_in + (2 * qd + kvd) * D, T, D, kvd, 0);
+    ls_op_linear_fwd(m->be, q, xn, w->attn_in, T, D, qd, 0);
+    ls_op_linear_fwd(m->be, gate, xn, w->attn_in + qd * D, T, D, qd, 0);
+    ls_op_linear_fwd(m->be, k, xn, w->attn_in + 2 * qd * D, T, D, kvd, 0);
+    ls_op_linear_fwd(m->be, v, xn, w->attn_in + (2 * qd + kvd) * D, T, D, kvd, 0);
     LORA_FWD(m, layer, attn_in, 0, qd, q, xn, T, L->sc);
     LORA_FWD(m, layer, attn_in, qd, qd, gate, xn, T, L->sc);
     LORA_FWD(m, layer, attn_in, 2 * qd, kvd, k, xn, T, L->sc);
     LORA_FWD(m, layer, attn_in, 2 * qd + kvd, kvd, v, xn, T, L->sc);
-    ls_rmsnorm_fwd(qr, rsq, q, w->q_norm, T * c->n_heads, c->head_dim, c->eps);
-    ls_rmsnorm_fwd(kr, rsk, k, w->k_norm, T * c->n_kv, c->head_dim, c->eps);
+    ls_op_rmsnorm_fwd(m->be, qr, rsq, q, w->q_norm, T * c->n_heads, c->head_dim, c->eps);
+    ls_op_rmsnorm_fwd(m->be, kr, rsk, k, w->k_norm, T * c->n_kv, c->head_dim, c->eps);
     float scale = 1.0f / sqrtf((float)c->head_dim);
     if (L->seqs) { /* one token per sequence: its position, its pages */
         /* under CP every rank attends over its pages of each sequence; the rank holding
@@ -231,42 +218,41 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
         NEED(!cp || lb);
         for (int64_t i = 0; i < T; i++) {
             ls_prompt_state *st = L->seqs[i];
-            ls_rope_fwd(qr + i * qd, 1, c->n_heads, c->head_dim, c->rot_dim, c->rope_theta, st->n);
-            ls_rope_fwd(kr + i * kvd, 1, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, st->n);
+            ls_op_rope_fwd(m->be, qr + i * qd, 1, c->n_heads, c->head_dim, c->rot_dim, c->rope_theta, st->n);
+            ls_op_rope_fwd(m->be, kr + i * kvd, 1, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, st->n);
             ls_kv_prefix pre = ls_state_prefix(st, layer);
             if (owner)
-                LS_TRY(ls_attn_fwd(o + i * qd, lb ? lb + i * c->n_heads : NULL, qr + i * qd, kr + i * kvd, v + i * kvd,
+                LS_TRY(ls_op_attn_fwd(m->be, o + i * qd, lb ? lb + i * c->n_heads : NULL, qr + i * qd, kr + i * kvd, v + i * kvd,
                                    &pre, 1, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
             else
-                LS_TRY(ls_attn_prefix_fwd(o + i * qd, lb + i * c->n_heads, qr + i * qd, &pre, 1, c->n_heads, c->n_kv,
+                LS_TRY(ls_op_attn_prefix_fwd(m->be, o + i * qd, lb + i * c->n_heads, qr + i * qd, &pre, 1, c->n_heads, c->n_kv,
                                           c->head_dim, scale, L->sc));
             if (owner) LS_TRY(ls_state_append_kv(st, layer, kr + i * kvd, v + i * kvd, 1));
         }
         if (cp) LS_TRY(ls_cp_merge(o, lb, T * c->n_heads, c->head_dim, cp, L->sc));
     } else {
-        ls_rope_fwd(qr, T, c->n_heads, c->head_dim, c->rot_dim, c->rope_theta, L->pos0);
-        ls_rope_fwd(kr, T, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, L->pos0);
+        ls_op_rope_fwd(m->be, qr, T, c->n_heads, c->head_dim, c->rot_dim, c->rope_theta, L->pos0);
+        ls_op_rope_fwd(m->be, kr, T, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, L->pos0);
         if (L->cp) { /* this rank's pages (+ the own keys on rank 0), then the merge */
             float *lb = lse ? lse : ALLOC_F(L->sc, T * c->n_heads); /* [T, n_h] */
             NEED(lb);
             if (ls_comm_rank(L->cp) == 0)
-                LS_TRY(ls_attn_fwd(o, lb, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
+                LS_TRY(ls_op_attn_fwd(m->be, o, lb, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
             else
-                LS_TRY(ls_attn_prefix_fwd(o, lb, qr, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
+                LS_TRY(ls_op_attn_prefix_fwd(m->be, o, lb, qr, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
             LS_TRY(ls_cp_merge(o, lb, T * c->n_heads, c->head_dim, L->cp, L->sc));
         } else if (L->cp_capture) { /* this rank's pages and own keys, then the earlier ranks' */
             float *lb = lse ? lse : ALLOC_F(L->sc, T * c->n_heads); /* [T, n_h]: merged (kept with a tape) */
             NEED(lb);
-            LS_TRY(ls_attn_fwd(o, lb, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
-            LS_TRY(cp_merge_earlier(L->cp_capture, layer, L->cp_seg, qr, o, lb, T, L->cp_block, L->sc));
+            LS_TRY(ls_op_attn_fwd(m->be, o, lb, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
+            LS_TRY(cp_merge_earlier(m->be, L->cp_capture, layer, L->cp_seg, qr, o, lb, T, L->cp_block, L->sc));
         } else {
-            LS_TRY(ls_attn_fwd(o, lse, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
+            LS_TRY(ls_op_attn_fwd(m->be, o, lse, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
         }
         if (L->append) LS_TRY(ls_state_append_kv(L->append, layer, kr, v, T));
     }
-#pragma omp parallel for schedule(static) if (T * qd > 65536)
-    for (int64_t i = 0; i < T * qd; i++) og[i] = o[i] / (1.0f + expf(-gate[i]));
-    ls_linear_fwd(x, og, w->attn_out, T, qd, D, 1);
+    ls_op_sigmoid_mul_fwd(m->be, og, o, gate, T * qd);
+    ls_op_linear_fwd(m->be, x, og, w->attn_out, T, qd, D, 1);
     LORA_FWD(m, layer, attn_out, 0, D, x, og, T, L->sc);
     if (tp) {
         tp->qraw = q, tp->kraw = k, tp->rsq = rsq, tp->rsk = rsk, tp->qr = qr, tp->kr = kr, tp->v = v;
@@ -282,59 +268,18 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
 
 /* SwiGLU rows xs[n,D]: out[n,D] (= or +=) down(SiLU(gate(xs)) ⊙ up(xs)). gu[n,2I], act[n,I]
  * are kept when the caller passes them; otherwise they come from scratch. */
-static ls_status swiglu_ffn(float *out, float *gu, float *act, const float *xs, int64_t n, int64_t D,
+static ls_status swiglu_ffn(const ls_backend *be, float *out, float *gu, float *act, const float *xs, int64_t n, int64_t D,
                             int64_t I, const float *gu_w, const float *down_w, int accumulate, const ffn_lora *fl,
                             ls_arena *sc) {
     ls_arena_mark mk = ls_arena_get_mark(sc);
     if (!gu) gu = ALLOC_F(sc, n * 2 * I);
     if (!act) act = ALLOC_F(sc, n * I);
     NEED(gu && act);
-    ls_linear_fwd(gu, xs, gu_w, n, D, 2 * I, 0);
+    ls_op_linear_fwd(be, gu, xs, gu_w, n, D, 2 * I, 0);
     if (fl->lora) LS_TRY(ls_lora_linear_fwd(fl->lora, fl->layer, fl->gu, fl->gu_off, 2 * I, gu, xs, n, sc));
-    ls_swiglu_fwd(act, gu, n, I);
-    ls_linear_fwd(out, act, down_w, n, I, D, accumulate);
+    ls_op_swiglu_fwd(be, act, gu, n, I);
+    ls_op_linear_fwd(be, out, act, down_w, n, I, D, accumulate);
     if (fl->lora) LS_TRY(ls_lora_linear_fwd(fl->lora, fl->layer, fl->down, fl->down_off, D, out, act, n, sc));
-    ls_arena_release(sc, mk);
-    return LS_OK;
-}
-
-void ls_moe_route(float *probs, int32_t *sel, float *wt, const float *logits, int64_t T, int E,
-                  int K, int norm_topk) {
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; t++) {
-        const float *lg = logits + t * E;
-        float *p = probs + t * E;
-        float mx = -INFINITY;
-        for (int e = 0; e < E; e++) mx = lg[e] > mx ? lg[e] : mx;
-        double s = 0;
-        for (int e = 0; e < E; e++) s += exp((double)(lg[e] - mx));
-        for (int e = 0; e < E; e++) p[e] = (float)(exp((double)(lg[e] - mx)) / s);
-        double tot = 0;
-        for (int j = 0; j < K; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int i = 0; i < j; i++) taken |= sel[t * K + i] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            sel[t * K + j] = best;
-            wt[t * K + j] = p[best];
-            tot += p[best];
-        }
-        if (norm_topk)
-            for (int j = 0; j < K; j++) wt[t * K + j] = (float)(wt[t * K + j] / tot);
-    }
-}
-
-ls_status ls_moe_group(int64_t *count, int64_t *rows, const int32_t *sel, int64_t T, int E, int K,
-                       ls_arena *sc) {
-    memset(count, 0, (size_t)(E + 1) * sizeof(int64_t));
-    for (int64_t i = 0; i < T * K; i++) count[sel[i] + 1]++;
-    for (int e = 0; e < E; e++) count[e + 1] += count[e];
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    int64_t *fill = ls_arena_calloc(sc, (size_t)E, sizeof(int64_t));
-    NEED(fill);
-    for (int64_t i = 0; i < T * K; i++) rows[count[sel[i]] + fill[sel[i]]++] = i;
     ls_arena_release(sc, mk);
     return LS_OK;
 }
@@ -355,10 +300,10 @@ static ls_status moe_ffn(const ls_hybrid_model *m, const ls_hybrid_layer *w, flo
     int64_t *count = ls_arena_alloc(sc, (size_t)(E + 1) * sizeof(int64_t));
     int64_t *rows = ls_arena_alloc(sc, (size_t)(T * K) * sizeof(int64_t));
     NEED(probs && sel && wt && logits && count && rows);
-    ls_linear_fwd(logits, xn, w->router, T, D, E, 0);
+    ls_op_linear_fwd(m->be, logits, xn, w->router, T, D, E, 0);
     LORA_FWD(m, L->layer, router, 0, E, logits, xn, T, sc);
-    ls_moe_route(probs, sel, wt, logits, T, E, K, c->norm_topk);
-    LS_TRY(ls_moe_group(count, rows, sel, T, E, K, sc));
+    ls_op_moe_route(m->be, probs, sel, wt, logits, T, E, K, c->norm_topk);
+    LS_TRY(ls_op_moe_group(m->be, count, rows, sel, T, E, K, sc));
     int64_t maxn = 0;
     for (int e = 0; e < E; e++) maxn = count[e + 1] - count[e] > maxn ? count[e + 1] - count[e] : maxn;
     float *xs = ALLOC_F(sc, maxn * D); /* [n_e, D] gathered rows */
@@ -371,7 +316,7 @@ static ls_status moe_ffn(const ls_hybrid_model *m, const ls_hybrid_layer *w, flo
         for (int64_t i = 0; i < n; i++) memcpy(xs + i * D, xn + (r[i] / K) * D, (size_t)D * sizeof(float));
         ffn_lora fl = ffn_of(m, L->layer, offsetof(ls_hybrid_layer, exp_gu), offsetof(ls_hybrid_layer, exp_down),
                              (int64_t)e * 2 * Im, (int64_t)e * D);
-        LS_TRY(swiglu_ffn(ys, NULL, NULL, xs, n, D, Im, w->exp_gu + (int64_t)e * 2 * Im * D,
+        LS_TRY(swiglu_ffn(m->be, ys, NULL, NULL, xs, n, D, Im, w->exp_gu + (int64_t)e * 2 * Im * D,
                           w->exp_down + (int64_t)e * D * Im, 0, &fl, sc));
         for (int64_t i = 0; i < n; i++) {
             float p = wt[r[i]];
@@ -387,14 +332,10 @@ static ls_status moe_ffn(const ls_hybrid_model *m, const ls_hybrid_layer *w, flo
         float *sgu = tp ? ALLOC_F(A, T * 2 * Is) : NULL, *sact = tp ? ALLOC_F(A, T * Is) : NULL;
         NEED(sh && sg && (!tp || (sgu && sact)));
         ffn_lora fl = ffn_of(m, L->layer, offsetof(ls_hybrid_layer, sh_gu), offsetof(ls_hybrid_layer, sh_down), 0, 0);
-        LS_TRY(swiglu_ffn(sh, sgu, sact, xn, T, D, Is, w->sh_gu, w->sh_down, 0, &fl, sc));
-        ls_linear_fwd(sg, xn, w->sh_gate, T, D, 1, 0);
+        LS_TRY(swiglu_ffn(m->be, sh, sgu, sact, xn, T, D, Is, w->sh_gu, w->sh_down, 0, &fl, sc));
+        ls_op_linear_fwd(m->be, sg, xn, w->sh_gate, T, D, 1, 0);
         LORA_FWD(m, L->layer, sh_gate, 0, 1, sg, xn, T, sc);
-#pragma omp parallel for schedule(static)
-        for (int64_t t = 0; t < T; t++) {
-            float s = 1.0f / (1.0f + expf(-sg[t]));
-            for (int64_t d = 0; d < D; d++) x[t * D + d] += s * sh[t * D + d];
-        }
+        ls_op_gated_add_rows(m->be, x, sg, sh, T, D);
         if (tp) tp->sh_gu = sgu, tp->sh_act = sact, tp->sh_out = sh, tp->sh_s = sg;
     }
     if (tp) tp->probs = probs, tp->sel = sel, tp->wt = wt;
@@ -421,7 +362,7 @@ static ls_status layer_fwd(const ls_hybrid_model *m, int l, float *x, int skip_f
         memcpy(tp->x_in, x, (size_t)(T * D) * sizeof(float));
         tp->xn1 = xn;
     }
-    ls_rmsnorm_fwd(xn, tp ? tp->rstd1 : NULL, x, w->input_norm, T, D, c->eps);
+    ls_op_rmsnorm_fwd(m->be, xn, tp ? tp->rstd1 : NULL, x, w->input_norm, T, D, c->eps);
     if (c->kind[l] == LS_LAYER_GDN)
         LS_TRY(gdn_mixer(m, w, x, xn, L));
     else
@@ -448,7 +389,7 @@ static ls_status ffn_fwd(const ls_hybrid_model *m, int l, float *x, float *xn, l
             NEED(tp->x_mid && tp->xn2 && tp->rstd2);
             memcpy(tp->x_mid, x, (size_t)(T * D) * sizeof(float));
         }
-        ls_rmsnorm_fwd(xn2, tp ? tp->rstd2 : NULL, x, w->post_norm, T, D, c->eps);
+        ls_op_rmsnorm_fwd(m->be, xn2, tp ? tp->rstd2 : NULL, x, w->post_norm, T, D, c->eps);
         if (c->moe[l]) {
             LS_TRY(moe_ffn(m, w, x, xn2, L));
         } else {
@@ -456,7 +397,7 @@ static ls_status ffn_fwd(const ls_hybrid_model *m, int l, float *x, float *xn, l
             float *act = tp ? ALLOC_F(A, T * c->intermediate) : NULL;
             NEED(!tp || (gu && act));
             ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0);
-            LS_TRY(swiglu_ffn(x, gu, act, xn2, T, D, c->intermediate, w->mlp_gu, w->mlp_down, 1, &fl, L->sc));
+            LS_TRY(swiglu_ffn(m->be, x, gu, act, xn2, T, D, c->intermediate, w->mlp_gu, w->mlp_down, 1, &fl, L->sc));
             if (tp) tp->gu = gu, tp->act = act;
         }
     }
@@ -494,7 +435,7 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
         ls_arena_mark mk = ls_arena_get_mark(scratch);
         float *x = ALLOC_F(scratch, T * D); /* [T, D] residual stream of this chunk */
         NEED(x);
-        ls_embed_fwd(x, ids + c0, m->embed, T, D);
+        ls_op_embed_fwd(m->be, x, ids + c0, m->embed, T, D);
         for (int l = 0; l < c->n_layers; l++) {
             ls_kv_prefix pre = ls_state_prefix(st, l);
             layer_ctx L = {T, st->n, 0, c->kind[l] == LS_LAYER_ATTN ? &pre : NULL, st,
@@ -508,8 +449,8 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
         if (!logits) ls_progress_add(T); /* capture; decoding reports its own progress */
         if (logits && last_chunk) { /* logits of the last token, scaled by 1/temperature */
             float *h = x + (T - 1) * D;
-            ls_rmsnorm_fwd(h, NULL, h, m->final_norm, 1, D, c->eps);
-            ls_linear_fwd(logits, h, m->lm_head, 1, D, c->vocab, 0);
+            ls_op_rmsnorm_fwd(m->be, h, NULL, h, m->final_norm, 1, D, c->eps);
+            ls_op_linear_fwd(m->be, logits, h, m->lm_head, 1, D, c->vocab, 0);
             float it = 1.0f / o->temperature;
             for (int64_t v = 0; v < c->vocab; v++) logits[v] *= it;
         }
@@ -602,7 +543,7 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
     float *x = ALLOC_F(sc, (Tr > 0 ? Tr : 1) * D); /* [Tr, D] the rank's residual stream */
     NEED(x);
     for (int k = 0; k < st->nseg; k++)
-        ls_embed_fwd(x + xoff[k] * D, ids + st->seg_lo[k], m->embed, st->seg_hi[k] - st->seg_lo[k], D);
+        ls_op_embed_fwd(m->be, x + xoff[k] * D, ids + st->seg_lo[k], m->embed, st->seg_hi[k] - st->seg_lo[k], D);
     ls_status s = LS_OK;
     int64_t bp = ls_hybrid_cp_block(st, o);
     for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
@@ -668,7 +609,7 @@ ls_status ls_hybrid_decode(const ls_hybrid_model *m, ls_prompt_state *const *sts
     ls_arena_mark mk = ls_arena_get_mark(scratch);
     float *x = ALLOC_F(scratch, (int64_t)n * D); /* [n, D]: one row per sequence */
     NEED(x);
-    ls_embed_fwd(x, ids, m->embed, n, D);
+    ls_op_embed_fwd(m->be, x, ids, m->embed, n, D);
     for (int l = 0; l < c->n_layers; l++) {
         layer_ctx L = {n, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, scratch, sts, l, 1, NULL, NULL, 0, 0};
         ls_status s = layer_fwd(m, l, x, 0, &L);
@@ -678,8 +619,8 @@ ls_status ls_hybrid_decode(const ls_hybrid_model *m, ls_prompt_state *const *sts
         }
     }
     for (int i = 0; i < n; i++) ls_state_advance(sts[i], 1);
-    ls_rmsnorm_fwd(x, NULL, x, m->final_norm, n, D, c->eps);
-    ls_linear_fwd(logits, x, m->lm_head, n, D, V, 0);
+    ls_op_rmsnorm_fwd(m->be, x, NULL, x, m->final_norm, n, D, c->eps);
+    ls_op_linear_fwd(m->be, logits, x, m->lm_head, n, D, V, 0);
     float it = 1.0f / o->temperature;
     for (int64_t i = 0; i < (int64_t)n * V; i++) logits[i] *= it;
     ls_arena_release(scratch, mk);
@@ -716,7 +657,7 @@ static ls_status branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *st,
     float *S = ALLOC_F(scratch, rec_n); /* private copy of a GDN layer's state */
     float *tail = ALLOC_F(scratch, conv_n ? conv_n : 1);
     NEED(x && S && tail);
-    ls_embed_fwd(x, ids, m->embed, T, D);
+    ls_op_embed_fwd(m->be, x, ids, m->embed, T, D);
     for (int l = 0; l < c->n_layers; l++) {
         ls_kv_prefix pre;
         const ls_kv_prefix *pp = NULL;
@@ -755,8 +696,8 @@ static ls_status branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *st,
         NEED(h && rstd && tb->lse);
         tb->x_final = xo, tb->h_final = h, tb->rstd_f = rstd;
     }
-    ls_rmsnorm_fwd(h, rstd, xo, m->final_norm, n, D, c->eps);
-    LS_TRY(ls_lmhead_fwd(logprob, taping ? tb->lse : NULL, entropy, h, m->lm_head, target, n, D, c->vocab,
+    ls_op_rmsnorm_fwd(m->be, h, rstd, xo, m->final_norm, n, D, c->eps);
+    LS_TRY(ls_op_lmhead_fwd(m->be, logprob, taping ? tb->lse : NULL, entropy, h, m->lm_head, target, n, D, c->vocab,
                          o->temperature, o->lmhead_rows, scratch));
     ls_arena_release(scratch, mk);
     if (taping) *tape_out = tb;

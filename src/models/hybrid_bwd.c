@@ -25,7 +25,6 @@
         if (!(p)) return LS_ERR_NOMEM;   \
     } while (0)
 
-static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* A sub-block of a gradient tensor, or NULL when the tensor has no gradient buffer
  * (frozen under LoRA: its weight gradient is skipped, not computed). */
@@ -59,7 +58,7 @@ static size_t dpage_bytes(const ls_config *c, int64_t S) {
 /* A sweep chunk under CP (tp->cp_sweep): the share of dq over every earlier segment of
  * another rank (dq +=), whose pages come again block by block; each block's dK/dV go
  * back to its owner (cp_sweep_serve adds them to its dState). */
-static ls_status cp_sweep_bwd_remote(const ls_config *c, const ls_layer_tape *tp, int l, float *dq,
+static ls_status cp_sweep_bwd_remote(const ls_backend *be, const ls_config *c, const ls_layer_tape *tp, int l, float *dq,
                                      const float *d_aog, int64_t T, ls_arena *sc) {
     const ls_prompt_state *st = tp->cp_sweep;
     int64_t S = st->page_size, bp = tp->cp_block, qd = (int64_t)c->n_heads * c->head_dim;
@@ -87,7 +86,7 @@ static ls_status cp_sweep_bwd_remote(const ls_config *c, const ls_layer_tape *tp
             }
             int64_t bn = rhi - (rlo + p0 * S);
             ls_kv_prefix blk = {bn < nb * S ? bn : nb * S, S, st->dtype, kp, vp};
-            LS_TRY(ls_attn_prefix_bwd(dqb, dkp, dvp, d_aog, tp->ao, tp->lse, tp->qr, &blk, T, c->n_heads, c->n_kv,
+            LS_TRY(ls_op_attn_prefix_bwd(be, dqb, dkp, dvp, d_aog, tp->ao, tp->lse, tp->qr, &blk, T, c->n_heads, c->n_kv,
                                       c->head_dim, 1.0f / sqrtf((float)c->head_dim), sc));
             for (int64_t i = 0; i < T * qd; i++) dq[i] += dqb[i];
             LS_TRY(ls_comm_send(st->comm, dbuf, 2 * (size_t)nb * db, src, CP_TAG(l, 0)));
@@ -103,7 +102,7 @@ static ls_status gdn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
                          const dstate_ctx *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     int64_t D = c->hidden, kd = ls_cfg_key_dim(c), vd = ls_cfg_value_dim(c), cd = ls_cfg_conv_dim(c);
-    int Hv = c->H_v, Hk = c->H_k;
+    int Hv = c->H_v;
     int64_t s0 = tp->seg0;
     ls_arena_mark mk = ls_arena_get_mark(sc);
     float *d_on = ALLOC_F(sc, T * vd);  /* [T, value_dim] */
@@ -123,36 +122,16 @@ static ls_status gdn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
     float *dS0 = ds ? ALLOC_F(sc, rec_n) : NULL, *dtail0 = ds ? ALLOC_F(sc, conv_n ? conv_n : 1) : NULL;
     NEED(!ds || (dS0 && dtail0));
     LS_ASSERT(!ds || s0 == 0, "full mode has no detach point");
-    ls_linear_bwd(d_on, gw->gdn_out, dres, tp->on, w->gdn_out, T, vd, D, 0);
+    ls_op_linear_bwd(m->be, d_on, gw->gdn_out, dres, tp->on, w->gdn_out, T, vd, D, 0);
     LORA_BWD(m, l, gdn_out, 0, D, d_on, dres, tp->on, T, sc);
-    ls_gated_rmsnorm_bwd(d_o, d_z, gw->gnorm, d_on, tp->o, tp->z, tp->grstd, w->gnorm, T * Hv, c->d_v);
+    ls_op_gated_rmsnorm_bwd(m->be, d_o, d_z, gw->gnorm, d_on, tp->o, tp->z, tp->grstd, w->gnorm, T * Hv, c->d_v);
     ls_gdr_dims dm = {c->H_k, c->H_v, c->d_k, c->d_v, 1.0f / sqrtf((float)c->d_k)};
-    LS_TRY(ls_gdr_chunk_bwd(dqn + s0 * kd, dkn + s0 * kd, dv + s0 * vd, dbeta + s0 * Hv, dg + s0 * Hv, dS0,
+    LS_TRY(ls_op_gdr_chunk_bwd(m->be, dqn + s0 * kd, dkn + s0 * kd, dv + s0 * vd, dbeta + s0 * Hv, dg + s0 * Hv, dS0,
                             d_o + s0 * vd, ds && dc->sweep ? ds->dS : NULL, tp->tape_h, tp->qn + s0 * kd, tp->kn + s0 * kd,
                             tp->v + s0 * vd, tp->beta + s0 * Hv, tp->g + s0 * Hv, T - s0, dm, sc));
-    /* gates (spec §2.3): β = σ(b); g = −e^{A_log}·softplus(a + dt_bias) */
-    for (int64_t t = 0; t < T; t++) {
-        const float *ba = tp->ba + t * 2 * Hv;
-        for (int h = 0; h < Hv; h++) {
-            float bt = tp->beta[t * Hv + h];
-            dba[t * 2 * Hv + h] = dbeta[t * Hv + h] * bt * (1.0f - bt);
-            float gg = dg[t * Hv + h];
-            float da = gg * -expf(w->A_log[h]) * sigmoidf(ba[Hv + h] + w->dt_bias[h]);
-            dba[t * 2 * Hv + Hv + h] = da;
-            if (gw->dt_bias) gw->dt_bias[h] += da;
-            if (gw->A_log) gw->A_log[h] += gg * tp->g[t * Hv + h];
-        }
-    }
-    /* L2 norms of q, k and the v copy, back into the conv output rows */
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; t++) {
-        float *dyt = dy + t * cd;
-        const float *yt = tp->y + t * cd;
-        ls_l2norm_bwd(dyt, dqn + t * kd, yt, tp->rq + t * Hk, Hk, c->d_k);
-        ls_l2norm_bwd(dyt + kd, dkn + t * kd, yt + kd, tp->rk + t * Hk, Hk, c->d_k);
-        memcpy(dyt + 2 * kd, dv + t * vd, (size_t)vd * sizeof(float));
-    }
-    ls_conv_bwd(dqkv + s0 * cd, gw->conv_w, dtail0, dy + s0 * cd, tp->cpre + s0 * cd, tp->qkv + s0 * cd,
+    ls_op_gdn_prep_bwd(m->be, dy, dba, gw->A_log, gw->dt_bias, dqn, dkn, dv, dbeta, dg, tp->y, tp->rq, tp->rk, tp->ba,
+                       tp->beta, tp->g, w->A_log, w->dt_bias, T, dm);
+    ls_op_conv_bwd(m->be, dqkv + s0 * cd, gw->conv_w, dtail0, dy + s0 * cd, tp->cpre + s0 * cd, tp->qkv + s0 * cd,
                 tp->tail0, w->conv_w, T - s0, cd, c->conv_k);
     if (ds && dc->sweep) {
         /* the conv tail this chunk ended with is the last W−1 rows of [tail0; qkv]: its
@@ -169,9 +148,9 @@ static ls_status gdn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
         for (size_t i = 0; i < rec_n; i++) ds->dS[i] = dc->sweep ? dS0[i] : ds->dS[i] + dS0[i];
         for (size_t i = 0; i < conv_n; i++) ds->dtail[i] = dc->sweep ? dtail0[i] : ds->dtail[i] + dtail0[i];
     }
-    ls_linear_bwd(dxn, gw->gdn_in, dqkv, tp->xn1, w->gdn_in, T, D, cd, 1);
-    ls_linear_bwd(dxn, GOFF(gw->gdn_in, cd * D), d_z, tp->xn1, w->gdn_in + cd * D, T, D, vd, 1);
-    ls_linear_bwd(dxn, GOFF(gw->gdn_in, (cd + vd) * D), dba, tp->xn1, w->gdn_in + (cd + vd) * D, T, D, 2 * Hv,
+    ls_op_linear_bwd(m->be, dxn, gw->gdn_in, dqkv, tp->xn1, w->gdn_in, T, D, cd, 1);
+    ls_op_linear_bwd(m->be, dxn, GOFF(gw->gdn_in, cd * D), d_z, tp->xn1, w->gdn_in + cd * D, T, D, vd, 1);
+    ls_op_linear_bwd(m->be, dxn, GOFF(gw->gdn_in, (cd + vd) * D), dba, tp->xn1, w->gdn_in + (cd + vd) * D, T, D, 2 * Hv,
                   1);
     LORA_BWD(m, l, gdn_in, 0, cd, dxn, dqkv, tp->xn1, T, sc);
     LORA_BWD(m, l, gdn_in, cd, vd, dxn, d_z, tp->xn1, T, sc);
@@ -196,23 +175,19 @@ static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer
     NEED(d_aog && d_gate && dq && dk && dv);
     ls_layer_dstate *ds = dc->st ? &dc->st->full->d[l] : NULL;
     void *const *dkp = ds && tp->has_prefix ? ds->dk : NULL, *const *dvp = ds && tp->has_prefix ? ds->dv : NULL;
-    ls_linear_bwd(d_aog, gw->attn_out, dres, tp->aog, w->attn_out, T, qd, D, 0);
+    ls_op_linear_bwd(m->be, d_aog, gw->attn_out, dres, tp->aog, w->attn_out, T, qd, D, 0);
     LORA_BWD(m, l, attn_out, 0, D, d_aog, dres, tp->aog, T, sc);
-    for (int64_t i = 0; i < T * qd; i++) {
-        float s = sigmoidf(tp->gate[i]);
-        d_gate[i] = d_aog[i] * tp->ao[i] * s * (1.0f - s);
-        d_aog[i] *= s; /* now ∂L/∂ao */
-    }
+    ls_op_sigmoid_mul_bwd(m->be, d_aog, d_gate, d_aog, tp->ao, tp->gate, T * qd); /* d_aog: now ∂L/∂ao */
     if (tp->cp && ls_comm_rank(tp->cp) != 0) { /* this rank's pages: its share of dq only */
-        LS_TRY(ls_attn_prefix_bwd(dq, dkp, dvp, d_aog, tp->ao, tp->lse, tp->qr, &tp->prefix, T, c->n_heads,
+        LS_TRY(ls_op_attn_prefix_bwd(m->be, dq, dkp, dvp, d_aog, tp->ao, tp->lse, tp->qr, &tp->prefix, T, c->n_heads,
                                   c->n_kv, (int)hd, 1.0f / sqrtf((float)hd), sc));
         memset(dk, 0, (size_t)(T * kvd) * sizeof(float));
         memset(dv, 0, (size_t)(T * kvd) * sizeof(float));
     } else {
-        LS_TRY(ls_attn_bwd(dq, dk, dv, dkp, dvp, d_aog, tp->ao, tp->lse, tp->qr, tp->kr, tp->v,
+        LS_TRY(ls_op_attn_bwd(m->be, dq, dk, dv, dkp, dvp, d_aog, tp->ao, tp->lse, tp->qr, tp->kr, tp->v,
                            tp->has_prefix ? &tp->prefix : NULL, T, c->n_heads, c->n_kv, (int)hd,
                            1.0f / sqrtf((float)hd), sc));
-        if (tp->cp_sweep) LS_TRY(cp_sweep_bwd_remote(c, tp, l, dq, d_aog, T, sc));
+        if (tp->cp_sweep) LS_TRY(cp_sweep_bwd_remote(m->be, c, tp, l, dq, d_aog, T, sc));
     }
     if (tp->cp) { /* the shares of every rank's pages (and rank 0's own keys) summed: exact */
         LS_TRY(ls_comm_allreduce_f32(tp->cp, dq, T * c->n_heads * hd, LS_REDUCE_SUM));
@@ -232,14 +207,14 @@ static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer
             for (int64_t i = 0; i < kvd; i++) dk[t * kvd + i] += gk[i], dv[t * kvd + i] += gv[i];
         }
     }
-    ls_rope_bwd(dq, T, c->n_heads, (int)hd, c->rot_dim, c->rope_theta, pos0);
-    ls_rope_bwd(dk, T, c->n_kv, (int)hd, c->rot_dim, c->rope_theta, pos0);
-    ls_rmsnorm_bwd(dq, gw->q_norm, dq, tp->qraw, tp->rsq, w->q_norm, T * c->n_heads, hd);
-    ls_rmsnorm_bwd(dk, gw->k_norm, dk, tp->kraw, tp->rsk, w->k_norm, T * c->n_kv, hd);
-    ls_linear_bwd(dxn, gw->attn_in, dq, tp->xn1, w->attn_in, T, D, qd, 1);
-    ls_linear_bwd(dxn, GOFF(gw->attn_in, qd * D), d_gate, tp->xn1, w->attn_in + qd * D, T, D, qd, 1);
-    ls_linear_bwd(dxn, GOFF(gw->attn_in, 2 * qd * D), dk, tp->xn1, w->attn_in + 2 * qd * D, T, D, kvd, 1);
-    ls_linear_bwd(dxn, GOFF(gw->attn_in, (2 * qd + kvd) * D), dv, tp->xn1, w->attn_in + (2 * qd + kvd) * D, T, D,
+    ls_op_rope_bwd(m->be, dq, T, c->n_heads, (int)hd, c->rot_dim, c->rope_theta, pos0);
+    ls_op_rope_bwd(m->be, dk, T, c->n_kv, (int)hd, c->rot_dim, c->rope_theta, pos0);
+    ls_op_rmsnorm_bwd(m->be, dq, gw->q_norm, dq, tp->qraw, tp->rsq, w->q_norm, T * c->n_heads, hd);
+    ls_op_rmsnorm_bwd(m->be, dk, gw->k_norm, dk, tp->kraw, tp->rsk, w->k_norm, T * c->n_kv, hd);
+    ls_op_linear_bwd(m->be, dxn, gw->attn_in, dq, tp->xn1, w->attn_in, T, D, qd, 1);
+    ls_op_linear_bwd(m->be, dxn, GOFF(gw->attn_in, qd * D), d_gate, tp->xn1, w->attn_in + qd * D, T, D, qd, 1);
+    ls_op_linear_bwd(m->be, dxn, GOFF(gw->attn_in, 2 * qd * D), dk, tp->xn1, w->attn_in + 2 * qd * D, T, D, kvd, 1);
+    ls_op_linear_bwd(m->be, dxn, GOFF(gw->attn_in, (2 * qd + kvd) * D), dv, tp->xn1, w->attn_in + (2 * qd + kvd) * D, T, D,
                   kvd, 1);
     LORA_BWD(m, l, attn_in, 0, qd, dxn, dq, tp->xn1, T, sc);
     LORA_BWD(m, l, attn_in, qd, qd, dxn, d_gate, tp->xn1, T, sc);
@@ -251,18 +226,18 @@ static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer
 
 /* SwiGLU backward on rows: dout[n,D] → dxs[n,D] (= or +=), weight grads (+=). gu[n,2I]
  * and act[n,I] are the forward's. */
-static ls_status swiglu_bwd(float *dxs, float *dgu_w, float *ddown_w, const float *dout, const float *xs,
+static ls_status swiglu_bwd(const ls_backend *be, float *dxs, float *dgu_w, float *ddown_w, const float *dout, const float *xs,
                             const float *gu, const float *act, const float *gu_w, const float *down_w,
                             int64_t n, int64_t D, int64_t I, int accumulate, const ffn_lora *fl, ls_arena *sc) {
     ls_arena_mark mk = ls_arena_get_mark(sc);
     float *d_act = ALLOC_F(sc, n * I);   /* [n, I] */
     float *dgu = ALLOC_F(sc, n * 2 * I); /* [n, 2I] */
     NEED(d_act && dgu);
-    ls_linear_bwd(d_act, ddown_w, dout, act, down_w, n, I, D, 0);
+    ls_op_linear_bwd(be, d_act, ddown_w, dout, act, down_w, n, I, D, 0);
     if (fl->lora)
         LS_TRY(ls_lora_linear_bwd((ls_lora *)fl->lora, fl->layer, fl->down, fl->down_off, D, d_act, dout, act, n, sc));
-    ls_swiglu_bwd(dgu, d_act, gu, n, I);
-    ls_linear_bwd(dxs, dgu_w, dgu, xs, gu_w, n, D, 2 * I, accumulate);
+    ls_op_swiglu_bwd(be, dgu, d_act, gu, n, I);
+    ls_op_linear_bwd(be, dxs, dgu_w, dgu, xs, gu_w, n, D, 2 * I, accumulate);
     if (fl->lora)
         LS_TRY(ls_lora_linear_bwd((ls_lora *)fl->lora, fl->layer, fl->gu, fl->gu_off, 2 * I, dxs, dgu, xs, n, sc));
     ls_arena_release(sc, mk);
@@ -283,7 +258,7 @@ static ls_status moe_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
     float *dwt = CALLOC_F(sc, T * K);   /* [T, K] ∂L/∂combine weight */
     float *dlog = ALLOC_F(sc, T * E);   /* [T, E] ∂L/∂router logit */
     NEED(count && rows && dwt && dlog);
-    LS_TRY(ls_moe_group(count, rows, tp->sel, T, E, K, sc));
+    LS_TRY(ls_op_moe_group(m->be, count, rows, tp->sel, T, E, K, sc));
     int64_t maxn = 0;
     for (int e = 0; e < E; e++) maxn = count[e + 1] - count[e] > maxn ? count[e + 1] - count[e] : maxn;
     float *xs = ALLOC_F(sc, maxn * D), *ys = ALLOC_F(sc, maxn * D), *dys = ALLOC_F(sc, maxn * D);
@@ -295,10 +270,10 @@ static ls_status moe_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
         const int64_t *r = rows + count[e];
         const float *Wgu = w->exp_gu + (int64_t)e * 2 * Im * D, *Wdn = w->exp_down + (int64_t)e * D * Im;
         for (int64_t i = 0; i < n; i++) memcpy(xs + i * D, tp->xn2 + (r[i] / K) * D, (size_t)D * sizeof(float));
-        ls_linear_fwd(gu, xs, Wgu, n, D, 2 * Im, 0); /* recompute the expert */
+        ls_op_linear_fwd(m->be, gu, xs, Wgu, n, D, 2 * Im, 0); /* recompute the expert */
         LORA_FWD(m, l, exp_gu, (int64_t)e * 2 * Im, 2 * Im, gu, xs, n, sc);
-        ls_swiglu_fwd(act, gu, n, Im);
-        ls_linear_fwd(ys, act, Wdn, n, Im, D, 0);
+        ls_op_swiglu_fwd(m->be, act, gu, n, Im);
+        ls_op_linear_fwd(m->be, ys, act, Wdn, n, Im, D, 0);
         LORA_FWD(m, l, exp_down, (int64_t)e * D, D, ys, act, n, sc);
         for (int64_t i = 0; i < n; i++) {
             const float *dr = dres + (r[i] / K) * D;
@@ -311,7 +286,7 @@ static ls_status moe_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
         }
         ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, exp_gu), offsetof(ls_hybrid_layer, exp_down),
                              (int64_t)e * 2 * Im, (int64_t)e * D);
-        LS_TRY(swiglu_bwd(dxs, GOFF(gw->exp_gu, (int64_t)e * 2 * Im * D), GOFF(gw->exp_down, (int64_t)e * D * Im), dys,
+        LS_TRY(swiglu_bwd(m->be, dxs, GOFF(gw->exp_gu, (int64_t)e * 2 * Im * D), GOFF(gw->exp_down, (int64_t)e * D * Im), dys,
                           xs, gu, act, Wgu, Wdn, n, D, Im, 0, &fl, sc));
         for (int64_t i = 0; i < n; i++) {
             float *dx = dxn + (r[i] / K) * D;
@@ -337,26 +312,18 @@ static ls_status moe_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
         for (int e = 0; e < E; e++) s += dp[e] * p[e];
         for (int e = 0; e < E; e++) dl[e] = (float)(p[e] * (dp[e] - s));
     }
-    ls_linear_bwd(dxn, gw->router, dlog, tp->xn2, w->router, T, D, E, 1);
+    ls_op_linear_bwd(m->be, dxn, gw->router, dlog, tp->xn2, w->router, T, D, E, 1);
     LORA_BWD(m, l, router, 0, E, dxn, dlog, tp->xn2, T, sc);
     if (c->shared_inter > 0) {
         int64_t Is = c->shared_inter;
         float *dsh = ALLOC_F(sc, T * D); /* [T, D] */
         float *ds = ALLOC_F(sc, T);      /* [T] ∂L/∂gate logit */
         NEED(dsh && ds);
-        for (int64_t t = 0; t < T; t++) {
-            float sg = sigmoidf(tp->sh_s[t]);
-            double dot = 0;
-            for (int64_t d = 0; d < D; d++) {
-                dot += (double)dres[t * D + d] * tp->sh_out[t * D + d];
-                dsh[t * D + d] = sg * dres[t * D + d];
-            }
-            ds[t] = (float)(dot * sg * (1.0f - sg));
-        }
+        ls_op_gated_add_rows_bwd(m->be, dsh, ds, dres, tp->sh_s, tp->sh_out, T, D);
         ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, sh_gu), offsetof(ls_hybrid_layer, sh_down), 0, 0);
-        LS_TRY(swiglu_bwd(dxn, gw->sh_gu, gw->sh_down, dsh, tp->xn2, tp->sh_gu, tp->sh_act, w->sh_gu, w->sh_down,
+        LS_TRY(swiglu_bwd(m->be, dxn, gw->sh_gu, gw->sh_down, dsh, tp->xn2, tp->sh_gu, tp->sh_act, w->sh_gu, w->sh_down,
                           T, D, Is, 1, &fl, sc));
-        ls_linear_bwd(dxn, gw->sh_gate, ds, tp->xn2, w->sh_gate, T, D, 1, 1);
+        ls_op_linear_bwd(m->be, dxn, gw->sh_gate, ds, tp->xn2, w->sh_gate, T, D, 1, 1);
         LORA_BWD(m, l, sh_gate, 0, 1, dxn, ds, tp->xn2, T, sc);
     }
     ls_arena_release(sc, mk);
@@ -380,10 +347,10 @@ static ls_status layer_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, int 
     else
     {
         ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0);
-        LS_TRY(swiglu_bwd(dxn, gw->mlp_gu, gw->mlp_down, dx, tp->xn2, tp->gu, tp->act, w->mlp_gu, w->mlp_down, T,
+        LS_TRY(swiglu_bwd(m->be, dxn, gw->mlp_gu, gw->mlp_down, dx, tp->xn2, tp->gu, tp->act, w->mlp_gu, w->mlp_down, T,
                           D, c->intermediate, 1, &fl, sc));
     }
-    ls_rmsnorm_bwd(dxn, gw->post_norm, dxn, tp->x_mid, tp->rstd2, w->post_norm, T, D);
+    ls_op_rmsnorm_bwd(m->be, dxn, gw->post_norm, dxn, tp->x_mid, tp->rstd2, w->post_norm, T, D);
     for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i];
     /* mixer: x_mid = x_in + Mixer(norm1(x_in)) */
     memset(dxn, 0, (size_t)(T * D) * sizeof(float));
@@ -391,7 +358,7 @@ static ls_status layer_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, int 
         LS_TRY(gdn_bwd(m, l, w, gw, tp, dx, dxn, T, dc, sc));
     else
         LS_TRY(attn_bwd(m, l, w, gw, tp, dx, dxn, T, tb->pos0, tb->grad_from, dc, sc));
-    ls_rmsnorm_bwd(dxn, gw->input_norm, dxn, tp->x_in, tp->rstd1, w->input_norm, T, D);
+    ls_op_rmsnorm_bwd(m->be, dxn, gw->input_norm, dxn, tp->x_in, tp->rstd1, w->input_norm, T, D);
     for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i];
     ls_arena_release(sc, mk);
     return LS_OK;
@@ -407,15 +374,15 @@ static ls_status branch_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, con
     if (n > 0) { /* a sweep chunk predicts nothing: its gradient comes in through the state */
         float *dh = ALLOC_F(scratch, n * D); /* [n, D] ∂L/∂(LM-head input) */
         NEED(dh);
-        LS_TRY(ls_lmhead_logprobs_bwd(dh, grad->lm_head, dlogprob, tb->h_final, m->lm_head, tb->target, tb->lse, n,
+        LS_TRY(ls_op_lmhead_logprobs_bwd(m->be, dh, grad->lm_head, dlogprob, tb->h_final, m->lm_head, tb->target, tb->lse, n,
                                       D, c->vocab, tb->temperature, tb->lmhead_rows, scratch));
-        ls_rmsnorm_bwd(dx + tb->out_from * D, grad->final_norm, dh, tb->x_final, tb->rstd_f, m->final_norm, n, D);
+        ls_op_rmsnorm_bwd(m->be, dx + tb->out_from * D, grad->final_norm, dh, tb->x_final, tb->rstd_f, m->final_norm, n, D);
     }
     for (int l = (int)c->n_layers - 1; l >= 0; l--) {
         LS_TRY(layer_bwd(m, grad, l, tb, dx, dc, scratch));
         ls_trace_layer_end(l, "bwd");
     }
-    if (grad->embed) ls_embed_bwd(grad->embed, dx, tb->ids, T, D);
+    if (grad->embed) ls_op_embed_bwd(m->be, grad->embed, dx, tb->ids, T, D);
     ls_arena_release(scratch, mk);
     return LS_OK;
 }

@@ -75,18 +75,6 @@ static const ls_st_tensor *find(loader *L, const char *name, int required) {
     return t;
 }
 
-/* Index of the first NaN or ±Inf in x[0..n), or -1. The common all-finite case is
- * one branch-free pass, in parallel for large tensors. */
-static int64_t first_non_finite(const float *x, int64_t n) {
-    int bad = 0;
-#pragma omp parallel for reduction(| : bad) schedule(static) if (n > (1 << 20))
-    for (int64_t i = 0; i < n; i++) bad |= !(fabsf(x[i]) <= FLT_MAX); /* NaN compares false */
-    if (!bad) return -1;
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(x[i])) return i;
-    return -1;
-}
-
 /* Read tensor `name` of the given shape (ndim ≤ 3) into dst; a NaN or Inf in it is
  * refused here, naming the tensor, instead of surfacing as a NaN loss later. */
 static ls_status read_t(loader *L, const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2,
@@ -96,13 +84,9 @@ static ls_status read_t(loader *L, const char *name, int ndim, int64_t d0, int64
     int64_t shape[3] = {d0, d1, d2};
     LS_TRY(ls_st_check_shape(t, ndim, shape, name));
     int64_t n = d0 * (ndim > 1 ? d1 : 1) * (ndim > 2 ? d2 : 1);
-    LS_TRY(ls_st_read_f32(t, dst, n, name));
+    LS_TRY(ls_st_read_weights(t, dst, n, name));
     int64_t at = tensor_index(L, t);
     if (at >= 0) L->used[at] = 1;
-    int64_t bad = first_non_finite(dst, n);
-    if (bad >= 0)
-        return ls_err(LS_ERR_FORMAT, "%s: tensor %s holds a non-finite value (%s) at element %lld", t->file, t->name,
-                      isnan(dst[bad]) ? "nan" : dst[bad] > 0 ? "inf" : "-inf", (long long)bad);
     L->n_params += (size_t)n;
     return LS_OK;
 }
@@ -330,6 +314,7 @@ static ls_status load_all(loader *L, ls_hybrid_model *m) {
 
 ls_status ls_hybrid_load(ls_hybrid_model *m, const char *dir, ls_arena *fixed) {
     memset(m, 0, sizeof *m);
+    m->be = ls_backend_cpu();
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     LS_TRY(ls_config_load(&m->cfg, path));

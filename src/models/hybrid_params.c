@@ -123,6 +123,7 @@ static ls_status alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls
                             const void *keep_ctx, const ls_hybrid_model *alias, int none) {
     memset(dst, 0, sizeof *dst);
     dst->cfg = src->cfg;
+    dst->be = src->be;
     snprintf(dst->prefix, sizeof dst->prefix, "%s", src->prefix);
     dst->fused_gdn = src->fused_gdn;
     dst->fused_experts = src->fused_experts;

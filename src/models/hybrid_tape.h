@@ -88,11 +88,6 @@ int64_t ls_hybrid_cp_block(const ls_prompt_state *st, const ls_fwd_opts *o);
 ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int64_t lo, int64_t nchunks, int64_t bp,
                                   ls_arena *sc);
 
-/* Router (spec §5): softmax over all experts, top-k (ties → lower index), optional
- * renormalisation. probs[T,E], sel[T,K], wt[T,K]. */
-void ls_moe_route(float *probs, int32_t *sel, float *wt, const float *logits, int64_t T, int E,
-                  int K, int norm_topk);
-
 /* ---- LoRA side branches, shared by the forward and the backward -------------------- */
 #include <stddef.h>
 

@@ -11,7 +11,6 @@
  * So merge and backward are a few sgemms per module on contiguous row blocks, with no
  * gather buffer: delta rows land straight in the internal tensor (ld = in).
  */
-#include <cblas.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -52,6 +51,7 @@ typedef struct {
 } lora_mod;
 
 struct ls_lora {
+    const ls_backend *be; /* the base model's: where the side branches run */
     lora_mod *mod; /* (n) */
     int64_t n;
     double alpha;
@@ -294,9 +294,10 @@ static ls_lora_view hybrid_view(const ls_hybrid_model *m) {
     return v;
 }
 
-static ls_status new_lora(ls_lora **out, int64_t n, double alpha, ls_arena *fixed) {
+static ls_status new_lora(ls_lora **out, const ls_backend *be, int64_t n, double alpha, ls_arena *fixed) {
     ls_lora *L = ls_arena_calloc(fixed, 1, sizeof(ls_lora));
     if (!L) return LS_ERR_NOMEM;
+    L->be = be;
     L->mod = ls_arena_calloc(fixed, (size_t)(n > 0 ? n : 1), sizeof(lora_mod));
     if (!L->mod) return LS_ERR_NOMEM;
     L->n = n;
@@ -342,7 +343,7 @@ static ls_status load_pass2(ls_lora *L, const ls_config *cfg, const char *layout
                             const char *path, double alpha, ls_arena *fixed, ls_arena *grad, const lora_target *tg,
                             int64_t ntg, ordered_mod *om);
 
-static ls_status load_modules(ls_lora **out, const ls_config *cfg, const char *layout, const ls_st_file *f,
+static ls_status load_modules(ls_lora **out, const ls_config *cfg, const ls_backend *be, const char *layout, const ls_st_file *f,
                               const char *path, double alpha, ls_arena *fixed, ls_arena *grad, const lora_target *tg,
                               int64_t ntg) {
     char mod[NAME_CAP], other[NAME_CAP + 32];
@@ -359,7 +360,7 @@ static ls_status load_modules(ls_lora **out, const ls_config *cfg, const char *l
     }
     if (n == 0) return ls_err(LS_ERR_FORMAT, "%s: no LoRA adapter tensors (*%s) in the file", path, SUFFIX_A);
     ls_lora *L;
-    LS_TRY(new_lora(&L, n, alpha, fixed));
+    LS_TRY(new_lora(&L, be, n, alpha, fixed));
     /* pass 2: the modules, then put in the model's layer order (as ls_lora_new keeps
      * them), so a run resumed from saved adapters sees its tensors in the same order */
     ordered_mod *om = malloc((size_t)n * sizeof *om);
@@ -451,7 +452,7 @@ static ls_status sorted_targets(const lora_target *src, int64_t n, lora_target *
 }
 
 ls_status ls_lora_load_targets(ls_lora **out, const ls_lora_target *targets, int64_t ntargets, const ls_config *cfg,
-                               const char *layout, const char *path, double alpha, ls_arena *fixed, ls_arena *grad) {
+                               const ls_backend *be, const char *layout, const char *path, double alpha, ls_arena *fixed, ls_arena *grad) {
     *out = NULL;
     if (!isfinite(alpha)) return ls_err(LS_ERR_ARG, "LoRA alpha %g is not finite", alpha);
     lora_target *tg = NULL;
@@ -463,7 +464,7 @@ ls_status ls_lora_load_targets(ls_lora **out, const ls_lora_target *targets, int
         return s;
     }
     ls_arena_mark mf = ls_arena_get_mark(fixed), mg = ls_arena_get_mark(grad);
-    s = load_modules(out, cfg, layout, &f, path, alpha, fixed, grad, tg, ntargets);
+    s = load_modules(out, cfg, be, layout, &f, path, alpha, fixed, grad, tg, ntargets);
     if (s == LS_OK) s = build_index(*out, (int)cfg->n_layers, fixed);
     if (s != LS_OK) { /* give back whatever the failed load took */
         *out = NULL;
@@ -487,7 +488,7 @@ ls_status ls_lora_load(ls_lora **out, const ls_hybrid_model *m, const char *path
     char layout[256];
     LS_TRY(make_targets(m, &tg, &ntg));
     hybrid_layout(m, layout, sizeof layout);
-    ls_status s = ls_lora_load_targets(out, tg, ntg, &m->cfg, layout, path, alpha, fixed, grad);
+    ls_status s = ls_lora_load_targets(out, tg, ntg, &m->cfg, m->be, layout, path, alpha, fixed, grad);
     free(tg);
     return s;
 }
@@ -561,7 +562,7 @@ static void leaf_names(const lora_target *tg, int64_t ntg, char *out, size_t cap
     }
 }
 
-static ls_status new_modules(ls_lora **out, const ls_config *cfg, const char *targets, int rank, double alpha,
+static ls_status new_modules(ls_lora **out, const ls_config *cfg, const ls_backend *be, const char *targets, int rank, double alpha,
                              uint64_t seed, ls_arena *fixed, ls_arena *grad, const lora_target *tg, int64_t ntg,
                              char **names, int64_t nn) {
     int64_t n = 0;
@@ -584,7 +585,7 @@ static ls_status new_modules(ls_lora **out, const ls_config *cfg, const char *ta
                 break;
             }
     ls_lora *L;
-    LS_TRY(new_lora(&L, n, alpha, fixed));
+    LS_TRY(new_lora(&L, be, n, alpha, fixed));
     ls_rng rng;
     ls_rng_seed(&rng, seed);
     int64_t k = 0;
@@ -605,7 +606,7 @@ static ls_status new_modules(ls_lora **out, const ls_config *cfg, const char *ta
 }
 
 ls_status ls_lora_new_targets(ls_lora **out, const ls_lora_target *tg, int64_t ntg, const ls_config *cfg,
-                              const char *targets, int rank, double alpha, uint64_t seed, ls_arena *fixed,
+                              const ls_backend *be, const char *targets, int rank, double alpha, uint64_t seed, ls_arena *fixed,
                               ls_arena *grad) {
     *out = NULL;
     if (rank < 1) return ls_err(LS_ERR_ARG, "LoRA rank %d: expected >= 1", rank);
@@ -614,7 +615,7 @@ ls_status ls_lora_new_targets(ls_lora **out, const ls_lora_target *tg, int64_t n
     int64_t nn;
     LS_TRY(parse_targets(targets, &buf, &names, &nn));
     ls_arena_mark mf = ls_arena_get_mark(fixed), mg = ls_arena_get_mark(grad);
-    ls_status s = new_modules(out, cfg, targets, rank, alpha, seed, fixed, grad, tg, ntg, names, nn);
+    ls_status s = new_modules(out, cfg, be, targets, rank, alpha, seed, fixed, grad, tg, ntg, names, nn);
     if (s == LS_OK) s = build_index(*out, (int)cfg->n_layers, fixed);
     if (s != LS_OK) {
         *out = NULL;
@@ -632,7 +633,7 @@ ls_status ls_lora_new(ls_lora **out, const ls_hybrid_model *m, const char *targe
     int64_t ntg;
     *out = NULL;
     LS_TRY(make_targets(m, &tg, &ntg));
-    ls_status s = ls_lora_new_targets(out, tg, ntg, &m->cfg, targets, rank, alpha, seed, fixed, grad);
+    ls_status s = ls_lora_new_targets(out, tg, ntg, &m->cfg, m->be, targets, rank, alpha, seed, fixed, grad);
     free(tg);
     return s;
 }
@@ -661,7 +662,7 @@ void ls_lora_merge_view(const ls_lora *L, const ls_lora_view *dst) {
         for (int64_t s = 0; s < md->nseg; s++) {
             const lora_seg *sg = &md->seg[s];
             /* W[row0 .. row0+n) += scale · B[hf0 .. hf0+n) · A    (n, in) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)sg->n, in, r, md->scale, md->B + sg->hf0 * r,
+            ls_op_gemm(L->be, 0, 0, (int)sg->n, in, r, md->scale, md->B + sg->hf0 * r,
                         r, md->A, in, 1.0f, W + sg->row0 * md->in, in);
         }
     }
@@ -685,9 +686,9 @@ void ls_lora_backward_view(ls_lora *L, const ls_lora_view *dW) {
             const lora_seg *sg = &md->seg[s];
             const float *Gs = G + sg->row0 * md->in; /* (n, in) */
             const float *Bs = md->B + sg->hf0 * r;   /* (n, r) */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, in, (int)sg->n, md->scale, Bs, r, Gs, in, 1.0f,
+            ls_op_gemm(L->be, 1, 0, r, in, (int)sg->n, md->scale, Bs, r, Gs, in, 1.0f,
                         md->gA, in);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)sg->n, r, in, md->scale, Gs, in, md->A, in,
+            ls_op_gemm(L->be, 0, 1, (int)sg->n, r, in, md->scale, Gs, in, md->A, in,
                         1.0f, md->gB + sg->hf0 * r, r);
         }
     }
@@ -819,13 +820,13 @@ ls_status ls_lora_linear_fwd(const ls_lora *L, int layer, size_t field, int64_t 
         ls_arena_mark mk = ls_arena_get_mark(sc);
         float *u = ls_arena_alloc(sc, (size_t)T * (size_t)r * sizeof(float)); /* (T, r) = x·Aᵀ */
         if (!u) return ls_err_ctx(LS_ERR_NOMEM, "LoRA side branch of %s", md->name);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, r, in, 1.0f, x, in, md->A, in, 0.0f, u, r);
+        ls_op_gemm(L->be, 0, 1, (int)T, r, in, 1.0f, x, in, md->A, in, 0.0f, u, r);
         for (int64_t s = 0; s < md->nseg; s++) {
             int64_t a, n = seg_overlap(&md->seg[s], off, N, &a);
             if (!n) continue;
             const float *Bs = md->B + (md->seg[s].hf0 + (a - md->seg[s].row0)) * r; /* (n, r) */
             /* out[:, a − off .. +n) += s · u · Bsᵀ */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)n, r, md->scale, u, r, Bs, r, 1.0f,
+            ls_op_gemm(L->be, 0, 1, (int)T, (int)n, r, md->scale, u, r, Bs, r, 1.0f,
                         out + (a - off), (int)N);
         }
         ls_arena_release(sc, mk);
@@ -844,21 +845,21 @@ ls_status ls_lora_linear_bwd(ls_lora *L, int layer, size_t field, int64_t off, i
         float *u = ls_arena_alloc(sc, (size_t)T * (size_t)r * sizeof(float));  /* (T, r) = x·Aᵀ */
         float *v = ls_arena_calloc(sc, (size_t)T * (size_t)r, sizeof(float)); /* (T, r) = dy·B over the rows */
         if (!u || !v) return ls_err_ctx(LS_ERR_NOMEM, "LoRA side branch of %s", md->name);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, r, in, 1.0f, x, in, md->A, in, 0.0f, u, r);
+        ls_op_gemm(L->be, 0, 1, (int)T, r, in, 1.0f, x, in, md->A, in, 0.0f, u, r);
         for (int64_t s = 0; s < md->nseg; s++) {
             int64_t a, n = seg_overlap(&md->seg[s], off, N, &a);
             if (!n) continue;
             int64_t hf = md->seg[s].hf0 + (a - md->seg[s].row0);
             const float *dys = dy + (a - off); /* (T, n), stride N */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, r, (int)n, 1.0f, dys, (int)N, md->B + hf * r, r,
+            ls_op_gemm(L->be, 0, 0, (int)T, r, (int)n, 1.0f, dys, (int)N, md->B + hf * r, r,
                         1.0f, v, r);
             /* dB[hf .. hf+n) += s · dysᵀ · u */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, r, (int)T, md->scale, dys, (int)N, u, r, 1.0f,
+            ls_op_gemm(L->be, 1, 0, (int)n, r, (int)T, md->scale, dys, (int)N, u, r, 1.0f,
                         md->gB + hf * r, r);
         }
         /* dA += s · vᵀ · x;  dx += s · v · A */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, in, (int)T, md->scale, v, r, x, in, 1.0f, md->gA, in);
-        if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, in, r, md->scale, v, r, md->A, in, 1.0f, dx, in);
+        ls_op_gemm(L->be, 1, 0, r, in, (int)T, md->scale, v, r, x, in, 1.0f, md->gA, in);
+        if (dx) ls_op_gemm(L->be, 0, 0, (int)T, in, r, md->scale, v, r, md->A, in, 1.0f, dx, in);
         ls_arena_release(sc, mk);
     }
     return LS_OK;

@@ -9,7 +9,6 @@
  * is applied per head after the sum. With a tape every buffer the backward reads comes
  * from the tape arena (mla_tape.h); without one, transients come from scratch.
  */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <stddef.h>
@@ -65,9 +64,9 @@ void ls_mla_index_queries(const ls_mla_model *m, int l, const float *xn, const f
     const ls_mla_config *mc = &c->mla;
     const ls_mla_layer *w = &m->layers[l];
     int nI = mc->index_heads, dI = mc->index_head_dim;
-    ls_linear_fwd(qI, cq, w->idx_wq, T, mc->q_lora_rank, (int64_t)nI * dI, 0);
-    ls_rope_table_fwd(qI, T, nI, dI, 0, mc->qk_rope / 2, m->inv_freq, mc->indexer_rope_interleave, pos0);
-    ls_linear_fwd(wq, xn, w->idx_weights, T, c->hidden, nI, 0);
+    ls_op_linear_fwd(m->be, qI, cq, w->idx_wq, T, mc->q_lora_rank, (int64_t)nI * dI, 0);
+    ls_op_rope_table_fwd(m->be, qI, T, nI, dI, 0, mc->qk_rope / 2, m->inv_freq, mc->indexer_rope_interleave, pos0);
+    ls_op_linear_fwd(m->be, wq, xn, w->idx_weights, T, c->hidden, nI, 0);
     float ws = 1.0f / sqrtf((float)nI);
     for (int64_t i = 0; i < T * nI; i++) wq[i] *= ws;
 }
@@ -79,9 +78,9 @@ void ls_mla_index_keys(const ls_mla_model *m, int l, const float *xn, int64_t T,
     const ls_mla_layer *w = &m->layers[l];
     int dI = mc->index_head_dim;
     float *pre = kpre ? kpre : kI;
-    ls_linear_fwd(pre, xn, w->idx_wk, T, c->hidden, dI, 0);
-    ls_layernorm_fwd(kI, pre, w->idx_knorm_w, w->idx_knorm_b, T, dI, LS_MLA_INDEX_NORM_EPS);
-    ls_rope_table_fwd(kI, T, 1, dI, 0, mc->qk_rope / 2, m->inv_freq, mc->indexer_rope_interleave, pos0);
+    ls_op_linear_fwd(m->be, pre, xn, w->idx_wk, T, c->hidden, dI, 0);
+    ls_op_layernorm_fwd(m->be, kI, pre, w->idx_knorm_w, w->idx_knorm_b, T, dI, LS_MLA_INDEX_NORM_EPS);
+    ls_op_rope_table_fwd(m->be, kI, T, 1, dI, 0, mc->qk_rope / 2, m->inv_freq, mc->indexer_rope_interleave, pos0);
 }
 
 /* x[0..n) rounded to `dtype` in place (bf16: round to nearest even, as the pages store). */
@@ -97,18 +96,18 @@ void ls_mla_round_to(float *x, int64_t n, ls_dtype dtype) {
 /* Scores [nb, np] of queries (qI, wq) against positions [0, np) of index-key pages
  * `keys`, in row blocks, and of the same queries against own keys [nown, dI]: rows of
  * `row` [nb, np + nown]. */
-static ls_status score_rows(float *row, const float *qI, const float *wq, int64_t nb, const ls_kv_prefix *keys,
+static ls_status score_rows(const ls_backend *be, float *row, const float *qI, const float *wq, int64_t nb, const ls_kv_prefix *keys,
                             const float *own, int64_t nown, int nI, int dI, ls_arena *sc) {
     ls_arena_mark mk = ls_arena_get_mark(sc);
     int64_t np = keys->n, w = np + nown;
     float scale = 1.0f / sqrtf((float)dI);
     float *sp = ALLOC_F(sc, nb * (np > 0 ? np : 1)), *so = ALLOC_F(sc, nb * (nown > 0 ? nown : 1));
     NEED(sp && so);
-    if (np > 0) LS_TRY(ls_dsa_scores(sp, qI, wq, keys, nb, nI, dI, scale, sc));
+    if (np > 0) LS_TRY(ls_op_dsa_scores(be, sp, qI, wq, keys, nb, nI, dI, scale, sc));
     if (nown > 0) {
         void *own_page[1] = {(void *)own};
         ls_kv_prefix ok = {nown, nown, LS_DTYPE_F32, own_page, NULL};
-        LS_TRY(ls_dsa_scores(so, qI, wq, &ok, nb, nI, dI, scale, sc));
+        LS_TRY(ls_op_dsa_scores(be, so, qI, wq, &ok, nb, nI, dI, scale, sc));
     }
     for (int64_t r = 0; r < nb; r++) {
         memcpy(row + r * w, sp + r * np, (size_t)np * sizeof(float));
@@ -136,8 +135,8 @@ static ls_status select_local(const ls_mla_model *m, int l, const float *qI, con
     NEED(row && count);
     for (int64_t t0 = 0; t0 < T; t0 += tb) { /* rows [t0, t1): keys 0 .. pos0 + t1 − 1 */
         int64_t t1 = t0 + tb < T ? t0 + tb : T, nb = t1 - t0;
-        LS_TRY(score_rows(row, qI + t0 * nI * dI, wq + t0 * nI, nb, &keys, kI, t1, nI, dI, sc));
-        LS_TRY(ls_dsa_topk(L->sel + t0 * L->kk, count, row, nb, pos0 + t1, pos0 + t0, L->kk, sc));
+        LS_TRY(score_rows(m->be, row, qI + t0 * nI * dI, wq + t0 * nI, nb, &keys, kI, t1, nI, dI, sc));
+        LS_TRY(ls_op_dsa_topk(m->be, L->sel + t0 * L->kk, count, row, nb, pos0 + t1, pos0 + t0, L->kk, sc));
     }
     ls_arena_release(sc, mk);
     return LS_OK;
@@ -206,8 +205,8 @@ static ls_status cp_select(const ls_mla_model *m, int l, const float *qI, const 
         if (n == 0) continue;
         ls_kv_prefix kv = keys;
         kv.n = vloc;
-        LS_TRY(score_rows(row, qI + t * nI * dI, wq + t * nI, 1, &kv, kI, vown, nI, dI, sc));
-        LS_TRY(ls_dsa_topk(ls, &cnt, row, 1, n, n - 1, kk, sc));
+        LS_TRY(score_rows(m->be, row, qI + t * nI * dI, wq + t * nI, 1, &kv, kI, vown, nI, dI, sc));
+        LS_TRY(ls_op_dsa_topk(m->be, ls, &cnt, row, 1, n, n - 1, kk, sc));
         for (int64_t j = 0; j < cnt; j++)
             c[j] = (cand){row[ls[j]], (int32_t)(ls[j] < vloc ? held_position(st, ls[j]) : L->pos0 + ls[j] - vloc)};
     }
@@ -270,7 +269,7 @@ static ls_status cp_attend(const ls_mla_model *m, int l, const float *qa, const 
     LS_ASSERT(L->sel_local, "layer %d: no selection to share", l);
     ls_kv_prefix pre = ls_state_prefix(st, l);
     pre.n = nloc;
-    LS_TRY(ls_mla_attn_fwd(o, lse, qa, mine ? own : NULL, &pre, L->sel_local, kk, T, H, (int)rkv, mc->qk_rope, nloc,
+    LS_TRY(ls_op_mla_attn_fwd(m->be, o, lse, qa, mine ? own : NULL, &pre, L->sel_local, kk, T, H, (int)rkv, mc->qk_rope, nloc,
                            m->scale));
     return ls_cp_merge(o, lse, T * H, (int)rkv, L->cp, L->sc);
 }
@@ -298,19 +297,19 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
     float *lse = tp ? ALLOC_F(A, T * H) : NULL;
     NEED(cq_raw && cq && q && kva && lat_raw && lat && own && qa && o && ov && (!tp || (rstd_q && rstd_kv && lse)));
     /* query path: c_q = RMSNorm(q_a x); q = q_b c_q, per head [q_nope (dn) ; q_pe (dr)] */
-    ls_linear_fwd(cq_raw, xn, w->q_a, T, D, rq, 0);
-    ls_rmsnorm_plain_fwd(cq, rstd_q, cq_raw, w->q_a_norm, T, rq, c->eps);
-    ls_linear_fwd(q, cq, w->q_b, T, rq, H * dq, 0);
-    ls_rope_table_fwd(q, T, H, (int)dq, dn, half, m->inv_freq, mc->rope_interleave, pos0);
+    ls_op_linear_fwd(m->be, cq_raw, xn, w->q_a, T, D, rq, 0);
+    ls_op_rmsnorm_plain_fwd(m->be, cq, rstd_q, cq_raw, w->q_a_norm, T, rq, c->eps);
+    ls_op_linear_fwd(m->be, q, cq, w->q_b, T, rq, H * dq, 0);
+    ls_op_rope_table_fwd(m->be, q, T, H, (int)dq, dn, half, m->inv_freq, mc->rope_interleave, pos0);
     /* KV path: the latent row [RMSNorm(a[:rkv]) ; RoPE(a[rkv:])], shared by every head */
-    ls_linear_fwd(kva, xn, w->kv_a, T, D, dk, 0);
+    ls_op_linear_fwd(m->be, kva, xn, w->kv_a, T, D, dk, 0);
     for (int64_t t = 0; t < T; t++) memcpy(lat_raw + t * rkv, kva + t * dk, (size_t)rkv * sizeof(float));
-    ls_rmsnorm_plain_fwd(lat, rstd_kv, lat_raw, w->kv_a_norm, T, rkv, c->eps);
+    ls_op_rmsnorm_plain_fwd(m->be, lat, rstd_kv, lat_raw, w->kv_a_norm, T, rkv, c->eps);
     for (int64_t t = 0; t < T; t++) {
         memcpy(own + t * dk, lat + t * rkv, (size_t)rkv * sizeof(float));
         memcpy(own + t * dk + rkv, kva + t * dk + rkv, (size_t)dr * sizeof(float));
     }
-    ls_rope_table_fwd(own, T, 1, (int)dk, (int)rkv, half, m->inv_freq, mc->rope_interleave, pos0);
+    ls_op_rope_table_fwd(m->be, own, T, 1, (int)dk, (int)rkv, half, m->inv_freq, mc->rope_interleave, pos0);
     /* the call's own latent rows rounded as the pages round theirs (bf16 pages): every key
      * and value then reads the same whether it is still the call's or paged already, so
      * capture chunking, the CP split and decode order cannot move a near-tie selection of
@@ -318,7 +317,7 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
     if (L->st && L->st->dtype != LS_DTYPE_F32) ls_mla_round_to(own, T * dk, L->st->dtype);
     /* absorbed queries: q̃[h] = W_UK[h]ᵀ q_nope[h] (W_UK[h] = kv_b rows h·(dn+dv) ..+dn) */
     for (int h = 0; h < H; h++) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)rkv, dn, 1.0f, q + h * dq, (int)(H * dq),
+        ls_op_gemm(m->be, 0, 0, (int)T, (int)rkv, dn, 1.0f, q + h * dq, (int)(H * dq),
                     w->kv_b + h * hb * rkv, (int)rkv, 0.0f, qa + h * dk, (int)(H * dk));
         for (int64_t t = 0; t < T; t++)
             memcpy(qa + (t * H + h) * dk + rkv, q + (t * H + h) * dq + dn, (size_t)dr * sizeof(float));
@@ -358,13 +357,13 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
         if (tp) tp->sel_local = L->sel_local;
     } else {
         ls_kv_prefix pre = prefix_of(L->st, l);
-        LS_TRY(ls_mla_attn_fwd(o, lse, qa, own, &pre, L->sel, L->kk, T, H, (int)rkv, dr, pos0, m->scale));
+        LS_TRY(ls_op_mla_attn_fwd(m->be, o, lse, qa, own, &pre, L->sel, L->kk, T, H, (int)rkv, dr, pos0, m->scale));
     }
     /* per head o[h] = W_UV[h] ō[h], then o_proj into the residual */
     for (int h = 0; h < H; h++)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, dv, (int)rkv, 1.0f, o + h * rkv, (int)(H * rkv),
+        ls_op_gemm(m->be, 0, 1, (int)T, dv, (int)rkv, 1.0f, o + h * rkv, (int)(H * rkv),
                     w->kv_b + (h * hb + dn) * rkv, (int)rkv, 0.0f, ov + h * dv, H * dv);
-    ls_linear_fwd(x, ov, w->o_proj, T, (int64_t)H * dv, D, 1);
+    ls_op_linear_fwd(m->be, x, ov, w->o_proj, T, (int64_t)H * dv, D, 1);
     /* the call's rows into the state, on the rank holding their positions (under CP: the
      * chunk's owner in capture, the tail rank in decode) */
     if (L->append && (!L->cp || ls_state_local_page(L->append, pos0) >= 0))
@@ -426,15 +425,15 @@ ls_status ls_mla_ep_combine(const ls_mla_model *m, float *y, int64_t T, int64_t 
 
 /* SwiGLU on rows xs[n, D] with fused [gate ; up] rows gu_w [2I, D]: out (= or +=)
  * down(SiLU(gate) ⊙ up); gu [n, 2I] and act [n, I] kept when given. */
-static ls_status swiglu(float *out, float *gu, float *act, const float *xs, int64_t n, int64_t D, int64_t NI,
+static ls_status swiglu(const ls_backend *be, float *out, float *gu, float *act, const float *xs, int64_t n, int64_t D, int64_t NI,
                         const float *gu_w, const float *down_w, int accumulate, ls_arena *sc) {
     ls_arena_mark mk = ls_arena_get_mark(sc);
     if (!gu) gu = ALLOC_F(sc, n * 2 * NI);
     if (!act) act = ALLOC_F(sc, n * NI);
     NEED(gu && act);
-    ls_linear_fwd(gu, xs, gu_w, n, D, 2 * NI, 0);
-    ls_swiglu_fwd(act, gu, n, NI);
-    ls_linear_fwd(out, act, down_w, n, NI, D, accumulate);
+    ls_op_linear_fwd(be, gu, xs, gu_w, n, D, 2 * NI, 0);
+    ls_op_swiglu_fwd(be, act, gu, n, NI);
+    ls_op_linear_fwd(be, out, act, down_w, n, NI, D, accumulate);
     ls_arena_release(sc, mk);
     return LS_OK;
 }
@@ -454,10 +453,10 @@ static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, ml
     int64_t *count = ls_arena_alloc(sc, (size_t)(E + 1) * sizeof(int64_t));
     int64_t *rows = ls_arena_alloc(sc, (size_t)(T * K) * sizeof(int64_t));
     NEED(s && wt && logits && sel && count && rows);
-    ls_linear_fwd(logits, xn, w->router, T, D, E, 0);
-    ls_mla_route_fwd(sel, wt, s, logits, w->router_bias, T, E, K, mc->n_group, mc->topk_group, c->norm_topk,
+    ls_op_linear_fwd(m->be, logits, xn, w->router, T, D, E, 0);
+    ls_op_mla_route_fwd(m->be, sel, wt, s, logits, w->router_bias, T, E, K, mc->n_group, mc->topk_group, c->norm_topk,
                      mc->routed_scaling);
-    LS_TRY(ls_moe_group(count, rows, sel, T, E, K, sc));
+    LS_TRY(ls_op_moe_group(m->be, count, rows, sel, T, E, K, sc));
     int64_t maxn = 0;
     for (int e = 0; e < E; e++) maxn = count[e + 1] - count[e] > maxn ? count[e + 1] - count[e] : maxn;
     float *xs = ALLOC_F(sc, maxn * D), *ys = ALLOC_F(sc, maxn * D); /* [n_e, D] */
@@ -471,7 +470,7 @@ static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, ml
         if (n == 0) continue;
         const int64_t *r = rows + count[e];
         for (int64_t i = 0; i < n; i++) memcpy(xs + i * D, xn + (r[i] / K) * D, (size_t)D * sizeof(float));
-        LS_TRY(swiglu(ys, NULL, NULL, xs, n, D, Im, w->exp_gu + (e - m->e0) * 2 * Im * D,
+        LS_TRY(swiglu(m->be, ys, NULL, NULL, xs, n, D, Im, w->exp_gu + (e - m->e0) * 2 * Im * D,
                       w->exp_down + (e - m->e0) * D * Im, 0, sc));
         for (int64_t i = 0; i < n; i++) {
             float g = wt[r[i]];
@@ -486,7 +485,7 @@ static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, ml
     if (Is > 0) {
         float *sgu = tp ? ALLOC_F(A, T * 2 * Is) : NULL, *sact = tp ? ALLOC_F(A, T * Is) : NULL;
         NEED(!tp || (sgu && sact));
-        LS_TRY(swiglu(x, sgu, sact, xn, T, D, Is, w->sh_gu, w->sh_down, 1, sc));
+        LS_TRY(swiglu(m->be, x, sgu, sact, xn, T, D, Is, w->sh_gu, w->sh_down, 1, sc));
         if (tp) tp->sh_gu = sgu, tp->sh_act = sact;
     }
     if (tp) tp->s = s, tp->esel = sel, tp->wt = wt;
@@ -528,7 +527,7 @@ static ls_status layer_fwd(const ls_mla_model *m, int l, float *x, int skip_ffn,
         memcpy(tp->x_in, x, (size_t)(T * D) * sizeof(float));
         tp->xn1 = xn;
     }
-    ls_rmsnorm_plain_fwd(xn, tp ? tp->rstd1 : NULL, x, w->input_norm, T, D, c->eps);
+    ls_op_rmsnorm_plain_fwd(m->be, xn, tp ? tp->rstd1 : NULL, x, w->input_norm, T, D, c->eps);
     LS_TRY(mla_mixer(m, l, x, xn, L));
     if (!skip_ffn) {
         float *xn2 = xn;
@@ -537,14 +536,14 @@ static ls_status layer_fwd(const ls_mla_model *m, int l, float *x, int skip_ffn,
             NEED(tp->x_mid && tp->xn2 && tp->rstd2);
             memcpy(tp->x_mid, x, (size_t)(T * D) * sizeof(float));
         }
-        ls_rmsnorm_plain_fwd(xn2, tp ? tp->rstd2 : NULL, x, w->post_norm, T, D, c->eps);
+        ls_op_rmsnorm_plain_fwd(m->be, xn2, tp ? tp->rstd2 : NULL, x, w->post_norm, T, D, c->eps);
         if (c->moe[l]) {
             LS_TRY(moe(m, l, x, xn2, L));
         } else {
             int64_t NI = c->intermediate;
             float *gu = tp ? ALLOC_F(A, T * 2 * NI) : NULL, *act = tp ? ALLOC_F(A, T * NI) : NULL;
             NEED(!tp || (gu && act));
-            LS_TRY(swiglu(x, gu, act, xn2, T, D, NI, w->mlp_gu, w->mlp_down, 1, L->sc));
+            LS_TRY(swiglu(m->be, x, gu, act, xn2, T, D, NI, w->mlp_gu, w->mlp_down, 1, L->sc));
             if (tp) tp->gu = gu, tp->act = act;
         }
     }
@@ -591,7 +590,7 @@ static ls_status capture_cp(const ls_mla_model *m, ls_prompt_state *st, const in
             int32_t *sel = ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
             int32_t *loc = ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
             NEED((!mine || x) && sel && loc);
-            if (mine) ls_embed_fwd(x, ids + c0, m->embed, T, D);
+            if (mine) ls_op_embed_fwd(m->be, x, ids + c0, m->embed, T, D);
             for (int l = 0; l < c->n_layers; l++) {
                 mla_ctx L = {T, c0, st, mine ? st : NULL, sel, kk, NULL, NULL, scratch, NULL, -1, -1, 0, NULL};
                 set_cp(&L, st, owner, owner, c0, loc); /* the owner's rows are its own (f32) until appended */
@@ -627,7 +626,7 @@ static ls_status extend(const ls_mla_model *m, ls_prompt_state *st, const int32_
         int32_t *sel = ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t)); /* [T, kk] */
         int32_t *loc = ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
         NEED(x && sel && loc);
-        ls_embed_fwd(x, ids + c0, m->embed, T, D);
+        ls_op_embed_fwd(m->be, x, ids + c0, m->embed, T, D);
         for (int l = 0; l < c->n_layers; l++) {
             mla_ctx L = {T, st->n, st, st, sel, kk, NULL, NULL, scratch, NULL, -1, -1, 0, NULL};
             set_cp(&L, st, -1, 0, st->n, loc);
@@ -639,8 +638,8 @@ static ls_status extend(const ls_mla_model *m, ls_prompt_state *st, const int32_
         if (!logits) ls_progress_add(T);
         if (logits && last_chunk) {
             float *h = x + (T - 1) * D;
-            ls_rmsnorm_plain_fwd(h, NULL, h, m->final_norm, 1, D, c->eps);
-            ls_linear_fwd(logits, h, m->lm_head, 1, D, c->vocab, 0);
+            ls_op_rmsnorm_plain_fwd(m->be, h, NULL, h, m->final_norm, 1, D, c->eps);
+            ls_op_linear_fwd(m->be, logits, h, m->lm_head, 1, D, c->vocab, 0);
             float it = 1.0f / o->temperature;
             for (int64_t v = 0; v < c->vocab; v++) logits[v] *= it;
         }
@@ -686,7 +685,7 @@ ls_status ls_mla_branch_fwd(const ls_mla_model *m, const ls_prompt_state *st, co
     int32_t *sel = taping ? NULL : ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
     int32_t *loc = taping || !cp ? NULL : ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
     NEED(x && (taping || sel) && (taping || !cp || loc));
-    ls_embed_fwd(x, ids, m->embed, T, D);
+    ls_op_embed_fwd(m->be, x, ids, m->embed, T, D);
     for (int l = 0; l < c->n_layers; l++) {
         mla_ctx L = {T, pos0, st, NULL, sel, kk, taping ? &tb->layers[l] : NULL, tape_arena, scratch, NULL, -1, -1, 0, NULL};
         set_cp(&L, st, -1, 0, pos0, loc); /* every rank runs the branch; rank 0 attends its own rows */
@@ -702,8 +701,8 @@ ls_status ls_mla_branch_fwd(const ls_mla_model *m, const ls_prompt_state *st, co
             NEED(h && rstd && tb->lse);
             tb->x_final = xo, tb->h_final = h, tb->rstd_f = rstd;
         }
-        ls_rmsnorm_plain_fwd(h, rstd, xo, m->final_norm, n, D, c->eps);
-        LS_TRY(ls_lmhead_fwd(logprob, taping ? tb->lse : NULL, entropy, h, m->lm_head, target, n, D, c->vocab,
+        ls_op_rmsnorm_plain_fwd(m->be, h, rstd, xo, m->final_norm, n, D, c->eps);
+        LS_TRY(ls_op_lmhead_fwd(m->be, logprob, taping ? tb->lse : NULL, entropy, h, m->lm_head, target, n, D, c->vocab,
                              o->temperature, o->lmhead_rows, scratch));
     }
     ls_arena_release(scratch, mk);

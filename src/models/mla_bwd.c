@@ -8,7 +8,6 @@
  * mode's prompt) pass no gradient as keys, so the plain forward over prompt + response
  * gives the prefix-frozen gradient too.
  */
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
@@ -28,15 +27,15 @@
 
 /* SwiGLU backward on rows: dout[n, D] → dxs[n, D] (= or +=), weight gradients (+=; NULL
  * skips). gu [n, 2I] and act [n, I] are the forward's. */
-static ls_status swiglu_bwd(float *dxs, float *dgu_w, float *ddown_w, const float *dout, const float *xs,
+static ls_status swiglu_bwd(const ls_backend *be, float *dxs, float *dgu_w, float *ddown_w, const float *dout, const float *xs,
                             const float *gu, const float *act, const float *gu_w, const float *down_w, int64_t n,
                             int64_t D, int64_t NI, int accumulate, ls_arena *sc) {
     ls_arena_mark mk = ls_arena_get_mark(sc);
     float *dact = ALLOC_F(sc, n * NI), *dgu = ALLOC_F(sc, n * 2 * NI);
     NEED(dact && dgu);
-    ls_linear_bwd(dact, ddown_w, dout, act, down_w, n, NI, D, 0);
-    ls_swiglu_bwd(dgu, dact, gu, n, NI);
-    ls_linear_bwd(dxs, dgu_w, dgu, xs, gu_w, n, D, 2 * NI, accumulate);
+    ls_op_linear_bwd(be, dact, ddown_w, dout, act, down_w, n, NI, D, 0);
+    ls_op_swiglu_bwd(be, dgu, dact, gu, n, NI);
+    ls_op_linear_bwd(be, dxs, dgu_w, dgu, xs, gu_w, n, D, 2 * NI, accumulate);
     ls_arena_release(sc, mk);
     return LS_OK;
 }
@@ -57,7 +56,7 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
     float *dwt = CALLOC_F(sc, T * K + (m->ep ? T * D : 0)), *dlog = ALLOC_F(sc, T * E);
     float *dxe = m->ep ? dwt + T * K : dxn, *rowsw = m->ep ? ALLOC_F(sc, T * (K + D)) : NULL;
     NEED(count && rows && dwt && dlog && (!m->ep || rowsw));
-    LS_TRY(ls_moe_group(count, rows, tp->esel, T, E, K, sc));
+    LS_TRY(ls_op_moe_group(m->be, count, rows, tp->esel, T, E, K, sc));
     int64_t maxn = 0;
     for (int e = 0; e < E; e++) maxn = count[e + 1] - count[e] > maxn ? count[e + 1] - count[e] : maxn;
     float *xs = ALLOC_F(sc, maxn * D), *ys = ALLOC_F(sc, maxn * D), *dys = ALLOC_F(sc, maxn * D);
@@ -69,9 +68,9 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
         const int64_t *r = rows + count[e];
         const float *Wgu = w->exp_gu + le * 2 * Im * D, *Wdn = w->exp_down + le * D * Im;
         for (int64_t i = 0; i < n; i++) memcpy(xs + i * D, tp->xn2 + (r[i] / K) * D, (size_t)D * sizeof(float));
-        ls_linear_fwd(gu, xs, Wgu, n, D, 2 * Im, 0); /* the expert, recomputed */
-        ls_swiglu_fwd(act, gu, n, Im);
-        ls_linear_fwd(ys, act, Wdn, n, Im, D, 0);
+        ls_op_linear_fwd(m->be, gu, xs, Wgu, n, D, 2 * Im, 0); /* the expert, recomputed */
+        ls_op_swiglu_fwd(m->be, act, gu, n, Im);
+        ls_op_linear_fwd(m->be, ys, act, Wdn, n, Im, D, 0);
         for (int64_t i = 0; i < n; i++) {
             const float *dr = dres + (r[i] / K) * D;
             double dot = 0;
@@ -81,7 +80,7 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
             }
             dwt[r[i]] = (float)dot;
         }
-        LS_TRY(swiglu_bwd(dxs, GOFF(gw->exp_gu, le * 2 * Im * D), GOFF(gw->exp_down, le * D * Im), dys, xs, gu, act,
+        LS_TRY(swiglu_bwd(m->be, dxs, GOFF(gw->exp_gu, le * 2 * Im * D), GOFF(gw->exp_down, le * D * Im), dys, xs, gu, act,
                           Wgu, Wdn, n, D, Im, 0, sc));
         for (int64_t i = 0; i < n; i++) {
             float *dx = dxe + (r[i] / K) * D;
@@ -100,10 +99,10 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
             for (int64_t d = 0; d < D; d++) dxn[t * D + d] += g[d];
         }
     }
-    ls_mla_route_bwd(dlog, dwt, tp->s, tp->esel, T, E, K, c->norm_topk, mc->routed_scaling);
-    ls_linear_bwd(dxn, gw->router, dlog, tp->xn2, w->router, T, D, E, 1);
+    ls_op_mla_route_bwd(m->be, dlog, dwt, tp->s, tp->esel, T, E, K, c->norm_topk, mc->routed_scaling);
+    ls_op_linear_bwd(m->be, dxn, gw->router, dlog, tp->xn2, w->router, T, D, E, 1);
     if (Is > 0)
-        LS_TRY(swiglu_bwd(dxn, gw->sh_gu, gw->sh_down, dres, tp->xn2, tp->sh_gu, tp->sh_act, w->sh_gu, w->sh_down, T, D,
+        LS_TRY(swiglu_bwd(m->be, dxn, gw->sh_gu, gw->sh_down, dres, tp->xn2, tp->sh_gu, tp->sh_act, w->sh_gu, w->sh_down, T, D,
                           Is, 1, sc));
     ls_arena_release(sc, mk);
     return LS_OK;
@@ -159,8 +158,8 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
     ls_kv_prefix keys = {lat.n, lat.page_size, lat.dtype, lat.v_pages, NULL}; /* the index-key pages */
     float scale = 1.0f / sqrtf((float)dI);
     sel += t0 * kk;
-    ls_dsa_sel_scores(Is, qI, wq, &keys, kI, sel, kk, nq, nI, dI, apos0, scale);
-    ls_mla_attn_probs(P, tp->qa + t0 * H * dk, tp->lse + t0 * H, tp->own, &lat, sel, kk, nq, H, mc->kv_lora_rank,
+    ls_op_dsa_sel_scores(m->be, Is, qI, wq, &keys, kI, sel, kk, nq, nI, dI, apos0, scale);
+    ls_op_mla_attn_probs(m->be, P, tp->qa + t0 * H * dk, tp->lse + t0 * H, tp->own, &lat, sel, kk, nq, H, mc->kv_lora_rank,
                       mc->qk_rope, apos0, m->scale);
     for (int64_t i = 0; i < nq; i++) {
         float v = -INFINITY;
@@ -191,18 +190,18 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
             *g = *g == -INFINITY ? 0.0f : (float)(exp((double)*g - lse) - (double)P[i * kk + j]);
         }
     }
-    ls_dsa_sel_scores_bwd(dq, dw, mine ? dkI : NULL, Is, qI, wq, &keys, kI, sel, kk, nq, nI, dI, apos0, scale);
+    ls_op_dsa_sel_scores_bwd(m->be, dq, dw, mine ? dkI : NULL, Is, qI, wq, &keys, kI, sel, kk, nq, nI, dI, apos0, scale);
     if (tb->grad_from > 0) memset(dkI, 0, (size_t)(tb->grad_from * dI) * sizeof(float)); /* naive: the prompt's keys */
     if (tb->cp) LS_TRY(ls_comm_allreduce_f32(tb->cp, dq, nb, LS_REDUCE_SUM));
     /* qI = rope(wq_b c_q); w = weights_proj(x)·nI^−½; kI = rope(LayerNorm(wk x)) */
-    ls_rope_table_bwd(dq, nq, nI, dI, 0, half, m->inv_freq, mc->indexer_rope_interleave, pos0 + t0);
-    ls_linear_bwd(NULL, gw->idx_wq, dq, tp->cq + t0 * rq, w->idx_wq, nq, rq, (int64_t)nI * dI, 0);
+    ls_op_rope_table_bwd(m->be, dq, nq, nI, dI, 0, half, m->inv_freq, mc->indexer_rope_interleave, pos0 + t0);
+    ls_op_linear_bwd(m->be, NULL, gw->idx_wq, dq, tp->cq + t0 * rq, w->idx_wq, nq, rq, (int64_t)nI * dI, 0);
     float ws = 1.0f / sqrtf((float)nI);
     for (int64_t i = 0; i < nq * nI; i++) dw[i] *= ws;
-    ls_linear_bwd(NULL, gw->idx_weights, dw, tp->xn1 + t0 * D, w->idx_weights, nq, D, nI, 0);
-    ls_rope_table_bwd(dkI, T, 1, dI, 0, half, m->inv_freq, mc->indexer_rope_interleave, pos0);
-    ls_layernorm_bwd(dkI, gw->idx_knorm_w, gw->idx_knorm_b, dkI, kpre, w->idx_knorm_w, T, dI, LS_MLA_INDEX_NORM_EPS);
-    ls_linear_bwd(NULL, gw->idx_wk, dkI, tp->xn1, w->idx_wk, T, D, dI, 0);
+    ls_op_linear_bwd(m->be, NULL, gw->idx_weights, dw, tp->xn1 + t0 * D, w->idx_weights, nq, D, nI, 0);
+    ls_op_rope_table_bwd(m->be, dkI, T, 1, dI, 0, half, m->inv_freq, mc->indexer_rope_interleave, pos0);
+    ls_op_layernorm_bwd(m->be, dkI, gw->idx_knorm_w, gw->idx_knorm_b, dkI, kpre, w->idx_knorm_w, T, dI, LS_MLA_INDEX_NORM_EPS);
+    ls_op_linear_bwd(m->be, NULL, gw->idx_wk, dkI, tp->xn1, w->idx_wk, T, D, dI, 0);
     ls_arena_release(sc, mk);
     return LS_OK;
 }
@@ -224,13 +223,13 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
     float *dqf = ALLOC_F(sc, T * H * dq), *dcq = ALLOC_F(sc, T * rq), *dlat = ALLOC_F(sc, T * rkv);
     float *dkva = ALLOC_F(sc, T * dk);
     NEED(dov && dob && dqa && down && dqf && dcq && dlat && dkva);
-    ls_linear_bwd(dov, gw->o_proj, dy, tp->ov, w->o_proj, T, (int64_t)H * dv, D, 0);
+    ls_op_linear_bwd(m->be, dov, gw->o_proj, dy, tp->ov, w->o_proj, T, (int64_t)H * dv, D, 0);
     for (int h = 0; h < H; h++) { /* ov[h] = ō[h]·W_UV[h]ᵀ */
         const float *Wuv = w->kv_b + (h * hb + dn) * rkv;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)rkv, dv, 1.0f, dov + h * dv, H * dv, Wuv,
+        ls_op_gemm(m->be, 0, 0, (int)T, (int)rkv, dv, 1.0f, dov + h * dv, H * dv, Wuv,
                     (int)rkv, 0.0f, dob + h * rkv, (int)(H * rkv));
         if (gw->kv_b)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dv, (int)rkv, (int)T, 1.0f, dov + h * dv, H * dv,
+            ls_op_gemm(m->be, 1, 0, dv, (int)rkv, (int)T, 1.0f, dov + h * dv, H * dv,
                         tp->o + h * rkv, (int)(H * rkv), 1.0f, gw->kv_b + (h * hb + dn) * rkv, (int)rkv);
     }
     ls_kv_prefix pre = {0, 1, LS_DTYPE_F32, NULL, NULL};
@@ -242,7 +241,7 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
         sel = tp->sel_local;
     }
     void *const *dpre = dc->dstate && tb->st ? dc->dstate->full->d[l].dk : NULL; /* the prompt rows' gradient (+=) */
-    LS_TRY(ls_mla_attn_bwd(dqa, down, dpre, dob, tp->o, tp->lse, tp->qa, tp->own, &pre, sel, tb->kk, T, H, (int)rkv,
+    LS_TRY(ls_op_mla_attn_bwd(m->be, dqa, down, dpre, dob, tp->o, tp->lse, tp->qa, tp->own, &pre, sel, tb->kk, T, H, (int)rkv,
                            dr, apos0, m->scale));
     if (tb->grad_from > 0) /* the naive mode's prompt rows are keys without gradient */
         memset(down, 0, (size_t)(tb->grad_from * dk) * sizeof(float));
@@ -260,27 +259,27 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
         LS_TRY(ls_comm_allreduce_f32(tb->cp, dqa, T * H * dk + T * dk, LS_REDUCE_SUM));
     for (int h = 0; h < H; h++) { /* qa[h] = [q_nope[h]·W_UK[h] ; q_pe[h]] */
         const float *Wuk = w->kv_b + h * hb * rkv;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, dn, (int)rkv, 1.0f, dqa + h * dk, (int)(H * dk),
+        ls_op_gemm(m->be, 0, 1, (int)T, dn, (int)rkv, 1.0f, dqa + h * dk, (int)(H * dk),
                     Wuk, (int)rkv, 0.0f, dqf + h * dq, (int)(H * dq));
         if (gw->kv_b)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dn, (int)rkv, (int)T, 1.0f, tp->q + h * dq,
+            ls_op_gemm(m->be, 1, 0, dn, (int)rkv, (int)T, 1.0f, tp->q + h * dq,
                         (int)(H * dq), dqa + h * dk, (int)(H * dk), 1.0f, gw->kv_b + h * hb * rkv, (int)rkv);
         for (int64_t t = 0; t < T; t++)
             memcpy(dqf + (t * H + h) * dq + dn, dqa + (t * H + h) * dk + rkv, (size_t)dr * sizeof(float));
     }
-    ls_rope_table_bwd(dqf, T, H, (int)dq, dn, half, m->inv_freq, mc->rope_interleave, pos0);
-    ls_linear_bwd(dcq, gw->q_b, dqf, tp->cq, w->q_b, T, rq, (int64_t)H * dq, 0);
-    ls_rmsnorm_plain_bwd(dcq, gw->q_a_norm, dcq, tp->cq_raw, tp->rstd_q, w->q_a_norm, T, rq);
-    ls_linear_bwd(dxn, gw->q_a, dcq, tp->xn1, w->q_a, T, D, rq, 0);
+    ls_op_rope_table_bwd(m->be, dqf, T, H, (int)dq, dn, half, m->inv_freq, mc->rope_interleave, pos0);
+    ls_op_linear_bwd(m->be, dcq, gw->q_b, dqf, tp->cq, w->q_b, T, rq, (int64_t)H * dq, 0);
+    ls_op_rmsnorm_plain_bwd(m->be, dcq, gw->q_a_norm, dcq, tp->cq_raw, tp->rstd_q, w->q_a_norm, T, rq);
+    ls_op_linear_bwd(m->be, dxn, gw->q_a, dcq, tp->xn1, w->q_a, T, D, rq, 0);
     /* own rows [c_kv ; k_pe] → kv_a_proj output */
-    ls_rope_table_bwd(down, T, 1, (int)dk, (int)rkv, half, m->inv_freq, mc->rope_interleave, pos0);
+    ls_op_rope_table_bwd(m->be, down, T, 1, (int)dk, (int)rkv, half, m->inv_freq, mc->rope_interleave, pos0);
     for (int64_t t = 0; t < T; t++) memcpy(dlat + t * rkv, down + t * dk, (size_t)rkv * sizeof(float));
-    ls_rmsnorm_plain_bwd(dlat, gw->kv_a_norm, dlat, tp->lat_raw, tp->rstd_kv, w->kv_a_norm, T, rkv);
+    ls_op_rmsnorm_plain_bwd(m->be, dlat, gw->kv_a_norm, dlat, tp->lat_raw, tp->rstd_kv, w->kv_a_norm, T, rkv);
     for (int64_t t = 0; t < T; t++) {
         memcpy(dkva + t * dk, dlat + t * rkv, (size_t)rkv * sizeof(float));
         memcpy(dkva + t * dk + rkv, down + t * dk + rkv, (size_t)dr * sizeof(float));
     }
-    ls_linear_bwd(dxn, gw->kv_a, dkva, tp->xn1, w->kv_a, T, D, dk, 1);
+    ls_op_linear_bwd(m->be, dxn, gw->kv_a, dkva, tp->xn1, w->kv_a, T, D, dk, 1);
     ls_arena_release(sc, mk);
     return LS_OK;
 }
@@ -300,13 +299,13 @@ static ls_status layer_bwd(const ls_mla_model *m, ls_mla_model *grad, int l, con
         LS_TRY(moe_bwd(m, l, gw, tp, dx, dxn, T, sc));
     } else {
         int64_t NI = c->intermediate;
-        LS_TRY(swiglu_bwd(dxn, gw->mlp_gu, gw->mlp_down, dx, tp->xn2, tp->gu, tp->act, w->mlp_gu, w->mlp_down, T, D, NI,
+        LS_TRY(swiglu_bwd(m->be, dxn, gw->mlp_gu, gw->mlp_down, dx, tp->xn2, tp->gu, tp->act, w->mlp_gu, w->mlp_down, T, D, NI,
                           0, sc));
     }
-    ls_rmsnorm_plain_bwd(dxn, gw->post_norm, dxn, tp->x_mid, tp->rstd2, w->post_norm, T, D);
+    ls_op_rmsnorm_plain_bwd(m->be, dxn, gw->post_norm, dxn, tp->x_mid, tp->rstd2, w->post_norm, T, D);
     for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i]; /* ∂L/∂(mixer output) */
     LS_TRY(mixer_bwd(m, l, gw, tb, dx, dxn, dc, sc));
-    ls_rmsnorm_plain_bwd(dxn, gw->input_norm, dxn, tp->x_in, tp->rstd1, w->input_norm, T, D);
+    ls_op_rmsnorm_plain_bwd(m->be, dxn, gw->input_norm, dxn, tp->x_in, tp->rstd1, w->input_norm, T, D);
     for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i];
     ls_arena_release(sc, mk);
     return LS_OK;
@@ -322,16 +321,16 @@ static ls_status branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const mla
     if (n > 0) { /* a sweep chunk predicts nothing: its gradient comes in through the state */
         float *dh = ALLOC_F(scratch, n * D);
         NEED(dh);
-        LS_TRY(ls_lmhead_logprobs_bwd(dh, grad->lm_head, dlogprob, tb->h_final, m->lm_head, tb->target, tb->lse, n, D,
+        LS_TRY(ls_op_lmhead_logprobs_bwd(m->be, dh, grad->lm_head, dlogprob, tb->h_final, m->lm_head, tb->target, tb->lse, n, D,
                                       c->vocab, tb->temperature, tb->lmhead_rows, scratch));
-        ls_rmsnorm_plain_bwd(dx + tb->out_from * D, grad->final_norm, dh, tb->x_final, tb->rstd_f, m->final_norm, n,
+        ls_op_rmsnorm_plain_bwd(m->be, dx + tb->out_from * D, grad->final_norm, dh, tb->x_final, tb->rstd_f, m->final_norm, n,
                              D);
     }
     for (int l = c->n_layers - 1; l >= 0; l--) {
         LS_TRY(layer_bwd(m, grad, l, tb, dx, dc, scratch));
         ls_trace_layer_end(l, "bwd");
     }
-    if (grad->embed) ls_embed_bwd(grad->embed, dx, tb->ids, T, D);
+    if (grad->embed) ls_op_embed_bwd(m->be, grad->embed, dx, tb->ids, T, D);
     ls_arena_release(scratch, mk);
     return LS_OK;
 }

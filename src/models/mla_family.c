@@ -125,9 +125,9 @@ static ls_status open_lora(ls_policy *p, mla_policy *mp, const ls_policy_spec *s
     const char *targets = sp->lora_targets ? sp->lora_targets : "q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj";
     char layout[160];
     snprintf(layout, sizeof layout, "%s, per-expert projections", mp->base.cfg.model_type);
-    ls_status s = sp->adapter ? ls_lora_load_targets(&mp->lora, tg, ntg, &mp->base.cfg, layout, sp->adapter,
+    ls_status s = sp->adapter ? ls_lora_load_targets(&mp->lora, tg, ntg, &mp->base.cfg, mp->base.be, layout, sp->adapter,
                                                      sp->lora_alpha, fixed, ga)
-                              : ls_lora_new_targets(&mp->lora, tg, ntg, &mp->base.cfg, targets, (int)sp->lora_rank,
+                              : ls_lora_new_targets(&mp->lora, tg, ntg, &mp->base.cfg, mp->base.be, targets, (int)sp->lora_rank,
                                                     sp->lora_alpha, sp->lora_seed, fixed, ga);
     free(tg);
     LS_TRY(s);

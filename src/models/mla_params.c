@@ -183,6 +183,7 @@ ls_status ls_mla_alloc_subset(const ls_mla_model *src, ls_mla_model *dst, ls_are
                               const void *ctx, const ls_mla_model *share) {
     memset(dst, 0, sizeof *dst);
     dst->cfg = src->cfg;
+    dst->be = src->be;
     dst->tensors = src->tensors, dst->n_tensors = src->n_tensors;
     dst->inv_freq = src->inv_freq, dst->scale = src->scale, dst->n_params = src->n_params;
     dst->ep = src->ep, dst->e0 = src->e0, dst->n_local_experts = src->n_local_experts;
@@ -220,7 +221,7 @@ static ls_status read_tensor(const ls_st_model *st, const ls_mla_tensor *t, floa
     const ls_st_tensor *f = ls_st_model_find(st, t->name);
     if (!f) return ls_err(LS_ERR_FORMAT, "%s: checkpoint has no tensor \"%s\"", st->dir, t->name);
     LS_TRY(ls_st_check_shape(f, t->ndim, t->shape, t->name));
-    LS_TRY(ls_st_read_f32(f, dst, numel(t), t->name));
+    LS_TRY(ls_st_read_weights(f, dst, numel(t), t->name));
     for (int64_t i = 0; i < numel(t); i++)
         if (!(fabsf(dst[i]) <= FLT_MAX))
             return ls_err(LS_ERR_FORMAT, "%s: tensor %s holds a non-finite value at element %lld", f->file, f->name,
@@ -277,6 +278,7 @@ static ls_status unknown_tensors(const ls_st_model *st, const ls_config *c) {
 
 ls_status ls_mla_load(ls_mla_model *m, const char *dir, const ls_comm *ep, ls_arena *fixed) {
     memset(m, 0, sizeof *m);
+    m->be = ls_backend_cpu();
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     LS_TRY(ls_config_load(&m->cfg, path));

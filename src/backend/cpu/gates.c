@@ -1,0 +1,160 @@
+/*
+ * gates.c — the CPU kernels of the small element-wise and routing steps the layers
+ * share (they were loops inside the models): the sigmoid gate of the attention
+ * output, the gated shared-expert add, the Gated DeltaNet's gate/normalisation
+ * prologue, the batched one-token decode of the conv and the recurrence, MoE routing
+ * by softmax top-k and the grouping of routed rows by expert, and the general
+ * product. Each computes exactly what the loop it replaces computed (same operations
+ * in the same order), so every result is bit-identical to before.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "longstraw/kernels.h"
+
+static float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+void ls_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+             const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)M,
+                (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
+
+void ls_sigmoid_mul_fwd(float *y, const float *x, const float *gate, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-gate[i]));
+}
+
+void ls_sigmoid_mul_bwd(float *dx, float *dgate, const float *dy, const float *x, const float *gate, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float s = sigmoidf(gate[i]), d = dy[i];
+        dgate[i] = d * x[i] * s * (1.0f - s);
+        dx[i] = d * s;
+    }
+}
+
+void ls_gated_add_rows(float *x, const float *logit, const float *y, int64_t T, int64_t D) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        float s = 1.0f / (1.0f + expf(-logit[t]));
+        for (int64_t d = 0; d < D; d++) x[t * D + d] += s * y[t * D + d];
+    }
+}
+
+void ls_gated_add_rows_bwd(float *dy, float *dlogit, const float *dx, const float *logit, const float *y, int64_t T,
+                           int64_t D) {
+    for (int64_t t = 0; t < T; t++) {
+        float sg = sigmoidf(logit[t]);
+        double dot = 0;
+        for (int64_t d = 0; d < D; d++) {
+            dot += (double)dx[t * D + d] * y[t * D + d];
+            dy[t * D + d] = sg * dx[t * D + d];
+        }
+        dlogit[t] = (float)(dot * sg * (1.0f - sg));
+    }
+}
+
+void ls_gdn_prep_fwd(float *q, float *k, float *v, float *beta, float *g, float *rq, float *rk, const float *y,
+                     const float *ba, const float *A_log, const float *dt_bias, int64_t T, ls_gdr_dims dm) {
+    int64_t kd = (int64_t)dm.H_k * dm.d_k, vd = (int64_t)dm.H_v * dm.d_v, cd = 2 * kd + vd;
+    int Hv = dm.H_v, Hk = dm.H_k;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        const float *yt = y + t * cd;
+        ls_l2norm_fwd(q + t * kd, rq ? rq + t * Hk : NULL, yt, Hk, dm.d_k, 1e-6f);
+        ls_l2norm_fwd(k + t * kd, rk ? rk + t * Hk : NULL, yt + kd, Hk, dm.d_k, 1e-6f);
+        memcpy(v + t * vd, yt + 2 * kd, (size_t)vd * sizeof(float));
+        for (int h = 0; h < Hv; h++) {
+            float bb = ba[t * 2 * Hv + h], aa = ba[t * 2 * Hv + Hv + h];
+            beta[t * Hv + h] = 1.0f / (1.0f + expf(-bb));
+            g[t * Hv + h] = -expf(A_log[h]) * softplusf(aa + dt_bias[h]);
+        }
+    }
+}
+
+void ls_gdn_prep_bwd(float *dy, float *dba, float *dA_log, float *ddt_bias, const float *dq, const float *dk,
+                     const float *dv, const float *dbeta, const float *dg, const float *y, const float *rq,
+                     const float *rk, const float *ba, const float *beta, const float *g, const float *A_log,
+                     const float *dt_bias, int64_t T, ls_gdr_dims dm) {
+    int64_t kd = (int64_t)dm.H_k * dm.d_k, vd = (int64_t)dm.H_v * dm.d_v, cd = 2 * kd + vd;
+    int Hv = dm.H_v, Hk = dm.H_k;
+    /* gates (spec §2.3): β = σ(b); g = −e^{A_log}·softplus(a + dt_bias); the per-head
+     * sums run in token order */
+    for (int64_t t = 0; t < T; t++) {
+        const float *bat = ba + t * 2 * Hv;
+        for (int h = 0; h < Hv; h++) {
+            float bt = beta[t * Hv + h];
+            dba[t * 2 * Hv + h] = dbeta[t * Hv + h] * bt * (1.0f - bt);
+            float gg = dg[t * Hv + h];
+            float da = gg * -expf(A_log[h]) * sigmoidf(bat[Hv + h] + dt_bias[h]);
+            dba[t * 2 * Hv + Hv + h] = da;
+            if (ddt_bias) ddt_bias[h] += da;
+            if (dA_log) dA_log[h] += gg * g[t * Hv + h];
+        }
+    }
+    /* L2 norms of q, k and the v copy, back into the conv output rows */
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        float *dyt = dy + t * cd;
+        const float *yt = y + t * cd;
+        ls_l2norm_bwd(dyt, dq + t * kd, yt, rq + t * Hk, Hk, dm.d_k);
+        ls_l2norm_bwd(dyt + kd, dk + t * kd, yt + kd, rk + t * Hk, Hk, dm.d_k);
+        memcpy(dyt + 2 * kd, dv + t * vd, (size_t)vd * sizeof(float));
+    }
+}
+
+void ls_conv_step_seqs(float *y, float *const *tails, const float *x, const float *w, int64_t n, int64_t C,
+                       int64_t W) {
+#pragma omp parallel for schedule(static) if (n > 1)
+    for (int64_t i = 0; i < n; i++) ls_conv_fwd(y + i * C, NULL, tails[i], x + i * C, w, 1, C, W);
+}
+
+void ls_gdr_step_seqs(float *o, float *const *states, const float *q, const float *k, const float *v,
+                      const float *beta, const float *g, int64_t n, ls_gdr_dims dm) {
+    int64_t kd = (int64_t)dm.H_k * dm.d_k, vd = (int64_t)dm.H_v * dm.d_v;
+#pragma omp parallel for schedule(static) if (n > 1)
+    for (int64_t i = 0; i < n; i++)
+        ls_gdr_serial_fwd(o + i * vd, states[i], q + i * kd, k + i * kd, v + i * vd, beta + i * dm.H_v,
+                          g + i * dm.H_v, 1, dm);
+}
+
+void ls_moe_route(float *probs, int32_t *sel, float *wt, const float *logits, int64_t T, int E, int K, int norm_topk) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        const float *lg = logits + t * E;
+        float *p = probs + t * E;
+        float mx = -INFINITY;
+        for (int e = 0; e < E; e++) mx = lg[e] > mx ? lg[e] : mx;
+        double s = 0;
+        for (int e = 0; e < E; e++) s += exp((double)(lg[e] - mx));
+        for (int e = 0; e < E; e++) p[e] = (float)(exp((double)(lg[e] - mx)) / s);
+        double tot = 0;
+        for (int j = 0; j < K; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++) taken |= sel[t * K + i] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            sel[t * K + j] = best;
+            wt[t * K + j] = p[best];
+            tot += p[best];
+        }
+        if (norm_topk)
+            for (int j = 0; j < K; j++) wt[t * K + j] = (float)(wt[t * K + j] / tot);
+    }
+}
+
+ls_status ls_moe_group(int64_t *count, int64_t *rows, const int32_t *sel, int64_t T, int E, int K, ls_arena *sc) {
+    memset(count, 0, (size_t)(E + 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < T * K; i++) count[sel[i] + 1]++;
+    for (int e = 0; e < E; e++) count[e + 1] += count[e];
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    int64_t *fill = ls_arena_calloc(sc, (size_t)E, sizeof(int64_t));
+    if (!fill) return LS_ERR_NOMEM;
+    for (int64_t i = 0; i < T * K; i++) rows[count[sel[i]] + fill[sel[i]]++] = i;
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}

@@ -1,0 +1,115 @@
+/*
+ * test_backend.c — the backend table (backend.h) and the CPU backend behind it:
+ * every slot filled; an op through the table is its kernel (same bits); the
+ * general product in its four transpose forms and with leading dimensions wider
+ * than the matrices against a double loop; the batched one-token decode ops
+ * (conv, delta rule) equal to one serial call per sequence, bit for bit.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "longstraw/backend.h"
+#include "testutil.h"
+
+int test_backend_cpu_table(void);
+int test_backend_decode_ops(void);
+
+int test_backend_cpu_table(void) {
+    const ls_backend *be = ls_backend_cpu();
+    T_CHECK(be && be->i && be->i->name && !strcmp(be->i->name, "cpu"), "the CPU backend has no table");
+    int slots = 0, empty = 0;
+#define COUNT_SLOT(name, params, args) slots++, empty += be->i->name == NULL;
+    LS_BACKEND_OPS(COUNT_SLOT)
+    LS_BACKEND_STATUS_OPS(COUNT_SLOT)
+#undef COUNT_SLOT
+    T_CHECK(slots > 40 && empty == 0, "%d of %d op slots are empty", empty, slots);
+    T_CHECK(be->i->buf_alloc && be->i->buf_free && be->i->to_device && be->i->to_host && be->i->copy,
+            "a buffer slot is empty");
+
+    /* buffers: aligned memory, copies both ways */
+    float *b = be->i->buf_alloc(be, 1000 * sizeof(float), 64), h[1000], back[1000];
+    T_CHECK(b && (uintptr_t)b % 64 == 0, "buf_alloc: %p not 64-byte aligned", (void *)b);
+    for (int i = 0; i < 1000; i++) h[i] = (float)i * 0.5f;
+    be->i->to_device(be, b, h, sizeof h);
+    be->i->to_host(be, back, b, sizeof back);
+    int same = !memcmp(h, back, sizeof h);
+    be->i->buf_free(be, b, 1000 * sizeof(float));
+    T_CHECK(same, "to_device then to_host changed the bytes");
+
+    /* gemm, every transpose, lda/ldb/ldc wider than the rows, alpha and beta */
+    ls_rng r;
+    ls_rng_seed(&r, 7);
+    enum { M = 5, N = 7, K = 9, LD = 13 };
+    float A[M * LD > K * LD ? M * LD : K * LD], B[K * LD > N * LD ? K * LD : N * LD], C[M * LD], C0[M * LD];
+    t_fill_normal(A, sizeof A / sizeof *A, &r, 1.0f);
+    t_fill_normal(B, sizeof B / sizeof *B, &r, 1.0f);
+    t_fill_normal(C0, M * LD, &r, 1.0f);
+    double worst = 0;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            memcpy(C, C0, sizeof C);
+            ls_op_gemm(be, ta, tb, M, N, K, 0.75f, A, LD, B, LD, 0.5f, C, LD);
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < LD; j++) {
+                    double want = C0[i * LD + j];
+                    if (j < N) {
+                        double s = 0;
+                        for (int k = 0; k < K; k++)
+                            s += (double)(ta ? A[k * LD + i] : A[i * LD + k]) * (tb ? B[j * LD + k] : B[k * LD + j]);
+                        want = 0.75 * s + 0.5 * want;
+                    }
+                    double e = fabs(C[i * LD + j] - want);
+                    if (!(e <= worst)) worst = e;
+                }
+        }
+    T_CHECK(worst <= 1e-5, "gemm: max error %.3e against the double loop (or a column beyond N changed)", worst);
+
+    /* an op through the table is its kernel: same bits */
+    float x[6 * 10], W[4 * 10], o1[6 * 4], o2[6 * 4];
+    t_fill_normal(x, 60, &r, 1.0f);
+    t_fill_normal(W, 40, &r, 1.0f);
+    ls_linear_fwd(o1, x, W, 6, 10, 4, 0);
+    ls_op_linear_fwd(be, o2, x, W, 6, 10, 4, 0);
+    T_CHECK(!memcmp(o1, o2, sizeof o1), "ls_op_linear_fwd differs from ls_linear_fwd");
+    printf("  %d op slots, gemm max error %.2e\n", slots, worst);
+    return 0;
+}
+
+int test_backend_decode_ops(void) {
+    const ls_backend *be = ls_backend_cpu();
+    ls_rng r;
+    ls_rng_seed(&r, 11);
+    enum { NS = 5, C = 19, W = 4, HK = 2, HV = 4, DK = 8, DV = 6 };
+    /* conv: each row against its own tail */
+    float x[NS * C], w[C * W], tails[NS][(W - 1) * C], tails2[NS][(W - 1) * C], y[NS * C], y2[NS * C];
+    t_fill_normal(x, NS * C, &r, 1.0f);
+    t_fill_normal(w, C * W, &r, 0.5f);
+    t_fill_normal(&tails[0][0], NS * (W - 1) * C, &r, 1.0f);
+    memcpy(tails2, tails, sizeof tails);
+    float *tp[NS];
+    for (int i = 0; i < NS; i++) tp[i] = tails[i];
+    ls_op_conv_step_seqs(be, y, tp, x, w, NS, C, W);
+    for (int i = 0; i < NS; i++) ls_conv_fwd(y2 + i * C, NULL, tails2[i], x + i * C, w, 1, C, W);
+    T_CHECK(!memcmp(y, y2, sizeof y) && !memcmp(tails, tails2, sizeof tails),
+            "conv_step_seqs differs from one serial conv per sequence");
+    /* the delta rule: each row continues its own state */
+    ls_gdr_dims dm = {HK, HV, DK, DV, 0.35f};
+    enum { KD = HK * DK, VD = HV * DV, SN = HV * DK * DV };
+    float q[NS * KD], k[NS * KD], v[NS * VD], beta[NS * HV], g[NS * HV], o[NS * VD], o2[NS * VD];
+    float S[NS][SN], S2[NS][SN];
+    t_fill_normal(q, NS * KD, &r, 0.3f);
+    t_fill_normal(k, NS * KD, &r, 0.3f);
+    t_fill_normal(v, NS * VD, &r, 1.0f);
+    for (int i = 0; i < NS * HV; i++) beta[i] = 0.1f + 0.8f * (float)ls_rng_uniform(&r), g[i] = -(float)ls_rng_uniform(&r);
+    t_fill_normal(&S[0][0], NS * SN, &r, 0.5f);
+    memcpy(S2, S, sizeof S);
+    float *sp[NS];
+    for (int i = 0; i < NS; i++) sp[i] = S[i];
+    ls_op_gdr_step_seqs(be, o, sp, q, k, v, beta, g, NS, dm);
+    for (int i = 0; i < NS; i++)
+        ls_gdr_serial_fwd(o2 + i * VD, S2[i], q + i * KD, k + i * KD, v + i * VD, beta + i * HV, g + i * HV, 1, dm);
+    T_CHECK(!memcmp(o, o2, sizeof o) && !memcmp(S, S2, sizeof S),
+            "gdr_step_seqs differs from one serial step per sequence");
+    T_CHECK(t_all_finite_f(o, NS * VD), "gdr_step_seqs: non-finite output");
+    return 0;
+}
