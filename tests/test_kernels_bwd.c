@@ -1,6 +1,7 @@
 /*
  * test_kernels_bwd.c — every backward of the small CPU kernels (linear, embed, the
- * norms, conv, RoPE, SwiGLU, LM head, the sigmoid gates, the Gated DeltaNet prologue)
+ * norms, conv, RoPE, SwiGLU, LM head, the sigmoid gates, the Gated DeltaNet prologue,
+ * the MoE router and the combine of an expert's rows)
  * checked by central finite differences in double.
  *
  * For each kernel: a naive double-precision forward written here (independent of the kernel
@@ -1146,6 +1147,143 @@ static int kb_gdn_prep(kstat *ks, ls_rng *rng) {
     return run_cases(ks, rng, kb_gdn_prep_case, cases, sizeof cases / sizeof cases[0]);
 }
 
+/* ======================================================================================
+ * MoE: the softmax top-k router (through the combine weights) and the weighted scatter
+ * of an expert's rows (through its outputs and the weights)
+ * ==================================================================================== */
+typedef struct {
+    double *logits, *R; /* R [T, K] */
+    const int32_t *sel; /* the selection, fixed (it carries no gradient) */
+    int64_t T;
+    int E, K, norm;
+} route_ctx;
+
+static double route_loss(void *vc) {
+    route_ctx *c = vc;
+    double L = 0;
+    for (int64_t t = 0; t < c->T; t++) {
+        const double *lg = c->logits + t * c->E;
+        double mx = lg[0], s = 0, z = 0;
+        for (int e = 1; e < c->E; e++) mx = lg[e] > mx ? lg[e] : mx;
+        for (int e = 0; e < c->E; e++) s += exp(lg[e] - mx);
+        for (int j = 0; j < c->K; j++) z += exp(lg[c->sel[t * c->K + j]] - mx) / s;
+        for (int j = 0; j < c->K; j++) {
+            double p = exp(lg[c->sel[t * c->K + j]] - mx) / s;
+            L += (c->norm ? p / z : p) * c->R[t * c->K + j];
+        }
+    }
+    return L;
+}
+
+/* p = {T, E, K, norm} */
+static int kb_moe_route_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
+    const int64_t T = p[0];
+    const int E = (int)p[1], K = (int)p[2], norm = (int)p[3];
+    float *logits = pf_normal(pl, T * E, rng, 1.5f), *R = pf_normal(pl, T * K, rng, 1.0f);
+    float *probs = pf(pl, T * E), *wt = pf(pl, T * K), *dl = pf(pl, T * E);
+    int32_t *sel = pv(pl, T * K, sizeof(int32_t));
+    route_ctx c = {pd(pl, T * E), pd(pl, T * K), sel, T, E, K, norm};
+    fdsel sl = sel_make(pl, T * E, 0, rng);
+    double *gl = pd(pl, sl.m), *ref = pd(pl, T * K);
+    T_CHECK(!pl->oom, "out of memory");
+    to_d(c.logits, logits, T * E);
+    to_d(c.R, R, T * K);
+    fill_f(wt, T * K, NAN);
+    ls_moe_route(probs, sel, wt, logits, T, E, K, norm);
+    for (int64_t t = 0; t < T; t++) { /* the selection: the K largest, in order */
+        for (int j = 0; j < K; j++) {
+            int s = sel[t * K + j];
+            T_CHECK(s >= 0 && s < E, "moe_route: selection %d out of range", s);
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int i = 0; i <= j; i++) taken |= sel[t * K + i] == e;
+                T_CHECK(taken || logits[t * E + e] <= logits[t * E + s], "moe_route: expert %d beats choice %d", e, j);
+            }
+        }
+    }
+    { /* the combine weights against the loss's own formula, with R = one-hot rows */
+        route_ctx c1 = c;
+        double *one = pd(pl, T * K);
+        T_CHECK(one != NULL, "out of memory");
+        c1.R = one;
+        for (int64_t i = 0; i < T * K; i++) {
+            one[i] = 1.0;
+            ref[i] = route_loss(&c1);
+            one[i] = 0.0;
+        }
+    }
+    if (cmp_fwd(ks, "wt", wt, ref, T * K)) return 1;
+    fd_grad(gl, c.logits, sl, route_loss, &c);
+    fill_f(dl, T * E, NAN);
+    ls_moe_route_bwd(dl, R, probs, sel, wt, T, E, K, norm);
+    return cmp_grad(ks, norm ? "dlogits (renormalised)" : "dlogits", dl, 0.0f, gl, sl);
+}
+
+static int kb_moe_route(kstat *ks, ls_rng *rng) {
+    static const int64_t cases[][8] = {{3, 5, 2, 1}, {4, 7, 3, 0}, {2, 9, 1, 0}}; /* K = 1 renormalised: weight 1, no gradient */
+    return run_cases(ks, rng, kb_moe_route_case, cases, sizeof cases / sizeof cases[0]);
+}
+
+typedef struct {
+    double *ys, *wt, *R; /* ys [n, D], wt [T·K], R [T, D] */
+    const int64_t *rows;
+    int64_t n, D;
+    int K;
+} scat_ctx;
+
+static double scat_loss(void *vc) {
+    scat_ctx *c = vc;
+    double L = 0;
+    for (int64_t i = 0; i < c->n; i++)
+        for (int64_t d = 0; d < c->D; d++) L += c->wt[c->rows[i]] * c->ys[i * c->D + d] * c->R[(c->rows[i] / c->K) * c->D + d];
+    return L;
+}
+
+/* p = {T, K, D}: every (token, slot) routed here, in a shuffled order */
+static int kb_moe_scatter_case(pool *pl, kstat *ks, ls_rng *rng, const int64_t *p) {
+    const int64_t T = p[0], D = p[2], n = T * p[1];
+    const int K = (int)p[1];
+    int64_t *rows = pv(pl, n, sizeof(int64_t));
+    float *ys = pf_normal(pl, n * D, rng, 1.0f), *wt = pf_normal(pl, T * K, rng, 1.0f), *R = pf_normal(pl, T * D, rng, 1.0f);
+    float *y = pf(pl, T * D), *xs = pf(pl, n * D), *dys = pf(pl, n * D), *dwt = pf(pl, T * K);
+    scat_ctx c = {pd(pl, n * D), pd(pl, T * K), pd(pl, T * D), rows, n, D, K};
+    double *ref = pd(pl, T * D);
+    fdsel sy = sel_make(pl, n * D, 0, rng), sw = sel_make(pl, T * K, 0, rng);
+    double *gy = pd(pl, sy.m), *gw = pd(pl, sw.m);
+    T_CHECK(!pl->oom, "out of memory");
+    for (int64_t i = 0; i < n; i++) rows[i] = i;
+    for (int64_t i = n - 1; i > 0; i--) { /* shuffle */
+        int64_t j = (int64_t)(ls_rng_u64(rng) % (uint64_t)(i + 1)), t = rows[i];
+        rows[i] = rows[j], rows[j] = t;
+    }
+    to_d(c.ys, ys, n * D);
+    to_d(c.wt, wt, T * K);
+    to_d(c.R, R, T * D);
+    /* gather: row i is token rows[i]/K of R */
+    fill_f(xs, n * D, NAN);
+    ls_moe_gather(xs, R, rows, n, D, K);
+    for (int64_t i = 0; i < n; i++)
+        T_CHECK(!memcmp(xs + i * D, R + (rows[i] / K) * D, (size_t)D * sizeof(float)), "moe_gather: row %lld wrong",
+                (long long)i);
+    fill_f(y, T * D, PREFILL);
+    ls_moe_scatter_add(y, ys, rows, wt, n, D, K);
+    for (int64_t t = 0; t < T * D; t++) ref[t] = PREFILL;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t d = 0; d < D; d++) ref[(rows[i] / K) * D + d] += c.wt[rows[i]] * c.ys[i * D + d];
+    if (cmp_fwd(ks, "y", y, ref, T * D)) return 1;
+    fd_grad(gy, c.ys, sy, scat_loss, &c);
+    fd_grad(gw, c.wt, sw, scat_loss, &c);
+    fill_f(dys, n * D, NAN);
+    fill_f(dwt, T * K, NAN);
+    ls_moe_combine_bwd(dys, dwt, R, ys, rows, wt, n, D, K);
+    return cmp_grad(ks, "dys", dys, 0.0f, gy, sy) || cmp_grad(ks, "dwt", dwt, 0.0f, gw, sw);
+}
+
+static int kb_moe_scatter(kstat *ks, ls_rng *rng) {
+    static const int64_t cases[][8] = {{5, 2, 3}, {7, 3, 11}};
+    return run_cases(ks, rng, kb_moe_scatter_case, cases, sizeof cases / sizeof cases[0]);
+}
+
 int test_kernels_bwd_fd(void) {
     static const struct {
         const char *name;
@@ -1158,6 +1296,7 @@ int test_kernels_bwd_fd(void) {
         {"conv", kb_conv},     {"rope", kb_rope},     {"swiglu", kb_swiglu},
         {"lmhead", kb_lmhead},
         {"sigmoid_mul", kb_sigmoid_mul}, {"gated_add_rows", kb_gated_add}, {"gdn_prep", kb_gdn_prep},
+        {"moe_route", kb_moe_route}, {"moe_scatter", kb_moe_scatter},
     };
     ls_rng rng;
     ls_rng_seed(&rng, 20240611);

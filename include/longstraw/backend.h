@@ -133,9 +133,23 @@ typedef struct ls_backend ls_backend;
       (float *dq, float *dw, float *down, const float *dS, const float *q, const float *w, const ls_kv_prefix *keys, \
        const float *own, const int32_t *sel, int64_t k, int64_t T, int nI, int dI, int64_t pos0, float scale),       \
       (dq, dw, down, dS, q, w, keys, own, sel, k, T, nI, dI, pos0, scale))                                           \
-    /* MoE routing: softmax top-k (hybrid), sigmoid grouped top-k with bias (MLA) and its backward */                \
+    /* MoE: routing by softmax top-k (hybrid), by sigmoid grouped top-k with bias (MLA) and its backward; an\
+     * expert's routed rows gathered, its output scattered by the combine weights, and that backward */                \
     X(moe_route, (float *probs, int32_t *sel, float *wt, const float *logits, int64_t T, int E, int K, int norm_topk), \
       (probs, sel, wt, logits, T, E, K, norm_topk))                                                                  \
+    X(moe_route_bwd,                                                                                                 \
+      (float *dlogits, const float *dwt, const float *probs, const int32_t *sel, const float *wt, int64_t T, int E,  \
+       int K, int norm_topk),                                                                                        \
+      (dlogits, dwt, probs, sel, wt, T, E, K, norm_topk))                                                            \
+    X(moe_gather, (float *xs, const float *x, const int64_t *rows, int64_t n, int64_t D, int K),                      \
+      (xs, x, rows, n, D, K))                                                                                        \
+    X(moe_scatter_add,                                                                                               \
+      (float *y, const float *ys, const int64_t *rows, const float *wt, int64_t n, int64_t D, int K),                \
+      (y, ys, rows, wt, n, D, K))                                                                                    \
+    X(moe_combine_bwd,                                                                                               \
+      (float *dys, float *dwt, const float *dy, const float *ys, const int64_t *rows, const float *wt, int64_t n,   \
+       int64_t D, int K),                                                                                            \
+      (dys, dwt, dy, ys, rows, wt, n, D, K))                                                                         \
     X(mla_route_fwd,                                                                                                 \
       (int32_t *sel, float *wt, float *s_out, const float *logits, const float *bias, int64_t T, int E, int K,       \
        int n_group, int topk_group, int norm, double scaling),                                                       \

@@ -119,6 +119,18 @@ ls_status ls_moe_group(int64_t *count, int64_t *rows, const int32_t *sel, int64_
  * softmax(logits); sel[T,K] (=) the K largest (ties to the lower index), wt[T,K] (=)
  * their probabilities, renormalised to sum 1 when norm_topk. */
 void ls_moe_route(float *probs, int32_t *sel, float *wt, const float *logits, int64_t T, int E, int K, int norm_topk);
+/* Its backward: dlogits [T,E] (=) from dwt [T,K] and the forward's probs, sel and wt;
+ * the selection carries no gradient. E <= 1024. */
+void ls_moe_route_bwd(float *dlogits, const float *dwt, const float *probs, const int32_t *sel, const float *wt,
+                      int64_t T, int E, int K, int norm_topk);
+/* One expert's routed rows (rows[i] = token·K + slot, from ls_moe_group): gather xs[n,D]
+ * (=) = x[rows[i]/K]; scatter y[rows[i]/K] += wt[rows[i]]·ys[i] (wt NULL: weight 1), in
+ * row order; and the combine's backward: dys[i] (=) = wt[rows[i]]·dy[rows[i]/K],
+ * dwt[rows[i]] (=) = dy[rows[i]/K]·ys[i] (the dot in double). */
+void ls_moe_gather(float *xs, const float *x, const int64_t *rows, int64_t n, int64_t D, int K);
+void ls_moe_scatter_add(float *y, const float *ys, const int64_t *rows, const float *wt, int64_t n, int64_t D, int K);
+void ls_moe_combine_bwd(float *dys, float *dwt, const float *dy, const float *ys, const int64_t *rows, const float *wt,
+                        int64_t n, int64_t D, int K);
 
 /* ---- activations ------------------------------------------------------------ */
 /* out[T,I] = SiLU(gu[t, 0:I]) ⊙ gu[t, I:2I]. */

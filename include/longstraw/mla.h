@@ -1,15 +1,18 @@
 /*
  * mla.h — the compressed-attention MoE family (MLA + DSA lightning indexer + MoE:
- * GLM-5.x glm_moe_dsa, DeepSeek-V3.2 deepseek_v32; specs/mla-dsa-moe.md). What is
- * built so far: its config (config.h, ls_mla_config), its prompt-state plan, its
- * parameter count and random checkpoints (`init`). Loading, the forward and backward, CP and EP are issue 12's
- * remaining work (docs/architecture.md).
+ * GLM-5.x glm_moe_dsa, DeepSeek-V3.2 deepseek_v32; specs/mla-dsa-moe.md): its
+ * prompt-state plan, parameter count and random checkpoints, its weights and their
+ * loading and export, and the forward, backward, capture, decode and full-mode sweep
+ * under CP and EP (docs/architecture.md, "The second family"). The family's table is
+ * in src/models/mla_family.c; the transaction sees only family.h.
  */
 #ifndef LONGSTRAW_MLA_H
 #define LONGSTRAW_MLA_H
 
 #include "longstraw/backend.h"
 #include "longstraw/config.h"
+#include "longstraw/family.h"
+#include "longstraw/model.h" /* ls_hf_tensor_spec, shared with the hybrid's inventory */
 #include "longstraw/state.h"
 
 /* The prompt state of this family per rank (spec §2 "Per-token MLA cache", §3): per
@@ -37,8 +40,6 @@ ls_status ls_mla_state_plan(ls_mla_plan_t *p, const ls_config *cfg, int64_t prom
  * success, nonzero when the count overflows. */
 int ls_mla_param_count(const ls_config *cfg, size_t *out);
 
-#include "longstraw/family.h"
-#include "longstraw/model.h"
 /* Every tensor name and shape of the family's HF checkpoint (spec §5; per-expert
  * names, MTP layers not written). *out malloc'd. */
 ls_status ls_mla_hf_specs(const ls_config *c, ls_hf_tensor_spec **out, int64_t *n);

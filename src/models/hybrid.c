@@ -266,24 +266,6 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
     return LS_OK;
 }
 
-/* SwiGLU rows xs[n,D]: out[n,D] (= or +=) down(SiLU(gate(xs)) ⊙ up(xs)). gu[n,2I], act[n,I]
- * are kept when the caller passes them; otherwise they come from scratch. */
-static ls_status swiglu_ffn(const ls_backend *be, float *out, float *gu, float *act, const float *xs, int64_t n, int64_t D,
-                            int64_t I, const float *gu_w, const float *down_w, int accumulate, const ffn_lora *fl,
-                            ls_arena *sc) {
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    if (!gu) gu = ALLOC_F(sc, n * 2 * I);
-    if (!act) act = ALLOC_F(sc, n * I);
-    NEED(gu && act);
-    ls_op_linear_fwd(be, gu, xs, gu_w, n, D, 2 * I, 0);
-    if (fl->lora) LS_TRY(ls_lora_linear_fwd(fl->lora, fl->layer, fl->gu, fl->gu_off, 2 * I, gu, xs, n, sc));
-    ls_op_swiglu_fwd(be, act, gu, n, I);
-    ls_op_linear_fwd(be, out, act, down_w, n, I, D, accumulate);
-    if (fl->lora) LS_TRY(ls_lora_linear_fwd(fl->lora, fl->layer, fl->down, fl->down_off, D, out, act, n, sc));
-    ls_arena_release(sc, mk);
-    return LS_OK;
-}
-
 /* Sparse MoE block (spec §5): x[T,D] += Σ_top-k p̂_e·E_e(xn) + σ(xn·w_sg)·Shared(xn). */
 static ls_status moe_ffn(const ls_hybrid_model *m, const ls_hybrid_layer *w, float *x,
                          const float *xn, layer_ctx *L) {
@@ -297,42 +279,22 @@ static ls_status moe_ffn(const ls_hybrid_model *m, const ls_hybrid_layer *w, flo
     int32_t *sel = ls_arena_alloc(A, (size_t)(T * K) * sizeof(int32_t)); /* [T, K] */
     float *wt = ALLOC_F(A, T * K);           /* [T, K] */
     float *logits = ALLOC_F(sc, T * E);      /* [T, E] */
-    int64_t *count = ls_arena_alloc(sc, (size_t)(E + 1) * sizeof(int64_t));
-    int64_t *rows = ls_arena_alloc(sc, (size_t)(T * K) * sizeof(int64_t));
-    NEED(probs && sel && wt && logits && count && rows);
+    NEED(probs && sel && wt && logits);
     ls_op_linear_fwd(m->be, logits, xn, w->router, T, D, E, 0);
     LORA_FWD(m, L->layer, router, 0, E, logits, xn, T, sc);
     ls_op_moe_route(m->be, probs, sel, wt, logits, T, E, K, c->norm_topk);
-    LS_TRY(ls_op_moe_group(m->be, count, rows, sel, T, E, K, sc));
-    int64_t maxn = 0;
-    for (int e = 0; e < E; e++) maxn = count[e + 1] - count[e] > maxn ? count[e + 1] - count[e] : maxn;
-    float *xs = ALLOC_F(sc, maxn * D); /* [n_e, D] gathered rows */
-    float *ys = ALLOC_F(sc, maxn * D); /* [n_e, D] expert output */
-    NEED(xs && ys);
-    for (int e = 0; e < E; e++) {
-        int64_t n = count[e + 1] - count[e];
-        if (n == 0) continue;
-        const int64_t *r = rows + count[e];
-        for (int64_t i = 0; i < n; i++) memcpy(xs + i * D, xn + (r[i] / K) * D, (size_t)D * sizeof(float));
-        ffn_lora fl = ffn_of(m, L->layer, offsetof(ls_hybrid_layer, exp_gu), offsetof(ls_hybrid_layer, exp_down),
-                             (int64_t)e * 2 * Im, (int64_t)e * D);
-        LS_TRY(swiglu_ffn(m->be, ys, NULL, NULL, xs, n, D, Im, w->exp_gu + (int64_t)e * 2 * Im * D,
-                          w->exp_down + (int64_t)e * D * Im, 0, &fl, sc));
-        for (int64_t i = 0; i < n; i++) {
-            float p = wt[r[i]];
-            float *xt = x + (r[i] / K) * D;
-            const float *yi = ys + i * D;
-            for (int64_t d = 0; d < D; d++) xt[d] += p * yi[d];
-        }
-    }
+    ls_dec_experts ex = {.D = D, .I = Im, .E = E, .K = K, .e0 = 0, .ne = E, .gu_w = w->exp_gu, .down_w = w->exp_down,
+                         .lora = ffn_of(m, L->layer, offsetof(ls_hybrid_layer, exp_gu),
+                                        offsetof(ls_hybrid_layer, exp_down), 0, 0)};
+    LS_TRY(ls_dec_experts_fwd(m->be, &ex, x, xn, sel, wt, T, sc));
     if (c->shared_inter > 0) {
         int64_t Is = c->shared_inter;
         float *sh = ALLOC_F(A, T * D); /* [T, D] */
         float *sg = ALLOC_F(A, T);     /* [T] gate logit */
         float *sgu = tp ? ALLOC_F(A, T * 2 * Is) : NULL, *sact = tp ? ALLOC_F(A, T * Is) : NULL;
         NEED(sh && sg && (!tp || (sgu && sact)));
-        ffn_lora fl = ffn_of(m, L->layer, offsetof(ls_hybrid_layer, sh_gu), offsetof(ls_hybrid_layer, sh_down), 0, 0);
-        LS_TRY(swiglu_ffn(m->be, sh, sgu, sact, xn, T, D, Is, w->sh_gu, w->sh_down, 0, &fl, sc));
+        ls_ffn_lora fl = ffn_of(m, L->layer, offsetof(ls_hybrid_layer, sh_gu), offsetof(ls_hybrid_layer, sh_down), 0, 0);
+        LS_TRY(ls_dec_swiglu_fwd(m->be, sh, sgu, sact, xn, T, D, Is, w->sh_gu, w->sh_down, 0, &fl, sc));
         ls_op_linear_fwd(m->be, sg, xn, w->sh_gate, T, D, 1, 0);
         LORA_FWD(m, L->layer, sh_gate, 0, 1, sg, xn, T, sc);
         ls_op_gated_add_rows(m->be, x, sg, sh, T, D);
@@ -396,8 +358,8 @@ static ls_status ffn_fwd(const ls_hybrid_model *m, int l, float *x, float *xn, l
             float *gu = tp ? ALLOC_F(A, T * 2 * c->intermediate) : NULL;
             float *act = tp ? ALLOC_F(A, T * c->intermediate) : NULL;
             NEED(!tp || (gu && act));
-            ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0);
-            LS_TRY(swiglu_ffn(m->be, x, gu, act, xn2, T, D, c->intermediate, w->mlp_gu, w->mlp_down, 1, &fl, L->sc));
+            ls_ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0);
+            LS_TRY(ls_dec_swiglu_fwd(m->be, x, gu, act, xn2, T, D, c->intermediate, w->mlp_gu, w->mlp_down, 1, &fl, L->sc));
             if (tp) tp->gu = gu, tp->act = act;
         }
     }

@@ -224,26 +224,6 @@ static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer
     return LS_OK;
 }
 
-/* SwiGLU backward on rows: dout[n,D] → dxs[n,D] (= or +=), weight grads (+=). gu[n,2I]
- * and act[n,I] are the forward's. */
-static ls_status swiglu_bwd(const ls_backend *be, float *dxs, float *dgu_w, float *ddown_w, const float *dout, const float *xs,
-                            const float *gu, const float *act, const float *gu_w, const float *down_w,
-                            int64_t n, int64_t D, int64_t I, int accumulate, const ffn_lora *fl, ls_arena *sc) {
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *d_act = ALLOC_F(sc, n * I);   /* [n, I] */
-    float *dgu = ALLOC_F(sc, n * 2 * I); /* [n, 2I] */
-    NEED(d_act && dgu);
-    ls_op_linear_bwd(be, d_act, ddown_w, dout, act, down_w, n, I, D, 0);
-    if (fl->lora)
-        LS_TRY(ls_lora_linear_bwd((ls_lora *)fl->lora, fl->layer, fl->down, fl->down_off, D, d_act, dout, act, n, sc));
-    ls_op_swiglu_bwd(be, dgu, d_act, gu, n, I);
-    ls_op_linear_bwd(be, dxs, dgu_w, dgu, xs, gu_w, n, D, 2 * I, accumulate);
-    if (fl->lora)
-        LS_TRY(ls_lora_linear_bwd((ls_lora *)fl->lora, fl->layer, fl->gu, fl->gu_off, 2 * I, dxs, dgu, xs, n, sc));
-    ls_arena_release(sc, mk);
-    return LS_OK;
-}
-
 /* Sparse MoE backward (spec §5): experts are recomputed from the saved routing;
  * the router gets its gradient through the top-k combine weights. */
 static ls_status moe_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
@@ -253,65 +233,14 @@ static ls_status moe_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
     int64_t D = c->hidden, Im = c->moe_inter;
     int E = c->n_experts, K = c->top_k;
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    int64_t *count = ls_arena_alloc(sc, (size_t)(E + 1) * sizeof(int64_t));
-    int64_t *rows = ls_arena_alloc(sc, (size_t)(T * K) * sizeof(int64_t));
     float *dwt = CALLOC_F(sc, T * K);   /* [T, K] ∂L/∂combine weight */
     float *dlog = ALLOC_F(sc, T * E);   /* [T, E] ∂L/∂router logit */
-    NEED(count && rows && dwt && dlog);
-    LS_TRY(ls_op_moe_group(m->be, count, rows, tp->sel, T, E, K, sc));
-    int64_t maxn = 0;
-    for (int e = 0; e < E; e++) maxn = count[e + 1] - count[e] > maxn ? count[e + 1] - count[e] : maxn;
-    float *xs = ALLOC_F(sc, maxn * D), *ys = ALLOC_F(sc, maxn * D), *dys = ALLOC_F(sc, maxn * D);
-    float *gu = ALLOC_F(sc, maxn * 2 * Im), *act = ALLOC_F(sc, maxn * Im), *dxs = ALLOC_F(sc, maxn * D);
-    NEED(xs && ys && dys && gu && act && dxs);
-    for (int e = 0; e < E; e++) {
-        int64_t n = count[e + 1] - count[e];
-        if (n == 0) continue;
-        const int64_t *r = rows + count[e];
-        const float *Wgu = w->exp_gu + (int64_t)e * 2 * Im * D, *Wdn = w->exp_down + (int64_t)e * D * Im;
-        for (int64_t i = 0; i < n; i++) memcpy(xs + i * D, tp->xn2 + (r[i] / K) * D, (size_t)D * sizeof(float));
-        ls_op_linear_fwd(m->be, gu, xs, Wgu, n, D, 2 * Im, 0); /* recompute the expert */
-        LORA_FWD(m, l, exp_gu, (int64_t)e * 2 * Im, 2 * Im, gu, xs, n, sc);
-        ls_op_swiglu_fwd(m->be, act, gu, n, Im);
-        ls_op_linear_fwd(m->be, ys, act, Wdn, n, Im, D, 0);
-        LORA_FWD(m, l, exp_down, (int64_t)e * D, D, ys, act, n, sc);
-        for (int64_t i = 0; i < n; i++) {
-            const float *dr = dres + (r[i] / K) * D;
-            double dot = 0;
-            for (int64_t d = 0; d < D; d++) {
-                dot += (double)dr[d] * ys[i * D + d];
-                dys[i * D + d] = tp->wt[r[i]] * dr[d];
-            }
-            dwt[r[i]] = (float)dot;
-        }
-        ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, exp_gu), offsetof(ls_hybrid_layer, exp_down),
-                             (int64_t)e * 2 * Im, (int64_t)e * D);
-        LS_TRY(swiglu_bwd(m->be, dxs, GOFF(gw->exp_gu, (int64_t)e * 2 * Im * D), GOFF(gw->exp_down, (int64_t)e * D * Im), dys,
-                          xs, gu, act, Wgu, Wdn, n, D, Im, 0, &fl, sc));
-        for (int64_t i = 0; i < n; i++) {
-            float *dx = dxn + (r[i] / K) * D;
-            for (int64_t d = 0; d < D; d++) dx[d] += dxs[i * D + d];
-        }
-    }
-    /* router: combine weights → selected probs (→ renormalisation) → softmax → logits */
-    for (int64_t t = 0; t < T; t++) {
-        const float *p = tp->probs + t * E;
-        float *dl = dlog + t * E;
-        double dp[1024];
-        LS_ASSERT(E <= 1024, "too many experts for the router backward: %d", E);
-        for (int e = 0; e < E; e++) dp[e] = 0;
-        if (c->norm_topk) {
-            double Z = 0, Sw = 0;
-            for (int j = 0; j < K; j++) Z += p[tp->sel[t * K + j]];
-            for (int j = 0; j < K; j++) Sw += (double)dwt[t * K + j] * tp->wt[t * K + j];
-            for (int j = 0; j < K; j++) dp[tp->sel[t * K + j]] = (dwt[t * K + j] - Sw) / Z;
-        } else {
-            for (int j = 0; j < K; j++) dp[tp->sel[t * K + j]] = dwt[t * K + j];
-        }
-        double s = 0;
-        for (int e = 0; e < E; e++) s += dp[e] * p[e];
-        for (int e = 0; e < E; e++) dl[e] = (float)(p[e] * (dp[e] - s));
-    }
+    NEED(dwt && dlog);
+    ls_dec_experts ex = {.D = D, .I = Im, .E = E, .K = K, .e0 = 0, .ne = E, .gu_w = w->exp_gu, .down_w = w->exp_down,
+                         .dgu_w = gw->exp_gu, .ddown_w = gw->exp_down,
+                         .lora = ffn_of(m, l, offsetof(ls_hybrid_layer, exp_gu), offsetof(ls_hybrid_layer, exp_down), 0, 0)};
+    LS_TRY(ls_dec_experts_bwd(m->be, &ex, dwt, dxn, dres, tp->xn2, tp->sel, tp->wt, T, sc));
+    ls_op_moe_route_bwd(m->be, dlog, dwt, tp->probs, tp->sel, tp->wt, T, E, K, c->norm_topk);
     ls_op_linear_bwd(m->be, dxn, gw->router, dlog, tp->xn2, w->router, T, D, E, 1);
     LORA_BWD(m, l, router, 0, E, dxn, dlog, tp->xn2, T, sc);
     if (c->shared_inter > 0) {
@@ -320,8 +249,8 @@ static ls_status moe_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
         float *ds = ALLOC_F(sc, T);      /* [T] ∂L/∂gate logit */
         NEED(dsh && ds);
         ls_op_gated_add_rows_bwd(m->be, dsh, ds, dres, tp->sh_s, tp->sh_out, T, D);
-        ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, sh_gu), offsetof(ls_hybrid_layer, sh_down), 0, 0);
-        LS_TRY(swiglu_bwd(m->be, dxn, gw->sh_gu, gw->sh_down, dsh, tp->xn2, tp->sh_gu, tp->sh_act, w->sh_gu, w->sh_down,
+        ls_ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, sh_gu), offsetof(ls_hybrid_layer, sh_down), 0, 0);
+        LS_TRY(ls_dec_swiglu_bwd(m->be, dxn, gw->sh_gu, gw->sh_down, dsh, tp->xn2, tp->sh_gu, tp->sh_act, w->sh_gu, w->sh_down,
                           T, D, Is, 1, &fl, sc));
         ls_op_linear_bwd(m->be, dxn, gw->sh_gate, ds, tp->xn2, w->sh_gate, T, D, 1, 1);
         LORA_BWD(m, l, sh_gate, 0, 1, dxn, ds, tp->xn2, T, sc);
@@ -346,8 +275,8 @@ static ls_status layer_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, int 
         LS_TRY(moe_bwd(m, l, w, gw, tp, dx, dxn, T, sc));
     else
     {
-        ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0);
-        LS_TRY(swiglu_bwd(m->be, dxn, gw->mlp_gu, gw->mlp_down, dx, tp->xn2, tp->gu, tp->act, w->mlp_gu, w->mlp_down, T,
+        ls_ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0);
+        LS_TRY(ls_dec_swiglu_bwd(m->be, dxn, gw->mlp_gu, gw->mlp_down, dx, tp->xn2, tp->gu, tp->act, w->mlp_gu, w->mlp_down, T,
                           D, c->intermediate, 1, &fl, sc));
     }
     ls_op_rmsnorm_bwd(m->be, dxn, gw->post_norm, dxn, tp->x_mid, tp->rstd2, w->post_norm, T, D);

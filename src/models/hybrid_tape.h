@@ -91,6 +91,7 @@ ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int
 /* ---- LoRA side branches, shared by the forward and the backward -------------------- */
 #include <stddef.h>
 
+#include "decoder.h"
 #include "longstraw/lora.h"
 
 /* After a base projection: rows [off, off+N) of internal tensor `fld` of `layer`
@@ -102,18 +103,10 @@ ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int
                                       (T), (sc)));                                                              \
     } while (0)
 
-/* Which adapters an FFN's two projections carry (rows of gate|up and of down). The
- * model holds its adapters const: the backward writes only their gradient buffers. */
-typedef struct {
-    const ls_lora *lora;
-    int layer;
-    size_t gu, down;
-    int64_t gu_off, down_off;
-} ffn_lora;
 
-static inline ffn_lora ffn_of(const ls_hybrid_model *m, int l, size_t gu, size_t down, int64_t gu_off,
+static inline ls_ffn_lora ffn_of(const ls_hybrid_model *m, int l, size_t gu, size_t down, int64_t gu_off,
                               int64_t down_off) {
-    ffn_lora f = {m->lora, l, gu, down, gu_off, down_off};
+    ls_ffn_lora f = {m->lora, l, gu, down, gu_off, down_off};
     return f;
 }
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "longstraw/cp.h"
+#include "decoder.h"
 #include "longstraw/kernels.h"
 #include "longstraw/trace.h"
 #include "mla_tape.h"
@@ -423,21 +424,6 @@ ls_status ls_mla_ep_combine(const ls_mla_model *m, float *y, int64_t T, int64_t 
     return LS_OK;
 }
 
-/* SwiGLU on rows xs[n, D] with fused [gate ; up] rows gu_w [2I, D]: out (= or +=)
- * down(SiLU(gate) ⊙ up); gu [n, 2I] and act [n, I] kept when given. */
-static ls_status swiglu(const ls_backend *be, float *out, float *gu, float *act, const float *xs, int64_t n, int64_t D, int64_t NI,
-                        const float *gu_w, const float *down_w, int accumulate, ls_arena *sc) {
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    if (!gu) gu = ALLOC_F(sc, n * 2 * NI);
-    if (!act) act = ALLOC_F(sc, n * NI);
-    NEED(gu && act);
-    ls_op_linear_fwd(be, gu, xs, gu_w, n, D, 2 * NI, 0);
-    ls_op_swiglu_fwd(be, act, gu, n, NI);
-    ls_op_linear_fwd(be, out, act, down_w, n, NI, D, accumulate);
-    ls_arena_release(sc, mk);
-    return LS_OK;
-}
-
 /* MoE block (spec §4): x[T, D] += Σ_chosen g_e·E_e(xn) + Shared(xn). */
 static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, mla_ctx *L) {
     const ls_config *c = &m->cfg;
@@ -450,34 +436,18 @@ static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, ml
     ls_arena_mark mk = ls_arena_get_mark(sc);
     float *s = ALLOC_F(A, T * E), *wt = ALLOC_F(A, T * K), *logits = ALLOC_F(sc, T * E);
     int32_t *sel = ls_arena_alloc(A, (size_t)(T * K) * sizeof(int32_t));
-    int64_t *count = ls_arena_alloc(sc, (size_t)(E + 1) * sizeof(int64_t));
-    int64_t *rows = ls_arena_alloc(sc, (size_t)(T * K) * sizeof(int64_t));
-    NEED(s && wt && logits && sel && count && rows);
+    NEED(s && wt && logits && sel);
     ls_op_linear_fwd(m->be, logits, xn, w->router, T, D, E, 0);
     ls_op_mla_route_fwd(m->be, sel, wt, s, logits, w->router_bias, T, E, K, mc->n_group, mc->topk_group, c->norm_topk,
                      mc->routed_scaling);
-    LS_TRY(ls_op_moe_group(m->be, count, rows, sel, T, E, K, sc));
-    int64_t maxn = 0;
-    for (int e = 0; e < E; e++) maxn = count[e + 1] - count[e] > maxn ? count[e + 1] - count[e] : maxn;
-    float *xs = ALLOC_F(sc, maxn * D), *ys = ALLOC_F(sc, maxn * D); /* [n_e, D] */
     /* expert parallelism: this rank's experts into y [T, D], their outputs back to the
      * tokens' slice owners by all-to-all and the sums all-gathered (every rank routes the
      * same tokens: the dense part is replicated, so the rows need not go out) */
     float *y = m->ep ? ls_arena_calloc(sc, (size_t)(T * D), sizeof(float)) : x;
-    NEED(xs && ys && y);
-    for (int64_t e = m->e0; e < m->e0 + m->n_local_experts; e++) {
-        int64_t n = count[e + 1] - count[e];
-        if (n == 0) continue;
-        const int64_t *r = rows + count[e];
-        for (int64_t i = 0; i < n; i++) memcpy(xs + i * D, xn + (r[i] / K) * D, (size_t)D * sizeof(float));
-        LS_TRY(swiglu(m->be, ys, NULL, NULL, xs, n, D, Im, w->exp_gu + (e - m->e0) * 2 * Im * D,
-                      w->exp_down + (e - m->e0) * D * Im, 0, sc));
-        for (int64_t i = 0; i < n; i++) {
-            float g = wt[r[i]];
-            float *yt = y + (r[i] / K) * D;
-            for (int64_t d = 0; d < D; d++) yt[d] += g * ys[i * D + d];
-        }
-    }
+    NEED(y);
+    ls_dec_experts ex = {.D = D, .I = Im, .E = E, .K = K, .e0 = m->e0, .ne = m->n_local_experts, .gu_w = w->exp_gu,
+                         .down_w = w->exp_down};
+    LS_TRY(ls_dec_experts_fwd(m->be, &ex, y, xn, sel, wt, T, sc));
     if (m->ep) {
         LS_TRY(ls_mla_ep_combine(m, y, T, D, sel, K, sc));
         for (int64_t i = 0; i < T * D; i++) x[i] += y[i];
@@ -485,7 +455,7 @@ static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, ml
     if (Is > 0) {
         float *sgu = tp ? ALLOC_F(A, T * 2 * Is) : NULL, *sact = tp ? ALLOC_F(A, T * Is) : NULL;
         NEED(!tp || (sgu && sact));
-        LS_TRY(swiglu(m->be, x, sgu, sact, xn, T, D, Is, w->sh_gu, w->sh_down, 1, sc));
+        LS_TRY(ls_dec_swiglu_fwd(m->be, x, sgu, sact, xn, T, D, Is, w->sh_gu, w->sh_down, 1, NULL, sc));
         if (tp) tp->sh_gu = sgu, tp->sh_act = sact;
     }
     if (tp) tp->s = s, tp->esel = sel, tp->wt = wt;
@@ -543,7 +513,7 @@ static ls_status layer_fwd(const ls_mla_model *m, int l, float *x, int skip_ffn,
             int64_t NI = c->intermediate;
             float *gu = tp ? ALLOC_F(A, T * 2 * NI) : NULL, *act = tp ? ALLOC_F(A, T * NI) : NULL;
             NEED(!tp || (gu && act));
-            LS_TRY(swiglu(m->be, x, gu, act, xn2, T, D, NI, w->mlp_gu, w->mlp_down, 1, L->sc));
+            LS_TRY(ls_dec_swiglu_fwd(m->be, x, gu, act, xn2, T, D, NI, w->mlp_gu, w->mlp_down, 1, NULL, L->sc));
             if (tp) tp->gu = gu, tp->act = act;
         }
     }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "longstraw/comm.h"
+#include "decoder.h"
 #include "longstraw/kernels.h"
 #include "longstraw/trace.h"
 #include "mla_tape.h"
@@ -25,21 +26,6 @@
 /* tensor `base` + off of a gradient set, or NULL when the set leaves it out */
 #define GOFF(base, off) ((base) ? (base) + (off) : NULL)
 
-/* SwiGLU backward on rows: dout[n, D] → dxs[n, D] (= or +=), weight gradients (+=; NULL
- * skips). gu [n, 2I] and act [n, I] are the forward's. */
-static ls_status swiglu_bwd(const ls_backend *be, float *dxs, float *dgu_w, float *ddown_w, const float *dout, const float *xs,
-                            const float *gu, const float *act, const float *gu_w, const float *down_w, int64_t n,
-                            int64_t D, int64_t NI, int accumulate, ls_arena *sc) {
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *dact = ALLOC_F(sc, n * NI), *dgu = ALLOC_F(sc, n * 2 * NI);
-    NEED(dact && dgu);
-    ls_op_linear_bwd(be, dact, ddown_w, dout, act, down_w, n, NI, D, 0);
-    ls_op_swiglu_bwd(be, dgu, dact, gu, n, NI);
-    ls_op_linear_bwd(be, dxs, dgu_w, dgu, xs, gu_w, n, D, 2 * NI, accumulate);
-    ls_arena_release(sc, mk);
-    return LS_OK;
-}
-
 /* MoE backward: dres [T, D] = ∂L/∂(block output) → dxn (+=). */
 static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const mla_layer_tape *tp, const float *dres,
                          float *dxn, int64_t T, ls_arena *sc) {
@@ -49,44 +35,14 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
     int64_t D = c->hidden, Im = c->moe_inter, Is = Im * mc->n_shared_experts;
     int E = c->n_experts, K = c->top_k;
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    int64_t *count = ls_arena_alloc(sc, (size_t)(E + 1) * sizeof(int64_t));
-    int64_t *rows = ls_arena_alloc(sc, (size_t)(T * K) * sizeof(int64_t));
     /* [dwt (T·K) | the experts' ∂L/∂xn (T·D) under expert parallelism], combined over ep as
      * rows [T, K + D] */
     float *dwt = CALLOC_F(sc, T * K + (m->ep ? T * D : 0)), *dlog = ALLOC_F(sc, T * E);
     float *dxe = m->ep ? dwt + T * K : dxn, *rowsw = m->ep ? ALLOC_F(sc, T * (K + D)) : NULL;
-    NEED(count && rows && dwt && dlog && (!m->ep || rowsw));
-    LS_TRY(ls_op_moe_group(m->be, count, rows, tp->esel, T, E, K, sc));
-    int64_t maxn = 0;
-    for (int e = 0; e < E; e++) maxn = count[e + 1] - count[e] > maxn ? count[e + 1] - count[e] : maxn;
-    float *xs = ALLOC_F(sc, maxn * D), *ys = ALLOC_F(sc, maxn * D), *dys = ALLOC_F(sc, maxn * D);
-    float *gu = ALLOC_F(sc, maxn * 2 * Im), *act = ALLOC_F(sc, maxn * Im), *dxs = ALLOC_F(sc, maxn * D);
-    NEED(xs && ys && dys && gu && act && dxs);
-    for (int64_t e = m->e0; e < m->e0 + m->n_local_experts; e++) { /* this rank's experts */
-        int64_t n = count[e + 1] - count[e], le = e - m->e0;
-        if (n == 0) continue;
-        const int64_t *r = rows + count[e];
-        const float *Wgu = w->exp_gu + le * 2 * Im * D, *Wdn = w->exp_down + le * D * Im;
-        for (int64_t i = 0; i < n; i++) memcpy(xs + i * D, tp->xn2 + (r[i] / K) * D, (size_t)D * sizeof(float));
-        ls_op_linear_fwd(m->be, gu, xs, Wgu, n, D, 2 * Im, 0); /* the expert, recomputed */
-        ls_op_swiglu_fwd(m->be, act, gu, n, Im);
-        ls_op_linear_fwd(m->be, ys, act, Wdn, n, Im, D, 0);
-        for (int64_t i = 0; i < n; i++) {
-            const float *dr = dres + (r[i] / K) * D;
-            double dot = 0;
-            for (int64_t d = 0; d < D; d++) {
-                dot += (double)dr[d] * ys[i * D + d];
-                dys[i * D + d] = tp->wt[r[i]] * dr[d];
-            }
-            dwt[r[i]] = (float)dot;
-        }
-        LS_TRY(swiglu_bwd(m->be, dxs, GOFF(gw->exp_gu, le * 2 * Im * D), GOFF(gw->exp_down, le * D * Im), dys, xs, gu, act,
-                          Wgu, Wdn, n, D, Im, 0, sc));
-        for (int64_t i = 0; i < n; i++) {
-            float *dx = dxe + (r[i] / K) * D;
-            for (int64_t d = 0; d < D; d++) dx[d] += dxs[i * D + d];
-        }
-    }
+    NEED(dwt && dlog && (!m->ep || rowsw));
+    ls_dec_experts ex = {.D = D, .I = Im, .E = E, .K = K, .e0 = m->e0, .ne = m->n_local_experts, .gu_w = w->exp_gu,
+                         .down_w = w->exp_down, .dgu_w = gw->exp_gu, .ddown_w = gw->exp_down};
+    LS_TRY(ls_dec_experts_bwd(m->be, &ex, dwt, dxe, dres, tp->xn2, tp->esel, tp->wt, T, sc));
     if (m->ep) { /* every rank's experts' shares, back to the tokens' slice owners and summed (forward's way) */
         for (int64_t t = 0; t < T; t++) {
             memcpy(rowsw + t * (K + D), dwt + t * K, (size_t)K * sizeof(float));
@@ -102,8 +58,8 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
     ls_op_mla_route_bwd(m->be, dlog, dwt, tp->s, tp->esel, T, E, K, c->norm_topk, mc->routed_scaling);
     ls_op_linear_bwd(m->be, dxn, gw->router, dlog, tp->xn2, w->router, T, D, E, 1);
     if (Is > 0)
-        LS_TRY(swiglu_bwd(m->be, dxn, gw->sh_gu, gw->sh_down, dres, tp->xn2, tp->sh_gu, tp->sh_act, w->sh_gu, w->sh_down, T, D,
-                          Is, 1, sc));
+        LS_TRY(ls_dec_swiglu_bwd(m->be, dxn, gw->sh_gu, gw->sh_down, dres, tp->xn2, tp->sh_gu, tp->sh_act, w->sh_gu,
+                                 w->sh_down, T, D, Is, 1, NULL, sc));
     ls_arena_release(sc, mk);
     return LS_OK;
 }
@@ -299,8 +255,8 @@ static ls_status layer_bwd(const ls_mla_model *m, ls_mla_model *grad, int l, con
         LS_TRY(moe_bwd(m, l, gw, tp, dx, dxn, T, sc));
     } else {
         int64_t NI = c->intermediate;
-        LS_TRY(swiglu_bwd(m->be, dxn, gw->mlp_gu, gw->mlp_down, dx, tp->xn2, tp->gu, tp->act, w->mlp_gu, w->mlp_down, T, D, NI,
-                          0, sc));
+        LS_TRY(ls_dec_swiglu_bwd(m->be, dxn, gw->mlp_gu, gw->mlp_down, dx, tp->xn2, tp->gu, tp->act, w->mlp_gu,
+                                 w->mlp_down, T, D, NI, 0, NULL, sc));
     }
     ls_op_rmsnorm_plain_bwd(m->be, dxn, gw->post_norm, dxn, tp->x_mid, tp->rstd2, w->post_norm, T, D);
     for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i]; /* ∂L/∂(mixer output) */

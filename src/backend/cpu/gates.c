@@ -158,3 +158,57 @@ ls_status ls_moe_group(int64_t *count, int64_t *rows, const int32_t *sel, int64_
     ls_arena_release(sc, mk);
     return LS_OK;
 }
+
+/* ---- the routed rows of an expert (both families' MoE) ------------------------------ */
+void ls_moe_gather(float *xs, const float *x, const int64_t *rows, int64_t n, int64_t D, int K) {
+    for (int64_t i = 0; i < n; i++) memcpy(xs + i * D, x + (rows[i] / K) * D, (size_t)D * sizeof(float));
+}
+
+void ls_moe_scatter_add(float *y, const float *ys, const int64_t *rows, const float *wt, int64_t n, int64_t D, int K) {
+    for (int64_t i = 0; i < n; i++) {
+        float *yt = y + (rows[i] / K) * D;
+        const float *yi = ys + i * D;
+        if (wt) {
+            float p = wt[rows[i]];
+            for (int64_t d = 0; d < D; d++) yt[d] += p * yi[d];
+        } else {
+            for (int64_t d = 0; d < D; d++) yt[d] += yi[d];
+        }
+    }
+}
+
+void ls_moe_combine_bwd(float *dys, float *dwt, const float *dy, const float *ys, const int64_t *rows, const float *wt,
+                        int64_t n, int64_t D, int K) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *dr = dy + (rows[i] / K) * D;
+        double dot = 0;
+        for (int64_t d = 0; d < D; d++) {
+            dot += (double)dr[d] * ys[i * D + d];
+            dys[i * D + d] = wt[rows[i]] * dr[d];
+        }
+        dwt[rows[i]] = (float)dot;
+    }
+}
+
+/* combine weights → selected probabilities (→ renormalisation) → softmax → logits */
+void ls_moe_route_bwd(float *dlogits, const float *dwt, const float *probs, const int32_t *sel, const float *wt,
+                      int64_t T, int E, int K, int norm_topk) {
+    LS_ASSERT(E <= 1024, "too many experts for the router backward: %d", E);
+    for (int64_t t = 0; t < T; t++) {
+        const float *p = probs + t * E;
+        float *dl = dlogits + t * E;
+        double dp[1024];
+        for (int e = 0; e < E; e++) dp[e] = 0;
+        if (norm_topk) {
+            double Z = 0, Sw = 0;
+            for (int j = 0; j < K; j++) Z += p[sel[t * K + j]];
+            for (int j = 0; j < K; j++) Sw += (double)dwt[t * K + j] * wt[t * K + j];
+            for (int j = 0; j < K; j++) dp[sel[t * K + j]] = (dwt[t * K + j] - Sw) / Z;
+        } else {
+            for (int j = 0; j < K; j++) dp[sel[t * K + j]] = dwt[t * K + j];
+        }
+        double s = 0;
+        for (int e = 0; e < E; e++) s += dp[e] * p[e];
+        for (int e = 0; e < E; e++) dl[e] = (float)(p[e] * (dp[e] - s));
+    }
+}

@@ -1,0 +1,113 @@
+/*
+ * decoder.c — the decoder-layer pieces both families share (decoder.h): SwiGLU on rows
+ * with its LoRA side branches, and the routed experts of an MoE layer, forward and
+ * backward, all through the backend's ops.
+ */
+#include "decoder.h"
+
+#define ALLOC_F(arena, n) ((float *)ls_arena_alloc((arena), (size_t)(n) * sizeof(float)))
+
+ls_status ls_dec_swiglu_fwd(const ls_backend *be, float *out, float *gu, float *act, const float *xs, int64_t n,
+                            int64_t D, int64_t I, const float *gu_w, const float *down_w, int accumulate,
+                            const ls_ffn_lora *fl, ls_arena *sc) {
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    if (!gu) gu = ALLOC_F(sc, n * 2 * I);
+    if (!act) act = ALLOC_F(sc, n * I);
+    if (!gu || !act) return LS_ERR_NOMEM;
+    int lora = fl && fl->lora;
+    ls_op_linear_fwd(be, gu, xs, gu_w, n, D, 2 * I, 0);
+    if (lora) LS_TRY(ls_lora_linear_fwd(fl->lora, fl->layer, fl->gu, fl->gu_off, 2 * I, gu, xs, n, sc));
+    ls_op_swiglu_fwd(be, act, gu, n, I);
+    ls_op_linear_fwd(be, out, act, down_w, n, I, D, accumulate);
+    if (lora) LS_TRY(ls_lora_linear_fwd(fl->lora, fl->layer, fl->down, fl->down_off, D, out, act, n, sc));
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+ls_status ls_dec_swiglu_bwd(const ls_backend *be, float *dxs, float *dgu_w, float *ddown_w, const float *dout,
+                            const float *xs, const float *gu, const float *act, const float *gu_w, const float *down_w,
+                            int64_t n, int64_t D, int64_t I, int accumulate, const ls_ffn_lora *fl, ls_arena *sc) {
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *d_act = ALLOC_F(sc, n * I);   /* [n, I] */
+    float *dgu = ALLOC_F(sc, n * 2 * I); /* [n, 2I] */
+    if (!d_act || !dgu) return LS_ERR_NOMEM;
+    int lora = fl && fl->lora;
+    ls_op_linear_bwd(be, d_act, ddown_w, dout, act, down_w, n, I, D, 0);
+    if (lora) LS_TRY(ls_lora_linear_bwd((ls_lora *)fl->lora, fl->layer, fl->down, fl->down_off, D, d_act, dout, act, n, sc));
+    ls_op_swiglu_bwd(be, dgu, d_act, gu, n, I);
+    ls_op_linear_bwd(be, dxs, dgu_w, dgu, xs, gu_w, n, D, 2 * I, accumulate);
+    if (lora) LS_TRY(ls_lora_linear_bwd((ls_lora *)fl->lora, fl->layer, fl->gu, fl->gu_off, 2 * I, dxs, dgu, xs, n, sc));
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+/* expert le's adapters: the template's tensors at the expert's rows */
+static ls_ffn_lora expert_lora(const ls_dec_experts *ex, int64_t le) {
+    ls_ffn_lora f = ex->lora;
+    f.gu_off = le * 2 * ex->I;
+    f.down_off = le * ex->D;
+    return f;
+}
+
+/* count[E+1], rows[T·K] grouped by expert, and the largest group of this rank's experts */
+static ls_status group(const ls_backend *be, const ls_dec_experts *ex, const int32_t *sel, int64_t T, int64_t **count,
+                       int64_t **rows, int64_t *maxn, ls_arena *sc) {
+    *count = ls_arena_alloc(sc, (size_t)(ex->E + 1) * sizeof(int64_t));
+    *rows = ls_arena_alloc(sc, (size_t)(T * ex->K) * sizeof(int64_t));
+    if (!*count || !*rows) return LS_ERR_NOMEM;
+    LS_TRY(ls_op_moe_group(be, *count, *rows, sel, T, ex->E, ex->K, sc));
+    *maxn = 0;
+    for (int64_t e = ex->e0; e < ex->e0 + ex->ne; e++) {
+        int64_t n = (*count)[e + 1] - (*count)[e];
+        if (n > *maxn) *maxn = n;
+    }
+    return LS_OK;
+}
+
+ls_status ls_dec_experts_fwd(const ls_backend *be, const ls_dec_experts *ex, float *y, const float *xn,
+                             const int32_t *sel, const float *wt, int64_t T, ls_arena *sc) {
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    int64_t D = ex->D, I = ex->I, *count, *rows, maxn;
+    LS_TRY(group(be, ex, sel, T, &count, &rows, &maxn, sc));
+    float *xs = ALLOC_F(sc, maxn * D), *ys = ALLOC_F(sc, maxn * D); /* [n_e, D] */
+    if (!xs || !ys) return LS_ERR_NOMEM;
+    for (int64_t e = ex->e0; e < ex->e0 + ex->ne; e++) {
+        int64_t n = count[e + 1] - count[e], le = e - ex->e0;
+        if (n == 0) continue;
+        const int64_t *r = rows + count[e];
+        ls_ffn_lora fl = expert_lora(ex, le);
+        ls_op_moe_gather(be, xs, xn, r, n, D, ex->K);
+        LS_TRY(ls_dec_swiglu_fwd(be, ys, NULL, NULL, xs, n, D, I, ex->gu_w + le * 2 * I * D, ex->down_w + le * D * I, 0,
+                                 &fl, sc));
+        ls_op_moe_scatter_add(be, y, ys, r, wt, n, D, ex->K);
+    }
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+ls_status ls_dec_experts_bwd(const ls_backend *be, const ls_dec_experts *ex, float *dwt, float *dxn, const float *dy,
+                             const float *xn, const int32_t *sel, const float *wt, int64_t T, ls_arena *sc) {
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    int64_t D = ex->D, I = ex->I, *count, *rows, maxn;
+    LS_TRY(group(be, ex, sel, T, &count, &rows, &maxn, sc));
+    float *xs = ALLOC_F(sc, maxn * D), *ys = ALLOC_F(sc, maxn * D), *dys = ALLOC_F(sc, maxn * D);
+    float *gu = ALLOC_F(sc, maxn * 2 * I), *act = ALLOC_F(sc, maxn * I), *dxs = ALLOC_F(sc, maxn * D);
+    if (!xs || !ys || !dys || !gu || !act || !dxs) return LS_ERR_NOMEM;
+    for (int64_t e = ex->e0; e < ex->e0 + ex->ne; e++) {
+        int64_t n = count[e + 1] - count[e], le = e - ex->e0;
+        if (n == 0) continue;
+        const int64_t *r = rows + count[e];
+        const float *Wgu = ex->gu_w + le * 2 * I * D, *Wdn = ex->down_w + le * D * I;
+        ls_ffn_lora fl = expert_lora(ex, le);
+        ls_op_moe_gather(be, xs, xn, r, n, D, ex->K);
+        /* the expert, recomputed (its activations are not on the tape) */
+        LS_TRY(ls_dec_swiglu_fwd(be, ys, gu, act, xs, n, D, I, Wgu, Wdn, 0, &fl, sc));
+        ls_op_moe_combine_bwd(be, dys, dwt, dy, ys, r, wt, n, D, ex->K);
+        LS_TRY(ls_dec_swiglu_bwd(be, dxs, ex->dgu_w ? ex->dgu_w + le * 2 * I * D : NULL,
+                                 ex->ddown_w ? ex->ddown_w + le * D * I : NULL, dys, xs, gu, act, Wgu, Wdn, n, D, I, 0, &fl,
+                                 sc));
+        ls_op_moe_scatter_add(be, dxn, dxs, r, NULL, n, D, ex->K);
+    }
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}

@@ -1,0 +1,62 @@
+/*
+ * decoder.h — the pieces of a decoder layer that both families share, written once
+ * (issue 20): the SwiGLU feed-forward on rows (dense MLP, shared experts, one routed
+ * expert) with its optional LoRA side branches, and the routed experts of an MoE
+ * layer (gather each expert's rows, run it, combine by the router's weights), forward
+ * and backward. Everything runs through the model's backend (backend.h). Internal to
+ * src/models/.
+ */
+#ifndef LONGSTRAW_MODELS_DECODER_H
+#define LONGSTRAW_MODELS_DECODER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "longstraw/backend.h"
+#include "longstraw/lora.h"
+
+/* Which adapters an FFN's two projections carry (rows [gu_off, +2I) of internal tensor
+ * `gu` and [down_off, +D) of `down` of `layer`, lora.h); lora NULL: none. The model holds
+ * its adapters const: the backward writes only their gradient buffers. */
+typedef struct {
+    const ls_lora *lora;
+    int layer;
+    size_t gu, down;
+    int64_t gu_off, down_off;
+} ls_ffn_lora;
+
+/* SwiGLU on rows xs [n, D] with fused [gate ; up] rows gu_w [2I, D] and down_w [D, I]:
+ * out [n, D] (= or += when accumulate) down(SiLU(gate) ⊙ up). gu [n, 2I] and act [n, I]
+ * are kept when given (a tape), else taken from scratch. fl NULL: no adapters. */
+ls_status ls_dec_swiglu_fwd(const ls_backend *be, float *out, float *gu, float *act, const float *xs, int64_t n,
+                            int64_t D, int64_t I, const float *gu_w, const float *down_w, int accumulate,
+                            const ls_ffn_lora *fl, ls_arena *sc);
+/* Its backward from dout [n, D]: dxs [n, D] (= or +=), dgu_w and ddown_w (+=; NULL skips),
+ * the adapters' gradients; gu and act are the forward's. */
+ls_status ls_dec_swiglu_bwd(const ls_backend *be, float *dxs, float *dgu_w, float *ddown_w, const float *dout,
+                            const float *xs, const float *gu, const float *act, const float *gu_w, const float *down_w,
+                            int64_t n, int64_t D, int64_t I, int accumulate, const ls_ffn_lora *fl, ls_arena *sc);
+
+/* The routed experts [e0, e0 + ne) of one MoE layer that this rank holds (all of them
+ * without expert parallelism): weights stacked from e0, gradients (NULL: none) likewise. */
+typedef struct {
+    int64_t D, I; /* hidden size, expert intermediate size */
+    int E, K;     /* experts, experts per token */
+    int64_t e0, ne;
+    const float *gu_w, *down_w; /* [ne, 2I, D], [ne, D, I] */
+    float *dgu_w, *ddown_w;     /* gradients of the same shape, or NULL */
+    /* adapters: gu and down name the stacked tensors (offsets are per expert), lora NULL: none */
+    ls_ffn_lora lora;
+} ls_dec_experts;
+
+/* y [T, D] += Σ_k wt[t, k]·E_sel[t,k](xn[t]) over this rank's experts, expert by expert in
+ * index order; sel, wt [T, K] from the router. */
+ls_status ls_dec_experts_fwd(const ls_backend *be, const ls_dec_experts *ex, float *y, const float *xn,
+                             const int32_t *sel, const float *wt, int64_t T, ls_arena *sc);
+/* The backward from dy [T, D] = ∂L/∂y, the experts recomputed from the forward's xn:
+ * dwt [T, K] (=, only the slots routed to this rank's experts; the caller zeroes the
+ * others), dxn [T, D] (+=), the experts' weight and adapter gradients (+=). */
+ls_status ls_dec_experts_bwd(const ls_backend *be, const ls_dec_experts *ex, float *dwt, float *dxn, const float *dy,
+                             const float *xn, const int32_t *sel, const float *wt, int64_t T, ls_arena *sc);
+
+#endif
