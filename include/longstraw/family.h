@@ -17,6 +17,7 @@
 #include "longstraw/comm.h"
 #include "longstraw/config.h"
 #include "longstraw/core.h"
+#include "longstraw/plan.h"
 #include "longstraw/state.h"
 
 /* Runtime options of a forward. */
@@ -161,11 +162,25 @@ struct ls_family {
     /* M_live terms predicted from the config: gradient and fixed bytes (weights, and
      * AdamW moments of the trainable tensors when `optimizer`). */
     void (*policy_predict)(const ls_policy *p, int optimizer, size_t *grad, size_t *fixed);
+    /* ---- without a checkpoint: from a config alone --------------------------- */
+    /* A checkpoint of random weights (`init`, the demo from scratch) for the config at
+     * config_path: model.safetensors + config.json in dir, seeded, stored in dtype. */
+    ls_status (*write_random)(const char *config_path, const char *dir, uint64_t seed, ls_dtype dtype);
+    /* The demo's model from scratch (`demo --family NAME`): its config.json text and a
+     * few words on its layers for the demo's first line. */
+    const char *demo_config;
+    const char *demo_summary;
+    /* `plan`: what a capture of rq->prompt tokens keeps per rank and the fixed and grad
+     * terms of a full fine-tune, as the document the CLI prints (plan.h). */
+    ls_status (*plan)(ls_plan_doc *d, const ls_config *cfg, const ls_plan_request *rq);
 };
 
 /* ---- the registry (src/models/family.c) ------------------------------------ */
 /* The family that reads checkpoints of cfg's model_type; NULL with an error naming it. */
 const ls_family *ls_family_for(const ls_config *cfg, const char *path);
+/* The family called `name` ("hybrid", "mla"; NULL: the default, the first registered);
+ * NULL with an error listing the names. */
+const ls_family *ls_family_named(const char *name);
 /* Load `dir` (config.json + safetensors) with the family its config names (ep: the
  * expert-parallel ranks, or NULL). */
 ls_status ls_model_load(ls_model *m, const char *dir, const ls_comm *ep, ls_arena *fixed);

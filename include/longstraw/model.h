@@ -184,6 +184,8 @@ ls_status ls_hybrid_hf_specs(const ls_config *c, ls_hf_tensor_spec **out, int64_
  * `dir`/config.json; both atomically. `dir` must exist. */
 ls_status ls_hybrid_write_random(const char *config_path, const char *dir, uint64_t seed,
                                  ls_dtype dtype);
+/* The family's `plan` document (family.h). */
+ls_status ls_hybrid_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_request *rq);
 /* The same for a list of tensors of any family: dir/model.safetensors (norm weights,
  * A_log and biases stay f32) and config.json. */
 ls_status ls_write_random_checkpoint(const char *config_path, const char *dir, uint64_t seed, ls_dtype dtype,

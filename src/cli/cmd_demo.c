@@ -21,74 +21,9 @@
 #include "cli.h"
 #include "demo_asset.h"
 #include "longstraw/config.h"
-#include "longstraw/mla.h"
+#include "longstraw/family.h"
 #include "longstraw/model.h"
 #include "longstraw/tokenizer.h"
-
-/* 4 layers (3 Gated DeltaNet, 1 gated attention), 4.6 M parameters; its 257 ids are the
- * byte-level tokenizer's 257. */
-static const char DEMO_CONFIG[] =
-    "{\n"
-    "  \"model_type\": \"qwen3_next\",\n"
-    "  \"vocab_size\": 257,\n"
-    "  \"hidden_size\": 256,\n"
-    "  \"num_hidden_layers\": 4,\n"
-    "  \"num_attention_heads\": 4,\n"
-    "  \"num_key_value_heads\": 2,\n"
-    "  \"head_dim\": 64,\n"
-    "  \"partial_rotary_factor\": 0.25,\n"
-    "  \"rope_theta\": 10000000,\n"
-    "  \"linear_num_key_heads\": 4,\n"
-    "  \"linear_num_value_heads\": 8,\n"
-    "  \"linear_key_head_dim\": 32,\n"
-    "  \"linear_value_head_dim\": 32,\n"
-    "  \"linear_conv_kernel_dim\": 4,\n"
-    "  \"intermediate_size\": 768,\n"
-    "  \"num_experts\": 0,\n"
-    "  \"full_attention_interval\": 4,\n"
-    "  \"rms_norm_eps\": 1e-6,\n"
-    "  \"tie_word_embeddings\": false\n"
-    "}\n";
-
-/* --family mla: the compressed-attention MoE layout (GLM-5.2 style: MLA with a q and a KV
- * latent, a DSA lightning indexer on layers 0 and 2 that layers 1 and 3 share, a dense
- * first layer, then 8 routed experts (top 2) + 1 shared), 5.9 M parameters, the same
- * 257 byte-level ids. index_topk 512 of the 16K prompt: the sparse attention is active. */
-static const char DEMO_CONFIG_MLA[] =
-    "{\n"
-    "  \"model_type\": \"glm_moe_dsa\",\n"
-    "  \"vocab_size\": 257,\n"
-    "  \"hidden_size\": 256,\n"
-    "  \"num_hidden_layers\": 4,\n"
-    "  \"num_attention_heads\": 4,\n"
-    "  \"num_key_value_heads\": 4,\n"
-    "  \"q_lora_rank\": 128,\n"
-    "  \"kv_lora_rank\": 64,\n"
-    "  \"qk_nope_head_dim\": 32,\n"
-    "  \"qk_rope_head_dim\": 16,\n"
-    "  \"v_head_dim\": 32,\n"
-    "  \"index_n_heads\": 4,\n"
-    "  \"index_head_dim\": 32,\n"
-    "  \"index_topk\": 512,\n"
-    "  \"indexer_types\": [\"full\", \"shared\", \"full\", \"shared\"],\n"
-    "  \"indexer_rope_interleave\": true,\n"
-    "  \"intermediate_size\": 512,\n"
-    "  \"n_routed_experts\": 8,\n"
-    "  \"num_experts_per_tok\": 2,\n"
-    "  \"moe_intermediate_size\": 128,\n"
-    "  \"n_shared_experts\": 1,\n"
-    "  \"first_k_dense_replace\": 1,\n"
-    "  \"routed_scaling_factor\": 2.5,\n"
-    "  \"norm_topk_prob\": true,\n"
-    "  \"scoring_func\": \"sigmoid\",\n"
-    "  \"topk_method\": \"noaux_tc\",\n"
-    "  \"n_group\": 1,\n"
-    "  \"topk_group\": 1,\n"
-    "  \"rope_theta\": 1000000,\n"
-    "  \"rms_norm_eps\": 1e-5,\n"
-    "  \"max_position_embeddings\": 1048576,\n"
-    "  \"tie_word_embeddings\": false\n"
-    "}\n";
 
 static const char MARKER[] = ".longstraw-demo";
 
@@ -158,7 +93,23 @@ static ls_status prepare_dir(const char *out) {
 
 /* OUT/model (the embedded SFT checkpoint, or random weights), OUT/demo_config.json,
  * OUT/tokenizer.json. */
-static ls_status write_inputs(const char *out, uint64_t seed, int mla, int scratch) {
+/* The family of the embedded SFT checkpoint (NULL: this build has none). */
+static const ls_family *embedded_family(void) {
+    ls_demo_blob mb, cb;
+    if (!ls_demo_sft(&mb, &cb)) return NULL;
+    char *text = malloc(cb.len + 1);
+    if (!text) return NULL;
+    memcpy(text, cb.data, cb.len);
+    text[cb.len] = 0;
+    ls_config cfg;
+    const ls_family *f = ls_config_parse(&cfg, text, "the demo's embedded config.json") == LS_OK
+                             ? ls_family_for(&cfg, "the demo's embedded config.json")
+                             : NULL;
+    free(text);
+    return f;
+}
+
+static ls_status write_inputs(const char *out, uint64_t seed, const ls_family *fam, int scratch) {
     char path[4400], model[4200];
     snprintf(model, sizeof model, "%s/model", out);
     if (mkdir(model, 0755) != 0 && errno != EEXIST) return ls_err(LS_ERR_IO, "%s: cannot create: %s", model, strerror(errno));
@@ -172,9 +123,8 @@ static ls_status write_inputs(const char *out, uint64_t seed, int mla, int scrat
         LS_TRY(ls_write_file_atomic(path, mb.data, mb.len));
     } else {
         snprintf(path, sizeof path, "%s/demo_config.json", out);
-        const char *cfg = mla ? DEMO_CONFIG_MLA : DEMO_CONFIG;
-        LS_TRY(ls_write_file_atomic(path, cfg, strlen(cfg)));
-        LS_TRY(mla ? ls_mla_write_random(path, model, seed, LS_DTYPE_F32) : ls_hybrid_write_random(path, model, seed, LS_DTYPE_F32));
+        LS_TRY(ls_write_file_atomic(path, fam->demo_config, strlen(fam->demo_config)));
+        LS_TRY(fam->write_random(path, model, seed, LS_DTYPE_F32));
     }
     char *json;
     LS_TRY(ls_tok_byte_level_json(&json));
@@ -266,7 +216,8 @@ int cmd_demo(int argc, char **argv) {
         {0, 0, 0, 0}};
     const char *out = "longstraw-demo", *lr = NULL;
     int64_t plen = 16384, updates = 20, G = 8, maxnew = 8, seed = 1, threads = 0, cpn = 1, evk = 12, eve = 10, gpu = 0;
-    int quiet = 0, ch, mla = 0, scratch = 0;
+    int quiet = 0, ch, scratch = 0;
+    const char *family = NULL;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
@@ -285,9 +236,8 @@ int cmd_demo(int argc, char **argv) {
         case 'e': if (cli_parse_i64("demo", "--eval-every", optarg, 1, 1 << 20, &eve)) return 2; break;
         case 'G': if (cli_parse_i64("demo", "--groups-per-update", optarg, 1, 1024, &gpu)) return 2; break;
         case 'f':
-            if (strcmp(optarg, "hybrid") && strcmp(optarg, "mla"))
-                return cli_usage_error("demo", "--family \"%s\": expected hybrid or mla", optarg);
-            mla = !strcmp(optarg, "mla");
+            if (!ls_family_named(optarg)) return cli_usage_error("demo", "--family: %s", ls_err_msg());
+            family = optarg;
             break;
         case 'h': help(); return 0;
         default: return cli_usage_error("demo", "bad option");
@@ -295,7 +245,9 @@ int cmd_demo(int argc, char **argv) {
     }
     if (optind < argc) return cli_usage_error("demo", "unexpected argument \"%s\"", argv[optind]);
     ls_demo_blob mb, cb;
-    if (!ls_demo_sft(&mb, &cb) || mla) scratch = 1; /* the embedded checkpoint is the hybrid's */
+    const ls_family *emb = embedded_family(), *fam = family ? ls_family_named(family) : emb ? emb : ls_family_named(NULL);
+    if (!fam) return cli_fail("demo", LS_ERR_UNSUPPORTED);
+    if (!ls_demo_sft(&mb, &cb) || fam != emb) scratch = 1; /* the embedded checkpoint is of one family */
     if (!lr) lr = "1e-3";
     if (!gpu) gpu = scratch ? 1 : 2; /* two prompts an update: half the prompt-to-prompt spread of the reward */
     const ls_comm *cp = cli_cp_comm();
@@ -306,14 +258,13 @@ int cmd_demo(int argc, char **argv) {
     double t0 = ls_now();
     ls_status s = LS_OK;
     if (root) s = prepare_dir(out); /* rank 0 writes the inputs; the others wait for them */
-    if (root && s == LS_OK) s = write_inputs(out, (uint64_t)seed, mla, scratch);
+    if (root && s == LS_OK) s = write_inputs(out, (uint64_t)seed, fam, scratch);
     if (s != LS_OK) return cli_fail("demo", s);
     if (cp && (s = ls_comm_barrier(cp)) != LS_OK) return cli_fail("demo", s);
     if (root)
         fprintf(stderr, "longstraw demo: model %s/model (4 layers: %s, %s), passkey prompts of %lld tokens, G = %lld, "
                         "%lld updates\n",
-                out, mla ? "MLA + DSA indexer (2 full, 2 shared), 1 dense + 3 MoE"
-                         : scratch ? "3 Gated DeltaNet + 1 gated attention" : "2 Gated DeltaNet + 2 gated attention",
+                out, scratch ? fam->demo_summary : LS_DEMO_SFT_SUMMARY,
                 scratch ? "random weights" : "after SFT on the passkey task at 256- and 1024-token prompts",
                 (long long)plen, (long long)G, (long long)updates);
     char model[4200], tok[4200], run[4200], s_plen[32], s_upd[32], s_g[32], s_n[32], s_seed[32], s_thr[32], s_k[32],

@@ -10,7 +10,7 @@
 
 #include "cli.h"
 #include "longstraw/config.h"
-#include "longstraw/mla.h"
+#include "longstraw/family.h"
 #include "longstraw/model.h"
 
 static void help(void) {
@@ -55,9 +55,8 @@ int cmd_init(int argc, char **argv) {
     }
     ls_config cfg; /* the family decides the tensors */
     ls_status s = ls_config_load(&cfg, config);
-    if (s == LS_OK)
-        s = cfg.family == LS_FAMILY_MLA ? ls_mla_write_random(config, out, (uint64_t)seed, dt)
-                                        : ls_hybrid_write_random(config, out, (uint64_t)seed, dt);
+    const ls_family *fam = s == LS_OK ? ls_family_for(&cfg, config) : NULL;
+    if (s == LS_OK) s = fam ? fam->write_random(config, out, (uint64_t)seed, dt) : LS_ERR_UNSUPPORTED;
     if (s != LS_OK) return cli_fail("init", s);
     fprintf(stderr, "longstraw init: wrote %s/model.safetensors and %s/config.json\n", out, out);
     return 0;

@@ -11,8 +11,7 @@
 
 #include "longstraw/config.h"
 #include "longstraw/grpo.h"
-#include "longstraw/mla.h"
-#include "longstraw/model.h"
+#include "longstraw/family.h"
 #include "longstraw/state.h"
 
 static void help(void) {
@@ -38,100 +37,36 @@ static void help(void) {
 }
 
 static double gib(size_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
-static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
 
-/* The fixed and grad terms of M_live (DESIGN §1) for a full fine-tune in f32. */
-static void print_live_terms(size_t params, size_t w_bytes, size_t m_bytes, size_t g_bytes, int width,
-                             const char *what) {
-    printf("\n  other M_live terms, full fine-tune in f32 (%zu parameters%s):\n", params, what);
-    printf("  %-*s %20zu %12.2f\n", width, "fixed: weights", w_bytes, gib(w_bytes));
-    printf("  %-*s %20zu %12.2f\n", width, "fixed: AdamW moments", m_bytes, gib(m_bytes));
-    printf("  %-*s %20zu %12.2f\n", width, "grad", g_bytes, gib(g_bytes));
+static void json_string(const char *v) {
+    putchar('"');
+    for (const unsigned char *c = (const unsigned char *)v; *c; c++) {
+        if (*c == '"' || *c == '\\') printf("\\%c", *c);
+        else if (*c < 0x20) printf("\\u%04x", *c);
+        else putchar(*c);
+    }
+    putchar('"');
 }
 
-/* The MLA + DSA + MoE family (mla.h): latent pages per MLA layer, index-key pages per
- * full indexer layer, the MoE routed-hidden buffers of a capture chunk. */
-static int plan_mla(const ls_config *cfg, const char *path, int64_t P, int64_t S, ls_dtype dt, int cp,
-                    ls_cp_layout lay, int64_t sweep, int ep, int ikl, int json) {
-    ls_mla_plan_t p;
-    ls_state_plan_t sp; /* the family's state plan: full mode's dState and chunk table */
-    ls_status s = ls_mla_state_plan(&p, cfg, P, S, dt, cp, lay, 2048);
-    if (s == LS_OK) s = ls_state_plan(&sp, cfg, P, S, dt, cp, lay, sweep);
-    if (s != LS_OK) return cli_fail("plan", s);
-    if (ep > 1 && (cfg->n_experts == 0 || cfg->n_experts % ep != 0))
-        return cli_fail("plan", ls_err(LS_ERR_ARG, "%s: n_routed_experts %d does not split over --ep %d ranks", path,
-                                       cfg->n_experts, ep));
-    size_t params = 0, frozen = 0, experts = 0, w_bytes = 0, m_bytes = 0, g_bytes = 0, total = p.total_bytes_per_rank;
-    ls_mla_tensor *tl = NULL;
-    int64_t nt = 0;
-    ls_status pc = ls_mla_param_count(cfg, &params);
-    if (pc == LS_OK && params <= ((size_t)1 << 40) && ls_mla_tensors(cfg, 0, cfg->n_experts, &tl, &nt) == LS_OK)
-        for (int64_t i = 0; i < nt; i++) {
-            size_t n = (size_t)(tl[i].shape[0] * tl[i].shape[1]);
-            if (tl[i].frozen && !(ikl && strstr(tl[i].name, ".indexer."))) frozen += n;
-            if (tl[i].expert >= 0) experts += n;
-        }
-    free(tl);
-    size_t all = params; /* every rank holds the rest and E/ep experts */
-    if (ep > 1 && params > 0) params -= experts - experts / (size_t)ep;
-    if (pc != LS_OK || ls_mul_size(params, 4, &w_bytes) ||
-        ls_mul_size(params - frozen, 8, &m_bytes) || ls_mul_size(params - frozen, 4, &g_bytes) ||
-        ls_add_size(total, sp.dstate_bytes_per_rank + sp.ckpt_bytes_per_rank, &total))
-        return cli_fail("plan", ls_err(LS_ERR_ARG, "%s: the parameter count's byte size overflows 64 bits", path));
-    const char *dts = dt == LS_DTYPE_BF16 ? "bf16" : "f32";
+/* The family's document: --json as one object in the family's key order, or the table. */
+static void print_doc(const ls_plan_doc *d, int json) {
     if (json) {
-        printf("{\"family\": \"mla\", \"model_type\": \"%s\", \"prompt\": %lld, \"captured_positions\": %lld, "
-               "\"page_size\": %lld, \"ep\": %d, \"experts_per_rank\": %d, \"parameters_all_ranks\": %zu, \"cp\": %d, \"cp_layout\": \"%s\", \"state_dtype\": \"%s\", "
-               "\"mla_layers\": %d, \"index_layers\": %d, \"pages_per_layer\": %lld, \"pages_per_rank\": %lld, "
-               "\"latent_bytes_per_layer_per_rank\": %zu, \"index_bytes_per_layer_per_rank\": %zu, "
-               "\"latent_bytes_per_rank\": %zu, \"index_bytes_per_rank\": %zu, \"table_bytes_per_rank\": %zu, "
-               "\"total_bytes_per_rank\": %zu, \"routed_bytes_per_rank\": %zu, \"capture_chunk\": %lld, "
-               "\"mode\": \"%s\", \"sweep_chunk\": %lld, \"dstate_bytes_per_rank\": %zu, \"ckpt_bytes_per_rank\": %zu, "
-               "\"parameters\": %zu, \"trainable_parameters\": %zu, \"weights_bytes_f32\": %zu, \"adamw_bytes\": %zu, "
-               "\"grad_bytes\": %zu}\n",
-               cfg->model_type, (long long)P, (long long)p.positions, (long long)S, ep, cfg->n_experts / ep, all, cp,
-               ls_cp_layout_name(lay), dts,
-               p.n_mla, p.n_index, (long long)p.pages, (long long)p.pages_per_rank, p.latent_layer_bytes_per_rank,
-               p.index_layer_bytes_per_rank, p.latent_bytes_per_rank, p.index_bytes_per_rank, p.table_bytes_per_rank,
-               total, p.routed_bytes_per_rank, (long long)p.capture_chunk, sweep ? "full" : "prefix-frozen",
-               (long long)sweep, sp.dstate_bytes_per_rank, sp.ckpt_bytes_per_rank, params, params - frozen, w_bytes,
-               m_bytes, g_bytes);
-        return 0;
+        printf("{");
+        for (int i = 0; i < d->nfield; i++) {
+            const ls_plan_field *f = &d->field[i];
+            printf("%s\"%s\": ", i ? ", " : "", f->key);
+            if (f->kind == LS_PLAN_I64) printf("%lld", f->i);
+            else if (f->kind == LS_PLAN_SIZE) printf("%zu", f->z);
+            else json_string(f->s);
+        }
+        printf("}\n");
+        return;
     }
-    printf("prompt state plan: %s (%s, MLA + DSA indexer + MoE)\n", path, cfg->model_type);
-    printf("  prompt P = %lld tokens, captured positions = %lld, page size S = %lld, CP = %d (%s), state dtype %s\n",
-           (long long)P, (long long)p.positions, (long long)S, cp, ls_cp_layout_name(lay), dts);
-    printf("  layers: %d MLA, of which %d run their own indexer (the others reuse its selection)\n", p.n_mla,
-           p.n_index);
-    printf("  pages (S positions each): %lld in all, %lld per rank; per position an MLA layer keeps the latent +\n"
-           "    rope key (%lld + %d values), a full indexer layer the index key (%d values)\n",
-           (long long)p.pages, (long long)p.pages_per_rank, (long long)cfg->mla.kv_lora_rank, cfg->mla.qk_rope,
-           cfg->mla.index_head_dim);
-    printf("\n  %-40s %20s %12s\n", "per rank", "bytes", "GiB");
-    char row[96];
-    snprintf(row, sizeof row, "latent pages (%d MLA layers x %.2f MiB)", p.n_mla, mib(p.latent_layer_bytes_per_rank));
-    printf("  %-40s %20zu %12.4f\n", row, p.latent_bytes_per_rank, gib(p.latent_bytes_per_rank));
-    snprintf(row, sizeof row, "index-key pages (%d layers x %.2f MiB)", p.n_index, mib(p.index_layer_bytes_per_rank));
-    printf("  %-40s %20zu %12.4f\n", row, p.index_bytes_per_rank, gib(p.index_bytes_per_rank));
-    printf("  %-40s %20zu %12.4f\n", "page tables + layer headers", p.table_bytes_per_rank, gib(p.table_bytes_per_rank));
-    if (sweep) {
-        printf("  %-40s %20zu %12.4f\n", "full mode: dState (f32, latent pages)", sp.dstate_bytes_per_rank,
-               gib(sp.dstate_bytes_per_rank));
-        snprintf(row, sizeof row, "full mode: sweep chunks of %lld", (long long)sweep);
-        printf("  %-40s %20zu %12.4f\n", row, sp.ckpt_bytes_per_rank, gib(sp.ckpt_bytes_per_rank));
+    for (int i = 0; i < d->nline; i++) {
+        const ls_plan_line *l = &d->line[i];
+        if (l->row) printf("  %-40s %20zu %12.4f\n", l->text, l->bytes, gib(l->bytes));
+        else printf("%s\n", l->text);
     }
-    printf("  %-40s %20zu %12.4f\n", "prompt arena total", total, gib(total));
-    snprintf(row, sizeof row, "MoE routed hidden (chunk of %lld, f32)", (long long)p.capture_chunk);
-    printf("  %-40s %20zu %12.4f\n", row, p.routed_bytes_per_rank, gib(p.routed_bytes_per_rank));
-    char what[320];
-    int o = 0;
-    if (ep > 1)
-        o = snprintf(what, sizeof what, " per rank with EP %d: %d of %d routed experts; %zu on all ranks", ep,
-                     cfg->n_experts / ep, cfg->n_experts, all);
-    snprintf(what + o, sizeof what - (size_t)o, ", MTP layers excluded; %zu of the %s: no gradient, no moments", frozen,
-             ikl ? "correction biases" : "indexers and correction biases");
-    print_live_terms(params, w_bytes, m_bytes, g_bytes, 40, what);
-    return 0;
 }
 
 int cmd_plan(int argc, char **argv) {
@@ -195,79 +130,16 @@ int cmd_plan(int argc, char **argv) {
     ls_config cfg;
     ls_status s = ls_config_load(&cfg, path);
     if (s != LS_OK) return cli_fail("plan", s);
-    if (cfg.family == LS_FAMILY_MLA) {
-        return plan_mla(&cfg, path, P, S, dt, (int)cp, lay, full ? sweep : 0, (int)ep, ikl, json);
-    }
-    if (ikl) return cli_usage_error("plan", "--indexer-kl: %s is %s, which has no DSA indexer", path, cfg.model_type);
-    if (ep > 1)
-        return cli_usage_error("plan", "--ep %lld: expert parallelism is built for the MLA family only (%s is %s)",
-                               (long long)ep, path, cfg.model_type);
     const ls_family *fam = ls_family_for(&cfg, path);
     if (!fam) return cli_fail("plan", LS_ERR_UNSUPPORTED);
-    ls_state_plan_t p;
-    s = fam->state_plan(&p, &cfg, P, S, dt, (int)cp, lay, full ? sweep : 0);
-    if (s != LS_OK) return cli_fail("plan", s);
-    /* fixed and grad terms of M_live (DESIGN §1) for a full fine-tune in f32 */
-    ls_hf_tensor_spec *sp = NULL;
-    int64_t nsp = 0;
-    size_t params = 0, w_bytes = 0, m_bytes = 0;
-    int over = 0;
-    if (ls_hybrid_hf_specs(&cfg, &sp, &nsp) == LS_OK) {
-        for (int64_t i = 0; i < nsp && !over; i++) {
-            size_t n = 1;
-            for (int d = 0; d < sp[i].ndim && !over; d++) over = ls_mul_size(n, (size_t)sp[i].shape[d], &n);
-            over = over || ls_add_size(params, n, &params);
-        }
-        free(sp);
-    }
-    if (over || ls_mul_size(params, 4, &w_bytes) || ls_mul_size(params, 8, &m_bytes))
-        return cli_fail("plan", ls_err(LS_ERR_ARG, "%s: the parameter count's byte size overflows 64 bits", path));
-    size_t kv_layer_page = p.n_attn ? p.kv_bytes_per_rank / (size_t)p.n_attn / (size_t)(p.pages_per_rank ? p.pages_per_rank : 1) : 0;
-    if (json) {
-        printf("{\"prompt\": %lld, \"captured_positions\": %lld, \"page_size\": %lld, \"cp\": %d, "
-               "\"cp_layout\": \"%s\", "
-               "\"state_dtype\": \"%s\", \"attention_layers\": %d, \"gdn_layers\": %d, "
-               "\"pages_per_layer\": %lld, \"pages_per_rank\": %lld, \"page_objects_per_rank\": %lld, "
-               "\"kv_bytes_per_rank\": %zu, \"gdn_bytes_per_rank\": %zu, \"table_bytes_per_rank\": %zu, "
-               "\"total_bytes_per_rank\": %zu, \"cp_capture_bytes_per_rank\": %zu, \"mode\": \"%s\", "
-               "\"sweep_chunk\": %lld, \"sweep_chunks_per_rank\": %lld, \"dstate_bytes_per_rank\": %zu, "
-               "\"ckpt_bytes_per_rank\": %zu, \"parameters\": %zu, "
-               "\"weights_bytes_f32\": %zu, "
-               "\"adamw_bytes\": %zu, \"grad_bytes\": %zu}\n",
-               (long long)P, (long long)p.positions, (long long)S, p.cp, ls_cp_layout_name(lay),
-               dt == LS_DTYPE_BF16 ? "bf16" : "f32", p.n_attn, p.n_gdn, (long long)p.pages, (long long)p.pages_per_rank,
-               (long long)p.pages_per_rank * p.n_attn * 2, p.kv_bytes_per_rank, p.gdn_bytes_per_rank,
-               p.table_bytes_per_rank, p.total_bytes_per_rank, p.cp_capture_bytes_per_rank,
-               full ? "full" : "prefix-frozen", (long long)p.sweep_chunk, (long long)p.sweep_chunks_per_rank,
-               p.dstate_bytes_per_rank, p.ckpt_bytes_per_rank, params, w_bytes, m_bytes,
-               w_bytes);
-        return 0;
-    }
-    printf("prompt state plan: %s (%s)\n", path, cfg.model_type);
-    printf("  prompt P = %lld tokens, captured positions = %lld, page size S = %lld, CP = %d (%s), state dtype %s\n",
-           (long long)P, (long long)p.positions, (long long)S, p.cp, ls_cp_layout_name(lay),
-           dt == LS_DTYPE_BF16 ? "bf16" : "f32");
-    printf("  layers: %d full attention, %d Gated DeltaNet\n", p.n_attn, p.n_gdn);
-    printf("  pages (S positions each): %lld in all, %lld per rank; each page is one K and one V block\n"
-           "    of %zu bytes per attention layer (%lld page blocks per rank)\n",
-           (long long)p.pages, (long long)p.pages_per_rank, kv_layer_page / 2,
-           (long long)p.pages_per_rank * p.n_attn * 2);
-    printf("\n  %-34s %20s %12s\n", "per rank", "bytes", "GiB");
-    printf("  %-34s %20zu %12.2f\n", "K/V pages (full attention)", p.kv_bytes_per_rank, gib(p.kv_bytes_per_rank));
-    printf("  %-34s %20zu %12.4f\n", "GDN conv tail + recurrent state", p.gdn_bytes_per_rank, gib(p.gdn_bytes_per_rank));
-    printf("  %-34s %20zu %12.4f\n", "page tables + layer headers", p.table_bytes_per_rank, gib(p.table_bytes_per_rank));
-    if (full) {
-        printf("  %-34s %20zu %12.2f\n", "full mode: dState (f32 dK/dV, dS)", p.dstate_bytes_per_rank,
-               gib(p.dstate_bytes_per_rank));
-        char row[64];
-        snprintf(row, sizeof row, "full mode: %lld sweep checkpoints", (long long)p.sweep_chunks_per_rank);
-        printf("  %-34s %20zu %12.4f\n", row, p.ckpt_bytes_per_rank, gib(p.ckpt_bytes_per_rank));
-    }
-    printf("  %-34s %20zu %12.2f\n", "prompt arena total", p.total_bytes_per_rank, gib(p.total_bytes_per_rank));
-    if (p.cp > 1)
-        printf("  %-34s %20zu %12.2f\n", "CP capture: shard residual (scratch)", p.cp_capture_bytes_per_rank,
-               gib(p.cp_capture_bytes_per_rank));
-    print_live_terms(params, w_bytes, m_bytes, w_bytes, 34, "");
-    printf("  (branch: one member's tape, grows with R_i, not P; score: 4 bytes per response token)\n");
-    return 0;
+    ls_plan_request rq = {.path = path, .prompt = P, .page_size = S, .dtype = dt, .cp = (int)cp, .layout = lay,
+                          .sweep_chunk = full ? sweep : 0, .ep = (int)ep, .indexer_kl = ikl};
+    ls_plan_doc *doc = calloc(1, sizeof *doc);
+    if (!doc) return cli_fail("plan", ls_err(LS_ERR_NOMEM, "out of memory"));
+    s = fam->plan(doc, &cfg, &rq);
+    if (s == LS_OK) print_doc(doc, json);
+    free(doc);
+    if (s == LS_ERR_UNSUPPORTED) /* a flag this family has no use for: a usage error, as the flags' own */
+        return cli_usage_error("plan", "%s", ls_err_msg());
+    return s == LS_OK ? 0 : cli_fail("plan", s);
 }

@@ -25,6 +25,17 @@ const ls_family *ls_family_for(const ls_config *cfg, const char *path) {
     return NULL;
 }
 
+const ls_family *ls_family_named(const char *name) {
+    if (!name) return families[0]; /* the default */
+    char names[128] = "";
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
+        if (!strcmp(families[i]->name, name)) return families[i];
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? " or " : "", families[i]->name);
+    }
+    ls_err(LS_ERR_ARG, "family \"%s\": expected %s", name, names);
+    return NULL;
+}
+
 static ls_status family_of_dir(const char *dir, const ls_family **fam) {
     char path[4096];
     ls_config cfg;

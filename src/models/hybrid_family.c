@@ -263,6 +263,31 @@ static void hy_policy_predict(const ls_policy *p, int optimizer, size_t *grad, s
     }
 }
 
+/* 4 layers (3 Gated DeltaNet, 1 gated attention), 4.6 M parameters; its 257 ids are the
+ * byte-level tokenizer's 257. */
+static const char demo_config[] =
+    "{\n"
+    "  \"model_type\": \"qwen3_next\",\n"
+    "  \"vocab_size\": 257,\n"
+    "  \"hidden_size\": 256,\n"
+    "  \"num_hidden_layers\": 4,\n"
+    "  \"num_attention_heads\": 4,\n"
+    "  \"num_key_value_heads\": 2,\n"
+    "  \"head_dim\": 64,\n"
+    "  \"partial_rotary_factor\": 0.25,\n"
+    "  \"rope_theta\": 10000000,\n"
+    "  \"linear_num_key_heads\": 4,\n"
+    "  \"linear_num_value_heads\": 8,\n"
+    "  \"linear_key_head_dim\": 32,\n"
+    "  \"linear_value_head_dim\": 32,\n"
+    "  \"linear_conv_kernel_dim\": 4,\n"
+    "  \"intermediate_size\": 768,\n"
+    "  \"num_experts\": 0,\n"
+    "  \"full_attention_interval\": 4,\n"
+    "  \"rms_norm_eps\": 1e-6,\n"
+    "  \"tie_word_embeddings\": false\n"
+    "}\n";
+
 const ls_family ls_hybrid_family = {
     .name = "hybrid",
     .accepts = hy_accepts,
@@ -286,4 +311,8 @@ const ls_family ls_hybrid_family = {
     .policy_save = hy_policy_save,
     .policy_save_grads = hy_policy_save_grads,
     .policy_predict = hy_policy_predict,
+    .write_random = ls_hybrid_write_random,
+    .demo_config = demo_config,
+    .plan = ls_hybrid_plan_doc,
+    .demo_summary = "3 Gated DeltaNet + 1 gated attention",
 };

@@ -79,3 +79,84 @@ ls_status ls_hybrid_write_random(const char *config_path, const char *dir, uint6
     free(sp);
     return s;
 }
+
+/* `plan` (plan.h): K/V pages of the full-attention layers, the Gated DeltaNet states,
+ * full mode's dState and sweep checkpoints, and the fixed and grad terms of a full
+ * fine-tune in f32. */
+ls_status ls_hybrid_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_request *rq) {
+    const char *path = rq->path;
+    if (rq->indexer_kl)
+        return ls_err(LS_ERR_UNSUPPORTED, "--indexer-kl: %s is %s, which has no DSA indexer", path, cfg->model_type);
+    if (rq->ep > 1)
+        return ls_err(LS_ERR_UNSUPPORTED, "--ep %d: expert parallelism is built for the MLA family only (%s is %s)",
+                      rq->ep, path, cfg->model_type);
+    ls_state_plan_t p;
+    LS_TRY(ls_state_plan(&p, cfg, rq->prompt, rq->page_size, rq->dtype, rq->cp, rq->layout, rq->sweep_chunk));
+    ls_hf_tensor_spec *sp = NULL;
+    int64_t nsp = 0;
+    size_t params = 0, w_bytes = 0, m_bytes = 0;
+    int over = 0;
+    if (ls_hybrid_hf_specs(cfg, &sp, &nsp) == LS_OK) {
+        for (int64_t i = 0; i < nsp && !over; i++) {
+            size_t n = 1;
+            for (int k = 0; k < sp[i].ndim && !over; k++) over = ls_mul_size(n, (size_t)sp[i].shape[k], &n);
+            over = over || ls_add_size(params, n, &params);
+        }
+        free(sp);
+    }
+    if (over || ls_mul_size(params, 4, &w_bytes) || ls_mul_size(params, 8, &m_bytes))
+        return ls_err(LS_ERR_ARG, "%s: the parameter count's byte size overflows 64 bits", path);
+    size_t kv_layer_page =
+        p.n_attn ? p.kv_bytes_per_rank / (size_t)p.n_attn / (size_t)(p.pages_per_rank ? p.pages_per_rank : 1) : 0;
+    int full = rq->sweep_chunk > 0;
+    const char *dts = rq->dtype == LS_DTYPE_BF16 ? "bf16" : "f32";
+    ls_plan_i64(d, "prompt", rq->prompt);
+    ls_plan_i64(d, "captured_positions", p.positions);
+    ls_plan_i64(d, "page_size", rq->page_size);
+    ls_plan_i64(d, "cp", p.cp);
+    ls_plan_str(d, "cp_layout", ls_cp_layout_name(rq->layout));
+    ls_plan_str(d, "state_dtype", dts);
+    ls_plan_i64(d, "attention_layers", p.n_attn);
+    ls_plan_i64(d, "gdn_layers", p.n_gdn);
+    ls_plan_i64(d, "pages_per_layer", p.pages);
+    ls_plan_i64(d, "pages_per_rank", p.pages_per_rank);
+    ls_plan_i64(d, "page_objects_per_rank", (long long)p.pages_per_rank * p.n_attn * 2);
+    ls_plan_size(d, "kv_bytes_per_rank", p.kv_bytes_per_rank);
+    ls_plan_size(d, "gdn_bytes_per_rank", p.gdn_bytes_per_rank);
+    ls_plan_size(d, "table_bytes_per_rank", p.table_bytes_per_rank);
+    ls_plan_size(d, "total_bytes_per_rank", p.total_bytes_per_rank);
+    ls_plan_size(d, "cp_capture_bytes_per_rank", p.cp_capture_bytes_per_rank);
+    ls_plan_str(d, "mode", full ? "full" : "prefix-frozen");
+    ls_plan_i64(d, "sweep_chunk", p.sweep_chunk);
+    ls_plan_i64(d, "sweep_chunks_per_rank", p.sweep_chunks_per_rank);
+    ls_plan_size(d, "dstate_bytes_per_rank", p.dstate_bytes_per_rank);
+    ls_plan_size(d, "ckpt_bytes_per_rank", p.ckpt_bytes_per_rank);
+    ls_plan_size(d, "parameters", params);
+    ls_plan_size(d, "weights_bytes_f32", w_bytes);
+    ls_plan_size(d, "adamw_bytes", m_bytes);
+    ls_plan_size(d, "grad_bytes", w_bytes);
+
+    ls_plan_text(d, "prompt state plan: %s (%s)", path, cfg->model_type);
+    ls_plan_text(d, "  prompt P = %lld tokens, captured positions = %lld, page size S = %lld, CP = %d (%s), state dtype %s",
+                 (long long)rq->prompt, (long long)p.positions, (long long)rq->page_size, p.cp,
+                 ls_cp_layout_name(rq->layout), dts);
+    ls_plan_text(d, "  layers: %d full attention, %d Gated DeltaNet", p.n_attn, p.n_gdn);
+    ls_plan_text(d, "  pages (S positions each): %lld in all, %lld per rank; each page is one K and one V block",
+                 (long long)p.pages, (long long)p.pages_per_rank);
+    ls_plan_text(d, "    of %zu bytes per attention layer (%lld page blocks per rank)", kv_layer_page / 2,
+                 (long long)p.pages_per_rank * p.n_attn * 2);
+    ls_plan_text(d, "%s", "");
+    ls_plan_text(d, "  %-40s %20s %12s", "per rank", "bytes", "GiB");
+    ls_plan_row(d, p.kv_bytes_per_rank, "K/V pages (full attention)");
+    ls_plan_row(d, p.gdn_bytes_per_rank, "GDN conv tail + recurrent state");
+    ls_plan_row(d, p.table_bytes_per_rank, "page tables + layer headers");
+    if (full) {
+        ls_plan_row(d, p.dstate_bytes_per_rank, "full mode: dState (f32 dK/dV, dS)");
+        ls_plan_row(d, p.ckpt_bytes_per_rank, "full mode: %lld sweep checkpoints", (long long)p.sweep_chunks_per_rank);
+    }
+    ls_plan_row(d, p.total_bytes_per_rank, "prompt arena total");
+    if (p.cp > 1) ls_plan_row(d, p.cp_capture_bytes_per_rank, "CP capture: shard residual (scratch)");
+    ls_plan_live_terms(d, params, w_bytes, m_bytes, w_bytes, "");
+    ls_plan_text(d, "  (branch: one member's tape, grows with R_i, not P; score: 4 bytes per response token)");
+    return LS_OK;
+}

@@ -294,6 +294,46 @@ static void mla_policy_predict(const ls_policy *p, int optimizer, size_t *grad, 
     *fixed = 4 * (mp->base.n_params + copies) + (optimizer ? 8 * trainable : 0) + (mp->lora ? 4 * trainable : 0);
 }
 
+/* `demo --family mla`: the compressed-attention MoE layout (GLM-5.2 style: MLA with a q and a KV
+ * latent, a DSA lightning indexer on layers 0 and 2 that layers 1 and 3 share, a dense
+ * first layer, then 8 routed experts (top 2) + 1 shared), 5.9 M parameters, the same
+ * 257 byte-level ids. index_topk 512 of the 16K prompt: the sparse attention is active. */
+static const char demo_config[] =
+    "{\n"
+    "  \"model_type\": \"glm_moe_dsa\",\n"
+    "  \"vocab_size\": 257,\n"
+    "  \"hidden_size\": 256,\n"
+    "  \"num_hidden_layers\": 4,\n"
+    "  \"num_attention_heads\": 4,\n"
+    "  \"num_key_value_heads\": 4,\n"
+    "  \"q_lora_rank\": 128,\n"
+    "  \"kv_lora_rank\": 64,\n"
+    "  \"qk_nope_head_dim\": 32,\n"
+    "  \"qk_rope_head_dim\": 16,\n"
+    "  \"v_head_dim\": 32,\n"
+    "  \"index_n_heads\": 4,\n"
+    "  \"index_head_dim\": 32,\n"
+    "  \"index_topk\": 512,\n"
+    "  \"indexer_types\": [\"full\", \"shared\", \"full\", \"shared\"],\n"
+    "  \"indexer_rope_interleave\": true,\n"
+    "  \"intermediate_size\": 512,\n"
+    "  \"n_routed_experts\": 8,\n"
+    "  \"num_experts_per_tok\": 2,\n"
+    "  \"moe_intermediate_size\": 128,\n"
+    "  \"n_shared_experts\": 1,\n"
+    "  \"first_k_dense_replace\": 1,\n"
+    "  \"routed_scaling_factor\": 2.5,\n"
+    "  \"norm_topk_prob\": true,\n"
+    "  \"scoring_func\": \"sigmoid\",\n"
+    "  \"topk_method\": \"noaux_tc\",\n"
+    "  \"n_group\": 1,\n"
+    "  \"topk_group\": 1,\n"
+    "  \"rope_theta\": 1000000,\n"
+    "  \"rms_norm_eps\": 1e-5,\n"
+    "  \"max_position_embeddings\": 1048576,\n"
+    "  \"tie_word_embeddings\": false\n"
+    "}\n";
+
 const ls_family ls_mla_family = {
     .name = "mla",
     .accepts = mla_accepts,
@@ -317,4 +357,8 @@ const ls_family ls_mla_family = {
     .policy_save = mla_policy_save,
     .policy_save_grads = mla_policy_save_grads,
     .policy_predict = mla_policy_predict,
+    .write_random = ls_mla_write_random,
+    .demo_config = demo_config,
+    .plan = ls_mla_plan_doc,
+    .demo_summary = "MLA + DSA indexer (2 full, 2 shared), 1 dense + 3 MoE",
 };

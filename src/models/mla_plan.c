@@ -143,3 +143,101 @@ double ls_mla_softmax_scale(const ls_config *c) {
     }
     return s;
 }
+
+/* `plan` (plan.h): latent pages per MLA layer, index-key pages per full indexer layer,
+ * the MoE routed-hidden buffers of a capture chunk, and the fixed and grad terms of a
+ * full fine-tune (per rank under expert parallelism). */
+ls_status ls_mla_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_request *rq) {
+    const char *path = rq->path;
+    int ep = rq->ep, ikl = rq->indexer_kl;
+    ls_mla_plan_t p;
+    ls_state_plan_t sp; /* the family's state plan: full mode's dState and chunk table */
+    LS_TRY(ls_mla_state_plan(&p, cfg, rq->prompt, rq->page_size, rq->dtype, rq->cp, rq->layout, 2048));
+    LS_TRY(ls_state_plan(&sp, cfg, rq->prompt, rq->page_size, rq->dtype, rq->cp, rq->layout, rq->sweep_chunk));
+    if (ep > 1 && (cfg->n_experts == 0 || cfg->n_experts % ep != 0))
+        return ls_err(LS_ERR_ARG, "%s: n_routed_experts %d does not split over --ep %d ranks", path, cfg->n_experts, ep);
+    size_t params = 0, frozen = 0, experts = 0, w_bytes = 0, m_bytes = 0, g_bytes = 0, total = p.total_bytes_per_rank;
+    ls_mla_tensor *tl = NULL;
+    int64_t nt = 0;
+    ls_status pc = ls_mla_param_count(cfg, &params) ? LS_ERR_ARG : LS_OK;
+    if (pc == LS_OK && params <= ((size_t)1 << 40) && ls_mla_tensors(cfg, 0, cfg->n_experts, &tl, &nt) == LS_OK)
+        for (int64_t i = 0; i < nt; i++) {
+            size_t n = (size_t)(tl[i].shape[0] * tl[i].shape[1]);
+            if (tl[i].frozen && !(ikl && strstr(tl[i].name, ".indexer."))) frozen += n;
+            if (tl[i].expert >= 0) experts += n;
+        }
+    free(tl);
+    size_t all = params; /* every rank holds the rest and E/ep experts */
+    if (ep > 1 && params > 0) params -= experts - experts / (size_t)ep;
+    if (pc != LS_OK || ls_mul_size(params, 4, &w_bytes) || ls_mul_size(params - frozen, 8, &m_bytes) ||
+        ls_mul_size(params - frozen, 4, &g_bytes) ||
+        ls_add_size(total, sp.dstate_bytes_per_rank + sp.ckpt_bytes_per_rank, &total))
+        return ls_err(LS_ERR_ARG, "%s: the parameter count's byte size overflows 64 bits", path);
+    const char *dts = rq->dtype == LS_DTYPE_BF16 ? "bf16" : "f32";
+    ls_plan_str(d, "family", "mla");
+    ls_plan_str(d, "model_type", cfg->model_type);
+    ls_plan_i64(d, "prompt", rq->prompt);
+    ls_plan_i64(d, "captured_positions", p.positions);
+    ls_plan_i64(d, "page_size", rq->page_size);
+    ls_plan_i64(d, "ep", ep);
+    ls_plan_i64(d, "experts_per_rank", cfg->n_experts / ep);
+    ls_plan_size(d, "parameters_all_ranks", all);
+    ls_plan_i64(d, "cp", rq->cp);
+    ls_plan_str(d, "cp_layout", ls_cp_layout_name(rq->layout));
+    ls_plan_str(d, "state_dtype", dts);
+    ls_plan_i64(d, "mla_layers", p.n_mla);
+    ls_plan_i64(d, "index_layers", p.n_index);
+    ls_plan_i64(d, "pages_per_layer", p.pages);
+    ls_plan_i64(d, "pages_per_rank", p.pages_per_rank);
+    ls_plan_size(d, "latent_bytes_per_layer_per_rank", p.latent_layer_bytes_per_rank);
+    ls_plan_size(d, "index_bytes_per_layer_per_rank", p.index_layer_bytes_per_rank);
+    ls_plan_size(d, "latent_bytes_per_rank", p.latent_bytes_per_rank);
+    ls_plan_size(d, "index_bytes_per_rank", p.index_bytes_per_rank);
+    ls_plan_size(d, "table_bytes_per_rank", p.table_bytes_per_rank);
+    ls_plan_size(d, "total_bytes_per_rank", total);
+    ls_plan_size(d, "routed_bytes_per_rank", p.routed_bytes_per_rank);
+    ls_plan_i64(d, "capture_chunk", p.capture_chunk);
+    ls_plan_str(d, "mode", rq->sweep_chunk ? "full" : "prefix-frozen");
+    ls_plan_i64(d, "sweep_chunk", rq->sweep_chunk);
+    ls_plan_size(d, "dstate_bytes_per_rank", sp.dstate_bytes_per_rank);
+    ls_plan_size(d, "ckpt_bytes_per_rank", sp.ckpt_bytes_per_rank);
+    ls_plan_size(d, "parameters", params);
+    ls_plan_size(d, "trainable_parameters", params - frozen);
+    ls_plan_size(d, "weights_bytes_f32", w_bytes);
+    ls_plan_size(d, "adamw_bytes", m_bytes);
+    ls_plan_size(d, "grad_bytes", g_bytes);
+
+    ls_plan_text(d, "prompt state plan: %s (%s, MLA + DSA indexer + MoE)", path, cfg->model_type);
+    ls_plan_text(d, "  prompt P = %lld tokens, captured positions = %lld, page size S = %lld, CP = %d (%s), state dtype %s",
+                 (long long)rq->prompt, (long long)p.positions, (long long)rq->page_size, rq->cp,
+                 ls_cp_layout_name(rq->layout), dts);
+    ls_plan_text(d, "  layers: %d MLA, of which %d run their own indexer (the others reuse its selection)", p.n_mla,
+                 p.n_index);
+    ls_plan_text(d, "  pages (S positions each): %lld in all, %lld per rank; per position an MLA layer keeps the latent +",
+                 (long long)p.pages, (long long)p.pages_per_rank);
+    ls_plan_text(d, "    rope key (%lld + %d values), a full indexer layer the index key (%d values)",
+                 (long long)cfg->mla.kv_lora_rank, cfg->mla.qk_rope, cfg->mla.index_head_dim);
+    ls_plan_text(d, "%s", "");
+    ls_plan_text(d, "  %-40s %20s %12s", "per rank", "bytes", "GiB");
+    const double mib = 1024.0 * 1024.0;
+    ls_plan_row(d, p.latent_bytes_per_rank, "latent pages (%d MLA layers x %.2f MiB)", p.n_mla,
+                (double)p.latent_layer_bytes_per_rank / mib);
+    ls_plan_row(d, p.index_bytes_per_rank, "index-key pages (%d layers x %.2f MiB)", p.n_index,
+                (double)p.index_layer_bytes_per_rank / mib);
+    ls_plan_row(d, p.table_bytes_per_rank, "page tables + layer headers");
+    if (rq->sweep_chunk) {
+        ls_plan_row(d, sp.dstate_bytes_per_rank, "full mode: dState (f32, latent pages)");
+        ls_plan_row(d, sp.ckpt_bytes_per_rank, "full mode: sweep chunks of %lld", (long long)rq->sweep_chunk);
+    }
+    ls_plan_row(d, total, "prompt arena total");
+    ls_plan_row(d, p.routed_bytes_per_rank, "MoE routed hidden (chunk of %lld, f32)", (long long)p.capture_chunk);
+    char what[320];
+    int o = 0;
+    if (ep > 1)
+        o = snprintf(what, sizeof what, " per rank with EP %d: %d of %d routed experts; %zu on all ranks", ep,
+                     cfg->n_experts / ep, cfg->n_experts, all);
+    snprintf(what + o, sizeof what - (size_t)o, ", MTP layers excluded; %zu of the %s: no gradient, no moments", frozen,
+             ikl ? "correction biases" : "indexers and correction biases");
+    ls_plan_live_terms(d, params, w_bytes, m_bytes, g_bytes, what);
+    return LS_OK;
+}
