@@ -11,8 +11,8 @@
 
 #include <string.h>
 
-#include "longstraw/mla.h"
-#include "longstraw/model.h"
+#include "longstraw/config.h"
+#include "longstraw/family.h"
 #include "longstraw/runtime.h"
 
 /* The small hybrid config of issue 2: hidden 512, 8 layers (full attention at 3 and
@@ -58,8 +58,10 @@ static inline int bench_write_model(const char *prog, char *dir, const char *cfg
         fprintf(stderr, "%s: cannot write %s\n", prog, path);
         return 1;
     }
-    ls_status st = strstr(cfg_json, "glm_moe_dsa") ? ls_mla_write_random(path, dir, 1, dtype)
-                                                  : ls_hybrid_write_random(path, dir, 1, dtype);
+    ls_config cfg; /* the family the config names writes the weights */
+    ls_status st = ls_config_load(&cfg, path);
+    const ls_family *fam = st == LS_OK ? ls_family_for(&cfg, path) : NULL;
+    if (st == LS_OK) st = fam ? fam->write_random(path, dir, 1, dtype) : LS_ERR_UNSUPPORTED;
     if (st != LS_OK) {
         fprintf(stderr, "%s: %s\n", prog, ls_err_msg());
         return 1;

@@ -26,8 +26,7 @@
 #include <unistd.h>
 
 #include "bench_model.h"
-#include "longstraw/mla.h"
-#include "longstraw/model.h"
+#include "longstraw/family.h"
 #include "longstraw/state.h"
 
 static const char *dense_cfg = BENCH_SMALL_DENSE; /* bench_model.h */
@@ -57,57 +56,6 @@ static double sgemm_gflops(int n) {
     free(b);
     free(c);
     return 2.0 * n * (double)n * n / best / 1e9;
-}
-
-/* FLOPs the MLA family's capture executes for n tokens: every projection (q_a, q_b, the
- * W_UK absorption, kv_a, W_UV, o_proj; on full indexer layers wq, wk, weights), the
- * indexer's scores (2·nI·dI per query × causal key), the sparse attention
- * (2·(rkv+dr) + 2·rkv per head × selected key) and the FFNs (the last one skipped). */
-static double mla_capture_flops(const ls_config *c, int64_t n) {
-    const ls_mla_config *m = &c->mla;
-    double D = (double)c->hidden, N = (double)n, H = (double)c->n_heads, f = 0;
-    double rq = (double)m->q_lora_rank, rkv = (double)m->kv_lora_rank, dn = m->qk_nope, dr = m->qk_rope, dv = m->v_head;
-    double nI = m->index_heads, dI = m->index_head_dim, k = (double)m->index_topk;
-    double sel = 0; /* Σ_t min(k, t + 1) */
-    for (int64_t t = 0; t < n; t++) sel += (double)(t + 1) < k ? (double)(t + 1) : k;
-    for (int l = 0; l < c->n_layers; l++) {
-        f += 2 * N * (D * rq + rq * H * (dn + dr) + H * dn * rkv + D * (rkv + dr) + H * rkv * dv + H * dv * D);
-        if (m->index_full[l]) f += 2 * N * (rq * nI * dI + D * dI + D * nI) + 2 * nI * dI * (N * (N + 1) / 2);
-        f += sel * H * (2 * (rkv + dr) + 2 * rkv);
-        if (l == c->n_layers - 1) continue;
-        if (c->moe[l])
-            f += 2 * N * D * c->n_experts + 2 * N * c->top_k * 3 * D * (double)c->moe_inter +
-                 2 * N * 3 * D * (double)c->moe_inter * m->n_shared_experts;
-        else
-            f += 2 * N * 3 * D * (double)c->intermediate;
-    }
-    return f;
-}
-
-/* FLOPs capture executes for n tokens (see file comment). */
-static double capture_flops(const ls_config *c, int64_t n) {
-    double D = (double)c->hidden, f = 0, N = (double)n;
-    double kd = (double)ls_cfg_key_dim(c), vd = (double)ls_cfg_value_dim(c), cd = (double)ls_cfg_conv_dim(c);
-    for (int l = 0; l < c->n_layers; l++) {
-        if (c->kind[l] == LS_LAYER_GDN) {
-            f += 2 * N * D * (cd + vd + 2 * c->H_v) + 2 * N * vd * D;          /* in / out projections */
-            double dk = c->d_k, dv = c->d_v, C = 64;
-            f += N * c->H_v * (3 * 2 * dk * dv + 2 * C * (2 * dk + dv) + C * (dk + dv)); /* chunked GDR */
-            (void)kd;
-        } else {
-            double qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv * c->head_dim;
-            f += 2 * N * D * (2 * qd + 2 * kvd) + 2 * N * qd * D;
-            f += 4.0 * c->head_dim * c->n_heads * (N * (N + 1) / 2); /* causal scores + PV */
-        }
-        if (l == c->n_layers - 1) continue; /* capture skips the last FFN */
-        if (c->moe[l]) {
-            f += 2 * N * D * c->n_experts + 2 * N * c->top_k * 3 * D * (double)c->moe_inter;
-            if (c->shared_inter) f += 2 * N * 3 * D * (double)c->shared_inter + 2 * N * D;
-        } else {
-            f += 2 * N * 3 * D * (double)c->intermediate;
-        }
-    }
-    return f;
 }
 
 /* One child run of this program at prompt length P under `env` (an `env` argument
@@ -238,7 +186,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         double t = ls_now() - t0;
-        double gf = (mla ? mla_capture_flops(cfg, P - 1) : capture_flops(cfg, P - 1)) / t / 1e9;
+        double gf = mdl.fam->capture_flops(cfg, P - 1) / t / 1e9;
         if (print_tps) printf("%.3f\n", (double)(P - 1) / t);
         else printf("| %lld | %.2f | %.0f | %.1f | %.1f | %.2f |\n", (long long)P, t, (double)(P - 1) / t, gf, sg, gf / sg);
         fflush(stdout);

@@ -48,12 +48,11 @@ int main(int argc, char **argv) {
     if (bench_write_model("rollout", dir, cfg, LS_DTYPE_F32)) return 1;
     ls_arenas ar;
     ls_arenas_init(&ar);
-    ls_hybrid_model m;
-    if (ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]) != LS_OK) {
+    ls_model mh;
+    if (ls_model_load(&mh, dir, NULL, &ar.a[LS_ARENA_FIXED]) != LS_OK) {
         fprintf(stderr, "rollout: %s\n", ls_err_msg());
         return 1;
     }
-    ls_model mh = ls_hybrid_handle(&m);
     int32_t *ids = malloc((size_t)P * sizeof(int32_t));
     ls_rng r;
     ls_rng_seed(&r, 5);
@@ -61,8 +60,9 @@ int main(int argc, char **argv) {
     ls_fwd_opts fo;
     ls_fwd_opts_default(&fo);
     ls_prompt_state st;
-    if (ls_state_init(&st, &m.cfg, P - 1, 64, LS_DTYPE_BF16, NULL, LS_CP_CONTIGUOUS, &ar.a[LS_ARENA_PROMPT]) != LS_OK ||
-        ls_hybrid_capture(&m, &st, ids, P - 1, &fo, &ar.a[LS_ARENA_SCRATCH]) != LS_OK) {
+    if (mh.fam->state_init(&st, ls_model_config(&mh), P - 1, 64, LS_DTYPE_BF16, NULL, LS_CP_CONTIGUOUS,
+                           &ar.a[LS_ARENA_PROMPT]) != LS_OK ||
+        mh.fam->capture(&mh, &st, ids, P - 1, &fo, &ar.a[LS_ARENA_SCRATCH]) != LS_OK) {
         fprintf(stderr, "rollout: %s\n", ls_err_msg());
         return 1;
     }

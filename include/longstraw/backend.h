@@ -230,6 +230,7 @@ typedef struct {
     void (*to_device)(const ls_backend *be, void *dst, const void *host_src, size_t bytes);
     void (*to_host)(const ls_backend *be, void *host_dst, const void *src, size_t bytes);
     void (*copy)(const ls_backend *be, void *dst, const void *src, size_t bytes);
+    void (*zero)(const ls_backend *be, void *p, size_t bytes);
     /* ---- ops --------------------------------------------------------------- */
     LS_BACKEND_OPS(LS_BACKEND_SLOT_)
     LS_BACKEND_STATUS_OPS(LS_BACKEND_STATUS_SLOT_)

@@ -59,8 +59,10 @@ static inline size_t ls_align_up(size_t n) { return (n + (LS_ALIGN - 1)) & ~(siz
 
 /* ---- arenas -------------------------------------------------------------- */
 typedef struct ls_arena_block ls_arena_block;
+struct ls_backend;
 typedef struct {
     const char *name;
+    const struct ls_backend *be; /* where its blocks live (backend.h); NULL: the CPU backend */
     ls_arena_block *head;   /* current (last) block; blocks form a stack */
     ls_arena_block *spare;  /* released blocks kept for reuse */
     size_t block_size;      /* default size of a new block */
@@ -77,7 +79,12 @@ typedef struct {
 } ls_arena_mark;
 
 void ls_arena_init(ls_arena *a, const char *name, size_t block_size);
-/* 64-byte aligned, uninitialised. Returns NULL and sets ls_err on failure. */
+/* Take the arena's blocks from backend `be` (before its first allocation). */
+void ls_arena_set_backend(ls_arena *a, const struct ls_backend *be);
+/* The device its memory is on ("host" for the CPU backend), for plans and receipts. */
+const char *ls_arena_device(const ls_arena *a);
+/* 64-byte aligned, uninitialised, the backend's memory. Returns NULL and sets ls_err on
+ * failure. ls_arena_calloc zeroes through the backend. */
 void *ls_arena_alloc(ls_arena *a, size_t bytes);
 void *ls_arena_calloc(ls_arena *a, size_t n, size_t size);
 ls_arena_mark ls_arena_get_mark(const ls_arena *a);

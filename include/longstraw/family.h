@@ -173,6 +173,9 @@ struct ls_family {
     /* `plan`: what a capture of rq->prompt tokens keeps per rank and the fixed and grad
      * terms of a full fine-tune, as the document the CLI prints (plan.h). */
     ls_status (*plan)(ls_plan_doc *d, const ls_config *cfg, const ls_plan_request *rq);
+    /* The floating-point operations a capture of n tokens executes (benchmarks and
+     * receipts divide by the time for the achieved rate). */
+    double (*capture_flops)(const ls_config *cfg, int64_t n);
 };
 
 /* ---- the registry (src/models/family.c) ------------------------------------ */

@@ -160,5 +160,6 @@ double ls_mla_softmax_scale(const ls_config *c);
 ls_status ls_mla_write_random(const char *config_path, const char *dir, uint64_t seed, ls_dtype dtype);
 /* The family's `plan` document (family.h). */
 ls_status ls_mla_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_request *rq);
+double ls_mla_capture_flops(const ls_config *cfg, int64_t n);
 
 #endif

@@ -186,6 +186,7 @@ ls_status ls_hybrid_write_random(const char *config_path, const char *dir, uint6
                                  ls_dtype dtype);
 /* The family's `plan` document (family.h). */
 ls_status ls_hybrid_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_request *rq);
+double ls_hybrid_capture_flops(const ls_config *cfg, int64_t n);
 /* The same for a list of tensors of any family: dir/model.safetensors (norm weights,
  * A_log and biases stay f32) and config.json. */
 ls_status ls_write_random_checkpoint(const char *config_path, const char *dir, uint64_t seed, ls_dtype dtype,

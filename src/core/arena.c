@@ -4,25 +4,36 @@
  * mark. Released blocks are kept in a spare list for reuse (no malloc per chunk
  * in steady state) until ls_arena_trim or ls_arena_free. `cur` counts the bytes
  * handed out (each request rounded up to LS_ALIGN), which is what `plan` predicts.
+ * A block's memory comes from the arena's backend (backend.h: host memory for the
+ * CPU backend, device memory for another); its header lives on the host, beside it.
  */
 #include "longstraw/core.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
-#define HUGE_BLOCK ((size_t)2 << 20)
+#include "longstraw/backend.h"
 
 struct ls_arena_block {
     ls_arena_block *prev;
-    size_t size; /* usable bytes after the header */
-    size_t off;  /* bytes used */
-    /* data follows, aligned to LS_ALIGN */
+    size_t size;         /* usable bytes */
+    size_t off;          /* bytes used */
+    unsigned char *data; /* the backend's memory, aligned to LS_ALIGN */
 };
 
+/* what a block holds on top of its data (counted in `reserved` as when the header
+ * sat in front of the data) */
 #define BLOCK_HDR ls_align_up(sizeof(ls_arena_block))
 
-static unsigned char *block_data(ls_arena_block *b) { return (unsigned char *)b + BLOCK_HDR; }
+static unsigned char *block_data(ls_arena_block *b) { return b->data; }
+static const ls_backend *arena_be(const ls_arena *a) { return a->be ? a->be : ls_backend_cpu(); }
+
+void ls_arena_set_backend(ls_arena *a, const struct ls_backend *be) {
+    LS_ASSERT(!a->head && !a->spare, "arena %s: its backend is set before its first block", a->name);
+    a->be = be;
+}
+
+const char *ls_arena_device(const ls_arena *a) { return arena_be(a)->device; }
 
 void ls_arena_init(ls_arena *a, const char *name, size_t block_size) {
     memset(a, 0, sizeof *a);
@@ -45,15 +56,14 @@ static ls_arena_block *block_new(ls_arena *a, size_t need) {
     size_t size = need > a->block_size ? need : a->block_size;
     size_t total;
     if (ls_add_size(size, BLOCK_HDR, &total)) return NULL;
-    void *p = NULL;
-    /* Large blocks: 2 MiB aligned and marked for transparent huge pages; kernels walk
-     * head-strided rows, where 4 KiB pages cost TLB misses. */
-    size_t align = total >= HUGE_BLOCK ? HUGE_BLOCK : LS_ALIGN;
-    if (posix_memalign(&p, align, total) != 0) return NULL;
-#ifdef MADV_HUGEPAGE
-    if (align == HUGE_BLOCK) madvise(p, total, MADV_HUGEPAGE);
-#endif
-    ls_arena_block *b = p;
+    ls_arena_block *b = malloc(sizeof *b);
+    if (!b) return NULL;
+    const ls_backend *be = arena_be(a);
+    b->data = be->i->buf_alloc(be, size, LS_ALIGN);
+    if (!b->data) {
+        free(b);
+        return NULL;
+    }
     b->size = size;
     b->off = 0;
     a->reserved += total;
@@ -93,7 +103,10 @@ void *ls_arena_calloc(ls_arena *a, size_t n, size_t size) {
         return NULL;
     }
     void *p = ls_arena_alloc(a, bytes);
-    if (p) memset(p, 0, bytes);
+    if (p) {
+        const ls_backend *be = arena_be(a);
+        be->i->zero(be, p, bytes);
+    }
     return p;
 }
 
@@ -123,6 +136,8 @@ void ls_arena_trim(ls_arena *a) {
         ls_arena_block *b = a->spare;
         a->spare = b->prev;
         a->reserved -= b->size + BLOCK_HDR;
+        const ls_backend *be = arena_be(a);
+        be->i->buf_free(be, b->data, b->size);
         free(b);
     }
 }

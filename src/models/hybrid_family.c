@@ -314,5 +314,6 @@ const ls_family ls_hybrid_family = {
     .write_random = ls_hybrid_write_random,
     .demo_config = demo_config,
     .plan = ls_hybrid_plan_doc,
+    .capture_flops = ls_hybrid_capture_flops,
     .demo_summary = "3 Gated DeltaNet + 1 gated attention",
 };

@@ -160,3 +160,31 @@ ls_status ls_hybrid_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan
     ls_plan_text(d, "  (branch: one member's tape, grows with R_i, not P; score: 4 bytes per response token)");
     return LS_OK;
 }
+
+/* FLOPs the hybrid's capture executes for n tokens: every projection (the last layer's
+ * FFN is skipped, as capture skips it), attention (4·hd per query-head × visible key)
+ * and the chunked gated delta rule's matrix products. */
+double ls_hybrid_capture_flops(const ls_config *c, int64_t n) {
+    double D = (double)c->hidden, f = 0, N = (double)n;
+    double kd = (double)ls_cfg_key_dim(c), vd = (double)ls_cfg_value_dim(c), cd = (double)ls_cfg_conv_dim(c);
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->kind[l] == LS_LAYER_GDN) {
+            f += 2 * N * D * (cd + vd + 2 * c->H_v) + 2 * N * vd * D;          /* in / out projections */
+            double dk = c->d_k, dv = c->d_v, C = 64;
+            f += N * c->H_v * (3 * 2 * dk * dv + 2 * C * (2 * dk + dv) + C * (dk + dv)); /* chunked GDR */
+            (void)kd;
+        } else {
+            double qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv * c->head_dim;
+            f += 2 * N * D * (2 * qd + 2 * kvd) + 2 * N * qd * D;
+            f += 4.0 * c->head_dim * c->n_heads * (N * (N + 1) / 2); /* causal scores + PV */
+        }
+        if (l == c->n_layers - 1) continue; /* capture skips the last FFN */
+        if (c->moe[l]) {
+            f += 2 * N * D * c->n_experts + 2 * N * c->top_k * 3 * D * (double)c->moe_inter;
+            if (c->shared_inter) f += 2 * N * 3 * D * (double)c->shared_inter + 2 * N * D;
+        } else {
+            f += 2 * N * 3 * D * (double)c->intermediate;
+        }
+    }
+    return f;
+}

@@ -360,5 +360,6 @@ const ls_family ls_mla_family = {
     .write_random = ls_mla_write_random,
     .demo_config = demo_config,
     .plan = ls_mla_plan_doc,
+    .capture_flops = ls_mla_capture_flops,
     .demo_summary = "MLA + DSA indexer (2 full, 2 shared), 1 dense + 3 MoE",
 };

@@ -111,6 +111,22 @@ ls_status ls_receipt_write(const char *path, const char *cmd, const ls_trainable
     for (int a = 0; a < LS_ARENA_COUNT; a++)
         fprintf(f, "%s\"%s\": %zu", a ? ", " : "", ls_arena_id_name((ls_arena_id)a), ar->a[a].peak);
     fprintf(f, "},\n");
+    /* per device (each arena's memory is its backend's): the arenas on it and the sum of
+     * their peaks (a bound: the peaks need not coincide) */
+    fprintf(f, "  \"arena_device\": {");
+    for (int a = 0; a < LS_ARENA_COUNT; a++)
+        fprintf(f, "%s\"%s\": \"%s\"", a ? ", " : "", ls_arena_id_name((ls_arena_id)a), ls_arena_device(&ar->a[a]));
+    fprintf(f, "},\n  \"device_peak_bytes\": {");
+    for (int a = 0, nd = 0; a < LS_ARENA_COUNT; a++) {
+        int seen = 0;
+        for (int b = 0; b < a; b++) seen |= !strcmp(ls_arena_device(&ar->a[b]), ls_arena_device(&ar->a[a]));
+        if (seen) continue;
+        size_t sum = 0;
+        for (int b = a; b < LS_ARENA_COUNT; b++)
+            if (!strcmp(ls_arena_device(&ar->a[b]), ls_arena_device(&ar->a[a]))) sum += ar->a[b].peak;
+        fprintf(f, "%s\"%s\": %zu", nd++ ? ", " : "", ls_arena_device(&ar->a[a]), sum);
+    }
+    fprintf(f, "},\n");
     if (o->full && !o->no_capture) { /* the reverse sweep's own peaks (full mode) */
         fprintf(f, "  \"sweep_peak_bytes\": {");
         for (int a = 0; a < LS_ARENA_COUNT; a++)
