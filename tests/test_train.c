@@ -25,6 +25,8 @@
 #include "longstraw/config.h"
 #include "longstraw/safetensors.h"
 #include "longstraw/tokenizer.h"
+#include "longstraw/trace.h"
+#include "longstraw/trainer.h"
 #include "testutil.h"
 
 int test_train_matches_step(void);
@@ -180,6 +182,19 @@ static double num(const cJSON *o, const char *k) {
     return cJSON_IsNumber(e) ? e->valuedouble : NAN;
 }
 
+/* The loop as a library (trainer.h), the way `train` calls it: options for the model
+ * dir/m, the run directory dir/<run> and data (NULL: a task); no progress lines. */
+static void lib_opts(ls_train_opts *o, char *model, size_t mn, char *run, size_t rn, const char *dir,
+                     const char *run_name, const char *data) {
+    ls_train_opts_default(o);
+    snprintf(model, mn, "%s/m", dir);
+    snprintf(run, rn, "%s/%s", dir, run_name);
+    o->model = model;
+    o->out = run;
+    o->data = data;
+    ls_progress_enable(0);
+}
+
 int test_train_matches_step(void) {
     char dir[512], data[700], grp[700], a[900], b[900];
     int rc;
@@ -303,11 +318,18 @@ int test_train_nan_step_skipped(void) {
     int rc;
     /* line 2's advantages overflow float in the token terms: an infinite gradient */
     T_CHECK(setup_fixture("next_dense", dir, sizeof dir, data, sizeof data, 7, 3, 1) == 0, "setup");
-    char *out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/run --save-every 1 --save-total-limit 5 --lr 1e-3 --quiet",
-                    LS_CLI_PATH, dir, data, dir);
-    T_CHECK(rc == 0 && out && strstr(out, "update 2/3 SKIPPED: non-finite") && strstr(out, "update 3/3  reward"),
-            "rc %d %s", rc, out ? out : "");
-    free(out);
+    { /* through the library: the skip is in its result and the metrics */
+        ls_train_opts o;
+        ls_train_result res;
+        char model[600], run[600];
+        lib_opts(&o, model, sizeof model, run, sizeof run, dir, "run", data);
+        o.save_every = 1;
+        o.save_total_limit = 5;
+        o.o.lr = 1e-3;
+        T_OK(ls_train_run(&o, &res));
+        T_CHECK(res.updates == 3 && res.skipped == 1 && !res.stop_signal, "ls_train_run: %lld updates, %d skipped",
+                (long long)res.updates, res.skipped);
+    }
     snprintf(a, sizeof a, "%s/run/checkpoint-1/model.safetensors", dir);
     snprintf(b, sizeof b, "%s/run/checkpoint-2/model.safetensors", dir);
     double d = st_diff(a, b);
@@ -329,8 +351,9 @@ int test_train_nan_step_skipped(void) {
     T_CHECK(num(cJSON_GetArrayItem(m, 1), "step") == 1 && num(cJSON_GetArrayItem(m, 2), "step") == 2,
             "optimizer steps 1, 1, 2");
     cJSON_Delete(m);
-    /* a run whose last update is skipped still writes a receipt that is JSON */
-    out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/run2 --updates 2 --quiet", LS_CLI_PATH, dir, data, dir);
+    /* a run whose last update is skipped still writes a receipt that is JSON (and the
+     * command says so) */
+    char *out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/run2 --updates 2 --quiet", LS_CLI_PATH, dir, data, dir);
     T_CHECK(rc == 0 && out && strstr(out, "update 2/2 SKIPPED"), "run2: %s", out ? out : "");
     free(out);
     snprintf(a, sizeof a, "%s/run2/receipt.json", dir);
@@ -372,18 +395,22 @@ int test_train_rejects_bad_data(void) {
         fputs("{\"prompt\": [1, 2, 3], \"responses\": [[1], [2]], \"rewards\": [1, 0]}\n\n", f);
         fprintf(f, "%s\n", bad[i].line);
         fclose(f);
-        char *out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/run%zu --quiet", LS_CLI_PATH, dir, data, dir, i);
-        char where[800];
+        ls_train_opts o;
+        ls_train_result res = {0};
+        char model[600], run[600], rname[32], where[800];
+        snprintf(rname, sizeof rname, "run%zu", i);
+        lib_opts(&o, model, sizeof model, run, sizeof run, dir, rname, data);
+        ls_status st = ls_train_run(&o, &res);
         snprintf(where, sizeof where, "%s:3: ", data);
-        T_CHECK(rc == 1 && out && strstr(out, where) && strstr(out, bad[i].needle), "case %zu: rc %d, wanted \"%s%s\", got %s",
-                i, rc, where, bad[i].needle, out ? out : "");
-        T_CHECK(!strstr(out, "update 1/"), "case %zu: the bad line was found only after training started: %s", i, out);
-        free(out);
+        T_CHECK((st == LS_ERR_FORMAT || st == LS_ERR_ARG) && strstr(ls_err_msg(), where) && strstr(ls_err_msg(), bad[i].needle),
+                "case %zu: %s, wanted \"%s%s\", got %s", i, ls_status_name(st), where, bad[i].needle, ls_err_msg());
+        T_CHECK(res.updates == 0, "case %zu: the bad line was found only after %lld updates", i, (long long)res.updates);
     }
     T_CHECK(write_text(data, "\n\n") == 0, "empty data");
     char *out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/runE --quiet", LS_CLI_PATH, dir, data, dir);
     T_CHECK(rc == 1 && out && strstr(out, "no groups"), "empty data: %s", out ? out : "");
     free(out);
+    /* the command line's own refusals */
     out = t_run_fmt(&rc, "%s train --resume %s/nowhere", LS_CLI_PATH, dir);
     T_CHECK(rc == 1 && out && strstr(out, "nowhere/args.json"), "resume of nothing: %s", out ? out : "");
     free(out);
@@ -643,15 +670,26 @@ int test_train_sft_passkey(void) {
     T_CHECK(setup_bytes(dir, sizeof dir, tok, sizeof tok, 7) == 0, "setup");
     for (int full = 0; full < 2; full++) {
         int rc;
-        char *out = t_run_fmt(&rc,
-                        "%s train --model %s/m --out %s/run%d --task passkey --loss sft --mode %s --prompt-len 300 "
-                        "--updates 24 --groups-per-update 4 --lr 3e-3 --eval-lines 6 --eval-every 8 --sweep-chunk 70 "
-                        "--page-size 16 --quiet",
-                        LS_CLI_PATH, dir, dir, full, full ? "full" : "prefix-frozen");
-        T_CHECK(rc == 0, "train --loss sft: %s", out ? out : "");
-        free(out);
-        char rd[600];
-        snprintf(rd, sizeof rd, "%s/run%d", dir, full);
+        ls_train_opts o; /* the library's loop (trainer.h), as `train --loss sft --task passkey` runs it */
+        ls_train_result res;
+        char model[600], rd[600], rname[16];
+        snprintf(rname, sizeof rname, "run%d", full);
+        lib_opts(&o, model, sizeof model, rd, sizeof rd, dir, rname, NULL);
+        o.task = "passkey";
+        o.o.sft = 1;
+        o.o.full = full;
+        o.prompt_len = 300;
+        o.updates = 24;
+        o.groups_per_update = 4;
+        o.o.lr = 3e-3;
+        o.eval_lines = 6;
+        o.eval_every = 8;
+        o.o.sweep_chunk = 70;
+        o.o.page_size = 16;
+        T_OK(ls_train_run(&o, &res));
+        T_CHECK(res.updates == 24 && res.skipped == 0, "ls_train_run: %lld updates, %d skipped", (long long)res.updates,
+                res.skipped);
+        char *out;
         cJSON *m = read_metrics(rd);
         T_CHECK(m && cJSON_GetArraySize(m) == 24, "metrics lines");
         double before = num(cJSON_GetArrayItem(m, 0), "eval/nll_before");
