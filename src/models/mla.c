@@ -161,22 +161,6 @@ static int64_t held_position(const ls_prompt_state *st, int64_t li) {
     return -1;
 }
 
-typedef struct {
-    float score;
-    int32_t pos;
-} cand;
-
-static int cand_order(const void *a, const void *b) { /* score descending, then position ascending */
-    const cand *x = a, *y = b;
-    if (x->score != y->score) return x->score > y->score ? -1 : 1;
-    return (x->pos > y->pos) - (x->pos < y->pos);
-}
-
-static int pos_order(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* The global top-kk of the T queries at positions pos0.. over every rank's keys (spec
  * §6 step A): each rank's top-kk among the keys it holds (paged positions < nkeys, and
  * the own keys kI on the own-rows rank) with their positions; one all-gather; the best
@@ -186,43 +170,30 @@ static ls_status cp_select(const ls_mla_model *m, int l, const float *qI, const 
                            mla_ctx *L) {
     const ls_mla_config *mc = &m->cfg.mla;
     const ls_prompt_state *st = L->st;
-    int nI = mc->index_heads, dI = mc->index_head_dim, N = ls_comm_size(L->cp), rank = ls_comm_rank(L->cp);
+    int nI = mc->index_heads, dI = mc->index_head_dim, rank = ls_comm_rank(L->cp);
     int64_t T = L->T, kk = L->kk, nloc = ls_state_held_before(st, L->nkeys), nown = rank == L->own_rank ? T : 0;
     ls_arena *sc = L->sc;
     ls_arena_mark mk = ls_arena_get_mark(sc);
     ls_kv_prefix pre = ls_state_prefix(st, l);
     ls_kv_prefix keys = {nloc, st->page_size, st->dtype, pre.v_pages, NULL};
-    cand *mine = ls_arena_alloc(sc, (size_t)(T * kk) * sizeof(cand));
-    cand *all = ls_arena_alloc(sc, (size_t)(N * T * kk) * sizeof(cand));
-    cand *pool = ls_arena_alloc(sc, (size_t)(N * kk) * sizeof(cand));
+    ls_topk_cand *mine = ls_arena_alloc(sc, (size_t)(T * kk) * sizeof(ls_topk_cand));
     float *row = ALLOC_F(sc, nloc + nown + 1);
     int32_t *ls = ls_arena_alloc(sc, (size_t)kk * sizeof(int32_t));
-    NEED(mine && all && pool && row && ls);
+    NEED(mine && row && ls);
     for (int64_t t = 0; t < T; t++) {
         int64_t qp = L->pos0 + t, vloc = ls_state_held_before(st, qp + 1 < L->nkeys ? qp + 1 : L->nkeys);
         int64_t vown = nown ? t + 1 : 0, n = vloc + vown, cnt = 0;
-        cand *c = mine + t * kk;
-        for (int64_t j = 0; j < kk; j++) c[j] = (cand){0.0f, -1};
+        ls_topk_cand *c = mine + t * kk;
+        for (int64_t j = 0; j < kk; j++) c[j] = (ls_topk_cand){0.0f, -1};
         if (n == 0) continue;
         ls_kv_prefix kv = keys;
         kv.n = vloc;
         LS_TRY(score_rows(m->be, row, qI + t * nI * dI, wq + t * nI, 1, &kv, kI, vown, nI, dI, sc));
         LS_TRY(ls_op_dsa_topk(m->be, ls, &cnt, row, 1, n, n - 1, kk, sc));
         for (int64_t j = 0; j < cnt; j++)
-            c[j] = (cand){row[ls[j]], (int32_t)(ls[j] < vloc ? held_position(st, ls[j]) : L->pos0 + ls[j] - vloc)};
+            c[j] = (ls_topk_cand){row[ls[j]], (int32_t)(ls[j] < vloc ? held_position(st, ls[j]) : L->pos0 + ls[j] - vloc)};
     }
-    LS_TRY(ls_comm_allgather(L->cp, mine, all, (size_t)(T * kk) * sizeof(cand)));
-    for (int64_t t = 0; t < T; t++) {
-        int64_t np = 0;
-        for (int r = 0; r < N; r++)
-            for (int64_t j = 0; j < kk; j++)
-                if (all[(r * T + t) * kk + j].pos >= 0) pool[np++] = all[(r * T + t) * kk + j];
-        qsort(pool, (size_t)np, sizeof *pool, cand_order);
-        int64_t keep = np < kk ? np : kk;
-        int32_t *out = L->sel + t * kk;
-        for (int64_t j = 0; j < kk; j++) out[j] = j < keep ? pool[j].pos : -1;
-        qsort(out, (size_t)keep, sizeof *out, pos_order);
-    }
+    LS_TRY(ls_dist_topk_merge(L->sel, mine, T, kk, L->cp, sc));
     ls_arena_release(sc, mk);
     return LS_OK;
 }
@@ -377,53 +348,6 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
     return LS_OK;
 }
 
-/* Rank d of the EP group holds a share of token t's routed outputs iff one of t's
- * experts (sel [T, K]) is among its n_local. */
-static int ep_holds(const int32_t *sel, int64_t t, int K, int64_t n_local, int d) {
-    for (int k = 0; k < K; k++)
-        if (sel[t * K + k] / n_local == d) return 1;
-    return 0;
-}
-
-ls_status ls_mla_ep_combine(const ls_mla_model *m, float *y, int64_t T, int64_t W, const int32_t *sel, int K,
-                            ls_arena *sc) {
-    const ls_comm *ep = m->ep;
-    int N = ls_comm_size(ep), r = ls_comm_rank(ep);
-    int64_t q = (T + N - 1) / N, lo = (int64_t)r * q, hi = lo + q < T ? lo + q : T, nl = m->n_local_experts;
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    size_t *cnt = ls_arena_alloc(sc, (size_t)(2 * N) * sizeof(size_t)), *rcnt = cnt ? cnt + N : NULL;
-    float *snd = ALLOC_F(sc, T * W), *rcv = ALLOC_F(sc, (N * q > 0 ? N * q : 1) * W);
-    float *all = ALLOC_F(sc, (N * q > 0 ? N * q : 1) * W), *mine = ALLOC_F(sc, (q > 0 ? q : 1) * W);
-    NEED(cnt && snd && rcv && all && mine);
-    /* out: the rows this rank holds a share of, to the owner of each token's slice (in
-     * rank order, tokens ascending); in: the shares of this rank's slice, from each rank */
-    int64_t ns = 0;
-    for (int s = 0; s < N; s++) {
-        int64_t n = 0;
-        for (int64_t t = (int64_t)s * q; t < (s + 1) * q && t < T; t++)
-            if (ep_holds(sel, t, K, nl, r)) memcpy(snd + (ns + n++) * W, y + t * W, (size_t)W * sizeof(float));
-        cnt[s] = (size_t)(n * W) * sizeof(float), ns += n;
-        int64_t nr = 0;
-        for (int64_t t = lo; t < hi; t++) nr += ep_holds(sel, t, K, nl, s);
-        rcnt[s] = (size_t)(nr * W) * sizeof(float);
-    }
-    LS_TRY(ls_comm_alltoallv(ep, snd, cnt, rcv, rcnt));
-    /* the slice's sums, ranks in order (the same bits whatever the group's timing) */
-    memset(mine, 0, (size_t)((q > 0 ? q : 1) * W) * sizeof(float));
-    const float *in = rcv;
-    for (int d = 0; d < N; d++)
-        for (int64_t t = lo; t < hi; t++)
-            if (ep_holds(sel, t, K, nl, d)) {
-                float *o = mine + (t - lo) * W;
-                for (int64_t i = 0; i < W; i++) o[i] += in[i];
-                in += W;
-            }
-    LS_TRY(ls_comm_allgather(ep, mine, all, (size_t)(q * W) * sizeof(float)));
-    memcpy(y, all, (size_t)(T * W) * sizeof(float));
-    ls_arena_release(sc, mk);
-    return LS_OK;
-}
-
 /* MoE block (spec §4): x[T, D] += Σ_chosen g_e·E_e(xn) + Shared(xn). */
 static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, mla_ctx *L) {
     const ls_config *c = &m->cfg;
@@ -449,7 +373,7 @@ static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, ml
                          .down_w = w->exp_down};
     LS_TRY(ls_dec_experts_fwd(m->be, &ex, y, xn, sel, wt, T, sc));
     if (m->ep) {
-        LS_TRY(ls_mla_ep_combine(m, y, T, D, sel, K, sc));
+        LS_TRY(ls_dist_ep_combine(y, T, D, sel, K, m->n_local_experts, m->ep, sc));
         for (int64_t i = 0; i < T * D; i++) x[i] += y[i];
     }
     if (Is > 0) {

@@ -13,6 +13,7 @@
 
 #include "longstraw/comm.h"
 #include "decoder.h"
+#include "longstraw/cp.h"
 #include "longstraw/kernels.h"
 #include "longstraw/trace.h"
 #include "mla_tape.h"
@@ -48,7 +49,7 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
             memcpy(rowsw + t * (K + D), dwt + t * K, (size_t)K * sizeof(float));
             memcpy(rowsw + t * (K + D) + K, dxe + t * D, (size_t)D * sizeof(float));
         }
-        LS_TRY(ls_mla_ep_combine(m, rowsw, T, K + D, tp->esel, K, sc));
+        LS_TRY(ls_dist_ep_combine(rowsw, T, K + D, tp->esel, K, m->n_local_experts, m->ep, sc));
         for (int64_t t = 0; t < T; t++) {
             memcpy(dwt + t * K, rowsw + t * (K + D), (size_t)K * sizeof(float));
             const float *g = rowsw + t * (K + D) + K;

@@ -55,13 +55,5 @@ void ls_mla_round_to(float *x, int64_t n, ls_dtype dtype);
 #define LS_MLA_INDEX_NORM_EPS 1e-6f
 void ls_mla_index_keys(const ls_mla_model *m, int l, const float *xn, int64_t T, int64_t pos0, float *kI,
                        float *kpre);
-/* Expert parallelism, the routed outputs' way back (docs/architecture.md): y [T, W] holds
- * this rank's experts' shares of every token's rows (zero where it holds none of the
- * token's experts, sel [T, K]); on return every rank of m->ep holds the sum over the
- * group. Rank s owns tokens [s·q, (s+1)·q), q = ⌈T/N⌉: one all-to-all sends each row a
- * rank holds a share of to its owner, which sums the shares in rank order, and one
- * all-gather spreads the slices. Collective over m->ep. */
-ls_status ls_mla_ep_combine(const ls_mla_model *m, float *y, int64_t T, int64_t W, const int32_t *sel, int K,
-                            ls_arena *sc);
 
 #endif
