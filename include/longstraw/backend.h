@@ -31,6 +31,7 @@ typedef struct ls_backend ls_backend;
     X(gemm, (int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,   \
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc),                                        \
       (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))                                              \
+    X(add_to, (float *y, const float *x, int64_t n), (y, x, n)) /* y += x */                                        \
     X(linear_fwd, (float *out, const float *x, const float *W, int64_t T, int64_t K, int64_t N, int accumulate),     \
       (out, x, W, T, K, N, accumulate))                                                                              \
     X(linear_bwd,                                                                                                    \
@@ -253,5 +254,11 @@ const ls_backend *ls_backend_cpu(void);
 #define LS_BACKEND_ARGS_(...) __VA_ARGS__
 LS_BACKEND_OPS(LS_BACKEND_OP_)
 LS_BACKEND_STATUS_OPS(LS_BACKEND_STATUS_OP_)
+
+/* n floats copied / zeroed in the backend's memory (its buffer slots). */
+static inline void ls_op_copy(const ls_backend *be, float *dst, const float *src, int64_t n) {
+    be->i->copy(be, dst, src, (size_t)n * sizeof(float));
+}
+static inline void ls_op_zero(const ls_backend *be, float *p, int64_t n) { be->i->zero(be, p, (size_t)n * sizeof(float)); }
 
 #endif

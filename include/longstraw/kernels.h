@@ -149,6 +149,8 @@ void ls_gated_add_rows_bwd(float *dy, float *dlogit, const float *dx, const floa
                            int64_t D);
 
 /* ---- products ------------------------------------------------------------------ */
+/* y[i] += x[i] (a residual add), in index order. */
+void ls_add_to(float *y, const float *x, int64_t n);
 /* C[M,N] = alpha·op(A)·op(B) + beta·C, row-major with leading dimensions; op(X) = Xᵀ
  * when trans_x (through cblas_sgemm). */
 void ls_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,

@@ -3,6 +3,8 @@
  * with its LoRA side branches, and the routed experts of an MoE layer, forward and
  * backward, all through the backend's ops.
  */
+#include <string.h>
+
 #include "decoder.h"
 
 #define ALLOC_F(arena, n) ((float *)ls_arena_alloc((arena), (size_t)(n) * sizeof(float)))
@@ -109,5 +111,80 @@ ls_status ls_dec_experts_bwd(const ls_backend *be, const ls_dec_experts *ex, flo
         ls_op_moe_scatter_add(be, dxn, dxs, r, NULL, n, D, ex->K);
     }
     ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+/* ---- the layer skeleton -------------------------------------------------------------- */
+static void norm_fwd(const ls_dec_layer *d, float *y, float *rstd, const float *x, const float *w) {
+    if (d->norm == LS_NORM_PLAIN) ls_op_rmsnorm_plain_fwd(d->be, y, rstd, x, w, d->T, d->D, d->eps);
+    else ls_op_rmsnorm_fwd(d->be, y, rstd, x, w, d->T, d->D, d->eps);
+}
+
+static void norm_bwd(const ls_dec_layer *d, float *dx, float *dw, const float *dy, const float *x, const float *rstd,
+                     const float *w) {
+    if (d->norm == LS_NORM_PLAIN) ls_op_rmsnorm_plain_bwd(d->be, dx, dw, dy, x, rstd, w, d->T, d->D);
+    else ls_op_rmsnorm_bwd(d->be, dx, dw, dy, x, rstd, w, d->T, d->D);
+}
+
+ls_status ls_dec_layer_fwd(const ls_dec_layer *d, float *x, int skip_ffn) {
+    int64_t T = d->T, D = d->D;
+    ls_dec_tape *tp = d->tp;
+    ls_arena *A = tp ? d->ta : d->sc;
+    ls_arena_mark mk = ls_arena_get_mark(d->sc);
+    float *xn = ALLOC_F(A, T * D); /* [T, D] */
+    if (!xn) return LS_ERR_NOMEM;
+    if (tp) {
+        tp->x_in = ALLOC_F(A, T * D);
+        tp->rstd1 = ALLOC_F(A, T);
+        if (!tp->x_in || !tp->rstd1) return LS_ERR_NOMEM;
+        ls_op_copy(d->be, tp->x_in, x, T * D);
+        tp->xn1 = xn;
+    }
+    /* h += Mixer(norm1(h)) */
+    norm_fwd(d, xn, tp ? tp->rstd1 : NULL, x, d->input_norm);
+    LS_TRY(d->mixer(d, x, xn));
+    if (!skip_ffn) { /* h += FFN(norm2(h)) */
+        float *xn2 = xn;
+        if (tp) {
+            tp->x_mid = ALLOC_F(A, T * D);
+            tp->xn2 = xn2 = ALLOC_F(A, T * D);
+            tp->rstd2 = ALLOC_F(A, T);
+            if (!tp->x_mid || !tp->xn2 || !tp->rstd2) return LS_ERR_NOMEM;
+            ls_op_copy(d->be, tp->x_mid, x, T * D);
+        }
+        norm_fwd(d, xn2, tp ? tp->rstd2 : NULL, x, d->post_norm);
+        if (d->moe) {
+            LS_TRY(d->moe(d, x, xn2));
+        } else {
+            float *gu = tp ? ALLOC_F(A, T * 2 * d->I) : NULL, *act = tp ? ALLOC_F(A, T * d->I) : NULL;
+            if (tp && (!gu || !act)) return LS_ERR_NOMEM;
+            LS_TRY(ls_dec_swiglu_fwd(d->be, x, gu, act, xn2, T, D, d->I, d->gu_w, d->down_w, 1, &d->lora, d->sc));
+            if (tp) tp->gu = gu, tp->act = act;
+        }
+    }
+    ls_arena_release(d->sc, mk); /* with a tape, everything kept came from the tape arena */
+    return LS_OK;
+}
+
+ls_status ls_dec_layer_bwd(const ls_dec_layer *d, float *dx) {
+    int64_t T = d->T, D = d->D;
+    const ls_dec_tape *tp = d->saved;
+    ls_arena_mark mk = ls_arena_get_mark(d->sc);
+    float *dxn = ls_arena_calloc(d->sc, (size_t)(T * D), sizeof(float)); /* [T, D] ∂L/∂(normed input) */
+    if (!dxn) return LS_ERR_NOMEM;
+    /* FFN: x_out = x_mid + FFN(norm2(x_mid)) */
+    if (d->moe_bwd)
+        LS_TRY(d->moe_bwd(d, dx, dxn));
+    else
+        LS_TRY(ls_dec_swiglu_bwd(d->be, dxn, d->dgu_w, d->ddown_w, dx, tp->xn2, tp->gu, tp->act, d->gu_w, d->down_w, T,
+                                 D, d->I, 1, &d->lora, d->sc));
+    norm_bwd(d, dxn, d->d_post_norm, dxn, tp->x_mid, tp->rstd2, d->post_norm);
+    ls_op_add_to(d->be, dx, dxn, T * D); /* ∂L/∂(mixer output) */
+    /* mixer: x_mid = x_in + Mixer(norm1(x_in)) */
+    ls_op_zero(d->be, dxn, T * D);
+    LS_TRY(d->mixer_bwd(d, dx, dxn));
+    norm_bwd(d, dxn, d->d_input_norm, dxn, tp->x_in, tp->rstd1, d->input_norm);
+    ls_op_add_to(d->be, dx, dxn, T * D);
+    ls_arena_release(d->sc, mk);
     return LS_OK;
 }

@@ -1,10 +1,11 @@
 /*
- * decoder.h — the pieces of a decoder layer that both families share, written once
- * (issue 20): the SwiGLU feed-forward on rows (dense MLP, shared experts, one routed
- * expert) with its optional LoRA side branches, and the routed experts of an MoE
- * layer (gather each expert's rows, run it, combine by the router's weights), forward
- * and backward. Everything runs through the model's backend (backend.h). Internal to
- * src/models/.
+ * decoder.h — the decoder layer both families fill, written once (issue 20): the
+ * layer skeleton (pre-norm, the family's mixer, residual; post-norm, a dense SwiGLU or
+ * the family's MoE, residual) forward and backward, the SwiGLU feed-forward on rows
+ * (dense MLP, shared experts, one routed expert) with its optional LoRA side branches,
+ * and the routed experts of an MoE layer (gather each expert's rows, run it, combine
+ * by the router's weights). Everything runs through the model's backend (backend.h).
+ * Internal to src/models/.
  */
 #ifndef LONGSTRAW_MODELS_DECODER_H
 #define LONGSTRAW_MODELS_DECODER_H
@@ -58,5 +59,49 @@ ls_status ls_dec_experts_fwd(const ls_backend *be, const ls_dec_experts *ex, flo
  * others), dxn [T, D] (+=), the experts' weight and adapter gradients (+=). */
 ls_status ls_dec_experts_bwd(const ls_backend *be, const ls_dec_experts *ex, float *dwt, float *dxn, const float *dy,
                              const float *xn, const int32_t *sel, const float *wt, int64_t T, ls_arena *sc);
+
+/* ---- the layer skeleton -------------------------------------------------------------- */
+typedef enum {
+    LS_NORM_ZERO_CENTRED, /* y = x·rsqrt(mean(x²)+eps)·(1+w) (the hybrid family) */
+    LS_NORM_PLAIN         /* y = x·rsqrt(mean(x²)+eps)·w (the MLA family) */
+} ls_norm_kind;
+
+/* What the skeleton keeps for a layer's backward (inside the family's layer tape). */
+typedef struct {
+    float *x_in, *xn1, *rstd1;  /* [T, D] layer input, input-norm output, [T] */
+    float *x_mid, *xn2, *rstd2; /* [T, D] residual after the mixer, post-norm output, [T] */
+    float *gu, *act;            /* dense FFN: [T, 2I], [T, I] */
+} ls_dec_tape;
+
+typedef struct ls_dec_layer ls_dec_layer;
+/* A family's part of a layer: forward x [T, D] (+=) part(xn); backward dxn (+=) the
+ * gradient w.r.t. xn from dres = ∂L/∂(the part's output), its weights' (+=). */
+typedef ls_status (*ls_dec_part)(const ls_dec_layer *d, float *x, const float *xn);
+typedef ls_status (*ls_dec_part_bwd)(const ls_dec_layer *d, const float *dres, float *dxn);
+
+/* One layer as the skeleton runs it: the family fills the norms, its mixer, its MoE
+ * (NULL: the dense SwiGLU from gu_w/down_w with the adapters in `lora`) and `ctx`. */
+struct ls_dec_layer {
+    const ls_backend *be;
+    int64_t T, D, I; /* tokens, hidden size, dense FFN intermediate size */
+    float eps;
+    ls_norm_kind norm;
+    const float *input_norm, *post_norm; /* [D] */
+    float *d_input_norm, *d_post_norm;   /* backward: their gradients (+=; NULL skips) */
+    ls_dec_part mixer, moe;
+    ls_dec_part_bwd mixer_bwd, moe_bwd;
+    const float *gu_w, *down_w; /* dense FFN [2I, D], [D, I] */
+    float *dgu_w, *ddown_w;     /* backward: their gradients (+=; NULL skips) */
+    ls_ffn_lora lora;
+    ls_dec_tape *tp;           /* forward: record here (NULL: no tape) */
+    const ls_dec_tape *saved;  /* backward: what the forward recorded */
+    ls_arena *ta, *sc;     /* tape arena (with tp), scratch */
+    void *ctx;             /* the family's */
+};
+
+/* x [T, D] through the layer; skip_ffn: the mixer only (capture's last layer). */
+ls_status ls_dec_layer_fwd(const ls_dec_layer *d, float *x, int skip_ffn);
+/* dx [T, D] = ∂L/∂(layer output) → ∂L/∂(layer input) in place, weights' gradients (+=). */
+ls_status ls_dec_layer_bwd(const ls_dec_layer *d, float *dx);
 
 #endif

@@ -305,67 +305,41 @@ static ls_status moe_ffn(const ls_hybrid_model *m, const ls_hybrid_layer *w, flo
     return LS_OK;
 }
 
-static ls_status ffn_fwd(const ls_hybrid_model *m, int l, float *x, float *xn, layer_ctx *L);
+/* The hybrid's parts of a layer for the skeleton (decoder.h): the Gated DeltaNet or
+ * gated-attention mixer, and the sparse MoE block. */
+typedef struct {
+    const ls_hybrid_model *m;
+    int l;
+    layer_ctx *L;
+} part_ctx;
+
+static ls_status part_mixer(const ls_dec_layer *d, float *x, const float *xn) {
+    const part_ctx *p = d->ctx;
+    const ls_hybrid_layer *w = &p->m->layers[p->l];
+    return p->m->cfg.kind[p->l] == LS_LAYER_GDN ? gdn_mixer(p->m, w, x, xn, p->L)
+                                                : attn_mixer(p->m, w, p->l, x, xn, p->L);
+}
+
+static ls_status part_moe(const ls_dec_layer *d, float *x, const float *xn) {
+    const part_ctx *p = d->ctx;
+    return moe_ffn(p->m, &p->m->layers[p->l], x, xn, p->L);
+}
 
 /* One decoder layer on x[T,D] (spec §5): mixer then FFN, each with its residual. */
 static ls_status layer_fwd(const ls_hybrid_model *m, int l, float *x, int skip_ffn, layer_ctx *L) {
     const ls_config *c = &m->cfg;
     const ls_hybrid_layer *w = &m->layers[l];
-    int64_t T = L->T, D = c->hidden;
-    ls_layer_tape *tp = L->tp;
-    ls_arena *A = tp ? L->ta : L->sc;
-    ls_arena_mark mk = ls_arena_get_mark(L->sc);
-    float *xn = ALLOC_F(A, T * D); /* [T, D] */
-    NEED(xn);
-    if (tp) {
-        tp->x_in = ALLOC_F(A, T * D);
-        tp->rstd1 = ALLOC_F(A, T);
-        NEED(tp->x_in && tp->rstd1);
-        memcpy(tp->x_in, x, (size_t)(T * D) * sizeof(float));
-        tp->xn1 = xn;
-    }
-    ls_op_rmsnorm_fwd(m->be, xn, tp ? tp->rstd1 : NULL, x, w->input_norm, T, D, c->eps);
-    if (c->kind[l] == LS_LAYER_GDN)
-        LS_TRY(gdn_mixer(m, w, x, xn, L));
-    else
-        LS_TRY(attn_mixer(m, w, l, x, xn, L));
-    if (!skip_ffn) LS_TRY(ffn_fwd(m, l, x, xn, L));
-    ls_arena_release(L->sc, mk); /* with a tape, everything kept came from the tape arena */
-    return LS_OK;
+    part_ctx pc = {m, l, L};
+    ls_dec_layer d = {.be = m->be, .T = L->T, .D = c->hidden, .I = c->intermediate, .eps = c->eps,
+                      .norm = LS_NORM_ZERO_CENTRED, .input_norm = w->input_norm, .post_norm = w->post_norm,
+                      .mixer = part_mixer, .moe = c->moe[l] ? part_moe : NULL, .gu_w = w->mlp_gu, .down_w = w->mlp_down,
+                      .lora = ffn_of(m, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0),
+                      .tp = L->tp ? &L->tp->dec : NULL, .ta = L->ta, .sc = L->sc, .ctx = &pc};
+    return ls_dec_layer_fwd(&d, x, skip_ffn);
 }
 
 /* The FFN half of layer l on x[T,D] (spec §5): x += FFN(post_norm(x)). `xn` [T, D] is
  * a free buffer when there is no tape. */
-static ls_status ffn_fwd(const ls_hybrid_model *m, int l, float *x, float *xn, layer_ctx *L) {
-    const ls_config *c = &m->cfg;
-    const ls_hybrid_layer *w = &m->layers[l];
-    int64_t T = L->T, D = c->hidden;
-    ls_layer_tape *tp = L->tp;
-    ls_arena *A = tp ? L->ta : L->sc;
-    {
-        float *xn2 = xn;
-        if (tp) {
-            tp->x_mid = ALLOC_F(A, T * D);
-            tp->xn2 = xn2 = ALLOC_F(A, T * D);
-            tp->rstd2 = ALLOC_F(A, T);
-            NEED(tp->x_mid && tp->xn2 && tp->rstd2);
-            memcpy(tp->x_mid, x, (size_t)(T * D) * sizeof(float));
-        }
-        ls_op_rmsnorm_fwd(m->be, xn2, tp ? tp->rstd2 : NULL, x, w->post_norm, T, D, c->eps);
-        if (c->moe[l]) {
-            LS_TRY(moe_ffn(m, w, x, xn2, L));
-        } else {
-            float *gu = tp ? ALLOC_F(A, T * 2 * c->intermediate) : NULL;
-            float *act = tp ? ALLOC_F(A, T * c->intermediate) : NULL;
-            NEED(!tp || (gu && act));
-            ls_ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0);
-            LS_TRY(ls_dec_swiglu_fwd(m->be, x, gu, act, xn2, T, D, c->intermediate, w->mlp_gu, w->mlp_down, 1, &fl, L->sc));
-            if (tp) tp->gu = gu, tp->act = act;
-        }
-    }
-    return LS_OK;
-}
-
 /* Full mode: save the GDN state of layer l (or every GDN layer, l < 0) as the
  * checkpoint of the sweep chunk starting at st->n, if one does. */
 static void save_ckpt(const ls_prompt_state *st, int64_t pos, int l) {

@@ -148,13 +148,13 @@ static ls_status gdn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
         for (size_t i = 0; i < rec_n; i++) ds->dS[i] = dc->sweep ? dS0[i] : ds->dS[i] + dS0[i];
         for (size_t i = 0; i < conv_n; i++) ds->dtail[i] = dc->sweep ? dtail0[i] : ds->dtail[i] + dtail0[i];
     }
-    ls_op_linear_bwd(m->be, dxn, gw->gdn_in, dqkv, tp->xn1, w->gdn_in, T, D, cd, 1);
-    ls_op_linear_bwd(m->be, dxn, GOFF(gw->gdn_in, cd * D), d_z, tp->xn1, w->gdn_in + cd * D, T, D, vd, 1);
-    ls_op_linear_bwd(m->be, dxn, GOFF(gw->gdn_in, (cd + vd) * D), dba, tp->xn1, w->gdn_in + (cd + vd) * D, T, D, 2 * Hv,
+    ls_op_linear_bwd(m->be, dxn, gw->gdn_in, dqkv, tp->dec.xn1, w->gdn_in, T, D, cd, 1);
+    ls_op_linear_bwd(m->be, dxn, GOFF(gw->gdn_in, cd * D), d_z, tp->dec.xn1, w->gdn_in + cd * D, T, D, vd, 1);
+    ls_op_linear_bwd(m->be, dxn, GOFF(gw->gdn_in, (cd + vd) * D), dba, tp->dec.xn1, w->gdn_in + (cd + vd) * D, T, D, 2 * Hv,
                   1);
-    LORA_BWD(m, l, gdn_in, 0, cd, dxn, dqkv, tp->xn1, T, sc);
-    LORA_BWD(m, l, gdn_in, cd, vd, dxn, d_z, tp->xn1, T, sc);
-    LORA_BWD(m, l, gdn_in, cd + vd, 2 * Hv, dxn, dba, tp->xn1, T, sc);
+    LORA_BWD(m, l, gdn_in, 0, cd, dxn, dqkv, tp->dec.xn1, T, sc);
+    LORA_BWD(m, l, gdn_in, cd, vd, dxn, d_z, tp->dec.xn1, T, sc);
+    LORA_BWD(m, l, gdn_in, cd + vd, 2 * Hv, dxn, dba, tp->dec.xn1, T, sc);
     ls_arena_release(sc, mk);
     return LS_OK;
 }
@@ -211,15 +211,15 @@ static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer
     ls_op_rope_bwd(m->be, dk, T, c->n_kv, (int)hd, c->rot_dim, c->rope_theta, pos0);
     ls_op_rmsnorm_bwd(m->be, dq, gw->q_norm, dq, tp->qraw, tp->rsq, w->q_norm, T * c->n_heads, hd);
     ls_op_rmsnorm_bwd(m->be, dk, gw->k_norm, dk, tp->kraw, tp->rsk, w->k_norm, T * c->n_kv, hd);
-    ls_op_linear_bwd(m->be, dxn, gw->attn_in, dq, tp->xn1, w->attn_in, T, D, qd, 1);
-    ls_op_linear_bwd(m->be, dxn, GOFF(gw->attn_in, qd * D), d_gate, tp->xn1, w->attn_in + qd * D, T, D, qd, 1);
-    ls_op_linear_bwd(m->be, dxn, GOFF(gw->attn_in, 2 * qd * D), dk, tp->xn1, w->attn_in + 2 * qd * D, T, D, kvd, 1);
-    ls_op_linear_bwd(m->be, dxn, GOFF(gw->attn_in, (2 * qd + kvd) * D), dv, tp->xn1, w->attn_in + (2 * qd + kvd) * D, T, D,
+    ls_op_linear_bwd(m->be, dxn, gw->attn_in, dq, tp->dec.xn1, w->attn_in, T, D, qd, 1);
+    ls_op_linear_bwd(m->be, dxn, GOFF(gw->attn_in, qd * D), d_gate, tp->dec.xn1, w->attn_in + qd * D, T, D, qd, 1);
+    ls_op_linear_bwd(m->be, dxn, GOFF(gw->attn_in, 2 * qd * D), dk, tp->dec.xn1, w->attn_in + 2 * qd * D, T, D, kvd, 1);
+    ls_op_linear_bwd(m->be, dxn, GOFF(gw->attn_in, (2 * qd + kvd) * D), dv, tp->dec.xn1, w->attn_in + (2 * qd + kvd) * D, T, D,
                   kvd, 1);
-    LORA_BWD(m, l, attn_in, 0, qd, dxn, dq, tp->xn1, T, sc);
-    LORA_BWD(m, l, attn_in, qd, qd, dxn, d_gate, tp->xn1, T, sc);
-    LORA_BWD(m, l, attn_in, 2 * qd, kvd, dxn, dk, tp->xn1, T, sc);
-    LORA_BWD(m, l, attn_in, 2 * qd + kvd, kvd, dxn, dv, tp->xn1, T, sc);
+    LORA_BWD(m, l, attn_in, 0, qd, dxn, dq, tp->dec.xn1, T, sc);
+    LORA_BWD(m, l, attn_in, qd, qd, dxn, d_gate, tp->dec.xn1, T, sc);
+    LORA_BWD(m, l, attn_in, 2 * qd, kvd, dxn, dk, tp->dec.xn1, T, sc);
+    LORA_BWD(m, l, attn_in, 2 * qd + kvd, kvd, dxn, dv, tp->dec.xn1, T, sc);
     ls_arena_release(sc, mk);
     return LS_OK;
 }
@@ -239,10 +239,10 @@ static ls_status moe_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
     ls_dec_experts ex = {.D = D, .I = Im, .E = E, .K = K, .e0 = 0, .ne = E, .gu_w = w->exp_gu, .down_w = w->exp_down,
                          .dgu_w = gw->exp_gu, .ddown_w = gw->exp_down,
                          .lora = ffn_of(m, l, offsetof(ls_hybrid_layer, exp_gu), offsetof(ls_hybrid_layer, exp_down), 0, 0)};
-    LS_TRY(ls_dec_experts_bwd(m->be, &ex, dwt, dxn, dres, tp->xn2, tp->sel, tp->wt, T, sc));
+    LS_TRY(ls_dec_experts_bwd(m->be, &ex, dwt, dxn, dres, tp->dec.xn2, tp->sel, tp->wt, T, sc));
     ls_op_moe_route_bwd(m->be, dlog, dwt, tp->probs, tp->sel, tp->wt, T, E, K, c->norm_topk);
-    ls_op_linear_bwd(m->be, dxn, gw->router, dlog, tp->xn2, w->router, T, D, E, 1);
-    LORA_BWD(m, l, router, 0, E, dxn, dlog, tp->xn2, T, sc);
+    ls_op_linear_bwd(m->be, dxn, gw->router, dlog, tp->dec.xn2, w->router, T, D, E, 1);
+    LORA_BWD(m, l, router, 0, E, dxn, dlog, tp->dec.xn2, T, sc);
     if (c->shared_inter > 0) {
         int64_t Is = c->shared_inter;
         float *dsh = ALLOC_F(sc, T * D); /* [T, D] */
@@ -250,47 +250,52 @@ static ls_status moe_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
         NEED(dsh && ds);
         ls_op_gated_add_rows_bwd(m->be, dsh, ds, dres, tp->sh_s, tp->sh_out, T, D);
         ls_ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, sh_gu), offsetof(ls_hybrid_layer, sh_down), 0, 0);
-        LS_TRY(ls_dec_swiglu_bwd(m->be, dxn, gw->sh_gu, gw->sh_down, dsh, tp->xn2, tp->sh_gu, tp->sh_act, w->sh_gu, w->sh_down,
+        LS_TRY(ls_dec_swiglu_bwd(m->be, dxn, gw->sh_gu, gw->sh_down, dsh, tp->dec.xn2, tp->sh_gu, tp->sh_act, w->sh_gu, w->sh_down,
                           T, D, Is, 1, &fl, sc));
-        ls_op_linear_bwd(m->be, dxn, gw->sh_gate, ds, tp->xn2, w->sh_gate, T, D, 1, 1);
-        LORA_BWD(m, l, sh_gate, 0, 1, dxn, ds, tp->xn2, T, sc);
+        ls_op_linear_bwd(m->be, dxn, gw->sh_gate, ds, tp->dec.xn2, w->sh_gate, T, D, 1, 1);
+        LORA_BWD(m, l, sh_gate, 0, 1, dxn, ds, tp->dec.xn2, T, sc);
     }
     ls_arena_release(sc, mk);
     return LS_OK;
 }
 
 /* One layer: dx[T,D] holds ∂L/∂(layer output) on entry, ∂L/∂(layer input) on exit. */
+/* The hybrid's parts of a layer's backward for the skeleton (decoder.h). */
+typedef struct {
+    const ls_hybrid_model *m;
+    int l;
+    ls_hybrid_layer *gw;
+    const ls_branch_tape *tb;
+    const dstate_ctx *dc;
+} part_ctx;
+
+static ls_status part_mixer_bwd(const ls_dec_layer *d, const float *dres, float *dxn) {
+    const part_ctx *p = d->ctx;
+    const ls_hybrid_layer *w = &p->m->layers[p->l];
+    const ls_layer_tape *tp = &p->tb->layers[p->l];
+    if (p->m->cfg.kind[p->l] == LS_LAYER_GDN) return gdn_bwd(p->m, p->l, w, p->gw, tp, dres, dxn, d->T, p->dc, d->sc);
+    return attn_bwd(p->m, p->l, w, p->gw, tp, dres, dxn, d->T, p->tb->pos0, p->tb->grad_from, p->dc, d->sc);
+}
+
+static ls_status part_moe_bwd(const ls_dec_layer *d, const float *dres, float *dxn) {
+    const part_ctx *p = d->ctx;
+    return moe_bwd(p->m, p->l, &p->m->layers[p->l], p->gw, &p->tb->layers[p->l], dres, dxn, d->T, d->sc);
+}
+
 static ls_status layer_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, int l,
                            const ls_branch_tape *tb, float *dx, const dstate_ctx *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     const ls_hybrid_layer *w = &m->layers[l];
     ls_hybrid_layer *gw = &grad->layers[l];
-    const ls_layer_tape *tp = &tb->layers[l];
-    int64_t T = tb->T, D = c->hidden;
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *dxn = CALLOC_F(sc, T * D); /* [T, D] ∂L/∂(normed input) */
-    NEED(dxn);
-    /* FFN: x_out = x_mid + FFN(norm2(x_mid)) */
-    if (c->moe[l])
-        LS_TRY(moe_bwd(m, l, w, gw, tp, dx, dxn, T, sc));
-    else
-    {
-        ls_ffn_lora fl = ffn_of(m, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0);
-        LS_TRY(ls_dec_swiglu_bwd(m->be, dxn, gw->mlp_gu, gw->mlp_down, dx, tp->xn2, tp->gu, tp->act, w->mlp_gu, w->mlp_down, T,
-                          D, c->intermediate, 1, &fl, sc));
-    }
-    ls_op_rmsnorm_bwd(m->be, dxn, gw->post_norm, dxn, tp->x_mid, tp->rstd2, w->post_norm, T, D);
-    for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i];
-    /* mixer: x_mid = x_in + Mixer(norm1(x_in)) */
-    memset(dxn, 0, (size_t)(T * D) * sizeof(float));
-    if (c->kind[l] == LS_LAYER_GDN)
-        LS_TRY(gdn_bwd(m, l, w, gw, tp, dx, dxn, T, dc, sc));
-    else
-        LS_TRY(attn_bwd(m, l, w, gw, tp, dx, dxn, T, tb->pos0, tb->grad_from, dc, sc));
-    ls_op_rmsnorm_bwd(m->be, dxn, gw->input_norm, dxn, tp->x_in, tp->rstd1, w->input_norm, T, D);
-    for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i];
-    ls_arena_release(sc, mk);
-    return LS_OK;
+    part_ctx pc = {m, l, gw, tb, dc};
+    ls_dec_layer d = {.be = m->be, .T = tb->T, .D = c->hidden, .I = c->intermediate, .eps = c->eps,
+                      .norm = LS_NORM_ZERO_CENTRED, .input_norm = w->input_norm, .post_norm = w->post_norm,
+                      .d_input_norm = gw->input_norm, .d_post_norm = gw->post_norm, .mixer_bwd = part_mixer_bwd,
+                      .moe_bwd = c->moe[l] ? part_moe_bwd : NULL, .gu_w = w->mlp_gu, .down_w = w->mlp_down,
+                      .dgu_w = gw->mlp_gu, .ddown_w = gw->mlp_down,
+                      .lora = ffn_of(m, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0),
+                      .saved = &tb->layers[l].dec, .sc = sc, .ctx = &pc};
+    return ls_dec_layer_bwd(&d, dx);
 }
 
 static ls_status branch_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, const ls_branch_tape *tb,

@@ -6,12 +6,11 @@
 #ifndef LONGSTRAW_HYBRID_TAPE_H
 #define LONGSTRAW_HYBRID_TAPE_H
 
+#include "decoder.h"
 #include "longstraw/model.h"
 
 typedef struct {
-    float *x_in;  /* [T, D] layer input (residual) */
-    float *xn1;   /* [T, D] input_layernorm output */
-    float *rstd1; /* [T] */
+    ls_dec_tape dec; /* the skeleton's: layer input, norms, residual after the mixer, dense FFN */
     /* Gated DeltaNet: the recurrence runs on [seg0, T) with a tape; rows < seg0 are
      * the detached prompt part of the naive mode (seg0 = 0 for a branch). */
     int64_t seg0;
@@ -48,10 +47,6 @@ typedef struct {
     int cp_seg;
     int64_t cp_block;
     /* FFN */
-    float *x_mid;  /* [T, D] residual after the mixer */
-    float *xn2;    /* [T, D] */
-    float *rstd2;  /* [T] */
-    float *gu, *act; /* dense: [T, 2I], [T, I] */
     float *probs;  /* MoE: [T, E] router softmax */
     int32_t *sel;  /* [T, K] */
     float *wt;     /* [T, K] combine weights */

@@ -405,44 +405,33 @@ static ls_status cp_assist(const ls_mla_model *m, int l, mla_ctx *L) {
     return LS_OK;
 }
 
+/* The family's parts of a layer for the skeleton (decoder.h): the MLA mixer and the MoE block. */
+typedef struct {
+    const ls_mla_model *m;
+    int l;
+    mla_ctx *L;
+} part_ctx;
+
+static ls_status part_mixer(const ls_dec_layer *d, float *x, const float *xn) {
+    const part_ctx *p = d->ctx;
+    return mla_mixer(p->m, p->l, x, xn, p->L);
+}
+
+static ls_status part_moe(const ls_dec_layer *d, float *x, const float *xn) {
+    const part_ctx *p = d->ctx;
+    return moe(p->m, p->l, x, xn, p->L);
+}
+
 /* One decoder layer on x[T, D]: h += MLA(norm(h)); h += FFN(norm(h)). */
 static ls_status layer_fwd(const ls_mla_model *m, int l, float *x, int skip_ffn, mla_ctx *L) {
     const ls_config *c = &m->cfg;
     const ls_mla_layer *w = &m->layers[l];
-    int64_t T = L->T, D = c->hidden;
-    mla_layer_tape *tp = L->tp;
-    ls_arena *A = tp ? L->ta : L->sc;
-    ls_arena_mark mk = ls_arena_get_mark(L->sc);
-    float *xn = ALLOC_F(A, T * D); /* [T, D] */
-    NEED(xn);
-    if (tp) {
-        tp->x_in = ALLOC_F(A, T * D), tp->rstd1 = ALLOC_F(A, T);
-        NEED(tp->x_in && tp->rstd1);
-        memcpy(tp->x_in, x, (size_t)(T * D) * sizeof(float));
-        tp->xn1 = xn;
-    }
-    ls_op_rmsnorm_plain_fwd(m->be, xn, tp ? tp->rstd1 : NULL, x, w->input_norm, T, D, c->eps);
-    LS_TRY(mla_mixer(m, l, x, xn, L));
-    if (!skip_ffn) {
-        float *xn2 = xn;
-        if (tp) {
-            tp->x_mid = ALLOC_F(A, T * D), tp->xn2 = xn2 = ALLOC_F(A, T * D), tp->rstd2 = ALLOC_F(A, T);
-            NEED(tp->x_mid && tp->xn2 && tp->rstd2);
-            memcpy(tp->x_mid, x, (size_t)(T * D) * sizeof(float));
-        }
-        ls_op_rmsnorm_plain_fwd(m->be, xn2, tp ? tp->rstd2 : NULL, x, w->post_norm, T, D, c->eps);
-        if (c->moe[l]) {
-            LS_TRY(moe(m, l, x, xn2, L));
-        } else {
-            int64_t NI = c->intermediate;
-            float *gu = tp ? ALLOC_F(A, T * 2 * NI) : NULL, *act = tp ? ALLOC_F(A, T * NI) : NULL;
-            NEED(!tp || (gu && act));
-            LS_TRY(ls_dec_swiglu_fwd(m->be, x, gu, act, xn2, T, D, NI, w->mlp_gu, w->mlp_down, 1, NULL, L->sc));
-            if (tp) tp->gu = gu, tp->act = act;
-        }
-    }
-    ls_arena_release(L->sc, mk); /* with a tape, everything kept came from the tape arena */
-    return LS_OK;
+    part_ctx pc = {m, l, L};
+    ls_dec_layer d = {.be = m->be, .T = L->T, .D = c->hidden, .I = c->intermediate, .eps = c->eps,
+                      .norm = LS_NORM_PLAIN, .input_norm = w->input_norm, .post_norm = w->post_norm,
+                      .mixer = part_mixer, .moe = c->moe[l] ? part_moe : NULL, .gu_w = w->mlp_gu,
+                      .down_w = w->mlp_down, .tp = L->tp ? &L->tp->dec : NULL, .ta = L->ta, .sc = L->sc, .ctx = &pc};
+    return ls_dec_layer_fwd(&d, x, skip_ffn);
 }
 
 static int64_t sel_stride(const ls_config *c, int64_t pos0, int64_t T) {

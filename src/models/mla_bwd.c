@@ -43,7 +43,7 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
     NEED(dwt && dlog && (!m->ep || rowsw));
     ls_dec_experts ex = {.D = D, .I = Im, .E = E, .K = K, .e0 = m->e0, .ne = m->n_local_experts, .gu_w = w->exp_gu,
                          .down_w = w->exp_down, .dgu_w = gw->exp_gu, .ddown_w = gw->exp_down};
-    LS_TRY(ls_dec_experts_bwd(m->be, &ex, dwt, dxe, dres, tp->xn2, tp->esel, tp->wt, T, sc));
+    LS_TRY(ls_dec_experts_bwd(m->be, &ex, dwt, dxe, dres, tp->dec.xn2, tp->esel, tp->wt, T, sc));
     if (m->ep) { /* every rank's experts' shares, back to the tokens' slice owners and summed (forward's way) */
         for (int64_t t = 0; t < T; t++) {
             memcpy(rowsw + t * (K + D), dwt + t * K, (size_t)K * sizeof(float));
@@ -57,9 +57,9 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
         }
     }
     ls_op_mla_route_bwd(m->be, dlog, dwt, tp->s, tp->esel, T, E, K, c->norm_topk, mc->routed_scaling);
-    ls_op_linear_bwd(m->be, dxn, gw->router, dlog, tp->xn2, w->router, T, D, E, 1);
+    ls_op_linear_bwd(m->be, dxn, gw->router, dlog, tp->dec.xn2, w->router, T, D, E, 1);
     if (Is > 0)
-        LS_TRY(ls_dec_swiglu_bwd(m->be, dxn, gw->sh_gu, gw->sh_down, dres, tp->xn2, tp->sh_gu, tp->sh_act, w->sh_gu,
+        LS_TRY(ls_dec_swiglu_bwd(m->be, dxn, gw->sh_gu, gw->sh_down, dres, tp->dec.xn2, tp->sh_gu, tp->sh_act, w->sh_gu,
                                  w->sh_down, T, D, Is, 1, NULL, sc));
     ls_arena_release(sc, mk);
     return LS_OK;
@@ -100,8 +100,8 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
     int64_t nb = nq * nI * dI + nq * nI + T * dI;
     float *dq = CALLOC_F(sc, nb), *dw = dq ? dq + nq * nI * dI : NULL, *dkI = dq ? dw + nq * nI : NULL;
     NEED(qI && wq && kpre && kI && Is && P && mx && st && dq);
-    ls_mla_index_queries(m, l, tp->xn1 + t0 * D, tp->cq + t0 * rq, nq, pos0 + t0, qI, wq);
-    ls_mla_index_keys(m, l, tp->xn1, T, pos0, kI, kpre); /* the own index keys, as the forward formed them */
+    ls_mla_index_queries(m, l, tp->dec.xn1 + t0 * D, tp->cq + t0 * rq, nq, pos0 + t0, qI, wq);
+    ls_mla_index_keys(m, l, tp->dec.xn1, T, pos0, kI, kpre); /* the own index keys, as the forward formed them */
     if (tb->st && tb->st->dtype != LS_DTYPE_F32) ls_mla_round_to(kI, T * dI, tb->st->dtype);
     ls_kv_prefix lat = {0, 1, LS_DTYPE_F32, NULL, NULL};
     if (tb->st) lat = ls_state_prefix(tb->st, l);
@@ -155,10 +155,10 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
     ls_op_linear_bwd(m->be, NULL, gw->idx_wq, dq, tp->cq + t0 * rq, w->idx_wq, nq, rq, (int64_t)nI * dI, 0);
     float ws = 1.0f / sqrtf((float)nI);
     for (int64_t i = 0; i < nq * nI; i++) dw[i] *= ws;
-    ls_op_linear_bwd(m->be, NULL, gw->idx_weights, dw, tp->xn1 + t0 * D, w->idx_weights, nq, D, nI, 0);
+    ls_op_linear_bwd(m->be, NULL, gw->idx_weights, dw, tp->dec.xn1 + t0 * D, w->idx_weights, nq, D, nI, 0);
     ls_op_rope_table_bwd(m->be, dkI, T, 1, dI, 0, half, m->inv_freq, mc->indexer_rope_interleave, pos0);
     ls_op_layernorm_bwd(m->be, dkI, gw->idx_knorm_w, gw->idx_knorm_b, dkI, kpre, w->idx_knorm_w, T, dI, LS_MLA_INDEX_NORM_EPS);
-    ls_op_linear_bwd(m->be, NULL, gw->idx_wk, dkI, tp->xn1, w->idx_wk, T, D, dI, 0);
+    ls_op_linear_bwd(m->be, NULL, gw->idx_wk, dkI, tp->dec.xn1, w->idx_wk, T, D, dI, 0);
     ls_arena_release(sc, mk);
     return LS_OK;
 }
@@ -227,7 +227,7 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
     ls_op_rope_table_bwd(m->be, dqf, T, H, (int)dq, dn, half, m->inv_freq, mc->rope_interleave, pos0);
     ls_op_linear_bwd(m->be, dcq, gw->q_b, dqf, tp->cq, w->q_b, T, rq, (int64_t)H * dq, 0);
     ls_op_rmsnorm_plain_bwd(m->be, dcq, gw->q_a_norm, dcq, tp->cq_raw, tp->rstd_q, w->q_a_norm, T, rq);
-    ls_op_linear_bwd(m->be, dxn, gw->q_a, dcq, tp->xn1, w->q_a, T, D, rq, 0);
+    ls_op_linear_bwd(m->be, dxn, gw->q_a, dcq, tp->dec.xn1, w->q_a, T, D, rq, 0);
     /* own rows [c_kv ; k_pe] → kv_a_proj output */
     ls_op_rope_table_bwd(m->be, down, T, 1, (int)dk, (int)rkv, half, m->inv_freq, mc->rope_interleave, pos0);
     for (int64_t t = 0; t < T; t++) memcpy(dlat + t * rkv, down + t * dk, (size_t)rkv * sizeof(float));
@@ -236,36 +236,44 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
         memcpy(dkva + t * dk, dlat + t * rkv, (size_t)rkv * sizeof(float));
         memcpy(dkva + t * dk + rkv, down + t * dk + rkv, (size_t)dr * sizeof(float));
     }
-    ls_op_linear_bwd(m->be, dxn, gw->kv_a, dkva, tp->xn1, w->kv_a, T, D, dk, 1);
+    ls_op_linear_bwd(m->be, dxn, gw->kv_a, dkva, tp->dec.xn1, w->kv_a, T, D, dk, 1);
     ls_arena_release(sc, mk);
     return LS_OK;
 }
 
 /* One layer: dx [T, D] holds ∂L/∂(layer output) on entry, ∂L/∂(layer input) on exit. */
+/* The family's parts of a layer's backward for the skeleton (decoder.h). */
+typedef struct {
+    const ls_mla_model *m;
+    int l;
+    ls_mla_layer *gw;
+    const mla_tape *tb;
+    const dstate_ctx *dc;
+} part_ctx;
+
+static ls_status part_mixer_bwd(const ls_dec_layer *d, const float *dres, float *dxn) {
+    const part_ctx *p = d->ctx;
+    return mixer_bwd(p->m, p->l, p->gw, p->tb, dres, dxn, p->dc, d->sc);
+}
+
+static ls_status part_moe_bwd(const ls_dec_layer *d, const float *dres, float *dxn) {
+    const part_ctx *p = d->ctx;
+    return moe_bwd(p->m, p->l, p->gw, &p->tb->layers[p->l], dres, dxn, d->T, d->sc);
+}
+
 static ls_status layer_bwd(const ls_mla_model *m, ls_mla_model *grad, int l, const mla_tape *tb, float *dx,
                            const dstate_ctx *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     const ls_mla_layer *w = &m->layers[l];
     ls_mla_layer *gw = &grad->layers[l];
-    const mla_layer_tape *tp = &tb->layers[l];
-    int64_t T = tb->T, D = c->hidden;
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *dxn = CALLOC_F(sc, T * D);
-    NEED(dxn);
-    if (c->moe[l]) {
-        LS_TRY(moe_bwd(m, l, gw, tp, dx, dxn, T, sc));
-    } else {
-        int64_t NI = c->intermediate;
-        LS_TRY(ls_dec_swiglu_bwd(m->be, dxn, gw->mlp_gu, gw->mlp_down, dx, tp->xn2, tp->gu, tp->act, w->mlp_gu,
-                                 w->mlp_down, T, D, NI, 0, NULL, sc));
-    }
-    ls_op_rmsnorm_plain_bwd(m->be, dxn, gw->post_norm, dxn, tp->x_mid, tp->rstd2, w->post_norm, T, D);
-    for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i]; /* ∂L/∂(mixer output) */
-    LS_TRY(mixer_bwd(m, l, gw, tb, dx, dxn, dc, sc));
-    ls_op_rmsnorm_plain_bwd(m->be, dxn, gw->input_norm, dxn, tp->x_in, tp->rstd1, w->input_norm, T, D);
-    for (int64_t i = 0; i < T * D; i++) dx[i] += dxn[i];
-    ls_arena_release(sc, mk);
-    return LS_OK;
+    part_ctx pc = {m, l, gw, tb, dc};
+    ls_dec_layer d = {.be = m->be, .T = tb->T, .D = c->hidden, .I = c->intermediate, .eps = c->eps,
+                      .norm = LS_NORM_PLAIN, .input_norm = w->input_norm, .post_norm = w->post_norm,
+                      .d_input_norm = gw->input_norm, .d_post_norm = gw->post_norm, .mixer_bwd = part_mixer_bwd,
+                      .moe_bwd = c->moe[l] ? part_moe_bwd : NULL, .gu_w = w->mlp_gu, .down_w = w->mlp_down,
+                      .dgu_w = gw->mlp_gu, .ddown_w = gw->mlp_down, .saved = &tb->layers[l].dec, .sc = sc,
+                      .ctx = &pc};
+    return ls_dec_layer_bwd(&d, dx);
 }
 
 static ls_status branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const mla_tape *tb, const float *dlogprob,

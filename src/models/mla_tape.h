@@ -7,10 +7,11 @@
 #ifndef LONGSTRAW_MLA_TAPE_H
 #define LONGSTRAW_MLA_TAPE_H
 
+#include "decoder.h"
 #include "longstraw/mla.h"
 
 typedef struct {
-    float *x_in, *xn1, *rstd1;     /* [T, D] layer input, input_layernorm output, [T] */
+    ls_dec_tape dec;               /* the skeleton's: layer input, norms, residual, dense FFN */
     float *cq_raw, *rstd_q, *cq;   /* [T, rq] q_a_proj output, [T], the q latent */
     float *q;                      /* [T, H, dn+dr] q_b_proj output, q_pe rotated */
     float *lat_raw, *rstd_kv;      /* [T, rkv] the KV latent before its norm, [T] */
@@ -20,8 +21,6 @@ typedef struct {
     const int32_t *sel_local;      /* under CP: the selection as this rank's local rows */
     float *o, *lse;                /* [T, H, rkv] attention over the latents, [T, H] */
     float *ov;                     /* [T, H·dv] per-head W_UV outputs (o_proj input) */
-    float *x_mid, *xn2, *rstd2;    /* [T, D], [T, D], [T] */
-    float *gu, *act;               /* dense MLP: [T, 2I], [T, I] */
     float *s;                      /* MoE: [T, E] sigmoid scores */
     int32_t *esel;                 /* [T, K] chosen experts */
     float *wt;                     /* [T, K] their gates */

@@ -16,6 +16,10 @@
 static float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+void ls_add_to(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
 void ls_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)M,
