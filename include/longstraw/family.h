@@ -50,6 +50,7 @@ typedef struct {
 } ls_param;
 
 typedef struct ls_family ls_family;
+struct cJSON; /* a parsed config.json object (cJSON) */
 
 /* A loaded model of some family: the handle the transaction holds. */
 typedef struct {
@@ -100,6 +101,12 @@ typedef struct {
 
 struct ls_family {
     const char *name;
+    /* ---- the config: the model_types it reads (NULL-terminated) and their parser ---- */
+    const char *const *model_types;
+    /* The family's fields of config.json object o (the text model's: a wrapper's
+     * text_config when `wrapped`), after ls_cfg_parse_common (config_fields.h). */
+    ls_status (*parse_config)(ls_config *c, const struct cJSON *o, const char *model_type, int wrapped,
+                              const char *path);
     /* 1 when this family reads checkpoints of the config's model_type */
     int (*accepts)(const ls_config *cfg);
     /* ep: the expert-parallel ranks (NULL or one: every expert on this rank) */
@@ -181,6 +188,10 @@ struct ls_family {
 /* ---- the registry (src/models/family.c) ------------------------------------ */
 /* The family that reads checkpoints of cfg's model_type; NULL with an error naming it. */
 const ls_family *ls_family_for(const ls_config *cfg, const char *path);
+/* The family that reads config.json files of this model_type (NULL: none); the
+ * supported model_types, comma-separated, into buf (for messages). */
+const ls_family *ls_family_for_type(const char *model_type);
+void ls_family_type_names(char *buf, size_t cap);
 /* The family called `name` ("hybrid", "mla"; NULL: the default, the first registered);
  * NULL with an error listing the names. */
 const ls_family *ls_family_named(const char *name);

@@ -187,6 +187,10 @@ ls_status ls_hybrid_write_random(const char *config_path, const char *dir, uint6
 /* The family's `plan` document (family.h). */
 ls_status ls_hybrid_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_request *rq);
 double ls_hybrid_capture_flops(const ls_config *cfg, int64_t n);
+/* Its config.json (hybrid_config.c; family.h, slot parse_config) and the model_types it reads. */
+struct cJSON;
+ls_status ls_hybrid_parse_config(ls_config *c, const struct cJSON *o, const char *type, int wrapped, const char *path);
+extern const char *const ls_hybrid_model_types[];
 /* The same for a list of tensors of any family: dir/model.safetensors (norm weights,
  * A_log and biases stay f32) and config.json. */
 ls_status ls_write_random_checkpoint(const char *config_path, const char *dir, uint64_t seed, ls_dtype dtype,

@@ -25,6 +25,21 @@ const ls_family *ls_family_for(const ls_config *cfg, const char *path) {
     return NULL;
 }
 
+const ls_family *ls_family_for_type(const char *model_type) {
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        for (const char *const *t = families[i]->model_types; *t; t++)
+            if (!strcmp(*t, model_type)) return families[i];
+    return NULL;
+}
+
+void ls_family_type_names(char *buf, size_t cap) {
+    size_t n = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        for (const char *const *t = families[i]->model_types; *t && n < cap; t++)
+            n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", *t);
+}
+
 const ls_family *ls_family_named(const char *name) {
     if (!name) return families[0]; /* the default */
     char names[128] = "";

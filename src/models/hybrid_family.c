@@ -315,5 +315,7 @@ const ls_family ls_hybrid_family = {
     .demo_config = demo_config,
     .plan = ls_hybrid_plan_doc,
     .capture_flops = ls_hybrid_capture_flops,
+    .model_types = ls_hybrid_model_types,
+    .parse_config = ls_hybrid_parse_config,
     .demo_summary = "3 Gated DeltaNet + 1 gated attention",
 };

@@ -361,5 +361,7 @@ const ls_family ls_mla_family = {
     .demo_config = demo_config,
     .plan = ls_mla_plan_doc,
     .capture_flops = ls_mla_capture_flops,
+    .model_types = ls_mla_model_types,
+    .parse_config = ls_mla_parse_config,
     .demo_summary = "MLA + DSA indexer (2 full, 2 shared), 1 dense + 3 MoE",
 };
