@@ -142,6 +142,11 @@ struct ls_family {
                             ls_dtype dtype, const ls_comm *comm, ls_cp_layout layout, ls_arena *arena);
     ls_status (*state_plan)(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt_len, int64_t page_size,
                             ls_dtype dtype, int cp, ls_cp_layout layout, int64_t sweep_chunk);
+    /* What the prompt state keeps per layer (its page tables' rows, full mode's gradient
+     * rows, a recurrent state) and the recurrent states' size (state.h): the state
+     * module allocates what these say. */
+    void (*state_layer)(const ls_config *cfg, int l, ls_state_layer *out);
+    void (*state_recurrent)(const ls_config *cfg, ls_state_recurrent *out);
     /* Every distinct tensor, in a fixed order (*out malloc'd). */
     ls_status (*params)(const ls_model *m, ls_param **out, int64_t *n);
     /* Write a model's tensors (weights or a gradient set) under the checkpoint's names. */

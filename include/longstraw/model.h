@@ -191,6 +191,8 @@ double ls_hybrid_capture_flops(const ls_config *cfg, int64_t n);
 struct cJSON;
 ls_status ls_hybrid_parse_config(ls_config *c, const struct cJSON *o, const char *type, int wrapped, const char *path);
 extern const char *const ls_hybrid_model_types[];
+void ls_hybrid_state_layer(const ls_config *c, int l, ls_state_layer *out);
+void ls_hybrid_state_recurrent(const ls_config *c, ls_state_recurrent *out);
 /* The same for a list of tensors of any family: dir/model.safetensors (norm weights,
  * A_log and biases stay f32) and config.json. */
 ls_status ls_write_random_checkpoint(const char *config_path, const char *dir, uint64_t seed, ls_dtype dtype,

@@ -86,8 +86,23 @@ typedef struct {
     ls_state_full *full; /* exact-gradient mode (ls_state_enable_full), else NULL */
 } ls_prompt_state;
 
-/* Values per position of layer l's page table `side` (0: K, or an MLA layer's latent row
- * [c_kv ; k_pe]; 1: V, or an MLA full indexer layer's index key); 0: no such table. */
+/* What the prompt state keeps for one layer, as the model's family describes it
+ * (family.h, slot state_layer): the state module allocates what it is told. */
+typedef struct {
+    int64_t row[2];      /* values per position of its page tables (0: K, or an MLA latent row;
+                          * 1: V, or an index key); 0: no such table */
+    int64_t grad_row[2]; /* full mode: values per position of the gradient tables (0: none) */
+    int recurrent;       /* 1: a recurrent state (matrix + conv tail, sizes in ls_state_recurrent) */
+} ls_state_layer;
+/* The recurrent state of the config's recurrent layers (all the same size), and whether
+ * the state keeps a per-layer table of them at all. */
+typedef struct {
+    int table;
+    size_t rec_floats, tail_floats;
+} ls_state_recurrent;
+ls_state_layer ls_state_layer_of(const ls_config *c, int l);
+ls_state_recurrent ls_state_recurrent_of(const ls_config *c);
+/* ls_state_layer_of(c, l).row[side] */
 int64_t ls_state_row(const ls_config *c, int l, int side);
 
 /* Allocate an empty state able to hold `capacity` positions (page tables sized now,

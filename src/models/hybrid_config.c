@@ -106,3 +106,17 @@ ls_status ls_hybrid_parse_config(ls_config *c, const cJSON *o, const char *type,
     int q35 = strncmp(type, "qwen3_5", 7) == 0, moe35 = strncmp(type, "qwen3_5_moe", 11) == 0;
     return parse_text(c, o, type, q35, moe35, path);
 }
+
+/* The prompt state's layout (family.h): a full-attention layer keeps K and V rows of
+ * n_kv·hd (both with gradients in full mode), a Gated DeltaNet layer its recurrent state
+ * S [H_v, d_k, d_v] and conv tail [W−1, conv_dim]. */
+void ls_hybrid_state_layer(const ls_config *c, int l, ls_state_layer *out) {
+    int64_t kv = c->kind[l] == LS_LAYER_ATTN ? (int64_t)c->n_kv * c->head_dim : 0;
+    *out = (ls_state_layer){.row = {kv, kv}, .grad_row = {kv, kv}, .recurrent = c->kind[l] == LS_LAYER_GDN};
+}
+
+void ls_hybrid_state_recurrent(const ls_config *c, ls_state_recurrent *out) {
+    *out = (ls_state_recurrent){.table = 1,
+                                .rec_floats = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v,
+                                .tail_floats = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c)};
+}

@@ -317,5 +317,7 @@ const ls_family ls_hybrid_family = {
     .capture_flops = ls_hybrid_capture_flops,
     .model_types = ls_hybrid_model_types,
     .parse_config = ls_hybrid_parse_config,
+    .state_layer = ls_hybrid_state_layer,
+    .state_recurrent = ls_hybrid_state_recurrent,
     .demo_summary = "3 Gated DeltaNet + 1 gated attention",
 };

@@ -155,3 +155,16 @@ ls_status ls_mla_parse_config(ls_config *c, const cJSON *o, const char *mt, int 
 
 
 const char *const ls_mla_model_types[] = {"glm_moe_dsa", "deepseek_v32", NULL};
+
+/* The prompt state's layout (family.h; specs/mla-dsa-moe.md §2, §3): every layer keeps
+ * the latent row [c_kv ; k_pe] (with its gradient in full mode) and, on a full indexer
+ * layer, the index key (no gradient: the selection is constant); no recurrent state. */
+void ls_mla_state_layer(const ls_config *c, int l, ls_state_layer *out) {
+    int64_t lat = (int64_t)c->mla.kv_lora_rank + c->mla.qk_rope, idx = c->mla.index_full[l] ? c->mla.index_head_dim : 0;
+    *out = (ls_state_layer){.row = {lat, idx}, .grad_row = {lat, 0}, .recurrent = 0};
+}
+
+void ls_mla_state_recurrent(const ls_config *c, ls_state_recurrent *out) {
+    (void)c;
+    *out = (ls_state_recurrent){.table = 0};
+}

@@ -363,5 +363,7 @@ const ls_family ls_mla_family = {
     .capture_flops = ls_mla_capture_flops,
     .model_types = ls_mla_model_types,
     .parse_config = ls_mla_parse_config,
+    .state_layer = ls_mla_state_layer,
+    .state_recurrent = ls_mla_state_recurrent,
     .demo_summary = "MLA + DSA indexer (2 full, 2 shared), 1 dense + 3 MoE",
 };

@@ -7,18 +7,41 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "longstraw/family.h"
 #include "longstraw/state.h"
 
-/* Values per position a layer keeps in its page tables (the state's layout by layer
- * kind): a full-attention layer K and V of n_kv·hd each; an MLA layer the latent row
- * [c_kv ; k_pe] in the K table and, on a full indexer layer, the index key in the V
- * table (specs/mla-dsa-moe.md §2, §3); a Gated DeltaNet layer none (its state is not
- * paged). side 0 = K table, 1 = V table. */
-int64_t ls_state_row(const ls_config *c, int l, int side) {
-    if (c->kind[l] == LS_LAYER_ATTN) return (int64_t)c->n_kv * c->head_dim;
-    if (c->kind[l] == LS_LAYER_MLA)
-        return side == 0 ? (int64_t)c->mla.kv_lora_rank + c->mla.qk_rope : c->mla.index_full[l] ? c->mla.index_head_dim : 0;
-    return 0;
+/* The layout of a layer and of the recurrent states, from the config's family (family.h:
+ * state_layer, state_recurrent): a full-attention layer K and V rows, an MLA layer its
+ * latent row and index key, a Gated DeltaNet layer a recurrent state. */
+static const ls_family *family_of(const ls_config *c) {
+    const ls_family *f = ls_family_for(c, "the prompt state's config");
+    LS_ASSERT(f != NULL, "no family reads model_type %s", c->model_type);
+    return f;
+}
+
+ls_state_layer ls_state_layer_of(const ls_config *c, int l) {
+    ls_state_layer d;
+    memset(&d, 0, sizeof d);
+    family_of(c)->state_layer(c, l, &d);
+    return d;
+}
+
+ls_state_recurrent ls_state_recurrent_of(const ls_config *c) {
+    ls_state_recurrent r;
+    memset(&r, 0, sizeof r);
+    family_of(c)->state_recurrent(c, &r);
+    return r;
+}
+
+int64_t ls_state_row(const ls_config *c, int l, int side) { return ls_state_layer_of(c, l).row[side]; }
+
+static int count_layers(const ls_config *c, int recurrent) {
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        ls_state_layer d = ls_state_layer_of(c, l);
+        n += recurrent ? d.recurrent : d.row[0] > 0;
+    }
+    return n;
 }
 
 static size_t page_bytes(const ls_config *c, int l, int side, int64_t S, ls_dtype dt) {
@@ -40,8 +63,7 @@ static int page_bytes_checked(const ls_config *c, int64_t S, ls_dtype dt, size_t
     return 0;
 }
 
-/* The config's GDN state table exists only for the hybrid family. */
-static int has_gdn_table(const ls_config *c) { return c->family == LS_FAMILY_HYBRID; }
+static int has_gdn_table(const ls_config *c) { return ls_state_recurrent_of(c).table; }
 
 /* a * b * c, 0 on success (as ls_mul_size) */
 static int mul3(size_t a, size_t b, size_t c, size_t *out) {
@@ -64,17 +86,13 @@ static void rank_share(int64_t positions, int64_t S, int N, ls_cp_layout lay, in
 /* Bytes ls_arena_alloc takes for a request of n (0 takes one aligned unit), 0 on success. */
 static int abytes(size_t n, size_t *out) { return align_checked(n ? n : 1, out); }
 
-/* Values per position of layer l's gradient table `side` in full mode: the K (or MLA
- * latent) table always, the V table of a full-attention layer (an MLA layer's index
- * keys carry no gradient: the selection is constant). */
-static int64_t grad_row(const ls_config *c, int l, int side) {
-    return side == 0 || c->kind[l] == LS_LAYER_ATTN ? ls_state_row(c, l, side) : 0;
-}
+static int64_t grad_row(const ls_config *c, int l, int side) { return ls_state_layer_of(c, l).grad_row[side]; }
 
 /* The full-mode allocations of ls_state_enable_full for a rank with `np` local pages
  * and `nc` sweep chunks, in its order: dState then checkpoints. 0 on success. */
 static int full_bytes(const ls_config *cfg, int64_t S, int64_t np, int64_t nc, size_t *dstate, size_t *ckpt) {
-    size_t L = (size_t)cfg->n_layers, ng = (size_t)ls_cfg_count_kind(cfg, LS_LAYER_GDN);
+    size_t L = (size_t)cfg->n_layers, ng = (size_t)count_layers(cfg, 1);
+    ls_state_recurrent rs = ls_state_recurrent_of(cfg);
     size_t t, tabb, conv, rec, a;
     /* dState: the header, the per-layer table, per gradient table its page table and np
      * f32 pages, per GDN layer dS and dtail */
@@ -89,9 +107,9 @@ static int full_bytes(const ls_config *cfg, int64_t S, int64_t np, int64_t nc, s
                 abytes(pg, &pg) || ls_mul_size(pg, (size_t)np, &t) || ls_add_size(t, tabb, &t) || ls_add_size(a, t, &a))
                 return 1;
         }
-    if (mul3((size_t)(cfg->conv_k - 1), (size_t)ls_cfg_conv_dim(cfg), sizeof(float), &conv) || abytes(conv, &conv) ||
-        mul3((size_t)cfg->H_v, (size_t)cfg->d_k, (size_t)cfg->d_v, &rec) || ls_mul_size(rec, sizeof(float), &rec) ||
-        abytes(rec, &rec) || ls_mul_size(conv + rec, ng, &t) || ls_add_size(a, t, dstate))
+    if (ls_mul_size(rs.tail_floats, sizeof(float), &conv) || abytes(conv, &conv) ||
+        ls_mul_size(rs.rec_floats, sizeof(float), &rec) || abytes(rec, &rec) || ls_mul_size(conv + rec, ng, &t) ||
+        ls_add_size(a, t, dstate))
         return 1;
     /* checkpoints: the chunk list, the [nc][L] table, per chunk and GDN layer S and tail */
     if (ls_mul_size((size_t)nc, sizeof(ls_sweep_chunk), &a) || abytes(a, &a) ||
@@ -121,10 +139,10 @@ static int base_bytes(const ls_config *cfg, int64_t page_size, ls_dtype dtype, i
                 ls_add_size(*tab, ptab, tab))
                 return 1;
         }
-    if (mul3((size_t)(cfg->conv_k - 1), (size_t)ls_cfg_conv_dim(cfg), sizeof(float), &conv) ||
-        align_checked(conv, &conv) || mul3((size_t)cfg->H_v, (size_t)cfg->d_k, (size_t)cfg->d_v, &rec) ||
-        ls_mul_size(rec, sizeof(float), &rec) || align_checked(rec, &rec) || ls_add_size(conv, rec, gdn) ||
-        ls_mul_size((size_t)ls_cfg_count_kind(cfg, LS_LAYER_GDN), *gdn, gdn))
+    ls_state_recurrent rs = ls_state_recurrent_of(cfg);
+    if (ls_mul_size(rs.tail_floats, sizeof(float), &conv) || align_checked(conv, &conv) ||
+        ls_mul_size(rs.rec_floats, sizeof(float), &rec) || align_checked(rec, &rec) || ls_add_size(conv, rec, gdn) ||
+        ls_mul_size((size_t)count_layers(cfg, 1), *gdn, gdn))
         return 1;
     return 0;
 }
@@ -148,8 +166,8 @@ ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt
     p->layout = layout;
     p->pages = ceil_div(p->positions, page_size);
     p->pages_per_rank = layout_pages_per_rank(p->pages, cp, layout);
-    p->n_attn = ls_cfg_count_kind(cfg, LS_LAYER_ATTN) + ls_cfg_count_kind(cfg, LS_LAYER_MLA);
-    p->n_gdn = ls_cfg_count_kind(cfg, LS_LAYER_GDN);
+    p->n_attn = count_layers(cfg, 0);
+    p->n_gdn = count_layers(cfg, 1);
     p->sweep_chunk = sweep_chunk;
     /* Every product and sum checked: at the lengths this tool is for, a wrapped size
      * would print a small, wrong plan (and size an arena by it). Each rank's own share
@@ -290,8 +308,8 @@ ls_status ls_state_enable_full(ls_prompt_state *st, int64_t sweep_chunk) {
     LS_ASSERT(st->n == 0 && !st->full, "full mode is enabled on an empty state, once");
     ls_arena *A = st->arena;
     size_t L = (size_t)c->n_layers;
-    size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
-    size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;
+    ls_state_recurrent rs = ls_state_recurrent_of(c);
+    size_t conv_n = rs.tail_floats, rec_n = rs.rec_floats;
     ls_state_full *f = ls_arena_calloc(A, 1, sizeof *f);
     if (!f) return LS_ERR_NOMEM;
     f->sweep_chunk = sweep_chunk;
@@ -309,7 +327,7 @@ ls_status ls_state_enable_full(ls_prompt_state *st, int64_t sweep_chunk) {
                 if (!(tab[i] = ls_arena_calloc(A, 1, pb))) return LS_ERR_NOMEM;
             *(side ? &d->dv : &d->dk) = tab;
         }
-        if (c->kind[l] == LS_LAYER_GDN) {
+        if (ls_state_layer_of(c, (int)l).recurrent) {
             d->dS = ls_arena_calloc(A, rec_n, sizeof(float));
             d->dtail = ls_arena_calloc(A, conv_n, sizeof(float));
             if (!d->dS || !d->dtail) return LS_ERR_NOMEM;
@@ -326,7 +344,7 @@ ls_status ls_state_enable_full(ls_prompt_state *st, int64_t sweep_chunk) {
             f->chunks[j].lo = a;
             f->chunks[j].hi = a + sweep_chunk < st->seg_hi[k] ? a + sweep_chunk : st->seg_hi[k];
             for (size_t l = 0; l < L; l++) {
-                if (c->kind[l] != LS_LAYER_GDN) continue;
+                if (!ls_state_layer_of(c, (int)l).recurrent) continue;
                 ls_gdn_state *g = &f->ckpt[(size_t)j * L + l];
                 g->conv_tail = ls_arena_calloc(A, conv_n, sizeof(float));
                 g->S = ls_arena_calloc(A, rec_n, sizeof(float));
@@ -372,14 +390,14 @@ static ls_status alloc_tables(ls_prompt_state *st) {
     st->attn = ls_arena_calloc(arena, L, sizeof(ls_attn_state));
     st->gdn = has_gdn_table(cfg) ? ls_arena_calloc(arena, L, sizeof(ls_gdn_state)) : NULL;
     if (!st->attn || (has_gdn_table(cfg) && !st->gdn)) return LS_ERR_NOMEM;
-    size_t conv_n = (size_t)(cfg->conv_k - 1) * (size_t)ls_cfg_conv_dim(cfg);
-    size_t rec_n = (size_t)cfg->H_v * (size_t)cfg->d_k * (size_t)cfg->d_v;
+    ls_state_recurrent rs = ls_state_recurrent_of(cfg);
+    size_t conv_n = rs.tail_floats, rec_n = rs.rec_floats;
     for (int l = 0; l < (int)L; l++) {
         if (ls_state_row(cfg, l, 0) && !(st->attn[l].k_pages = ls_arena_calloc(arena, (size_t)st->cap_pages, sizeof(void *))))
             return LS_ERR_NOMEM;
         if (ls_state_row(cfg, l, 1) && !(st->attn[l].v_pages = ls_arena_calloc(arena, (size_t)st->cap_pages, sizeof(void *))))
             return LS_ERR_NOMEM;
-        if (cfg->kind[l] == LS_LAYER_GDN) {
+        if (ls_state_layer_of(cfg, l).recurrent) {
             st->gdn[l].conv_tail = ls_arena_calloc(arena, conv_n, sizeof(float));
             st->gdn[l].S = ls_arena_calloc(arena, rec_n, sizeof(float));
             if (!st->gdn[l].conv_tail || !st->gdn[l].S) return LS_ERR_NOMEM;
@@ -467,8 +485,8 @@ ls_status ls_state_fork(ls_prompt_state *dst, const ls_prompt_state *src, int64_
     LS_TRY(alloc_tables(dst));
     ls_kv_prefix held = ls_state_prefix(src, 0); /* positions this rank holds (any layer: the same) */
     int64_t full = held.n / src->page_size, partial = held.n % src->page_size;
-    size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
-    size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;
+    ls_state_recurrent rs = ls_state_recurrent_of(c);
+    size_t conv_n = rs.tail_floats, rec_n = rs.rec_floats;
     for (int64_t l = 0; l < c->n_layers; l++) {
         for (int side = 0; side < 2; side++) {
             if (!ls_state_row(c, (int)l, side)) continue;
@@ -481,7 +499,7 @@ ls_status ls_state_fork(ls_prompt_state *dst, const ls_prompt_state *src, int64_
                 memcpy(a[full], b[full], pb);
             }
         }
-        if (c->kind[l] == LS_LAYER_GDN) {
+        if (ls_state_layer_of(c, (int)l).recurrent) {
             memcpy(dst->gdn[l].S, src->gdn[l].S, rec_n * sizeof(float));
             memcpy(dst->gdn[l].conv_tail, src->gdn[l].conv_tail, conv_n * sizeof(float));
         }
