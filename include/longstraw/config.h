@@ -79,7 +79,5 @@ static inline int64_t ls_cfg_conv_dim(const ls_config *c) {
     return 2 * ls_cfg_key_dim(c) + ls_cfg_value_dim(c);
 }
 int ls_cfg_count_kind(const ls_config *c, ls_layer_kind k);
-/* Layers of an MLA config that run their own indexer. */
-int ls_cfg_count_index_full(const ls_config *c);
 
 #endif

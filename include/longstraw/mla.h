@@ -165,6 +165,8 @@ double ls_mla_capture_flops(const ls_config *cfg, int64_t n);
 struct cJSON;
 ls_status ls_mla_parse_config(ls_config *c, const struct cJSON *o, const char *mt, int wrapped, const char *path);
 extern const char *const ls_mla_model_types[];
+/* Layers of an MLA config that run their own indexer. */
+int ls_cfg_count_index_full(const ls_config *c);
 void ls_mla_state_layer(const ls_config *c, int l, ls_state_layer *out);
 void ls_mla_state_recurrent(const ls_config *c, ls_state_recurrent *out);
 

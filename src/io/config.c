@@ -175,12 +175,6 @@ ls_status ls_cfg_layer_words(const cJSON *a, const char *field, const char *one,
     return LS_OK;
 }
 
-int ls_cfg_count_index_full(const ls_config *c) {
-    int n = 0;
-    for (int64_t i = 0; i < c->n_layers && c->family == LS_FAMILY_MLA; i++) n += c->mla.index_full[i];
-    return n;
-}
-
 ls_status ls_config_parse(ls_config *c, const char *text, const char *path) {
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(text, &end, 1); /* 1: nothing may follow the object */

@@ -168,3 +168,9 @@ void ls_mla_state_recurrent(const ls_config *c, ls_state_recurrent *out) {
     (void)c;
     *out = (ls_state_recurrent){.table = 0};
 }
+
+int ls_cfg_count_index_full(const ls_config *c) {
+    int n = 0;
+    for (int64_t i = 0; i < c->n_layers; i++) n += c->mla.index_full[i];
+    return n;
+}
