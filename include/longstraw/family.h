@@ -34,10 +34,10 @@ typedef struct {
     /* The indexer KL loss (MLA family, specs/mla-dsa-moe.md §3 "Indexer training"): a
      * branch backward adds the gradient of Σ over its queries (from out_from) and full
      * indexer layers of KL(attention ‖ softmax of index scores), weight 1 per query, to
-     * the indexer tensors only, and that sum to *indexer_kl_sum (the same on every rank).
+     * the indexer tensors only, and that sum to *aux_loss_sum (the same on every rank).
      * 0: off. */
-    int indexer_kl;
-    double *indexer_kl_sum;
+    int aux_loss;
+    double *aux_loss_sum;
 } ls_fwd_opts;
 void ls_fwd_opts_default(ls_fwd_opts *o);
 
@@ -73,9 +73,10 @@ typedef struct {
     /* Expert parallelism (`--ep N`): the ranks of `ep` split the routed experts (NULL or
      * one rank: every expert here). */
     const ls_comm *ep;
-    /* Train the indexers by the indexer KL loss (MLA family, full fine-tune): their
-     * tensors join the trainable set (policy aux). */
-    int indexer_kl;
+    /* Train the family's auxiliary tensors by its auxiliary loss (family.h aux_loss; the
+     * MLA family: the indexers by the indexer KL loss, full fine-tune): their tensors
+     * join the trainable set (policy aux). */
+    int aux_loss;
 } ls_policy_spec;
 
 /* The trainable set of an update: the policy the forward and backward run, its
@@ -101,6 +102,10 @@ typedef struct {
 
 struct ls_family {
     const char *name;
+    /* Its auxiliary loss, by the metric name it is reported under ("indexer_kl": the MLA
+     * family's DSA indexer KL, trained with --indexer-kl-coef), or NULL: none. A policy
+     * spec's aux_loss and a forward's aux_loss ask for it. */
+    const char *aux_loss;
     /* ---- the config: the model_types it reads (NULL-terminated) and their parser ---- */
     const char *const *model_types;
     /* The family's fields of config.json object o (the text model's: a wrapper's

@@ -31,7 +31,7 @@ typedef struct {
     /* the indexer KL loss (MLA family, prefix-frozen): coef · (1/N) Σ over the batch's N
      * response tokens and the full indexer layers of KL(attention ‖ index scores),
      * trained into the indexers alone (policy aux); 0 = off */
-    double indexer_kl_coef;
+    double aux_loss_coef;
     int64_t page_size;
     ls_dtype state_dtype;
     ls_fwd_opts fwd;      /* capture chunk, LM-head rows, temperature, communicator */
@@ -56,7 +56,7 @@ void ls_grpo_advantages(double *A, const double *rewards, int G, ls_scale_reward
  * ∂L/∂logπ_θ(t) (=); counters for the metrics. ref may be NULL (β = 0). */
 typedef struct {
     double loss, kl_sum, clip_low, clip_high, tokens;
-    double indexer_kl; /* Σ of the indexer KL loss over the replayed queries (unweighted) */
+    double aux_loss; /* Σ of the family's auxiliary loss (the indexer KL) over the replayed queries (unweighted) */
 } ls_grpo_terms;
 void ls_grpo_member_terms(float *dl, ls_grpo_terms *acc, const float *lp, const float *old,
                           const float *ref, int64_t R, double A, double w, const ls_grpo_opts *o);
@@ -64,7 +64,7 @@ void ls_grpo_member_terms(float *dl, ls_grpo_terms *acc, const float *lp, const 
 typedef struct {
     double loss, reward_mean, reward_std, adv_mean, adv_std; /* reward_std: mean of per-group stds (TRL) */
     double clip_low, clip_high, kl, entropy, grad_norm;
-    double indexer_kl; /* the indexer KL loss per response token (0 when off) */
+    double aux_loss; /* the auxiliary loss (the indexer KL) per response token (0 when off) */
     double len_mean;
     int64_t len_min, len_max;
     int P, G;         /* of the first group */

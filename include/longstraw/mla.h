@@ -133,7 +133,7 @@ ls_status ls_mla_branch_fwd(const ls_mla_model *m, const ls_prompt_state *st, co
                             int64_t out_from, int64_t grad_from, const int32_t *target, float *logprob, float *entropy,
                             ls_branch_tape **tape_out, const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *scratch);
 /* Parameter gradients (+=) into `grad`; with `dstate` (full mode) the gradient w.r.t.
- * the latent rows the branch read is added to dstate's dState; o->indexer_kl adds the
+ * the latent rows the branch read is added to dstate's dState; o->aux_loss adds the
  * indexer KL loss's (ls_fwd_opts). */
 ls_status ls_mla_branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const ls_branch_tape *tape,
                             const float *dlogprob, ls_prompt_state *dstate, const ls_fwd_opts *o, ls_arena *scratch);

@@ -23,7 +23,7 @@ typedef struct {
     ls_cp_layout layout;
     int64_t sweep_chunk; /* full mode's reverse-sweep chunk; 0: prefix-frozen */
     int ep;              /* expert-parallel ranks */
-    int indexer_kl;      /* the indexers trained too */
+    int aux_loss;        /* the family's auxiliary tensors trained too (the indexers) */
 } ls_plan_request;
 
 typedef enum { LS_PLAN_I64, LS_PLAN_SIZE, LS_PLAN_STR } ls_plan_kind;

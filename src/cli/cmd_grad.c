@@ -124,7 +124,7 @@ static int run(const char *cmd, int argc, char **argv) {
         if (s == LS_OK) s = ls_receipt_write(receipt ? receipt : path, cmd, &pol, &g, &t.o, &mt, &ar);
     }
     if (s != LS_OK) goto fail;
-    if (root && t.o.indexer_kl_coef > 0) fprintf(stderr, "longstraw %s: indexer KL %.9g per response token\n", cmd, mt.indexer_kl);
+    if (root && t.o.aux_loss_coef > 0) fprintf(stderr, "longstraw %s: indexer KL %.9g per response token\n", cmd, mt.aux_loss);
     if (root) fprintf(stderr, "longstraw %s: loss %.6g, grad norm %.6g, clip low/high %.3f/%.3f, kl %.4g, %.2fs\n", cmd,
             mt.loss, mt.grad_norm, mt.clip_low, mt.clip_high, mt.kl, mt.t_total);
     rc = 0;

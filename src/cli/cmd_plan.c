@@ -118,7 +118,7 @@ int cmd_plan(int argc, char **argv) {
         ls_grpo_opts_default(&o);
         o.full = full;
         o.sweep_chunk = sweep;
-        o.indexer_kl_coef = ikl ? 1.0 : 0.0;
+        o.aux_loss_coef = ikl ? 1.0 : 0.0;
         if (ls_grpo_opts_check(&o) != LS_OK) {
             fprintf(stderr, "longstraw plan: %s\n", ls_err_msg());
             return 2;
@@ -133,7 +133,7 @@ int cmd_plan(int argc, char **argv) {
     const ls_family *fam = ls_family_for(&cfg, path);
     if (!fam) return cli_fail("plan", LS_ERR_UNSUPPORTED);
     ls_plan_request rq = {.path = path, .prompt = P, .page_size = S, .dtype = dt, .cp = (int)cp, .layout = lay,
-                          .sweep_chunk = full ? sweep : 0, .ep = (int)ep, .indexer_kl = ikl};
+                          .sweep_chunk = full ? sweep : 0, .ep = (int)ep, .aux_loss = ikl};
     ls_plan_doc *doc = calloc(1, sizeof *doc);
     if (!doc) return cli_fail("plan", ls_err(LS_ERR_NOMEM, "out of memory"));
     s = fam->plan(doc, &cfg, &rq);

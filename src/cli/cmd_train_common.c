@@ -194,7 +194,7 @@ int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg) {
     case OPT_LSEED: if (cli_parse_i64(cmd, "--lora-seed", arg, 0, INT64_MAX, &t->lora_seed)) return 2; break;
     case OPT_EP: if (cli_parse_i64(cmd, "--ep", arg, 1, 4096, &t->ep)) return 2; break;
     case OPT_IKL:
-        if (cli_parse_f64(cmd, "--indexer-kl-coef", arg, 0, 1e6, &t->o.indexer_kl_coef)) return 2;
+        if (cli_parse_f64(cmd, "--indexer-kl-coef", arg, 0, 1e6, &t->o.aux_loss_coef)) return 2;
         break;
     default: return -1; /* not ours */
     }
@@ -215,7 +215,7 @@ int cli_train_finish(const char *cmd, cli_train *t) {
         fprintf(stderr, "longstraw %s: %s\n", cmd, ls_err_msg());
         return 2;
     }
-    if (t->o.indexer_kl_coef > 0 && (t->adapter || t->lora_rank)) {
+    if (t->o.aux_loss_coef > 0 && (t->adapter || t->lora_rank)) {
         fprintf(stderr, "longstraw %s: --indexer-kl-coef trains the indexers' own weights: not with LoRA (--lora-rank, "
                         "--adapter)\n", cmd);
         return 2;
@@ -235,7 +235,7 @@ ls_policy_spec cli_policy_spec(const char *model, const cli_train *t) {
                             .lora_targets = t->lora_targets,
                             .lora_seed = (uint64_t)t->lora_seed,
                             .ep = t->ep_comm,
-                            .indexer_kl = t->o.indexer_kl_coef > 0};
+                            .aux_loss = t->o.aux_loss_coef > 0};
 }
 
 ls_status cli_trainable_open(ls_trainable *p, const char *model, const cli_train *t, int with_adam, ls_arenas *ar) {

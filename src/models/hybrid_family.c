@@ -121,7 +121,7 @@ static ls_status hy_policy_open(ls_policy *p, const ls_policy_spec *sp, ls_arena
     hp->owned = 1;
     p->priv = hp;
     LS_TRY(no_ep(sp->ep, sp->model_dir));
-    if (sp->indexer_kl)
+    if (sp->aux_loss)
         return ls_err(LS_ERR_ARG, "--indexer-kl-coef: %s is a hybrid (Gated DeltaNet) model, which has no DSA indexer",
                       sp->model_dir);
     p->fam = &ls_hybrid_family;

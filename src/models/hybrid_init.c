@@ -85,7 +85,7 @@ ls_status ls_hybrid_write_random(const char *config_path, const char *dir, uint6
  * fine-tune in f32. */
 ls_status ls_hybrid_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_request *rq) {
     const char *path = rq->path;
-    if (rq->indexer_kl)
+    if (rq->aux_loss)
         return ls_err(LS_ERR_UNSUPPORTED, "--indexer-kl: %s is %s, which has no DSA indexer", path, cfg->model_type);
     if (rq->ep > 1)
         return ls_err(LS_ERR_UNSUPPORTED, "--ep %d: expert parallelism is built for the MLA family only (%s is %s)",

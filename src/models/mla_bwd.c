@@ -71,7 +71,7 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
 typedef struct {
     ls_prompt_state *dstate;
     int inject;
-    double *indexer_kl; /* non-NULL: add the indexer KL loss (ls_fwd_opts), its sum here */
+    double *aux_loss; /* non-NULL: add the indexer KL loss (ls_fwd_opts aux_loss), its sum here */
 } dstate_ctx;
 
 /* The indexer KL loss of full layer l (spec §3 "Indexer training", sparse stage): for the
@@ -173,7 +173,7 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
     int64_t T = tb->T, D = c->hidden, rq = mc->q_lora_rank, rkv = mc->kv_lora_rank, pos0 = tb->pos0;
     int H = c->n_heads, dn = mc->qk_nope, dr = mc->qk_rope, dv = mc->v_head, half = dr / 2;
     int64_t dq = dn + dr, dk = rkv + dr, hb = dn + dv;
-    if (dc->indexer_kl && mc->index_full[l]) LS_TRY(indexer_kl_bwd(m, l, gw, tb, dc->indexer_kl, sc));
+    if (dc->aux_loss && mc->index_full[l]) LS_TRY(indexer_kl_bwd(m, l, gw, tb, dc->aux_loss, sc));
     ls_arena_mark mk = ls_arena_get_mark(sc);
     float *dov = ALLOC_F(sc, T * H * dv), *dob = ALLOC_F(sc, T * H * rkv); /* ∂L/∂(W_UV outputs), ∂L/∂ō */
     float *dqa = ALLOC_F(sc, T * H * dk + T * dk), *down = dqa ? dqa + T * H * dk : NULL; /* queries | own rows */
@@ -303,8 +303,8 @@ static ls_status branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const mla
 ls_status ls_mla_branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const ls_branch_tape *tape,
                             const float *dlogprob, ls_prompt_state *dstate, const ls_fwd_opts *o, ls_arena *scratch) {
     LS_ASSERT(!dstate || dstate->full, "the prompt state has no gradient buffer (full mode)");
-    LS_ASSERT(!(o && o->indexer_kl) || o->indexer_kl_sum, "the indexer KL loss needs a sum to add to");
-    dstate_ctx dc = {dstate, 0, o && o->indexer_kl ? o->indexer_kl_sum : NULL};
+    LS_ASSERT(!(o && o->aux_loss) || o->aux_loss_sum, "the indexer KL loss needs a sum to add to");
+    dstate_ctx dc = {dstate, 0, o && o->aux_loss ? o->aux_loss_sum : NULL};
     return branch_bwd(m, grad, (const mla_tape *)tape, dlogprob, &dc, scratch);
 }
 

@@ -175,11 +175,11 @@ static ls_status mla_policy_open(ls_policy *p, const ls_policy_spec *sp, ls_aren
     }
     p->grad = ls_mla_handle(&mp->grad);
     p->ep = mp->base.ep;
-    if (sp->indexer_kl && (sp->adapter || sp->lora_rank > 0))
+    if (sp->aux_loss && (sp->adapter || sp->lora_rank > 0))
         return ls_err(LS_ERR_ARG, "--indexer-kl-coef trains the indexers' own weights, which LoRA keeps frozen: use a "
                                   "full fine-tune (without --lora-rank / --adapter)");
     if (sp->adapter || sp->lora_rank > 0) return open_lora(p, mp, sp, fixed, ga);
-    if (sp->indexer_kl) { /* the indexers join the trainable set (the correction bias stays frozen) */
+    if (sp->aux_loss) { /* the indexers join the trainable set (the correction bias stays frozen) */
         int any = 0;
         for (int64_t i = 0; i < mp->base.n_tensors; i++) {
             ls_mla_tensor *t = (ls_mla_tensor *)&mp->base.tensors[i]; /* the policy's own list (fixed arena) */
@@ -199,7 +199,7 @@ static ls_status mla_policy_open(ls_policy *p, const ls_policy_spec *sp, ls_aren
             if (!mp->base.tensors[i].frozen) mp->sharded[k++] = mp->base.tensors[i].expert >= 0;
         p->sharded = mp->sharded;
     }
-    if (sp->indexer_kl) { /* the indexers' gradients come from the indexer KL loss alone */
+    if (sp->aux_loss) { /* the indexers' gradients come from the indexer KL loss alone */
         if (!(mp->aux = calloc((size_t)(p->n > 0 ? p->n : 1), 1))) return LS_ERR_NOMEM;
         for (int64_t i = 0, k = 0; i < mp->base.n_tensors; i++)
             if (!mp->base.tensors[i].frozen) mp->aux[k++] = (uint8_t)is_indexer(&mp->base.tensors[i]);
@@ -365,5 +365,6 @@ const ls_family ls_mla_family = {
     .parse_config = ls_mla_parse_config,
     .state_layer = ls_mla_state_layer,
     .state_recurrent = ls_mla_state_recurrent,
+    .aux_loss = "indexer_kl",
     .demo_summary = "MLA + DSA indexer (2 full, 2 shared), 1 dense + 3 MoE",
 };

@@ -149,7 +149,7 @@ double ls_mla_softmax_scale(const ls_config *c) {
  * full fine-tune (per rank under expert parallelism). */
 ls_status ls_mla_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_request *rq) {
     const char *path = rq->path;
-    int ep = rq->ep, ikl = rq->indexer_kl;
+    int ep = rq->ep, ikl = rq->aux_loss;
     ls_mla_plan_t p;
     ls_state_plan_t sp; /* the family's state plan: full mode's dState and chunk table */
     LS_TRY(ls_mla_state_plan(&p, cfg, rq->prompt, rq->page_size, rq->dtype, rq->cp, rq->layout, 2048));

@@ -57,9 +57,9 @@ ls_status ls_grpo_opts_check(const ls_grpo_opts *o) {
     if (!(o->fwd.temperature > 0 && isfinite(o->fwd.temperature)))
         return ls_err(LS_ERR_ARG, "--temperature %g: must be finite and > 0", (double)o->fwd.temperature);
     if (o->num_iterations < 1) return ls_err(LS_ERR_ARG, "--num-iterations %d: must be >= 1", o->num_iterations);
-    if (!(o->indexer_kl_coef >= 0 && isfinite(o->indexer_kl_coef)))
-        return ls_err(LS_ERR_ARG, "--indexer-kl-coef %g: must be finite and >= 0", o->indexer_kl_coef);
-    if (o->indexer_kl_coef > 0 && o->full)
+    if (!(o->aux_loss_coef >= 0 && isfinite(o->aux_loss_coef)))
+        return ls_err(LS_ERR_ARG, "--indexer-kl-coef %g: must be finite and >= 0", o->aux_loss_coef);
+    if (o->aux_loss_coef > 0 && o->full)
         return ls_err(LS_ERR_UNSUPPORTED, "--indexer-kl-coef runs in prefix-frozen mode (its gradient through the "
                                           "prompt's index keys, which --mode full would need, is not built)");
     return LS_OK;
@@ -418,7 +418,7 @@ static ls_status replay(ls_policy *p, const ls_group *g, const group_scores *gs,
                                      member_weight(o, g->R[i]), o);
             for (int64_t t = 0; t < g->R[i]; t++) *ent_sum += ent[t];
             ls_fwd_opts fo = o->fwd; /* the indexer KL loss adds its sum to acc */
-            fo.indexer_kl = o->indexer_kl_coef > 0, fo.indexer_kl_sum = &acc->indexer_kl;
+            fo.aux_loss = o->aux_loss_coef > 0, fo.aux_loss_sum = &acc->aux_loss;
             s = p->fam->branch_bwd(&p->policy, &p->grad, tape, dl, o->full && stp ? stp : NULL, &fo,
                                    &ar->a[LS_ARENA_SCRATCH]);
         }
@@ -572,7 +572,7 @@ ls_status ls_grpo_update_batch(ls_policy *p, ls_adamw *adam, ls_group *groups, i
         return ls_err(LS_ERR_ARG, "--loss sft has no reference term: --beta must be 0 (got %g)", o->beta);
     if (o->sft && rollout) return ls_err(LS_ERR_ARG, "--loss sft trains on given responses: not with rollouts");
     if (o->full && !p->fam->sweep) return ls_err(LS_ERR_UNSUPPORTED, "family %s has no full-mode sweep", p->fam->name);
-    if (o->indexer_kl_coef > 0 && !p->aux)
+    if (o->aux_loss_coef > 0 && !p->aux)
         return ls_err(LS_ERR_ARG, "the indexer KL loss needs the indexers in the trainable set (policy opened without it)");
     if (o->beta != 0 && !p->ref.impl) return ls_err(LS_ERR_ARG, "beta = %g needs a reference policy", o->beta);
     if (!adam && o->num_iterations != 1) return ls_err(LS_ERR_ARG, "gradients only: num_iterations must be 1");
@@ -606,10 +606,10 @@ ls_status ls_grpo_update_batch(ls_policy *p, ls_adamw *adam, ls_group *groups, i
         double c = batch_constant(groups, n_groups, o->loss, o->sft, o->max_completion_length);
         int64_t ntok = 0; /* the indexer KL loss is a mean over the batch's response tokens */
         for (int k = 0; k < n_groups; k++) ntok += sum_R(&groups[k]);
-        double caux = ntok > 0 ? o->indexer_kl_coef / (double)ntok : 0;
+        double caux = ntok > 0 ? o->aux_loss_coef / (double)ntok : 0;
         scale_params(p->g, p->n, c, p->aux, caux);
         mt->loss = c * acc.loss;
-        mt->indexer_kl = ntok > 0 ? acc.indexer_kl / (double)ntok : 0;
+        mt->aux_loss = ntok > 0 ? acc.aux_loss / (double)ntok : 0;
         mt->kl = acc.tokens > 0 ? acc.kl_sum / acc.tokens : 0;
         mt->clip_low = acc.tokens > 0 ? acc.clip_low / acc.tokens : 0;
         mt->clip_high = acc.tokens > 0 ? acc.clip_high / acc.tokens : 0;

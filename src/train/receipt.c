@@ -180,7 +180,7 @@ ls_status ls_receipt_write(const char *path, const char *cmd, const ls_trainable
     json_num(f, "advantage_mean", mt->adv_mean, 1);
     json_num(f, "kl", mt->kl, 1);
     json_num(f, "entropy", mt->entropy, 1);
-    if (o->indexer_kl_coef > 0) json_num(f, "indexer_kl", mt->indexer_kl, 1);
+    if (o->aux_loss_coef > 0 && pol->p.fam->aux_loss) json_num(f, pol->p.fam->aux_loss, mt->aux_loss, 1);
     json_num(f, "clip_ratio/low_mean", mt->clip_low, 1);
     json_num(f, "clip_ratio/high_mean", mt->clip_high, 1);
     json_num(f, "completions/mean_length", mt->len_mean, 1);

@@ -938,7 +938,7 @@ static void write_metrics(trainer *tr, const ls_grpo_metrics *mt, double step_ti
     json_metric(f, "reward_std", mt->reward_std);
     json_metric(f, "kl", mt->kl);
     json_metric(f, "entropy", mt->entropy);
-    if (tr->a->o.indexer_kl_coef > 0) json_metric(f, "indexer_kl", mt->indexer_kl);
+    if (tr->a->o.aux_loss_coef > 0 && tr->pol.p.fam->aux_loss) json_metric(f, tr->pol.p.fam->aux_loss, mt->aux_loss);
     json_metric(f, "clip_ratio/low_mean", mt->clip_low);
     json_metric(f, "clip_ratio/high_mean", mt->clip_high);
     json_metric(f, "completions/mean_length", mt->len_mean);
