@@ -1,7 +1,7 @@
 /*
- * decoder.c — the decoder-layer pieces both families share (decoder.h): SwiGLU on rows
- * with its LoRA side branches, and the routed experts of an MoE layer, forward and
- * backward, all through the backend's ops.
+ * decoder.c — the decoder layer both families fill (decoder.h): the layer skeleton,
+ * SwiGLU on rows with its LoRA side branches, and the routed experts of an MoE layer,
+ * forward and backward, all through the backend's ops.
  */
 #include <string.h>
 
