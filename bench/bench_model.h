@@ -7,6 +7,8 @@
 #define LS_BENCH_MODEL_H
 
 #include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdlib.h>
 
 #include <string.h>
@@ -46,11 +48,20 @@ static inline void bench_print_blas(void) {
     printf("BLAS: %s\n", line);
 }
 
-static inline int bench_write_model(const char *prog, char *dir, const char *cfg_json, ls_dtype dtype) {
-    if (!mkdtemp(dir)) {
-        fprintf(stderr, "%s: cannot create a temporary directory from %s\n", prog, dir);
-        return 1;
+/* bench_print_blas in a child process (it measures an sgemm, which starts the thread
+ * pool: see bench_write_model_forked). */
+static inline void bench_print_blas_forked(void) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        bench_print_blas();
+        fflush(NULL);
+        _exit(0);
     }
+    if (pid > 0) waitpid(pid, NULL, 0);
+}
+
+static inline int bench_write_into(const char *prog, const char *dir, const char *cfg_json, ls_dtype dtype) {
     char path[512];
     snprintf(path, sizeof path, "%s/in.json", dir);
     FILE *f = fopen(path, "w");
@@ -67,6 +78,31 @@ static inline int bench_write_model(const char *prog, char *dir, const char *cfg
         return 1;
     }
     return 0;
+}
+
+static inline int bench_write_model(const char *prog, char *dir, const char *cfg_json, ls_dtype dtype) {
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "%s: cannot create a temporary directory from %s\n", prog, dir);
+        return 1;
+    }
+    return bench_write_into(prog, dir, cfg_json, dtype);
+}
+
+/* bench_write_model in a child process: a program that forks its runs must not start
+ * OpenMP's thread pool before it forks (libgomp cannot run in the child of a process
+ * whose pool exists: the child waits for workers it does not have). */
+static inline int bench_write_model_forked(const char *prog, char *dir, const char *cfg_json, ls_dtype dtype) {
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "%s: cannot create a temporary directory from %s\n", prog, dir);
+        return 1;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return 1;
+    if (pid == 0) _exit(bench_write_into(prog, dir, cfg_json, dtype));
+    int st = 0;
+    if (waitpid(pid, &st, 0) != pid) return 1;
+    return !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
 static inline int bench_remove_model(const char *dir) {

@@ -145,8 +145,9 @@ int main(int argc, char **argv) {
     }
     ls_set_threads(threads);
     char dir[] = "/tmp/ls_bench_update_XXXXXX";
-    if (bench_write_model("update", dir, cfg, LS_DTYPE_BF16)) return 1;
-    bench_print_blas();
+    /* the runs are forked children: nothing here may start OpenMP's thread pool first */
+    if (bench_write_model_forked("update", dir, cfg, LS_DTYPE_BF16)) return 1;
+    bench_print_blas_forked();
     printf("GRPO update, small %s config, R = %lld, %d threads, bf16 prompt pages, full mode's sweep chunk %lld\n",
            strstr(cfg, "glm_moe_dsa") ? "MLA + DSA + MoE" : "hybrid", (long long)R, ls_get_threads(), (long long)sweep);
     printf("| P | G | prefix-frozen s | full s | full / prefix-frozen time | naive s | prefix-frozen RSS MiB | "
