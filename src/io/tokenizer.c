@@ -1055,34 +1055,6 @@ ls_status ls_tok_byte_level_json(char **json) {
     return *json ? LS_OK : ls_err(LS_ERR_NOMEM, "cannot build the byte-level tokenizer");
 }
 
-int ls_tok_utf8_seq(const unsigned char *s, size_t n, size_t *adv) {
-    unsigned b = s[0], lo = 0x80, hi = 0xBF;
-    size_t need;
-    if (b < 0x80) {
-        *adv = 1;
-        return 1;
-    }
-    if (b >= 0xC2 && b <= 0xDF) need = 1;
-    else if (b == 0xE0) need = 2, lo = 0xA0;                 /* no overlongs */
-    else if (b == 0xED) need = 2, hi = 0x9F;                 /* no surrogates */
-    else if (b >= 0xE1 && b <= 0xEF) need = 2;
-    else if (b == 0xF0) need = 3, lo = 0x90;                 /* no overlongs */
-    else if (b >= 0xF1 && b <= 0xF3) need = 3;
-    else if (b == 0xF4) need = 3, hi = 0x8F;                 /* ≤ U+10FFFF */
-    else {
-        *adv = 1; /* 80..C1, F5..FF: never a lead byte */
-        return 0;
-    }
-    size_t k = 1;
-    while (k <= need && k < n) {
-        unsigned c = s[k];
-        if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xBF)) break;
-        k++;
-    }
-    *adv = k;
-    return k == need + 1;
-}
-
 ls_status ls_tok_load_for_model(ls_tokenizer **out, const char *path, int64_t vocab) {
     *out = NULL;
     if (path) {

@@ -72,27 +72,43 @@ int ls_tok_uni_ccc(uint32_t cp) {
     return 0;
 }
 
-int ls_tok_utf8_decode(const unsigned char *s, size_t len, uint32_t *cp) {
-    if (len == 0) return 0;
-    unsigned c = s[0];
-    if (c < 0x80) {
-        *cp = c;
+int ls_tok_utf8_seq(const unsigned char *s, size_t n, size_t *adv) {
+    unsigned b = s[0], lo = 0x80, hi = 0xBF;
+    size_t need;
+    if (b < 0x80) {
+        *adv = 1;
         return 1;
     }
-    int n;
-    uint32_t v, min;
-    if (c >= 0xC2 && c <= 0xDF) n = 2, v = c & 0x1F, min = 0x80;
-    else if (c >= 0xE0 && c <= 0xEF) n = 3, v = c & 0x0F, min = 0x800;
-    else if (c >= 0xF0 && c <= 0xF4) n = 4, v = c & 0x07, min = 0x10000;
-    else return 0;
-    if (len < (size_t)n) return 0;
-    for (int i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        v = (v << 6) | (s[i] & 0x3F);
+    if (b >= 0xC2 && b <= 0xDF) need = 1;
+    else if (b == 0xE0) need = 2, lo = 0xA0;                 /* no overlongs */
+    else if (b == 0xED) need = 2, hi = 0x9F;                 /* no surrogates */
+    else if (b >= 0xE1 && b <= 0xEF) need = 2;
+    else if (b == 0xF0) need = 3, lo = 0x90;                 /* no overlongs */
+    else if (b >= 0xF1 && b <= 0xF3) need = 3;
+    else if (b == 0xF4) need = 3, hi = 0x8F;                 /* ≤ U+10FFFF */
+    else {
+        *adv = 1; /* 80..C1, F5..FF: never a lead byte */
+        return 0;
     }
-    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
+    size_t k = 1;
+    while (k <= need && k < n) {
+        unsigned c = s[k];
+        if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xBF)) break;
+        k++;
+    }
+    *adv = k;
+    return k == need + 1;
+}
+
+/* The code point of the well-formed sequence ls_tok_utf8_seq finds (one rule for what
+ * is well-formed). */
+int ls_tok_utf8_decode(const unsigned char *s, size_t len, uint32_t *cp) {
+    size_t n;
+    if (len == 0 || !ls_tok_utf8_seq(s, len, &n)) return 0;
+    uint32_t v = n == 1 ? s[0] : s[0] & (0xFFu >> (n + 1)); /* the lead byte's payload */
+    for (size_t i = 1; i < n; i++) v = (v << 6) | (s[i] & 0x3F);
     *cp = v;
-    return n;
+    return (int)n;
 }
 
 /* ---- NFC ------------------------------------------------------------------------ */
