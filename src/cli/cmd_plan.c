@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "cli.h"
 #include <stdlib.h>
 
@@ -38,14 +40,13 @@ static void help(void) {
 
 static double gib(size_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 
+/* v as a JSON string (cJSON's escaping). */
 static void json_string(const char *v) {
-    putchar('"');
-    for (const unsigned char *c = (const unsigned char *)v; *c; c++) {
-        if (*c == '"' || *c == '\\') printf("\\%c", *c);
-        else if (*c < 0x20) printf("\\u%04x", *c);
-        else putchar(*c);
-    }
-    putchar('"');
+    cJSON *j = cJSON_CreateString(v);
+    char *t = j ? cJSON_PrintUnformatted(j) : NULL;
+    fputs(t ? t : "null", stdout);
+    free(t);
+    cJSON_Delete(j);
 }
 
 /* The family's document: --json as one object in the family's key order, or the table. */
