@@ -80,22 +80,22 @@ static inline int bench_write_into(const char *prog, const char *dir, const char
     return 0;
 }
 
+/* dir (a mkdtemp template) made; 0 on success */
+static inline int bench_mkdtemp(const char *prog, char *dir) {
+    if (mkdtemp(dir)) return 0;
+    fprintf(stderr, "%s: cannot create a temporary directory from %s\n", prog, dir);
+    return 1;
+}
+
 static inline int bench_write_model(const char *prog, char *dir, const char *cfg_json, ls_dtype dtype) {
-    if (!mkdtemp(dir)) {
-        fprintf(stderr, "%s: cannot create a temporary directory from %s\n", prog, dir);
-        return 1;
-    }
-    return bench_write_into(prog, dir, cfg_json, dtype);
+    return bench_mkdtemp(prog, dir) || bench_write_into(prog, dir, cfg_json, dtype);
 }
 
 /* bench_write_model in a child process: a program that forks its runs must not start
  * OpenMP's thread pool before it forks (libgomp cannot run in the child of a process
  * whose pool exists: the child waits for workers it does not have). */
 static inline int bench_write_model_forked(const char *prog, char *dir, const char *cfg_json, ls_dtype dtype) {
-    if (!mkdtemp(dir)) {
-        fprintf(stderr, "%s: cannot create a temporary directory from %s\n", prog, dir);
-        return 1;
-    }
+    if (bench_mkdtemp(prog, dir)) return 1;
     fflush(NULL);
     pid_t pid = fork();
     if (pid < 0) return 1;
