@@ -408,14 +408,15 @@ static ls_status alloc_tables(ls_prompt_state *st) {
 
 ls_status ls_state_append_kv(ls_prompt_state *st, int layer, const float *k, const float *v,
                              int64_t T) {
-    const ls_config *c = st->cfg;
-    LS_ASSERT(ls_state_row(c, layer, 0) > 0, "layer %d has no pages", layer);
+    const ls_state_layer d = ls_state_layer_of(st->cfg, layer); /* its layout, asked once */
+    LS_ASSERT(d.row[0] > 0, "layer %d has no pages", layer);
     if (st->n + T > st->capacity)
         return ls_err(LS_ERR_ARG, "prompt state holds %lld positions; cannot append %lld more",
                       (long long)st->capacity, (long long)T);
-    int64_t row = ls_state_row(c, layer, 0), vrow = ls_state_row(c, layer, 1);
+    int64_t row = d.row[0], vrow = d.row[1];
     size_t esz = ls_dtype_size(st->dtype);
-    size_t pb = page_bytes(c, layer, 0, st->page_size, st->dtype), vpb = page_bytes(c, layer, 1, st->page_size, st->dtype);
+    size_t pb = ls_align_up((size_t)st->page_size * (size_t)row * esz);
+    size_t vpb = ls_align_up((size_t)st->page_size * (size_t)vrow * esz);
     LS_ASSERT(!vrow == !v, "layer %d: V rows given to a table that has %s", layer, vrow ? "them" : "none");
     ls_attn_state *a = &st->attn[layer];
     int sg = 0; /* the segment of this rank holding the positions */
