@@ -14,7 +14,6 @@
 #include "longstraw/kernels.h"
 
 static float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 void ls_add_to(float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
@@ -33,7 +32,7 @@ void ls_sigmoid_mul_fwd(float *y, const float *x, const float *gate, int64_t n) 
 
 void ls_sigmoid_mul_bwd(float *dx, float *dgate, const float *dy, const float *x, const float *gate, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        float s = sigmoidf(gate[i]), d = dy[i];
+        float s = ls_sigmoidf(gate[i]), d = dy[i];
         dgate[i] = d * x[i] * s * (1.0f - s);
         dx[i] = d * s;
     }
@@ -42,7 +41,7 @@ void ls_sigmoid_mul_bwd(float *dx, float *dgate, const float *dy, const float *x
 void ls_gated_add_rows(float *x, const float *logit, const float *y, int64_t T, int64_t D) {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; t++) {
-        float s = 1.0f / (1.0f + expf(-logit[t]));
+        float s = ls_sigmoidf(logit[t]);
         for (int64_t d = 0; d < D; d++) x[t * D + d] += s * y[t * D + d];
     }
 }
@@ -50,7 +49,7 @@ void ls_gated_add_rows(float *x, const float *logit, const float *y, int64_t T, 
 void ls_gated_add_rows_bwd(float *dy, float *dlogit, const float *dx, const float *logit, const float *y, int64_t T,
                            int64_t D) {
     for (int64_t t = 0; t < T; t++) {
-        float sg = sigmoidf(logit[t]);
+        float sg = ls_sigmoidf(logit[t]);
         double dot = 0;
         for (int64_t d = 0; d < D; d++) {
             dot += (double)dx[t * D + d] * y[t * D + d];
@@ -72,7 +71,7 @@ void ls_gdn_prep_fwd(float *q, float *k, float *v, float *beta, float *g, float 
         memcpy(v + t * vd, yt + 2 * kd, (size_t)vd * sizeof(float));
         for (int h = 0; h < Hv; h++) {
             float bb = ba[t * 2 * Hv + h], aa = ba[t * 2 * Hv + Hv + h];
-            beta[t * Hv + h] = 1.0f / (1.0f + expf(-bb));
+            beta[t * Hv + h] = ls_sigmoidf(bb);
             g[t * Hv + h] = -expf(A_log[h]) * softplusf(aa + dt_bias[h]);
         }
     }
@@ -92,7 +91,7 @@ void ls_gdn_prep_bwd(float *dy, float *dba, float *dA_log, float *ddt_bias, cons
             float bt = beta[t * Hv + h];
             dba[t * 2 * Hv + h] = dbeta[t * Hv + h] * bt * (1.0f - bt);
             float gg = dg[t * Hv + h];
-            float da = gg * -expf(A_log[h]) * sigmoidf(bat[Hv + h] + dt_bias[h]);
+            float da = gg * -expf(A_log[h]) * ls_sigmoidf(bat[Hv + h] + dt_bias[h]);
             dba[t * 2 * Hv + Hv + h] = da;
             if (ddt_bias) ddt_bias[h] += da;
             if (dA_log) dA_log[h] += gg * g[t * Hv + h];
