@@ -23,6 +23,45 @@
  * partial has lse = −inf. Transients (rows·(hd + 2) floats) from `scratch`. */
 ls_status ls_cp_merge(float *o, float *lse, int64_t rows, int hd, const ls_comm *comm, ls_arena *scratch);
 
+/* The ring over pages (DESIGN §8). A run of np K/V pages of attention layer `layer`
+ * (k[i], v[i], page_bytes each, in the state's dtype) travels from its holder to a
+ * reader in blocks of at most bp pages, K | V of a block in one message, so the reader
+ * never holds more than one block of another rank's pages. The reader handles each
+ * block in `fn` (pages p0 .. p0 + nb − 1 of the run; dk/dv NULL without gradients). */
+typedef ls_status (*ls_dist_pages_fn)(void *ctx, void *const *k, void *const *v, float *const *dk, float *const *dv,
+                                      int64_t p0, int64_t nb);
+ls_status ls_dist_pages_send(const ls_comm *comm, void *const *k, void *const *v, int64_t np, size_t page_bytes,
+                             int64_t bp, int dst, int layer, ls_arena *scratch);
+ls_status ls_dist_pages_recv(const ls_comm *comm, int64_t np, size_t page_bytes, int64_t bp, int src, int layer,
+                             ls_dist_pages_fn fn, void *ctx, ls_arena *scratch);
+/* With gradients (the full-mode sweep): the reader's fn adds into dk/dv (f32 pages of
+ * grad_floats values, zeroed per block) the gradient of the block, which goes back to
+ * the holder as the next block leaves; the holder adds it to its dk/dv [np] (f32). */
+ls_status ls_dist_pages_send_grad(const ls_comm *comm, void *const *k, void *const *v, void *const *dk,
+                                  void *const *dv, int64_t np, size_t page_bytes, int64_t grad_floats, int64_t bp,
+                                  int dst, int layer, ls_arena *scratch);
+ls_status ls_dist_pages_recv_grad(const ls_comm *comm, int64_t np, size_t page_bytes, int64_t grad_floats,
+                                  int64_t bp, int src, int layer, ls_dist_pages_fn fn, void *ctx, ls_arena *scratch);
+
+/* The state relay: a layer's recurrent state (a few parts, such as the Gated DeltaNet
+ * state and conv tail, or their gradients) from the owner of one segment to the owner of
+ * the next (parts of 0 bytes are skipped; at most 2), and the final state to every rank.
+ * ls_dist_bcast_parts also shares a chunk's queries from their owner. */
+typedef struct {
+    void *p;
+    size_t bytes;
+} ls_dist_part;
+ls_status ls_dist_relay_send(const ls_comm *comm, const ls_dist_part *parts, int n, int dst, int layer);
+ls_status ls_dist_relay_recv(const ls_comm *comm, const ls_dist_part *parts, int n, int src, int layer);
+ls_status ls_dist_bcast_parts(const ls_comm *comm, const ls_dist_part *parts, int n, int root);
+
+/* The partial reductions CP composes with: each rank's share of a sum (dq over its own
+ * pages, the MLA's query gradients) or of a maximum, combined in place, identical bits
+ * on every rank. */
+ls_status ls_dist_sum_f32(const ls_comm *comm, float *x, int64_t n);
+ls_status ls_dist_sum_f64(const ls_comm *comm, double *x, int64_t n);
+ls_status ls_dist_max_f32(const ls_comm *comm, float *x, int64_t n);
+
 /* A key a rank proposes for a query's sparse selection: its score and position (−1:
  * none). */
 typedef struct {
@@ -46,5 +85,10 @@ ls_status ls_dist_topk_merge(int32_t *sel, const ls_topk_cand *mine, int64_t T, 
  * whole on every rank. */
 ls_status ls_dist_ep_combine(float *y, int64_t T, int64_t W, const int32_t *sel, int K, int64_t n_local,
                              const ls_comm *ep, ls_arena *scratch);
+
+/* The expert gather of an export: n floats of a tensor held by EP rank `owner` (mine,
+ * read there) to the group's rank 0 (out, written there); a no-op elsewhere and when
+ * the owner is rank 0. */
+ls_status ls_dist_ep_gather(const ls_comm *ep, const float *mine, float *out, int64_t n, int owner);
 
 #endif

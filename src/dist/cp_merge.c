@@ -1,5 +1,6 @@
 /*
- * cp_merge.c — the log-sum-exp merge of attention partials across ranks (cp.h).
+ * cp_merge.c — the log-sum-exp merge of attention partials across ranks, and the partial
+ * sums and maxima CP composes with (cp.h).
  */
 #include <math.h>
 #include <string.h>
@@ -43,4 +44,16 @@ ls_status ls_cp_merge(float *o, float *lse, int64_t rows, int hd, const ls_comm 
     }
     ls_arena_release(scratch, mk);
     return s;
+}
+
+ls_status ls_dist_sum_f32(const ls_comm *comm, float *x, int64_t n) {
+    return ls_comm_allreduce_f32(comm, x, n, LS_REDUCE_SUM);
+}
+
+ls_status ls_dist_sum_f64(const ls_comm *comm, double *x, int64_t n) {
+    return ls_comm_allreduce_f64(comm, x, n, LS_REDUCE_SUM);
+}
+
+ls_status ls_dist_max_f32(const ls_comm *comm, float *x, int64_t n) {
+    return ls_comm_allreduce_f32(comm, x, n, LS_REDUCE_MAX);
 }

@@ -1,5 +1,6 @@
 /*
- * moe_ep.c — expert parallelism's combine of the routed outputs (cp.h).
+ * moe_ep.c — expert parallelism: the combine of the routed outputs and the expert gather
+ * of an export (cp.h).
  */
 #include <string.h>
 
@@ -54,4 +55,14 @@ ls_status ls_dist_ep_combine(float *y, int64_t T, int64_t W, const int32_t *sel,
     memcpy(y, all, (size_t)(T * W) * sizeof(float));
     ls_arena_release(sc, mk);
     return LS_OK;
+}
+
+/* The export's point-to-point tag (an EP group carries no other tagged message). */
+#define TAG_EXPORT 7
+
+ls_status ls_dist_ep_gather(const ls_comm *ep, const float *mine, float *out, int64_t n, int owner) {
+    int r = ls_comm_rank(ep);
+    if (owner == 0 || (r != owner && r != 0)) return LS_OK;
+    if (r == owner) return ls_comm_send(ep, mine, (size_t)n * sizeof(float), 0, TAG_EXPORT);
+    return ls_comm_recv(ep, out, (size_t)n * sizeof(float), owner, TAG_EXPORT);
 }

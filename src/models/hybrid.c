@@ -62,32 +62,45 @@ typedef struct {
  * earlier segment another rank holds (segments before `seg`, in prompt order) of
  * attention layer l, received block by block — never a remote page beyond its block
  * (the owners send them once per chunk of this segment, cp_send_pages). */
-static ls_status cp_merge_earlier(const ls_backend *be, const ls_prompt_state *st, int l, int seg, const float *q, float *o, float *lse,
-                                  int64_t T, int64_t bp, ls_arena *sc) {
+typedef struct {
+    const ls_backend *be;
+    const ls_config *c;
+    const float *q;
+    float *o, *lse, *ob, *lb; /* the merged output and a block's partial */
+    int64_t T, S, n;          /* n: the segment's positions */
+    ls_dtype dtype;
+    ls_arena *sc;
+} merge_ctx;
+
+/* A remote block of pages p0 .. p0 + nb − 1: its partial, merged in. */
+static ls_status merge_block(void *ctx, void *const *kp, void *const *vp, float *const *dk, float *const *dv,
+                             int64_t p0, int64_t nb) {
+    (void)dk, (void)dv;
+    merge_ctx *M = ctx;
+    const ls_config *c = M->c;
+    int64_t bn = M->n - p0 * M->S;
+    ls_kv_prefix blk = {bn < nb * M->S ? bn : nb * M->S, M->S, M->dtype, kp, vp};
+    LS_TRY(ls_op_attn_prefix_fwd(M->be, M->ob, M->lb, M->q, &blk, M->T, c->n_heads, c->n_kv, c->head_dim,
+                                 1.0f / sqrtf((float)c->head_dim), M->sc));
+    ls_op_attn_merge(M->be, M->o, M->lse, M->ob, M->lb, M->T, c->n_heads, c->head_dim);
+    return LS_OK;
+}
+
+static ls_status cp_merge_earlier(const ls_backend *be, const ls_prompt_state *st, int l, int seg, const float *q,
+                                  float *o, float *lse, int64_t T, int64_t bp, ls_arena *sc) {
     const ls_config *c = st->cfg;
     int64_t S = st->page_size, qd = (int64_t)c->n_heads * c->head_dim;
-    int nh = c->n_heads, hd = c->head_dim;
-    size_t pb = (size_t)S * (size_t)c->n_kv * (size_t)hd * ls_dtype_size(st->dtype);
+    size_t pb = (size_t)S * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(st->dtype);
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *ob = ALLOC_F(sc, T * qd), *lb = ALLOC_F(sc, T * nh); /* a block's partial */
-    void **kp = ls_arena_alloc(sc, (size_t)bp * sizeof(void *)), **vp = ls_arena_alloc(sc, (size_t)bp * sizeof(void *));
-    char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * pb); /* [2, bp pages]: K | V of a remote block */
-    NEED(ob && lb && kp && vp && buf);
+    merge_ctx M = {be, c, q, o, lse, ALLOC_F(sc, T * qd), ALLOC_F(sc, T * c->n_heads), T, S, 0, st->dtype, sc};
+    NEED(M.ob && M.lb);
     for (int s = 0; s < seg; s++) {
         int src;
         int64_t rlo, rhi;
         ls_state_segment(st, s, &src, &rlo, &rhi);
         if (src == st->rank || rhi == rlo) continue; /* own pages are in the prefix already */
-        int64_t np = (rhi - rlo + S - 1) / S;
-        for (int64_t p0 = 0; p0 < np; p0 += bp) {
-            int64_t nb = np - p0 < bp ? np - p0 : bp;
-            LS_TRY(ls_comm_recv(st->comm, buf, 2 * (size_t)nb * pb, src, CP_TAG(l, 1)));
-            for (int64_t i = 0; i < nb; i++) kp[i] = buf + (size_t)i * pb, vp[i] = buf + (size_t)(nb + i) * pb;
-            int64_t bn = rhi - (rlo + p0 * S);
-            ls_kv_prefix blk = {bn < nb * S ? bn : nb * S, S, st->dtype, kp, vp};
-            LS_TRY(ls_op_attn_prefix_fwd(be, ob, lb, q, &blk, T, nh, c->n_kv, hd, 1.0f / sqrtf((float)hd), sc));
-            ls_op_attn_merge(be, o, lse, ob, lb, T, nh, hd);
-        }
+        M.n = rhi - rlo;
+        LS_TRY(ls_dist_pages_recv(st->comm, (M.n + S - 1) / S, pb, bp, src, l, merge_block, &M, sc));
     }
     ls_arena_release(sc, mk);
     return LS_OK;
@@ -420,28 +433,17 @@ int64_t ls_hybrid_cp_block(const ls_prompt_state *st, const ls_fwd_opts *o) {
 
 /* (the receiver keeps no remote page beyond one block) */
 ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int64_t lo, int64_t nchunks, int64_t bp,
-                               ls_arena *sc) {
+                                  ls_arena *sc) {
     const ls_config *c = st->cfg;
     size_t pb = (size_t)st->page_size * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(st->dtype);
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * pb); /* [2, bp pages]: K | V */
-    NEED(buf);
-    ls_status s = LS_OK;
-    for (int64_t q = 0; q < nchunks && s == LS_OK; q++)
-        for (int k = 0; k < st->nseg && s == LS_OK; k++) { /* earlier segments, prompt order */
+    for (int64_t q = 0; q < nchunks; q++)
+        for (int k = 0; k < st->nseg; k++) { /* earlier segments, prompt order */
             if (st->seg_hi[k] == st->seg_lo[k] || st->seg_hi[k] > lo) continue;
             int64_t np = (st->seg_hi[k] - st->seg_lo[k] + st->page_size - 1) / st->page_size;
-            for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
-                int64_t nb = np - p0 < bp ? np - p0 : bp;
-                for (int64_t i = 0; i < nb; i++) {
-                    memcpy(buf + (size_t)i * pb, st->attn[l].k_pages[st->seg_lpage[k] + p0 + i], pb);
-                    memcpy(buf + (size_t)(nb + i) * pb, st->attn[l].v_pages[st->seg_lpage[k] + p0 + i], pb);
-                }
-                s = ls_comm_send(st->comm, buf, 2 * (size_t)nb * pb, dst, CP_TAG(l, 1));
-            }
+            LS_TRY(ls_dist_pages_send(st->comm, st->attn[l].k_pages + st->seg_lpage[k],
+                                      st->attn[l].v_pages + st->seg_lpage[k], np, pb, bp, dst, l, sc));
         }
-    ls_arena_release(sc, mk);
-    return s;
+    return LS_OK;
 }
 
 /* Query chunks of the segment [lo, hi). */
@@ -498,11 +500,9 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
             int k = 0;
             while (st->seg_lo[k] != lo) k++;
             int prev = cp_neighbour(st, sg, -1), next = cp_neighbour(st, sg, +1);
-            if (gdn && prev >= 0 && prev != r) { /* the state where the previous segment ended */
-                s = ls_comm_recv(st->comm, g->S, rec_n * sizeof(float), prev, CP_TAG(l, 2));
-                if (s == LS_OK && conv_n)
-                    s = ls_comm_recv(st->comm, g->conv_tail, conv_n * sizeof(float), prev, CP_TAG(l, 3));
-            }
+            ls_dist_part relay[2] = {{g->S, rec_n * sizeof(float)}, {g->conv_tail, conv_n * sizeof(float)}};
+            if (gdn && prev >= 0 && prev != r) /* the state where the previous segment ended */
+                s = ls_dist_relay_recv(st->comm, relay, 2, prev, l);
             for (int64_t c0 = lo, T; c0 < hi && s == LS_OK; c0 += T) { /* the segment's chunks through layer l */
                 T = ls_state_span_end(st, lo, c0, hi, C) - c0;
                 st->n = c0;
@@ -513,10 +513,8 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
                 s = layer_fwd(m, l, x + (xoff[k] + c0 - lo) * D, skip, &L);
             }
             st->n = hi;
-            if (s == LS_OK && gdn && next >= 0 && next != r) { /* on to the next segment's owner */
-                s = ls_comm_send(st->comm, g->S, rec_n * sizeof(float), next, CP_TAG(l, 2));
-                if (s == LS_OK && conv_n) s = ls_comm_send(st->comm, g->conv_tail, conv_n * sizeof(float), next, CP_TAG(l, 3));
-            }
+            if (s == LS_OK && gdn && next >= 0 && next != r) /* on to the next segment's owner */
+                s = ls_dist_relay_send(st->comm, relay, 2, next, l);
         }
         ls_trace_layer_end(l, "fwd");
     }
@@ -524,8 +522,8 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
     int last = cp_neighbour(st, nseg, -1); /* the state at the prompt's end, on every rank */
     for (int l = 0; l < c->n_layers && s == LS_OK && last >= 0; l++) {
         if (c->kind[l] != LS_LAYER_GDN) continue;
-        s = ls_comm_bcast(st->comm, st->gdn[l].S, rec_n * sizeof(float), last);
-        if (s == LS_OK && conv_n) s = ls_comm_bcast(st->comm, st->gdn[l].conv_tail, conv_n * sizeof(float), last);
+        ls_dist_part fin[2] = {{st->gdn[l].S, rec_n * sizeof(float)}, {st->gdn[l].conv_tail, conv_n * sizeof(float)}};
+        s = ls_dist_bcast_parts(st->comm, fin, 2, last);
     }
     st->n = n;
     ls_arena_release(sc, mk);

@@ -14,6 +14,7 @@
 
 #include "hybrid_tape.h"
 #include "longstraw/comm.h"
+#include "longstraw/cp.h"
 #include "longstraw/kernels.h"
 #include "longstraw/lora.h"
 #include "longstraw/trace.h"
@@ -58,39 +59,48 @@ static size_t dpage_bytes(const ls_config *c, int64_t S) {
 /* A sweep chunk under CP (tp->cp_sweep): the share of dq over every earlier segment of
  * another rank (dq +=), whose pages come again block by block; each block's dK/dV go
  * back to its owner (cp_sweep_serve adds them to its dState). */
+typedef struct {
+    const ls_backend *be;
+    const ls_config *c;
+    const ls_layer_tape *tp;
+    float *dq, *dqb; /* dq (+=), a block's share */
+    const float *d_aog;
+    int64_t T, S, n; /* n: the segment's positions */
+    ls_dtype dtype;
+    ls_arena *sc;
+} sweep_ctx;
+
+/* A remote block of pages p0 .. p0 + nb − 1: its share of dq (+=) and its dK/dV. */
+static ls_status sweep_block(void *ctx, void *const *kp, void *const *vp, float *const *dkp, float *const *dvp,
+                             int64_t p0, int64_t nb) {
+    sweep_ctx *W = ctx;
+    const ls_config *c = W->c;
+    const ls_layer_tape *tp = W->tp;
+    int64_t bn = W->n - p0 * W->S, qd = (int64_t)c->n_heads * c->head_dim;
+    ls_kv_prefix blk = {bn < nb * W->S ? bn : nb * W->S, W->S, W->dtype, kp, vp};
+    LS_TRY(ls_op_attn_prefix_bwd(W->be, W->dqb, (void *const *)dkp, (void *const *)dvp, W->d_aog, tp->ao, tp->lse,
+                                 tp->qr, &blk, W->T, c->n_heads, c->n_kv, c->head_dim,
+                                 1.0f / sqrtf((float)c->head_dim), W->sc));
+    ls_op_add_to(W->be, W->dq, W->dqb, W->T * qd);
+    return LS_OK;
+}
+
 static ls_status cp_sweep_bwd_remote(const ls_backend *be, const ls_config *c, const ls_layer_tape *tp, int l, float *dq,
                                      const float *d_aog, int64_t T, ls_arena *sc) {
     const ls_prompt_state *st = tp->cp_sweep;
-    int64_t S = st->page_size, bp = tp->cp_block, qd = (int64_t)c->n_heads * c->head_dim;
-    size_t pb = (size_t)S * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(st->dtype), db = dpage_bytes(c, S);
+    int64_t S = st->page_size, qd = (int64_t)c->n_heads * c->head_dim;
+    size_t pb = (size_t)S * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(st->dtype);
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * pb);  /* [2, bp pages] K | V */
-    char *dbuf = ls_arena_alloc(sc, 2 * (size_t)bp * db); /* [2, bp pages] dK | dV, f32 */
-    void **kp = ls_arena_alloc(sc, 4 * (size_t)bp * sizeof(void *));
-    float *dqb = ALLOC_F(sc, T * qd);
-    NEED(buf && dbuf && kp && dqb);
-    void **vp = kp + bp, **dkp = kp + 2 * bp, **dvp = kp + 3 * bp;
+    sweep_ctx W = {be, c, tp, dq, ALLOC_F(sc, T * qd), d_aog, T, S, 0, st->dtype, sc};
+    NEED(W.dqb);
     for (int sg = 0; sg < tp->cp_seg; sg++) {
         int src;
         int64_t rlo, rhi;
         ls_state_segment(st, sg, &src, &rlo, &rhi);
         if (src == st->rank || rhi == rlo) continue;
-        int64_t np = (rhi - rlo + S - 1) / S;
-        for (int64_t p0 = 0; p0 < np; p0 += bp) {
-            int64_t nb = np - p0 < bp ? np - p0 : bp;
-            LS_TRY(ls_comm_recv(st->comm, buf, 2 * (size_t)nb * pb, src, CP_TAG(l, 1)));
-            memset(dbuf, 0, 2 * (size_t)nb * db);
-            for (int64_t i = 0; i < nb; i++) {
-                kp[i] = buf + (size_t)i * pb, vp[i] = buf + (size_t)(nb + i) * pb;
-                dkp[i] = dbuf + (size_t)i * db, dvp[i] = dbuf + (size_t)(nb + i) * db;
-            }
-            int64_t bn = rhi - (rlo + p0 * S);
-            ls_kv_prefix blk = {bn < nb * S ? bn : nb * S, S, st->dtype, kp, vp};
-            LS_TRY(ls_op_attn_prefix_bwd(be, dqb, dkp, dvp, d_aog, tp->ao, tp->lse, tp->qr, &blk, T, c->n_heads, c->n_kv,
-                                      c->head_dim, 1.0f / sqrtf((float)c->head_dim), sc));
-            for (int64_t i = 0; i < T * qd; i++) dq[i] += dqb[i];
-            LS_TRY(ls_comm_send(st->comm, dbuf, 2 * (size_t)nb * db, src, CP_TAG(l, 0)));
-        }
+        W.n = rhi - rlo;
+        LS_TRY(ls_dist_pages_recv_grad(st->comm, (W.n + S - 1) / S, pb, (int64_t)(dpage_bytes(c, S) / sizeof(float)),
+                                       tp->cp_block, src, l, sweep_block, &W, sc));
     }
     ls_arena_release(sc, mk);
     return LS_OK;
@@ -190,9 +200,9 @@ static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer
         if (tp->cp_sweep) LS_TRY(cp_sweep_bwd_remote(m->be, c, tp, l, dq, d_aog, T, sc));
     }
     if (tp->cp) { /* the shares of every rank's pages (and rank 0's own keys) summed: exact */
-        LS_TRY(ls_comm_allreduce_f32(tp->cp, dq, T * c->n_heads * hd, LS_REDUCE_SUM));
-        LS_TRY(ls_comm_allreduce_f32(tp->cp, dk, T * kvd, LS_REDUCE_SUM));
-        LS_TRY(ls_comm_allreduce_f32(tp->cp, dv, T * kvd, LS_REDUCE_SUM));
+        LS_TRY(ls_dist_sum_f32(tp->cp, dq, T * c->n_heads * hd));
+        LS_TRY(ls_dist_sum_f32(tp->cp, dk, T * kvd));
+        LS_TRY(ls_dist_sum_f32(tp->cp, dv, T * kvd));
     }
     if (grad_from > 0) { /* naive mode: the prompt's K/V are detached */
         memset(dk, 0, (size_t)(grad_from * kvd) * sizeof(float));
@@ -339,33 +349,16 @@ static ls_status cp_sweep_serve(const ls_hybrid_model *m, ls_prompt_state *st, i
     size_t pb = (size_t)kvn * ls_dtype_size(st->dtype);
     for (int l = 0; l < c->n_layers; l++)
         if (c->kind[l] == LS_LAYER_ATTN) LS_TRY(ls_hybrid_cp_send_pages(st, l, owner, lo, 1, bp, sc));
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * pb);
-    float *dbuf = ALLOC_F(sc, 2 * bp * kvn);
-    NEED(buf && dbuf);
     for (int l = c->n_layers - 1; l >= 0; l--) {
         if (c->kind[l] != LS_LAYER_ATTN) continue;
         ls_layer_dstate *ds = &st->full->d[l];
         for (int k = 0; k < st->nseg; k++) { /* earlier segments, prompt order */
             if (st->seg_hi[k] == st->seg_lo[k] || st->seg_hi[k] > lo) continue;
-            int64_t np = (st->seg_hi[k] - st->seg_lo[k] + S - 1) / S;
-            for (int64_t p0 = 0; p0 < np; p0 += bp) {
-                int64_t nb = np - p0 < bp ? np - p0 : bp, lp = st->seg_lpage[k] + p0;
-                for (int64_t i = 0; i < nb; i++) {
-                    memcpy(buf + (size_t)i * pb, st->attn[l].k_pages[lp + i], pb);
-                    memcpy(buf + (size_t)(nb + i) * pb, st->attn[l].v_pages[lp + i], pb);
-                }
-                LS_TRY(ls_comm_send(st->comm, buf, 2 * (size_t)nb * pb, owner, CP_TAG(l, 1)));
-                LS_TRY(ls_comm_recv(st->comm, dbuf, 2 * (size_t)nb * (size_t)kvn * sizeof(float), owner, CP_TAG(l, 0)));
-                for (int64_t i = 0; i < nb; i++) {
-                    float *gk = ds->dk[lp + i], *gv = ds->dv[lp + i];
-                    const float *bk = dbuf + i * kvn, *bv = dbuf + (nb + i) * kvn;
-                    for (int64_t e = 0; e < kvn; e++) gk[e] += bk[e], gv[e] += bv[e];
-                }
-            }
+            int64_t np = (st->seg_hi[k] - st->seg_lo[k] + S - 1) / S, lp = st->seg_lpage[k];
+            LS_TRY(ls_dist_pages_send_grad(st->comm, st->attn[l].k_pages + lp, st->attn[l].v_pages + lp, ds->dk + lp,
+                                           ds->dv + lp, np, pb, kvn, bp, owner, l, sc));
         }
     }
-    ls_arena_release(sc, mk);
     return LS_OK;
 }
 
@@ -377,13 +370,8 @@ static ls_status cp_relay_dstate(const ls_prompt_state *st, int peer, int send) 
     for (int l = 0; l < c->n_layers; l++) {
         if (c->kind[l] != LS_LAYER_GDN) continue;
         ls_layer_dstate *d = &st->full->d[l];
-        if (send) {
-            LS_TRY(ls_comm_send(st->comm, d->dS, rec_n * sizeof(float), peer, CP_TAG(l, 2)));
-            if (conv_n) LS_TRY(ls_comm_send(st->comm, d->dtail, conv_n * sizeof(float), peer, CP_TAG(l, 3)));
-        } else {
-            LS_TRY(ls_comm_recv(st->comm, d->dS, rec_n * sizeof(float), peer, CP_TAG(l, 2)));
-            if (conv_n) LS_TRY(ls_comm_recv(st->comm, d->dtail, conv_n * sizeof(float), peer, CP_TAG(l, 3)));
-        }
+        ls_dist_part parts[2] = {{d->dS, rec_n * sizeof(float)}, {d->dtail, conv_n * sizeof(float)}};
+        LS_TRY(send ? ls_dist_relay_send(st->comm, parts, 2, peer, l) : ls_dist_relay_recv(st->comm, parts, 2, peer, l));
     }
     return LS_OK;
 }

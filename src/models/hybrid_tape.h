@@ -73,9 +73,6 @@ struct ls_branch_tape {
 ls_status ls_hybrid_sweep_fwd(const ls_hybrid_model *m, const ls_prompt_state *view, int seg, const int32_t *ids,
                               int64_t T, ls_branch_tape **tape_out, const ls_fwd_opts *o, ls_arena *tape_arena,
                               ls_arena *scratch);
-/* CP message tags: per layer, kind 0 (dK/dV back to a page owner), 1 (K/V pages),
- * 2 (GDN state), 3 (conv tail). */
-#define CP_TAG(layer, kind) ((layer) * 4 + (kind))
 /* Pages per transferred block under CP: about one capture chunk. */
 int64_t ls_hybrid_cp_block(const ls_prompt_state *st, const ls_fwd_opts *o);
 /* Send this rank's pages of attention layer l that precede position `lo` to `dst`,

@@ -217,10 +217,9 @@ static void cp_local_sel(const ls_prompt_state *st, const int32_t *sel, int32_t 
  * on a full layer also the indexer's qI and weights) to every rank. */
 static ls_status cp_share_queries(const ls_comm *cp, int root, float *qa, float *qI, float *wq, int64_t na, int64_t ni,
                                   int64_t nw) {
-    LS_TRY(ls_comm_bcast(cp, qa, (size_t)na * sizeof(float), root));
-    if (ni) LS_TRY(ls_comm_bcast(cp, qI, (size_t)ni * sizeof(float), root));
-    if (nw) LS_TRY(ls_comm_bcast(cp, wq, (size_t)nw * sizeof(float), root));
-    return LS_OK;
+    ls_dist_part q[3] = {{qa, (size_t)na * sizeof(float)}, {qI, (size_t)ni * sizeof(float)},
+                         {wq, (size_t)nw * sizeof(float)}};
+    return ls_dist_bcast_parts(cp, q, 3, root);
 }
 
 /* Under CP (spec §6 step B): this rank's partial over the selected keys it holds (own

@@ -123,7 +123,7 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
         for (int64_t j = 0; j < kk; j++) v = Is[i * kk + j] > v ? Is[i * kk + j] : v;
         mx[i] = v;
     }
-    if (tb->cp) LS_TRY(ls_comm_allreduce_f32(tb->cp, mx, nq, LS_REDUCE_MAX));
+    if (tb->cp) LS_TRY(ls_dist_max_f32(tb->cp, mx, nq));
     for (int64_t i = 0; i < nq; i++) {
         double z = 0, a = 0, b = 0;
         for (int64_t j = 0; j < kk; j++) {
@@ -137,7 +137,7 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
         }
         st[i] = z, st[nq + i] = a, st[2 * nq + i] = b;
     }
-    if (tb->cp) LS_TRY(ls_comm_allreduce_f64(tb->cp, st, 3 * nq, LS_REDUCE_SUM));
+    if (tb->cp) LS_TRY(ls_dist_sum_f64(tb->cp, st, 3 * nq));
     for (int64_t i = 0; i < nq; i++) { /* KL = Σ p log p − Σ p (I − lse_I); ∂KL/∂I = q − p */
         LS_ASSERT(st[i] > 0, "layer %d: query %lld selected no key", l, (long long)(t0 + i)); /* its own is causal */
         double lse = mx[i] + log(st[i]);
@@ -149,7 +149,7 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
     }
     ls_op_dsa_sel_scores_bwd(m->be, dq, dw, mine ? dkI : NULL, Is, qI, wq, &keys, kI, sel, kk, nq, nI, dI, apos0, scale);
     if (tb->grad_from > 0) memset(dkI, 0, (size_t)(tb->grad_from * dI) * sizeof(float)); /* naive: the prompt's keys */
-    if (tb->cp) LS_TRY(ls_comm_allreduce_f32(tb->cp, dq, nb, LS_REDUCE_SUM));
+    if (tb->cp) LS_TRY(ls_dist_sum_f32(tb->cp, dq, nb));
     /* qI = rope(wq_b c_q); w = weights_proj(x)·nI^−½; kI = rope(LayerNorm(wk x)) */
     ls_op_rope_table_bwd(m->be, dq, nq, nI, dI, 0, half, m->inv_freq, mc->indexer_rope_interleave, pos0 + t0);
     ls_op_linear_bwd(m->be, NULL, gw->idx_wq, dq, tp->cq + t0 * rq, w->idx_wq, nq, rq, (int64_t)nI * dI, 0);
@@ -213,7 +213,7 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
         }
     }
     if (tb->cp) /* every rank's share of ∂L/∂q and ∂L/∂(own rows), summed: the whole on every rank */
-        LS_TRY(ls_comm_allreduce_f32(tb->cp, dqa, T * H * dk + T * dk, LS_REDUCE_SUM));
+        LS_TRY(ls_dist_sum_f32(tb->cp, dqa, T * H * dk + T * dk));
     for (int h = 0; h < H; h++) { /* qa[h] = [q_nope[h]·W_UK[h] ; q_pe[h]] */
         const float *Wuk = w->kv_b + h * hb * rkv;
         ls_op_gemm(m->be, 0, 1, (int)T, dn, (int)rkv, 1.0f, dqa + h * dk, (int)(H * dk),

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "longstraw/cp.h"
 #include "longstraw/mla.h"
 #include "longstraw/safetensors.h"
 
@@ -354,7 +355,7 @@ ls_status ls_mla_export(const ls_mla_model *m, const char *path, ls_dtype dtype,
     if (N == 1 && !path) return LS_OK;
     if (N > 1) { /* only the EP group whose rank 0 writes gathers the experts */
         float writes = path && r == 0 ? 1.0f : 0.0f;
-        LS_TRY(ls_comm_allreduce_f32(m->ep, &writes, 1, LS_REDUCE_MAX));
+        LS_TRY(ls_dist_max_f32(m->ep, &writes, 1));
         if (writes == 0.0f) return LS_OK;
     }
     ls_mla_tensor *all = NULL; /* the full list: every expert */
@@ -371,10 +372,10 @@ ls_status ls_mla_export(const ls_mla_model *m, const char *path, ls_dtype dtype,
         if (owner == r) { /* held here: the slot's buffer at the local offset */
             ot[i].p = b ? b + (t->expert >= 0 ? local_off(t, c, m->e0) : t->off) : NULL;
             if (t->expert >= 0 && owner != 0 && ot[i].p) /* an expert not the writer's: to the ep group's rank 0 */
-                s = ls_comm_send(m->ep, ot[i].p, (size_t)numel(t) * sizeof(float), 0, 7);
+                s = ls_dist_ep_gather(m->ep, ot[i].p, NULL, numel(t), owner);
         } else if (r == 0 && b) { /* the ep group's rank 0 gathers every expert */
             if (!(ot[i].own = malloc((size_t)numel(t) * sizeof(float)))) s = LS_ERR_NOMEM;
-            if (s == LS_OK) s = ls_comm_recv(m->ep, ot[i].own, (size_t)numel(t) * sizeof(float), owner, 7);
+            if (s == LS_OK) s = ls_dist_ep_gather(m->ep, NULL, ot[i].own, numel(t), owner);
             ot[i].p = ot[i].own;
         }
         if (!ot[i].p && numel(t) > zmax) zmax = numel(t);

@@ -1,0 +1,131 @@
+/*
+ * pages.c — the ring over pages and the state relay (cp.h): what context parallelism
+ * moves point to point. Every message is tagged by its layer and kind, so two layers'
+ * streams never cross; the program order on both sides is the callers' (the same on
+ * every rank, so the schedule cannot deadlock).
+ */
+#include <string.h>
+
+#include "longstraw/cp.h"
+
+/* Kinds of a layer's point-to-point messages. */
+enum { TAG_PAGE_GRADS = 0, TAG_PAGES = 1, TAG_PARTS = 2 };
+#define TAG(layer, kind) ((layer) * 4 + (kind))
+
+/* K | V of pages [p0, p0 + nb) packed into buf. */
+static void pack_block(char *buf, void *const *k, void *const *v, int64_t p0, int64_t nb, size_t pb) {
+    for (int64_t i = 0; i < nb; i++) {
+        memcpy(buf + (size_t)i * pb, k[p0 + i], pb);
+        memcpy(buf + (size_t)(nb + i) * pb, v[p0 + i], pb);
+    }
+}
+
+/* The page pointers of a packed block. */
+static void unpack_block(char *buf, void **k, void **v, int64_t nb, size_t pb) {
+    for (int64_t i = 0; i < nb; i++) k[i] = buf + (size_t)i * pb, v[i] = buf + (size_t)(nb + i) * pb;
+}
+
+ls_status ls_dist_pages_send(const ls_comm *c, void *const *k, void *const *v, int64_t np, size_t page_bytes,
+                             int64_t bp, int dst, int layer, ls_arena *sc) {
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
+    if (!buf) return LS_ERR_NOMEM;
+    ls_status s = LS_OK;
+    for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
+        int64_t nb = np - p0 < bp ? np - p0 : bp;
+        pack_block(buf, k, v, p0, nb, page_bytes);
+        s = ls_comm_send(c, buf, 2 * (size_t)nb * page_bytes, dst, TAG(layer, TAG_PAGES));
+    }
+    ls_arena_release(sc, mk);
+    return s;
+}
+
+ls_status ls_dist_pages_recv(const ls_comm *c, int64_t np, size_t page_bytes, int64_t bp, int src, int layer,
+                             ls_dist_pages_fn fn, void *ctx, ls_arena *sc) {
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
+    void **kp = ls_arena_alloc(sc, 2 * (size_t)bp * sizeof(void *));
+    if (!buf || !kp) return LS_ERR_NOMEM;
+    ls_status s = LS_OK;
+    for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
+        int64_t nb = np - p0 < bp ? np - p0 : bp;
+        s = ls_comm_recv(c, buf, 2 * (size_t)nb * page_bytes, src, TAG(layer, TAG_PAGES));
+        if (s != LS_OK) break;
+        unpack_block(buf, kp, kp + bp, nb, page_bytes);
+        s = fn(ctx, kp, kp + bp, NULL, NULL, p0, nb);
+    }
+    ls_arena_release(sc, mk);
+    return s;
+}
+
+ls_status ls_dist_pages_send_grad(const ls_comm *c, void *const *k, void *const *v, void *const *dk, void *const *dv,
+                                  int64_t np, size_t page_bytes, int64_t grad_floats, int64_t bp, int dst, int layer,
+                                  ls_arena *sc) {
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
+    float *dbuf = ls_arena_alloc(sc, 2 * (size_t)bp * (size_t)grad_floats * sizeof(float));
+    if (!buf || !dbuf) return LS_ERR_NOMEM;
+    ls_status s = LS_OK;
+    for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
+        int64_t nb = np - p0 < bp ? np - p0 : bp;
+        pack_block(buf, k, v, p0, nb, page_bytes);
+        s = ls_comm_send(c, buf, 2 * (size_t)nb * page_bytes, dst, TAG(layer, TAG_PAGES));
+        if (s == LS_OK)
+            s = ls_comm_recv(c, dbuf, 2 * (size_t)nb * (size_t)grad_floats * sizeof(float), dst,
+                             TAG(layer, TAG_PAGE_GRADS));
+        for (int64_t i = 0; i < nb && s == LS_OK; i++) {
+            float *gk = dk[p0 + i], *gv = dv[p0 + i];
+            const float *bk = dbuf + i * grad_floats, *bv = dbuf + (nb + i) * grad_floats;
+            for (int64_t e = 0; e < grad_floats; e++) gk[e] += bk[e], gv[e] += bv[e];
+        }
+    }
+    ls_arena_release(sc, mk);
+    return s;
+}
+
+ls_status ls_dist_pages_recv_grad(const ls_comm *c, int64_t np, size_t page_bytes, int64_t grad_floats, int64_t bp,
+                                  int src, int layer, ls_dist_pages_fn fn, void *ctx, ls_arena *sc) {
+    size_t gb = (size_t)grad_floats * sizeof(float);
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
+    char *dbuf = ls_arena_alloc(sc, 2 * (size_t)bp * gb);
+    void **kp = ls_arena_alloc(sc, 4 * (size_t)bp * sizeof(void *));
+    if (!buf || !dbuf || !kp) return LS_ERR_NOMEM;
+    void **vp = kp + bp, **dkp = kp + 2 * bp, **dvp = kp + 3 * bp;
+    ls_status s = LS_OK;
+    for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
+        int64_t nb = np - p0 < bp ? np - p0 : bp;
+        s = ls_comm_recv(c, buf, 2 * (size_t)nb * page_bytes, src, TAG(layer, TAG_PAGES));
+        if (s != LS_OK) break;
+        memset(dbuf, 0, 2 * (size_t)nb * gb);
+        unpack_block(buf, kp, vp, nb, page_bytes);
+        unpack_block(dbuf, dkp, dvp, nb, gb);
+        s = fn(ctx, kp, vp, (float *const *)dkp, (float *const *)dvp, p0, nb);
+        if (s == LS_OK) s = ls_comm_send(c, dbuf, 2 * (size_t)nb * gb, src, TAG(layer, TAG_PAGE_GRADS));
+    }
+    ls_arena_release(sc, mk);
+    return s;
+}
+
+/* A layer's relayed state has at most this many parts (recurrent state, conv tail). */
+#define MAX_PARTS 2
+
+ls_status ls_dist_relay_send(const ls_comm *c, const ls_dist_part *parts, int n, int dst, int layer) {
+    LS_ASSERT(n <= MAX_PARTS, "a relayed state has at most %d parts (%d)", MAX_PARTS, n);
+    for (int i = 0; i < n; i++)
+        if (parts[i].bytes) LS_TRY(ls_comm_send(c, parts[i].p, parts[i].bytes, dst, TAG(layer, TAG_PARTS + i)));
+    return LS_OK;
+}
+
+ls_status ls_dist_relay_recv(const ls_comm *c, const ls_dist_part *parts, int n, int src, int layer) {
+    LS_ASSERT(n <= MAX_PARTS, "a relayed state has at most %d parts (%d)", MAX_PARTS, n);
+    for (int i = 0; i < n; i++)
+        if (parts[i].bytes) LS_TRY(ls_comm_recv(c, parts[i].p, parts[i].bytes, src, TAG(layer, TAG_PARTS + i)));
+    return LS_OK;
+}
+
+ls_status ls_dist_bcast_parts(const ls_comm *c, const ls_dist_part *parts, int n, int root) {
+    for (int i = 0; i < n; i++)
+        if (parts[i].bytes) LS_TRY(ls_comm_bcast(c, parts[i].p, parts[i].bytes, root));
+    return LS_OK;
+}
