@@ -3,8 +3,10 @@
  * every slot filled; an op through the table is its kernel (same bits); the
  * general product in its four transpose forms and with leading dimensions wider
  * than the matrices against a double loop; the batched one-token decode ops
- * (conv, delta rule) equal to one serial call per sequence, bit for bit.
+ * (conv, delta rule) equal to one serial call per sequence, bit for bit; the
+ * optimizer's ops against torch's AdamW written out in double.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +16,7 @@
 int test_backend_cpu_table(void);
 int test_backend_decode_ops(void);
 int test_backend_arena(void);
+int test_backend_optim_ops(void);
 
 int test_backend_cpu_table(void) {
     const ls_backend *be = ls_backend_cpu();
@@ -169,5 +172,63 @@ int test_backend_arena(void) {
     ls_arena_init(&def, "default", 0);
     T_CHECK(!strcmp(ls_arena_device(&def), "host"), "an arena without a backend is on %s", ls_arena_device(&def));
     printf("  %d blocks from the backend and back; calloc zeroed through it\n", c.allocs);
+    return 0;
+}
+
+/* AdamW against torch's formulas written out in double (decoupled decay, bias-corrected
+ * moments, eps outside the root), over more elements than the threaded path's
+ * threshold; the check pass names the first element that would overflow and writes
+ * nothing; the squares and the scaling. */
+int test_backend_optim_ops(void) {
+    const ls_backend *be = ls_backend_cpu();
+    enum { N = 70001 };
+    float *w = malloc(N * sizeof(float)), *g = malloc(N * sizeof(float)), *m = malloc(N * sizeof(float));
+    float *v = malloc(N * sizeof(float)), *w0 = malloc(N * sizeof(float)), *m0 = malloc(N * sizeof(float));
+    float *v0 = malloc(N * sizeof(float));
+    T_CHECK(w && g && m && v && w0 && m0 && v0, "out of memory");
+    ls_rng r;
+    ls_rng_seed(&r, 11);
+    t_fill_normal(w0, N, &r, 1.0f);
+    t_fill_normal(g, N, &r, 0.1f);
+    t_fill_normal(m0, N, &r, 0.01f);
+    t_fill_normal(v0, N, &r, 1e-4f);
+    for (int i = 0; i < N; i++) v0[i] = fabsf(v0[i]), w[i] = w0[i], m[i] = m0[i], v[i] = v0[i];
+    const double b1 = (float)0.9, b2 = (float)0.999, lr = 1e-3, eps = 1e-8, clip = 0.7, decay = 1.0 - 1e-3 * 0.1;
+    const int step = 3;
+    /* the moments' coefficients are the hp's floats (b1, b2 as rounded), the corrections double */
+    ls_adamw_hp hp = {clip, 1.0 - pow(0.9, step), 1.0 - pow(0.999, step), lr, eps, (float)b1, (float)b2};
+    int64_t bad = 7;
+    float at[3];
+    ls_op_adamw_check(be, &bad, at, &hp, (float)decay, w, g, m, v, N);
+    T_CHECK(bad == -1, "adamw_check: element %lld flagged in a finite step", (long long)bad);
+    T_CHECK(!memcmp(w, w0, N * sizeof(float)) && !memcmp(m, m0, N * sizeof(float)), "adamw_check wrote");
+    ls_op_adamw_step(be, &hp, (float)decay, w, g, m, v, N);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        double gi = (double)g[i] * clip, mi = b1 * m0[i] + (1 - b1) * gi, vi = b2 * v0[i] + (1 - b2) * gi * gi;
+        double wi = w0[i] * decay - lr * (mi / hp.bc1) / (sqrt(vi / hp.bc2) + eps);
+        double du = lr * (mi / hp.bc1) / (sqrt(vi / hp.bc2) + eps); /* errors relative to the terms' sizes */
+        double e = fabs(w[i] - wi) / (fabs(w0[i] * decay) + fabs(du)) +
+                   fabs(m[i] - mi) / (b1 * fabs(m0[i]) + (1 - b1) * fabs(gi)) +
+                   fabs(v[i] - vi) / (b2 * v0[i] + (1 - b2) * gi * gi + 1e-30);
+        worst = e > worst ? e : worst;
+    }
+    T_CHECK(worst <= 1e-6, "adamw_step: error %.3e (relative to the terms) against torch's formulas in double", worst);
+    memcpy(w, w0, N * sizeof(float));
+    g[50000] = 1e30f, g[12345] = -1e30f; /* the squared gradient overflows: v = inf */
+    hp.clip = 1.0;
+    ls_op_adamw_check(be, &bad, at, &hp, 1.0f, w, g, m0, v0, N);
+    T_CHECK(bad == 12345 && !(at[2] <= 3.4e38f), "adamw_check: flagged %lld (exp_avg_sq %g), not 12345 (inf)",
+            (long long)bad, (double)at[2]);
+    T_CHECK(!memcmp(w, w0, N * sizeof(float)), "adamw_check wrote a weight");
+    double ss = 0, ref = 0;
+    ls_op_sumsq(be, &ss, w0, N);
+    for (int i = 0; i < N; i++) ref += (double)w0[i] * w0[i];
+    T_CHECK(fabs(ss - ref) <= 1e-12 * ref, "sumsq %.17g vs %.17g", ss, ref);
+    ls_op_scale(be, w, 0.37f, N);
+    int same = 1;
+    for (int i = 0; i < N; i++) same &= w[i] == w0[i] * 0.37f;
+    T_CHECK(same, "scale differs from x·c");
+    free(w), free(g), free(m), free(v), free(w0), free(m0), free(v0);
     return 0;
 }

@@ -158,7 +158,16 @@ typedef struct ls_backend ls_backend;
     X(mla_route_bwd,                                                                                                 \
       (float *dlogits, const float *dwt, const float *s, const int32_t *sel, int64_t T, int E, int K, int norm,     \
        double scaling),                                                                                              \
-      (dlogits, dwt, s, sel, T, E, K, norm, scaling))
+      (dlogits, dwt, s, sel, T, E, K, norm, scaling))                                                              \
+    /* the optimizer (hp: host memory), a gradient norm's share, a gradient's scaling */                                                \
+    X(adamw_step, (const ls_adamw_hp *hp, float decay, float *w, const float *g, float *m, float *v, int64_t n),     \
+      (hp, decay, w, g, m, v, n))                                                                                    \
+    X(adamw_check,                                                                                                   \
+      (int64_t *bad, float *at, const ls_adamw_hp *hp, float decay, const float *w, const float *g, const float *m, \
+       const float *v, int64_t n),                                                                                   \
+      (bad, at, hp, decay, w, g, m, v, n))                                                                           \
+    X(sumsq, (double *out, const float *x, int64_t n), (out, x, n))                                                \
+    X(scale, (float *x, float c, int64_t n), (x, c, n))
 
 /* The ops that return an ls_status (scratch exhausted, a stop requested, bad input). */
 #define LS_BACKEND_STATUS_OPS(X)                                                                                      \

@@ -85,6 +85,7 @@ typedef struct {
  * adapters with LoRA). `priv` is the family's. */
 typedef struct {
     const ls_family *fam;
+    const struct ls_backend *be; /* the backend holding w, g and the optimizer's moments */
     ls_model policy, ref, grad;
     ls_param *w, *g;
     int64_t n;

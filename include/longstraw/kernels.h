@@ -156,6 +156,26 @@ void ls_add_to(float *y, const float *x, int64_t n);
 void ls_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
+/* ---- optimizer ----------------------------------------------------------------- */
+/* The constants of one AdamW step (torch semantics): gradients scaled by clip, bias
+ * corrections bc1 = 1 − β1^step and bc2 = 1 − β2^step, eps outside the square root. */
+typedef struct {
+    double clip, bc1, bc2, lr, eps;
+    float b1, b2;
+} ls_adamw_hp;
+/* One AdamW step over n elements in place: decoupled decay first (w·decay, decay =
+ * 1 − lr·wd or 1), then m, v and w from the bias-corrected moments. */
+void ls_adamw_step(const ls_adamw_hp *hp, float decay, float *w, const float *g, float *m, float *v, int64_t n);
+/* The same step computed, nothing written: *bad (=) the first element whose new weight
+ * or moment would be non-finite (or a negative second moment), −1 when none; then
+ * at[3] (=) its new weight, exp_avg and exp_avg_sq (for the report). */
+void ls_adamw_check(int64_t *bad, float *at, const ls_adamw_hp *hp, float decay, const float *w, const float *g,
+                    const float *m, const float *v, int64_t n);
+/* *out (=) Σ x[i]² in double (a gradient norm's share). */
+void ls_sumsq(double *out, const float *x, int64_t n);
+/* x[i] *= c. */
+void ls_scale(float *x, float c, int64_t n);
+
 /* ---- gated delta rule (specs/hybrid-qwen3next.md §2.6, §3) ------------------ */
 /* Dimensions of one Gated DeltaNet recurrence. Value head h reads key head h/(H_v/H_k). */
 typedef struct {

@@ -90,6 +90,7 @@ static hy_policy *HP(const ls_policy *p) { return (hy_policy *)p->priv; }
 static ls_status finish_policy(ls_policy *p, hy_policy *hp) {
     p->fam = &ls_hybrid_family;
     p->priv = hp;
+    p->be = hp->policy->be;
     p->policy = ls_hybrid_handle(hp->policy);
     p->grad = ls_hybrid_handle(hp->gradp);
     p->ref = hp->refp ? ls_hybrid_handle((ls_hybrid_model *)hp->refp) : (ls_model){&ls_hybrid_family, NULL};

@@ -164,6 +164,7 @@ static ls_status mla_policy_open(ls_policy *p, const ls_policy_spec *sp, ls_aren
     p->fam = &ls_mla_family;
     ls_arena *fixed = &ar->a[LS_ARENA_FIXED], *ga = &ar->a[LS_ARENA_GRAD];
     LS_TRY(ls_mla_load(&mp->base, sp->model_dir, sp->ep, fixed));
+    p->be = mp->base.be;
     p->ref = (ls_model){&ls_mla_family, NULL};
     if (sp->ref_dir) {
         LS_TRY(ls_mla_load(&mp->ref, sp->ref_dir, sp->ep, fixed));

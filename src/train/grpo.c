@@ -8,12 +8,12 @@
  *   5. finalize: gradient norm, clipping, one AdamW call.
  * Normalisers are fixed before the replay, so serial accumulation is exact.
  */
-#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "longstraw/backend.h"
 #include "longstraw/grpo.h"
 #include "longstraw/trace.h"
 
@@ -133,33 +133,13 @@ static ls_score_opts score_opts(const ls_grpo_opts *o) {
 static ls_status grad_norm(const ls_policy *p, double *out) {
     double s[2] = {0, 0}; /* replicated, sharded */
     for (int64_t k = 0; k < p->n; k++) {
-        const float *g = p->g[k].p;
         double sk = 0;
-#pragma omp parallel for schedule(static) reduction(+ : sk) if (p->g[k].n > 65536)
-        for (int64_t i = 0; i < p->g[k].n; i++) sk += (double)g[i] * g[i];
+        ls_op_sumsq(p->be, &sk, p->g[k].p, p->g[k].n);
         s[p->sharded && p->sharded[k]] += sk;
     }
     if (p->ep && p->sharded) LS_TRY(ls_comm_allreduce_f64(p->ep, &s[1], 1, LS_REDUCE_SUM));
     *out = sqrt(s[0] + s[1]);
     return LS_OK;
-}
-
-/* The constants of one AdamW step. */
-typedef struct {
-    double clip, bc1, bc2, lr, eps;
-    float b1, b2;
-} adamw_step;
-
-/* One element of the step (torch AdamW: decoupled decay first, bias-corrected
- * moments, eps outside the sqrt): the new weight and moments, written by the caller.
- * The check pass and the writing pass share it, so they compute the same values. */
-static inline void adamw_elem(const adamw_step *c, float decay, float w, float g, float m, float v, float *nw,
-                              float *nm, float *nv) {
-    float gi = (float)(g * c->clip);
-    *nm = c->b1 * m + (1.0f - c->b1) * gi;
-    *nv = c->b2 * v + (1.0f - c->b2) * gi * gi;
-    double mh = *nm / c->bc1, vh = *nv / c->bc2;
-    *nw = (float)((double)(w * decay) - c->lr * mh / (sqrt(vh) + c->eps));
 }
 
 static float tensor_decay(const ls_param *w, const ls_grpo_opts *o) {
@@ -174,7 +154,7 @@ static float tensor_decay(const ls_param *w, const ls_grpo_opts *o) {
  * group learns whether any rank would, so they skip together. */
 static ls_status optimize(ls_policy *p, ls_adamw *adam, const ls_grpo_opts *o, double gnorm, char *skipped,
                           size_t cap) {
-    adamw_step c = {.clip = 1.0, .lr = o->lr, .eps = o->adam_eps, .b1 = (float)o->beta1, .b2 = (float)o->beta2};
+    ls_adamw_hp c = {.clip = 1.0, .lr = o->lr, .eps = o->adam_eps, .b1 = (float)o->beta1, .b2 = (float)o->beta2};
     if (o->max_grad_norm > 0) {
         double coef = o->max_grad_norm / (gnorm + 1e-6);
         if (coef < 1.0) c.clip = coef;
@@ -186,26 +166,16 @@ static ls_status optimize(ls_policy *p, ls_adamw *adam, const ls_grpo_opts *o, d
     skipped[0] = 0;
     int64_t bad_k = -1;
     for (int64_t k = 0; k < p->n && bad_k < 0; k++) {
-        float decay = tensor_decay(&p->w[k], o);
-        const float *w = p->w[k].p, *gr = p->g[k].p, *m = adam->m[k].p, *v = adam->v[k].p;
-        int bad = 0;
-#pragma omp parallel for schedule(static) reduction(| : bad) if (p->w[k].n > 65536)
-        for (int64_t i = 0; i < p->w[k].n; i++) {
-            float nw, nm, nv;
-            adamw_elem(&c, decay, w[i], gr[i], m[i], v[i], &nw, &nm, &nv);
-            bad |= !(fabsf(nw) <= FLT_MAX) | !(fabsf(nm) <= FLT_MAX) | !(nv >= 0 && nv <= FLT_MAX);
-        }
-        if (!bad) continue;
+        int64_t i;
+        float at[3];
+        const float *w = p->w[k].p;
+        ls_op_adamw_check(p->be, &i, at, &c, tensor_decay(&p->w[k], o), w, p->g[k].p, adam->m[k].p, adam->v[k].p,
+                          p->w[k].n);
+        if (i < 0) continue;
         bad_k = k;
-        for (int64_t i = 0; i < p->w[k].n; i++) { /* the first such element, for the report */
-            float nw, nm, nv;
-            adamw_elem(&c, decay, w[i], gr[i], m[i], v[i], &nw, &nm, &nv);
-            if (isfinite(nw) && isfinite(nm) && nv >= 0 && isfinite(nv)) continue;
-            snprintf(skipped, cap, "the step would write a non-finite value into %s (element %lld: weight %g -> %g, "
-                     "exp_avg %g, exp_avg_sq %g)", p->w[k].what ? p->w[k].what : "a trainable tensor", (long long)i,
-                     (double)w[i], (double)nw, (double)nm, (double)nv);
-            break;
-        }
+        snprintf(skipped, cap, "the step would write a non-finite value into %s (element %lld: weight %g -> %g, "
+                 "exp_avg %g, exp_avg_sq %g)", p->w[k].what ? p->w[k].what : "a trainable tensor", (long long)i,
+                 (double)w[i], (double)at[0], (double)at[1], (double)at[2]);
     }
     if (p->ep && p->sharded) { /* the other ranks' shares: skip together */
         float any = bad_k >= 0 ? 1.0f : 0.0f;
@@ -217,12 +187,9 @@ static ls_status optimize(ls_policy *p, ls_adamw *adam, const ls_grpo_opts *o, d
     }
     if (bad_k >= 0) return LS_OK;
     adam->step = step;
-    for (int64_t k = 0; k < p->n; k++) {
-        float decay = tensor_decay(&p->w[k], o);
-        float *w = p->w[k].p, *gr = p->g[k].p, *m = adam->m[k].p, *v = adam->v[k].p;
-#pragma omp parallel for schedule(static) if (p->w[k].n > 65536)
-        for (int64_t i = 0; i < p->w[k].n; i++) adamw_elem(&c, decay, w[i], gr[i], m[i], v[i], &w[i], &m[i], &v[i]);
-    }
+    for (int64_t k = 0; k < p->n; k++)
+        ls_op_adamw_step(p->be, &c, tensor_decay(&p->w[k], o), p->w[k].p, p->g[k].p, adam->m[k].p, adam->v[k].p,
+                         p->w[k].n);
     p->fam->policy_step_done(p);
     return LS_OK;
 }
@@ -520,12 +487,9 @@ static ls_status run_group(ls_policy *p, ls_group *g, int gi, group_scores *gs, 
 }
 
 /* g[k] *= c, or c_aux where aux[k] (the indexer KL loss's tensors; aux may be NULL). */
-static void scale_params(const ls_param *gp, int64_t n, double c, const uint8_t *aux, double c_aux) {
-    for (int64_t k = 0; k < n; k++) {
-        float *g = gp[k].p, cf = (float)(aux && aux[k] ? c_aux : c);
-#pragma omp parallel for schedule(static) if (gp[k].n > 65536)
-        for (int64_t i = 0; i < gp[k].n; i++) g[i] *= cf;
-    }
+static void scale_params(const ls_backend *be, const ls_param *gp, int64_t n, double c, const uint8_t *aux,
+                         double c_aux) {
+    for (int64_t k = 0; k < n; k++) ls_op_scale(be, gp[k].p, (float)(aux && aux[k] ? c_aux : c), gp[k].n);
 }
 
 /* A 64-bit FNV-1a hash of the trainable tensors' bytes (NULL buffers skipped). */
@@ -607,7 +571,7 @@ ls_status ls_grpo_update_batch(ls_policy *p, ls_adamw *adam, ls_group *groups, i
         int64_t ntok = 0; /* the indexer KL loss is a mean over the batch's response tokens */
         for (int k = 0; k < n_groups; k++) ntok += sum_R(&groups[k]);
         double caux = ntok > 0 ? o->aux_loss_coef / (double)ntok : 0;
-        scale_params(p->g, p->n, c, p->aux, caux);
+        scale_params(p->be, p->g, p->n, c, p->aux, caux);
         mt->loss = c * acc.loss;
         mt->aux_loss = ntok > 0 ? acc.aux_loss / (double)ntok : 0;
         mt->kl = acc.tokens > 0 ? acc.kl_sum / acc.tokens : 0;
