@@ -300,19 +300,20 @@ static double jnum(const cJSON *j, const char *k) {
  * by name; the family's weights are refused with what is missing. */
 int test_mla_config_plan(void) {
     ls_config c;
+    const ls_mla_config *mc = ls_mla_cfg(&c); /* the family's fields of c, whatever c holds */
     T_OK(ls_config_load(&c, LS_SOURCE_DIR "/examples/glm_5_2.json"));
-    T_CHECK(c.family == LS_FAMILY_MLA && c.n_layers == 78 && ls_cfg_count_kind(&c, LS_LAYER_MLA) == 78, "glm layers");
+    T_CHECK(c.family == &ls_mla_family && c.n_layers == 78 && ls_cfg_count_kind(&c, LS_LAYER_MLA) == 78, "glm layers");
     T_CHECK(ls_cfg_count_index_full(&c) == 21, "%d full indexer layers, expected 21", ls_cfg_count_index_full(&c));
     static const int full_at[] = {0, 1, 2, 6, 10, 74};
     for (size_t i = 0; i < sizeof full_at / sizeof full_at[0]; i++)
-        T_CHECK(c.mla.index_full[full_at[i]], "layer %d should run its own indexer", full_at[i]);
-    T_CHECK(!c.mla.index_full[3] && !c.mla.index_full[5] && !c.mla.index_full[77], "shared layers");
+        T_CHECK(mc->index_full[full_at[i]], "layer %d should run its own indexer", full_at[i]);
+    T_CHECK(!mc->index_full[3] && !mc->index_full[5] && !mc->index_full[77], "shared layers");
     T_CHECK(!c.moe[0] && !c.moe[2] && c.moe[3] && c.moe[77], "dense first 3 layers, MoE after");
-    T_CHECK(c.mla.indexer_rope_interleave && c.rope_theta == 8e6 && c.mla.yarn_factor == 0, "glm rope");
+    T_CHECK(mc->indexer_rope_interleave && c.rope_theta == 8e6 && mc->yarn_factor == 0, "glm rope");
     T_OK(ls_config_load(&c, LS_SOURCE_DIR "/examples/deepseek_v3_2.json"));
-    T_CHECK(c.family == LS_FAMILY_MLA && ls_cfg_count_index_full(&c) == 61, "deepseek: every layer full");
-    T_CHECK(!c.mla.indexer_rope_interleave && c.mla.yarn_factor == 40 && c.mla.yarn_orig_max == 4096 &&
-                c.mla.n_group == 8 && c.mla.topk_group == 4 && c.mla.routed_scaling == 2.5,
+    T_CHECK(c.family == &ls_mla_family && ls_cfg_count_index_full(&c) == 61, "deepseek: every layer full");
+    T_CHECK(!mc->indexer_rope_interleave && mc->yarn_factor == 40 && mc->yarn_orig_max == 4096 &&
+                mc->n_group == 8 && mc->topk_group == 4 && mc->routed_scaling == 2.5,
             "deepseek yarn / groups");
     /* the inventory: 65,536 positions per rank over 8 ranks */
     char cmd[2048];

@@ -313,8 +313,8 @@ int test_config_reject(void) {
     }
     ls_config c;
     T_OK(ls_config_parse(&c, gen_configs[2], "ok.json"));
-    T_CHECK(c.layout == LS_LAYOUT_QWEN3_5 && c.n_experts == 0 && c.rot_dim == 8 && c.kind[2] == LS_LAYER_ATTN &&
-                c.kind[0] == LS_LAYER_GDN && c.rope_theta == 1e7,
+    T_CHECK(ls_hybrid_cfg(&c)->layout == LS_LAYOUT_QWEN3_5 && c.n_experts == 0 && c.rot_dim == 8 &&
+                c.kind[2] == LS_LAYER_ATTN && c.kind[0] == LS_LAYER_GDN && c.rope_theta == 1e7,
             "qwen3_5 text_config parse");
     return 0;
 }

@@ -20,7 +20,8 @@ static uint64_t state_hash(const ls_prompt_state *st) {
     const ls_config *c = st->cfg;
     uint64_t h = 1469598103934665603ull;
     size_t pb = (size_t)st->page_size * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(st->dtype);
-    size_t rec = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v * 4;
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
+    size_t rec = (size_t)hc->H_v * (size_t)hc->d_k * (size_t)hc->d_v * 4;
     for (int64_t l = 0; l < c->n_layers; l++) {
         const unsigned char *bufs[2];
         size_t lens[2];

@@ -15,6 +15,36 @@
 #include "longstraw/model.h" /* ls_hf_tensor_spec, shared with the hybrid's inventory */
 #include "longstraw/state.h"
 
+/* The family's layer kind (ls_config.kind): MLA in every layer. */
+enum { LS_LAYER_MLA = 2 };
+
+/* The compressed-attention MoE family (specs/mla-dsa-moe.md §1): GLM-5.x glm_moe_dsa,
+ * DeepSeek-V3.2 deepseek_v32. MLA in every layer; a DSA lightning indexer in every
+ * "full" layer (IndexCache: the others reuse the last full layer's selection). */
+typedef struct __attribute__((may_alias)) { /* ls_config.ext (may_alias: read where ls_config keeps bytes) */
+    int64_t q_lora_rank;  /* the q latent's width (>= 1: a plain q_proj is refused) */
+    int64_t kv_lora_rank; /* the cached latent's width */
+    int qk_nope, qk_rope, v_head;
+    int index_heads, index_head_dim;
+    int64_t index_topk;
+    int rope_interleave;         /* MLA's q_pe / k_pe pairs: 1 (both models; `rope_interleave`) */
+    int indexer_rope_interleave; /* GLM: 1; DeepSeek-V3.2: 0 (half-split) */
+    int n_shared_experts, n_group, topk_group;
+    int n_mtp;                   /* num_nextn_predict_layers: MTP layers after the last (not loaded) */
+    double routed_scaling;
+    /* YaRN (rope_scaling type yarn; factor 0: none) */
+    double yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
+    int64_t yarn_orig_max;
+    uint8_t index_full[LS_MAX_LAYERS]; /* 1: the layer runs its own indexer (and caches index keys) */
+} ls_mla_config;
+_Static_assert(sizeof(ls_mla_config) <= LS_CONFIG_EXT_BYTES, "ls_mla_config outgrew ls_config.ext");
+
+/* The family's own config fields (ls_config.ext). */
+static inline ls_mla_config *ls_mla_cfg_mut(ls_config *c) { return (ls_mla_config *)(void *)c->ext; }
+static inline const ls_mla_config *ls_mla_cfg(const ls_config *c) {
+    return (const ls_mla_config *)(const void *)c->ext;
+}
+
 /* The prompt state of this family per rank (spec §2 "Per-token MLA cache", §3): per
  * prompt position and MLA layer the normalised KV latent and the rotated shared rope
  * key (kv_lora_rank + qk_rope_head_dim values), per position and full-indexer layer the

@@ -14,6 +14,31 @@
 #include "longstraw/family.h"
 #include "longstraw/state.h"
 
+/* The family's layer kinds (ls_config.kind). */
+enum { LS_LAYER_GDN = 0, LS_LAYER_ATTN = 1 };
+/* Weight-name layout of the checkpoint (spec §6). */
+typedef enum { LS_LAYOUT_QWEN3_NEXT = 0, LS_LAYOUT_QWEN3_5 = 1 } ls_layout;
+
+/* The family's own config fields (ls_config.ext; spec §1; may_alias: read where
+ * ls_config keeps bytes). */
+typedef struct __attribute__((may_alias)) {
+    ls_layout layout;
+    int H_k, H_v, d_k, d_v, conv_k; /* Gated DeltaNet */
+} ls_hybrid_config;
+_Static_assert(sizeof(ls_hybrid_config) <= LS_CONFIG_EXT_BYTES, "ls_hybrid_config outgrew ls_config.ext");
+
+static inline ls_hybrid_config *ls_hybrid_cfg_mut(ls_config *c) { return (ls_hybrid_config *)(void *)c->ext; }
+static inline const ls_hybrid_config *ls_hybrid_cfg(const ls_config *c) {
+    return (const ls_hybrid_config *)(const void *)c->ext;
+}
+static inline int64_t ls_cfg_key_dim(const ls_config *c) {
+    return (int64_t)ls_hybrid_cfg(c)->H_k * ls_hybrid_cfg(c)->d_k;
+}
+static inline int64_t ls_cfg_value_dim(const ls_config *c) {
+    return (int64_t)ls_hybrid_cfg(c)->H_v * ls_hybrid_cfg(c)->d_v;
+}
+static inline int64_t ls_cfg_conv_dim(const ls_config *c) { return 2 * ls_cfg_key_dim(c) + ls_cfg_value_dim(c); }
+
 /* Internal per-layer weights, all f32 in the fixed arena; [out, in] row-major. */
 typedef struct {
     float *input_norm; /* [D] zero-centred (1+w) */

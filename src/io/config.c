@@ -134,7 +134,7 @@ ls_status ls_cfg_get_bool(const cJSON *o, const char *key, int dflt, int *out, c
     return LS_OK;
 }
 
-int ls_cfg_count_kind(const ls_config *c, ls_layer_kind k) {
+int ls_cfg_count_kind(const ls_config *c, int k) {
     int n = 0;
     for (int64_t i = 0; i < c->n_layers; i++) n += c->kind[i] == k;
     return n;
@@ -208,6 +208,7 @@ ls_status ls_config_parse(ls_config *c, const char *text, const char *path) {
         s = ls_err(LS_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (expected %s)", path, type, names);
     } else {
         s = fam->parse_config(c, obj, type, obj != root, path);
+        c->family = fam;
     }
     /* tie_word_embeddings may sit at the top level of a Qwen3.5 wrapper config */
     if (s == LS_OK && obj != root) {

@@ -110,9 +110,10 @@ static ls_status cp_merge_earlier(const ls_backend *be, const ls_prompt_state *s
 static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, float *x,
                            const float *xn, layer_ctx *L) {
     const ls_config *c = &m->cfg;
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     int64_t T = L->T, D = c->hidden, kd = ls_cfg_key_dim(c), vd = ls_cfg_value_dim(c);
-    int64_t cd = ls_cfg_conv_dim(c), Wm = c->conv_k - 1;
-    int Hv = c->H_v, Hk = c->H_k;
+    int64_t cd = ls_cfg_conv_dim(c), Wm = hc->conv_k - 1;
+    int Hv = hc->H_v, Hk = hc->H_k;
     ls_layer_tape *tp = L->tp;
     ls_arena *A = tp ? L->ta : L->sc;
     ls_arena_mark mk = ls_arena_get_mark(L->sc);
@@ -139,7 +140,7 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
     LORA_FWD(m, L->layer, gdn_in, cd, vd, z, xn, T, L->sc);
     LORA_FWD(m, L->layer, gdn_in, cd + vd, 2 * Hv, ba, xn, T, L->sc);
     int64_t s0 = L->seg0;
-    if (s0 > 0) ls_op_conv_fwd(m->be, y, cpre, L->tail, qkv, w->conv_w, s0, cd, c->conv_k);
+    if (s0 > 0) ls_op_conv_fwd(m->be, y, cpre, L->tail, qkv, w->conv_w, s0, cd, hc->conv_k);
     if (tp) {
         tp->tail0 = ALLOC_F(A, Wm * cd > 0 ? Wm * cd : 1);
         NEED(tp->tail0);
@@ -151,13 +152,13 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
     for (int64_t i = 0; L->seqs && i < T; i++)
         seq_st[i] = L->seqs[i]->gdn[L->layer].conv_tail, seq_st[T + i] = L->seqs[i]->gdn[L->layer].S;
     if (L->seqs)
-        ls_op_conv_step_seqs(m->be, y, seq_st, qkv, w->conv_w, T, cd, c->conv_k);
+        ls_op_conv_step_seqs(m->be, y, seq_st, qkv, w->conv_w, T, cd, hc->conv_k);
     else
         ls_op_conv_fwd(m->be, y + s0 * cd, cpre ? cpre + s0 * cd : NULL, L->tail, qkv + s0 * cd, w->conv_w, T - s0, cd,
-                       c->conv_k);
-    ls_gdr_dims dm = {c->H_k, c->H_v, c->d_k, c->d_v, 1.0f / sqrtf((float)c->d_k)};
+                       hc->conv_k);
+    ls_gdr_dims dm = {hc->H_k, hc->H_v, hc->d_k, hc->d_v, 1.0f / sqrtf((float)hc->d_k)};
     ls_op_gdn_prep_fwd(m->be, q, k, v, beta, g, rq, rk, y, ba, w->A_log, w->dt_bias, T, dm);
-    size_t sn = (size_t)Hv * (size_t)c->d_k * (size_t)c->d_v;
+    size_t sn = (size_t)Hv * (size_t)hc->d_k * (size_t)hc->d_v;
     if (s0 > 0) LS_TRY(ls_op_gdr_chunk_fwd(m->be, o, NULL, L->S, q, k, v, beta, g, s0, dm, L->sc));
     float *tape_h = NULL;
     if (tp) {
@@ -175,7 +176,7 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
         LS_TRY(ls_op_gdr_chunk_fwd(m->be, o + s0 * vd, tape_h, L->S, q + s0 * kd, k + s0 * kd, v + s0 * vd, beta + s0 * Hv,
                                 g + s0 * Hv, T - s0, dm, L->sc));
     }
-    ls_op_gated_rmsnorm_fwd(m->be, on, grstd, o, z, w->gnorm, T * Hv, c->d_v, c->eps);
+    ls_op_gated_rmsnorm_fwd(m->be, on, grstd, o, z, w->gnorm, T * Hv, hc->d_v, c->eps);
     ls_op_linear_fwd(m->be, x, on, w->gdn_out, T, vd, D, 1);
     LORA_FWD(m, L->layer, gdn_out, 0, D, x, on, T, L->sc);
     if (tp) {
@@ -359,8 +360,9 @@ static void save_ckpt(const ls_prompt_state *st, int64_t pos, int l) {
     int64_t j = ls_state_ckpt_at(st, pos);
     if (j < 0) return;
     const ls_config *c = st->cfg;
-    size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
-    size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
+    size_t conv_n = (size_t)(hc->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
+    size_t rec_n = (size_t)hc->H_v * (size_t)hc->d_k * (size_t)hc->d_v;
     for (int k = l < 0 ? 0 : l; k < (l < 0 ? c->n_layers : l + 1); k++) {
         if (c->kind[k] != LS_LAYER_GDN) continue;
         ls_gdn_state *ck = &st->full->ckpt[j * c->n_layers + k];
@@ -468,13 +470,14 @@ static int cp_neighbour(const ls_prompt_state *st, int s, int dir) {
 static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids, int64_t n,
                             const ls_fwd_opts *o, ls_arena *sc) {
     const ls_config *c = &m->cfg;
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     if (st->n != 0 || n != st->capacity)
         return ls_err(LS_ERR_ARG, "a prompt state split over ranks is captured whole, once (%lld of %lld positions)",
                       (long long)n, (long long)st->capacity);
     int r = st->rank, nseg = ls_state_segments(st);
     int64_t D = c->hidden, C = o->capture_chunk > 0 ? o->capture_chunk : 2048;
-    size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
-    size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;
+    size_t conv_n = (size_t)(hc->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
+    size_t rec_n = (size_t)hc->H_v * (size_t)hc->d_k * (size_t)hc->d_v;
     int64_t Tr = 0, xoff[LS_STATE_MAX_SEGS]; /* the rank's positions, its segments one after another */
     for (int k = 0; k < st->nseg; k++) xoff[k] = Tr, Tr += st->seg_hi[k] - st->seg_lo[k];
     ls_arena_mark mk = ls_arena_get_mark(sc);
@@ -568,12 +571,13 @@ static ls_status branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *st,
                             float *entropy, ls_branch_tape **tape_out, const ls_fwd_opts *o, ls_arena *tape_arena,
                             ls_arena *scratch, int sweep) {
     const ls_config *c = &m->cfg;
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     int64_t D = c->hidden, pos0 = st ? st->n : 0;
     LS_ASSERT(out_from >= 0 && out_from <= T, "out_from %lld outside [0, %lld]", (long long)out_from,
               (long long)T);
     LS_ASSERT(grad_from >= 0 && grad_from <= out_from, "grad_from %lld", (long long)grad_from);
-    size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
-    size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;
+    size_t conv_n = (size_t)(hc->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
+    size_t rec_n = (size_t)hc->H_v * (size_t)hc->d_k * (size_t)hc->d_v;
     int taping = tape_out != NULL;
     ls_arena *A = taping ? tape_arena : scratch; /* what outlives a layer */
     ls_arena_mark mk = ls_arena_get_mark(scratch);

@@ -111,8 +111,9 @@ static ls_status gdn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
                          const ls_layer_tape *tp, const float *dres, float *dxn, int64_t T,
                          const dstate_ctx *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     int64_t D = c->hidden, kd = ls_cfg_key_dim(c), vd = ls_cfg_value_dim(c), cd = ls_cfg_conv_dim(c);
-    int Hv = c->H_v;
+    int Hv = hc->H_v;
     int64_t s0 = tp->seg0;
     ls_arena_mark mk = ls_arena_get_mark(sc);
     float *d_on = ALLOC_F(sc, T * vd);  /* [T, value_dim] */
@@ -128,25 +129,25 @@ static ls_status gdn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
     float *dqkv = CALLOC_F(sc, T * cd); /* [T, conv_dim] */
     NEED(d_on && d_o && d_z && dqn && dkn && dv && dbeta && dg && dba && dy && dqkv);
     ls_layer_dstate *ds = dc->st ? &dc->st->full->d[l] : NULL;
-    size_t rec_n = (size_t)Hv * (size_t)c->d_k * (size_t)c->d_v, conv_n = (size_t)(c->conv_k - 1) * (size_t)cd;
+    size_t rec_n = (size_t)Hv * (size_t)hc->d_k * (size_t)hc->d_v, conv_n = (size_t)(hc->conv_k - 1) * (size_t)cd;
     float *dS0 = ds ? ALLOC_F(sc, rec_n) : NULL, *dtail0 = ds ? ALLOC_F(sc, conv_n ? conv_n : 1) : NULL;
     NEED(!ds || (dS0 && dtail0));
     LS_ASSERT(!ds || s0 == 0, "full mode has no detach point");
     ls_op_linear_bwd(m->be, d_on, gw->gdn_out, dres, tp->on, w->gdn_out, T, vd, D, 0);
     LORA_BWD(m, l, gdn_out, 0, D, d_on, dres, tp->on, T, sc);
-    ls_op_gated_rmsnorm_bwd(m->be, d_o, d_z, gw->gnorm, d_on, tp->o, tp->z, tp->grstd, w->gnorm, T * Hv, c->d_v);
-    ls_gdr_dims dm = {c->H_k, c->H_v, c->d_k, c->d_v, 1.0f / sqrtf((float)c->d_k)};
+    ls_op_gated_rmsnorm_bwd(m->be, d_o, d_z, gw->gnorm, d_on, tp->o, tp->z, tp->grstd, w->gnorm, T * Hv, hc->d_v);
+    ls_gdr_dims dm = {hc->H_k, hc->H_v, hc->d_k, hc->d_v, 1.0f / sqrtf((float)hc->d_k)};
     LS_TRY(ls_op_gdr_chunk_bwd(m->be, dqn + s0 * kd, dkn + s0 * kd, dv + s0 * vd, dbeta + s0 * Hv, dg + s0 * Hv, dS0,
                             d_o + s0 * vd, ds && dc->sweep ? ds->dS : NULL, tp->tape_h, tp->qn + s0 * kd, tp->kn + s0 * kd,
                             tp->v + s0 * vd, tp->beta + s0 * Hv, tp->g + s0 * Hv, T - s0, dm, sc));
     ls_op_gdn_prep_bwd(m->be, dy, dba, gw->A_log, gw->dt_bias, dqn, dkn, dv, dbeta, dg, tp->y, tp->rq, tp->rk, tp->ba,
                        tp->beta, tp->g, w->A_log, w->dt_bias, T, dm);
     ls_op_conv_bwd(m->be, dqkv + s0 * cd, gw->conv_w, dtail0, dy + s0 * cd, tp->cpre + s0 * cd, tp->qkv + s0 * cd,
-                tp->tail0, w->conv_w, T - s0, cd, c->conv_k);
+                tp->tail0, w->conv_w, T - s0, cd, hc->conv_k);
     if (ds && dc->sweep) {
         /* the conv tail this chunk ended with is the last W−1 rows of [tail0; qkv]: its
          * incoming gradient goes to those rows (of the input, or of the starting tail) */
-        int64_t Wm = c->conv_k - 1;
+        int64_t Wm = hc->conv_k - 1;
         for (int64_t i = 0; i < Wm; i++) {
             int64_t row = T + i; /* in [tail0 (W−1 rows); qkv (T rows)] */
             float *to = row >= Wm ? dqkv + (row - Wm) * cd : dtail0 + row * cd;
@@ -365,8 +366,9 @@ static ls_status cp_sweep_serve(const ls_hybrid_model *m, ls_prompt_state *st, i
 /* d(S, conv tail) of every GDN layer, to or from the owner of the neighbouring chunk. */
 static ls_status cp_relay_dstate(const ls_prompt_state *st, int peer, int send) {
     const ls_config *c = st->cfg;
-    size_t conv_n = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
-    size_t rec_n = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v;
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
+    size_t conv_n = (size_t)(hc->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
+    size_t rec_n = (size_t)hc->H_v * (size_t)hc->d_k * (size_t)hc->d_v;
     for (int l = 0; l < c->n_layers; l++) {
         if (c->kind[l] != LS_LAYER_GDN) continue;
         ls_layer_dstate *d = &st->full->d[l];

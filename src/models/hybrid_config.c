@@ -14,16 +14,16 @@ static ls_status parse_text(ls_config *c, const cJSON *o, const char *mt, int is
     int64_t v = 0;
     const int64_t BIG = (int64_t)1 << 40;
     LS_TRY(ls_cfg_parse_common(c, o, mt, path));
-    c->layout = is_q35 ? LS_LAYOUT_QWEN3_5 : LS_LAYOUT_QWEN3_NEXT;
+    ls_hybrid_cfg_mut(c)->layout = is_q35 ? LS_LAYOUT_QWEN3_5 : LS_LAYOUT_QWEN3_NEXT;
 #define INT(key, dflt, req, lo, hi, dst) \
     LS_TRY(ls_cfg_get_int(o, key, dflt, req, lo, hi, &v, path)); \
     dst = v
     INT("head_dim", 256, 0, 2, 4096, c->head_dim);
-    INT("linear_num_key_heads", 16, 0, 1, 4096, c->H_k);
-    INT("linear_num_value_heads", 32, 0, 1, 4096, c->H_v);
-    INT("linear_key_head_dim", 128, 0, 1, 4096, c->d_k);
-    INT("linear_value_head_dim", 128, 0, 1, 4096, c->d_v);
-    INT("linear_conv_kernel_dim", 4, 0, 1, 64, c->conv_k);
+    INT("linear_num_key_heads", 16, 0, 1, 4096, ls_hybrid_cfg_mut(c)->H_k);
+    INT("linear_num_value_heads", 32, 0, 1, 4096, ls_hybrid_cfg_mut(c)->H_v);
+    INT("linear_key_head_dim", 128, 0, 1, 4096, ls_hybrid_cfg_mut(c)->d_k);
+    INT("linear_value_head_dim", 128, 0, 1, 4096, ls_hybrid_cfg_mut(c)->d_v);
+    INT("linear_conv_kernel_dim", 4, 0, 1, 64, ls_hybrid_cfg_mut(c)->conv_k);
     INT("intermediate_size", 0, 0, 0, BIG, c->intermediate);
     INT("num_experts", is_q35 && !is_moe35 ? 0 : 512, 0, 0, 1 << 20, c->n_experts);
     INT("num_experts_per_tok", 10, 0, 1, 1 << 20, c->top_k);
@@ -36,9 +36,9 @@ static ls_status parse_text(ls_config *c, const cJSON *o, const char *mt, int is
     if (c->n_heads % c->n_kv != 0)
         return ls_err(LS_ERR_FORMAT, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
                       path, c->n_heads, c->n_kv);
-    if (c->H_v % c->H_k != 0)
+    if (ls_hybrid_cfg_mut(c)->H_v % ls_hybrid_cfg_mut(c)->H_k != 0)
         return ls_err(LS_ERR_FORMAT, "%s: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d",
-                      path, c->H_v, c->H_k);
+                      path, ls_hybrid_cfg_mut(c)->H_v, ls_hybrid_cfg_mut(c)->H_k);
     if (c->n_experts > 0 && c->top_k > c->n_experts)
         return ls_err(LS_ERR_FORMAT, "%s: num_experts_per_tok %d exceeds num_experts %d", path,
                       c->top_k, c->n_experts);
@@ -116,7 +116,8 @@ void ls_hybrid_state_layer(const ls_config *c, int l, ls_state_layer *out) {
 }
 
 void ls_hybrid_state_recurrent(const ls_config *c, ls_state_recurrent *out) {
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     *out = (ls_state_recurrent){.table = 1,
-                                .rec_floats = (size_t)c->H_v * (size_t)c->d_k * (size_t)c->d_v,
-                                .tail_floats = (size_t)(c->conv_k - 1) * (size_t)ls_cfg_conv_dim(c)};
+                                .rec_floats = (size_t)hc->H_v * (size_t)hc->d_k * (size_t)hc->d_v,
+                                .tail_floats = (size_t)(hc->conv_k - 1) * (size_t)ls_cfg_conv_dim(c)};
 }

@@ -17,7 +17,7 @@
 
 static const ls_hybrid_model *H(const ls_model *m) { return (const ls_hybrid_model *)m->impl; }
 
-static int hy_accepts(const ls_config *cfg) { return cfg->family == LS_FAMILY_HYBRID && cfg->n_layers > 0; }
+static int hy_accepts(const ls_config *cfg) { return cfg->family == &ls_hybrid_family && cfg->n_layers > 0; }
 
 static ls_status no_ep(const ls_comm *ep, const char *dir) {
     if (ep && ls_comm_size(ep) > 1)

@@ -39,10 +39,11 @@ static ls_status add(spec_list *l, ls_init_kind init, int ndim, int64_t d0, int6
 }
 
 static ls_status specs(const ls_config *c, spec_list *l) {
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     int64_t D = c->hidden, V = c->vocab, hd = c->head_dim;
     int64_t kd = ls_cfg_key_dim(c), vd = ls_cfg_value_dim(c), cd = ls_cfg_conv_dim(c);
-    int64_t Hk = c->H_k, Hv = c->H_v, r = Hv / Hk;
-    const char *p = c->layout == LS_LAYOUT_QWEN3_5 ? "model.language_model." : "model.";
+    int64_t Hk = hc->H_k, Hv = hc->H_v, r = Hv / Hk;
+    const char *p = hc->layout == LS_LAYOUT_QWEN3_5 ? "model.language_model." : "model.";
     LS_TRY(add(l, LS_INIT_EMBED, 2, V, D, 0, "%sembed_tokens.weight", p));
     LS_TRY(add(l, LS_INIT_NORM0, 1, D, 0, 0, "%snorm.weight", p));
     if (!c->tie_embeddings) LS_TRY(add(l, LS_INIT_LINEAR, 2, V, D, 0, "lm_head.weight"));
@@ -52,7 +53,7 @@ static ls_status specs(const ls_config *c, spec_list *l) {
         LS_TRY(add(l, LS_INIT_NORM0, 1, D, 0, 0, "%s.input_layernorm.weight", b));
         LS_TRY(add(l, LS_INIT_NORM0, 1, D, 0, 0, "%s.post_attention_layernorm.weight", b));
         if (c->kind[i] == LS_LAYER_GDN) {
-            if (c->layout == LS_LAYOUT_QWEN3_NEXT) {
+            if (hc->layout == LS_LAYOUT_QWEN3_NEXT) {
                 LS_TRY(add(l, LS_INIT_LINEAR, 2, 2 * kd + 2 * vd, D, 0, "%s.linear_attn.in_proj_qkvz.weight", b));
                 LS_TRY(add(l, LS_INIT_LINEAR, 2, Hk * 2 * r, D, 0, "%s.linear_attn.in_proj_ba.weight", b));
             } else {
@@ -61,10 +62,10 @@ static ls_status specs(const ls_config *c, spec_list *l) {
                 LS_TRY(add(l, LS_INIT_LINEAR, 2, Hv, D, 0, "%s.linear_attn.in_proj_b.weight", b));
                 LS_TRY(add(l, LS_INIT_LINEAR, 2, Hv, D, 0, "%s.linear_attn.in_proj_a.weight", b));
             }
-            LS_TRY(add(l, LS_INIT_CONV, 3, cd, 1, c->conv_k, "%s.linear_attn.conv1d.weight", b));
+            LS_TRY(add(l, LS_INIT_CONV, 3, cd, 1, hc->conv_k, "%s.linear_attn.conv1d.weight", b));
             LS_TRY(add(l, LS_INIT_ALOG, 1, Hv, 0, 0, "%s.linear_attn.A_log", b));
             LS_TRY(add(l, LS_INIT_DTBIAS, 1, Hv, 0, 0, "%s.linear_attn.dt_bias", b));
-            LS_TRY(add(l, LS_INIT_NORM1, 1, c->d_v, 0, 0, "%s.linear_attn.norm.weight", b));
+            LS_TRY(add(l, LS_INIT_NORM1, 1, hc->d_v, 0, 0, "%s.linear_attn.norm.weight", b));
             LS_TRY(add(l, LS_INIT_LINEAR, 2, D, vd, 0, "%s.linear_attn.out_proj.weight", b));
         } else {
             int64_t qd = c->n_heads * hd, kvd = c->n_kv * hd;

@@ -70,7 +70,7 @@ ls_status ls_hybrid_write_random(const char *config_path, const char *dir, uint6
                                  ls_dtype dtype) {
     ls_config cfg;
     LS_TRY(ls_config_load(&cfg, config_path));
-    if (cfg.family != LS_FAMILY_HYBRID) /* names the family and what is missing */
+    if (cfg.family != &ls_hybrid_family) /* names the family and what is missing */
         return ls_family_for(&cfg, config_path) ? LS_ERR_ARG : LS_ERR_UNSUPPORTED;
     ls_hf_tensor_spec *sp = NULL;
     int64_t n = 0;
@@ -165,13 +165,14 @@ ls_status ls_hybrid_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan
  * FFN is skipped, as capture skips it), attention (4·hd per query-head × visible key)
  * and the chunked gated delta rule's matrix products. */
 double ls_hybrid_capture_flops(const ls_config *c, int64_t n) {
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     double D = (double)c->hidden, f = 0, N = (double)n;
     double kd = (double)ls_cfg_key_dim(c), vd = (double)ls_cfg_value_dim(c), cd = (double)ls_cfg_conv_dim(c);
     for (int l = 0; l < c->n_layers; l++) {
         if (c->kind[l] == LS_LAYER_GDN) {
-            f += 2 * N * D * (cd + vd + 2 * c->H_v) + 2 * N * vd * D;          /* in / out projections */
-            double dk = c->d_k, dv = c->d_v, C = 64;
-            f += N * c->H_v * (3 * 2 * dk * dv + 2 * C * (2 * dk + dv) + C * (dk + dv)); /* chunked GDR */
+            f += 2 * N * D * (cd + vd + 2 * hc->H_v) + 2 * N * vd * D;          /* in / out projections */
+            double dk = hc->d_k, dv = hc->d_v, C = 64;
+            f += N * hc->H_v * (3 * 2 * dk * dv + 2 * C * (2 * dk + dv) + C * (dk + dv)); /* chunked GDR */
             (void)kd;
         } else {
             double qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv * c->head_dim;

@@ -109,12 +109,13 @@ static ls_status read_tmp(loader *L, const char *name, int ndim, int64_t d0, int
 #define NAME(buf, ...) snprintf(buf, sizeof buf, __VA_ARGS__)
 
 static ls_status load_gdn(loader *L, const ls_config *c, int l, ls_hybrid_layer *w) {
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     char n[256];
     int64_t D = c->hidden, kd = ls_cfg_key_dim(c), vd = ls_cfg_value_dim(c), cd = ls_cfg_conv_dim(c);
-    int Hk = c->H_k, Hv = c->H_v, dk = c->d_k, dv = c->d_v, r = Hv / Hk;
+    int Hk = hc->H_k, Hv = hc->H_v, dk = hc->d_k, dv = hc->d_v, r = Hv / Hk;
     int64_t rows = cd + vd + 2 * Hv;
     w->gdn_in = falloc(L, rows * D); /* [q | k | v | z | b | a, D] */
-    w->conv_w = falloc(L, cd * c->conv_k);
+    w->conv_w = falloc(L, cd * hc->conv_k);
     w->A_log = falloc(L, Hv);
     w->dt_bias = falloc(L, Hv);
     w->gnorm = falloc(L, dv);
@@ -164,9 +165,9 @@ static ls_status load_gdn(loader *L, const ls_config *c, int l, ls_hybrid_layer 
     const ls_st_tensor *ct = find(L, n, 1);
     if (!ct) return LS_ERR_FORMAT;
     if (ct->ndim == 2)
-        LS_TRY(read_t(L, n, 2, cd, c->conv_k, 0, w->conv_w));
+        LS_TRY(read_t(L, n, 2, cd, hc->conv_k, 0, w->conv_w));
     else
-        LS_TRY(read_t(L, n, 3, cd, 1, c->conv_k, w->conv_w));
+        LS_TRY(read_t(L, n, 3, cd, 1, hc->conv_k, w->conv_w));
     NAME(n, "%slayers.%d.linear_attn.A_log", p, l);
     LS_TRY(read_t(L, n, 1, Hv, 0, 0, w->A_log));
     NAME(n, "%slayers.%d.linear_attn.dt_bias", p, l);
@@ -267,11 +268,12 @@ static ls_status load_ffn(loader *L, const ls_config *c, int l, ls_hybrid_layer 
 
 static ls_status load_all(loader *L, ls_hybrid_model *m) {
     ls_config *c = &m->cfg;
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     int64_t D = c->hidden, V = c->vocab;
     char n[256];
     /* Prefix by what the checkpoint holds (a text-only Qwen3.5 may sit under "model."). */
-    const char *prefixes[2] = {c->layout == LS_LAYOUT_QWEN3_5 ? "model.language_model." : "model.",
-                               c->layout == LS_LAYOUT_QWEN3_5 ? "model." : "model.language_model."};
+    const char *prefixes[2] = {hc->layout == LS_LAYOUT_QWEN3_5 ? "model.language_model." : "model.",
+                               hc->layout == LS_LAYOUT_QWEN3_5 ? "model." : "model.language_model."};
     L->prefix = prefixes[0];
     NAME(n, "%sembed_tokens.weight", prefixes[1]);
     if (!find(L, "model.language_model.embed_tokens.weight", 0) && !find(L, "model.embed_tokens.weight", 0))
@@ -318,7 +320,7 @@ ls_status ls_hybrid_load(ls_hybrid_model *m, const char *dir, ls_arena *fixed) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     LS_TRY(ls_config_load(&m->cfg, path));
-    if (m->cfg.family != LS_FAMILY_HYBRID) {
+    if (m->cfg.family != &ls_hybrid_family) {
         const ls_family *f = ls_family_for(&m->cfg, path); /* sets the message when none reads it */
         return f ? ls_err(LS_ERR_ARG, "%s: model_type \"%s\" belongs to the \"%s\" family, not the hybrid (Gated DeltaNet) one", path,
                           m->cfg.model_type, f->name)

@@ -18,6 +18,7 @@ typedef void (*slot_fn)(float **slot, int64_t n, int no_decay, const char *what,
 /* Visit every distinct parameter slot of `m` in a fixed order. */
 static void visit(ls_hybrid_model *m, slot_fn fn, void *ctx) {
     const ls_config *c = &m->cfg;
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     int64_t D = c->hidden, V = c->vocab, hd = c->head_dim;
     int64_t kd = ls_cfg_key_dim(c), vd = ls_cfg_value_dim(c), cd = ls_cfg_conv_dim(c);
     int64_t qd = (int64_t)c->n_heads * hd, kvd = (int64_t)c->n_kv * hd;
@@ -30,11 +31,11 @@ static void visit(ls_hybrid_model *m, slot_fn fn, void *ctx) {
         fn(&w->input_norm, D, 1, "input_layernorm", ctx);
         fn(&w->post_norm, D, 1, "post_attention_layernorm", ctx);
         if (c->kind[l] == LS_LAYER_GDN) {
-            fn(&w->gdn_in, (cd + vd + 2 * c->H_v) * D, 0, "linear_attn.in_proj", ctx);
-            fn(&w->conv_w, cd * c->conv_k, 0, "linear_attn.conv1d", ctx);
-            fn(&w->A_log, c->H_v, 1, "linear_attn.A_log", ctx);
-            fn(&w->dt_bias, c->H_v, 1, "linear_attn.dt_bias", ctx);
-            fn(&w->gnorm, c->d_v, 1, "linear_attn.norm", ctx);
+            fn(&w->gdn_in, (cd + vd + 2 * hc->H_v) * D, 0, "linear_attn.in_proj", ctx);
+            fn(&w->conv_w, cd * hc->conv_k, 0, "linear_attn.conv1d", ctx);
+            fn(&w->A_log, hc->H_v, 1, "linear_attn.A_log", ctx);
+            fn(&w->dt_bias, hc->H_v, 1, "linear_attn.dt_bias", ctx);
+            fn(&w->gnorm, hc->d_v, 1, "linear_attn.norm", ctx);
             fn(&w->gdn_out, D * vd, 0, "linear_attn.out_proj", ctx);
         } else {
             fn(&w->attn_in, (2 * qd + 2 * kvd) * D, 0, "self_attn.qkv", ctx);
@@ -181,10 +182,11 @@ static float *tmp_f(exporter *ex, int64_t n) {
 
 static void export_layer(exporter *ex, const ls_hybrid_model *m, int l) {
     const ls_config *c = &m->cfg;
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     const ls_hybrid_layer *w = &m->layers[l];
     int64_t D = c->hidden, hd = c->head_dim, kd = ls_cfg_key_dim(c), vd = ls_cfg_value_dim(c);
     int64_t cd = ls_cfg_conv_dim(c), qd = (int64_t)c->n_heads * hd, kvd = (int64_t)c->n_kv * hd;
-    int64_t Hk = c->H_k, Hv = c->H_v, dk = c->d_k, dv = c->d_v, r = Hv / Hk;
+    int64_t Hk = hc->H_k, Hv = hc->H_v, dk = hc->d_k, dv = hc->d_v, r = Hv / Hk;
     char b[96];
     snprintf(b, sizeof b, "%slayers.%d", m->prefix, l);
     size_t row = (size_t)D * sizeof(float);
@@ -214,7 +216,7 @@ static void export_layer(exporter *ex, const ls_hybrid_model *m, int l) {
             put(ex, w->gdn_in + (cd + vd) * D, 2, Hv, D, 0, "%s.linear_attn.in_proj_b.weight", b);
             put(ex, w->gdn_in + (cd + vd + Hv) * D, 2, Hv, D, 0, "%s.linear_attn.in_proj_a.weight", b);
         }
-        put(ex, w->conv_w, 3, cd, 1, c->conv_k, "%s.linear_attn.conv1d.weight", b);
+        put(ex, w->conv_w, 3, cd, 1, hc->conv_k, "%s.linear_attn.conv1d.weight", b);
         put(ex, w->A_log, 1, Hv, 0, 0, "%s.linear_attn.A_log", b);
         put(ex, w->dt_bias, 1, Hv, 0, 0, "%s.linear_attn.dt_bias", b);
         put(ex, w->gnorm, 1, dv, 0, 0, "%s.linear_attn.norm.weight", b);

@@ -96,9 +96,10 @@ static void add_target(target_list *tl, int layer, size_t field, int map, int64_
  * order (hybrid_params.c). Fused (3-D) experts are not listed. */
 static void list_targets(const ls_hybrid_model *m, target_list *tl) {
     const ls_config *c = &m->cfg;
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     int64_t D = c->hidden, hd = c->head_dim, vd = ls_cfg_value_dim(c), cd = ls_cfg_conv_dim(c);
     int64_t qd = (int64_t)c->n_heads * hd, kvd = (int64_t)c->n_kv * hd;
-    int64_t Hk = c->H_k, Hv = c->H_v, dk = c->d_k, dv = c->d_v, r = Hk > 0 ? Hv / Hk : 0;
+    int64_t Hk = hc->H_k, Hv = hc->H_v, dk = hc->d_k, dv = hc->d_v, r = Hk > 0 ? Hv / Hk : 0;
     const char *p = m->prefix;
     for (int l = 0; l < c->n_layers; l++) {
         if (c->kind[l] == LS_LAYER_GDN) {
@@ -181,8 +182,9 @@ static const char *leaf(const char *name) {
 /* Segments of HF rows → internal rows (spec §2.1, §4.1; hybrid_load.c), adjacent ones
  * merged. s NULL: count only (an upper bound). */
 static int64_t make_segs(const ls_config *c, const lora_target *t, lora_seg *s) {
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     int64_t hd = c->head_dim, kd = ls_cfg_key_dim(c), vd = ls_cfg_value_dim(c), cd = ls_cfg_conv_dim(c);
-    int64_t qd = (int64_t)c->n_heads * hd, Hk = c->H_k, Hv = c->H_v, dk = c->d_k, dv = c->d_v;
+    int64_t qd = (int64_t)c->n_heads * hd, Hk = hc->H_k, Hv = hc->H_v, dk = hc->d_k, dv = hc->d_v;
     int64_t r = Hk > 0 ? Hv / Hk : 0, n = 0;
 #define SEG(a, b, len)                                                                              \
     do {                                                                                            \

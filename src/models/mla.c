@@ -62,7 +62,7 @@ static ls_kv_prefix prefix_of(const ls_prompt_state *st, int l) {
 void ls_mla_index_queries(const ls_mla_model *m, int l, const float *xn, const float *cq, int64_t T, int64_t pos0,
                           float *qI, float *wq) {
     const ls_config *c = &m->cfg;
-    const ls_mla_config *mc = &c->mla;
+    const ls_mla_config *mc = ls_mla_cfg(c);
     const ls_mla_layer *w = &m->layers[l];
     int nI = mc->index_heads, dI = mc->index_head_dim;
     ls_op_linear_fwd(m->be, qI, cq, w->idx_wq, T, mc->q_lora_rank, (int64_t)nI * dI, 0);
@@ -75,7 +75,7 @@ void ls_mla_index_queries(const ls_mla_model *m, int l, const float *xn, const f
 void ls_mla_index_keys(const ls_mla_model *m, int l, const float *xn, int64_t T, int64_t pos0, float *kI,
                        float *kpre) {
     const ls_config *c = &m->cfg;
-    const ls_mla_config *mc = &c->mla;
+    const ls_mla_config *mc = ls_mla_cfg(c);
     const ls_mla_layer *w = &m->layers[l];
     int dI = mc->index_head_dim;
     float *pre = kpre ? kpre : kI;
@@ -122,7 +122,7 @@ static ls_status score_rows(const ls_backend *be, float *row, const float *qI, c
  * the call's own keys kI [T, dI] (into L->sel). */
 static ls_status select_local(const ls_mla_model *m, int l, const float *qI, const float *wq, const float *kI,
                               mla_ctx *L) {
-    const ls_mla_config *mc = &m->cfg.mla;
+    const ls_mla_config *mc = ls_mla_cfg(&m->cfg);
     int64_t T = L->T, pos0 = L->pos0, n = pos0 + T;
     int nI = mc->index_heads, dI = mc->index_head_dim;
     ls_arena *sc = L->sc;
@@ -168,7 +168,7 @@ static int64_t held_position(const ls_prompt_state *st, int64_t li) {
  * rank selection, since a key among the global top kk is among its rank's top kk. */
 static ls_status cp_select(const ls_mla_model *m, int l, const float *qI, const float *wq, const float *kI,
                            mla_ctx *L) {
-    const ls_mla_config *mc = &m->cfg.mla;
+    const ls_mla_config *mc = ls_mla_cfg(&m->cfg);
     const ls_prompt_state *st = L->st;
     int nI = mc->index_heads, dI = mc->index_head_dim, rank = ls_comm_rank(L->cp);
     int64_t T = L->T, kk = L->kk, nloc = ls_state_held_before(st, L->nkeys), nown = rank == L->own_rank ? T : 0;
@@ -228,7 +228,7 @@ static ls_status cp_share_queries(const ls_comm *cp, int root, float *qa, float 
  * gets the selection as local rows. */
 static ls_status cp_attend(const ls_mla_model *m, int l, const float *qa, const float *own, float *o, float *lse,
                            mla_ctx *L) {
-    const ls_mla_config *mc = &m->cfg.mla;
+    const ls_mla_config *mc = ls_mla_cfg(&m->cfg);
     const ls_prompt_state *st = L->st;
     int64_t T = L->T, kk = L->kk, rkv = mc->kv_lora_rank, nloc = ls_state_held_before(st, L->nkeys);
     int H = m->cfg.n_heads, mine = ls_comm_rank(L->cp) == L->own_rank;
@@ -248,7 +248,7 @@ static ls_status cp_attend(const ls_mla_model *m, int l, const float *qa, const 
 /* MLA mixer of layer l (spec §2, absorbed form): x[T, D] += o_proj(W_UV · attention). */
 static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *xn, mla_ctx *L) {
     const ls_config *c = &m->cfg;
-    const ls_mla_config *mc = &c->mla;
+    const ls_mla_config *mc = ls_mla_cfg(c);
     const ls_mla_layer *w = &m->layers[l];
     int64_t T = L->T, D = c->hidden, rq = mc->q_lora_rank, rkv = mc->kv_lora_rank, pos0 = L->pos0;
     int H = c->n_heads, dn = mc->qk_nope, dr = mc->qk_rope, dv = mc->v_head, half = dr / 2;
@@ -350,7 +350,7 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
 /* MoE block (spec §4): x[T, D] += Σ_chosen g_e·E_e(xn) + Shared(xn). */
 static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, mla_ctx *L) {
     const ls_config *c = &m->cfg;
-    const ls_mla_config *mc = &c->mla;
+    const ls_mla_config *mc = ls_mla_cfg(c);
     const ls_mla_layer *w = &m->layers[l];
     int64_t T = L->T, D = c->hidden, Im = c->moe_inter, Is = Im * mc->n_shared_experts;
     int E = c->n_experts, K = c->top_k;
@@ -390,7 +390,7 @@ static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, ml
  * attention for the owner's queries (received), the same collectives in the same order
  * as the owner's mla_mixer. */
 static ls_status cp_assist(const ls_mla_model *m, int l, mla_ctx *L) {
-    const ls_mla_config *mc = &m->cfg.mla;
+    const ls_mla_config *mc = ls_mla_cfg(&m->cfg);
     int64_t T = L->T, dk = mc->kv_lora_rank + mc->qk_rope;
     int H = m->cfg.n_heads, nI = mc->index_heads, dI = mc->index_head_dim, full = mc->index_full[l];
     ls_arena_mark mk = ls_arena_get_mark(L->sc);
@@ -434,7 +434,8 @@ static ls_status layer_fwd(const ls_mla_model *m, int l, float *x, int skip_ffn,
 }
 
 static int64_t sel_stride(const ls_config *c, int64_t pos0, int64_t T) {
-    return c->mla.index_topk < pos0 + T ? c->mla.index_topk : pos0 + T;
+    const ls_mla_config *mc = ls_mla_cfg(c);
+    return mc->index_topk < pos0 + T ? mc->index_topk : pos0 + T;
 }
 
 /* The CP part of a layer context: the keys' communicator, who computed the queries,

@@ -31,7 +31,7 @@
 static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const mla_layer_tape *tp, const float *dres,
                          float *dxn, int64_t T, ls_arena *sc) {
     const ls_config *c = &m->cfg;
-    const ls_mla_config *mc = &c->mla;
+    const ls_mla_config *mc = ls_mla_cfg(c);
     const ls_mla_layer *w = &m->layers[l];
     int64_t D = c->hidden, Im = c->moe_inter, Is = Im * mc->n_shared_experts;
     int E = c->n_experts, K = c->top_k;
@@ -85,7 +85,7 @@ typedef struct {
 static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const mla_tape *tb, double *sum,
                                 ls_arena *sc) {
     const ls_config *c = &m->cfg;
-    const ls_mla_config *mc = &c->mla;
+    const ls_mla_config *mc = ls_mla_cfg(c);
     const ls_mla_layer *w = &m->layers[l];
     const mla_layer_tape *tp = &tb->layers[l];
     int64_t T = tb->T, D = c->hidden, rq = mc->q_lora_rank, kk = tb->kk, t0 = tb->out_from, nq = T - t0;
@@ -167,7 +167,7 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
 static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const mla_tape *tb, const float *dy,
                            float *dxn, const dstate_ctx *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;
-    const ls_mla_config *mc = &c->mla;
+    const ls_mla_config *mc = ls_mla_cfg(c);
     const ls_mla_layer *w = &m->layers[l];
     const mla_layer_tape *tp = &tb->layers[l];
     int64_t T = tb->T, D = c->hidden, rq = mc->q_lora_rank, rkv = mc->kv_lora_rank, pos0 = tb->pos0;

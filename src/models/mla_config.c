@@ -17,8 +17,7 @@ ls_status ls_mla_parse_config(ls_config *c, const cJSON *o, const char *mt, int 
     const int64_t BIG = (int64_t)1 << 40;
     int glm = strcmp(mt, "glm_moe_dsa") == 0;
     LS_TRY(ls_cfg_parse_common(c, o, mt, path));
-    c->family = LS_FAMILY_MLA;
-    ls_mla_config *m = &c->mla;
+    ls_mla_config *m = ls_mla_cfg_mut(c);
 #define INT(key, dflt, req, lo, hi, dst) \
     LS_TRY(ls_cfg_get_int(o, key, dflt, req, lo, hi, &v, path)); \
     dst = v
@@ -160,7 +159,8 @@ const char *const ls_mla_model_types[] = {"glm_moe_dsa", "deepseek_v32", NULL};
  * the latent row [c_kv ; k_pe] (with its gradient in full mode) and, on a full indexer
  * layer, the index key (no gradient: the selection is constant); no recurrent state. */
 void ls_mla_state_layer(const ls_config *c, int l, ls_state_layer *out) {
-    int64_t lat = (int64_t)c->mla.kv_lora_rank + c->mla.qk_rope, idx = c->mla.index_full[l] ? c->mla.index_head_dim : 0;
+    const ls_mla_config *mc = ls_mla_cfg(c);
+    int64_t lat = (int64_t)mc->kv_lora_rank + mc->qk_rope, idx = mc->index_full[l] ? mc->index_head_dim : 0;
     *out = (ls_state_layer){.row = {lat, idx}, .grad_row = {lat, 0}, .recurrent = 0};
 }
 
@@ -171,6 +171,6 @@ void ls_mla_state_recurrent(const ls_config *c, ls_state_recurrent *out) {
 
 int ls_cfg_count_index_full(const ls_config *c) {
     int n = 0;
-    for (int64_t i = 0; i < c->n_layers; i++) n += c->mla.index_full[i];
+    for (int64_t i = 0; i < c->n_layers; i++) n += ls_mla_cfg(c)->index_full[i];
     return n;
 }

@@ -15,7 +15,7 @@
 
 static const ls_mla_model *M(const ls_model *m) { return (const ls_mla_model *)m->impl; }
 
-static int mla_accepts(const ls_config *cfg) { return cfg->family == LS_FAMILY_MLA && cfg->n_layers > 0; }
+static int mla_accepts(const ls_config *cfg) { return cfg->family == &ls_mla_family && cfg->n_layers > 0; }
 
 static ls_status mla_load(ls_model *m, const char *dir, const ls_comm *ep, ls_arena *fixed) {
     ls_mla_model *h = ls_arena_calloc(fixed, 1, sizeof *h);

@@ -46,7 +46,7 @@ static void add(tlist *l, int layer, size_t field, int64_t off, ls_init_kind ini
 #define MF(f) offsetof(ls_mla_model, f)
 
 static void walk(const ls_config *c, int64_t e0, int64_t ne, tlist *l) {
-    const ls_mla_config *m = &c->mla;
+    const ls_mla_config *m = ls_mla_cfg(c);
     int64_t D = c->hidden, H = c->n_heads, dn = m->qk_nope, dr = m->qk_rope, dv = m->v_head;
     int64_t rq = m->q_lora_rank, rkv = m->kv_lora_rank, nI = m->index_heads, dI = m->index_head_dim;
     const char *p = "model.layers.";
@@ -240,7 +240,7 @@ static int is_mtp_layer(const ls_config *c, const char *name) {
     if (strncmp(name, p, strlen(p)) != 0) return 0;
     char *end;
     long i = strtol(name + strlen(p), &end, 10);
-    return *end == '.' && i >= c->n_layers && i < c->n_layers + c->mla.n_mtp;
+    return *end == '.' && i >= c->n_layers && i < c->n_layers + ls_mla_cfg(c)->n_mtp;
 }
 
 /* Every tensor of the checkpoint is one the config describes (any expert: the other
@@ -273,7 +273,7 @@ static ls_status unknown_tensors(const ls_st_model *st, const ls_config *c) {
     return ls_err(LS_ERR_FORMAT, "%s: %lld tensor%s that config.json (%s, %lld layers + %d MTP) does not describe: %s%s; "
                                  "refusing weights the config does not match (only the MTP layers model.layers.%lld.. "
                                  "(num_nextn_predict_layers) are skipped)", st->dir, (long long)bad, bad == 1 ? "" : "s",
-                  c->model_type, (long long)c->n_layers, c->mla.n_mtp, list, bad > 3 ? ", ..." : "",
+                  c->model_type, (long long)c->n_layers, ls_mla_cfg(c)->n_mtp, list, bad > 3 ? ", ..." : "",
                   (long long)c->n_layers);
 }
 
@@ -284,7 +284,7 @@ ls_status ls_mla_load(ls_mla_model *m, const char *dir, const ls_comm *ep, ls_ar
     snprintf(path, sizeof path, "%s/config.json", dir);
     LS_TRY(ls_config_load(&m->cfg, path));
     const ls_config *c = &m->cfg;
-    if (c->family != LS_FAMILY_MLA) return ls_err(LS_ERR_ARG, "%s: not an MLA-family checkpoint", path);
+    if (c->family != &ls_mla_family) return ls_err(LS_ERR_ARG, "%s: not an MLA-family checkpoint", path);
     int N = ep ? ls_comm_size(ep) : 1;
     if (c->n_experts % N != 0)
         return ls_err(LS_ERR_ARG, "%s: n_routed_experts %d does not split over --ep %d ranks", path, c->n_experts, N);
@@ -295,7 +295,7 @@ ls_status ls_mla_load(ls_mla_model *m, const char *dir, const ls_comm *ep, ls_ar
     int64_t nt;
     LS_TRY(ls_mla_tensors(c, m->e0, m->n_local_experts, &tl, &nt));
     ls_mla_tensor *keep = ls_arena_alloc(fixed, (size_t)nt * sizeof *keep);
-    m->inv_freq = ls_arena_alloc(fixed, (size_t)(c->mla.qk_rope / 2 + 1) * sizeof(double));
+    m->inv_freq = ls_arena_alloc(fixed, (size_t)(ls_mla_cfg(c)->qk_rope / 2 + 1) * sizeof(double));
     if (!keep || !m->inv_freq) {
         free(tl);
         return LS_ERR_NOMEM;

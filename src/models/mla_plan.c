@@ -19,13 +19,13 @@ static int add(size_t *acc, size_t v) { return ls_add_size(*acc, v, acc); }
 
 ls_status ls_mla_state_plan(ls_mla_plan_t *p, const ls_config *cfg, int64_t prompt_len, int64_t page_size,
                             ls_dtype dtype, int cp, ls_cp_layout layout, int64_t capture_chunk) {
-    if (cfg->family != LS_FAMILY_MLA) return ls_err(LS_ERR_ARG, "not an MLA-family config (%s)", cfg->model_type);
+    if (cfg->family != &ls_mla_family) return ls_err(LS_ERR_ARG, "not an MLA-family config (%s)", cfg->model_type);
     /* the state's own plan (what ls_state_init allocates: pages, tables, the fullest rank),
      * broken down here into latent and index-key pages */
     ls_state_plan_t sp;
     LS_TRY(ls_state_plan(&sp, cfg, prompt_len, page_size, dtype, cp, layout, 0));
     memset(p, 0, sizeof *p);
-    const ls_mla_config *m = &cfg->mla;
+    const ls_mla_config *m = ls_mla_cfg(cfg);
     p->positions = sp.positions;
     p->page_size = page_size;
     p->cp = cp;
@@ -58,7 +58,7 @@ ls_status ls_mla_state_plan(ls_mla_plan_t *p, const ls_config *cfg, int64_t prom
 }
 
 int ls_mla_param_count(const ls_config *c, size_t *out) {
-    const ls_mla_config *m = &c->mla;
+    const ls_mla_config *m = ls_mla_cfg(c);
     size_t D = (size_t)c->hidden, H = (size_t)c->n_heads, dn = (size_t)m->qk_nope, dr = (size_t)m->qk_rope;
     size_t dv = (size_t)m->v_head, rq = (size_t)m->q_lora_rank, rkv = (size_t)m->kv_lora_rank;
     size_t nI = (size_t)m->index_heads, dI = (size_t)m->index_head_dim, E = (size_t)c->n_experts;
@@ -91,7 +91,7 @@ int ls_mla_param_count(const ls_config *c, size_t *out) {
 ls_status ls_mla_write_random(const char *config_path, const char *dir, uint64_t seed, ls_dtype dtype) {
     ls_config cfg;
     LS_TRY(ls_config_load(&cfg, config_path));
-    if (cfg.family != LS_FAMILY_MLA) return ls_err(LS_ERR_ARG, "%s: not an MLA-family config", config_path);
+    if (cfg.family != &ls_mla_family) return ls_err(LS_ERR_ARG, "%s: not an MLA-family config", config_path);
     size_t params = 0;
     if (ls_mla_param_count(&cfg, &params) || params > ((size_t)1 << 31))
         return ls_err(LS_ERR_ARG, "%s: %zu parameters: `init` writes test-sized checkpoints (at most 2^31 weights)",
@@ -107,7 +107,7 @@ ls_status ls_mla_write_random(const char *config_path, const char *dir, uint64_t
 /* ---- rotary frequencies and the softmax scale (spec §2) --------------------------- */
 
 void ls_mla_rope_freqs(const ls_config *c, double *inv_freq, int *low, int *high) {
-    const ls_mla_config *m = &c->mla;
+    const ls_mla_config *m = ls_mla_cfg(c);
     int dr = m->qk_rope, half = dr / 2;
     double base = c->rope_theta;
     for (int i = 0; i < half; i++) inv_freq[i] = pow(base, -2.0 * i / (double)dr);
@@ -135,7 +135,7 @@ void ls_mla_rope_freqs(const ls_config *c, double *inv_freq, int *low, int *high
 }
 
 double ls_mla_softmax_scale(const ls_config *c) {
-    const ls_mla_config *m = &c->mla;
+    const ls_mla_config *m = ls_mla_cfg(c);
     double s = 1.0 / sqrt((double)(m->qk_nope + m->qk_rope));
     if (m->yarn_factor > 1.0) {
         double mm = 0.1 * m->yarn_mscale_all_dim * log(m->yarn_factor) + 1.0;
@@ -216,7 +216,7 @@ ls_status ls_mla_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_re
     ls_plan_text(d, "  pages (S positions each): %lld in all, %lld per rank; per position an MLA layer keeps the latent +",
                  (long long)p.pages, (long long)p.pages_per_rank);
     ls_plan_text(d, "    rope key (%lld + %d values), a full indexer layer the index key (%d values)",
-                 (long long)cfg->mla.kv_lora_rank, cfg->mla.qk_rope, cfg->mla.index_head_dim);
+                 (long long)ls_mla_cfg(cfg)->kv_lora_rank, ls_mla_cfg(cfg)->qk_rope, ls_mla_cfg(cfg)->index_head_dim);
     ls_plan_text(d, "%s", "");
     ls_plan_text(d, "  %-40s %20s %12s", "per rank", "bytes", "GiB");
     const double mib = 1024.0 * 1024.0;
@@ -247,7 +247,7 @@ ls_status ls_mla_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_re
  * indexer's scores (2·nI·dI per query × causal key), the sparse attention
  * (2·(rkv+dr) + 2·rkv per head × selected key) and the FFNs (the last one skipped). */
 double ls_mla_capture_flops(const ls_config *c, int64_t n) {
-    const ls_mla_config *m = &c->mla;
+    const ls_mla_config *m = ls_mla_cfg(c);
     double D = (double)c->hidden, N = (double)n, H = (double)c->n_heads, f = 0;
     double rq = (double)m->q_lora_rank, rkv = (double)m->kv_lora_rank, dn = m->qk_nope, dr = m->qk_rope, dv = m->v_head;
     double nI = m->index_heads, dI = m->index_head_dim, k = (double)m->index_topk;

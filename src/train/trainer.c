@@ -707,8 +707,7 @@ static int config_diff(const ls_config *x, const ls_config *y, char *out, size_t
     if (x->f != y->f) return snprintf(out, cap, "%s %lld vs %lld", key, (long long)x->f, (long long)y->f), 1
     if (strcmp(x->model_type, y->model_type))
         return snprintf(out, cap, "model_type %s vs %s", x->model_type, y->model_type), 1;
-    CMP_I(family, "family");
-    CMP_I(layout, "weight layout");
+    if (x->family != y->family) return snprintf(out, cap, "family"), 1;
     CMP_I(vocab, "vocab_size");
     CMP_I(hidden, "hidden_size");
     CMP_I(n_layers, "num_hidden_layers");
