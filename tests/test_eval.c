@@ -5,8 +5,10 @@
  *    document on a second run, a length's prompts independent of the other lengths;
  *  - under mpirun -np 2, 3, 4 the same responses as one rank (prompt lengths that
  *    divide neither the page size nor the rank count);
- *  - `train --eval-every` writes the eval metrics and RUN/eval.json, equal to `longstraw
- *    eval` on the checkpoint it saved; `report` draws RUN/eval.svg and --eval FILE.
+ *  - the training loop with held-out task prompts (`train --eval-every`; run here through
+ *    the library, ls_train_run) writes the eval metrics and RUN/eval.json, equal to
+ *    `longstraw eval` on the checkpoint it saved (eval's JSON is the command's contract,
+ *    so that side stays the binary); `report` draws RUN/eval.svg and --eval FILE.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -15,6 +17,8 @@
 #include <sys/stat.h>
 
 #include "longstraw/task.h"
+#include "longstraw/trace.h"
+#include "longstraw/trainer.h"
 #include "testutil.h"
 
 int test_eval_cli(void);
@@ -191,16 +195,43 @@ int test_cp_eval(void) {
     return 0;
 }
 
+/* The loop as `train --model dir/m --out dir/<run> --rollout --task T --prompt-len 300
+ * --eval-every 2 --eval-prompts 2 --max-new-tokens 4 --quiet` runs it (on one thread, as
+ * the `eval` commands it is compared with). */
+static void task_opts(ls_train_opts *o, char *model, size_t mn, char *run, size_t rn, const char *dir,
+                      const char *run_name, const char *task) {
+    ls_train_opts_default(o);
+    snprintf(model, mn, "%s/m", dir);
+    snprintf(run, rn, "%s/%s", dir, run_name);
+    o->model = model;
+    o->out = run;
+    o->rollout = 1;
+    o->task = task;
+    o->prompt_len = 300;
+    o->eval_every = 2;
+    o->eval_prompts = 2;
+    o->max_new_tokens = 4;
+    ls_progress_enable(0);
+}
+
 int test_train_eval_task(void) {
-    char dir[512];
+    char dir[512], model[600], run[600], *log;
     T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
     if (make_model(dir)) return 1;
-    int rc;
-    char *out = t_run_fmt(&rc, "%s train --model %s/m --out %s/run --rollout --task passkey --prompt-len 300 "
-                               "--updates 3 --eval-every 2 --eval-prompts 2 --num-generations 2 --max-new-tokens 4 "
-                               "--lr 1e-3 --seed 9 --quiet --threads 1 2>&1", LS_CLI_PATH, dir, dir);
-    T_CHECK(out && rc == 0 && strstr(out, "held-out exact match"), "train: %s", out ? out : "");
-    free(out);
+    int rc, threads = ls_get_threads();
+    ls_train_opts o;
+    ls_train_result res;
+    task_opts(&o, model, sizeof model, run, sizeof run, dir, "run", "passkey");
+    o.updates = 3;
+    o.num_generations = 2;
+    o.o.lr = 1e-3;
+    o.seed = 9;
+    ls_set_threads(1);
+    ls_status s = t_train_logged(&o, &res, &log);
+    ls_set_threads(threads);
+    T_CHECK(s == LS_OK && res.updates == 3 && log && strstr(log, "held-out exact match"), "train: %s (%s): %s",
+            ls_status_name(s), s ? ls_err_msg() : "", log ? log : "");
+    free(log);
     char path[700];
     snprintf(path, sizeof path, "%s/run/metrics.jsonl", dir);
     char *m = t_read_file(path, NULL);
@@ -221,8 +252,8 @@ int test_train_eval_task(void) {
     cJSON *a = ej ? cJSON_Parse(ej) : NULL;
     T_CHECK(a && num(a, "num_prompts") == 2, "RUN/eval.json: %s", ej ? ej : "(none)");
     free(ej);
-    out = t_run_fmt(&rc, "%s eval --model %s/run/checkpoint-3 --prompt-len 300 --num-prompts 2 --seed 9 --quiet "
-                         "--threads 1 2>&1", LS_CLI_PATH, dir);
+    char *out = t_run_fmt(&rc, "%s eval --model %s/run/checkpoint-3 --prompt-len 300 --num-prompts 2 --seed 9 --quiet "
+                               "--threads 1 2>&1", LS_CLI_PATH, dir);
     cJSON *b = out ? cJSON_Parse(out) : NULL;
     T_CHECK(rc == 0 && b, "eval: %s", out ? out : "");
     free(out);
@@ -238,11 +269,17 @@ int test_train_eval_task(void) {
     T_CHECK(stat(path, &st) == 0, "RUN/eval.svg");
     /* LoRA: the run's evaluation is `eval --adapter` of its checkpoint (alpha read from
      * adapter_config.json) */
-    out = t_run_fmt(&rc, "%s train --model %s/m --out %s/lora --rollout --task passkey-shaped --prompt-len 300 --updates 2 "
-                         "--eval-every 2 --eval-prompts 2 --num-generations 4 --max-new-tokens 4 --lr 0.1 --lora-rank 2 "
-                         "--lora-alpha 8 --seed 4 --quiet --threads 1 2>&1", LS_CLI_PATH, dir, dir);
-    T_CHECK(out && rc == 0, "LoRA train: %s", out ? out : "");
-    free(out);
+    task_opts(&o, model, sizeof model, run, sizeof run, dir, "lora", "passkey-shaped");
+    o.updates = 2;
+    o.num_generations = 4;
+    o.o.lr = 0.1;
+    o.spec.lora_rank = 2;
+    o.spec.lora_alpha = 8;
+    o.seed = 4;
+    ls_set_threads(1);
+    s = ls_train_run(&o, &res);
+    ls_set_threads(threads);
+    T_CHECK(s == LS_OK && res.updates == 2, "LoRA train: %s: %s", ls_status_name(s), ls_err_msg());
     snprintf(path, sizeof path, "%s/lora/eval.json", dir);
     ej = t_read_file(path, NULL);
     a = ej ? cJSON_Parse(ej) : NULL;

@@ -1,14 +1,24 @@
 /*
- * test_train.c — `longstraw train` and `longstraw demo` end to end:
- *  - one update of `train` on a JSONL line equals `step` on the same group (the step
+ * test_train.c — the training loop (trainer.h) and `longstraw train` / `longstraw demo`:
+ *  - one update of the loop on a JSONL line equals `step` on the same group (the step
  *    path is checked against the fp64 reference in test_grpo_ref.c);
  *  - SIGKILL in the middle of a checkpoint write: the previous checkpoint is intact,
  *    --resume continues from it and ends with the same weights, optimizer state and
- *    metrics as an uninterrupted run;
+ *    metrics as an uninterrupted run; the same for LoRA adapters and their moments;
  *  - a step with a non-finite gradient is skipped and leaves weights and moments as
  *    they were;
  *  - malformed data is rejected naming the file, line and field;
- *  - rollouts with --reward-cmd and text data; the demo prints its receipt.
+ *  - rollouts with a reward process and text data; a failed update keeps the finished
+ *    ones; long-context SFT; the demo prints its receipt.
+ * Where a test is about the loop it calls ls_train_run in this process (lib_opts,
+ * train_logged): train_matches_step (`step` stays the command: the end-to-end
+ * comparison), train_nan_step_skipped, train_rejects_bad_data, train_rollout_reward_cmd,
+ * train_lora_resume, train_error_keeps_progress, train_sft_passkey. The binary runs
+ * where the command itself is under test: its messages and usage errors, a resume from
+ * the flags saved in RUN/args.json (train_lora_resume's last resume), and the tests
+ * that signal a process — train_sigkill_resume and train_sigint_checkpoints (SIGKILL /
+ * SIGINT to a running `train`, whose handler turns SIGINT into exit status 130) — and
+ * demo_receipt (the `demo` command).
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -207,11 +217,30 @@ int test_train_matches_step(void) {
     group_line(f, 40, 3, R, rw, 0, NULL);
     fclose(f);
     const char *flags = "--lr 1e-3 --beta 0 --epsilon 0.2 --max-grad-norm 0.5 --threads 2";
-    char *out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/run --updates 1 --quiet %s", LS_CLI_PATH, dir, data,
-                    dir, flags);
-    T_CHECK(rc == 0 && out && strstr(out, "update 1/1"), "train: rc %d %s", rc, out ? out : "");
-    free(out);
-    out = t_run_fmt(&rc, "%s step --model %s/m --group %s --out %s/step %s", LS_CLI_PATH, dir, grp, dir, flags);
+    /* the loop with those flags (and --updates 1), on 2 threads as `step` runs */
+    ls_train_opts o;
+    ls_train_result res;
+    char model[600], run[600], *log;
+    lib_opts(&o, model, sizeof model, run, sizeof run, dir, "run", data);
+    o.updates = 1;
+    o.o.lr = 1e-3;
+    o.o.beta = 0;
+    o.o.eps_low = o.o.eps_high = 0.2;
+    o.o.max_grad_norm = 0.5;
+    /* the command line `train` saves as RUN/args.json */
+    char *argv[] = {"train", "--model", model, "--data", data, "--out", run, "--updates", "1", "--quiet", "--lr", "1e-3",
+                    "--beta", "0", "--epsilon", "0.2", "--max-grad-norm", "0.5", "--threads", "2"};
+    o.argc = (int)(sizeof argv / sizeof argv[0]);
+    o.argv = argv;
+    int threads = ls_get_threads();
+    ls_set_threads(2);
+    ls_status st = t_train_logged(&o, &res, &log);
+    ls_set_threads(threads);
+    T_CHECK(st == LS_OK && res.updates == 1 && res.skipped == 0 && log && strstr(log, "update 1/1"),
+            "train: %s (%s), %lld updates, %d skipped: %s", ls_status_name(st), st ? ls_err_msg() : "",
+            (long long)res.updates, res.skipped, log ? log : "");
+    free(log);
+    char *out = t_run_fmt(&rc, "%s step --model %s/m --group %s --out %s/step %s", LS_CLI_PATH, dir, grp, dir, flags);
     T_CHECK(rc == 0, "step: %s", out ? out : "");
     free(out);
     snprintf(a, sizeof a, "%s/run/checkpoint-1/model.safetensors", dir);
@@ -237,10 +266,14 @@ int test_train_matches_step(void) {
     T_CHECK(fabs(num(cJSON_GetArrayItem(m, 0), "reward") - 0.5) <= 1e-12, "reward mean of (1, 0, 0.5)");
     T_CHECK(fabs(num(cJSON_GetArrayItem(m, 0), "completions/mean_length") - 11.0 / 3) <= 1e-6, "mean length");
     cJSON_Delete(m);
-    /* a second run into the same directory must not silently start over */
-    out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/run --updates 1 --quiet", LS_CLI_PATH, dir, data, dir);
-    T_CHECK(rc == 1 && out && strstr(out, "--resume"), "rerun into a run dir: rc %d %s", rc, out ? out : "");
-    free(out);
+    /* a second run into the same directory must not silently start over: refused,
+     * pointing at --resume, before any update */
+    lib_opts(&o, model, sizeof model, run, sizeof run, dir, "run", data);
+    o.updates = 1;
+    st = ls_train_run(&o, &res);
+    T_CHECK(st == LS_ERR_ARG && strstr(ls_err_msg(), "already holds") && strstr(ls_err_msg(), "--resume") &&
+                res.updates == 0, "rerun into a run dir: %s: %s, %lld updates", ls_status_name(st), ls_err_msg(),
+            (long long)res.updates);
     T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
@@ -315,7 +348,6 @@ int test_train_sigkill_resume(void) {
 
 int test_train_nan_step_skipped(void) {
     char dir[512], data[700], a[900], b[900];
-    int rc;
     /* line 2's advantages overflow float in the token terms: an infinite gradient */
     T_CHECK(setup_fixture("next_dense", dir, sizeof dir, data, sizeof data, 7, 3, 1) == 0, "setup");
     { /* through the library: the skip is in its result and the metrics */
@@ -353,9 +385,18 @@ int test_train_nan_step_skipped(void) {
     cJSON_Delete(m);
     /* a run whose last update is skipped still writes a receipt that is JSON (and the
      * command says so) */
-    char *out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/run2 --updates 2 --quiet", LS_CLI_PATH, dir, data, dir);
-    T_CHECK(rc == 0 && out && strstr(out, "update 2/2 SKIPPED"), "run2: %s", out ? out : "");
-    free(out);
+    {
+        ls_train_opts o;
+        ls_train_result res;
+        char model[600], run[600], *log;
+        lib_opts(&o, model, sizeof model, run, sizeof run, dir, "run2", data);
+        o.updates = 2;
+        ls_status st = t_train_logged(&o, &res, &log);
+        T_CHECK(st == LS_OK && res.updates == 2 && res.skipped == 1 && log && strstr(log, "update 2/2 SKIPPED"),
+                "run2: %s, %lld updates, %d skipped: %s", ls_status_name(st), (long long)res.updates, res.skipped,
+                log ? log : "");
+        free(log);
+    }
     snprintf(a, sizeof a, "%s/run2/receipt.json", dir);
     char *text;
     T_OK(ls_read_file(a, &text, NULL));
@@ -407,9 +448,16 @@ int test_train_rejects_bad_data(void) {
         T_CHECK(res.updates == 0, "case %zu: the bad line was found only after %lld updates", i, (long long)res.updates);
     }
     T_CHECK(write_text(data, "\n\n") == 0, "empty data");
-    char *out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/runE --quiet", LS_CLI_PATH, dir, data, dir);
-    T_CHECK(rc == 1 && out && strstr(out, "no groups"), "empty data: %s", out ? out : "");
-    free(out);
+    {
+        ls_train_opts o;
+        ls_train_result res = {0};
+        char model[600], run[600];
+        lib_opts(&o, model, sizeof model, run, sizeof run, dir, "runE", data);
+        ls_status st = ls_train_run(&o, &res);
+        T_CHECK(st != LS_OK && strstr(ls_err_msg(), "no groups") && res.updates == 0, "empty data: %s: %s",
+                ls_status_name(st), ls_err_msg());
+    }
+    char *out;
     /* the command line's own refusals */
     out = t_run_fmt(&rc, "%s train --resume %s/nowhere", LS_CLI_PATH, dir);
     T_CHECK(rc == 1 && out && strstr(out, "nowhere/args.json"), "resume of nothing: %s", out ? out : "");
@@ -423,28 +471,39 @@ int test_train_rejects_bad_data(void) {
 
 int test_train_rollout_reward_cmd(void) {
     char dir[512], data[700], tok[700];
-    int rc;
     T_CHECK(setup_bytes(dir, sizeof dir, tok, sizeof tok, 9) == 0, "setup");
     snprintf(data, sizeof data, "%s/prompts.jsonl", dir);
     T_CHECK(write_text(data, "{\"prompt\": \"The capital of France is\"}\n{\"prompt\": \"Zwei plus zwei ist \\u00e9gal\"}\n"
                              "{\"prompt\": \"def f(x):\\n    return\"}\n") == 0, "prompts");
     /* reward = the item's index within its group: mean (G−1)/2, group std known */
-    const char *rcmd = "sed -u -e 's/.*\\\"index\\\": *\\([0-9]*\\).*/\\1/'";
-    char *out = t_run_fmt(&rc, "%s train --model %s/m --tokenizer %s --data %s --out %s/run --rollout --num-generations 4 "
-                    "--max-new-tokens 5 --updates 2 --groups-per-update 2 --temperature 1.0 --top-p 0.95 --lr 1e-3 "
-                    "--trace-layers 1 --reward-cmd \"%s\" --quiet", LS_CLI_PATH, dir, tok, data, dir, rcmd);
-    T_CHECK(rc == 0, "rollout train: rc %d %s", rc, out ? out : "");
-    free(out);
+    ls_train_opts o;
+    ls_train_result res;
+    char model[600], run[600];
+    lib_opts(&o, model, sizeof model, run, sizeof run, dir, "run", data);
+    o.tokenizer = tok;
+    o.rollout = 1;
+    o.num_generations = 4;
+    o.max_new_tokens = 5;
+    o.updates = 2;
+    o.groups_per_update = 2;
+    o.o.fwd.temperature = 1.0f;
+    o.top_p = 0.95;
+    o.o.lr = 1e-3;
+    o.trace_layers = 1;
+    o.reward_cmd = "sed -u -e 's/.*\"index\": *\\([0-9]*\\).*/\\1/'";
+    ls_status st = ls_train_run(&o, &res);
+    T_CHECK(st == LS_OK && res.updates == 2 && res.skipped == 0, "rollout train: %s: %s, %lld updates, %d skipped",
+            ls_status_name(st), ls_err_msg(), (long long)res.updates, res.skipped);
     char path[800];
     snprintf(path, sizeof path, "%s/run", dir);
     cJSON *m = read_metrics(path);
     T_CHECK(m && cJSON_GetArraySize(m) == 2, "metrics");
     for (int u = 0; u < 2; u++) {
-        const cJSON *o = cJSON_GetArrayItem(m, u);
-        double r = num(o, "reward"), sd = num(o, "reward_std"), len = num(o, "completions/mean_length");
+        const cJSON *line = cJSON_GetArrayItem(m, u);
+        double r = num(line, "reward"), sd = num(line, "reward_std"), len = num(line, "completions/mean_length");
         T_CHECK(fabs(r - 1.5) <= 1e-12 && fabs(sd - sqrt(5.0 / 3.0)) <= 1e-7, "update %d reward %g ± %g", u, r, sd);
-        T_CHECK(len >= 1 && len <= 5 && num(o, "num_sequences") == 8, "update %d length %g", u, len);
-        T_CHECK(num(o, "data_position") == 2 * (u + 1), "data position");
+        T_CHECK(len >= 1 && len <= 5 && num(line, "num_sequences") == 8, "update %d length %g", u, len);
+        T_CHECK(num(line, "data_position") == 2 * (u + 1), "data position");
     }
     cJSON_Delete(m);
     /* the trace has rollout and reward phases */
@@ -465,27 +524,39 @@ int test_train_rollout_reward_cmd(void) {
     snprintf(path, sizeof path, "%s/answers.jsonl", dir);
     T_CHECK(write_text(path, "{\"prompt\": \"2 + 2 =\", \"answer\": \"4\"}\n{\"prompt\": \"Say a\", \"answer\": \"a\"}\n") == 0,
             "answers");
-    const char *runs[2][2] = {{"run3", "--data answers.jsonl --tokenizer tokenizer.json"}, {"run4", "--task passkey --prompt-len 400"}};
+    const char *runs[2] = {"run3: answers.jsonl with tokenizer.json", "run4: the passkey task, prompt length 400"};
     for (int k = 0; k < 2; k++) {
-        out = t_run_fmt(&rc, "cd %s && %s train --model m --out %s --rollout %s --num-generations 3 --max-new-tokens 4 "
-                       "--updates 2 --quiet", dir, LS_CLI_PATH, runs[k][0], runs[k][1]);
-        T_CHECK(rc == 0, "%s: rc %d %s", runs[k][1], rc, out ? out : "");
-        free(out);
-        snprintf(path, sizeof path, "%s/%s", dir, runs[k][0]);
-        m = read_metrics(path);
-        T_CHECK(m && cJSON_GetArraySize(m) == 2, "%s: metrics", runs[k][1]);
+        char answers[700];
+        snprintf(answers, sizeof answers, "%s/answers.jsonl", dir);
+        lib_opts(&o, model, sizeof model, run, sizeof run, dir, k ? "run4" : "run3", k ? NULL : answers);
+        o.tokenizer = k ? NULL : tok;
+        o.task = k ? "passkey" : NULL;
+        o.prompt_len = k ? 400 : o.prompt_len;
+        o.rollout = 1;
+        o.num_generations = 3;
+        o.max_new_tokens = 4;
+        o.updates = 2;
+        st = ls_train_run(&o, &res);
+        T_CHECK(st == LS_OK && res.updates == 2, "%s: %s: %s", runs[k], ls_status_name(st), ls_err_msg());
+        m = read_metrics(run);
+        T_CHECK(m && cJSON_GetArraySize(m) == 2, "%s: metrics", runs[k]);
         for (int u = 0; u < 2; u++) {
             double r3 = 3 * num(cJSON_GetArrayItem(m, u), "reward"); /* mean of three 0/1 rewards */
-            T_CHECK(fabs(r3 - round(r3)) <= 1e-9 && r3 >= 0 && r3 <= 3, "%s: reward %g", runs[k][1], r3 / 3);
+            T_CHECK(fabs(r3 - round(r3)) <= 1e-9 && r3 >= 0 && r3 <= 3, "%s: reward %g", runs[k], r3 / 3);
         }
         cJSON_Delete(m);
     }
     /* a reward process that answers nonsense is an error naming it */
-    out = t_run_fmt(&rc, "%s train --model %s/m --tokenizer %s --data %s --out %s/run2 --rollout --num-generations 2 "
-                   "--max-new-tokens 2 --updates 1 --reward-cmd 'sed -u s/.*/abc/' --quiet",
-              LS_CLI_PATH, dir, tok, data, dir);
-    T_CHECK(rc == 1 && out && strstr(out, "abc"), "bad reward answer: rc %d %s", rc, out ? out : "");
-    free(out);
+    lib_opts(&o, model, sizeof model, run, sizeof run, dir, "run2", data);
+    o.tokenizer = tok;
+    o.rollout = 1;
+    o.num_generations = 2;
+    o.max_new_tokens = 2;
+    o.updates = 1;
+    o.reward_cmd = "sed -u s/.*/abc/";
+    st = ls_train_run(&o, &res);
+    T_CHECK(st != LS_OK && strstr(ls_err_msg(), "abc") && res.updates == 0, "bad reward answer: %s: %s, %lld updates",
+            ls_status_name(st), ls_err_msg(), (long long)res.updates);
     T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;
 }
@@ -538,9 +609,22 @@ int test_demo_receipt(void) {
     return 0;
 }
 
+/* test_train_lora_resume's runs: `train --model dir/m --data DATA --out dir/<run> --updates U
+ * --lora-rank 2 --lora-targets T --lr 1e-2 --save-every 1 --quiet`. */
+static void lora_opts(ls_train_opts *o, char *model, size_t mn, char *run, size_t rn, const char *dir,
+                      const char *run_name, const char *data, const char *targets, int64_t updates) {
+    lib_opts(o, model, mn, run, rn, dir, run_name, data);
+    o->updates = updates;
+    o->spec.lora_rank = 2;
+    o->spec.lora_targets = targets;
+    o->o.lr = 1e-2;
+    o->save_every = 1;
+}
+
 /* LoRA: a run stopped after 2 updates and resumed to 3 ends with the adapters and
  * adapter moments of an uninterrupted 3-update run; the resumed checkpoint's
- * adapter_config.json keeps r and the targets. */
+ * adapter_config.json keeps r and the targets. The runs are the library's; the last
+ * resume is the command's, from the flags RUN/args.json holds. */
 int test_train_lora_resume(void) {
     /* next_dense: new and loaded adapters list their modules in the same order;
      * q35_moe (split projections): new ones in layer order, loaded ones in name order,
@@ -548,21 +632,40 @@ int test_train_lora_resume(void) {
     static const char *fixtures[2] = {"next_dense", "q35_moe"};
     static const char *targets[2] = {"q_proj,in_proj_qkvz", "in_proj_z,in_proj_a,q_proj,gate_proj"};
     for (int f = 0; f < 2; f++) {
-        char dir[512], data[700], b[900], flags[300];
+        char dir[512], data[700], b[900], model[600], run[600], *log;
         int rc;
+        ls_train_opts o;
+        ls_train_result res;
         T_CHECK(setup_fixture(fixtures[f], dir, sizeof dir, data, sizeof data, 10, 3, -1) == 0, "setup");
-        snprintf(flags, sizeof flags, "--lora-rank 2 --lora-targets %s --lr 1e-2 --save-every 1 --quiet", targets[f]);
-        char *out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/A --updates 3 %s", LS_CLI_PATH, dir, data, dir, flags);
-        T_CHECK(rc == 0, "run A: %s", out ? out : "");
-        free(out);
-        out = t_run_fmt(&rc, "%s train --model %s/m --data %s --out %s/B --updates 2 %s", LS_CLI_PATH, dir, data, dir, flags);
-        T_CHECK(rc == 0, "run B: %s", out ? out : "");
-        free(out);
-        out = t_run_fmt(&rc, "%s train --resume %s/B/ --updates 3", LS_CLI_PATH, dir); /* the same directory, with a slash */
-        T_CHECK(rc == 0 && out && strstr(out, "update 3/3"), "%s: resume B: %s", fixtures[f], out ? out : "");
-        free(out);
-        /* the override is saved with the run: a plain resume now has nothing left to do */
-        out = t_run_fmt(&rc, "%s train --resume %s/B", LS_CLI_PATH, dir);
+        lora_opts(&o, model, sizeof model, run, sizeof run, dir, "A", data, targets[f], 3);
+        ls_status st = ls_train_run(&o, &res);
+        T_CHECK(st == LS_OK && res.updates == 3, "run A: %s: %s", ls_status_name(st), ls_err_msg());
+        /* B saves its command line (RUN/args.json), as `train` does: the command resumes it below */
+        lora_opts(&o, model, sizeof model, run, sizeof run, dir, "B", data, targets[f], 2);
+        char *argv[] = {"train", "--model", model, "--data", data, "--out", run, "--updates", "2", "--lora-rank", "2",
+                        "--lora-targets", (char *)targets[f], "--lr", "1e-2", "--save-every", "1", "--quiet"};
+        o.argc = (int)(sizeof argv / sizeof argv[0]);
+        o.argv = argv;
+        st = ls_train_run(&o, &res);
+        T_CHECK(st == LS_OK && res.updates == 2, "run B: %s: %s", ls_status_name(st), ls_err_msg());
+        /* resume B to 3 updates (the same directory, with a slash): its saved flags with
+         * --updates 3 after them are what it saves, as `train --resume B/ --updates 3` does */
+        lora_opts(&o, model, sizeof model, run, sizeof run, dir, "B/", data, targets[f], 3);
+        o.resume = 1;
+        char *more[] = {"train", "--updates", "3"}, **nargv = NULL;
+        int nargc = 0;
+        T_OK(ls_train_saved_args(run, 3, more, &nargc, &nargv));
+        o.argc = nargc;
+        o.argv = nargv;
+        st = t_train_logged(&o, &res, &log);
+        for (int i = 0; i < nargc; i++) free(nargv[i]);
+        free(nargv);
+        T_CHECK(st == LS_OK && res.updates == 1 && log && strstr(log, "update 3/3"), "%s: resume B: %s (%s): %s",
+                fixtures[f], ls_status_name(st), st ? ls_err_msg() : "", log ? log : "");
+        free(log);
+        /* the override is saved with the run: a plain resume by the command now has
+         * nothing left to do */
+        char *out = t_run_fmt(&rc, "%s train --resume %s/B/", LS_CLI_PATH, dir);
         T_CHECK(rc == 0 && out && strstr(out, "3 updates already done (--updates 3)"), "second resume: %s",
                 out ? out : "");
         free(out);
@@ -632,30 +735,39 @@ int test_train_sigint_checkpoints(void) {
  * third update) checkpoints the updates already finished before the error is
  * reported; a second trainer on a run directory in use is refused. */
 int test_train_error_keeps_progress(void) {
-    char dir[512], data[700], path[900], tok[700];
-    int rc;
+    char dir[512], data[700], path[900], tok[700], model[600], run[600], *log;
     T_CHECK(setup_bytes(dir, sizeof dir, tok, sizeof tok, 12) == 0, "setup");
     snprintf(data, sizeof data, "%s/p.jsonl", dir);
     T_CHECK(write_text(data, "{\"prompt\": [1, 2, 3, 4]}\n{\"prompt\": \"hello there\"}\n") == 0, "prompts");
-    const char *rcmd = "n=0; while read l; do n=$((n+1)); [ $n -gt 8 ] && exit 3; echo $n; done";
-    char *out = t_run_fmt(&rc, "%s train --model %s/m --tokenizer %s --data %s --out %s/run --rollout --num-generations 4 "
-                    "--max-new-tokens 3 --updates 5 --save-every 100 --reward-cmd '%s' --quiet",
-                    LS_CLI_PATH, dir, tok, data, dir, rcmd);
-    T_CHECK(rc == 1 && out && strstr(out, "the 2 finished updates are in checkpoint-2") && strstr(out, "exited with status 3"),
-            "rc %d %s", rc, out ? out : "");
-    free(out);
+    ls_train_opts o;
+    ls_train_result res;
+    lib_opts(&o, model, sizeof model, run, sizeof run, dir, "run", data);
+    o.tokenizer = tok;
+    o.rollout = 1;
+    o.num_generations = 4;
+    o.max_new_tokens = 3;
+    o.updates = 5;
+    o.save_every = 100;
+    o.reward_cmd = "n=0; while read l; do n=$((n+1)); [ $n -gt 8 ] && exit 3; echo $n; done";
+    ls_status st = t_train_logged(&o, &res, &log);
+    T_CHECK(st != LS_OK && strstr(ls_err_msg(), "exited with status 3") && res.updates == 2 && log &&
+                strstr(log, "the 2 finished updates are in checkpoint-2"),
+            "%s: %s, %lld updates: %s", ls_status_name(st), ls_err_msg(), (long long)res.updates, log ? log : "");
+    free(log);
     snprintf(path, sizeof path, "%s/run/checkpoint-2/trainer_state.json", dir);
     char *text;
     T_OK(ls_read_file(path, &text, NULL));
     T_CHECK(strstr(text, "\"update\": 2") && strstr(text, "\"data_position\": 2"), "trainer state: %s", text);
     free(text);
-    /* a run directory in use: hold its lock from here, as a running trainer would */
+    /* a run directory in use: hold its lock from here, as a running trainer would (a
+     * second open file description: flock refuses it even in this process) */
     snprintf(path, sizeof path, "%s/run/.lock", dir);
     int fd = open(path, O_RDWR);
     T_CHECK(fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0, "lock");
-    out = t_run_fmt(&rc, "%s train --resume %s/run --quiet", LS_CLI_PATH, dir);
-    T_CHECK(rc == 1 && out && strstr(out, "in use by another longstraw train"), "locked run: rc %d %s", rc, out ? out : "");
-    free(out);
+    o.resume = 1;
+    st = ls_train_run(&o, &res);
+    T_CHECK(st != LS_OK && strstr(ls_err_msg(), "in use by another longstraw train") && res.updates == 0,
+            "locked run: %s: %s", ls_status_name(st), ls_err_msg());
     close(fd);
     T_CHECK(t_remove_dir(dir) == 0, "cleanup");
     return 0;

@@ -6,7 +6,9 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 double t_max_abs_diff_f(const float *a, const float *b, int64_t n) {
     if (n <= 0) return INFINITY;
@@ -159,4 +161,23 @@ char *t_run_fmt(int *exit_code, const char *fmt, ...) {
     char *out = t_run_vfmt(exit_code, fmt, ap);
     va_end(ap);
     return out;
+}
+
+ls_status t_train_logged(const ls_train_opts *o, ls_train_result *res, char **log) {
+    char path[4200];
+    size_t n = strlen(o->out);
+    while (n > 1 && o->out[n - 1] == '/') n--;
+    snprintf(path, sizeof path, "%.*s.stderr", (int)n, o->out);
+    *log = NULL;
+    fflush(stderr);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    int saved = fd >= 0 ? dup(STDERR_FILENO) : -1;
+    int captured = saved >= 0 && dup2(fd, STDERR_FILENO) >= 0;
+    ls_status s = ls_train_run(o, res);
+    fflush(stderr);
+    if (captured) dup2(saved, STDERR_FILENO);
+    if (saved >= 0) close(saved);
+    if (fd >= 0) close(fd);
+    if (captured) *log = t_read_file(path, NULL);
+    return s;
 }

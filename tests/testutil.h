@@ -12,6 +12,7 @@
 
 #include "longstraw/core.h"
 #include "longstraw/safetensors.h"
+#include "longstraw/trainer.h"
 
 #define T_FAIL(...)                                                  \
     do {                                                             \
@@ -87,6 +88,12 @@ double t_floor_bound(double floor, double k, double min_bound);
 int t_make_tmpdir(char *out, size_t cap);
 /* Remove a directory tree (rm -rf); 0 on success. */
 int t_remove_dir(const char *dir);
+/* ls_train_run with what it writes on stderr (rank 0's lines: each update, checkpoints,
+ * resumes, refusals; a reward process's stderr) captured into *log, malloc'd (caller
+ * frees; NULL when the capture failed: the run still happens, a check on *log fails).
+ * The text is kept in <out>.stderr, beside the run directory, so that a crash's report
+ * (a sanitizer's, an assertion's) outlives the test. */
+ls_status t_train_logged(const ls_train_opts *o, ls_train_result *res, char **log);
 /* Run a shell command, capture stdout into a malloc'd buffer (caller frees). */
 char *t_run_capture(const char *cmd, int *exit_code);
 /* The same for a printf-style command, stderr folded into the output; NULL when the
