@@ -32,6 +32,9 @@ typedef struct ls_backend ls_backend;
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc),                                        \
       (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))                                              \
     X(add_to, (float *y, const float *x, int64_t n), (y, x, n)) /* y += x */                                        \
+    X(copy_rows, (float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t width),       \
+      (dst, ld_dst, src, ld_src, rows, width))                                                                       \
+    X(round_to, (float *x, int64_t n, ls_dtype dtype), (x, n, dtype))                                                \
     X(linear_fwd, (float *out, const float *x, const float *W, int64_t T, int64_t K, int64_t N, int accumulate),     \
       (out, x, W, T, K, N, accumulate))                                                                              \
     X(linear_bwd,                                                                                                    \

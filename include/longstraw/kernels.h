@@ -151,6 +151,11 @@ void ls_gated_add_rows_bwd(float *dy, float *dlogit, const float *dx, const floa
 /* ---- products ------------------------------------------------------------------ */
 /* y[i] += x[i] (a residual add), in index order. */
 void ls_add_to(float *y, const float *x, int64_t n);
+/* dst[r, 0:width] = src[r, 0:width] for r < rows, rows ld_dst / ld_src floats apart (a
+ * strided block copy: a column slice of a wider row, or into one). */
+void ls_copy_rows(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t width);
+/* x[i] = f32(dtype(x[i])): the rounding a value gets when stored in pages of `dtype`. */
+void ls_round_to(float *x, int64_t n, ls_dtype dtype);
 /* C[M,N] = alpha·op(A)·op(B) + beta·C, row-major with leading dimensions; op(X) = Xᵀ
  * when trans_x (through cblas_sgemm). */
 void ls_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,

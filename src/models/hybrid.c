@@ -144,7 +144,7 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
     if (tp) {
         tp->tail0 = ALLOC_F(A, Wm * cd > 0 ? Wm * cd : 1);
         NEED(tp->tail0);
-        memcpy(tp->tail0, L->tail, (size_t)(Wm * cd) * sizeof(float));
+        ls_op_copy(m->be, tp->tail0, L->tail, Wm * cd);
     }
     /* batched decode: row i continues sequence i's conv tail and recurrent state */
     float **seq_st = L->seqs ? ls_arena_alloc(L->sc, 2 * (size_t)T * sizeof(float *)) : NULL;
@@ -165,7 +165,7 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
         tp->S0 = ALLOC_F(A, sn);
         tape_h = ALLOC_F(A, ((T - s0 + 63) / 64 > 0 ? (T - s0 + 63) / 64 : 1) * (int64_t)sn);
         NEED(tp->S0 && tape_h);
-        memcpy(tp->S0, L->S, sn * sizeof(float));
+        ls_op_copy(m->be, tp->S0, L->S, (int64_t)sn);
     }
     if (L->seqs) { /* one recurrence step per sequence, the sequences side by side */
         ls_op_gdr_step_seqs(m->be, o, seq_st + T, q, k, v, beta, g, T, dm);
@@ -403,7 +403,7 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
             ls_op_rmsnorm_fwd(m->be, h, NULL, h, m->final_norm, 1, D, c->eps);
             ls_op_linear_fwd(m->be, logits, h, m->lm_head, 1, D, c->vocab, 0);
             float it = 1.0f / o->temperature;
-            for (int64_t v = 0; v < c->vocab; v++) logits[v] *= it;
+            ls_op_scale(m->be, logits, it, c->vocab);
         }
         ls_arena_release(scratch, mk);
     }
@@ -559,7 +559,7 @@ ls_status ls_hybrid_decode(const ls_hybrid_model *m, ls_prompt_state *const *sts
     ls_op_rmsnorm_fwd(m->be, x, NULL, x, m->final_norm, n, D, c->eps);
     ls_op_linear_fwd(m->be, logits, x, m->lm_head, n, D, V, 0);
     float it = 1.0f / o->temperature;
-    for (int64_t i = 0; i < (int64_t)n * V; i++) logits[i] *= it;
+    ls_op_scale(m->be, logits, it, (int64_t)n * V);
     ls_arena_release(scratch, mk);
     return LS_OK;
 }
@@ -601,11 +601,11 @@ static ls_status branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *st,
         const ls_kv_prefix *pp = NULL;
         if (c->kind[l] == LS_LAYER_GDN) {
             if (st) {
-                memcpy(S, st->gdn[l].S, rec_n * sizeof(float));
-                memcpy(tail, st->gdn[l].conv_tail, conv_n * sizeof(float));
+                ls_op_copy(m->be, S, st->gdn[l].S, (int64_t)rec_n);
+                ls_op_copy(m->be, tail, st->gdn[l].conv_tail, (int64_t)conv_n);
             } else {
-                memset(S, 0, rec_n * sizeof(float));
-                memset(tail, 0, conv_n * sizeof(float));
+                ls_op_zero(m->be, S, (int64_t)rec_n);
+                ls_op_zero(m->be, tail, (int64_t)conv_n);
             }
         } else if (st) {
             pre = ls_state_prefix(st, l);

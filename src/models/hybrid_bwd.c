@@ -192,8 +192,8 @@ static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer
     if (tp->cp && ls_comm_rank(tp->cp) != 0) { /* this rank's pages: its share of dq only */
         LS_TRY(ls_op_attn_prefix_bwd(m->be, dq, dkp, dvp, d_aog, tp->ao, tp->lse, tp->qr, &tp->prefix, T, c->n_heads,
                                   c->n_kv, (int)hd, 1.0f / sqrtf((float)hd), sc));
-        memset(dk, 0, (size_t)(T * kvd) * sizeof(float));
-        memset(dv, 0, (size_t)(T * kvd) * sizeof(float));
+        ls_op_zero(m->be, dk, T * kvd);
+        ls_op_zero(m->be, dv, T * kvd);
     } else {
         LS_TRY(ls_op_attn_bwd(m->be, dq, dk, dv, dkp, dvp, d_aog, tp->ao, tp->lse, tp->qr, tp->kr, tp->v,
                            tp->has_prefix ? &tp->prefix : NULL, T, c->n_heads, c->n_kv, (int)hd,
@@ -206,16 +206,16 @@ static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer
         LS_TRY(ls_dist_sum_f32(tp->cp, dv, T * kvd));
     }
     if (grad_from > 0) { /* naive mode: the prompt's K/V are detached */
-        memset(dk, 0, (size_t)(grad_from * kvd) * sizeof(float));
-        memset(dv, 0, (size_t)(grad_from * kvd) * sizeof(float));
+        ls_op_zero(m->be, dk, grad_from * kvd);
+        ls_op_zero(m->be, dv, grad_from * kvd);
     }
     if (ds && dc->sweep) { /* the chunk's own K/V are prompt positions: their incoming gradient */
         const ls_prompt_state *st = dc->st;
         for (int64_t t = 0; t < T; t++) {
             int64_t lp = ls_state_local_page(st, pos0 + t), off = ((pos0 + t) % st->page_size) * kvd;
             LS_ASSERT(lp >= 0, "sweep position %lld is not this rank's", (long long)(pos0 + t));
-            const float *gk = (const float *)ds->dk[lp] + off, *gv = (const float *)ds->dv[lp] + off;
-            for (int64_t i = 0; i < kvd; i++) dk[t * kvd + i] += gk[i], dv[t * kvd + i] += gv[i];
+            ls_op_add_to(m->be, dk + t * kvd, (const float *)ds->dk[lp] + off, kvd);
+            ls_op_add_to(m->be, dv + t * kvd, (const float *)ds->dv[lp] + off, kvd);
         }
     }
     ls_op_rope_bwd(m->be, dq, T, c->n_heads, (int)hd, c->rot_dim, c->rope_theta, pos0);

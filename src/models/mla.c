@@ -69,7 +69,7 @@ void ls_mla_index_queries(const ls_mla_model *m, int l, const float *xn, const f
     ls_op_rope_table_fwd(m->be, qI, T, nI, dI, 0, mc->qk_rope / 2, m->inv_freq, mc->indexer_rope_interleave, pos0);
     ls_op_linear_fwd(m->be, wq, xn, w->idx_weights, T, c->hidden, nI, 0);
     float ws = 1.0f / sqrtf((float)nI);
-    for (int64_t i = 0; i < T * nI; i++) wq[i] *= ws;
+    ls_op_scale(m->be, wq, ws, T * nI);
 }
 
 void ls_mla_index_keys(const ls_mla_model *m, int l, const float *xn, int64_t T, int64_t pos0, float *kI,
@@ -82,16 +82,6 @@ void ls_mla_index_keys(const ls_mla_model *m, int l, const float *xn, int64_t T,
     ls_op_linear_fwd(m->be, pre, xn, w->idx_wk, T, c->hidden, dI, 0);
     ls_op_layernorm_fwd(m->be, kI, pre, w->idx_knorm_w, w->idx_knorm_b, T, dI, LS_MLA_INDEX_NORM_EPS);
     ls_op_rope_table_fwd(m->be, kI, T, 1, dI, 0, mc->qk_rope / 2, m->inv_freq, mc->indexer_rope_interleave, pos0);
-}
-
-/* x[0..n) rounded to `dtype` in place (bf16: round to nearest even, as the pages store). */
-void ls_mla_round_to(float *x, int64_t n, ls_dtype dtype) {
-    uint16_t tmp[256];
-    for (int64_t i = 0; i < n; i += 256) {
-        int64_t m = n - i < 256 ? n - i : 256;
-        ls_convert_from_f32(tmp, dtype, x + i, (size_t)m);
-        ls_convert_to_f32(x + i, tmp, dtype, (size_t)m);
-    }
 }
 
 /* Scores [nb, np] of queries (qI, wq) against positions [0, np) of index-key pages
@@ -110,10 +100,8 @@ static ls_status score_rows(const ls_backend *be, float *row, const float *qI, c
         ls_kv_prefix ok = {nown, nown, LS_DTYPE_F32, own_page, NULL};
         LS_TRY(ls_op_dsa_scores(be, so, qI, wq, &ok, nb, nI, dI, scale, sc));
     }
-    for (int64_t r = 0; r < nb; r++) {
-        memcpy(row + r * w, sp + r * np, (size_t)np * sizeof(float));
-        memcpy(row + r * w + np, so + r * nown, (size_t)nown * sizeof(float));
-    }
+    ls_op_copy_rows(be, row, w, sp, np, nb, np);
+    ls_op_copy_rows(be, row + np, w, so, nown, nb, nown);
     ls_arena_release(sc, mk);
     return LS_OK;
 }
@@ -274,24 +262,21 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
     ls_op_rope_table_fwd(m->be, q, T, H, (int)dq, dn, half, m->inv_freq, mc->rope_interleave, pos0);
     /* KV path: the latent row [RMSNorm(a[:rkv]) ; RoPE(a[rkv:])], shared by every head */
     ls_op_linear_fwd(m->be, kva, xn, w->kv_a, T, D, dk, 0);
-    for (int64_t t = 0; t < T; t++) memcpy(lat_raw + t * rkv, kva + t * dk, (size_t)rkv * sizeof(float));
+    ls_op_copy_rows(m->be, lat_raw, rkv, kva, dk, T, rkv);
     ls_op_rmsnorm_plain_fwd(m->be, lat, rstd_kv, lat_raw, w->kv_a_norm, T, rkv, c->eps);
-    for (int64_t t = 0; t < T; t++) {
-        memcpy(own + t * dk, lat + t * rkv, (size_t)rkv * sizeof(float));
-        memcpy(own + t * dk + rkv, kva + t * dk + rkv, (size_t)dr * sizeof(float));
-    }
+    ls_op_copy_rows(m->be, own, dk, lat, rkv, T, rkv);
+    ls_op_copy_rows(m->be, own + rkv, dk, kva + rkv, dk, T, dr);
     ls_op_rope_table_fwd(m->be, own, T, 1, (int)dk, (int)rkv, half, m->inv_freq, mc->rope_interleave, pos0);
     /* the call's own latent rows rounded as the pages round theirs (bf16 pages): every key
      * and value then reads the same whether it is still the call's or paged already, so
      * capture chunking, the CP split and decode order cannot move a near-tie selection of
      * a later layer (the backward passes straight through the rounding) */
-    if (L->st && L->st->dtype != LS_DTYPE_F32) ls_mla_round_to(own, T * dk, L->st->dtype);
+    if (L->st && L->st->dtype != LS_DTYPE_F32) ls_op_round_to(m->be, own, T * dk, L->st->dtype);
     /* absorbed queries: q̃[h] = W_UK[h]ᵀ q_nope[h] (W_UK[h] = kv_b rows h·(dn+dv) ..+dn) */
     for (int h = 0; h < H; h++) {
         ls_op_gemm(m->be, 0, 0, (int)T, (int)rkv, dn, 1.0f, q + h * dq, (int)(H * dq),
                     w->kv_b + h * hb * rkv, (int)rkv, 0.0f, qa + h * dk, (int)(H * dk));
-        for (int64_t t = 0; t < T; t++)
-            memcpy(qa + (t * H + h) * dk + rkv, q + (t * H + h) * dq + dn, (size_t)dr * sizeof(float));
+        ls_op_copy_rows(m->be, qa + h * dk + rkv, H * dk, q + h * dq + dn, H * dq, T, dr);
     }
     /* selection: a full layer's own indexer, or the most recent full layer's */
     float *kI = NULL;
@@ -309,7 +294,7 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
         /* the call's own index keys rounded as the pages round theirs: a selection is then a
          * function of the keys alone, whatever the chunking, the CP split or decode order
          * (near ties flip under bf16 otherwise, spec §7.3) */
-        if (L->st && L->st->dtype != LS_DTYPE_F32) ls_mla_round_to(kI, T * mc->index_head_dim, L->st->dtype);
+        if (L->st && L->st->dtype != LS_DTYPE_F32) ls_op_round_to(m->be, kI, T * mc->index_head_dim, L->st->dtype);
         ls_mla_index_queries(m, l, xn, cq, T, pos0, qI, wq);
         if (L->cp) {
             if (L->qroot >= 0) LS_TRY(cp_share_queries(L->cp, L->qroot, qa, qI, wq, T * H * dk, T * nI * dI, T * nI));
@@ -373,7 +358,7 @@ static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, ml
     LS_TRY(ls_dec_experts_fwd(m->be, &ex, y, xn, sel, wt, T, sc));
     if (m->ep) {
         LS_TRY(ls_dist_ep_combine(y, T, D, sel, K, m->n_local_experts, m->ep, sc));
-        for (int64_t i = 0; i < T * D; i++) x[i] += y[i];
+        ls_op_add_to(m->be, x, y, T * D);
     }
     if (Is > 0) {
         float *sgu = tp ? ALLOC_F(A, T * 2 * Is) : NULL, *sact = tp ? ALLOC_F(A, T * Is) : NULL;
@@ -524,7 +509,7 @@ static ls_status extend(const ls_mla_model *m, ls_prompt_state *st, const int32_
             ls_op_rmsnorm_plain_fwd(m->be, h, NULL, h, m->final_norm, 1, D, c->eps);
             ls_op_linear_fwd(m->be, logits, h, m->lm_head, 1, D, c->vocab, 0);
             float it = 1.0f / o->temperature;
-            for (int64_t v = 0; v < c->vocab; v++) logits[v] *= it;
+            ls_op_scale(m->be, logits, it, c->vocab);
         }
         ls_arena_release(scratch, mk);
     }

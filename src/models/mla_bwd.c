@@ -45,16 +45,11 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
                          .down_w = w->exp_down, .dgu_w = gw->exp_gu, .ddown_w = gw->exp_down};
     LS_TRY(ls_dec_experts_bwd(m->be, &ex, dwt, dxe, dres, tp->dec.xn2, tp->esel, tp->wt, T, sc));
     if (m->ep) { /* every rank's experts' shares, back to the tokens' slice owners and summed (forward's way) */
-        for (int64_t t = 0; t < T; t++) {
-            memcpy(rowsw + t * (K + D), dwt + t * K, (size_t)K * sizeof(float));
-            memcpy(rowsw + t * (K + D) + K, dxe + t * D, (size_t)D * sizeof(float));
-        }
+        ls_op_copy_rows(m->be, rowsw, K + D, dwt, K, T, K);
+        ls_op_copy_rows(m->be, rowsw + K, K + D, dxe, D, T, D);
         LS_TRY(ls_dist_ep_combine(rowsw, T, K + D, tp->esel, K, m->n_local_experts, m->ep, sc));
-        for (int64_t t = 0; t < T; t++) {
-            memcpy(dwt + t * K, rowsw + t * (K + D), (size_t)K * sizeof(float));
-            const float *g = rowsw + t * (K + D) + K;
-            for (int64_t d = 0; d < D; d++) dxn[t * D + d] += g[d];
-        }
+        ls_op_copy_rows(m->be, dwt, K, rowsw, K + D, T, K);
+        for (int64_t t = 0; t < T; t++) ls_op_add_to(m->be, dxn + t * D, rowsw + t * (K + D) + K, D);
     }
     ls_op_mla_route_bwd(m->be, dlog, dwt, tp->s, tp->esel, T, E, K, c->norm_topk, mc->routed_scaling);
     ls_op_linear_bwd(m->be, dxn, gw->router, dlog, tp->dec.xn2, w->router, T, D, E, 1);
@@ -102,7 +97,7 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
     NEED(qI && wq && kpre && kI && Is && P && mx && st && dq);
     ls_mla_index_queries(m, l, tp->dec.xn1 + t0 * D, tp->cq + t0 * rq, nq, pos0 + t0, qI, wq);
     ls_mla_index_keys(m, l, tp->dec.xn1, T, pos0, kI, kpre); /* the own index keys, as the forward formed them */
-    if (tb->st && tb->st->dtype != LS_DTYPE_F32) ls_mla_round_to(kI, T * dI, tb->st->dtype);
+    if (tb->st && tb->st->dtype != LS_DTYPE_F32) ls_op_round_to(m->be, kI, T * dI, tb->st->dtype);
     ls_kv_prefix lat = {0, 1, LS_DTYPE_F32, NULL, NULL};
     if (tb->st) lat = ls_state_prefix(tb->st, l);
     const int32_t *sel = tp->sel;
@@ -148,13 +143,13 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
         }
     }
     ls_op_dsa_sel_scores_bwd(m->be, dq, dw, mine ? dkI : NULL, Is, qI, wq, &keys, kI, sel, kk, nq, nI, dI, apos0, scale);
-    if (tb->grad_from > 0) memset(dkI, 0, (size_t)(tb->grad_from * dI) * sizeof(float)); /* naive: the prompt's keys */
+    if (tb->grad_from > 0) ls_op_zero(m->be, dkI, tb->grad_from * dI); /* naive: the prompt's keys */
     if (tb->cp) LS_TRY(ls_dist_sum_f32(tb->cp, dq, nb));
     /* qI = rope(wq_b c_q); w = weights_proj(x)·nI^−½; kI = rope(LayerNorm(wk x)) */
     ls_op_rope_table_bwd(m->be, dq, nq, nI, dI, 0, half, m->inv_freq, mc->indexer_rope_interleave, pos0 + t0);
     ls_op_linear_bwd(m->be, NULL, gw->idx_wq, dq, tp->cq + t0 * rq, w->idx_wq, nq, rq, (int64_t)nI * dI, 0);
     float ws = 1.0f / sqrtf((float)nI);
-    for (int64_t i = 0; i < nq * nI; i++) dw[i] *= ws;
+    ls_op_scale(m->be, dw, ws, nq * nI);
     ls_op_linear_bwd(m->be, NULL, gw->idx_weights, dw, tp->dec.xn1 + t0 * D, w->idx_weights, nq, D, nI, 0);
     ls_op_rope_table_bwd(m->be, dkI, T, 1, dI, 0, half, m->inv_freq, mc->indexer_rope_interleave, pos0);
     ls_op_layernorm_bwd(m->be, dkI, gw->idx_knorm_w, gw->idx_knorm_b, dkI, kpre, w->idx_knorm_w, T, dI, LS_MLA_INDEX_NORM_EPS);
@@ -201,15 +196,14 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
     LS_TRY(ls_op_mla_attn_bwd(m->be, dqa, down, dpre, dob, tp->o, tp->lse, tp->qa, tp->own, &pre, sel, tb->kk, T, H, (int)rkv,
                            dr, apos0, m->scale));
     if (tb->grad_from > 0) /* the naive mode's prompt rows are keys without gradient */
-        memset(down, 0, (size_t)(tb->grad_from * dk) * sizeof(float));
+        ls_op_zero(m->be, down, tb->grad_from * dk);
     if (dc->inject) { /* a sweep chunk: its rows' gradient from every later query (on the rank holding them) */
         const ls_prompt_state *st = dc->dstate;
         for (int64_t t = 0; t < T; t++) {
             int64_t pos = pos0 + t, lp = ls_state_local_page(st, pos);
             LS_ASSERT(lp >= 0 || tb->cp, "position %lld is not held by this rank", (long long)pos);
             if (lp < 0) continue;
-            const float *g = (const float *)st->full->d[l].dk[lp] + (pos % st->page_size) * dk;
-            for (int64_t i = 0; i < dk; i++) down[t * dk + i] += g[i];
+            ls_op_add_to(m->be, down + t * dk, (const float *)st->full->d[l].dk[lp] + (pos % st->page_size) * dk, dk);
         }
     }
     if (tb->cp) /* every rank's share of ∂L/∂q and ∂L/∂(own rows), summed: the whole on every rank */
@@ -221,8 +215,7 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
         if (gw->kv_b)
             ls_op_gemm(m->be, 1, 0, dn, (int)rkv, (int)T, 1.0f, tp->q + h * dq,
                         (int)(H * dq), dqa + h * dk, (int)(H * dk), 1.0f, gw->kv_b + h * hb * rkv, (int)rkv);
-        for (int64_t t = 0; t < T; t++)
-            memcpy(dqf + (t * H + h) * dq + dn, dqa + (t * H + h) * dk + rkv, (size_t)dr * sizeof(float));
+        ls_op_copy_rows(m->be, dqf + h * dq + dn, H * dq, dqa + h * dk + rkv, H * dk, T, dr);
     }
     ls_op_rope_table_bwd(m->be, dqf, T, H, (int)dq, dn, half, m->inv_freq, mc->rope_interleave, pos0);
     ls_op_linear_bwd(m->be, dcq, gw->q_b, dqf, tp->cq, w->q_b, T, rq, (int64_t)H * dq, 0);
@@ -230,12 +223,10 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
     ls_op_linear_bwd(m->be, dxn, gw->q_a, dcq, tp->dec.xn1, w->q_a, T, D, rq, 0);
     /* own rows [c_kv ; k_pe] → kv_a_proj output */
     ls_op_rope_table_bwd(m->be, down, T, 1, (int)dk, (int)rkv, half, m->inv_freq, mc->rope_interleave, pos0);
-    for (int64_t t = 0; t < T; t++) memcpy(dlat + t * rkv, down + t * dk, (size_t)rkv * sizeof(float));
+    ls_op_copy_rows(m->be, dlat, rkv, down, dk, T, rkv);
     ls_op_rmsnorm_plain_bwd(m->be, dlat, gw->kv_a_norm, dlat, tp->lat_raw, tp->rstd_kv, w->kv_a_norm, T, rkv);
-    for (int64_t t = 0; t < T; t++) {
-        memcpy(dkva + t * dk, dlat + t * rkv, (size_t)rkv * sizeof(float));
-        memcpy(dkva + t * dk + rkv, down + t * dk + rkv, (size_t)dr * sizeof(float));
-    }
+    ls_op_copy_rows(m->be, dkva, dk, dlat, rkv, T, rkv);
+    ls_op_copy_rows(m->be, dkva + rkv, dk, down + rkv, dk, T, dr);
     ls_op_linear_bwd(m->be, dxn, gw->kv_a, dkva, tp->dec.xn1, w->kv_a, T, D, dk, 1);
     ls_arena_release(sc, mk);
     return LS_OK;

@@ -44,11 +44,9 @@ typedef struct {
 } mla_tape;
 
 /* Shared by the forward and the backward (mla.c): the indexer's per-query inputs of full
- * layer l, qI [T, nI, dI] (rope dims first, rotated) and weights wq [T, nI] (nI^−½ in);
- * x[0..n) rounded to `dtype` in place, as the pages store it. */
+ * layer l, qI [T, nI, dI] (rope dims first, rotated) and weights wq [T, nI] (nI^−½ in). */
 void ls_mla_index_queries(const ls_mla_model *m, int l, const float *xn, const float *cq, int64_t T, int64_t pos0,
                           float *qI, float *wq);
-void ls_mla_round_to(float *x, int64_t n, ls_dtype dtype);
 /* The index keys kI [T, dI] of full layer l: LayerNorm(wk x) (eps below, spec §3), RoPE on
  * the first dims; kpre [T, dI] (NULL: not kept) gets wk x, the norm's input. */
 #define LS_MLA_INDEX_NORM_EPS 1e-6f

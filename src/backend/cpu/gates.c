@@ -19,6 +19,19 @@ void ls_add_to(float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+void ls_copy_rows(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t width) {
+    for (int64_t r = 0; r < rows; r++) memcpy(dst + r * ld_dst, src + r * ld_src, (size_t)width * sizeof(float));
+}
+
+void ls_round_to(float *x, int64_t n, ls_dtype dtype) {
+    uint16_t tmp[256];
+    for (int64_t i = 0; i < n; i += 256) {
+        int64_t m = n - i < 256 ? n - i : 256;
+        ls_convert_from_f32(tmp, dtype, x + i, (size_t)m);
+        ls_convert_to_f32(x + i, tmp, dtype, (size_t)m);
+    }
+}
+
 void ls_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)M,
