@@ -22,7 +22,6 @@
 #include "demo_asset.h"
 #include "longstraw/config.h"
 #include "longstraw/family.h"
-#include "longstraw/model.h"
 #include "longstraw/tokenizer.h"
 
 static const char MARKER[] = ".longstraw-demo";

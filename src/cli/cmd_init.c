@@ -11,7 +11,6 @@
 #include "cli.h"
 #include "longstraw/config.h"
 #include "longstraw/family.h"
-#include "longstraw/model.h"
 
 static void help(void) {
     printf("usage: longstraw init --config CFG.json --out DIR [--seed N] [--dtype f32|bf16]\n\n"
