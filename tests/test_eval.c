@@ -200,18 +200,13 @@ int test_cp_eval(void) {
  * the `eval` commands it is compared with). */
 static void task_opts(ls_train_opts *o, char *model, size_t mn, char *run, size_t rn, const char *dir,
                       const char *run_name, const char *task) {
-    ls_train_opts_default(o);
-    snprintf(model, mn, "%s/m", dir);
-    snprintf(run, rn, "%s/%s", dir, run_name);
-    o->model = model;
-    o->out = run;
+    t_train_opts(o, model, mn, run, rn, dir, run_name, NULL);
     o->rollout = 1;
     o->task = task;
     o->prompt_len = 300;
     o->eval_every = 2;
     o->eval_prompts = 2;
     o->max_new_tokens = 4;
-    ls_progress_enable(0);
 }
 
 int test_train_eval_task(void) {

@@ -10,8 +10,8 @@
  *  - malformed data is rejected naming the file, line and field;
  *  - rollouts with a reward process and text data; a failed update keeps the finished
  *    ones; long-context SFT; the demo prints its receipt.
- * Where a test is about the loop it calls ls_train_run in this process (lib_opts,
- * train_logged): train_matches_step (`step` stays the command: the end-to-end
+ * Where a test is about the loop it calls ls_train_run in this process (t_train_opts,
+ * t_train_logged): train_matches_step (`step` stays the command: the end-to-end
  * comparison), train_nan_step_skipped, train_rejects_bad_data, train_rollout_reward_cmd,
  * train_lora_resume, train_error_keeps_progress, train_sft_passkey. The binary runs
  * where the command itself is under test: its messages and usage errors, a resume from
@@ -192,19 +192,6 @@ static double num(const cJSON *o, const char *k) {
     return cJSON_IsNumber(e) ? e->valuedouble : NAN;
 }
 
-/* The loop as a library (trainer.h), the way `train` calls it: options for the model
- * dir/m, the run directory dir/<run> and data (NULL: a task); no progress lines. */
-static void lib_opts(ls_train_opts *o, char *model, size_t mn, char *run, size_t rn, const char *dir,
-                     const char *run_name, const char *data) {
-    ls_train_opts_default(o);
-    snprintf(model, mn, "%s/m", dir);
-    snprintf(run, rn, "%s/%s", dir, run_name);
-    o->model = model;
-    o->out = run;
-    o->data = data;
-    ls_progress_enable(0);
-}
-
 int test_train_matches_step(void) {
     char dir[512], data[700], grp[700], a[900], b[900];
     int rc;
@@ -221,7 +208,7 @@ int test_train_matches_step(void) {
     ls_train_opts o;
     ls_train_result res;
     char model[600], run[600], *log;
-    lib_opts(&o, model, sizeof model, run, sizeof run, dir, "run", data);
+    t_train_opts(&o, model, sizeof model, run, sizeof run, dir, "run", data);
     o.updates = 1;
     o.o.lr = 1e-3;
     o.o.beta = 0;
@@ -268,7 +255,7 @@ int test_train_matches_step(void) {
     cJSON_Delete(m);
     /* a second run into the same directory must not silently start over: refused,
      * pointing at --resume, before any update */
-    lib_opts(&o, model, sizeof model, run, sizeof run, dir, "run", data);
+    t_train_opts(&o, model, sizeof model, run, sizeof run, dir, "run", data);
     o.updates = 1;
     st = ls_train_run(&o, &res);
     T_CHECK(st == LS_ERR_ARG && strstr(ls_err_msg(), "already holds") && strstr(ls_err_msg(), "--resume") &&
@@ -354,7 +341,7 @@ int test_train_nan_step_skipped(void) {
         ls_train_opts o;
         ls_train_result res;
         char model[600], run[600];
-        lib_opts(&o, model, sizeof model, run, sizeof run, dir, "run", data);
+        t_train_opts(&o, model, sizeof model, run, sizeof run, dir, "run", data);
         o.save_every = 1;
         o.save_total_limit = 5;
         o.o.lr = 1e-3;
@@ -389,7 +376,7 @@ int test_train_nan_step_skipped(void) {
         ls_train_opts o;
         ls_train_result res;
         char model[600], run[600], *log;
-        lib_opts(&o, model, sizeof model, run, sizeof run, dir, "run2", data);
+        t_train_opts(&o, model, sizeof model, run, sizeof run, dir, "run2", data);
         o.updates = 2;
         ls_status st = t_train_logged(&o, &res, &log);
         T_CHECK(st == LS_OK && res.updates == 2 && res.skipped == 1 && log && strstr(log, "update 2/2 SKIPPED"),
@@ -440,7 +427,7 @@ int test_train_rejects_bad_data(void) {
         ls_train_result res = {0};
         char model[600], run[600], rname[32], where[800];
         snprintf(rname, sizeof rname, "run%zu", i);
-        lib_opts(&o, model, sizeof model, run, sizeof run, dir, rname, data);
+        t_train_opts(&o, model, sizeof model, run, sizeof run, dir, rname, data);
         ls_status st = ls_train_run(&o, &res);
         snprintf(where, sizeof where, "%s:3: ", data);
         T_CHECK((st == LS_ERR_FORMAT || st == LS_ERR_ARG) && strstr(ls_err_msg(), where) && strstr(ls_err_msg(), bad[i].needle),
@@ -452,7 +439,7 @@ int test_train_rejects_bad_data(void) {
         ls_train_opts o;
         ls_train_result res = {0};
         char model[600], run[600];
-        lib_opts(&o, model, sizeof model, run, sizeof run, dir, "runE", data);
+        t_train_opts(&o, model, sizeof model, run, sizeof run, dir, "runE", data);
         ls_status st = ls_train_run(&o, &res);
         T_CHECK(st != LS_OK && strstr(ls_err_msg(), "no groups") && res.updates == 0, "empty data: %s: %s",
                 ls_status_name(st), ls_err_msg());
@@ -479,7 +466,7 @@ int test_train_rollout_reward_cmd(void) {
     ls_train_opts o;
     ls_train_result res;
     char model[600], run[600];
-    lib_opts(&o, model, sizeof model, run, sizeof run, dir, "run", data);
+    t_train_opts(&o, model, sizeof model, run, sizeof run, dir, "run", data);
     o.tokenizer = tok;
     o.rollout = 1;
     o.num_generations = 4;
@@ -528,7 +515,7 @@ int test_train_rollout_reward_cmd(void) {
     for (int k = 0; k < 2; k++) {
         char answers[700];
         snprintf(answers, sizeof answers, "%s/answers.jsonl", dir);
-        lib_opts(&o, model, sizeof model, run, sizeof run, dir, k ? "run4" : "run3", k ? NULL : answers);
+        t_train_opts(&o, model, sizeof model, run, sizeof run, dir, k ? "run4" : "run3", k ? NULL : answers);
         o.tokenizer = k ? NULL : tok;
         o.task = k ? "passkey" : NULL;
         o.prompt_len = k ? 400 : o.prompt_len;
@@ -547,7 +534,7 @@ int test_train_rollout_reward_cmd(void) {
         cJSON_Delete(m);
     }
     /* a reward process that answers nonsense is an error naming it */
-    lib_opts(&o, model, sizeof model, run, sizeof run, dir, "run2", data);
+    t_train_opts(&o, model, sizeof model, run, sizeof run, dir, "run2", data);
     o.tokenizer = tok;
     o.rollout = 1;
     o.num_generations = 2;
@@ -613,7 +600,7 @@ int test_demo_receipt(void) {
  * --lora-rank 2 --lora-targets T --lr 1e-2 --save-every 1 --quiet`. */
 static void lora_opts(ls_train_opts *o, char *model, size_t mn, char *run, size_t rn, const char *dir,
                       const char *run_name, const char *data, const char *targets, int64_t updates) {
-    lib_opts(o, model, mn, run, rn, dir, run_name, data);
+    t_train_opts(o, model, mn, run, rn, dir, run_name, data);
     o->updates = updates;
     o->spec.lora_rank = 2;
     o->spec.lora_targets = targets;
@@ -741,7 +728,7 @@ int test_train_error_keeps_progress(void) {
     T_CHECK(write_text(data, "{\"prompt\": [1, 2, 3, 4]}\n{\"prompt\": \"hello there\"}\n") == 0, "prompts");
     ls_train_opts o;
     ls_train_result res;
-    lib_opts(&o, model, sizeof model, run, sizeof run, dir, "run", data);
+    t_train_opts(&o, model, sizeof model, run, sizeof run, dir, "run", data);
     o.tokenizer = tok;
     o.rollout = 1;
     o.num_generations = 4;
@@ -786,7 +773,7 @@ int test_train_sft_passkey(void) {
         ls_train_result res;
         char model[600], rd[600], rname[16];
         snprintf(rname, sizeof rname, "run%d", full);
-        lib_opts(&o, model, sizeof model, rd, sizeof rd, dir, rname, NULL);
+        t_train_opts(&o, model, sizeof model, rd, sizeof rd, dir, rname, NULL);
         o.task = "passkey";
         o.o.sft = 1;
         o.o.full = full;

@@ -1,8 +1,11 @@
 /*
- * testutil.c — comparison helpers shared by the tests (NaN-safe).
+ * testutil.c — comparison helpers shared by the tests (NaN-safe), the commands they run
+ * and the training loop called as a library.
  */
 #include <stdarg.h>
 #include "testutil.h"
+
+#include "longstraw/trace.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -180,4 +183,15 @@ ls_status t_train_logged(const ls_train_opts *o, ls_train_result *res, char **lo
     if (fd >= 0) close(fd);
     if (captured) *log = t_read_file(path, NULL);
     return s;
+}
+
+void t_train_opts(ls_train_opts *o, char *model, size_t mn, char *run, size_t rn, const char *dir,
+                  const char *run_name, const char *data) {
+    ls_train_opts_default(o);
+    snprintf(model, mn, "%s/m", dir);
+    snprintf(run, rn, "%s/%s", dir, run_name);
+    o->model = model;
+    o->out = run;
+    o->data = data;
+    ls_progress_enable(0);
 }

@@ -88,6 +88,11 @@ double t_floor_bound(double floor, double k, double min_bound);
 int t_make_tmpdir(char *out, size_t cap);
 /* Remove a directory tree (rm -rf); 0 on success. */
 int t_remove_dir(const char *dir);
+/* The loop as a library (trainer.h), the way `train` calls it: default options for the
+ * model dir/m (model: its path, mn bytes), the run directory dir/<run_name> (run, rn
+ * bytes) and data (NULL: a task); progress lines off. */
+void t_train_opts(ls_train_opts *o, char *model, size_t mn, char *run, size_t rn, const char *dir,
+                  const char *run_name, const char *data);
 /* ls_train_run with what it writes on stderr (rank 0's lines: each update, checkpoints,
  * resumes, refusals; a reward process's stderr) captured into *log, malloc'd (caller
  * frees; NULL when the capture failed: the run still happens, a check on *log fails).

@@ -23,25 +23,27 @@
  * partial has lse = −inf. Transients (rows·(hd + 2) floats) from `scratch`. */
 ls_status ls_cp_merge(float *o, float *lse, int64_t rows, int hd, const ls_comm *comm, ls_arena *scratch);
 
-/* The ring over pages (DESIGN §8). A run of np K/V pages of attention layer `layer`
- * (k[i], v[i], page_bytes each, in the state's dtype) travels from its holder to a
- * reader in blocks of at most bp pages, K | V of a block in one message, so the reader
- * never holds more than one block of another rank's pages. The reader handles each
- * block in `fn` (pages p0 .. p0 + nb − 1 of the run; dk/dv NULL without gradients). */
+/* The ring over pages (DESIGN §8). The pages holding positions [0, npos) of a
+ * segment of attention layer `layer` (k[i], v[i]: page_size positions, page_bytes each,
+ * in the state's dtype) travel from their holder to a reader in blocks of at most bp
+ * pages, K | V of a block in one message, so the reader never holds more than one block
+ * of another rank's pages. The reader handles each block in `fn`: nb pages holding
+ * `rows` positions (dk/dv NULL without gradients). */
 typedef ls_status (*ls_dist_pages_fn)(void *ctx, void *const *k, void *const *v, float *const *dk, float *const *dv,
-                                      int64_t p0, int64_t nb);
-ls_status ls_dist_pages_send(const ls_comm *comm, void *const *k, void *const *v, int64_t np, size_t page_bytes,
-                             int64_t bp, int dst, int layer, ls_arena *scratch);
-ls_status ls_dist_pages_recv(const ls_comm *comm, int64_t np, size_t page_bytes, int64_t bp, int src, int layer,
-                             ls_dist_pages_fn fn, void *ctx, ls_arena *scratch);
+                                      int64_t nb, int64_t rows);
+ls_status ls_dist_pages_send(const ls_comm *comm, void *const *k, void *const *v, int64_t npos, int64_t page_size,
+                             size_t page_bytes, int64_t bp, int dst, int layer, ls_arena *scratch);
+ls_status ls_dist_pages_recv(const ls_comm *comm, int64_t npos, int64_t page_size, size_t page_bytes, int64_t bp,
+                             int src, int layer, ls_dist_pages_fn fn, void *ctx, ls_arena *scratch);
 /* With gradients (the full-mode sweep): the reader's fn adds into dk/dv (f32 pages of
  * grad_floats values, zeroed per block) the gradient of the block, which goes back to
- * the holder as the next block leaves; the holder adds it to its dk/dv [np] (f32). */
+ * the holder before the next block leaves; the holder adds it to its dk/dv (f32). */
 ls_status ls_dist_pages_send_grad(const ls_comm *comm, void *const *k, void *const *v, void *const *dk,
-                                  void *const *dv, int64_t np, size_t page_bytes, int64_t grad_floats, int64_t bp,
-                                  int dst, int layer, ls_arena *scratch);
-ls_status ls_dist_pages_recv_grad(const ls_comm *comm, int64_t np, size_t page_bytes, int64_t grad_floats,
-                                  int64_t bp, int src, int layer, ls_dist_pages_fn fn, void *ctx, ls_arena *scratch);
+                                  void *const *dv, int64_t npos, int64_t page_size, size_t page_bytes,
+                                  int64_t grad_floats, int64_t bp, int dst, int layer, ls_arena *scratch);
+ls_status ls_dist_pages_recv_grad(const ls_comm *comm, int64_t npos, int64_t page_size, size_t page_bytes,
+                                  int64_t grad_floats, int64_t bp, int src, int layer, ls_dist_pages_fn fn, void *ctx,
+                                  ls_arena *scratch);
 
 /* The state relay: a layer's recurrent state (a few parts, such as the Gated DeltaNet
  * state and conv tail, or their gradients) from the owner of one segment to the owner of

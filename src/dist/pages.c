@@ -25,8 +25,18 @@ static void unpack_block(char *buf, void **k, void **v, int64_t nb, size_t pb) {
     for (int64_t i = 0; i < nb; i++) k[i] = buf + (size_t)i * pb, v[i] = buf + (size_t)(nb + i) * pb;
 }
 
-ls_status ls_dist_pages_send(const ls_comm *c, void *const *k, void *const *v, int64_t np, size_t page_bytes,
-                             int64_t bp, int dst, int layer, ls_arena *sc) {
+/* Pages holding npos positions. */
+static int64_t pages_of(int64_t npos, int64_t page_size) { return (npos + page_size - 1) / page_size; }
+
+/* Positions in the block of nb pages starting at page p0. */
+static int64_t block_rows(int64_t npos, int64_t page_size, int64_t p0, int64_t nb) {
+    int64_t left = npos - p0 * page_size;
+    return left < nb * page_size ? left : nb * page_size;
+}
+
+ls_status ls_dist_pages_send(const ls_comm *c, void *const *k, void *const *v, int64_t npos, int64_t page_size,
+                             size_t page_bytes, int64_t bp, int dst, int layer, ls_arena *sc) {
+    int64_t np = pages_of(npos, page_size);
     ls_arena_mark mk = ls_arena_get_mark(sc);
     char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
     if (!buf) return LS_ERR_NOMEM;
@@ -40,8 +50,9 @@ ls_status ls_dist_pages_send(const ls_comm *c, void *const *k, void *const *v, i
     return s;
 }
 
-ls_status ls_dist_pages_recv(const ls_comm *c, int64_t np, size_t page_bytes, int64_t bp, int src, int layer,
-                             ls_dist_pages_fn fn, void *ctx, ls_arena *sc) {
+ls_status ls_dist_pages_recv(const ls_comm *c, int64_t npos, int64_t page_size, size_t page_bytes, int64_t bp,
+                             int src, int layer, ls_dist_pages_fn fn, void *ctx, ls_arena *sc) {
+    int64_t np = pages_of(npos, page_size);
     ls_arena_mark mk = ls_arena_get_mark(sc);
     char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
     void **kp = ls_arena_alloc(sc, 2 * (size_t)bp * sizeof(void *));
@@ -52,15 +63,16 @@ ls_status ls_dist_pages_recv(const ls_comm *c, int64_t np, size_t page_bytes, in
         s = ls_comm_recv(c, buf, 2 * (size_t)nb * page_bytes, src, TAG(layer, TAG_PAGES));
         if (s != LS_OK) break;
         unpack_block(buf, kp, kp + bp, nb, page_bytes);
-        s = fn(ctx, kp, kp + bp, NULL, NULL, p0, nb);
+        s = fn(ctx, kp, kp + bp, NULL, NULL, nb, block_rows(npos, page_size, p0, nb));
     }
     ls_arena_release(sc, mk);
     return s;
 }
 
 ls_status ls_dist_pages_send_grad(const ls_comm *c, void *const *k, void *const *v, void *const *dk, void *const *dv,
-                                  int64_t np, size_t page_bytes, int64_t grad_floats, int64_t bp, int dst, int layer,
-                                  ls_arena *sc) {
+                                  int64_t npos, int64_t page_size, size_t page_bytes, int64_t grad_floats, int64_t bp,
+                                  int dst, int layer, ls_arena *sc) {
+    int64_t np = pages_of(npos, page_size);
     ls_arena_mark mk = ls_arena_get_mark(sc);
     char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
     float *dbuf = ls_arena_alloc(sc, 2 * (size_t)bp * (size_t)grad_floats * sizeof(float));
@@ -83,8 +95,10 @@ ls_status ls_dist_pages_send_grad(const ls_comm *c, void *const *k, void *const 
     return s;
 }
 
-ls_status ls_dist_pages_recv_grad(const ls_comm *c, int64_t np, size_t page_bytes, int64_t grad_floats, int64_t bp,
-                                  int src, int layer, ls_dist_pages_fn fn, void *ctx, ls_arena *sc) {
+ls_status ls_dist_pages_recv_grad(const ls_comm *c, int64_t npos, int64_t page_size, size_t page_bytes,
+                                  int64_t grad_floats, int64_t bp, int src, int layer, ls_dist_pages_fn fn, void *ctx,
+                                  ls_arena *sc) {
+    int64_t np = pages_of(npos, page_size);
     size_t gb = (size_t)grad_floats * sizeof(float);
     ls_arena_mark mk = ls_arena_get_mark(sc);
     char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
@@ -100,7 +114,7 @@ ls_status ls_dist_pages_recv_grad(const ls_comm *c, int64_t np, size_t page_byte
         memset(dbuf, 0, 2 * (size_t)nb * gb);
         unpack_block(buf, kp, vp, nb, page_bytes);
         unpack_block(dbuf, dkp, dvp, nb, gb);
-        s = fn(ctx, kp, vp, (float *const *)dkp, (float *const *)dvp, p0, nb);
+        s = fn(ctx, kp, vp, (float *const *)dkp, (float *const *)dvp, nb, block_rows(npos, page_size, p0, nb));
         if (s == LS_OK) s = ls_comm_send(c, dbuf, 2 * (size_t)nb * gb, src, TAG(layer, TAG_PAGE_GRADS));
     }
     ls_arena_release(sc, mk);

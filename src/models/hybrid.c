@@ -67,19 +67,18 @@ typedef struct {
     const ls_config *c;
     const float *q;
     float *o, *lse, *ob, *lb; /* the merged output and a block's partial */
-    int64_t T, S, n;          /* n: the segment's positions */
+    int64_t T, S;
     ls_dtype dtype;
     ls_arena *sc;
 } merge_ctx;
 
-/* A remote block of pages p0 .. p0 + nb − 1: its partial, merged in. */
+/* A remote block of nb pages holding `rows` positions: its partial, merged in. */
 static ls_status merge_block(void *ctx, void *const *kp, void *const *vp, float *const *dk, float *const *dv,
-                             int64_t p0, int64_t nb) {
-    (void)dk, (void)dv;
+                             int64_t nb, int64_t rows) {
+    (void)dk, (void)dv, (void)nb;
     merge_ctx *M = ctx;
     const ls_config *c = M->c;
-    int64_t bn = M->n - p0 * M->S;
-    ls_kv_prefix blk = {bn < nb * M->S ? bn : nb * M->S, M->S, M->dtype, kp, vp};
+    ls_kv_prefix blk = {rows, M->S, M->dtype, kp, vp};
     LS_TRY(ls_op_attn_prefix_fwd(M->be, M->ob, M->lb, M->q, &blk, M->T, c->n_heads, c->n_kv, c->head_dim,
                                  1.0f / sqrtf((float)c->head_dim), M->sc));
     ls_op_attn_merge(M->be, M->o, M->lse, M->ob, M->lb, M->T, c->n_heads, c->head_dim);
@@ -92,15 +91,14 @@ static ls_status cp_merge_earlier(const ls_backend *be, const ls_prompt_state *s
     int64_t S = st->page_size, qd = (int64_t)c->n_heads * c->head_dim;
     size_t pb = (size_t)S * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(st->dtype);
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    merge_ctx M = {be, c, q, o, lse, ALLOC_F(sc, T * qd), ALLOC_F(sc, T * c->n_heads), T, S, 0, st->dtype, sc};
+    merge_ctx M = {be, c, q, o, lse, ALLOC_F(sc, T * qd), ALLOC_F(sc, T * c->n_heads), T, S, st->dtype, sc};
     NEED(M.ob && M.lb);
     for (int s = 0; s < seg; s++) {
         int src;
         int64_t rlo, rhi;
         ls_state_segment(st, s, &src, &rlo, &rhi);
         if (src == st->rank || rhi == rlo) continue; /* own pages are in the prefix already */
-        M.n = rhi - rlo;
-        LS_TRY(ls_dist_pages_recv(st->comm, (M.n + S - 1) / S, pb, bp, src, l, merge_block, &M, sc));
+        LS_TRY(ls_dist_pages_recv(st->comm, rhi - rlo, S, pb, bp, src, l, merge_block, &M, sc));
     }
     ls_arena_release(sc, mk);
     return LS_OK;
@@ -441,9 +439,9 @@ ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int
     for (int64_t q = 0; q < nchunks; q++)
         for (int k = 0; k < st->nseg; k++) { /* earlier segments, prompt order */
             if (st->seg_hi[k] == st->seg_lo[k] || st->seg_hi[k] > lo) continue;
-            int64_t np = (st->seg_hi[k] - st->seg_lo[k] + st->page_size - 1) / st->page_size;
             LS_TRY(ls_dist_pages_send(st->comm, st->attn[l].k_pages + st->seg_lpage[k],
-                                      st->attn[l].v_pages + st->seg_lpage[k], np, pb, bp, dst, l, sc));
+                                      st->attn[l].v_pages + st->seg_lpage[k], st->seg_hi[k] - st->seg_lo[k],
+                                      st->page_size, pb, bp, dst, l, sc));
         }
     return LS_OK;
 }

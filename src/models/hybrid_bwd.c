@@ -65,19 +65,21 @@ typedef struct {
     const ls_layer_tape *tp;
     float *dq, *dqb; /* dq (+=), a block's share */
     const float *d_aog;
-    int64_t T, S, n; /* n: the segment's positions */
+    int64_t T, S;
     ls_dtype dtype;
     ls_arena *sc;
 } sweep_ctx;
 
-/* A remote block of pages p0 .. p0 + nb − 1: its share of dq (+=) and its dK/dV. */
+/* A remote block of nb pages holding `rows` positions: its share of dq (+=) and its
+ * dK/dV. */
 static ls_status sweep_block(void *ctx, void *const *kp, void *const *vp, float *const *dkp, float *const *dvp,
-                             int64_t p0, int64_t nb) {
+                             int64_t nb, int64_t rows) {
+    (void)nb;
     sweep_ctx *W = ctx;
     const ls_config *c = W->c;
     const ls_layer_tape *tp = W->tp;
-    int64_t bn = W->n - p0 * W->S, qd = (int64_t)c->n_heads * c->head_dim;
-    ls_kv_prefix blk = {bn < nb * W->S ? bn : nb * W->S, W->S, W->dtype, kp, vp};
+    int64_t qd = (int64_t)c->n_heads * c->head_dim;
+    ls_kv_prefix blk = {rows, W->S, W->dtype, kp, vp};
     LS_TRY(ls_op_attn_prefix_bwd(W->be, W->dqb, (void *const *)dkp, (void *const *)dvp, W->d_aog, tp->ao, tp->lse,
                                  tp->qr, &blk, W->T, c->n_heads, c->n_kv, c->head_dim,
                                  1.0f / sqrtf((float)c->head_dim), W->sc));
@@ -91,15 +93,14 @@ static ls_status cp_sweep_bwd_remote(const ls_backend *be, const ls_config *c, c
     int64_t S = st->page_size, qd = (int64_t)c->n_heads * c->head_dim;
     size_t pb = (size_t)S * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(st->dtype);
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    sweep_ctx W = {be, c, tp, dq, ALLOC_F(sc, T * qd), d_aog, T, S, 0, st->dtype, sc};
+    sweep_ctx W = {be, c, tp, dq, ALLOC_F(sc, T * qd), d_aog, T, S, st->dtype, sc};
     NEED(W.dqb);
     for (int sg = 0; sg < tp->cp_seg; sg++) {
         int src;
         int64_t rlo, rhi;
         ls_state_segment(st, sg, &src, &rlo, &rhi);
         if (src == st->rank || rhi == rlo) continue;
-        W.n = rhi - rlo;
-        LS_TRY(ls_dist_pages_recv_grad(st->comm, (W.n + S - 1) / S, pb, (int64_t)(dpage_bytes(c, S) / sizeof(float)),
+        LS_TRY(ls_dist_pages_recv_grad(st->comm, rhi - rlo, S, pb, (int64_t)(dpage_bytes(c, S) / sizeof(float)),
                                        tp->cp_block, src, l, sweep_block, &W, sc));
     }
     ls_arena_release(sc, mk);
@@ -355,9 +356,9 @@ static ls_status cp_sweep_serve(const ls_hybrid_model *m, ls_prompt_state *st, i
         ls_layer_dstate *ds = &st->full->d[l];
         for (int k = 0; k < st->nseg; k++) { /* earlier segments, prompt order */
             if (st->seg_hi[k] == st->seg_lo[k] || st->seg_hi[k] > lo) continue;
-            int64_t np = (st->seg_hi[k] - st->seg_lo[k] + S - 1) / S, lp = st->seg_lpage[k];
+            int64_t lp = st->seg_lpage[k];
             LS_TRY(ls_dist_pages_send_grad(st->comm, st->attn[l].k_pages + lp, st->attn[l].v_pages + lp, ds->dk + lp,
-                                           ds->dv + lp, np, pb, kvn, bp, owner, l, sc));
+                                           ds->dv + lp, st->seg_hi[k] - st->seg_lo[k], S, pb, kvn, bp, owner, l, sc));
         }
     }
     return LS_OK;
