@@ -17,6 +17,7 @@ int test_backend_cpu_table(void);
 int test_backend_decode_ops(void);
 int test_backend_arena(void);
 int test_backend_optim_ops(void);
+int test_backend_copy_round(void);
 
 int test_backend_cpu_table(void) {
     const ls_backend *be = ls_backend_cpu();
@@ -201,7 +202,8 @@ int test_backend_optim_ops(void) {
     float at[3];
     ls_op_adamw_check(be, &bad, at, &hp, (float)decay, w, g, m, v, N);
     T_CHECK(bad == -1, "adamw_check: element %lld flagged in a finite step", (long long)bad);
-    T_CHECK(!memcmp(w, w0, N * sizeof(float)) && !memcmp(m, m0, N * sizeof(float)), "adamw_check wrote");
+    T_CHECK(!memcmp(w, w0, N * sizeof(float)) && !memcmp(m, m0, N * sizeof(float)) &&
+                !memcmp(v, v0, N * sizeof(float)), "adamw_check wrote");
     ls_op_adamw_step(be, &hp, (float)decay, w, g, m, v, N);
     double worst = 0;
     for (int i = 0; i < N; i++) {
@@ -211,7 +213,7 @@ int test_backend_optim_ops(void) {
         double e = fabs(w[i] - wi) / (fabs(w0[i] * decay) + fabs(du)) +
                    fabs(m[i] - mi) / (b1 * fabs(m0[i]) + (1 - b1) * fabs(gi)) +
                    fabs(v[i] - vi) / (b2 * v0[i] + (1 - b2) * gi * gi + 1e-30);
-        worst = e > worst ? e : worst;
+        if (!(e <= worst)) worst = e; /* NaN stays */
     }
     T_CHECK(worst <= 1e-6, "adamw_step: error %.3e (relative to the terms) against torch's formulas in double", worst);
     memcpy(w, w0, N * sizeof(float));
@@ -220,7 +222,10 @@ int test_backend_optim_ops(void) {
     ls_op_adamw_check(be, &bad, at, &hp, 1.0f, w, g, m0, v0, N);
     T_CHECK(bad == 12345 && !(at[2] <= 3.4e38f), "adamw_check: flagged %lld (exp_avg_sq %g), not 12345 (inf)",
             (long long)bad, (double)at[2]);
-    T_CHECK(!memcmp(w, w0, N * sizeof(float)), "adamw_check wrote a weight");
+    memcpy(m, m0, N * sizeof(float)), memcpy(v, v0, N * sizeof(float));
+    ls_op_adamw_check(be, &bad, at, &hp, 1.0f, w, g, m, v, N);
+    T_CHECK(bad == 12345 && !memcmp(w, w0, N * sizeof(float)) && !memcmp(m, m0, N * sizeof(float)) &&
+                !memcmp(v, v0, N * sizeof(float)), "adamw_check wrote");
     double ss = 0, ref = 0;
     ls_op_sumsq(be, &ss, w0, N);
     for (int i = 0; i < N; i++) ref += (double)w0[i] * w0[i];
@@ -230,5 +235,48 @@ int test_backend_optim_ops(void) {
     for (int i = 0; i < N; i++) same &= w[i] == w0[i] * 0.37f;
     T_CHECK(same, "scale differs from x·c");
     free(w), free(g), free(m), free(v), free(w0), free(m0), free(v0);
+    return 0;
+}
+
+/* The strided block copy against its definition (the columns outside the block and the
+ * rows beyond it untouched), and the page rounding against the dtype conversions. */
+int test_backend_copy_round(void) {
+    const ls_backend *be = ls_backend_cpu();
+    enum { R = 7, LS = 13, LD = 11, W = 5 };
+    float src[R * LS], dst[R * LD], dst0[R * LD];
+    ls_rng r;
+    ls_rng_seed(&r, 3);
+    t_fill_normal(src, R * LS, &r, 1.0f);
+    t_fill_normal(dst0, R * LD, &r, 1.0f);
+    memcpy(dst, dst0, sizeof dst);
+    ls_op_copy_rows(be, dst + 2, LD, src + 4, LS, R - 1, W); /* rows 0..5, columns 2..6 from columns 4..8 */
+    int ok = 1;
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < LD; j++) {
+            float want = (i < R - 1 && j >= 2 && j < 2 + W) ? src[i * LS + 4 + j - 2] : dst0[i * LD + j];
+            ok &= dst[i * LD + j] == want;
+        }
+    T_CHECK(ok, "copy_rows: a value differs from the strided copy's definition");
+    enum { N = 1000 };
+    float x[N], y[N], back[N];
+    uint16_t h[N];
+    t_fill_normal(x, N, &r, 3.0f);
+    for (ls_dtype d = LS_DTYPE_BF16; d <= LS_DTYPE_F16; d++) {
+        memcpy(y, x, sizeof x);
+        ls_op_round_to(be, y, N, d);
+        ls_convert_from_f32(h, d, x, N);
+        ls_convert_to_f32(back, h, d, N);
+        T_CHECK(!memcmp(y, back, sizeof y), "round_to (%s) differs from the conversion there and back",
+                d == LS_DTYPE_BF16 ? "bf16" : "f16");
+        double worst = 0;
+        for (int i = 0; i < N; i++) {
+            double e = fabs((double)y[i] - x[i]) / fabs((double)x[i]);
+            if (!(e <= worst)) worst = e;
+        }
+        T_CHECK(worst > 0 && worst <= (d == LS_DTYPE_BF16 ? 0x1p-8 : 0x1p-11), "round_to: relative change %.3g", worst);
+    }
+    memcpy(y, x, sizeof x);
+    ls_op_round_to(be, y, N, LS_DTYPE_F32);
+    T_CHECK(!memcmp(y, x, sizeof x), "round_to f32 changed a value");
     return 0;
 }

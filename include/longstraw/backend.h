@@ -26,13 +26,13 @@
 typedef struct ls_backend ls_backend;
 
 /* The ops that cannot fail: X(name, (parameters), (arguments)). */
-#define LS_BACKEND_OPS(X)                                                                                             \
+#define LS_BACKEND_OPS(X)                                                                                            \
     /* products: C[M,N] = alpha·op(A)·op(B) + beta·C, row-major, op = transpose when trans_* */                      \
-    X(gemm, (int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,   \
+    X(gemm, (int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,    \
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc),                                        \
       (trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))                                              \
-    X(add_to, (float *y, const float *x, int64_t n), (y, x, n)) /* y += x */                                        \
-    X(copy_rows, (float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t width),       \
+    X(add_to, (float *y, const float *x, int64_t n), (y, x, n)) /* y += x */                                         \
+    X(copy_rows, (float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t width),        \
       (dst, ld_dst, src, ld_src, rows, width))                                                                       \
     X(round_to, (float *x, int64_t n, ls_dtype dtype), (x, n, dtype))                                                \
     X(linear_fwd, (float *out, const float *x, const float *W, int64_t T, int64_t K, int64_t N, int accumulate),     \
@@ -64,13 +64,13 @@ typedef struct ls_backend ls_backend;
       (float *dx, float *dz, float *dw, const float *dy, const float *x, const float *z, const float *rstd,          \
        const float *w, int64_t rows, int64_t D),                                                                     \
       (dx, dz, dw, dy, x, z, rstd, w, rows, D))                                                                      \
-    X(layernorm_fwd, (float *y, const float *x, const float *w, const float *b, int64_t n, int64_t d, float eps),     \
+    X(layernorm_fwd, (float *y, const float *x, const float *w, const float *b, int64_t n, int64_t d, float eps),    \
       (y, x, w, b, n, d, eps))                                                                                       \
     X(layernorm_bwd,                                                                                                 \
       (float *dx, float *dw, float *db, const float *dy, const float *x, const float *w, int64_t n, int64_t d,       \
        float eps),                                                                                                   \
       (dx, dw, db, dy, x, w, n, d, eps))                                                                             \
-    /* the causal depthwise conv (+ SiLU); conv_step_seqs: one token of each of n sequences, row i continuing     \
+    /* the causal depthwise conv (+ SiLU); conv_step_seqs: one token of each of n sequences, row i continuing        \
      * tails[i] */                                                                                                   \
     X(conv_fwd, (float *y, float *pre, float *tail, const float *x, const float *w, int64_t T, int64_t C, int64_t W), \
       (y, pre, tail, x, w, T, C, W))                                                                                 \
@@ -110,9 +110,9 @@ typedef struct ls_backend ls_backend;
        const float *A_log, const float *dt_bias, int64_t T, ls_gdr_dims dm),                                         \
       (q, k, v, beta, g, rq, rk, y, ba, A_log, dt_bias, T, dm))                                                      \
     X(gdn_prep_bwd,                                                                                                  \
-      (float *dy, float *dba, float *dA_log, float *ddt_bias, const float *dq, const float *dk, const float *dv,    \
+      (float *dy, float *dba, float *dA_log, float *ddt_bias, const float *dq, const float *dk, const float *dv,     \
        const float *dbeta, const float *dg, const float *y, const float *rq, const float *rk, const float *ba,       \
-       const float *beta, const float *g, const float *A_log, const float *dt_bias, int64_t T, ls_gdr_dims dm),       \
+       const float *beta, const float *g, const float *A_log, const float *dt_bias, int64_t T, ls_gdr_dims dm),      \
       (dy, dba, dA_log, ddt_bias, dq, dk, dv, dbeta, dg, y, rq, rk, ba, beta, g, A_log, dt_bias, T, dm))             \
     X(gdr_serial_fwd,                                                                                                \
       (float *o, float *state, const float *q, const float *k, const float *v, const float *beta, const float *g,    \
@@ -122,7 +122,7 @@ typedef struct ls_backend ls_backend;
       (float *o, float *const *states, const float *q, const float *k, const float *v, const float *beta,            \
        const float *g, int64_t n, ls_gdr_dims dm),                                                                   \
       (o, states, q, k, v, beta, g, n, dm))                                                                          \
-    /* attention: the log-sum-exp merge of two partials; MLA / DSA pieces of the indexer KL loss */                 \
+    /* attention: the log-sum-exp merge of two partials; MLA / DSA pieces of the indexer KL loss */                  \
     X(attn_merge, (float *o, float *lse, const float *o2, const float *lse2, int64_t T, int n_h, int hd),            \
       (o, lse, o2, lse2, T, n_h, hd))                                                                                \
     X(mla_attn_probs,                                                                                                \
@@ -137,21 +137,21 @@ typedef struct ls_backend ls_backend;
       (float *dq, float *dw, float *down, const float *dS, const float *q, const float *w, const ls_kv_prefix *keys, \
        const float *own, const int32_t *sel, int64_t k, int64_t T, int nI, int dI, int64_t pos0, float scale),       \
       (dq, dw, down, dS, q, w, keys, own, sel, k, T, nI, dI, pos0, scale))                                           \
-    /* MoE: routing by softmax top-k (hybrid), by sigmoid grouped top-k with bias (MLA) and its backward; an\
-     * expert's routed rows gathered, its output scattered by the combine weights, and that backward */                \
+    /* MoE: routing by softmax top-k (hybrid), by sigmoid grouped top-k with bias (MLA) and its backward; an         \
+     * expert's routed rows gathered, its output scattered by the combine weights, and that backward */              \
     X(moe_route, (float *probs, int32_t *sel, float *wt, const float *logits, int64_t T, int E, int K, int norm_topk), \
       (probs, sel, wt, logits, T, E, K, norm_topk))                                                                  \
     X(moe_route_bwd,                                                                                                 \
       (float *dlogits, const float *dwt, const float *probs, const int32_t *sel, const float *wt, int64_t T, int E,  \
        int K, int norm_topk),                                                                                        \
       (dlogits, dwt, probs, sel, wt, T, E, K, norm_topk))                                                            \
-    X(moe_gather, (float *xs, const float *x, const int64_t *rows, int64_t n, int64_t D, int K),                      \
+    X(moe_gather, (float *xs, const float *x, const int64_t *rows, int64_t n, int64_t D, int K),                     \
       (xs, x, rows, n, D, K))                                                                                        \
     X(moe_scatter_add,                                                                                               \
       (float *y, const float *ys, const int64_t *rows, const float *wt, int64_t n, int64_t D, int K),                \
       (y, ys, rows, wt, n, D, K))                                                                                    \
     X(moe_combine_bwd,                                                                                               \
-      (float *dys, float *dwt, const float *dy, const float *ys, const int64_t *rows, const float *wt, int64_t n,   \
+      (float *dys, float *dwt, const float *dy, const float *ys, const int64_t *rows, const float *wt, int64_t n,    \
        int64_t D, int K),                                                                                            \
       (dys, dwt, dy, ys, rows, wt, n, D, K))                                                                         \
     X(mla_route_fwd,                                                                                                 \
@@ -159,22 +159,22 @@ typedef struct ls_backend ls_backend;
        int n_group, int topk_group, int norm, double scaling),                                                       \
       (sel, wt, s_out, logits, bias, T, E, K, n_group, topk_group, norm, scaling))                                   \
     X(mla_route_bwd,                                                                                                 \
-      (float *dlogits, const float *dwt, const float *s, const int32_t *sel, int64_t T, int E, int K, int norm,     \
+      (float *dlogits, const float *dwt, const float *s, const int32_t *sel, int64_t T, int E, int K, int norm,      \
        double scaling),                                                                                              \
-      (dlogits, dwt, s, sel, T, E, K, norm, scaling))                                                              \
-    /* the optimizer (hp: host memory), a gradient norm's share, a gradient's scaling */                                                \
+      (dlogits, dwt, s, sel, T, E, K, norm, scaling))                                                                \
+    /* the optimizer (hp: host memory), a gradient norm's share, a gradient's scaling */                             \
     X(adamw_step, (const ls_adamw_hp *hp, float decay, float *w, const float *g, float *m, float *v, int64_t n),     \
       (hp, decay, w, g, m, v, n))                                                                                    \
     X(adamw_check,                                                                                                   \
-      (int64_t *bad, float *at, const ls_adamw_hp *hp, float decay, const float *w, const float *g, const float *m, \
+      (int64_t *bad, float *at, const ls_adamw_hp *hp, float decay, const float *w, const float *g, const float *m,  \
        const float *v, int64_t n),                                                                                   \
       (bad, at, hp, decay, w, g, m, v, n))                                                                           \
-    X(sumsq, (double *out, const float *x, int64_t n), (out, x, n))                                                \
+    X(sumsq, (double *out, const float *x, int64_t n), (out, x, n))                                                  \
     X(scale, (float *x, float c, int64_t n), (x, c, n))
 
 /* The ops that return an ls_status (scratch exhausted, a stop requested, bad input). */
-#define LS_BACKEND_STATUS_OPS(X)                                                                                      \
-    X(moe_group, (int64_t *count, int64_t *rows, const int32_t *sel, int64_t T, int E, int K, ls_arena *sc),        \
+#define LS_BACKEND_STATUS_OPS(X)                                                                                     \
+    X(moe_group, (int64_t *count, int64_t *rows, const int32_t *sel, int64_t T, int E, int K, ls_arena *sc),         \
       (count, rows, sel, T, E, K, sc))                                                                               \
     X(dsa_topk,                                                                                                      \
       (int32_t *sel, int64_t *count, const float *score, int64_t T, int64_t n, int64_t pos0, int64_t k,              \
@@ -216,8 +216,8 @@ typedef struct ls_backend ls_backend;
        int64_t k, int64_t T, int H, int rkv, int dr, int64_t pos0, float scale),                                     \
       (o, lse, q, own, prefix, sel, k, T, H, rkv, dr, pos0, scale))                                                  \
     X(mla_attn_bwd,                                                                                                  \
-      (float *dq, float *down, void *const *dprefix, const float *dout, const float *o, const float *lse,           \
-       const float *q, const float *own, const ls_kv_prefix *prefix, const int32_t *sel, int64_t k, int64_t T,      \
+      (float *dq, float *down, void *const *dprefix, const float *dout, const float *o, const float *lse,            \
+       const float *q, const float *own, const ls_kv_prefix *prefix, const int32_t *sel, int64_t k, int64_t T,       \
        int H, int rkv, int dr, int64_t pos0, float scale),                                                           \
       (dq, down, dprefix, dout, o, lse, q, own, prefix, sel, k, T, H, rkv, dr, pos0, scale))                         \
     /* the LM head: log-probs, log-sum-exp and entropy in row chunks, and the backward */                            \
@@ -259,9 +259,9 @@ struct ls_backend {
 const ls_backend *ls_backend_cpu(void);
 
 /* ls_op_<name>(be, ...): the op through the backend's table. */
-#define LS_BACKEND_OP_(name, params, args) \
+#define LS_BACKEND_OP_(name, params, args)                                                                           \
     static inline void ls_op_##name(LS_BACKEND_PARAMS_ params) { be->i->name(be, LS_BACKEND_ARGS_ args); }
-#define LS_BACKEND_STATUS_OP_(name, params, args) \
+#define LS_BACKEND_STATUS_OP_(name, params, args)                                                                    \
     static inline ls_status ls_op_##name(LS_BACKEND_PARAMS_ params) { return be->i->name(be, LS_BACKEND_ARGS_ args); }
 #define LS_BACKEND_ARGS_(...) __VA_ARGS__
 LS_BACKEND_OPS(LS_BACKEND_OP_)

@@ -28,7 +28,8 @@ ls_status ls_cp_merge(float *o, float *lse, int64_t rows, int hd, const ls_comm 
  * in the state's dtype) travel from their holder to a reader in blocks of at most bp
  * pages, K | V of a block in one message, so the reader never holds more than one block
  * of another rank's pages. The reader handles each block in `fn`: nb pages holding
- * `rows` positions (dk/dv NULL without gradients). */
+ * `rows` positions (dk/dv NULL without gradients). Scratch: one block's buffers (K | V,
+ * and with gradients dK | dV in f32) and its page pointers. */
 typedef ls_status (*ls_dist_pages_fn)(void *ctx, void *const *k, void *const *v, float *const *dk, float *const *dv,
                                       int64_t nb, int64_t rows);
 ls_status ls_dist_pages_send(const ls_comm *comm, void *const *k, void *const *v, int64_t npos, int64_t page_size,
@@ -45,10 +46,10 @@ ls_status ls_dist_pages_recv_grad(const ls_comm *comm, int64_t npos, int64_t pag
                                   int64_t grad_floats, int64_t bp, int src, int layer, ls_dist_pages_fn fn, void *ctx,
                                   ls_arena *scratch);
 
-/* The state relay: a layer's recurrent state (a few parts, such as the Gated DeltaNet
- * state and conv tail, or their gradients) from the owner of one segment to the owner of
- * the next (parts of 0 bytes are skipped; at most 2), and the final state to every rank.
- * ls_dist_bcast_parts also shares a chunk's queries from their owner. */
+/* The state relay: a layer's recurrent state (at most 2 parts, such as the Gated
+ * DeltaNet state and conv tail, or their gradients) from the owner of one segment to the
+ * owner of the next. ls_dist_bcast_parts: any number of parts from `root` to every rank
+ * (the final states; a chunk's queries from their owner). Parts of 0 bytes are skipped. */
 typedef struct {
     void *p;
     size_t bytes;

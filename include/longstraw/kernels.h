@@ -154,7 +154,8 @@ void ls_add_to(float *y, const float *x, int64_t n);
 /* dst[r, 0:width] = src[r, 0:width] for r < rows, rows ld_dst / ld_src floats apart (a
  * strided block copy: a column slice of a wider row, or into one). */
 void ls_copy_rows(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t width);
-/* x[i] = f32(dtype(x[i])): the rounding a value gets when stored in pages of `dtype`. */
+/* x[i] = f32(dtype(x[i])): the rounding a value gets when stored in pages of `dtype`
+ * (f32: none; a 2-byte dtype: bf16 or f16). */
 void ls_round_to(float *x, int64_t n, ls_dtype dtype);
 /* C[M,N] = alpha·op(A)·op(B) + beta·C, row-major with leading dimensions; op(X) = Xᵀ
  * when trans_x (through cblas_sgemm). */

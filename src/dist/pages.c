@@ -25,6 +25,12 @@ static void unpack_block(char *buf, void **k, void **v, int64_t nb, size_t pb) {
     for (int64_t i = 0; i < nb; i++) k[i] = buf + (size_t)i * pb, v[i] = buf + (size_t)(nb + i) * pb;
 }
 
+/* Scratch too small for a block's buffers: released, and said. */
+static ls_status no_block(ls_arena *sc, ls_arena_mark mk, int layer, int64_t bp) {
+    ls_arena_release(sc, mk);
+    return ls_err(LS_ERR_NOMEM, "layer %d: scratch for a block of %lld pages in transit", layer, (long long)bp);
+}
+
 /* Pages holding npos positions. */
 static int64_t pages_of(int64_t npos, int64_t page_size) { return (npos + page_size - 1) / page_size; }
 
@@ -39,7 +45,7 @@ ls_status ls_dist_pages_send(const ls_comm *c, void *const *k, void *const *v, i
     int64_t np = pages_of(npos, page_size);
     ls_arena_mark mk = ls_arena_get_mark(sc);
     char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
-    if (!buf) return LS_ERR_NOMEM;
+    if (!buf) return no_block(sc, mk, layer, bp);
     ls_status s = LS_OK;
     for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
         int64_t nb = np - p0 < bp ? np - p0 : bp;
@@ -56,7 +62,7 @@ ls_status ls_dist_pages_recv(const ls_comm *c, int64_t npos, int64_t page_size, 
     ls_arena_mark mk = ls_arena_get_mark(sc);
     char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
     void **kp = ls_arena_alloc(sc, 2 * (size_t)bp * sizeof(void *));
-    if (!buf || !kp) return LS_ERR_NOMEM;
+    if (!buf || !kp) return no_block(sc, mk, layer, bp);
     ls_status s = LS_OK;
     for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
         int64_t nb = np - p0 < bp ? np - p0 : bp;
@@ -76,7 +82,7 @@ ls_status ls_dist_pages_send_grad(const ls_comm *c, void *const *k, void *const 
     ls_arena_mark mk = ls_arena_get_mark(sc);
     char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
     float *dbuf = ls_arena_alloc(sc, 2 * (size_t)bp * (size_t)grad_floats * sizeof(float));
-    if (!buf || !dbuf) return LS_ERR_NOMEM;
+    if (!buf || !dbuf) return no_block(sc, mk, layer, bp);
     ls_status s = LS_OK;
     for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
         int64_t nb = np - p0 < bp ? np - p0 : bp;
@@ -104,7 +110,7 @@ ls_status ls_dist_pages_recv_grad(const ls_comm *c, int64_t npos, int64_t page_s
     char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
     char *dbuf = ls_arena_alloc(sc, 2 * (size_t)bp * gb);
     void **kp = ls_arena_alloc(sc, 4 * (size_t)bp * sizeof(void *));
-    if (!buf || !dbuf || !kp) return LS_ERR_NOMEM;
+    if (!buf || !dbuf || !kp) return no_block(sc, mk, layer, bp);
     void **vp = kp + bp, **dkp = kp + 2 * bp, **dvp = kp + 3 * bp;
     ls_status s = LS_OK;
     for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {

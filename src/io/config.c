@@ -208,7 +208,7 @@ ls_status ls_config_parse(ls_config *c, const char *text, const char *path) {
         s = ls_err(LS_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (expected %s)", path, type, names);
     } else {
         s = fam->parse_config(c, obj, type, obj != root, path);
-        c->family = fam;
+        if (s == LS_OK) c->family = fam;
     }
     /* tie_word_embeddings may sit at the top level of a Qwen3.5 wrapper config */
     if (s == LS_OK && obj != root) {

@@ -56,12 +56,7 @@ typedef struct {
     int cp_seg; /* the layout segment (ls_state_segment) the chunk belongs to */
 } layer_ctx;
 
-
-/* Capture under CP: merge into o [T, n_h, hd] / lse [T, n_h] (the attention of the
- * chunk's queries q over this rank's earlier pages and its own keys) the pages of every
- * earlier segment another rank holds (segments before `seg`, in prompt order) of
- * attention layer l, received block by block — never a remote page beyond its block
- * (the owners send them once per chunk of this segment, cp_send_pages). */
+/* What merge_block needs of cp_merge_earlier's call. */
 typedef struct {
     const ls_backend *be;
     const ls_config *c;
@@ -85,13 +80,19 @@ static ls_status merge_block(void *ctx, void *const *kp, void *const *vp, float 
     return LS_OK;
 }
 
+/* Capture under CP: merge into o [T, n_h, hd] / lse [T, n_h] (the attention of the
+ * chunk's queries q over this rank's earlier pages and its own keys) the pages of every
+ * earlier segment another rank holds (segments before `seg`, in prompt order) of
+ * attention layer l, received block by block — never a remote page beyond its block
+ * (the owners send them once per chunk of this segment, cp_send_pages). */
 static ls_status cp_merge_earlier(const ls_backend *be, const ls_prompt_state *st, int l, int seg, const float *q,
                                   float *o, float *lse, int64_t T, int64_t bp, ls_arena *sc) {
     const ls_config *c = st->cfg;
     int64_t S = st->page_size, qd = (int64_t)c->n_heads * c->head_dim;
     size_t pb = (size_t)S * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(st->dtype);
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    merge_ctx M = {be, c, q, o, lse, ALLOC_F(sc, T * qd), ALLOC_F(sc, T * c->n_heads), T, S, st->dtype, sc};
+    merge_ctx M = {.be = be, .c = c, .q = q, .o = o, .lse = lse, .ob = ALLOC_F(sc, T * qd),
+                   .lb = ALLOC_F(sc, T * c->n_heads), .T = T, .S = S, .dtype = st->dtype, .sc = sc};
     NEED(M.ob && M.lb);
     for (int s = 0; s < seg; s++) {
         int src;

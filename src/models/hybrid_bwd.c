@@ -56,9 +56,7 @@ static size_t dpage_bytes(const ls_config *c, int64_t S) {
     return (size_t)S * (size_t)c->n_kv * (size_t)c->head_dim * sizeof(float);
 }
 
-/* A sweep chunk under CP (tp->cp_sweep): the share of dq over every earlier segment of
- * another rank (dq +=), whose pages come again block by block; each block's dK/dV go
- * back to its owner (cp_sweep_serve adds them to its dState). */
+/* What sweep_block needs of cp_sweep_bwd_remote's call. */
 typedef struct {
     const ls_backend *be;
     const ls_config *c;
@@ -87,13 +85,17 @@ static ls_status sweep_block(void *ctx, void *const *kp, void *const *vp, float 
     return LS_OK;
 }
 
+/* A sweep chunk under CP (tp->cp_sweep): the share of dq over every earlier segment of
+ * another rank (dq +=), whose pages come again block by block; each block's dK/dV go
+ * back to its owner (cp_sweep_serve's ls_dist_pages_send_grad adds them to its dState). */
 static ls_status cp_sweep_bwd_remote(const ls_backend *be, const ls_config *c, const ls_layer_tape *tp, int l, float *dq,
                                      const float *d_aog, int64_t T, ls_arena *sc) {
     const ls_prompt_state *st = tp->cp_sweep;
     int64_t S = st->page_size, qd = (int64_t)c->n_heads * c->head_dim;
     size_t pb = (size_t)S * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(st->dtype);
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    sweep_ctx W = {be, c, tp, dq, ALLOC_F(sc, T * qd), d_aog, T, S, st->dtype, sc};
+    sweep_ctx W = {.be = be, .c = c, .tp = tp, .dq = dq, .dqb = ALLOC_F(sc, T * qd), .d_aog = d_aog, .T = T, .S = S,
+                   .dtype = st->dtype, .sc = sc};
     NEED(W.dqb);
     for (int sg = 0; sg < tp->cp_seg; sg++) {
         int src;
@@ -152,13 +154,17 @@ static ls_status gdn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
         for (int64_t i = 0; i < Wm; i++) {
             int64_t row = T + i; /* in [tail0 (W−1 rows); qkv (T rows)] */
             float *to = row >= Wm ? dqkv + (row - Wm) * cd : dtail0 + row * cd;
-            const float *from = ds->dtail + i * cd;
-            for (int64_t k = 0; k < cd; k++) to[k] += from[k];
+            ls_op_add_to(m->be, to, ds->dtail + i * cd, cd);
         }
     }
     if (ds) { /* the state the branch started from: added (members); replaced (sweep) */
-        for (size_t i = 0; i < rec_n; i++) ds->dS[i] = dc->sweep ? dS0[i] : ds->dS[i] + dS0[i];
-        for (size_t i = 0; i < conv_n; i++) ds->dtail[i] = dc->sweep ? dtail0[i] : ds->dtail[i] + dtail0[i];
+        if (dc->sweep) {
+            ls_op_copy(m->be, ds->dS, dS0, (int64_t)rec_n);
+            ls_op_copy(m->be, ds->dtail, dtail0, (int64_t)conv_n);
+        } else {
+            ls_op_add_to(m->be, ds->dS, dS0, (int64_t)rec_n);
+            ls_op_add_to(m->be, ds->dtail, dtail0, (int64_t)conv_n);
+        }
     }
     ls_op_linear_bwd(m->be, dxn, gw->gdn_in, dqkv, tp->dec.xn1, w->gdn_in, T, D, cd, 1);
     ls_op_linear_bwd(m->be, dxn, GOFF(gw->gdn_in, cd * D), d_z, tp->dec.xn1, w->gdn_in + cd * D, T, D, vd, 1);
@@ -374,7 +380,8 @@ static ls_status cp_relay_dstate(const ls_prompt_state *st, int peer, int send) 
         if (c->kind[l] != LS_LAYER_GDN) continue;
         ls_layer_dstate *d = &st->full->d[l];
         ls_dist_part parts[2] = {{d->dS, rec_n * sizeof(float)}, {d->dtail, conv_n * sizeof(float)}};
-        LS_TRY(send ? ls_dist_relay_send(st->comm, parts, 2, peer, l) : ls_dist_relay_recv(st->comm, parts, 2, peer, l));
+        LS_TRY(send ? ls_dist_relay_send(st->comm, parts, 2, peer, l)
+                    : ls_dist_relay_recv(st->comm, parts, 2, peer, l));
     }
     return LS_OK;
 }

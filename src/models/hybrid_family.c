@@ -217,7 +217,7 @@ static void hy_zero_grad(ls_policy *p) {
     ls_param *g = NULL;
     int64_t n = 0;
     if (hy_grad_buffers(p, &g, &n) == LS_OK)
-        for (int64_t k = 0; k < n; k++) memset(g[k].p, 0, (size_t)g[k].n * sizeof(float));
+        for (int64_t k = 0; k < n; k++) ls_op_zero(p->be, g[k].p, g[k].n);
     free(g);
 }
 

@@ -707,7 +707,9 @@ static int config_diff(const ls_config *x, const ls_config *y, char *out, size_t
     if (x->f != y->f) return snprintf(out, cap, "%s %lld vs %lld", key, (long long)x->f, (long long)y->f), 1
     if (strcmp(x->model_type, y->model_type))
         return snprintf(out, cap, "model_type %s vs %s", x->model_type, y->model_type), 1;
-    if (x->family != y->family) return snprintf(out, cap, "family"), 1;
+    if (x->family != y->family)
+        return snprintf(out, cap, "family %s vs %s", x->family ? x->family->name : "none",
+                        y->family ? y->family->name : "none"), 1;
     CMP_I(vocab, "vocab_size");
     CMP_I(hidden, "hidden_size");
     CMP_I(n_layers, "num_hidden_layers");

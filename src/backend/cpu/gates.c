@@ -24,6 +24,8 @@ void ls_copy_rows(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, 
 }
 
 void ls_round_to(float *x, int64_t n, ls_dtype dtype) {
+    if (dtype == LS_DTYPE_F32) return;
+    LS_ASSERT(ls_dtype_size(dtype) == sizeof(uint16_t), "round_to: a %zu-byte dtype", ls_dtype_size(dtype));
     uint16_t tmp[256];
     for (int64_t i = 0; i < n; i += 256) {
         int64_t m = n - i < 256 ? n - i : 256;
