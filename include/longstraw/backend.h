@@ -8,7 +8,9 @@
  * The CPU backend (src/backend/cpu/, ls_backend_cpu) is today's kernels and the
  * reference every other backend is held to: each op's contract is the CPU kernel's
  * of the same name in kernels.h (argument order, = or +=, which pointer may be NULL,
- * which buffers may alias). Pointers given to an op are the backend's memory.
+ * which buffers may alias). Pointers given to an op are the backend's memory, except
+ * the optimizer's hyper-parameters (hp) and the scalar results of sumsq and adamw_check
+ * (out, bad, at), which are the host's.
  *
  * The list below (LS_BACKEND_OPS / LS_BACKEND_STATUS_OPS) is the only place an op's
  * signature is written: it makes the table's slots, the ls_op_* dispatchers and the
@@ -257,6 +259,27 @@ struct ls_backend {
 
 /* The CPU backend (src/backend/cpu/): process-wide, no state of its own. */
 const ls_backend *ls_backend_cpu(void);
+
+/* The CUDA backend (src/backend/cuda/, built with cmake -DLS_CUDA=ON): device `device`
+ * with its own stream and cuBLAS handle. LS_ERR_UNSUPPORTED when built without CUDA or
+ * when no device is found. Ops run in order on the stream; to_host waits for them,
+ * ls_backend_cuda_sync too. Ops it does not build yet leave their slots empty
+ * (ls_backend_missing). */
+ls_status ls_backend_cuda_open(int device, const ls_backend **out);
+void ls_backend_cuda_close(const ls_backend *be);
+void ls_backend_cuda_sync(const ls_backend *be);
+/* 1 when this build has the CUDA backend; its table (NULL without), which needs no device
+ * to be read: which slots are filled. */
+int ls_backend_cuda_built(void);
+const ls_backend_i *ls_backend_cuda_table(void);
+
+/* How many ops the table has. */
+#define LS_BACKEND_COUNT_(name, params, args) +1
+#define LS_BACKEND_N_OPS (0 LS_BACKEND_OPS(LS_BACKEND_COUNT_) LS_BACKEND_STATUS_OPS(LS_BACKEND_COUNT_))
+
+/* The ops whose slots `be` leaves empty, comma-separated into names (cap bytes, may be
+ * NULL); their number. A model needs every slot filled. */
+int ls_backend_missing(const ls_backend *be, char *names, size_t cap);
 
 /* ls_op_<name>(be, ...): the op through the backend's table. */
 #define LS_BACKEND_OP_(name, params, args)                                                                           \

@@ -1,0 +1,521 @@
+/*
+ * ops.cu — the CUDA backend's kernels of our own: elementwise gates and activations,
+ * embeddings, the norms, both RoPEs, page-dtype rounding, and the optimizer. Each op
+ * computes what its CPU kernel computes (kernels.h is the contract): row statistics and
+ * dot products accumulate in double, angles are taken in double, and the weight
+ * gradients of the norms and the embedding accumulate row after row in the CPU's order,
+ * one thread per column, so they do not depend on the launch.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <float.h>
+#include <math.h>
+
+#include "cuda_backend.h"
+
+extern "C" const int ls_cuda_ops_file = 1;
+
+#define THREADS 256
+
+/* Blocks for n elements in a grid-stride loop. */
+static unsigned blocks_for(int64_t n) {
+    int64_t b = (n + THREADS - 1) / THREADS;
+    return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+#define GRID_STRIDE(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+__device__ static inline float sigmoid_d(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* Sum of v over the block (THREADS threads), in double; every thread gets it. */
+__device__ static double block_sum(double v) {
+    __shared__ double part[THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads(); /* part may still be read by a previous call */
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    double s = 0;
+    for (int w = 0; w < THREADS / 32; w++) s += part[w];
+    return s;
+}
+
+/* ---- elementwise ------------------------------------------------------------------ */
+
+__global__ static void k_add_to(float *y, const float *x, int64_t n) { GRID_STRIDE(i, n) y[i] += x[i]; }
+extern "C" void ls_cuda_add_to(cuda_ctx *c, float *y, const float *x, int64_t n) {
+    if (n <= 0) return;
+    k_add_to<<<blocks_for(n), THREADS, 0, c->stream>>>(y, x, n);
+    CU_LAUNCHED();
+}
+
+__global__ static void k_scale(float *x, float a, int64_t n) { GRID_STRIDE(i, n) x[i] *= a; }
+extern "C" void ls_cuda_scale(cuda_ctx *c, float *x, float a, int64_t n) {
+    if (n <= 0) return;
+    k_scale<<<blocks_for(n), THREADS, 0, c->stream>>>(x, a, n);
+    CU_LAUNCHED();
+}
+
+__global__ static void k_scale_rows(float *C, int64_t ld, float a, int64_t M, int64_t N) {
+    GRID_STRIDE(i, M * N) C[(i / N) * ld + i % N] *= a;
+}
+void ls_cuda_scale_rows(cuda_ctx *c, float *C, int64_t ld, float a, int64_t M, int64_t N) {
+    if (M <= 0 || N <= 0) return;
+    k_scale_rows<<<blocks_for(M * N), THREADS, 0, c->stream>>>(C, ld, a, M, N);
+    CU_LAUNCHED();
+}
+
+/* The CPU's conversions (core.h): bf16 round to nearest even, NaN kept quiet; f16 by the
+ * hardware's round to nearest even. */
+__device__ static inline float round_bf16(float f) {
+    unsigned u = __float_as_uint(f), h;
+    if ((u & 0x7fffffffu) > 0x7f800000u) h = (u >> 16) | 0x40u;
+    else h = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return __uint_as_float(h << 16);
+}
+__global__ static void k_round_to(float *x, int64_t n, int bf16) {
+    GRID_STRIDE(i, n) x[i] = bf16 ? round_bf16(x[i]) : __half2float(__float2half_rn(x[i]));
+}
+extern "C" void ls_cuda_round_to(cuda_ctx *c, float *x, int64_t n, ls_dtype dtype) {
+    if (dtype == LS_DTYPE_F32 || n <= 0) return;
+    LS_ASSERT(dtype == LS_DTYPE_BF16 || dtype == LS_DTYPE_F16, "round_to: dtype %d", (int)dtype);
+    k_round_to<<<blocks_for(n), THREADS, 0, c->stream>>>(x, n, dtype == LS_DTYPE_BF16);
+    CU_LAUNCHED();
+}
+
+__global__ static void k_swiglu_fwd(float *out, const float *gu, int64_t T, int64_t I) {
+    GRID_STRIDE(j, T * I) {
+        int64_t t = j / I, i = j % I;
+        float g = gu[t * 2 * I + i], u = gu[t * 2 * I + I + i];
+        out[j] = g / (1.0f + expf(-g)) * u;
+    }
+}
+extern "C" void ls_cuda_swiglu_fwd(cuda_ctx *c, float *out, const float *gu, int64_t T, int64_t I) {
+    if (T <= 0 || I <= 0) return;
+    k_swiglu_fwd<<<blocks_for(T * I), THREADS, 0, c->stream>>>(out, gu, T, I);
+    CU_LAUNCHED();
+}
+__global__ static void k_swiglu_bwd(float *dgu, const float *dout, const float *gu, int64_t T, int64_t I) {
+    GRID_STRIDE(j, T * I) {
+        int64_t t = j / I, i = j % I;
+        float g = gu[t * 2 * I + i], u = gu[t * 2 * I + I + i], d = dout[j];
+        float sig = 1.0f / (1.0f + expf(-g));
+        dgu[t * 2 * I + i] = d * u * (sig * (1.0f + g * (1.0f - sig)));
+        dgu[t * 2 * I + I + i] = d * (g * sig);
+    }
+}
+extern "C" void ls_cuda_swiglu_bwd(cuda_ctx *c, float *dgu, const float *dout, const float *gu, int64_t T, int64_t I) {
+    if (T <= 0 || I <= 0) return;
+    k_swiglu_bwd<<<blocks_for(T * I), THREADS, 0, c->stream>>>(dgu, dout, gu, T, I);
+    CU_LAUNCHED();
+}
+
+__global__ static void k_sigmoid_mul_fwd(float *y, const float *x, const float *gate, int64_t n) {
+    GRID_STRIDE(i, n) y[i] = x[i] / (1.0f + expf(-gate[i]));
+}
+extern "C" void ls_cuda_sigmoid_mul_fwd(cuda_ctx *c, float *y, const float *x, const float *gate, int64_t n) {
+    if (n <= 0) return;
+    k_sigmoid_mul_fwd<<<blocks_for(n), THREADS, 0, c->stream>>>(y, x, gate, n);
+    CU_LAUNCHED();
+}
+__global__ static void k_sigmoid_mul_bwd(float *dx, float *dgate, const float *dy, const float *x, const float *gate,
+                                         int64_t n) {
+    GRID_STRIDE(i, n) {
+        float s = sigmoid_d(gate[i]), d = dy[i];
+        dgate[i] = d * x[i] * s * (1.0f - s);
+        dx[i] = d * s;
+    }
+}
+extern "C" void ls_cuda_sigmoid_mul_bwd(cuda_ctx *c, float *dx, float *dgate, const float *dy, const float *x,
+                                        const float *gate, int64_t n) {
+    if (n <= 0) return;
+    k_sigmoid_mul_bwd<<<blocks_for(n), THREADS, 0, c->stream>>>(dx, dgate, dy, x, gate, n);
+    CU_LAUNCHED();
+}
+
+__global__ static void k_gated_add_rows(float *x, const float *logit, const float *y, int64_t T, int64_t D) {
+    GRID_STRIDE(i, T * D) x[i] += sigmoid_d(logit[i / D]) * y[i];
+}
+extern "C" void ls_cuda_gated_add_rows(cuda_ctx *c, float *x, const float *logit, const float *y, int64_t T, int64_t D) {
+    if (T <= 0 || D <= 0) return;
+    k_gated_add_rows<<<blocks_for(T * D), THREADS, 0, c->stream>>>(x, logit, y, T, D);
+    CU_LAUNCHED();
+}
+/* One block per row: dy (=) and the row's dot in double. */
+__global__ static void k_gated_add_rows_bwd(float *dy, float *dlogit, const float *dx, const float *logit,
+                                            const float *y, int64_t D) {
+    int64_t t = blockIdx.x;
+    float sg = sigmoid_d(logit[t]);
+    double dot = 0;
+    for (int64_t d = threadIdx.x; d < D; d += THREADS) {
+        float g = dx[t * D + d];
+        dot += (double)g * y[t * D + d];
+        dy[t * D + d] = sg * g;
+    }
+    dot = block_sum(dot);
+    if (threadIdx.x == 0) dlogit[t] = (float)(dot * sg * (1.0f - sg));
+}
+extern "C" void ls_cuda_gated_add_rows_bwd(cuda_ctx *c, float *dy, float *dlogit, const float *dx, const float *logit,
+                                           const float *y, int64_t T, int64_t D) {
+    if (T <= 0) return;
+    k_gated_add_rows_bwd<<<(unsigned)T, THREADS, 0, c->stream>>>(dy, dlogit, dx, logit, y, D);
+    CU_LAUNCHED();
+}
+
+/* ---- embeddings ------------------------------------------------------------------- */
+
+__global__ static void k_embed_fwd(float *out, const int32_t *ids, const float *table, int64_t T, int64_t D) {
+    GRID_STRIDE(i, T * D) out[i] = table[(int64_t)ids[i / D] * D + i % D];
+}
+extern "C" void ls_cuda_embed_fwd(cuda_ctx *c, float *out, const int32_t *ids, const float *table, int64_t T,
+                                  int64_t D) {
+    if (T <= 0 || D <= 0) return;
+    k_embed_fwd<<<blocks_for(T * D), THREADS, 0, c->stream>>>(out, ids, table, T, D);
+    CU_LAUNCHED();
+}
+/* One thread per column, tokens in order: repeated ids accumulate as on the CPU. */
+__global__ static void k_embed_bwd(float *dtable, const float *dout, const int32_t *ids, int64_t T, int64_t D) {
+    GRID_STRIDE(d, D)
+    for (int64_t t = 0; t < T; t++) dtable[(int64_t)ids[t] * D + d] += dout[t * D + d];
+}
+extern "C" void ls_cuda_embed_bwd(cuda_ctx *c, float *dtable, const float *dout, const int32_t *ids, int64_t T,
+                                  int64_t D) {
+    if (T <= 0 || D <= 0) return;
+    k_embed_bwd<<<blocks_for(D), THREADS, 0, c->stream>>>(dtable, dout, ids, T, D);
+    CU_LAUNCHED();
+}
+
+/* ---- norms -------------------------------------------------------------------------- */
+
+/* One block per row: y = x·s·(one + w)·(z ? SiLU(z) : 1), s = 1/sqrt(Σx²/D + eps). */
+__global__ static void k_rms_fwd(float *y, float *rstd, const float *x, const float *z, const float *w, int64_t D,
+                                 float eps, float one) {
+    int64_t r = blockIdx.x;
+    const float *xr = x + r * D;
+    double ss = 0;
+    for (int64_t i = threadIdx.x; i < D; i += THREADS) ss += (double)xr[i] * xr[i];
+    ss = block_sum(ss);
+    float s = (float)(1.0 / sqrt(ss / (double)D + (double)eps));
+    if (rstd && threadIdx.x == 0) rstd[r] = s;
+    for (int64_t i = threadIdx.x; i < D; i += THREADS) {
+        if (z) {
+            float zi = z[r * D + i];
+            y[r * D + i] = xr[i] * s * w[i] * (zi / (1.0f + expf(-zi)));
+        } else {
+            y[r * D + i] = xr[i] * s * (one + w[i]);
+        }
+    }
+}
+
+/* dw[i] += Σ_r (float)(dy·x·(z ? SiLU(z) : 1)) in double times rstd[r], rows in order. */
+__global__ static void k_norm_dw(float *dw, const float *dy, const float *x, const float *z, const float *rstd,
+                                 int64_t rows, int64_t D) {
+    GRID_STRIDE(i, D) {
+        double acc = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            float p = dy[r * D + i] * x[r * D + i];
+            if (z) {
+                float zi = z[r * D + i];
+                p = dy[r * D + i] * x[r * D + i] * (zi / (1.0f + expf(-zi)));
+            }
+            acc += (double)p * (double)rstd[r];
+        }
+        dw[i] += (float)acc;
+    }
+}
+
+/* One block per row: dx (and dz for the gated form) from the row's dot in double. */
+__global__ static void k_rms_bwd(float *dx, float *dz, const float *dy, const float *x, const float *z,
+                                 const float *rstd, const float *w, int64_t D, float one) {
+    int64_t r = blockIdx.x;
+    const float *xr = x + r * D, *dyr = dy + r * D;
+    double dot = 0;
+    for (int64_t i = threadIdx.x; i < D; i += THREADS) {
+        if (z) {
+            float zi = z[r * D + i];
+            dot += (double)(dyr[i] * w[i] * (zi / (1.0f + expf(-zi)))) * xr[i];
+        } else {
+            dot += (double)(dyr[i] * (one + w[i])) * xr[i];
+        }
+    }
+    dot = block_sum(dot); /* every dy of the row is read before any dx (which may alias it) is written */
+    float s = rstd[r];
+    float cc = (float)(dot * (double)s * s * s / (double)D);
+    for (int64_t i = threadIdx.x; i < D; i += THREADS) {
+        float g = dyr[i];
+        if (z) {
+            float zi = z[r * D + i], sig = 1.0f / (1.0f + expf(-zi));
+            dz[r * D + i] = g * xr[i] * s * w[i] * (sig * (1.0f + zi * (1.0f - sig)));
+            dx[r * D + i] = s * g * w[i] * (zi * sig) - cc * xr[i];
+        } else {
+            dx[r * D + i] = s * (one + w[i]) * g - cc * xr[i];
+        }
+    }
+}
+
+static void rms_fwd(cuda_ctx *c, float *y, float *rstd, const float *x, const float *z, const float *w, int64_t rows,
+                    int64_t D, float eps, float one) {
+    if (rows <= 0 || D <= 0) return;
+    k_rms_fwd<<<(unsigned)rows, THREADS, 0, c->stream>>>(y, rstd, x, z, w, D, eps, one);
+    CU_LAUNCHED();
+}
+static void rms_bwd(cuda_ctx *c, float *dx, float *dz, float *dw, const float *dy, const float *x, const float *z,
+                    const float *rstd, const float *w, int64_t rows, int64_t D, float one) {
+    if (rows <= 0 || D <= 0) return;
+    if (dw) { /* first: it reads dy, which dx may overwrite */
+        k_norm_dw<<<blocks_for(D), THREADS, 0, c->stream>>>(dw, dy, x, z, rstd, rows, D);
+        CU_LAUNCHED();
+    }
+    k_rms_bwd<<<(unsigned)rows, THREADS, 0, c->stream>>>(dx, dz, dy, x, z, rstd, w, D, one);
+    CU_LAUNCHED();
+}
+extern "C" void ls_cuda_rmsnorm_fwd(cuda_ctx *c, float *y, float *rstd, const float *x, const float *w, int64_t rows,
+                                    int64_t D, float eps) {
+    rms_fwd(c, y, rstd, x, NULL, w, rows, D, eps, 1.0f);
+}
+extern "C" void ls_cuda_rmsnorm_bwd(cuda_ctx *c, float *dx, float *dw, const float *dy, const float *x,
+                                    const float *rstd, const float *w, int64_t rows, int64_t D) {
+    rms_bwd(c, dx, NULL, dw, dy, x, NULL, rstd, w, rows, D, 1.0f);
+}
+extern "C" void ls_cuda_rmsnorm_plain_fwd(cuda_ctx *c, float *y, float *rstd, const float *x, const float *w,
+                                          int64_t rows, int64_t D, float eps) {
+    rms_fwd(c, y, rstd, x, NULL, w, rows, D, eps, 0.0f);
+}
+extern "C" void ls_cuda_rmsnorm_plain_bwd(cuda_ctx *c, float *dx, float *dw, const float *dy, const float *x,
+                                          const float *rstd, const float *w, int64_t rows, int64_t D) {
+    rms_bwd(c, dx, NULL, dw, dy, x, NULL, rstd, w, rows, D, 0.0f);
+}
+extern "C" void ls_cuda_gated_rmsnorm_fwd(cuda_ctx *c, float *y, float *rstd, const float *x, const float *z,
+                                          const float *w, int64_t rows, int64_t D, float eps) {
+    rms_fwd(c, y, rstd, x, z, w, rows, D, eps, 0.0f);
+}
+extern "C" void ls_cuda_gated_rmsnorm_bwd(cuda_ctx *c, float *dx, float *dz, float *dw, const float *dy,
+                                          const float *x, const float *z, const float *rstd, const float *w,
+                                          int64_t rows, int64_t D) {
+    rms_bwd(c, dx, dz, dw, dy, x, z, rstd, w, rows, D, 0.0f);
+}
+
+/* LayerNorm, one block per row: mean and variance in double. */
+__global__ static void k_layernorm_fwd(float *y, const float *x, const float *w, const float *b, int64_t d, float eps) {
+    int64_t r = blockIdx.x;
+    const float *xi = x + r * d;
+    double mu = 0, var = 0;
+    for (int64_t j = threadIdx.x; j < d; j += THREADS) mu += xi[j];
+    mu = block_sum(mu) / (double)d;
+    for (int64_t j = threadIdx.x; j < d; j += THREADS) var += ((double)xi[j] - mu) * ((double)xi[j] - mu);
+    var = block_sum(var);
+    double rs = 1.0 / sqrt(var / (double)d + (double)eps);
+    for (int64_t j = threadIdx.x; j < d; j += THREADS) y[r * d + j] = (float)(((double)xi[j] - mu) * rs * w[j] + b[j]);
+}
+extern "C" void ls_cuda_layernorm_fwd(cuda_ctx *c, float *y, const float *x, const float *w, const float *b, int64_t n,
+                                      int64_t d, float eps) {
+    if (n <= 0 || d <= 0) return;
+    k_layernorm_fwd<<<(unsigned)n, THREADS, 0, c->stream>>>(y, x, w, b, d, eps);
+    CU_LAUNCHED();
+}
+/* The row's statistics again; dx from the means of ĝ and ĝ·x̂ (each in double). */
+__global__ static void k_layernorm_bwd(float *dx, const float *dy, const float *x, const float *w, int64_t d,
+                                       float eps) {
+    int64_t r = blockIdx.x;
+    const float *xi = x + r * d, *gi = dy + r * d;
+    double mu = 0, var = 0, m1 = 0, m2 = 0;
+    for (int64_t j = threadIdx.x; j < d; j += THREADS) mu += xi[j];
+    mu = block_sum(mu) / (double)d;
+    for (int64_t j = threadIdx.x; j < d; j += THREADS) var += ((double)xi[j] - mu) * ((double)xi[j] - mu);
+    var = block_sum(var);
+    double rs = 1.0 / sqrt(var / (double)d + (double)eps);
+    for (int64_t j = threadIdx.x; j < d; j += THREADS) {
+        double xh = ((double)xi[j] - mu) * rs, gh = (double)gi[j] * w[j];
+        m1 += gh, m2 += gh * xh;
+    }
+    m1 = block_sum(m1) / (double)d;
+    m2 = block_sum(m2) / (double)d;
+    for (int64_t j = threadIdx.x; j < d; j += THREADS) {
+        double xh = ((double)xi[j] - mu) * rs;
+        dx[r * d + j] = (float)(rs * ((double)gi[j] * w[j] - m1 - xh * m2));
+    }
+}
+/* dw[j] += (float)(dy·x̂) and db[j] += dy, rows in order (the CPU's serial order). */
+__global__ static void k_layernorm_dwdb(float *dw, float *db, const float *dy, const float *x, int64_t n, int64_t d,
+                                        float eps, const double *stats) {
+    GRID_STRIDE(j, d) {
+        for (int64_t r = 0; r < n; r++) {
+            double xh = ((double)x[r * d + j] - stats[2 * r]) * stats[2 * r + 1];
+            if (dw) dw[j] += (float)((double)dy[r * d + j] * xh);
+            if (db) db[j] += dy[r * d + j];
+        }
+    }
+    (void)eps;
+}
+/* Per row: mean and 1/σ, for the weight gradients. */
+__global__ static void k_layernorm_stats(double *stats, const float *x, int64_t d, float eps) {
+    int64_t r = blockIdx.x;
+    const float *xi = x + r * d;
+    double mu = 0, var = 0;
+    for (int64_t j = threadIdx.x; j < d; j += THREADS) mu += xi[j];
+    mu = block_sum(mu) / (double)d;
+    for (int64_t j = threadIdx.x; j < d; j += THREADS) var += ((double)xi[j] - mu) * ((double)xi[j] - mu);
+    var = block_sum(var);
+    if (threadIdx.x == 0) stats[2 * r] = mu, stats[2 * r + 1] = 1.0 / sqrt(var / (double)d + (double)eps);
+}
+extern "C" void ls_cuda_layernorm_bwd(cuda_ctx *c, float *dx, float *dw, float *db, const float *dy, const float *x,
+                                      const float *w, int64_t n, int64_t d, float eps) {
+    if (n <= 0 || d <= 0) return;
+    if (dw || db) { /* first: dx may alias dy */
+        double *stats = NULL;
+        CU_CK(cudaMallocAsync((void **)&stats, (size_t)(2 * n) * sizeof(double), c->stream));
+        k_layernorm_stats<<<(unsigned)n, THREADS, 0, c->stream>>>(stats, x, d, eps);
+        CU_LAUNCHED();
+        k_layernorm_dwdb<<<blocks_for(d), THREADS, 0, c->stream>>>(dw, db, dy, x, n, d, eps, stats);
+        CU_LAUNCHED();
+        CU_CK(cudaFreeAsync(stats, c->stream));
+    }
+    k_layernorm_bwd<<<(unsigned)n, THREADS, 0, c->stream>>>(dx, dy, x, w, d, eps);
+    CU_LAUNCHED();
+}
+
+/* ---- rotary embeddings ------------------------------------------------------------ */
+
+/* One thread per (position, head, pair): the pair's angle in double. */
+__global__ static void k_rope(float *x, int64_t T, int heads, int hd, int rot, double theta, int64_t pos0, float sign) {
+    int half = rot / 2;
+    GRID_STRIDE(i, T * heads * half) {
+        int64_t t = i / ((int64_t)heads * half);
+        int h = (int)(i / half % heads), j = (int)(i % half);
+        double ang = (double)(pos0 + t) * pow(theta, -2.0 * j / (double)rot);
+        float cs = (float)cos(ang), sn = sign * (float)sin(ang);
+        float *v = x + (t * heads + h) * (int64_t)hd;
+        float a = v[j], b = v[j + half];
+        v[j] = a * cs - b * sn;
+        v[j + half] = b * cs + a * sn;
+    }
+}
+static void rope(cuda_ctx *c, float *x, int64_t T, int heads, int hd, int rot, double theta, int64_t pos0, float sign) {
+    if (rot / 2 <= 0 || T <= 0 || heads <= 0) return;
+    k_rope<<<blocks_for(T * heads * (rot / 2)), THREADS, 0, c->stream>>>(x, T, heads, hd, rot, theta, pos0, sign);
+    CU_LAUNCHED();
+}
+extern "C" void ls_cuda_rope_fwd(cuda_ctx *c, float *x, int64_t T, int heads, int hd, int rot, double theta,
+                                 int64_t pos0) {
+    rope(c, x, T, heads, hd, rot, theta, pos0, 1.0f);
+}
+extern "C" void ls_cuda_rope_bwd(cuda_ctx *c, float *dx, int64_t T, int heads, int hd, int rot, double theta,
+                                 int64_t pos0) {
+    rope(c, dx, T, heads, hd, rot, theta, pos0, -1.0f);
+}
+
+__global__ static void k_rope_table(float *x, int64_t T, int heads, int hd, int off, int half, const double *inv_freq,
+                                    int interleaved, int64_t pos0, float sign) {
+    GRID_STRIDE(k, T * heads * half) {
+        int64_t t = k / ((int64_t)heads * half);
+        int h = (int)(k / half % heads), i = (int)(k % half);
+        double ang = (double)(pos0 + t) * inv_freq[i];
+        float cs = (float)cos(ang), sn = sign * (float)sin(ang);
+        float *v = x + (t * heads + h) * (int64_t)hd + off;
+        int ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+        float a = v[ia], b = v[ib];
+        v[ia] = a * cs - b * sn;
+        v[ib] = b * cs + a * sn;
+    }
+}
+static void rope_table(cuda_ctx *c, float *x, int64_t T, int heads, int hd, int off, int half, const double *inv_freq,
+                       int interleaved, int64_t pos0, float sign) {
+    if (half <= 0 || T <= 0 || heads <= 0) return;
+    LS_ASSERT(off + 2 * half <= hd, "rope slice [%d, %d) of a head of %d", off, off + 2 * half, hd);
+    k_rope_table<<<blocks_for(T * heads * half), THREADS, 0, c->stream>>>(x, T, heads, hd, off, half, inv_freq,
+                                                                          interleaved, pos0, sign);
+    CU_LAUNCHED();
+}
+extern "C" void ls_cuda_rope_table_fwd(cuda_ctx *c, float *x, int64_t T, int heads, int hd, int off, int half,
+                                       const double *inv_freq, int interleaved, int64_t pos0) {
+    rope_table(c, x, T, heads, hd, off, half, inv_freq, interleaved, pos0, 1.0f);
+}
+extern "C" void ls_cuda_rope_table_bwd(cuda_ctx *c, float *dx, int64_t T, int heads, int hd, int off, int half,
+                                       const double *inv_freq, int interleaved, int64_t pos0) {
+    rope_table(c, dx, T, heads, hd, off, half, inv_freq, interleaved, pos0, -1.0f);
+}
+
+/* ---- the optimizer ------------------------------------------------------------------ */
+
+/* One element of AdamW: the CPU's expression (optim.c). */
+__device__ static inline void adamw_elem(const ls_adamw_hp hp, float decay, float w, float g, float m, float v,
+                                         float *nw, float *nm, float *nv) {
+    float gi = (float)(g * hp.clip);
+    *nm = __fadd_rn(__fmul_rn(hp.b1, m), __fmul_rn(1.0f - hp.b1, gi));
+    *nv = __fadd_rn(__fmul_rn(hp.b2, v), __fmul_rn(__fmul_rn(1.0f - hp.b2, gi), gi));
+    double mh = *nm / hp.bc1, vh = *nv / hp.bc2;
+    *nw = (float)((double)__fmul_rn(w, decay) - hp.lr * mh / (sqrt(vh) + hp.eps));
+}
+__device__ static inline bool elem_bad(float nw, float nm, float nv) {
+    return !(fabsf(nw) <= FLT_MAX) || !(fabsf(nm) <= FLT_MAX) || !(nv >= 0 && nv <= FLT_MAX);
+}
+
+__global__ static void k_adamw_step(const ls_adamw_hp hp, float decay, float *w, const float *g, float *m, float *v,
+                                    int64_t n) {
+    GRID_STRIDE(i, n) adamw_elem(hp, decay, w[i], g[i], m[i], v[i], &w[i], &m[i], &v[i]);
+}
+extern "C" void ls_cuda_adamw_step(cuda_ctx *c, const ls_adamw_hp *hp, float decay, float *w, const float *g, float *m,
+                                   float *v, int64_t n) {
+    if (n <= 0) return;
+    k_adamw_step<<<blocks_for(n), THREADS, 0, c->stream>>>(*hp, decay, w, g, m, v, n);
+    CU_LAUNCHED();
+}
+
+/* The first element the step would make non-finite: the least such index (atomicMin),
+ * then its new values. */
+__global__ static void k_adamw_find(unsigned long long *first, const ls_adamw_hp hp, float decay, const float *w,
+                                    const float *g, const float *m, const float *v, int64_t n) {
+    GRID_STRIDE(i, n) {
+        float nw, nm, nv;
+        adamw_elem(hp, decay, w[i], g[i], m[i], v[i], &nw, &nm, &nv);
+        if (elem_bad(nw, nm, nv)) atomicMin(first, (unsigned long long)i);
+    }
+}
+__global__ static void k_adamw_at(float *at, const unsigned long long *first, const ls_adamw_hp hp, float decay,
+                                  const float *w, const float *g, const float *m, const float *v) {
+    unsigned long long i = *first;
+    if (i == ~0ull) return;
+    adamw_elem(hp, decay, w[i], g[i], m[i], v[i], &at[0], &at[1], &at[2]);
+}
+extern "C" void ls_cuda_adamw_check(cuda_ctx *c, int64_t *bad, float *at, const ls_adamw_hp *hp, float decay,
+                                    const float *w, const float *g, const float *m, const float *v, int64_t n) {
+    *bad = -1;
+    if (n <= 0) return;
+    unsigned long long *first = (unsigned long long *)c->red;
+    float *dat = (float *)(first + 1);
+    CU_CK(cudaMemsetAsync(first, 0xff, sizeof *first, c->stream));
+    k_adamw_find<<<blocks_for(n), THREADS, 0, c->stream>>>(first, *hp, decay, w, g, m, v, n);
+    CU_LAUNCHED();
+    k_adamw_at<<<1, 1, 0, c->stream>>>(dat, first, *hp, decay, w, g, m, v);
+    CU_LAUNCHED();
+    unsigned long long hf;
+    CU_CK(cudaMemcpyAsync(&hf, first, sizeof hf, cudaMemcpyDeviceToHost, c->stream));
+    CU_CK(cudaMemcpyAsync(at, dat, 3 * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    CU_CK(cudaStreamSynchronize(c->stream));
+    if (hf != ~0ull) *bad = (int64_t)hf;
+}
+
+/* Σx² in double: LS_CUDA_RED_BLOCKS partial sums over fixed strided slices, then summed in
+ * block order: the same bits on every call. */
+__global__ static void k_sumsq_part(double *part, const float *x, int64_t n) {
+    double s = 0;
+    for (int64_t i = blockIdx.x * (int64_t)THREADS + threadIdx.x; i < n; i += (int64_t)LS_CUDA_RED_BLOCKS * THREADS)
+        s += (double)x[i] * x[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+__global__ static void k_sum_parts(double *part) {
+    double s = 0;
+    for (int b = 0; b < LS_CUDA_RED_BLOCKS; b++) s += part[b];
+    part[0] = s;
+}
+extern "C" void ls_cuda_sumsq(cuda_ctx *c, double *out, const float *x, int64_t n) {
+    *out = 0;
+    if (n <= 0) return;
+    double *part = (double *)c->red;
+    k_sumsq_part<<<LS_CUDA_RED_BLOCKS, THREADS, 0, c->stream>>>(part, x, n);
+    CU_LAUNCHED();
+    k_sum_parts<<<1, 1, 0, c->stream>>>(part);
+    CU_LAUNCHED();
+    CU_CK(cudaMemcpyAsync(out, part, sizeof *out, cudaMemcpyDeviceToHost, c->stream));
+    CU_CK(cudaStreamSynchronize(c->stream));
+}

@@ -1,0 +1,344 @@
+/*
+ * test_cuda_ops.c — every op the CUDA backend builds, against the CPU backend (the
+ * reference) on random inputs with odd shapes: rows, columns and heads that divide no
+ * block size, products with leading dimensions wider than the matrices, repeated
+ * embedding ids, positions near a million. Outputs and saved-for-backward values are
+ * compared after both ran; an op compared in place starts from the same buffer.
+ *
+ *   ls_gpu_tests [--device N] [products|elementwise|embed|rms|layernorm|rope|optim ...]
+ *
+ * Prints one line per op and one JSON document at the end ({"device", "checked",
+ * "failed", "missing"}: the ops the backend does not build yet). Exit 0 when every
+ * checked op agrees, 1 when one does not, 77 (skip) in a build without CUDA or on a
+ * machine without a device — never a pass.
+ *
+ * Tolerances are relative to the largest reference value of the output: the kernels
+ * compute the CPU's expressions in the same precision, and differ only in summation
+ * order (tree sums of row statistics in double, cuBLAS's blocking) and in the device's
+ * expf/cos/sin, a few ulp; an error of a different kind (a wrong index, a missed
+ * element) is of the order of the values themselves.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "longstraw/backend.h"
+
+static const ls_backend *G, *C; /* the device, the reference */
+static int n_checked, n_failed;
+static char failed[4096];
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float frand(void) { /* uniform in [-1, 1) */
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+static float *hrand(int64_t n, float scale) {
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) p[i] = scale * frand();
+    return p;
+}
+/* Device copy of n floats (or n bytes with dev_bytes). */
+static void *dev_bytes(const void *h, size_t bytes) {
+    void *d = G->i->buf_alloc(G, bytes ? bytes : 1, 256);
+    if (!d) {
+        fprintf(stderr, "device allocation of %zu bytes failed\n", bytes);
+        exit(1);
+    }
+    if (h && bytes) G->i->to_device(G, d, h, bytes);
+    return d;
+}
+static float *dev(const float *h, int64_t n) { return dev_bytes(h, (size_t)n * sizeof(float)); }
+static void dfree(void *d) { G->i->buf_free(G, d, 0); }
+/* The device buffer d back on the host, compared with the reference ref: the largest
+ * |d − ref| over the largest |ref| (NaN anywhere fails). */
+static double rel_err(const float *d, const float *ref, int64_t n) {
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    G->i->to_host(G, h, d, (size_t)n * sizeof(float));
+    double worst = 0, big = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)h[i] - ref[i]);
+        if (!(e <= worst)) worst = e;
+        if (fabs((double)ref[i]) > big) big = fabs((double)ref[i]);
+    }
+    free(h);
+    return n > 0 ? worst / (big > 0 ? big : 1) : INFINITY;
+}
+static int check(const char *op, double err, double tol) {
+    n_checked++;
+    int ok = err <= tol;
+    printf("  %-22s %s  max error %.3g (tolerance %.1g)\n", op, ok ? "ok  " : "FAIL", err, tol);
+    if (!ok) {
+        n_failed++;
+        size_t l = strlen(failed);
+        snprintf(failed + l, sizeof failed - l, "%s\"%s\"", l ? ", " : "", op);
+    }
+    return ok;
+}
+static int built(const char *name, int slot) {
+    if (slot) return 1;
+    printf("  %-22s not built\n", name);
+    return 0;
+}
+#define BUILT(op) built(#op, G->i->op != NULL)
+
+static void t_products(void) {
+    if (!BUILT(gemm)) return;
+    enum { M = 37, N = 29, K = 53, LD = 61 };
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            float *A = hrand((int64_t)LD * 64, 1), *B = hrand((int64_t)LD * 64, 1), *Cm = hrand((int64_t)M * LD, 1);
+            float *dA = dev(A, (int64_t)LD * 64), *dB = dev(B, (int64_t)LD * 64), *dC = dev(Cm, (int64_t)M * LD);
+            ls_op_gemm(C, ta, tb, M, N, K, 0.75f, A, LD, B, LD, 0.5f, Cm, LD);
+            ls_op_gemm(G, ta, tb, M, N, K, 0.75f, dA, LD, dB, LD, 0.5f, dC, LD);
+            char name[32];
+            snprintf(name, sizeof name, "gemm %c%c", ta ? 'T' : 'N', tb ? 'T' : 'N');
+            check(name, rel_err(dC, Cm, (int64_t)M * LD), 1e-5);
+            dfree(dA), dfree(dB), dfree(dC), free(A), free(B), free(Cm);
+        }
+    enum { T = 19, KK = 45, NN = 33 };
+    float *x = hrand(T * KK, 1), *W = hrand(NN * KK, 1), *o = hrand(T * NN, 1), *dout = hrand(T * NN, 1);
+    float *dx = hrand(T * KK, 1), *dW = hrand(NN * KK, 1);
+    float *gx = dev(x, T * KK), *gW = dev(W, NN * KK), *go = dev(o, T * NN), *gdout = dev(dout, T * NN);
+    float *gdx = dev(dx, T * KK), *gdW = dev(dW, NN * KK);
+    ls_op_linear_fwd(C, o, x, W, T, KK, NN, 1);
+    ls_op_linear_fwd(G, go, gx, gW, T, KK, NN, 1);
+    check("linear_fwd +=", rel_err(go, o, T * NN), 1e-5);
+    ls_op_linear_fwd(C, o, x, W, T, KK, NN, 0);
+    ls_op_linear_fwd(G, go, gx, gW, T, KK, NN, 0);
+    check("linear_fwd =", rel_err(go, o, T * NN), 1e-5);
+    ls_op_linear_bwd(C, dx, dW, dout, x, W, T, KK, NN, 1);
+    ls_op_linear_bwd(G, gdx, gdW, gdout, gx, gW, T, KK, NN, 1);
+    check("linear_bwd dx", rel_err(gdx, dx, T * KK), 1e-5);
+    check("linear_bwd dW", rel_err(gdW, dW, NN * KK), 1e-5);
+    dfree(gx), dfree(gW), dfree(go), dfree(gdout), dfree(gdx), dfree(gdW);
+    free(x), free(W), free(o), free(dout), free(dx), free(dW);
+}
+
+static void t_elementwise(void) {
+    enum { N = 70001, T = 23, D = 131, I = 77 };
+    if (BUILT(add_to) && BUILT(scale)) {
+        float *y = hrand(N, 1), *x = hrand(N, 1), *gy = dev(y, N), *gx = dev(x, N);
+        ls_op_add_to(C, y, x, N), ls_op_add_to(G, gy, gx, N);
+        ls_op_scale(C, y, 0.37f, N), ls_op_scale(G, gy, 0.37f, N);
+        check("add_to, scale", rel_err(gy, y, N), 0);
+        dfree(gy), dfree(gx), free(y), free(x);
+    }
+    if (BUILT(copy_rows)) {
+        float *s = hrand(T * 40, 1), *d = hrand(T * 35, 1), *gs = dev(s, T * 40), *gd = dev(d, T * 35);
+        ls_op_copy_rows(C, d + 3, 35, s + 5, 40, T - 2, 17), ls_op_copy_rows(G, gd + 3, 35, gs + 5, 40, T - 2, 17);
+        check("copy_rows", rel_err(gd, d, T * 35), 0);
+        dfree(gs), dfree(gd), free(s), free(d);
+    }
+    if (BUILT(round_to)) {
+        for (int k = 0; k < 2; k++) {
+            ls_dtype dt = k ? LS_DTYPE_F16 : LS_DTYPE_BF16;
+            float *x = hrand(N, 40), *gx = dev(x, N);
+            ls_op_round_to(C, x, N, dt), ls_op_round_to(G, gx, N, dt);
+            check(k ? "round_to f16" : "round_to bf16", rel_err(gx, x, N), 0);
+            dfree(gx), free(x);
+        }
+    }
+    if (BUILT(swiglu_fwd) && BUILT(swiglu_bwd)) {
+        float *gu = hrand(T * 2 * I, 4), *o = hrand(T * I, 1), *dout = hrand(T * I, 1), *dgu = hrand(T * 2 * I, 1);
+        float *ggu = dev(gu, T * 2 * I), *go = dev(o, T * I), *gdout = dev(dout, T * I), *gdgu = dev(dgu, T * 2 * I);
+        ls_op_swiglu_fwd(C, o, gu, T, I), ls_op_swiglu_fwd(G, go, ggu, T, I);
+        check("swiglu_fwd", rel_err(go, o, T * I), 1e-6);
+        ls_op_swiglu_bwd(C, dgu, dout, gu, T, I), ls_op_swiglu_bwd(G, gdgu, gdout, ggu, T, I);
+        check("swiglu_bwd", rel_err(gdgu, dgu, T * 2 * I), 1e-6);
+        dfree(ggu), dfree(go), dfree(gdout), dfree(gdgu), free(gu), free(o), free(dout), free(dgu);
+    }
+    if (BUILT(sigmoid_mul_fwd) && BUILT(sigmoid_mul_bwd)) {
+        float *x = hrand(N, 3), *g = hrand(N, 5), *y = hrand(N, 1), *dy = hrand(N, 1), *dx = hrand(N, 1),
+              *dg = hrand(N, 1);
+        float *gx = dev(x, N), *gg = dev(g, N), *gyy = dev(y, N), *gdy = dev(dy, N), *gdx = dev(dx, N),
+              *gdg = dev(dg, N);
+        ls_op_sigmoid_mul_fwd(C, y, x, g, N), ls_op_sigmoid_mul_fwd(G, gyy, gx, gg, N);
+        check("sigmoid_mul_fwd", rel_err(gyy, y, N), 1e-6);
+        ls_op_sigmoid_mul_bwd(C, dx, dg, dy, x, g, N), ls_op_sigmoid_mul_bwd(G, gdx, gdg, gdy, gx, gg, N);
+        check("sigmoid_mul_bwd dx", rel_err(gdx, dx, N), 1e-6);
+        check("sigmoid_mul_bwd dgate", rel_err(gdg, dg, N), 1e-6);
+        dfree(gx), dfree(gg), dfree(gyy), dfree(gdy), dfree(gdx), dfree(gdg);
+        free(x), free(g), free(y), free(dy), free(dx), free(dg);
+    }
+    if (BUILT(gated_add_rows) && BUILT(gated_add_rows_bwd)) {
+        float *x = hrand(T * D, 1), *l = hrand(T, 3), *y = hrand(T * D, 1), *dy = hrand(T * D, 1), *dl = hrand(T, 1);
+        float *gx = dev(x, T * D), *gl = dev(l, T), *gyy = dev(y, T * D), *gdy = dev(dy, T * D), *gdl = dev(dl, T);
+        ls_op_gated_add_rows(C, x, l, y, T, D), ls_op_gated_add_rows(G, gx, gl, gyy, T, D);
+        check("gated_add_rows", rel_err(gx, x, T * D), 1e-6);
+        ls_op_gated_add_rows_bwd(C, dy, dl, x, l, y, T, D), ls_op_gated_add_rows_bwd(G, gdy, gdl, gx, gl, gyy, T, D);
+        check("gated_add_rows_bwd dy", rel_err(gdy, dy, T * D), 1e-6);
+        check("gated_add_rows_bwd dlogit", rel_err(gdl, dl, T), 1e-5);
+        dfree(gx), dfree(gl), dfree(gyy), dfree(gdy), dfree(gdl), free(x), free(l), free(y), free(dy), free(dl);
+    }
+}
+
+static void t_embed(void) {
+    if (!BUILT(embed_fwd) || !BUILT(embed_bwd)) return;
+    enum { T = 41, D = 67, V = 13 };
+    int32_t ids[T];
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)((t * 7 + 3) % V); /* every id repeats */
+    float *tab = hrand(V * D, 1), *o = hrand(T * D, 1), *dout = hrand(T * D, 1), *dtab = hrand(V * D, 1);
+    int32_t *gids = dev_bytes(ids, sizeof ids);
+    float *gtab = dev(tab, V * D), *go = dev(o, T * D), *gdout = dev(dout, T * D), *gdtab = dev(dtab, V * D);
+    ls_op_embed_fwd(C, o, ids, tab, T, D), ls_op_embed_fwd(G, go, gids, gtab, T, D);
+    check("embed_fwd", rel_err(go, o, T * D), 0);
+    ls_op_embed_bwd(C, dtab, dout, ids, T, D), ls_op_embed_bwd(G, gdtab, gdout, gids, T, D);
+    check("embed_bwd", rel_err(gdtab, dtab, V * D), 0); /* the same order of additions */
+    dfree(gids), dfree(gtab), dfree(go), dfree(gdout), dfree(gdtab), free(tab), free(o), free(dout), free(dtab);
+}
+
+/* kind 0 zero-centred, 1 plain, 2 gated */
+static void t_rms(int kind) {
+    static const char *nm[] = {"rmsnorm", "rmsnorm_plain", "gated_rmsnorm"};
+    int have = kind == 0 ? BUILT(rmsnorm_fwd) && BUILT(rmsnorm_bwd)
+               : kind == 1 ? BUILT(rmsnorm_plain_fwd) && BUILT(rmsnorm_plain_bwd)
+                           : BUILT(gated_rmsnorm_fwd) && BUILT(gated_rmsnorm_bwd);
+    if (!have) return;
+    enum { R = 37, D = 301 };
+    float *x = hrand(R * D, 2), *z = hrand(R * D, 3), *w = hrand(D, 0.5f), *y = hrand(R * D, 1), *rs = hrand(R, 1);
+    float *dy = hrand(R * D, 1), *dx = hrand(R * D, 1), *dz = hrand(R * D, 1), *dw = hrand(D, 1);
+    float *gx = dev(x, R * D), *gz = dev(z, R * D), *gw = dev(w, D), *gyy = dev(y, R * D), *grs = dev(rs, R);
+    float *gdy = dev(dy, R * D), *gdx = dev(dx, R * D), *gdz = dev(dz, R * D), *gdw = dev(dw, D);
+    char name[48];
+    if (kind == 0) ls_op_rmsnorm_fwd(C, y, rs, x, w, R, D, 1e-6f), ls_op_rmsnorm_fwd(G, gyy, grs, gx, gw, R, D, 1e-6f);
+    if (kind == 1)
+        ls_op_rmsnorm_plain_fwd(C, y, rs, x, w, R, D, 1e-6f), ls_op_rmsnorm_plain_fwd(G, gyy, grs, gx, gw, R, D, 1e-6f);
+    if (kind == 2)
+        ls_op_gated_rmsnorm_fwd(C, y, rs, x, z, w, R, D, 1e-6f),
+            ls_op_gated_rmsnorm_fwd(G, gyy, grs, gx, gz, gw, R, D, 1e-6f);
+    snprintf(name, sizeof name, "%s_fwd", nm[kind]);
+    check(name, rel_err(gyy, y, R * D), 1e-6);
+    snprintf(name, sizeof name, "%s_fwd rstd", nm[kind]);
+    check(name, rel_err(grs, rs, R), 1e-6);
+    G->i->to_device(G, grs, rs, R * sizeof(float)); /* the backward from the same saved rstd */
+    if (kind == 0)
+        ls_op_rmsnorm_bwd(C, dx, dw, dy, x, rs, w, R, D), ls_op_rmsnorm_bwd(G, gdx, gdw, gdy, gx, grs, gw, R, D);
+    if (kind == 1)
+        ls_op_rmsnorm_plain_bwd(C, dx, dw, dy, x, rs, w, R, D),
+            ls_op_rmsnorm_plain_bwd(G, gdx, gdw, gdy, gx, grs, gw, R, D);
+    if (kind == 2)
+        ls_op_gated_rmsnorm_bwd(C, dx, dz, dw, dy, x, z, rs, w, R, D),
+            ls_op_gated_rmsnorm_bwd(G, gdx, gdz, gdw, gdy, gx, gz, grs, gw, R, D);
+    snprintf(name, sizeof name, "%s_bwd dx", nm[kind]);
+    check(name, rel_err(gdx, dx, R * D), 1e-5);
+    snprintf(name, sizeof name, "%s_bwd dw", nm[kind]);
+    check(name, rel_err(gdw, dw, D), 1e-6);
+    if (kind == 2) check("gated_rmsnorm_bwd dz", rel_err(gdz, dz, R * D), 1e-6);
+    dfree(gx), dfree(gz), dfree(gw), dfree(gyy), dfree(grs), dfree(gdy), dfree(gdx), dfree(gdz), dfree(gdw);
+    free(x), free(z), free(w), free(y), free(rs), free(dy), free(dx), free(dz), free(dw);
+}
+
+static void t_rms_all(void) {
+    for (int k = 0; k < 3; k++) t_rms(k);
+}
+
+static void t_layernorm(void) {
+    if (!BUILT(layernorm_fwd) || !BUILT(layernorm_bwd)) return;
+    enum { R = 29, D = 97 };
+    float *x = hrand(R * D, 2), *w = hrand(D, 1), *b = hrand(D, 1), *y = hrand(R * D, 1), *dy = hrand(R * D, 1);
+    float *dx = hrand(R * D, 1), *dw = hrand(D, 1), *db = hrand(D, 1);
+    float *gx = dev(x, R * D), *gw = dev(w, D), *gb = dev(b, D), *gyy = dev(y, R * D), *gdy = dev(dy, R * D);
+    float *gdx = dev(dx, R * D), *gdw = dev(dw, D), *gdb = dev(db, D);
+    ls_op_layernorm_fwd(C, y, x, w, b, R, D, 1e-6f), ls_op_layernorm_fwd(G, gyy, gx, gw, gb, R, D, 1e-6f);
+    check("layernorm_fwd", rel_err(gyy, y, R * D), 1e-6);
+    ls_op_layernorm_bwd(C, dx, dw, db, dy, x, w, R, D, 1e-6f), ls_op_layernorm_bwd(G, gdx, gdw, gdb, gdy, gx, gw, R, D, 1e-6f);
+    check("layernorm_bwd dx", rel_err(gdx, dx, R * D), 1e-5);
+    check("layernorm_bwd dw", rel_err(gdw, dw, D), 1e-6);
+    check("layernorm_bwd db", rel_err(gdb, db, D), 0);
+    dfree(gx), dfree(gw), dfree(gb), dfree(gyy), dfree(gdy), dfree(gdx), dfree(gdw), dfree(gdb);
+    free(x), free(w), free(b), free(y), free(dy), free(dx), free(dw), free(db);
+}
+
+static void t_rope(void) {
+    enum { T = 17, H = 3, HD = 40 };
+    if (BUILT(rope_fwd) && BUILT(rope_bwd)) {
+        float *x = hrand(T * H * HD, 1), *gx = dev(x, T * H * HD);
+        ls_op_rope_fwd(C, x, T, H, HD, 26, 1e7, 999983), ls_op_rope_fwd(G, gx, T, H, HD, 26, 1e7, 999983);
+        check("rope_fwd", rel_err(gx, x, T * H * HD), 1e-6);
+        ls_op_rope_bwd(C, x, T, H, HD, 26, 1e7, 999983), ls_op_rope_bwd(G, gx, T, H, HD, 26, 1e7, 999983);
+        check("rope_bwd", rel_err(gx, x, T * H * HD), 1e-6);
+        dfree(gx), free(x);
+    }
+    if (BUILT(rope_table_fwd) && BUILT(rope_table_bwd)) {
+        enum { HALF = 7 };
+        double f[HALF];
+        for (int i = 0; i < HALF; i++) f[i] = pow(10000.0, -2.0 * i / (2.0 * HALF)) * (i % 2 ? 0.5 : 1.0);
+        double *gf = dev_bytes(f, sizeof f);
+        for (int il = 0; il < 2; il++) {
+            float *x = hrand(T * H * HD, 1), *gx = dev(x, T * H * HD);
+            ls_op_rope_table_fwd(C, x, T, H, HD, 9, HALF, f, il, 123457);
+            ls_op_rope_table_fwd(G, gx, T, H, HD, 9, HALF, gf, il, 123457);
+            check(il ? "rope_table_fwd interleaved" : "rope_table_fwd half", rel_err(gx, x, T * H * HD), 1e-6);
+            ls_op_rope_table_bwd(C, x, T, H, HD, 9, HALF, f, il, 123457);
+            ls_op_rope_table_bwd(G, gx, T, H, HD, 9, HALF, gf, il, 123457);
+            check(il ? "rope_table_bwd interleaved" : "rope_table_bwd half", rel_err(gx, x, T * H * HD), 1e-6);
+            dfree(gx), free(x);
+        }
+        dfree(gf);
+    }
+}
+
+static void t_optim(void) {
+    enum { N = 100003 };
+    if (BUILT(sumsq)) {
+        float *x = hrand(N, 3), *gx = dev(x, N);
+        double a = 0, b = 0;
+        ls_op_sumsq(C, &a, x, N), ls_op_sumsq(G, &b, gx, N);
+        check("sumsq", fabs(a - b) / a, 1e-12);
+        dfree(gx), free(x);
+    }
+    if (BUILT(adamw_step) && BUILT(adamw_check)) {
+        float *w = hrand(N, 1), *g = hrand(N, 0.1f), *m = hrand(N, 0.01f), *v = hrand(N, 1e-4f);
+        for (int i = 0; i < N; i++) v[i] = fabsf(v[i]);
+        float *gw = dev(w, N), *gg = dev(g, N), *gm = dev(m, N), *gv = dev(v, N);
+        ls_adamw_hp hp = {0.7, 1 - pow(0.9, 3), 1 - pow(0.999, 3), 1e-3, 1e-8, 0.9f, 0.999f};
+        int64_t bc = 7, bg = 7;
+        float ac[3], ag[3];
+        ls_op_adamw_check(C, &bc, ac, &hp, 0.9999f, w, g, m, v, N);
+        ls_op_adamw_check(G, &bg, ag, &hp, 0.9999f, gw, gg, gm, gv, N);
+        check("adamw_check (finite)", bc == -1 && bg == -1 ? 0 : 1, 0);
+        ls_op_adamw_step(C, &hp, 0.9999f, w, g, m, v, N), ls_op_adamw_step(G, &hp, 0.9999f, gw, gg, gm, gv, N);
+        check("adamw_step w", rel_err(gw, w, N), 1e-6);
+        check("adamw_step m", rel_err(gm, m, N), 1e-6);
+        check("adamw_step v", rel_err(gv, v, N), 1e-6);
+        g[77777] = 1e30f, g[4321] = -1e30f;
+        G->i->to_device(G, gg, g, N * sizeof(float));
+        ls_op_adamw_check(C, &bc, ac, &hp, 1.0f, w, g, m, v, N);
+        ls_op_adamw_check(G, &bg, ag, &hp, 1.0f, gw, gg, gm, gv, N);
+        check("adamw_check (overflow)", bc == 4321 && bg == 4321 ? 0 : 1, 0);
+        dfree(gw), dfree(gg), dfree(gm), dfree(gv), free(w), free(g), free(m), free(v);
+    }
+}
+
+int main(int argc, char **argv) {
+    int device = 0, a = 1;
+    if (a + 1 < argc && !strcmp(argv[a], "--device")) device = atoi(argv[a + 1]), a += 2;
+    if (!ls_backend_cuda_built()) {
+        printf("SKIP: this build has no CUDA backend (configure with -DLS_CUDA=ON)\n");
+        return 77;
+    }
+    char missing[4096];
+    if (ls_backend_cuda_open(device, &G) != LS_OK) {
+        ls_backend table_only = {ls_backend_cuda_table(), "none", NULL};
+        int nm = ls_backend_missing(&table_only, missing, sizeof missing);
+        printf("SKIP: %s (the backend builds %d of %d ops; not yet: %s)\n", ls_err_msg(), LS_BACKEND_N_OPS - nm,
+               LS_BACKEND_N_OPS, missing);
+        return 77;
+    }
+    C = ls_backend_cpu();
+    struct { const char *name; void (*fn)(void); } tests[] = {
+        {"products", t_products}, {"elementwise", t_elementwise}, {"embed", t_embed}, {"rms", t_rms_all},
+        {"layernorm", t_layernorm}, {"rope", t_rope}, {"optim", t_optim}};
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        int run = a >= argc;
+        for (int j = a; j < argc; j++) run |= !strcmp(argv[j], tests[i].name);
+        if (run) tests[i].fn();
+    }
+    int nm = ls_backend_missing(G, missing, sizeof missing);
+    printf("{\"device\": \"%s\", \"checked\": %d, \"failed\": [%s], \"missing_count\": %d, \"missing\": \"%s\"}\n",
+           G->device, n_checked, failed, nm, missing);
+    ls_backend_cuda_close(G);
+    return n_failed ? 1 : n_checked ? 0 : 77;
+}
