@@ -5,7 +5,11 @@
  * embedding ids, positions near a million. Outputs and saved-for-backward values are
  * compared after both ran; an op compared in place starts from the same buffer.
  *
- *   ls_gpu_tests [--device N] [products|elementwise|embed|rms|layernorm|rope|optim ...]
+ * --self-check runs the harness with the CPU backend in the device's place (every op
+ * must agree exactly): the suite's check that this file's shapes, copies and
+ * comparisons are right, on any machine.
+ *
+ *   ls_gpu_tests [--device N] [--self-check] [products|elementwise|embed|rms|layernorm|rope|moe|conv|optim ...]
  *
  * Prints one line per op and one JSON document at the end ({"device", "checked",
  * "failed", "missing"}: the ops the backend does not build yet). Exit 0 when every
@@ -280,6 +284,83 @@ static void t_rope(void) {
     }
 }
 
+static void t_moe_merge(void) {
+    enum { T = 31, D = 45, K = 3, NR = 13, NH = 3, HD = 19 };
+    if (BUILT(moe_gather) && BUILT(moe_scatter_add) && BUILT(moe_combine_bwd)) {
+        int64_t rows[NR];
+        for (int i = 0; i < NR; i++) rows[i] = (int64_t)(i * 2 + (i % 3 == 0)) * K + i % K; /* distinct tokens */
+        float *x = hrand(T * D, 1), *xs = hrand(NR * D, 1), *y = hrand(T * D, 1), *ys = hrand(NR * D, 1);
+        float *wt = hrand(T * K, 1), *dys = hrand(NR * D, 1), *dwt = hrand(T * K, 1);
+        int64_t *grows = dev_bytes(rows, sizeof rows);
+        float *gx = dev(x, T * D), *gxs = dev(xs, NR * D), *gyy = dev(y, T * D), *gys = dev(ys, NR * D);
+        float *gwt = dev(wt, T * K), *gdys = dev(dys, NR * D), *gdwt = dev(dwt, T * K);
+        ls_op_moe_gather(C, xs, x, rows, NR, D, K), ls_op_moe_gather(G, gxs, gx, grows, NR, D, K);
+        check("moe_gather", rel_err(gxs, xs, NR * D), 0);
+        ls_op_moe_scatter_add(C, y, ys, rows, wt, NR, D, K), ls_op_moe_scatter_add(G, gyy, gys, grows, gwt, NR, D, K);
+        check("moe_scatter_add", rel_err(gyy, y, T * D), 1e-6);
+        ls_op_moe_scatter_add(C, y, ys, rows, NULL, NR, D, K), ls_op_moe_scatter_add(G, gyy, gys, grows, NULL, NR, D, K);
+        check("moe_scatter_add (no weights)", rel_err(gyy, y, T * D), 1e-6);
+        ls_op_moe_combine_bwd(C, dys, dwt, y, ys, rows, wt, NR, D, K);
+        ls_op_moe_combine_bwd(G, gdys, gdwt, gyy, gys, grows, gwt, NR, D, K);
+        check("moe_combine_bwd dys", rel_err(gdys, dys, NR * D), 1e-6);
+        check("moe_combine_bwd dwt", rel_err(gdwt, dwt, T * K), 1e-6);
+        dfree(grows), dfree(gx), dfree(gxs), dfree(gyy), dfree(gys), dfree(gwt), dfree(gdys), dfree(gdwt);
+        free(x), free(xs), free(y), free(ys), free(wt), free(dys), free(dwt);
+    }
+    if (BUILT(attn_merge)) {
+        int64_t rows = (int64_t)T * NH;
+        float *o = hrand(rows * HD, 1), *l = hrand(rows, 5), *o2 = hrand(rows * HD, 1), *l2 = hrand(rows, 5);
+        l[3] = -INFINITY, l2[4] = -INFINITY, l[5] = l2[5] = -INFINITY; /* empty partials */
+        for (int d = 0; d < HD; d++) o[5 * HD + d] = 0;
+        float *go = dev(o, rows * HD), *gl = dev(l, rows), *go2 = dev(o2, rows * HD), *gl2 = dev(l2, rows);
+        ls_op_attn_merge(C, o, l, o2, l2, T, NH, HD), ls_op_attn_merge(G, go, gl, go2, gl2, T, NH, HD);
+        check("attn_merge o", rel_err(go, o, rows * HD), 1e-6);
+        float *hl = malloc((size_t)rows * sizeof(float));
+        G->i->to_host(G, hl, gl, (size_t)rows * sizeof(float));
+        double e = 0;
+        for (int64_t i = 0; i < rows; i++) {
+            double d = (l[i] == -INFINITY && hl[i] == -INFINITY) ? 0 : fabs((double)hl[i] - l[i]);
+            if (!(d <= e)) e = d;
+        }
+        check("attn_merge lse", e, 1e-5);
+        dfree(go), dfree(gl), dfree(go2), dfree(gl2), free(o), free(l), free(o2), free(l2), free(hl);
+    }
+}
+
+static void t_conv(void) {
+    if (!BUILT(conv_fwd) || !BUILT(conv_bwd)) return;
+    enum { Cc = 67, W = 4 };
+    for (int T = 2; T <= 29; T += 27) { /* a chunk shorter than the tail, and a longer one */
+        float *x = hrand((int64_t)T * Cc, 1), *w = hrand(Cc * W, 1), *tail = hrand((W - 1) * Cc, 1);
+        float *tail0 = malloc((W - 1) * Cc * sizeof(float));
+        memcpy(tail0, tail, (W - 1) * Cc * sizeof(float));
+        float *y = hrand((int64_t)T * Cc, 1), *pre = hrand((int64_t)T * Cc, 1), *dy = hrand((int64_t)T * Cc, 1);
+        float *dx = hrand((int64_t)T * Cc, 1), *dw = hrand(Cc * W, 1), *dtail = hrand((W - 1) * Cc, 1);
+        float *gx = dev(x, (int64_t)T * Cc), *gw = dev(w, Cc * W), *gtail = dev(tail, (W - 1) * Cc);
+        float *gtail0 = dev(tail0, (W - 1) * Cc), *gyy = dev(y, (int64_t)T * Cc), *gpre = dev(pre, (int64_t)T * Cc);
+        float *gdy = dev(dy, (int64_t)T * Cc), *gdx = dev(dx, (int64_t)T * Cc), *gdw = dev(dw, Cc * W);
+        float *gdtail = dev(dtail, (W - 1) * Cc);
+        char name[48];
+        ls_op_conv_fwd(C, y, pre, tail, x, w, T, Cc, W), ls_op_conv_fwd(G, gyy, gpre, gtail, gx, gw, T, Cc, W);
+        snprintf(name, sizeof name, "conv_fwd T=%d", T);
+        check(name, rel_err(gyy, y, (int64_t)T * Cc), 1e-6);
+        snprintf(name, sizeof name, "conv_fwd T=%d tail", T);
+        check(name, rel_err(gtail, tail, (W - 1) * Cc), 0);
+        G->i->to_device(G, gpre, pre, (size_t)T * Cc * sizeof(float)); /* the backward from the same saved pre */
+        ls_op_conv_bwd(C, dx, dw, dtail, dy, pre, x, tail0, w, T, Cc, W);
+        ls_op_conv_bwd(G, gdx, gdw, gdtail, gdy, gpre, gx, gtail0, gw, T, Cc, W);
+        snprintf(name, sizeof name, "conv_bwd T=%d dx", T);
+        check(name, rel_err(gdx, dx, (int64_t)T * Cc), 1e-6);
+        snprintf(name, sizeof name, "conv_bwd T=%d dw", T);
+        check(name, rel_err(gdw, dw, Cc * W), 1e-6);
+        snprintf(name, sizeof name, "conv_bwd T=%d dtail", T);
+        check(name, rel_err(gdtail, dtail, (W - 1) * Cc), 1e-6);
+        dfree(gx), dfree(gw), dfree(gtail), dfree(gtail0), dfree(gyy), dfree(gpre), dfree(gdy), dfree(gdx), dfree(gdw);
+        dfree(gdtail);
+        free(x), free(w), free(tail), free(tail0), free(y), free(pre), free(dy), free(dx), free(dw), free(dtail);
+    }
+}
+
 static void t_optim(void) {
     enum { N = 100003 };
     if (BUILT(sumsq)) {
@@ -313,13 +394,18 @@ static void t_optim(void) {
 }
 
 int main(int argc, char **argv) {
-    int device = 0, a = 1;
+    int device = 0, a = 1, self = 0;
     if (a + 1 < argc && !strcmp(argv[a], "--device")) device = atoi(argv[a + 1]), a += 2;
+    if (a < argc && !strcmp(argv[a], "--self-check")) self = 1, a++;
+    char missing[4096];
+    if (self) { /* the harness itself, the CPU backend in the device's place: every op agrees exactly */
+        G = C = ls_backend_cpu();
+        goto run;
+    }
     if (!ls_backend_cuda_built()) {
         printf("SKIP: this build has no CUDA backend (configure with -DLS_CUDA=ON)\n");
         return 77;
     }
-    char missing[4096];
     if (ls_backend_cuda_open(device, &G) != LS_OK) {
         ls_backend table_only = {ls_backend_cuda_table(), "none", NULL};
         int nm = ls_backend_missing(&table_only, missing, sizeof missing);
@@ -328,9 +414,10 @@ int main(int argc, char **argv) {
         return 77;
     }
     C = ls_backend_cpu();
+run:;
     struct { const char *name; void (*fn)(void); } tests[] = {
         {"products", t_products}, {"elementwise", t_elementwise}, {"embed", t_embed}, {"rms", t_rms_all},
-        {"layernorm", t_layernorm}, {"rope", t_rope}, {"optim", t_optim}};
+        {"layernorm", t_layernorm}, {"rope", t_rope}, {"moe", t_moe_merge}, {"conv", t_conv}, {"optim", t_optim}};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         int run = a >= argc;
         for (int j = a; j < argc; j++) run |= !strcmp(argv[j], tests[i].name);
@@ -339,6 +426,6 @@ int main(int argc, char **argv) {
     int nm = ls_backend_missing(G, missing, sizeof missing);
     printf("{\"device\": \"%s\", \"checked\": %d, \"failed\": [%s], \"missing_count\": %d, \"missing\": \"%s\"}\n",
            G->device, n_checked, failed, nm, missing);
-    ls_backend_cuda_close(G);
+    if (!self) ls_backend_cuda_close(G);
     return n_failed ? 1 : n_checked ? 0 : 77;
 }

@@ -519,3 +519,159 @@ extern "C" void ls_cuda_sumsq(cuda_ctx *c, double *out, const float *x, int64_t 
     CU_CK(cudaMemcpyAsync(out, part, sizeof *out, cudaMemcpyDeviceToHost, c->stream));
     CU_CK(cudaStreamSynchronize(c->stream));
 }
+
+/* ---- attention partials, MoE rows ----------------------------------------------------- */
+
+/* One thread per row of [T·n_h]: the log-sum-exp merge of two partials (attention.c). */
+__global__ static void k_attn_merge(float *o, float *lse, const float *o2, const float *lse2, int64_t rows, int hd) {
+    GRID_STRIDE(i, rows) {
+        double a = lse[i], b = lse2[i], m = a > b ? a : b;
+        if (m == -INFINITY) continue;
+        double wa = exp(a - m), wb = exp(b - m), inv = 1.0 / (wa + wb);
+        float fa = (float)(wa * inv), fb = (float)(wb * inv);
+        float *x = o + i * hd;
+        const float *y = o2 + i * hd;
+        for (int d = 0; d < hd; d++) x[d] = fa * x[d] + fb * y[d];
+        lse[i] = (float)(m + log(wa + wb));
+    }
+}
+extern "C" void ls_cuda_attn_merge(cuda_ctx *c, float *o, float *lse, const float *o2, const float *lse2, int64_t T,
+                                   int n_h, int hd) {
+    int64_t rows = T * n_h;
+    if (rows <= 0) return;
+    k_attn_merge<<<blocks_for(rows), THREADS, 0, c->stream>>>(o, lse, o2, lse2, rows, hd);
+    CU_LAUNCHED();
+}
+
+__global__ static void k_moe_gather(float *xs, const float *x, const int64_t *rows, int64_t n, int64_t D, int K) {
+    GRID_STRIDE(j, n * D) xs[j] = x[(rows[j / D] / K) * D + j % D];
+}
+extern "C" void ls_cuda_moe_gather(cuda_ctx *c, float *xs, const float *x, const int64_t *rows, int64_t n, int64_t D,
+                                   int K) {
+    if (n <= 0 || D <= 0) return;
+    k_moe_gather<<<blocks_for(n * D), THREADS, 0, c->stream>>>(xs, x, rows, n, D, K);
+    CU_LAUNCHED();
+}
+/* One expert's rows name each token at most once (ls_moe_group: one slot per token and
+ * expert), so the rows' additions never meet: one thread per element. */
+__global__ static void k_moe_scatter_add(float *y, const float *ys, const int64_t *rows, const float *wt, int64_t n,
+                                         int64_t D, int K) {
+    GRID_STRIDE(j, n * D) {
+        int64_t i = j / D, r = rows[i];
+        float *yt = y + (r / K) * D + j % D;
+        *yt += wt ? wt[r] * ys[j] : ys[j];
+    }
+}
+extern "C" void ls_cuda_moe_scatter_add(cuda_ctx *c, float *y, const float *ys, const int64_t *rows, const float *wt,
+                                        int64_t n, int64_t D, int K) {
+    if (n <= 0 || D <= 0) return;
+    k_moe_scatter_add<<<blocks_for(n * D), THREADS, 0, c->stream>>>(y, ys, rows, wt, n, D, K);
+    CU_LAUNCHED();
+}
+/* One block per routed row: dys (=) and the combine weight's gradient, the dot in double. */
+__global__ static void k_moe_combine_bwd(float *dys, float *dwt, const float *dy, const float *ys, const int64_t *rows,
+                                         const float *wt, int64_t D, int K) {
+    int64_t i = blockIdx.x, r = rows[i];
+    const float *dr = dy + (r / K) * D;
+    double dot = 0;
+    for (int64_t d = threadIdx.x; d < D; d += THREADS) {
+        dot += (double)dr[d] * ys[i * D + d];
+        dys[i * D + d] = wt[r] * dr[d];
+    }
+    dot = block_sum(dot);
+    if (threadIdx.x == 0) dwt[r] = (float)dot;
+}
+extern "C" void ls_cuda_moe_combine_bwd(cuda_ctx *c, float *dys, float *dwt, const float *dy, const float *ys,
+                                        const int64_t *rows, const float *wt, int64_t n, int64_t D, int K) {
+    if (n <= 0) return;
+    k_moe_combine_bwd<<<(unsigned)n, THREADS, 0, c->stream>>>(dys, dwt, dy, ys, rows, wt, D, K);
+    CU_LAUNCHED();
+}
+
+/* ---- the causal depthwise conv (conv.c) ------------------------------------------------ */
+
+/* One thread per (t, c): pre = Σ_j w[c,j]·x̃[t+j,c] in j order, y = SiLU(pre). */
+__global__ static void k_conv_fwd(float *y, float *pre, const float *tail, const float *x, const float *w, int64_t T,
+                                  int64_t C, int64_t W) {
+    int64_t Wm = W - 1;
+    GRID_STRIDE(i, T * C) {
+        int64_t t = i / C, ch = i % C;
+        float s = 0.0f;
+        for (int64_t j = 0; j < W; j++) {
+            int64_t src = t - Wm + j;
+            float v = src >= 0 ? x[src * C + ch] : tail[(Wm + src) * C + ch];
+            s += w[ch * W + j] * v;
+        }
+        if (pre) pre[i] = s;
+        y[i] = s / (1.0f + expf(-s));
+    }
+}
+/* The new tail, one thread per channel walking its rows upwards (in place: row k reads
+ * row k + T of the old tail, not yet written). */
+__global__ static void k_conv_tail(float *tail, const float *x, int64_t T, int64_t C, int64_t Wm) {
+    GRID_STRIDE(ch, C)
+    for (int64_t k = 0; k < Wm; k++) {
+        int64_t src = T - Wm + k; /* position in this call of the input tail row k holds */
+        tail[k * C + ch] = src >= 0 ? x[src * C + ch] : tail[(k + T) * C + ch];
+    }
+}
+extern "C" void ls_cuda_conv_fwd(cuda_ctx *c, float *y, float *pre, float *tail, const float *x, const float *w,
+                                 int64_t T, int64_t C, int64_t W) {
+    if (T <= 0 || C <= 0) return;
+    k_conv_fwd<<<blocks_for(T * C), THREADS, 0, c->stream>>>(y, pre, tail, x, w, T, C, W);
+    CU_LAUNCHED();
+    if (W - 1 <= 0) return;
+    k_conv_tail<<<blocks_for(C), THREADS, 0, c->stream>>>(tail, x, T, C, W - 1);
+    CU_LAUNCHED();
+}
+
+#define CONV_MAX_W 32
+/* One thread per channel, the CPU's walk over u = 0 .. T+W−2 with the last W rows of
+ * dpre in a ring, dw accumulated in double. */
+__global__ static void k_conv_bwd(float *dx, float *dw, float *dtail, const float *dy, const float *pre,
+                                  const float *x, const float *tail_in, const float *w, int64_t T, int64_t C,
+                                  int64_t W) {
+    int64_t Wm = W - 1;
+    GRID_STRIDE(ch, C) {
+        float ring[CONV_MAX_W];
+        double acc[CONV_MAX_W];
+        for (int64_t j = 0; j < W; j++) acc[j] = 0.0;
+        for (int64_t u = 0; u < T + Wm; u++) {
+            if (u < T) {
+                float p = pre[u * C + ch], sig = 1.0f / (1.0f + expf(-p));
+                float dp = dy[u * C + ch] * (sig * (1.0f + p * (1.0f - sig)));
+                ring[u % W] = dp;
+                if (dw)
+                    for (int64_t j = 0; j < W; j++) {
+                        int64_t v = u + j;
+                        float xv = v < Wm ? tail_in[v * C + ch] : x[(v - Wm) * C + ch];
+                        acc[j] += (double)(dp * xv);
+                    }
+            }
+            float *out = u < Wm ? (dtail ? dtail + u * C + ch : NULL) : (dx ? dx + (u - Wm) * C + ch : NULL);
+            if (!out) continue;
+            float s = 0.0f;
+            for (int64_t j = 0; j < W; j++) {
+                int64_t t = u - j;
+                if (t < 0 || t >= T) continue;
+                s += w[ch * W + j] * ring[t % W];
+            }
+            *out = s;
+        }
+        if (dw)
+            for (int64_t j = 0; j < W; j++) dw[ch * W + j] += (float)acc[j];
+    }
+}
+extern "C" void ls_cuda_conv_bwd(cuda_ctx *c, float *dx, float *dw, float *dtail, const float *dy, const float *pre,
+                                 const float *x, const float *tail_in, const float *w, int64_t T, int64_t C,
+                                 int64_t W) {
+    LS_ASSERT(W >= 1 && W <= CONV_MAX_W, "conv width %lld outside [1, %d]", (long long)W, CONV_MAX_W);
+    if (C <= 0) return;
+    if (T <= 0) {
+        if (dtail && W > 1) CU_CK(cudaMemsetAsync(dtail, 0, (size_t)((W - 1) * C) * sizeof(float), c->stream));
+        return;
+    }
+    LS_ASSERT(!dw || W == 1 || tail_in, "conv bwd: dw needs the initial tail");
+    k_conv_bwd<<<blocks_for(C), THREADS, 0, c->stream>>>(dx, dw, dtail, dy, pre, x, tail_in, w, T, C, W);
+    CU_LAUNCHED();
+}
