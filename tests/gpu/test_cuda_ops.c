@@ -9,7 +9,7 @@
  * must agree exactly): the suite's check that this file's shapes, copies and
  * comparisons are right, on any machine.
  *
- *   ls_gpu_tests [--device N] [--self-check] [products|elementwise|embed|rms|layernorm|rope|moe|conv|optim ...]
+ *   ls_gpu_tests [--device N] [--self-check] [products|elementwise|embed|rms|layernorm|rope|moe|conv|lmhead|optim ...]
  *
  * Prints one line per op and one JSON document at the end ({"device", "checked",
  * "failed", "missing"}: the ops the backend does not build yet). Exit 0 when every
@@ -361,6 +361,36 @@ static void t_conv(void) {
     }
 }
 
+static void t_lmhead(void) {
+    if (!BUILT(lmhead_fwd) || !BUILT(lmhead_logprobs_bwd)) return;
+    enum { T = 23, D = 37, V = 1031, CH = 8 };
+    int32_t tg[T];
+    for (int t = 0; t < T; t++) tg[t] = (int32_t)((t * 389 + 11) % V);
+    float *h = hrand(T * D, 1), *W = hrand(V * D, 1), *lp = hrand(T, 1), *lse = hrand(T, 1), *ent = hrand(T, 1);
+    float *dlp = hrand(T, 1), *dh = hrand(T * D, 1), *dW = hrand(V * D, 1);
+    int32_t *gtg = dev_bytes(tg, sizeof tg);
+    float *gh = dev(h, T * D), *gW = dev(W, V * D), *glp = dev(lp, T), *glse = dev(lse, T), *gent = dev(ent, T);
+    float *gdlp = dev(dlp, T), *gdh = dev(dh, T * D), *gdW = dev(dW, V * D);
+    ls_arena ca, ga;
+    ls_arena_init(&ca, "cpu scratch", 1 << 20), ls_arena_init(&ga, "device scratch", 1 << 20);
+    ls_arena_set_backend(&ga, G);
+    int ok = ls_op_lmhead_fwd(C, lp, lse, ent, h, W, tg, T, D, V, 0.7f, CH, &ca) == LS_OK &&
+             ls_op_lmhead_fwd(G, glp, glse, gent, gh, gW, gtg, T, D, V, 0.7f, CH, &ga) == LS_OK;
+    check("lmhead_fwd status", ok ? 0 : 1, 0);
+    check("lmhead_fwd logprob", rel_err(glp, lp, T), 1e-5);
+    check("lmhead_fwd lse", rel_err(glse, lse, T), 1e-6);
+    check("lmhead_fwd entropy", rel_err(gent, ent, T), 1e-5);
+    G->i->to_device(G, glse, lse, T * sizeof(float)); /* the backward from the same saved lse */
+    ok = ls_op_lmhead_logprobs_bwd(C, dh, dW, dlp, h, W, tg, lse, T, D, V, 0.7f, CH, &ca) == LS_OK &&
+         ls_op_lmhead_logprobs_bwd(G, gdh, gdW, gdlp, gh, gW, gtg, glse, T, D, V, 0.7f, CH, &ga) == LS_OK;
+    check("lmhead_logprobs_bwd status", ok ? 0 : 1, 0);
+    check("lmhead_logprobs_bwd dh", rel_err(gdh, dh, T * D), 1e-5);
+    check("lmhead_logprobs_bwd dW", rel_err(gdW, dW, V * D), 1e-5);
+    ls_arena_free(&ca), ls_arena_free(&ga);
+    dfree(gtg), dfree(gh), dfree(gW), dfree(glp), dfree(glse), dfree(gent), dfree(gdlp), dfree(gdh), dfree(gdW);
+    free(h), free(W), free(lp), free(lse), free(ent), free(dlp), free(dh), free(dW);
+}
+
 static void t_optim(void) {
     enum { N = 100003 };
     if (BUILT(sumsq)) {
@@ -417,7 +447,8 @@ int main(int argc, char **argv) {
 run:;
     struct { const char *name; void (*fn)(void); } tests[] = {
         {"products", t_products}, {"elementwise", t_elementwise}, {"embed", t_embed}, {"rms", t_rms_all},
-        {"layernorm", t_layernorm}, {"rope", t_rope}, {"moe", t_moe_merge}, {"conv", t_conv}, {"optim", t_optim}};
+        {"layernorm", t_layernorm}, {"rope", t_rope}, {"moe", t_moe_merge}, {"conv", t_conv}, {"lmhead", t_lmhead},
+        {"optim", t_optim}};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         int run = a >= argc;
         for (int j = a; j < argc; j++) run |= !strcmp(argv[j], tests[i].name);

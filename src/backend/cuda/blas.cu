@@ -1,11 +1,15 @@
 /*
  * blas.cu — the CUDA backend's products (cuBLAS, f32 with f32 accumulation, no TF32: the
- * CPU backend is the reference) and the strided row copy.
+ * CPU backend is the reference), the strided row copy, and the chunked LM head built on
+ * them (lmhead.c's passes: one logits chunk of [chunk_rows, V] at a time).
  */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include "cuda_backend.h"
+
+#define GRID_STRIDE_LM(i, n) \
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 extern "C" const int ls_cuda_blas_file = 1;
 
@@ -52,3 +56,118 @@ extern "C" void ls_cuda_copy_rows(cuda_ctx *c, float *dst, int64_t ld_dst, const
                             (size_t)width * sizeof(float), (size_t)rows, cudaMemcpyDeviceToDevice, c->stream));
 }
 
+
+/* ---- the chunked LM head (lmhead.c): logits for chunk_rows tokens at a time -------------- */
+
+/* A [rows, V] f32 chunk from the arena (the caller releases it). */
+static float *logits_chunk(ls_arena *sc, int64_t *chunk_rows, int64_t T, int64_t V) {
+    if (*chunk_rows <= 0) *chunk_rows = 32;
+    if (*chunk_rows > T) *chunk_rows = T;
+    size_t bytes;
+    if (ls_mul_size((size_t)*chunk_rows, (size_t)V, &bytes) || ls_mul_size(bytes, sizeof(float), &bytes)) {
+        ls_err(LS_ERR_NOMEM, "lmhead: logits chunk [%lld, %lld] overflows size_t", (long long)*chunk_rows,
+               (long long)V);
+        return NULL;
+    }
+    return (float *)ls_arena_alloc(sc, bytes);
+}
+
+#define LM_THREADS 256
+/* Sum of v over the block in double (LM_THREADS threads). */
+__device__ static double lm_block_sum(double v, double *part) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double s = 0;
+    for (int w = 0; w < LM_THREADS / 32; w++) s += part[w];
+    return s;
+}
+__device__ static float lm_block_max(float v, float *part) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float m = -INFINITY;
+    for (int w = 0; w < LM_THREADS / 32; w++) m = fmaxf(m, part[w]);
+    return m;
+}
+
+/* One block per row of the chunk: max, Σe and Σe·d in double; log-prob, lse, entropy. */
+__global__ static void k_lm_rows(float *logprob, float *lse, float *entropy, const float *logits,
+                                 const int32_t *target, int64_t V) {
+    __shared__ double dpart[LM_THREADS / 32];
+    __shared__ float fpart[LM_THREADS / 32];
+    int64_t r = blockIdx.x;
+    const float *row = logits + r * V;
+    float m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < V; j += LM_THREADS) m = fmaxf(m, row[j]);
+    m = lm_block_max(m, fpart);
+    double sum = 0, sz = 0;
+    for (int64_t j = threadIdx.x; j < V; j += LM_THREADS) {
+        double d = (double)row[j] - (double)m, e = exp(d);
+        sum += e;
+        sz += e * d;
+    }
+    sum = lm_block_sum(sum, dpart);
+    sz = lm_block_sum(sz, dpart);
+    if (threadIdx.x != 0) return;
+    double l = (double)m + log(sum);
+    if (logprob) logprob[r] = (float)((double)row[target[r]] - l);
+    if (lse) lse[r] = (float)l;
+    if (entropy) entropy[r] = (float)(log(sum) - sz / sum);
+}
+
+extern "C" ls_status ls_cuda_lmhead_fwd(cuda_ctx *c, float *logprob, float *lse, float *entropy, const float *h,
+                                        const float *W, const int32_t *target, int64_t T, int64_t D, int64_t V,
+                                        float temperature, int64_t chunk_rows, ls_arena *sc) {
+    if (T <= 0) return LS_OK;
+    LS_ASSERT(V > 0 && D > 0 && temperature > 0.0f, "lmhead: D=%lld V=%lld temperature=%g", (long long)D,
+              (long long)V, (double)temperature);
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *logits = logits_chunk(sc, &chunk_rows, T, V);
+    if (!logits) return LS_ERR_NOMEM;
+    for (int64_t t0 = 0; t0 < T; t0 += chunk_rows) {
+        int64_t n = T - t0 < chunk_rows ? T - t0 : chunk_rows;
+        ls_cuda_gemm(c, 0, 1, n, V, D, 1.0f / temperature, h + t0 * D, D, W, D, 0.0f, logits, V);
+        k_lm_rows<<<(unsigned)n, LM_THREADS, 0, c->stream>>>(logprob ? logprob + t0 : NULL, lse ? lse + t0 : NULL,
+                                                             entropy ? entropy + t0 : NULL, logits,
+                                                             target ? target + t0 : NULL, V);
+        CU_LAUNCHED();
+    }
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+/* dz/τ in place of the chunk's logits: −g·p, and g·(1 − p) at the target (expm1). */
+__global__ static void k_lm_dz(float *dz, const float *dlogprob, const int32_t *target, const float *lse, int64_t n,
+                               int64_t V, float inv_temp) {
+    GRID_STRIDE_LM(i, n * V) {
+        int64_t r = i / V, j = i % V;
+        double l = lse[r], g = (double)dlogprob[r] * (double)inv_temp, z = dz[i];
+        dz[i] = j == target[r] ? (float)(g * -expm1(z - l)) : (float)(-g * exp(z - l));
+    }
+}
+
+extern "C" ls_status ls_cuda_lmhead_logprobs_bwd(cuda_ctx *c, float *dh, float *dW, const float *dlogprob,
+                                                 const float *h, const float *W, const int32_t *target,
+                                                 const float *lse, int64_t T, int64_t D, int64_t V, float temperature,
+                                                 int64_t chunk_rows, ls_arena *sc) {
+    if (T <= 0) return LS_OK;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *dz = logits_chunk(sc, &chunk_rows, T, V);
+    if (!dz) return LS_ERR_NOMEM;
+    float inv_temp = 1.0f / temperature;
+    for (int64_t t0 = 0; t0 < T; t0 += chunk_rows) {
+        int64_t n = T - t0 < chunk_rows ? T - t0 : chunk_rows;
+        ls_cuda_gemm(c, 0, 1, n, V, D, inv_temp, h + t0 * D, D, W, D, 0.0f, dz, V);
+        int64_t blocks = (n * V + 255) / 256;
+        k_lm_dz<<<(unsigned)(blocks > 65535 ? 65535 : blocks), 256, 0, c->stream>>>(dz, dlogprob + t0, target + t0,
+                                                                                   lse + t0, n, V, inv_temp);
+        CU_LAUNCHED();
+        ls_cuda_gemm(c, 0, 0, n, D, V, 1.0f, dz, V, W, D, 0.0f, dh + t0 * D, D);
+        if (dW) ls_cuda_gemm(c, 1, 0, V, D, n, 1.0f, dz, V, h + t0 * D, D, 1.0f, dW, D);
+    }
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
