@@ -9,7 +9,7 @@
  * must agree exactly): the suite's check that this file's shapes, copies and
  * comparisons are right, on any machine.
  *
- *   ls_gpu_tests [--device N] [--self-check] [products|elementwise|embed|rms|layernorm|rope|moe|conv|lmhead|optim ...]
+ *   ls_gpu_tests [--device N] [--self-check] [products|elementwise|embed|rms|layernorm|rope|moe|conv|lmhead|gdn_prep|optim ...]
  *
  * Prints one line per op and one JSON document at the end ({"device", "checked",
  * "failed", "missing"}: the ops the backend does not build yet). Exit 0 when every
@@ -391,6 +391,42 @@ static void t_lmhead(void) {
     free(h), free(W), free(lp), free(lse), free(ent), free(dlp), free(dh), free(dW);
 }
 
+static void t_gdn_prep(void) {
+    if (!BUILT(gdn_prep_fwd) || !BUILT(gdn_prep_bwd)) return;
+    enum { T = 9, HK = 2, HV = 4, DK = 13, DV = 11, KD = HK * DK, VD = HV * DV, CD = 2 * KD + VD };
+    ls_gdr_dims dm = {HK, HV, DK, DV, 0.0f};
+    float *y = hrand(T * CD, 2), *ba = hrand(T * 2 * HV, 3), *Al = hrand(HV, 1), *dtb = hrand(HV, 1);
+    float *q = hrand(T * KD, 1), *k = hrand(T * KD, 1), *v = hrand(T * VD, 1), *be = hrand(T * HV, 1);
+    float *g = hrand(T * HV, 1), *rq = hrand(T * HK, 1), *rk = hrand(T * HK, 1);
+    float *dq = hrand(T * KD, 1), *dk = hrand(T * KD, 1), *dv = hrand(T * VD, 1), *dbe = hrand(T * HV, 1);
+    float *dg = hrand(T * HV, 1), *dy = hrand(T * CD, 1), *dba = hrand(T * 2 * HV, 1), *dAl = hrand(HV, 1);
+    float *ddt = hrand(HV, 1);
+    float *gy = dev(y, T * CD), *gba = dev(ba, T * 2 * HV), *gAl = dev(Al, HV), *gdtb = dev(dtb, HV);
+    float *gq = dev(q, T * KD), *gk = dev(k, T * KD), *gv = dev(v, T * VD), *gbe = dev(be, T * HV);
+    float *gg = dev(g, T * HV), *grq = dev(rq, T * HK), *grk = dev(rk, T * HK), *gdq = dev(dq, T * KD);
+    float *gdk = dev(dk, T * KD), *gdv = dev(dv, T * VD), *gdbe = dev(dbe, T * HV), *gdg = dev(dg, T * HV);
+    float *gdy = dev(dy, T * CD), *gdba = dev(dba, T * 2 * HV), *gdAl = dev(dAl, HV), *gddt = dev(ddt, HV);
+    ls_op_gdn_prep_fwd(C, q, k, v, be, g, rq, rk, y, ba, Al, dtb, T, dm);
+    ls_op_gdn_prep_fwd(G, gq, gk, gv, gbe, gg, grq, grk, gy, gba, gAl, gdtb, T, dm);
+    check("gdn_prep_fwd q", rel_err(gq, q, T * KD), 1e-6);
+    check("gdn_prep_fwd k", rel_err(gk, k, T * KD), 1e-6);
+    check("gdn_prep_fwd v", rel_err(gv, v, T * VD), 0);
+    check("gdn_prep_fwd beta", rel_err(gbe, be, T * HV), 1e-6);
+    check("gdn_prep_fwd g", rel_err(gg, g, T * HV), 1e-6);
+    check("gdn_prep_fwd rq, rk", fmax(rel_err(grq, rq, T * HK), rel_err(grk, rk, T * HK)), 1e-6);
+    ls_op_gdn_prep_bwd(C, dy, dba, dAl, ddt, dq, dk, dv, dbe, dg, y, rq, rk, ba, be, g, Al, dtb, T, dm);
+    ls_op_gdn_prep_bwd(G, gdy, gdba, gdAl, gddt, gdq, gdk, gdv, gdbe, gdg, gy, grq, grk, gba, gbe, gg, gAl, gdtb, T,
+                       dm);
+    check("gdn_prep_bwd dy", rel_err(gdy, dy, T * CD), 1e-5);
+    check("gdn_prep_bwd dba", rel_err(gdba, dba, T * 2 * HV), 1e-6);
+    check("gdn_prep_bwd dA_log", rel_err(gdAl, dAl, HV), 1e-5);
+    check("gdn_prep_bwd ddt_bias", rel_err(gddt, ddt, HV), 1e-5);
+    float *all[] = {y, ba, Al, dtb, q, k, v, be, g, rq, rk, dq, dk, dv, dbe, dg, dy, dba, dAl, ddt};
+    float *gall[] = {gy, gba, gAl, gdtb, gq, gk, gv, gbe, gg, grq, grk, gdq, gdk, gdv, gdbe, gdg, gdy, gdba, gdAl,
+                     gddt};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]), dfree(gall[i]);
+}
+
 static void t_optim(void) {
     enum { N = 100003 };
     if (BUILT(sumsq)) {
@@ -448,7 +484,7 @@ run:;
     struct { const char *name; void (*fn)(void); } tests[] = {
         {"products", t_products}, {"elementwise", t_elementwise}, {"embed", t_embed}, {"rms", t_rms_all},
         {"layernorm", t_layernorm}, {"rope", t_rope}, {"moe", t_moe_merge}, {"conv", t_conv}, {"lmhead", t_lmhead},
-        {"optim", t_optim}};
+        {"gdn_prep", t_gdn_prep}, {"optim", t_optim}};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         int run = a >= argc;
         for (int j = a; j < argc; j++) run |= !strcmp(argv[j], tests[i].name);

@@ -675,3 +675,101 @@ extern "C" void ls_cuda_conv_bwd(cuda_ctx *c, float *dx, float *dw, float *dtail
     k_conv_bwd<<<blocks_for(C), THREADS, 0, c->stream>>>(dx, dw, dtail, dy, pre, x, tail_in, w, T, C, W);
     CU_LAUNCHED();
 }
+
+/* ---- the Gated DeltaNet prologue (gates.c) ------------------------------------------- */
+
+/* One block per (token, key head), for q then k: the row's L2 norm in double (norm.c). */
+__global__ static void k_l2norm_rows(float *out, float *rnorm, const float *y, int64_t cd, int64_t kd, int Hk, int dk,
+                                     int64_t off) {
+    int64_t t = blockIdx.x / Hk;
+    int h = (int)(blockIdx.x % Hk);
+    const float *xr = y + t * cd + off + (int64_t)h * dk;
+    double ss = 0;
+    for (int i = threadIdx.x; i < dk; i += THREADS) ss += (double)xr[i] * xr[i];
+    ss = block_sum(ss);
+    float s = (float)(1.0 / sqrt(ss + (double)1e-6f)); /* the CPU's eps, a float */
+    if (rnorm && threadIdx.x == 0) rnorm[t * Hk + h] = s;
+    for (int i = threadIdx.x; i < dk; i += THREADS) out[t * kd + (int64_t)h * dk + i] = xr[i] * s;
+}
+__device__ static inline float softplus_d(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+__global__ static void k_gdn_gates(float *v, float *beta, float *g, const float *y, const float *ba, const float *A_log,
+                                   const float *dt_bias, int64_t T, int64_t cd, int64_t kd, int64_t vd, int Hv) {
+    GRID_STRIDE(i, T * vd) v[i] = y[(i / vd) * cd + 2 * kd + i % vd];
+    GRID_STRIDE(i, T * Hv) {
+        int64_t t = i / Hv;
+        int h = (int)(i % Hv);
+        float bb = ba[t * 2 * Hv + h], aa = ba[t * 2 * Hv + Hv + h];
+        beta[i] = sigmoid_d(bb);
+        g[i] = -expf(A_log[h]) * softplus_d(aa + dt_bias[h]);
+    }
+}
+extern "C" void ls_cuda_gdn_prep_fwd(cuda_ctx *c, float *q, float *k, float *v, float *beta, float *g, float *rq,
+                                     float *rk, const float *y, const float *ba, const float *A_log,
+                                     const float *dt_bias, int64_t T, ls_gdr_dims dm) {
+    if (T <= 0) return;
+    int64_t kd = (int64_t)dm.H_k * dm.d_k, vd = (int64_t)dm.H_v * dm.d_v, cd = 2 * kd + vd;
+    k_l2norm_rows<<<(unsigned)(T * dm.H_k), THREADS, 0, c->stream>>>(q, rq, y, cd, kd, dm.H_k, dm.d_k, 0);
+    CU_LAUNCHED();
+    k_l2norm_rows<<<(unsigned)(T * dm.H_k), THREADS, 0, c->stream>>>(k, rk, y, cd, kd, dm.H_k, dm.d_k, kd);
+    CU_LAUNCHED();
+    k_gdn_gates<<<blocks_for(T * vd), THREADS, 0, c->stream>>>(v, beta, g, y, ba, A_log, dt_bias, T, cd, kd, vd,
+                                                               dm.H_v);
+    CU_LAUNCHED();
+}
+
+/* dx = r·dy − r³·x·Σ dy·x per (token, head) row, into the conv output's q or k rows. */
+__global__ static void k_l2norm_rows_bwd(float *dy, const float *dx_in, const float *y, const float *rn, int64_t cd,
+                                         int64_t kd, int Hk, int dk, int64_t off) {
+    int64_t t = blockIdx.x / Hk;
+    int h = (int)(blockIdx.x % Hk);
+    const float *xr = y + t * cd + off + (int64_t)h * dk, *dr = dx_in + t * kd + (int64_t)h * dk;
+    double dot = 0;
+    for (int i = threadIdx.x; i < dk; i += THREADS) dot += (double)dr[i] * xr[i];
+    dot = block_sum(dot);
+    float s = rn[t * Hk + h];
+    float cc = (float)(dot * (double)s * s * s);
+    for (int i = threadIdx.x; i < dk; i += THREADS) dy[t * cd + off + (int64_t)h * dk + i] = s * dr[i] - cc * xr[i];
+}
+/* The gates' backward per element, and dv into the conv output's v rows. */
+__global__ static void k_gdn_gates_bwd(float *dy, float *dba, const float *dv, const float *dbeta, const float *dg,
+                                       const float *ba, const float *beta, const float *A_log, const float *dt_bias,
+                                       int64_t T, int64_t cd, int64_t kd, int64_t vd, int Hv) {
+    GRID_STRIDE(i, T * vd) dy[(i / vd) * cd + 2 * kd + i % vd] = dv[i];
+    GRID_STRIDE(i, T * Hv) {
+        int64_t t = i / Hv;
+        int h = (int)(i % Hv);
+        float bt = beta[i];
+        dba[t * 2 * Hv + h] = dbeta[i] * bt * (1.0f - bt);
+        dba[t * 2 * Hv + Hv + h] = dg[i] * -expf(A_log[h]) * sigmoid_d(ba[t * 2 * Hv + Hv + h] + dt_bias[h]);
+    }
+}
+/* The per-head sums over tokens in token order (one thread per head): ddt_bias += da,
+ * dA_log += dg·g. */
+__global__ static void k_gdn_head_sums(float *dA_log, float *ddt_bias, const float *dba, const float *dg,
+                                       const float *g, int64_t T, int Hv) {
+    GRID_STRIDE(h, Hv) {
+        for (int64_t t = 0; t < T; t++) {
+            if (ddt_bias) ddt_bias[h] += dba[t * 2 * Hv + Hv + h];
+            if (dA_log) dA_log[h] += dg[t * Hv + h] * g[t * Hv + h];
+        }
+    }
+}
+extern "C" void ls_cuda_gdn_prep_bwd(cuda_ctx *c, float *dy, float *dba, float *dA_log, float *ddt_bias,
+                                     const float *dq, const float *dk, const float *dv, const float *dbeta,
+                                     const float *dg, const float *y, const float *rq, const float *rk, const float *ba,
+                                     const float *beta, const float *g, const float *A_log, const float *dt_bias,
+                                     int64_t T, ls_gdr_dims dm) {
+    if (T <= 0) return;
+    int64_t kd = (int64_t)dm.H_k * dm.d_k, vd = (int64_t)dm.H_v * dm.d_v, cd = 2 * kd + vd;
+    k_gdn_gates_bwd<<<blocks_for(T * vd), THREADS, 0, c->stream>>>(dy, dba, dv, dbeta, dg, ba, beta, A_log, dt_bias, T,
+                                                                   cd, kd, vd, dm.H_v);
+    CU_LAUNCHED();
+    if (dA_log || ddt_bias) {
+        k_gdn_head_sums<<<blocks_for(dm.H_v), THREADS, 0, c->stream>>>(dA_log, ddt_bias, dba, dg, g, T, dm.H_v);
+        CU_LAUNCHED();
+    }
+    k_l2norm_rows_bwd<<<(unsigned)(T * dm.H_k), THREADS, 0, c->stream>>>(dy, dq, y, rq, cd, kd, dm.H_k, dm.d_k, 0);
+    CU_LAUNCHED();
+    k_l2norm_rows_bwd<<<(unsigned)(T * dm.H_k), THREADS, 0, c->stream>>>(dy, dk, y, rk, cd, kd, dm.H_k, dm.d_k, kd);
+    CU_LAUNCHED();
+}
