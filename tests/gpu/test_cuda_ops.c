@@ -9,7 +9,7 @@
  * must agree exactly): the suite's check that this file's shapes, copies and
  * comparisons are right, on any machine.
  *
- *   ls_gpu_tests [--device N] [--self-check] [products|elementwise|embed|rms|layernorm|rope|moe|conv|lmhead|gdn_prep|optim ...]
+ *   ls_gpu_tests [--device N] [--self-check] [products|elementwise|embed|rms|layernorm|rope|moe|conv|lmhead|gdn_prep|gdr|optim ...]
  *
  * Prints one line per op and one JSON document at the end ({"device", "checked",
  * "failed", "missing"}: the ops the backend does not build yet). Exit 0 when every
@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "longstraw/backend.h"
+#include "longstraw/kernels.h"
 
 static const ls_backend *G, *C; /* the device, the reference */
 static int n_checked, n_failed;
@@ -67,6 +68,16 @@ static double rel_err(const float *d, const float *ref, int64_t n) {
         if (fabs((double)ref[i]) > big) big = fabs((double)ref[i]);
     }
     free(h);
+    return n > 0 ? worst / (big > 0 ? big : 1) : INFINITY;
+}
+/* The same measure between two host arrays. */
+static double host_err(const float *a, const float *ref, int64_t n) {
+    double worst = 0, big = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - ref[i]);
+        if (!(e <= worst)) worst = e;
+        if (fabs((double)ref[i]) > big) big = fabs((double)ref[i]);
+    }
     return n > 0 ? worst / (big > 0 ? big : 1) : INFINITY;
 }
 static int check(const char *op, double err, double tol) {
@@ -427,6 +438,64 @@ static void t_gdn_prep(void) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]), dfree(gall[i]);
 }
 
+static void t_gdr(void) {
+    enum { T = 150, HK = 2, HV = 4, DK = 24, DV = 19, KD = HK * DK, VD = HV * DV, SN = HV * DK * DV, NC = 3 };
+    ls_gdr_dims dm = {HK, HV, DK, DV, 0.2f};
+    float *q = hrand(T * KD, 0.3f), *k = hrand(T * KD, 0.3f), *v = hrand(T * VD, 1), *be = hrand(T * HV, 0.5f);
+    float *g = hrand(T * HV, 0.2f);
+    for (int i = 0; i < T * HV; i++) be[i] = 0.5f + be[i], g[i] = -fabsf(g[i]); /* β in (0, 1), log decay ≤ 0 */
+    float *gq = dev(q, T * KD), *gk = dev(k, T * KD), *gv = dev(v, T * VD), *gbe = dev(be, T * HV), *gg = dev(g, T * HV);
+    if (BUILT(gdr_serial_fwd)) {
+        float *o = hrand(T * VD, 1), *S = hrand(SN, 0.1f), *go = dev(o, T * VD), *gS = dev(S, SN);
+        ls_op_gdr_serial_fwd(C, o, S, q, k, v, be, g, T, dm), ls_op_gdr_serial_fwd(G, go, gS, gq, gk, gv, gbe, gg, T, dm);
+        check("gdr_serial_fwd o", rel_err(go, o, T * VD), 1e-5);
+        check("gdr_serial_fwd state", rel_err(gS, S, SN), 1e-5);
+        dfree(go), dfree(gS), free(o), free(S);
+    }
+    if (BUILT(gdr_chunk_fwd)) {
+        float *o = hrand(T * VD, 1), *S = hrand(SN, 0.1f), *tape = hrand(NC * SN, 1);
+        float *go = dev(o, T * VD), *gS = dev(S, SN), *gtape = dev(tape, NC * SN);
+        /* the floor: the CPU's chunked form against its own token-serial one, this run */
+        float *os = malloc(T * VD * sizeof(float)), *Ss = malloc(SN * sizeof(float));
+        memcpy(Ss, S, SN * sizeof(float));
+        ls_gdr_serial_fwd(os, Ss, q, k, v, be, g, T, dm);
+        ls_arena ca, ga;
+        ls_arena_init(&ca, "cpu scratch", 1 << 20), ls_arena_init(&ga, "device scratch", 1 << 20);
+        ls_arena_set_backend(&ga, G);
+        int ok = ls_op_gdr_chunk_fwd(C, o, tape, S, q, k, v, be, g, T, dm, &ca) == LS_OK &&
+                 ls_op_gdr_chunk_fwd(G, go, gtape, gS, gq, gk, gv, gbe, gg, T, dm, &ga) == LS_OK;
+        check("gdr_chunk_fwd status", ok ? 0 : 1, 0);
+        double floor = fmax(host_err(os, o, T * VD), host_err(Ss, S, SN)), tol = 4 * floor + 1e-6;
+        printf("  (the CPU's chunked vs token-serial floor %.3g: tolerance %.3g)\n", floor, tol);
+        check("gdr_chunk_fwd o", rel_err(go, o, T * VD), tol);
+        check("gdr_chunk_fwd state", rel_err(gS, S, SN), tol);
+        check("gdr_chunk_fwd tape", rel_err(gtape, tape, NC * SN), tol);
+        free(os), free(Ss);
+        ls_arena_free(&ca), ls_arena_free(&ga);
+        dfree(go), dfree(gS), dfree(gtape), free(o), free(S), free(tape);
+    }
+    if (BUILT(gdr_step_seqs) && BUILT(conv_step_seqs)) {
+        enum { NS = 3, CC = 29, W = 4 };
+        float *S = hrand(NS * SN, 0.1f), *o = hrand(NS * VD, 1), *gS = dev(S, NS * SN), *go = dev(o, NS * VD);
+        float *hs[NS], *ds[NS];
+        for (int i = 0; i < NS; i++) hs[i] = S + i * SN, ds[i] = gS + i * SN;
+        float **gds = dev_bytes(ds, sizeof ds);
+        ls_op_gdr_step_seqs(C, o, hs, q, k, v, be, g, NS, dm), ls_op_gdr_step_seqs(G, go, gds, gq, gk, gv, gbe, gg, NS, dm);
+        check("gdr_step_seqs o", rel_err(go, o, NS * VD), 1e-5);
+        check("gdr_step_seqs states", rel_err(gS, S, NS * SN), 1e-5);
+        float *tl = hrand(NS * (W - 1) * CC, 1), *x = hrand(NS * CC, 1), *w = hrand(CC * W, 1), *y = hrand(NS * CC, 1);
+        float *gtl = dev(tl, NS * (W - 1) * CC), *gx = dev(x, NS * CC), *gw = dev(w, CC * W), *gyy = dev(y, NS * CC);
+        for (int i = 0; i < NS; i++) hs[i] = tl + i * (W - 1) * CC, ds[i] = gtl + i * (W - 1) * CC;
+        G->i->to_device(G, gds, ds, sizeof ds);
+        ls_op_conv_step_seqs(C, y, hs, x, w, NS, CC, W), ls_op_conv_step_seqs(G, gyy, gds, gx, gw, NS, CC, W);
+        check("conv_step_seqs y", rel_err(gyy, y, NS * CC), 1e-6);
+        check("conv_step_seqs tails", rel_err(gtl, tl, NS * (W - 1) * CC), 0);
+        dfree(gS), dfree(go), dfree(gds), dfree(gtl), dfree(gx), dfree(gw), dfree(gyy);
+        free(S), free(o), free(tl), free(x), free(w), free(y);
+    }
+    dfree(gq), dfree(gk), dfree(gv), dfree(gbe), dfree(gg), free(q), free(k), free(v), free(be), free(g);
+}
+
 static void t_optim(void) {
     enum { N = 100003 };
     if (BUILT(sumsq)) {
@@ -484,7 +553,7 @@ run:;
     struct { const char *name; void (*fn)(void); } tests[] = {
         {"products", t_products}, {"elementwise", t_elementwise}, {"embed", t_embed}, {"rms", t_rms_all},
         {"layernorm", t_layernorm}, {"rope", t_rope}, {"moe", t_moe_merge}, {"conv", t_conv}, {"lmhead", t_lmhead},
-        {"gdn_prep", t_gdn_prep}, {"optim", t_optim}};
+        {"gdn_prep", t_gdn_prep}, {"gdr", t_gdr}, {"optim", t_optim}};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         int run = a >= argc;
         for (int j = a; j < argc; j++) run |= !strcmp(argv[j], tests[i].name);

@@ -773,3 +773,108 @@ extern "C" void ls_cuda_gdn_prep_bwd(cuda_ctx *c, float *dy, float *dba, float *
     k_l2norm_rows_bwd<<<(unsigned)(T * dm.H_k), THREADS, 0, c->stream>>>(dy, dk, y, rk, cd, kd, dm.H_k, dm.d_k, kd);
     CU_LAUNCHED();
 }
+
+/* ---- the gated delta rule, token-serial (gdr.c) ----------------------------------------- */
+
+#define GDR_MAX_DK 256
+/* One thread per (value head h, column j) of the state, its column in local memory:
+ * per token S̃ = e^g·S; u = β(v_j − k·S̃_j); S_j = S̃_j + k·u; o_j = scale·q·S_j — the CPU's
+ * order of operations (serial_block_tail). tape (NULL skips): the state at the start of
+ * every chunk of 64 tokens. */
+__global__ static void k_gdr_serial(float *o, float *tape, float *state, const float *q, const float *k,
+                                    const float *v, const float *beta, const float *g, int64_t T, ls_gdr_dims dm) {
+    int64_t dk = dm.d_k, dv = dm.d_v, rep = dm.H_v / dm.H_k;
+    GRID_STRIDE(i, (int64_t)dm.H_v * dv) {
+        int64_t h = i / dv, j = i % dv, hk = h / rep;
+        float S[GDR_MAX_DK];
+        float *Sg = state + h * dk * dv + j;
+        for (int64_t d = 0; d < dk; d++) S[d] = Sg[d * dv];
+        for (int64_t t = 0; t < T; t++) {
+            if (tape && t % 64 == 0)
+                for (int64_t d = 0; d < dk; d++) tape[(t / 64) * dm.H_v * dk * dv + h * dk * dv + d * dv + j] = S[d];
+            const float *qt = q + (t * dm.H_k + hk) * dk, *kt = k + (t * dm.H_k + hk) * dk;
+            float a = expf(g[t * dm.H_v + h]), b = beta[t * dm.H_v + h], acc = 0.0f;
+            for (int64_t d = 0; d < dk; d++) acc += kt[d] * S[d];
+            float u = b * (v[(t * dm.H_v + h) * dv + j] - a * acc);
+            acc = 0.0f;
+            for (int64_t d = 0; d < dk; d++) {
+                float s = a * S[d] + kt[d] * u;
+                S[d] = s;
+                acc += qt[d] * s;
+            }
+            o[(t * dm.H_v + h) * dv + j] = dm.scale * acc;
+        }
+        for (int64_t d = 0; d < dk; d++) Sg[d * dv] = S[d];
+    }
+}
+static void gdr_serial(cuda_ctx *c, float *o, float *tape, float *state, const float *q, const float *k,
+                       const float *v, const float *beta, const float *g, int64_t T, ls_gdr_dims dm) {
+    LS_ASSERT(dm.H_k > 0 && dm.H_v > 0 && dm.H_v % dm.H_k == 0 && dm.d_k > 0 && dm.d_k <= GDR_MAX_DK && dm.d_v > 0,
+              "H_k %d H_v %d d_k %d d_v %d", dm.H_k, dm.H_v, dm.d_k, dm.d_v);
+    if (T <= 0) return;
+    k_gdr_serial<<<blocks_for((int64_t)dm.H_v * dm.d_v), 64, 0, c->stream>>>(o, tape, state, q, k, v, beta, g, T, dm);
+    CU_LAUNCHED();
+}
+extern "C" void ls_cuda_gdr_serial_fwd(cuda_ctx *c, float *o, float *state, const float *q, const float *k,
+                                       const float *v, const float *beta, const float *g, int64_t T, ls_gdr_dims dm) {
+    gdr_serial(c, o, NULL, state, q, k, v, beta, g, T, dm);
+}
+/* The chunked form's contract computed token-serially: the same outputs up to rounding,
+ * the chunk-start states on the tape. A first, correct step; the chunked WY/UT kernel on
+ * tensor cores replaces it. */
+extern "C" ls_status ls_cuda_gdr_chunk_fwd(cuda_ctx *c, float *o, float *tape_h, float *state, const float *q,
+                                           const float *k, const float *v, const float *beta, const float *g, int64_t T,
+                                           ls_gdr_dims dm, ls_arena *scratch) {
+    (void)scratch;
+    gdr_serial(c, o, tape_h, state, q, k, v, beta, g, T, dm);
+    return LS_OK;
+}
+
+/* One token of each of n sequences: thread per (sequence, value head, column). */
+__global__ static void k_gdr_step_seqs(float *o, float *const *states, const float *q, const float *k, const float *v,
+                                       const float *beta, const float *g, int64_t n, ls_gdr_dims dm) {
+    int64_t dk = dm.d_k, dv = dm.d_v, rep = dm.H_v / dm.H_k, per = (int64_t)dm.H_v * dv;
+    GRID_STRIDE(i, n * per) {
+        int64_t s = i / per, h = i % per / dv, j = i % dv, hk = h / rep;
+        float *S = states[s] + h * dk * dv + j;
+        const float *qt = q + (s * dm.H_k + hk) * dk, *kt = k + (s * dm.H_k + hk) * dk;
+        float a = expf(g[s * dm.H_v + h]), b = beta[s * dm.H_v + h], acc = 0.0f;
+        for (int64_t d = 0; d < dk; d++) acc += kt[d] * S[d * dv];
+        float u = b * (v[(s * dm.H_v + h) * dv + j] - a * acc);
+        acc = 0.0f;
+        for (int64_t d = 0; d < dk; d++) {
+            float x = a * S[d * dv] + kt[d] * u;
+            S[d * dv] = x;
+            acc += qt[d] * x;
+        }
+        o[(s * dm.H_v + h) * dv + j] = dm.scale * acc;
+    }
+}
+extern "C" void ls_cuda_gdr_step_seqs(cuda_ctx *c, float *o, float *const *states, const float *q, const float *k,
+                                      const float *v, const float *beta, const float *g, int64_t n, ls_gdr_dims dm) {
+    if (n <= 0) return;
+    k_gdr_step_seqs<<<blocks_for(n * dm.H_v * dm.d_v), THREADS, 0, c->stream>>>(o, states, q, k, v, beta, g, n, dm);
+    CU_LAUNCHED();
+}
+
+/* One token of each of n sequences through the conv: thread per (sequence, channel), which
+ * also shifts that channel of the sequence's tail. */
+__global__ static void k_conv_step_seqs(float *y, float *const *tails, const float *x, const float *w, int64_t n,
+                                        int64_t C, int64_t W) {
+    int64_t Wm = W - 1;
+    GRID_STRIDE(i, n * C) {
+        int64_t s = i / C, ch = i % C;
+        float *tail = tails[s];
+        float acc = 0.0f;
+        for (int64_t j = 0; j < W; j++) acc += w[ch * W + j] * (j < Wm ? tail[j * C + ch] : x[i]);
+        y[i] = acc / (1.0f + expf(-acc));
+        for (int64_t r = 0; r + 1 < Wm; r++) tail[r * C + ch] = tail[(r + 1) * C + ch];
+        if (Wm > 0) tail[(Wm - 1) * C + ch] = x[i];
+    }
+}
+extern "C" void ls_cuda_conv_step_seqs(cuda_ctx *c, float *y, float *const *tails, const float *x, const float *w,
+                                       int64_t n, int64_t C, int64_t W) {
+    if (n <= 0 || C <= 0) return;
+    k_conv_step_seqs<<<blocks_for(n * C), THREADS, 0, c->stream>>>(y, tails, x, w, n, C, W);
+    CU_LAUNCHED();
+}
