@@ -9,7 +9,7 @@
  * must agree exactly): the suite's check that this file's shapes, copies and
  * comparisons are right, on any machine.
  *
- *   ls_gpu_tests [--device N] [--self-check] [products|elementwise|embed|rms|layernorm|rope|moe|conv|lmhead|gdn_prep|gdr|optim ...]
+ *   ls_gpu_tests [--device N] [--self-check] [products|elementwise|embed|rms|layernorm|rope|moe|conv|lmhead|gdn_prep|gdr|routing|optim ...]
  *
  * Prints one line per op and one JSON document at the end ({"device", "checked",
  * "failed", "missing"}: the ops the backend does not build yet). Exit 0 when every
@@ -496,6 +496,69 @@ static void t_gdr(void) {
     dfree(gq), dfree(gk), dfree(gv), dfree(gbe), dfree(gg), free(q), free(k), free(v), free(be), free(g);
 }
 
+/* Device bytes equal to the host's (selections, groupings). */
+static double same_bytes(const void *d, const void *h, size_t bytes) {
+    void *b = malloc(bytes ? bytes : 1);
+    G->i->to_host(G, b, d, bytes);
+    int same = !memcmp(b, h, bytes);
+    free(b);
+    return same ? 0 : 1;
+}
+
+static void t_routing(void) {
+    enum { T = 21, E = 16, K = 3 };
+    if (BUILT(moe_route) && BUILT(moe_route_bwd) && BUILT(moe_group)) {
+        for (int norm = 0; norm < 2; norm++) {
+            float *lg = hrand(T * E, 3), *p = hrand(T * E, 1), *wt = hrand(T * K, 1), *dwt = hrand(T * K, 1);
+            float *dl = hrand(T * E, 1);
+            int32_t sel[T * K];
+            int64_t count[E + 1], rows[T * K];
+            float *glg = dev(lg, T * E), *gp = dev(p, T * E), *gwt = dev(wt, T * K), *gdwt = dev(dwt, T * K);
+            float *gdl = dev(dl, T * E);
+            int32_t *gsel = dev_bytes(NULL, sizeof sel);
+            int64_t *gcount = dev_bytes(NULL, sizeof count), *grows = dev_bytes(NULL, sizeof rows);
+            ls_op_moe_route(C, p, sel, wt, lg, T, E, K, norm), ls_op_moe_route(G, gp, gsel, gwt, glg, T, E, K, norm);
+            check(norm ? "moe_route probs (norm)" : "moe_route probs", rel_err(gp, p, T * E), 1e-6);
+            check(norm ? "moe_route sel (norm)" : "moe_route sel", same_bytes(gsel, sel, sizeof sel), 0);
+            check(norm ? "moe_route wt (norm)" : "moe_route wt", rel_err(gwt, wt, T * K), 1e-6);
+            ls_op_moe_route_bwd(C, dl, dwt, p, sel, wt, T, E, K, norm);
+            ls_op_moe_route_bwd(G, gdl, gdwt, gp, gsel, gwt, T, E, K, norm);
+            check(norm ? "moe_route_bwd (norm)" : "moe_route_bwd", rel_err(gdl, dl, T * E), 1e-5);
+            ls_arena ca, ga;
+            ls_arena_init(&ca, "cpu scratch", 1 << 16), ls_arena_init(&ga, "device scratch", 1 << 16);
+            ls_arena_set_backend(&ga, G);
+            int ok = ls_op_moe_group(C, count, rows, sel, T, E, K, &ca) == LS_OK &&
+                     ls_op_moe_group(G, gcount, grows, gsel, T, E, K, &ga) == LS_OK;
+            check("moe_group", ok ? same_bytes(gcount, count, sizeof count) + same_bytes(grows, rows, sizeof rows) : 1,
+                  0);
+            ls_arena_free(&ca), ls_arena_free(&ga);
+            dfree(glg), dfree(gp), dfree(gwt), dfree(gdwt), dfree(gdl), dfree(gsel), dfree(gcount), dfree(grows);
+            free(lg), free(p), free(wt), free(dwt), free(dl);
+        }
+    }
+    if (BUILT(mla_route_fwd) && BUILT(mla_route_bwd)) {
+        for (int grouped = 0; grouped < 2; grouped++) {
+            float *lg = hrand(T * E, 3), *bias = hrand(E, 0.1f), *wt = hrand(T * K, 1), *so = hrand(T * E, 1);
+            float *dwt = hrand(T * K, 1), *dl = hrand(T * E, 1);
+            int32_t sel[T * K];
+            float *glg = dev(lg, T * E), *gbias = dev(bias, E), *gwt = dev(wt, T * K), *gso = dev(so, T * E);
+            float *gdwt = dev(dwt, T * K), *gdl = dev(dl, T * E);
+            int32_t *gsel = dev_bytes(NULL, sizeof sel);
+            int ng = grouped ? 4 : 1, tg = grouped ? 2 : 1;
+            ls_op_mla_route_fwd(C, sel, wt, so, lg, bias, T, E, K, ng, tg, 1, 2.5);
+            ls_op_mla_route_fwd(G, gsel, gwt, gso, glg, gbias, T, E, K, ng, tg, 1, 2.5);
+            check(grouped ? "mla_route_fwd sel (groups)" : "mla_route_fwd sel", same_bytes(gsel, sel, sizeof sel), 0);
+            check(grouped ? "mla_route_fwd wt (groups)" : "mla_route_fwd wt", rel_err(gwt, wt, T * K), 1e-6);
+            check(grouped ? "mla_route_fwd s (groups)" : "mla_route_fwd s", rel_err(gso, so, T * E), 1e-6);
+            ls_op_mla_route_bwd(C, dl, dwt, so, sel, T, E, K, 1, 2.5);
+            ls_op_mla_route_bwd(G, gdl, gdwt, gso, gsel, T, E, K, 1, 2.5);
+            check(grouped ? "mla_route_bwd (groups)" : "mla_route_bwd", rel_err(gdl, dl, T * E), 1e-5);
+            dfree(glg), dfree(gbias), dfree(gwt), dfree(gso), dfree(gdwt), dfree(gdl), dfree(gsel);
+            free(lg), free(bias), free(wt), free(so), free(dwt), free(dl);
+        }
+    }
+}
+
 static void t_optim(void) {
     enum { N = 100003 };
     if (BUILT(sumsq)) {
@@ -553,7 +616,7 @@ run:;
     struct { const char *name; void (*fn)(void); } tests[] = {
         {"products", t_products}, {"elementwise", t_elementwise}, {"embed", t_embed}, {"rms", t_rms_all},
         {"layernorm", t_layernorm}, {"rope", t_rope}, {"moe", t_moe_merge}, {"conv", t_conv}, {"lmhead", t_lmhead},
-        {"gdn_prep", t_gdn_prep}, {"gdr", t_gdr}, {"optim", t_optim}};
+        {"gdn_prep", t_gdn_prep}, {"gdr", t_gdr}, {"routing", t_routing}, {"optim", t_optim}};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         int run = a >= argc;
         for (int j = a; j < argc; j++) run |= !strcmp(argv[j], tests[i].name);

@@ -878,3 +878,178 @@ extern "C" void ls_cuda_conv_step_seqs(cuda_ctx *c, float *y, float *const *tail
     k_conv_step_seqs<<<blocks_for(n * C), THREADS, 0, c->stream>>>(y, tails, x, w, n, C, W);
     CU_LAUNCHED();
 }
+
+/* ---- MoE routing (gates.c, mla_ops.c): the CPU's selection, token by token ---------------- */
+
+/* One thread per token: softmax in double, then K passes picking the largest untaken
+ * probability (ties to the lower index), renormalised when norm_topk. */
+__global__ static void k_moe_route(float *probs, int32_t *sel, float *wt, const float *logits, int64_t T, int E, int K,
+                                   int norm_topk) {
+    GRID_STRIDE(t, T) {
+        const float *lg = logits + t * E;
+        float *p = probs + t * E;
+        float mx = -INFINITY;
+        for (int e = 0; e < E; e++) mx = lg[e] > mx ? lg[e] : mx;
+        double s = 0;
+        for (int e = 0; e < E; e++) s += exp((double)(lg[e] - mx));
+        for (int e = 0; e < E; e++) p[e] = (float)(exp((double)(lg[e] - mx)) / s);
+        double tot = 0;
+        for (int j = 0; j < K; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++) taken |= sel[t * K + i] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            sel[t * K + j] = best;
+            wt[t * K + j] = p[best];
+            tot += p[best];
+        }
+        if (norm_topk)
+            for (int j = 0; j < K; j++) wt[t * K + j] = (float)(wt[t * K + j] / tot);
+    }
+}
+extern "C" void ls_cuda_moe_route(cuda_ctx *c, float *probs, int32_t *sel, float *wt, const float *logits, int64_t T,
+                                  int E, int K, int norm_topk) {
+    if (T <= 0) return;
+    k_moe_route<<<blocks_for(T), 64, 0, c->stream>>>(probs, sel, wt, logits, T, E, K, norm_topk);
+    CU_LAUNCHED();
+}
+
+/* One block per token, dp in shared memory (E <= 1024). */
+__global__ static void k_moe_route_bwd(float *dlogits, const float *dwt, const float *probs, const int32_t *sel,
+                                       const float *wt, int E, int K, int norm_topk) {
+    __shared__ double dp[1024];
+    int64_t t = blockIdx.x;
+    const float *p = probs + t * E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) dp[e] = 0;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (norm_topk) {
+            double Z = 0, Sw = 0;
+            for (int j = 0; j < K; j++) Z += p[sel[t * K + j]];
+            for (int j = 0; j < K; j++) Sw += (double)dwt[t * K + j] * wt[t * K + j];
+            for (int j = 0; j < K; j++) dp[sel[t * K + j]] = (dwt[t * K + j] - Sw) / Z;
+        } else {
+            for (int j = 0; j < K; j++) dp[sel[t * K + j]] = dwt[t * K + j];
+        }
+        double s = 0;
+        for (int e = 0; e < E; e++) s += dp[e] * p[e];
+        dp[E] = s; /* E < 1024 checked: the slot after the experts carries the sum */
+    }
+    __syncthreads();
+    double s = dp[E];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) dlogits[t * E + e] = (float)(p[e] * (dp[e] - s));
+}
+extern "C" void ls_cuda_moe_route_bwd(cuda_ctx *c, float *dlogits, const float *dwt, const float *probs,
+                                      const int32_t *sel, const float *wt, int64_t T, int E, int K, int norm_topk) {
+    LS_ASSERT(E < 1024, "too many experts for the router backward: %d", E);
+    if (T <= 0) return;
+    k_moe_route_bwd<<<(unsigned)T, 128, 0, c->stream>>>(dlogits, dwt, probs, sel, wt, E, K, norm_topk);
+    CU_LAUNCHED();
+}
+
+/* Rows grouped by expert, one thread in the CPU's order: prefix counts, then each row at
+ * its expert's next slot (ascending within an expert). */
+__global__ static void k_moe_group(int64_t *count, int64_t *rows, int64_t *fill, const int32_t *sel, int64_t n, int E) {
+    for (int e = 0; e <= E; e++) count[e] = 0;
+    for (int e = 0; e < E; e++) fill[e] = 0;
+    for (int64_t i = 0; i < n; i++) count[sel[i] + 1]++;
+    for (int e = 0; e < E; e++) count[e + 1] += count[e];
+    for (int64_t i = 0; i < n; i++) rows[count[sel[i]] + fill[sel[i]]++] = i;
+}
+extern "C" ls_status ls_cuda_moe_group(cuda_ctx *c, int64_t *count, int64_t *rows, const int32_t *sel, int64_t T,
+                                       int E, int K, ls_arena *sc) {
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    int64_t *fill = (int64_t *)ls_arena_alloc(sc, (size_t)E * sizeof(int64_t));
+    if (!fill) return LS_ERR_NOMEM;
+    k_moe_group<<<1, 1, 0, c->stream>>>(count, rows, fill, sel, T * K, E);
+    CU_LAUNCHED();
+    ls_arena_release(sc, mk); /* the stream orders the next user of the block after the kernel */
+    return LS_OK;
+}
+
+/* The MLA family's routing, one block per token: σ and the biased scores in shared
+ * memory (in parallel), then thread 0 picks the groups and the experts as the CPU does. */
+__global__ static void k_mla_route_fwd(int32_t *sel, float *wt, float *s_out, const float *logits, const float *bias,
+                                       int E, int K, int n_group, int topk_group, int norm, double scaling) {
+    __shared__ double s[1024], sb[1024];
+    __shared__ unsigned char keep[1024];
+    int64_t t = blockIdx.x;
+    const float *lg = logits + t * E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        s[e] = 1.0 / (1.0 + exp(-(double)lg[e]));
+        sb[e] = s[e] + (bias ? (double)bias[e] : 0.0);
+        keep[e] = 1;
+        if (s_out) s_out[t * E + e] = (float)s[e];
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    if (n_group > 1 && topk_group < n_group) {
+        int per = E / n_group;
+        double gs[256];
+        unsigned char gk[256];
+        for (int gi = 0; gi < n_group; gi++) {
+            double b1 = -INFINITY, b2 = -INFINITY;
+            for (int e = gi * per; e < (gi + 1) * per; e++) {
+                if (sb[e] > b1) b2 = b1, b1 = sb[e];
+                else if (sb[e] > b2) b2 = sb[e];
+            }
+            gs[gi] = per > 1 ? b1 + b2 : b1;
+            gk[gi] = 0;
+        }
+        for (int j = 0; j < topk_group; j++) {
+            int best = -1;
+            for (int gi = 0; gi < n_group; gi++)
+                if (!gk[gi] && (best < 0 || gs[gi] > gs[best])) best = gi;
+            gk[best] = 1;
+        }
+        for (int e = 0; e < E; e++) keep[e] = gk[e / per];
+    }
+    int32_t *o = sel + t * K;
+    double tot = 0;
+    for (int j = 0; j < K; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (keep[e] && (best < 0 || sb[e] > sb[best])) best = e;
+        if (best < 0) best = 0; /* checked on the host: the kept groups hold K experts */
+        keep[best] = 0;
+        o[j] = best;
+        tot += s[best];
+    }
+    for (int j = 0; j < K; j++) wt[t * K + j] = (float)((norm ? s[o[j]] / (tot + 1e-20) : s[o[j]]) * scaling);
+}
+extern "C" void ls_cuda_mla_route_fwd(cuda_ctx *c, int32_t *sel, float *wt, float *s_out, const float *logits,
+                                      const float *bias, int64_t T, int E, int K, int n_group, int topk_group, int norm,
+                                      double scaling) {
+    LS_ASSERT(E <= 1024 && n_group >= 1 && n_group <= 256 && E % n_group == 0 && K <= (topk_group < n_group ?
+              topk_group : n_group) * (E / n_group), "routing of %d experts in %d groups, %d of %d kept, top %d", E,
+              n_group, topk_group, n_group, K);
+    if (T <= 0) return;
+    k_mla_route_fwd<<<(unsigned)T, 128, 0, c->stream>>>(sel, wt, s_out, logits, bias, E, K, n_group, topk_group, norm,
+                                                        scaling);
+    CU_LAUNCHED();
+}
+
+__global__ static void k_mla_route_bwd(float *dlogits, const float *dwt, const float *s, const int32_t *sel, int64_t T,
+                                       int E, int K, int norm, double scaling) {
+    GRID_STRIDE(t, T) {
+        const float *st = s + t * E;
+        const int32_t *o = sel + t * K;
+        float *dl = dlogits + t * E;
+        for (int e = 0; e < E; e++) dl[e] = 0.0f;
+        double Z = 1e-20, dot = 0;
+        for (int j = 0; j < K; j++) Z += st[o[j]], dot += (double)dwt[t * K + j] * st[o[j]];
+        for (int j = 0; j < K; j++) {
+            double sj = st[o[j]], ds = norm ? scaling * ((double)dwt[t * K + j] / Z - dot / (Z * Z))
+                                            : scaling * (double)dwt[t * K + j];
+            dl[o[j]] = (float)(ds * sj * (1.0 - sj));
+        }
+    }
+}
+extern "C" void ls_cuda_mla_route_bwd(cuda_ctx *c, float *dlogits, const float *dwt, const float *s, const int32_t *sel,
+                                      int64_t T, int E, int K, int norm, double scaling) {
+    if (T <= 0) return;
+    k_mla_route_bwd<<<blocks_for(T), 64, 0, c->stream>>>(dlogits, dwt, s, sel, T, E, K, norm, scaling);
+    CU_LAUNCHED();
+}
