@@ -9,7 +9,7 @@
  * must agree exactly): the suite's check that this file's shapes, copies and
  * comparisons are right, on any machine.
  *
- *   ls_gpu_tests [--device N] [--self-check] [products|elementwise|embed|rms|layernorm|rope|moe|conv|lmhead|gdn_prep|gdr|routing|optim ...]
+ *   ls_gpu_tests [--device N] [--self-check] [products|elementwise|embed|rms|layernorm|rope|moe|conv|lmhead|gdn_prep|gdr|routing|attention|optim ...]
  *
  * Prints one line per op and one JSON document at the end ({"device", "checked",
  * "failed", "missing"}: the ops the backend does not build yet). Exit 0 when every
@@ -559,6 +559,92 @@ static void t_routing(void) {
     }
 }
 
+/* Pages of a prefix of n positions (page size S, [S, NKV, HD] each, dtype dt) on the host
+ * (hp) and the device (dp) from f32 values; pages are zero past n. */
+static void make_pages(void **hp, void **dp, const float *vals, int64_t n, int64_t S, int nkv, int hd, ls_dtype dt) {
+    int64_t np = (n + S - 1) / S, per = S * nkv * hd;
+    size_t pb = (size_t)per * ls_dtype_size(dt);
+    float *pg = calloc((size_t)per, sizeof(float));
+    for (int64_t p = 0; p < np; p++) {
+        memset(pg, 0, (size_t)per * sizeof(float));
+        int64_t rows = n - p * S < S ? n - p * S : S;
+        memcpy(pg, vals + p * per, (size_t)(rows * nkv * hd) * sizeof(float));
+        hp[p] = malloc(pb);
+        ls_convert_from_f32(hp[p], dt, pg, (size_t)per);
+        dp[p] = dev_bytes(hp[p], pb);
+    }
+    free(pg);
+}
+
+static void t_attention(void) {
+    if (!BUILT(attn_fwd) || !BUILT(attn_bwd) || !BUILT(attn_prefix_fwd) || !BUILT(attn_prefix_bwd)) return;
+    enum { T = 11, NH = 4, NKV = 2, HD = 24, N = 23, S = 5, NP = (N + S - 1) / S, PER = S * NKV * HD };
+    const float scale = 1.0f / sqrtf((float)HD);
+    for (int bf = 0; bf < 2; bf++) {
+        ls_dtype dt = bf ? LS_DTYPE_BF16 : LS_DTYPE_F32;
+        float *pk = hrand(NP * PER, 1), *pv = hrand(NP * PER, 1);
+        void *hk[NP], *hv[NP], *dkp[NP], *dvp[NP];
+        make_pages(hk, dkp, pk, N, S, NKV, HD, dt), make_pages(hv, dvp, pv, N, S, NKV, HD, dt);
+        ls_kv_prefix hpre = {N, S, dt, hk, hv}, dpre = {N, S, dt, dkp, dvp};
+        float *q = hrand(T * NH * HD, 1), *k = hrand(T * NKV * HD, 1), *v = hrand(T * NKV * HD, 1);
+        float *o = hrand(T * NH * HD, 1), *lse = hrand(T * NH, 1), *on = malloc(T * NH * HD * sizeof(float));
+        float *ln = malloc(T * NH * sizeof(float));
+        float *gq = dev(q, T * NH * HD), *gk = dev(k, T * NKV * HD), *gv = dev(v, T * NKV * HD);
+        float *go = dev(o, T * NH * HD), *gl = dev(lse, T * NH);
+        ls_arena ca, ga;
+        ls_arena_init(&ca, "cpu scratch", 1 << 20), ls_arena_init(&ga, "device scratch", 1 << 20);
+        ls_arena_set_backend(&ga, G);
+        char name[64];
+        const char *tag = bf ? "bf16 pages" : "f32 pages";
+        /* the floor: the CPU's tiled kernel against its naive double reference, this run */
+        ls_attn_naive(on, ln, q, k, v, &hpre, T, NH, NKV, HD, scale);
+        int ok = ls_op_attn_fwd(C, o, lse, q, k, v, &hpre, T, NH, NKV, HD, scale, &ca) == LS_OK &&
+                 ls_op_attn_fwd(G, go, gl, gq, gk, gv, &dpre, T, NH, NKV, HD, scale, &ga) == LS_OK;
+        double floor = host_err(o, on, T * NH * HD), tol = 4 * floor + 1e-6;
+        snprintf(name, sizeof name, "attn_fwd o (%s)", tag);
+        check(name, ok ? rel_err(go, o, T * NH * HD) : 1, tol);
+        snprintf(name, sizeof name, "attn_fwd lse (%s)", tag);
+        check(name, ok ? rel_err(gl, lse, T * NH) : 1, 4 * host_err(lse, ln, T * NH) + 1e-6);
+        /* backward from the CPU's saved o and lse; prefix gradients into f32 pages */
+        G->i->to_device(G, go, o, T * NH * HD * sizeof(float)), G->i->to_device(G, gl, lse, T * NH * sizeof(float));
+        float *dout = hrand(T * NH * HD, 1), *dq = hrand(T * NH * HD, 1), *dk = hrand(T * NKV * HD, 1);
+        float *dv = hrand(T * NKV * HD, 1), *z = calloc(NP * PER, sizeof(float));
+        void *hdk[NP], *hdv[NP], *ddk[NP], *ddv[NP];
+        make_pages(hdk, ddk, z, N, S, NKV, HD, LS_DTYPE_F32), make_pages(hdv, ddv, z, N, S, NKV, HD, LS_DTYPE_F32);
+        float *gdout = dev(dout, T * NH * HD), *gdq = dev(dq, T * NH * HD), *gdk = dev(dk, T * NKV * HD);
+        float *gdv = dev(dv, T * NKV * HD);
+        ok = ls_op_attn_bwd(C, dq, dk, dv, hdk, hdv, dout, o, lse, q, k, v, &hpre, T, NH, NKV, HD, scale, &ca) == LS_OK &&
+             ls_op_attn_bwd(G, gdq, gdk, gdv, ddk, ddv, gdout, go, gl, gq, gk, gv, &dpre, T, NH, NKV, HD, scale, &ga) ==
+                 LS_OK;
+        double e = ok ? 0 : 1;
+        e = fmax(e, rel_err(gdq, dq, T * NH * HD)), e = fmax(e, rel_err(gdk, dk, T * NKV * HD));
+        e = fmax(e, rel_err(gdv, dv, T * NKV * HD));
+        for (int p = 0; p < NP; p++) e = fmax(e, rel_err(ddk[p], hdk[p], PER)), e = fmax(e, rel_err(ddv[p], hdv[p], PER));
+        snprintf(name, sizeof name, "attn_bwd dq dk dv dprefix (%s)", tag);
+        check(name, e, 1e-4);
+        /* the CP partial over the prefix alone, and its backward's share */
+        ok = ls_op_attn_prefix_fwd(C, o, lse, q, &hpre, T, NH, NKV, HD, scale, &ca) == LS_OK &&
+             ls_op_attn_prefix_fwd(G, go, gl, gq, &dpre, T, NH, NKV, HD, scale, &ga) == LS_OK;
+        snprintf(name, sizeof name, "attn_prefix_fwd (%s)", tag);
+        check(name, ok ? fmax(rel_err(go, o, T * NH * HD), rel_err(gl, lse, T * NH)) : 1, 1e-5);
+        G->i->to_device(G, go, o, T * NH * HD * sizeof(float)), G->i->to_device(G, gl, lse, T * NH * sizeof(float));
+        ok = ls_op_attn_prefix_bwd(C, dq, hdk, hdv, dout, o, lse, q, &hpre, T, NH, NKV, HD, scale, &ca) == LS_OK &&
+             ls_op_attn_prefix_bwd(G, gdq, ddk, ddv, gdout, go, gl, gq, &dpre, T, NH, NKV, HD, scale, &ga) == LS_OK;
+        e = ok ? rel_err(gdq, dq, T * NH * HD) : 1;
+        for (int p = 0; p < NP; p++) e = fmax(e, rel_err(ddk[p], hdk[p], PER)), e = fmax(e, rel_err(ddv[p], hdv[p], PER));
+        snprintf(name, sizeof name, "attn_prefix_bwd (%s)", tag);
+        check(name, e, 1e-4);
+        for (int p = 0; p < NP; p++) {
+            free(hk[p]), free(hv[p]), free(hdk[p]), free(hdv[p]);
+            dfree(dkp[p]), dfree(dvp[p]), dfree(ddk[p]), dfree(ddv[p]);
+        }
+        ls_arena_free(&ca), ls_arena_free(&ga);
+        dfree(gq), dfree(gk), dfree(gv), dfree(go), dfree(gl), dfree(gdout), dfree(gdq), dfree(gdk), dfree(gdv);
+        free(pk), free(pv), free(q), free(k), free(v), free(o), free(lse), free(on), free(ln), free(dout), free(dq);
+        free(dk), free(dv), free(z);
+    }
+}
+
 static void t_optim(void) {
     enum { N = 100003 };
     if (BUILT(sumsq)) {
@@ -616,7 +702,8 @@ run:;
     struct { const char *name; void (*fn)(void); } tests[] = {
         {"products", t_products}, {"elementwise", t_elementwise}, {"embed", t_embed}, {"rms", t_rms_all},
         {"layernorm", t_layernorm}, {"rope", t_rope}, {"moe", t_moe_merge}, {"conv", t_conv}, {"lmhead", t_lmhead},
-        {"gdn_prep", t_gdn_prep}, {"gdr", t_gdr}, {"routing", t_routing}, {"optim", t_optim}};
+        {"gdn_prep", t_gdn_prep}, {"gdr", t_gdr}, {"routing", t_routing},
+        {"attention", t_attention}, {"optim", t_optim}};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         int run = a >= argc;
         for (int j = a; j < argc; j++) run |= !strcmp(argv[j], tests[i].name);

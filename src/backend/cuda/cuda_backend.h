@@ -44,7 +44,7 @@ LS_BACKEND_STATUS_OPS(LS_CUDA_STATUS_DECL_)
 
 /* One strong symbol per file of ops: the table's file refers to them, so a static link
  * takes those files (a weak reference alone would not) and the weak ones resolve. */
-extern "C" const int ls_cuda_ops_file, ls_cuda_blas_file;
+extern "C" const int ls_cuda_ops_file, ls_cuda_blas_file, ls_cuda_attention_file;
 
 /* Whether op f is built (a weak reference resolves to NULL when it is not). */
 template <typename F> static inline bool ls_cuda_built(F *f) { return f != nullptr; }
