@@ -1053,3 +1053,136 @@ extern "C" void ls_cuda_mla_route_bwd(cuda_ctx *c, float *dlogits, const float *
     k_mla_route_bwd<<<blocks_for(T), 64, 0, c->stream>>>(dlogits, dwt, s, sel, T, E, K, norm, scaling);
     CU_LAUNCHED();
 }
+
+/* ---- the gated delta rule's backward (gdr.c's contract), token-serial ----------------- */
+
+/* One block per value head h, a thread per state column j (blockDim = d_v). Chunks of 64
+ * from the last: the chunk's states before each token are recomputed from the tape into
+ * Sst, then the tokens run backwards with each thread's column of dS in local memory:
+ *   S_t = a·S + k·uᵀ, u = β(v − a·Sᵀk), o_t = scale·S_tᵀq:
+ *   dS_t += scale·q·do_j;  du_j = k·dS_t;  dv_j = β·du_j;  dβ += du_j·(v_j − a·k·S_j);
+ *   c_j = −β·a·du_j;  dk += dS_t·u_j + c_j·S_j;  dq += scale·S_t·do_j;
+ *   da += dS_t·S_j − β·du_j·(k·S_j), dg = a·da;  dS ← a·dS_t + c_j·k.
+ * Sums over columns go through global scratch in column order (deterministic): dq and
+ * dk per value head into dqh/dkh, summed over the heads sharing a key head afterwards. */
+__global__ static void k_gdr_bwd(float *dqh, float *dkh, float *dv, float *dbeta, float *dg, float *dstate0,
+                                 const float *dout, const float *dstate_T, const float *tape, const float *q,
+                                 const float *k, const float *v, const float *beta, const float *g, float *Sst,
+                                 float *contrib, int64_t T, ls_gdr_dims dm) {
+    extern __shared__ float sh[];
+    int64_t dk = dm.d_k, dvv = dm.d_v, rep = dm.H_v / dm.H_k, H = dm.H_v, SN = dk * dvv;
+    int64_t h = blockIdx.x, hk = h / rep, j = threadIdx.x;
+    float *qs = sh, *ks = sh + dk, *red = ks + dk; /* red: [2, d_v] scalar partials */
+    float dS[GDR_MAX_DK];
+    float *ctq = contrib + h * 2 * SN, *ctk = ctq + SN; /* [d_v, d_k] each: column j's share */
+    for (int64_t d = 0; d < dk; d++) dS[d] = dstate_T ? dstate_T[h * SN + d * dvv + j] : 0.0f;
+    int64_t nc = (T + 63) / 64;
+    for (int64_t cidx = nc - 1; cidx >= 0; cidx--) {
+        int64_t t0 = cidx * 64, t1 = t0 + 64 < T ? t0 + 64 : T;
+        /* the states before each token of the chunk, column j */
+        float S[GDR_MAX_DK];
+        for (int64_t d = 0; d < dk; d++) S[d] = tape[cidx * H * SN + h * SN + d * dvv + j];
+        for (int64_t t = t0; t < t1; t++) {
+            float *dst = Sst + ((t - t0) * H + h) * SN;
+            for (int64_t d = 0; d < dk; d++) dst[d * dvv + j] = S[d];
+            const float *kt = k + (t * dm.H_k + hk) * dk;
+            float a = expf(g[t * H + h]), b = beta[t * H + h], acc = 0.0f;
+            for (int64_t d = 0; d < dk; d++) acc += kt[d] * S[d];
+            float u = b * (v[(t * H + h) * dvv + j] - a * acc);
+            for (int64_t d = 0; d < dk; d++) S[d] = a * S[d] + kt[d] * u;
+        }
+        for (int64_t t = t1 - 1; t >= t0; t--) {
+            __syncthreads();
+            for (int64_t d = j; d < dk; d += blockDim.x) qs[d] = q[(t * dm.H_k + hk) * dk + d], ks[d] = k[(t * dm.H_k + hk) * dk + d];
+            __syncthreads();
+            const float *Sp = Sst + ((t - t0) * H + h) * SN;
+            float a = expf(g[t * H + h]), b = beta[t * H + h], doj = dout[(t * H + h) * dvv + j];
+            float kS = 0.0f;
+            for (int64_t d = 0; d < dk; d++) kS += ks[d] * Sp[d * dvv + j];
+            float vj = v[(t * H + h) * dvv + j], u = b * (vj - a * kS);
+            float du = 0.0f, da = 0.0f;
+            for (int64_t d = 0; d < dk; d++) {
+                float St = a * Sp[d * dvv + j] + ks[d] * u;
+                dS[d] += dm.scale * qs[d] * doj;
+                ctq[j * dk + d] = dm.scale * St * doj;
+                du += ks[d] * dS[d];
+            }
+            dv[(t * H + h) * dvv + j] = b * du;
+            float cj = -b * a * du;
+            for (int64_t d = 0; d < dk; d++) {
+                float sp = Sp[d * dvv + j];
+                ctk[j * dk + d] = dS[d] * u + cj * sp;
+                da += dS[d] * sp;
+                dS[d] = a * dS[d] + cj * ks[d];
+            }
+            da += -b * du * kS;
+            red[j] = du * (vj - a * kS);
+            red[blockDim.x + j] = da;
+            __syncthreads();
+            for (int64_t d = j; d < dk; d += blockDim.x) { /* column order */
+                float sq = 0.0f, sk = 0.0f;
+                for (int64_t jj = 0; jj < dvv; jj++) sq += ctq[jj * dk + d], sk += ctk[jj * dk + d];
+                dqh[(t * H + h) * dk + d] = sq;
+                dkh[(t * H + h) * dk + d] = sk;
+            }
+            if (j == 0) {
+                float sb = 0.0f, sa = 0.0f;
+                for (int64_t jj = 0; jj < dvv; jj++) sb += red[jj], sa += red[blockDim.x + jj];
+                dbeta[t * H + h] = sb;
+                dg[t * H + h] = a * sa;
+            }
+        }
+    }
+    if (dstate0)
+        for (int64_t d = 0; d < dk; d++) dstate0[h * SN + d * dvv + j] = dS[d];
+}
+/* dq, dk [T, H_k, d_k] (=): the value heads of each key head summed in head order. */
+__global__ static void k_gdr_group_sum(float *dq, float *dk, const float *dqh, const float *dkh, int64_t T,
+                                       ls_gdr_dims dm) {
+    int64_t rep = dm.H_v / dm.H_k;
+    GRID_STRIDE(i, T * dm.H_k * dm.d_k) {
+        int64_t t = i / ((int64_t)dm.H_k * dm.d_k), hk = i / dm.d_k % dm.H_k, d = i % dm.d_k;
+        float sq = 0.0f, sk = 0.0f;
+        for (int64_t r = 0; r < rep; r++) {
+            int64_t h = hk * rep + r;
+            sq += dqh[(t * dm.H_v + h) * dm.d_k + d];
+            sk += dkh[(t * dm.H_v + h) * dm.d_k + d];
+        }
+        dq[i] = sq, dk[i] = sk;
+    }
+}
+extern "C" ls_status ls_cuda_gdr_chunk_bwd(cuda_ctx *c, float *dq, float *dk, float *dv, float *dbeta, float *dg,
+                                           float *dstate0, const float *dout, const float *dstate_T,
+                                           const float *tape_h, const float *q, const float *k, const float *v,
+                                           const float *beta, const float *g, int64_t T, ls_gdr_dims dm,
+                                           ls_arena *scratch) {
+    LS_ASSERT(dm.H_k > 0 && dm.H_v > 0 && dm.H_v % dm.H_k == 0 && dm.d_k > 0 && dm.d_k <= GDR_MAX_DK && dm.d_v > 0 &&
+                  dm.d_v <= 1024, "H_k %d H_v %d d_k %d d_v %d", dm.H_k, dm.H_v, dm.d_k, dm.d_v);
+    int64_t SN = (int64_t)dm.d_k * dm.d_v, H = dm.H_v;
+    if (T <= 0) {
+        if (dstate0) {
+            if (dstate_T) CU_CK(cudaMemcpyAsync(dstate0, dstate_T, (size_t)(H * SN) * sizeof(float),
+                                                cudaMemcpyDeviceToDevice, c->stream));
+            else CU_CK(cudaMemsetAsync(dstate0, 0, (size_t)(H * SN) * sizeof(float), c->stream));
+        }
+        return LS_OK;
+    }
+    ls_arena_mark mk = ls_arena_get_mark(scratch);
+    int64_t chunk = T < 64 ? T : 64;
+    float *Sst = (float *)ls_arena_alloc(scratch, (size_t)(chunk * H * SN) * sizeof(float));
+    float *contrib = (float *)ls_arena_alloc(scratch, (size_t)(2 * H * SN) * sizeof(float));
+    float *dqh = (float *)ls_arena_alloc(scratch, (size_t)(2 * T * H * dm.d_k) * sizeof(float));
+    if (!Sst || !contrib || !dqh) {
+        ls_arena_release(scratch, mk);
+        return ls_err(LS_ERR_NOMEM, "gdr backward: scratch for %lld tokens", (long long)T);
+    }
+    float *dkh = dqh + T * H * dm.d_k;
+    size_t smem = (size_t)(2 * dm.d_k + 2 * dm.d_v) * sizeof(float);
+    k_gdr_bwd<<<(unsigned)H, (unsigned)dm.d_v, smem, c->stream>>>(dqh, dkh, dv, dbeta, dg, dstate0, dout, dstate_T, tape_h,
+                                                                  q, k, v, beta, g, Sst, contrib, T, dm);
+    CU_LAUNCHED();
+    k_gdr_group_sum<<<blocks_for(T * dm.H_k * dm.d_k), THREADS, 0, c->stream>>>(dq, dk, dqh, dkh, T, dm);
+    CU_LAUNCHED();
+    ls_arena_release(scratch, mk);
+    return LS_OK;
+}
