@@ -9,7 +9,7 @@
  * must agree exactly): the suite's check that this file's shapes, copies and
  * comparisons are right, on any machine.
  *
- *   ls_gpu_tests [--device N] [--self-check] [products|elementwise|embed|rms|layernorm|rope|moe|conv|lmhead|gdn_prep|gdr|routing|attention|optim ...]
+ *   ls_gpu_tests [--device N] [--self-check] [products|elementwise|embed|rms|layernorm|rope|moe|conv|lmhead|gdn_prep|gdr|routing|attention|mla|optim ...]
  *
  * Prints one line per op and one JSON document at the end ({"device", "checked",
  * "failed", "missing"}: the ops the backend does not build yet). Exit 0 when every
@@ -668,6 +668,118 @@ static void t_attention(void) {
     }
 }
 
+static void t_mla(void) {
+    enum { T = 5, H = 3, RKV = 20, DR = 6, DK = RKV + DR, N = 17, S = 5, NP = (N + S - 1) / S, K = 9, NI = 2 };
+    const int64_t pos0 = N;
+    const float scale = 0.2f;
+    int32_t sel[T * K];
+    for (int t = 0; t < T; t++) { /* ascending distinct positions of 0 .. pos0 + t, then −1 */
+        int c = 0;
+        for (int p = t % 3; p <= pos0 + t && c < K - (t % 2) * 2; p += 1 + (p * 7 + t) % 3) sel[t * K + c++] = p;
+        for (; c < K; c++) sel[t * K + c] = -1;
+    }
+    int32_t *gsel = dev_bytes(sel, sizeof sel);
+    for (int bf = 0; bf < 2; bf++) {
+        ls_dtype dt = bf ? LS_DTYPE_BF16 : LS_DTYPE_F32;
+        const char *tag = bf ? "bf16" : "f32";
+        char name[64];
+        float *rows = hrand(NP * S * DK, 1);
+        void *hp[NP], *dp[NP];
+        make_pages(hp, dp, rows, N, S, 1, DK, dt);
+        ls_kv_prefix hpre = {N, S, dt, hp, NULL}, dpre = {N, S, dt, dp, NULL};
+        float *q = hrand(T * H * DK, 1), *own = hrand(T * DK, 1), *o = hrand(T * H * RKV, 1), *lse = hrand(T * H, 1);
+        float *gq = dev(q, T * H * DK), *gown = dev(own, T * DK), *go = dev(o, T * H * RKV), *gl = dev(lse, T * H);
+        if (BUILT(mla_attn_fwd) && BUILT(mla_attn_bwd)) {
+            int ok = ls_op_mla_attn_fwd(C, o, lse, q, own, &hpre, sel, K, T, H, RKV, DR, pos0, scale) == LS_OK &&
+                     ls_op_mla_attn_fwd(G, go, gl, gq, gown, &dpre, gsel, K, T, H, RKV, DR, pos0, scale) == LS_OK;
+            snprintf(name, sizeof name, "mla_attn_fwd (%s)", tag);
+            check(name, ok ? fmax(rel_err(go, o, T * H * RKV), rel_err(gl, lse, T * H)) : 1, 1e-5);
+            G->i->to_device(G, go, o, T * H * RKV * sizeof(float)), G->i->to_device(G, gl, lse, T * H * sizeof(float));
+            float *dout = hrand(T * H * RKV, 1), *dq = hrand(T * H * DK, 1), *down = hrand(T * DK, 1);
+            float *z = calloc(NP * S * DK, sizeof(float));
+            void *hd[NP], *dd[NP];
+            make_pages(hd, dd, z, N, S, 1, DK, LS_DTYPE_F32);
+            float *gdout = dev(dout, T * H * RKV), *gdq = dev(dq, T * H * DK), *gdown = dev(down, T * DK);
+            ok = ls_op_mla_attn_bwd(C, dq, down, hd, dout, o, lse, q, own, &hpre, sel, K, T, H, RKV, DR, pos0, scale) ==
+                     LS_OK &&
+                 ls_op_mla_attn_bwd(G, gdq, gdown, dd, gdout, go, gl, gq, gown, &dpre, gsel, K, T, H, RKV, DR, pos0,
+                                    scale) == LS_OK;
+            double e = ok ? fmax(rel_err(gdq, dq, T * H * DK), rel_err(gdown, down, T * DK)) : 1;
+            for (int p = 0; p < NP; p++) e = fmax(e, rel_err(dd[p], hd[p], S * DK));
+            snprintf(name, sizeof name, "mla_attn_bwd dq down dprefix (%s)", tag);
+            check(name, e, 1e-5);
+            for (int p = 0; p < NP; p++) free(hd[p]), dfree(dd[p]);
+            dfree(gdout), dfree(gdq), dfree(gdown), free(dout), free(dq), free(down), free(z);
+        }
+        if (BUILT(mla_attn_probs)) {
+            float *P = hrand(T * K, 1), *gP = dev(P, T * K);
+            ls_op_mla_attn_probs(C, P, q, lse, own, &hpre, sel, K, T, H, RKV, DR, pos0, scale);
+            ls_op_mla_attn_probs(G, gP, gq, gl, gown, &dpre, gsel, K, T, H, RKV, DR, pos0, scale);
+            snprintf(name, sizeof name, "mla_attn_probs (%s)", tag);
+            check(name, rel_err(gP, P, T * K), 1e-5);
+            dfree(gP), free(P);
+        }
+        if (BUILT(dsa_sel_scores) && BUILT(dsa_sel_scores_bwd)) { /* the rows as index keys of DK values */
+            float *qi = hrand(T * NI * DK, 1), *w = hrand(T * NI, 1), *sc = hrand(T * K, 1), *dS = hrand(T * K, 1);
+            float *dqi = hrand(T * NI * DK, 1), *dw = hrand(T * NI, 1), *down = hrand(T * DK, 1);
+            float *gqi = dev(qi, T * NI * DK), *gw = dev(w, T * NI), *gsc = dev(sc, T * K), *gdS = dev(dS, T * K);
+            float *gdqi = dev(dqi, T * NI * DK), *gdw = dev(dw, T * NI), *gdown = dev(down, T * DK);
+            ls_op_dsa_sel_scores(C, sc, qi, w, &hpre, own, sel, K, T, NI, DK, pos0, scale);
+            ls_op_dsa_sel_scores(G, gsc, gqi, gw, &dpre, gown, gsel, K, T, NI, DK, pos0, scale);
+            float *hs = malloc(T * K * sizeof(float));
+            G->i->to_host(G, hs, gsc, T * K * sizeof(float));
+            double e = 0, big = 0;
+            for (int i = 0; i < T * K; i++) {
+                if (sel[i] < 0) {
+                    e = fmax(e, hs[i] == -INFINITY && sc[i] == -INFINITY ? 0 : 1);
+                    continue;
+                }
+                double d = fabs((double)hs[i] - sc[i]);
+                if (!(d <= e)) e = d;
+                big = fmax(big, fabs(sc[i]));
+            }
+            snprintf(name, sizeof name, "dsa_sel_scores (%s)", tag);
+            check(name, e / (big > 0 ? big : 1), 1e-5);
+            ls_op_dsa_sel_scores_bwd(C, dqi, dw, down, dS, qi, w, &hpre, own, sel, K, T, NI, DK, pos0, scale);
+            ls_op_dsa_sel_scores_bwd(G, gdqi, gdw, gdown, gdS, gqi, gw, &dpre, gown, gsel, K, T, NI, DK, pos0, scale);
+            snprintf(name, sizeof name, "dsa_sel_scores_bwd (%s)", tag);
+            check(name, fmax(fmax(rel_err(gdqi, dqi, T * NI * DK), rel_err(gdw, dw, T * NI)), rel_err(gdown, down, T * DK)),
+                  1e-5);
+            if (BUILT(dsa_scores) && BUILT(dsa_topk)) {
+                int64_t n = pos0 + T;
+                float *all = hrand(T * n, 1), *gall = dev(all, T * n);
+                ls_kv_prefix hk = {N, S, dt, hp, NULL}, dk2 = {N, S, dt, dp, NULL};
+                ls_arena ca, ga;
+                ls_arena_init(&ca, "cpu scratch", 1 << 16), ls_arena_init(&ga, "device scratch", 1 << 16);
+                ls_arena_set_backend(&ga, G);
+                int ok = ls_op_dsa_scores(C, all, qi, w, &hk, T, NI, DK, scale, &ca) == LS_OK &&
+                         ls_op_dsa_scores(G, gall, gqi, gw, &dk2, T, NI, DK, scale, &ga) == LS_OK;
+                snprintf(name, sizeof name, "dsa_scores (%s)", tag);
+                check(name, ok ? rel_err(gall, all, T * n) : 1, 1e-5);
+                /* top-k from the same scores, with ties: every fourth score equal */
+                for (int64_t i = 0; i < T * n; i += 4) all[i] = 0.25f;
+                for (int64_t i = 1; i < T * n; i += 9) all[i] = i % 2 ? -0.0f : 0.0f; /* signed zeros tie */
+                G->i->to_device(G, gall, all, (size_t)(T * n) * sizeof(float));
+                int32_t ts[T * 6];
+                int64_t cnt[T];
+                int32_t *gts = dev_bytes(NULL, sizeof ts);
+                int64_t *gcnt = dev_bytes(NULL, sizeof cnt);
+                ok = ls_op_dsa_topk(C, ts, cnt, all, T, n, pos0, 6, &ca) == LS_OK &&
+                     ls_op_dsa_topk(G, gts, gcnt, gall, T, n, pos0, 6, &ga) == LS_OK;
+                snprintf(name, sizeof name, "dsa_topk (%s run)", tag);
+                check(name, ok ? same_bytes(gts, ts, sizeof ts) + same_bytes(gcnt, cnt, sizeof cnt) : 1, 0);
+                ls_arena_free(&ca), ls_arena_free(&ga);
+                dfree(gall), dfree(gts), dfree(gcnt), free(all);
+            }
+            dfree(gqi), dfree(gw), dfree(gsc), dfree(gdS), dfree(gdqi), dfree(gdw), dfree(gdown);
+            free(qi), free(w), free(sc), free(dS), free(dqi), free(dw), free(down), free(hs);
+        }
+        for (int p = 0; p < NP; p++) free(hp[p]), dfree(dp[p]);
+        dfree(gq), dfree(gown), dfree(go), dfree(gl), free(rows), free(q), free(own), free(o), free(lse);
+    }
+    dfree(gsel);
+}
+
 static void t_optim(void) {
     enum { N = 100003 };
     if (BUILT(sumsq)) {
@@ -716,8 +828,8 @@ int main(int argc, char **argv) {
     if (ls_backend_cuda_open(device, &G) != LS_OK) {
         ls_backend table_only = {ls_backend_cuda_table(), "none", NULL};
         int nm = ls_backend_missing(&table_only, missing, sizeof missing);
-        printf("SKIP: %s (the backend builds %d of %d ops; not yet: %s)\n", ls_err_msg(), LS_BACKEND_N_OPS - nm,
-               LS_BACKEND_N_OPS, missing);
+        printf("SKIP: %s (the backend builds %d of %d ops%s%s)\n", ls_err_msg(), LS_BACKEND_N_OPS - nm,
+               LS_BACKEND_N_OPS, nm ? "; not yet: " : "", missing);
         return 77;
     }
     C = ls_backend_cpu();
@@ -726,7 +838,7 @@ run:;
         {"products", t_products}, {"elementwise", t_elementwise}, {"embed", t_embed}, {"rms", t_rms_all},
         {"layernorm", t_layernorm}, {"rope", t_rope}, {"moe", t_moe_merge}, {"conv", t_conv}, {"lmhead", t_lmhead},
         {"gdn_prep", t_gdn_prep}, {"gdr", t_gdr}, {"routing", t_routing},
-        {"attention", t_attention}, {"optim", t_optim}};
+        {"attention", t_attention}, {"mla", t_mla}, {"optim", t_optim}};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         int run = a >= argc;
         for (int j = a; j < argc; j++) run |= !strcmp(argv[j], tests[i].name);

@@ -19,6 +19,12 @@ extern "C" const int ls_cuda_attention_file = 1;
 
 #define AT_THREADS 128
 #define AT_TILE 128
+#define GRID_STRIDE_AT(i, n) \
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+static unsigned at_blocks(int64_t n) {
+    int64_t b = (n + AT_THREADS - 1) / AT_THREADS;
+    return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
 
 typedef struct {
     int64_t n, S;  /* prefix positions, page size */
@@ -299,4 +305,384 @@ extern "C" ls_status ls_cuda_attn_prefix_bwd(cuda_ctx *c, float *dq, void *const
                                              float scale, ls_arena *scratch) {
     return attn_bwd(c, dq, NULL, NULL, dk_prefix, dv_prefix, dout, o, lse, q, NULL, NULL, prefix, T, n_h, n_kv, hd,
                     scale, 0, scratch);
+}
+
+/* ---- MLA absorbed sparse attention and the DSA indexer (mla_attn.c, mla_ops.c) ------------ */
+
+/* Row of position p with dk values: a page row (f32 or bf16) below pos0, else an own row. */
+__device__ static inline float row_at(const dev_prefix P, const float *own, int64_t pos0, int64_t p, int dk, int d) {
+    if (p >= pos0) return own[(p - pos0) * dk + d];
+    return ld_elem(P.kp[p / P.S], (p % P.S) * (int64_t)dk + d, P.bf16);
+}
+__device__ static inline float row_dot(const float *a, const dev_prefix P, const float *own, int64_t pos0, int64_t p,
+                                       int dk, int n) {
+    float s = 0.0f;
+    for (int d = 0; d < n; d++) s += a[d] * row_at(P, own, pos0, p, dk, d);
+    return s;
+}
+
+/* One block per (t, h): scores of the selected rows in shared memory, softmax, o = Σ p·c_kv. */
+__global__ static void k_mla_fwd(float *o, float *lse, const float *q, const float *own, const dev_prefix P,
+                                 const int32_t *sel, int64_t k, int H, int rkv, int dr, int64_t pos0, float scale) {
+    extern __shared__ float sm[];
+    __shared__ float part[AT_THREADS / 32];
+    int dk = rkv + dr;
+    float *sc = sm, *qs = sm + k;
+    int64_t t = blockIdx.x / H;
+    int h = (int)(blockIdx.x % H);
+    for (int d = threadIdx.x; d < dk; d += AT_THREADS) qs[d] = q[(t * H + h) * dk + d];
+    __syncthreads();
+    const int32_t *st = sel + t * k;
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < k; j += AT_THREADS) {
+        float s = st[j] < 0 ? -INFINITY : scale * row_dot(qs, P, own, pos0, st[j], dk, dk);
+        sc[j] = s;
+        mx = fmaxf(mx, s);
+    }
+    mx = at_block_max(mx, part);
+    double l = 0;
+    for (int64_t j = threadIdx.x; j < k; j += AT_THREADS) {
+        float p = st[j] < 0 ? 0.0f : expf(sc[j] - mx);
+        sc[j] = p;
+        l += p;
+    }
+    /* the block's sum in double */
+    __shared__ double dpart[AT_THREADS / 32];
+    for (int off = 16; off > 0; off >>= 1) l += __shfl_down_sync(0xffffffffu, l, off);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) dpart[threadIdx.x >> 5] = l;
+    __syncthreads();
+    l = 0;
+    for (int w = 0; w < AT_THREADS / 32; w++) l += dpart[w];
+    if (lse && threadIdx.x == 0) lse[t * H + h] = l > 0 ? (float)(mx + log(l)) : -INFINITY;
+    float il = l > 0 ? (float)(1.0 / l) : 0.0f;
+    for (int d = threadIdx.x; d < rkv; d += AT_THREADS) {
+        float a = 0.0f;
+        for (int64_t j = 0; j < k; j++)
+            if (st[j] >= 0) a += sc[j] * row_at(P, own, pos0, st[j], dk, d);
+        o[(t * H + h) * rkv + d] = a * il;
+    }
+}
+extern "C" ls_status ls_cuda_mla_attn_fwd(cuda_ctx *c, float *o, float *lse, const float *q, const float *own,
+                                          const ls_kv_prefix *prefix, const int32_t *sel, int64_t k, int64_t T, int H,
+                                          int rkv, int dr, int64_t pos0, float scale) {
+    if (T <= 0 || H <= 0) return LS_OK;
+    /* no scratch arena in this op's signature: the page table in stream-ordered memory */
+    dev_prefix P;
+    void **tab = NULL;
+    P.n = prefix ? prefix->n : 0, P.S = prefix && prefix->page_size > 0 ? prefix->page_size : 1;
+    P.bf16 = prefix && prefix->dtype == LS_DTYPE_BF16, P.kp = P.vp = NULL;
+    if (P.n > 0) {
+        int64_t np = (P.n + P.S - 1) / P.S;
+        CU_CK(cudaMallocAsync((void **)&tab, (size_t)np * sizeof(void *), c->stream));
+        CU_CK(cudaMemcpyAsync(tab, prefix->k_pages, (size_t)np * sizeof(void *), cudaMemcpyDefault, c->stream));
+        P.kp = tab;
+    }
+    size_t smem = (size_t)(k + rkv + dr) * sizeof(float);
+    LS_ASSERT(smem <= 48 * 1024, "MLA attention: %lld selected rows and a row of %d in shared memory", (long long)k,
+              rkv + dr);
+    k_mla_fwd<<<(unsigned)(T * H), AT_THREADS, smem, c->stream>>>(o, lse, q, own, P, sel, k, H, rkv, dr, pos0, scale);
+    CU_LAUNCHED();
+    if (tab) CU_CK(cudaFreeAsync(tab, c->stream));
+    return LS_OK;
+}
+
+/* A page table (keys only) in stream-ordered device memory; free with cudaFreeAsync. */
+static dev_prefix key_pages(cuda_ctx *c, const ls_kv_prefix *pre, void **tab) {
+    dev_prefix P;
+    *tab = NULL;
+    P.n = pre ? pre->n : 0, P.S = pre && pre->page_size > 0 ? pre->page_size : 1;
+    P.bf16 = pre && pre->dtype == LS_DTYPE_BF16, P.kp = P.vp = NULL;
+    if (P.n > 0) {
+        int64_t np = (P.n + P.S - 1) / P.S;
+        CU_CK(cudaMallocAsync(tab, (size_t)np * sizeof(void *), c->stream));
+        CU_CK(cudaMemcpyAsync(*tab, pre->k_pages, (size_t)np * sizeof(void *), cudaMemcpyDefault, c->stream));
+        P.kp = (void *const *)*tab;
+    }
+    return P;
+}
+
+/* dq of (t, h) (=), and P, ds of its selected rows into scratch [T, H, k]. */
+__global__ static void k_mla_bwd_q(float *dq, float *Pst, float *dst, const float *dout, const float *o,
+                                   const float *lse, const float *q, const float *own, const dev_prefix P,
+                                   const int32_t *sel, int64_t k, int H, int rkv, int dr, int64_t pos0, float scale) {
+    __shared__ float part[AT_THREADS / 32];
+    int dk = rkv + dr;
+    int64_t t = blockIdx.x / H;
+    int h = (int)(blockIdx.x % H);
+    const float *qh = q + (t * H + h) * dk, *oh = o + (t * H + h) * rkv, *gh = dout + (t * H + h) * rkv;
+    float Dd = 0.0f;
+    for (int d = threadIdx.x; d < rkv; d += AT_THREADS) Dd += gh[d] * oh[d];
+    Dd = at_block_sum(Dd, part);
+    float L = lse[t * H + h];
+    const int32_t *st = sel + t * k;
+    float *Pr = Pst + (t * H + h) * k, *dr_ = dst + (t * H + h) * k;
+    for (int64_t j = threadIdx.x; j < k; j += AT_THREADS) {
+        float p = 0.0f, ds = 0.0f;
+        if (st[j] >= 0) {
+            p = expf(scale * row_dot(qh, P, own, pos0, st[j], dk, dk) - L);
+            ds = p * (row_dot(gh, P, own, pos0, st[j], dk, rkv) - Dd) * scale;
+        }
+        Pr[j] = p, dr_[j] = ds;
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < dk; d += AT_THREADS) {
+        float a = 0.0f;
+        for (int64_t j = 0; j < k; j++)
+            if (st[j] >= 0) a += dr_[j] * row_at(P, own, pos0, st[j], dk, d);
+        dq[(t * H + h) * dk + d] = a;
+    }
+}
+/* The selected rows' gradients, one thread per dimension d, queries and rows in the
+ * CPU's order (serial over queries: rows chosen by several queries meet). */
+__global__ static void k_mla_bwd_rows(float *down, void *const *dpre, int64_t S, const float *Pst, const float *dst,
+                                      const float *dout, const float *q, const int32_t *sel, int64_t k, int64_t T, int H,
+                                      int rkv, int dr, int64_t pos0) {
+    int dk = rkv + dr;
+    GRID_STRIDE_AT(d, dk) {
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < k; j++) {
+                int64_t p = sel[t * k + j];
+                if (p < 0) continue;
+                float *row = p >= pos0 ? (down ? down + (p - pos0) * dk : NULL)
+                                       : (dpre ? (float *)dpre[p / S] + (p % S) * dk : NULL);
+                if (!row) continue;
+                float a = 0.0f;
+                for (int h = 0; h < H; h++) {
+                    int64_t r = (t * H + h) * k + j;
+                    a += dst[r] * q[(t * H + h) * dk + d];
+                    if (d < rkv) a += Pst[r] * dout[(t * H + h) * rkv + d];
+                }
+                row[d] += a;
+            }
+    }
+}
+extern "C" ls_status ls_cuda_mla_attn_bwd(cuda_ctx *c, float *dq, float *down, void *const *dprefix, const float *dout,
+                                          const float *o, const float *lse, const float *q, const float *own,
+                                          const ls_kv_prefix *prefix, const int32_t *sel, int64_t k, int64_t T, int H,
+                                          int rkv, int dr, int64_t pos0, float scale) {
+    int dk = rkv + dr;
+    if (down) CU_CK(cudaMemsetAsync(down, 0, (size_t)(T * dk) * sizeof(float), c->stream));
+    if (T <= 0 || H <= 0) return LS_OK;
+    void *tab, *dtab = NULL;
+    dev_prefix P = key_pages(c, prefix, &tab);
+    float *Pst = NULL;
+    CU_CK(cudaMallocAsync((void **)&Pst, (size_t)(2 * T * H * k) * sizeof(float), c->stream));
+    float *dst = Pst + T * H * k;
+    k_mla_bwd_q<<<(unsigned)(T * H), AT_THREADS, 0, c->stream>>>(dq, Pst, dst, dout, o, lse, q, own, P, sel, k, H, rkv,
+                                                                 dr, pos0, scale);
+    CU_LAUNCHED();
+    if (dprefix && P.n > 0) {
+        int64_t np = (P.n + P.S - 1) / P.S;
+        CU_CK(cudaMallocAsync(&dtab, (size_t)np * sizeof(void *), c->stream));
+        CU_CK(cudaMemcpyAsync(dtab, dprefix, (size_t)np * sizeof(void *), cudaMemcpyDefault, c->stream));
+    }
+    if (down || dtab) {
+        k_mla_bwd_rows<<<(unsigned)((dk + 127) / 128), 128, 0, c->stream>>>(down, (void *const *)dtab, P.S, Pst, dst,
+                                                                            dout, q, sel, k, T, H, rkv, dr, pos0);
+        CU_LAUNCHED();
+    }
+    CU_CK(cudaFreeAsync(Pst, c->stream));
+    if (dtab) CU_CK(cudaFreeAsync(dtab, c->stream));
+    if (tab) CU_CK(cudaFreeAsync(tab, c->stream));
+    return LS_OK;
+}
+
+/* P[t, j] = (1/H)·Σ_h exp(scale·q_h·row − lse_h), thread per (t, j). */
+__global__ static void k_mla_probs(float *Pout, const float *q, const float *lse, const float *own, const dev_prefix P,
+                                   const int32_t *sel, int64_t k, int64_t T, int H, int dk, int64_t pos0, float scale) {
+    GRID_STRIDE_AT(i, T * k) {
+        int64_t t = i / k, p = sel[i];
+        if (p < 0) {
+            Pout[i] = 0.0f;
+            continue;
+        }
+        double s = 0;
+        for (int h = 0; h < H; h++)
+            s += exp((double)(scale * row_dot(q + (t * H + h) * dk, P, own, pos0, p, dk, dk)) - lse[t * H + h]);
+        Pout[i] = (float)(s / H);
+    }
+}
+extern "C" void ls_cuda_mla_attn_probs(cuda_ctx *c, float *Pout, const float *q, const float *lse, const float *own,
+                                       const ls_kv_prefix *prefix, const int32_t *sel, int64_t k, int64_t T, int H,
+                                       int rkv, int dr, int64_t pos0, float scale) {
+    if (T <= 0 || k <= 0) return;
+    void *tab;
+    dev_prefix P = key_pages(c, prefix, &tab);
+    k_mla_probs<<<at_blocks(T * k), AT_THREADS, 0, c->stream>>>(Pout, q, lse, own, P, sel, k, T, H, rkv + dr, pos0,
+                                                               scale);
+    CU_LAUNCHED();
+    if (tab) CU_CK(cudaFreeAsync(tab, c->stream));
+}
+
+/* score[t, j] = scale·Σ_h w·ReLU(q_h·key) of the selected index keys (−inf where none). */
+__global__ static void k_dsa_sel(float *score, const float *q, const float *w, const dev_prefix P, const float *own,
+                                 const int32_t *sel, int64_t k, int64_t T, int nI, int dI, int64_t pos0, float scale) {
+    GRID_STRIDE_AT(i, T * k) {
+        int64_t t = i / k, p = sel[i];
+        if (p < 0) {
+            score[i] = -INFINITY;
+            continue;
+        }
+        double s = 0;
+        for (int h = 0; h < nI; h++) {
+            float a = row_dot(q + (t * nI + h) * dI, P, own, pos0, p, dI, dI);
+            if (a > 0) s += (double)w[t * nI + h] * a;
+        }
+        score[i] = (float)(s * scale);
+    }
+}
+extern "C" void ls_cuda_dsa_sel_scores(cuda_ctx *c, float *score, const float *q, const float *w,
+                                       const ls_kv_prefix *keys, const float *own, const int32_t *sel, int64_t k,
+                                       int64_t T, int nI, int dI, int64_t pos0, float scale) {
+    if (T <= 0 || k <= 0) return;
+    void *tab;
+    dev_prefix P = key_pages(c, keys, &tab);
+    k_dsa_sel<<<at_blocks(T * k), AT_THREADS, 0, c->stream>>>(score, q, w, P, own, sel, k, T, nI, dI, pos0, scale);
+    CU_LAUNCHED();
+    if (tab) CU_CK(cudaFreeAsync(tab, c->stream));
+}
+
+/* dq [t, h] (=) and dw (=), thread per (t, h); the coefficient c of each (t, j, h) into
+ * cst for the own keys' gradient. */
+__global__ static void k_dsa_sel_bwd_q(float *dq, float *dw, float *cst, const float *dS, const float *q, const float *w,
+                                       const dev_prefix P, const float *own, const int32_t *sel, int64_t k, int64_t T,
+                                       int nI, int dI, int64_t pos0, float scale) {
+    GRID_STRIDE_AT(i, T * nI) {
+        int64_t t = i / nI;
+        int h = (int)(i % nI);
+        const float *qh = q + i * dI;
+        float *dqh = dq + i * dI, dwv = 0.0f;
+        for (int d = 0; d < dI; d++) dqh[d] = 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            int64_t p = sel[t * k + j];
+            float g = dS[t * k + j], c = 0.0f;
+            if (p >= 0 && g != 0.0f) {
+                float a = row_dot(qh, P, own, pos0, p, dI, dI);
+                if (a > 0) {
+                    dwv += g * scale * a;
+                    c = g * scale * w[i];
+                    for (int d = 0; d < dI; d++) dqh[d] += c * row_at(P, own, pos0, p, dI, d);
+                }
+            }
+            if (cst) cst[(t * k + j) * nI + h] = c;
+        }
+        dw[i] = dwv;
+    }
+}
+__global__ static void k_dsa_sel_bwd_own(float *down, const float *cst, const float *q, const int32_t *sel, int64_t k,
+                                         int64_t T, int nI, int dI, int64_t pos0) {
+    GRID_STRIDE_AT(d, dI) {
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < k; j++) {
+                int64_t p = sel[t * k + j];
+                if (p < pos0) continue; /* −1, or a paged key: no gradient */
+                for (int h = 0; h < nI; h++) {
+                    float c = cst[(t * k + j) * nI + h];
+                    if (c != 0.0f) down[(p - pos0) * dI + d] += c * q[(t * nI + h) * dI + d];
+                }
+            }
+    }
+}
+extern "C" void ls_cuda_dsa_sel_scores_bwd(cuda_ctx *c, float *dq, float *dw, float *down, const float *dS,
+                                           const float *q, const float *w, const ls_kv_prefix *keys, const float *own,
+                                           const int32_t *sel, int64_t k, int64_t T, int nI, int dI, int64_t pos0,
+                                           float scale) {
+    if (T <= 0) return;
+    void *tab;
+    dev_prefix P = key_pages(c, keys, &tab);
+    float *cst = NULL;
+    if (down && k > 0) CU_CK(cudaMallocAsync((void **)&cst, (size_t)(T * k * nI) * sizeof(float), c->stream));
+    k_dsa_sel_bwd_q<<<at_blocks(T * nI), AT_THREADS, 0, c->stream>>>(dq, dw, cst, dS, q, w, P, own, sel, k, T, nI, dI,
+                                                                     pos0, scale);
+    CU_LAUNCHED();
+    if (cst) {
+        k_dsa_sel_bwd_own<<<at_blocks(dI), AT_THREADS, 0, c->stream>>>(down, cst, q, sel, k, T, nI, dI, pos0);
+        CU_LAUNCHED();
+        CU_CK(cudaFreeAsync(cst, c->stream));
+    }
+    if (tab) CU_CK(cudaFreeAsync(tab, c->stream));
+}
+
+/* The indexer's scores over every paged key, thread per (t, s), heads in order. */
+__global__ static void k_dsa_scores(float *score, const float *q, const float *w, const dev_prefix P, int64_t T, int nI,
+                                    int dI, float scale) {
+    GRID_STRIDE_AT(i, T * P.n) {
+        int64_t t = i / P.n, s = i % P.n;
+        float sc = 0.0f;
+        for (int h = 0; h < nI; h++) {
+            float a = 0.0f;
+            for (int d = 0; d < dI; d++) a += q[(t * nI + h) * dI + d] * ld_elem(P.kp[s / P.S], (s % P.S) * dI + d, P.bf16);
+            sc += w[t * nI + h] * (a > 0.0f ? a : 0.0f);
+        }
+        score[i] = sc * scale;
+    }
+}
+extern "C" ls_status ls_cuda_dsa_scores(cuda_ctx *c, float *score, const float *q, const float *w,
+                                        const ls_kv_prefix *keys, int64_t T, int nI, int dI, float scale,
+                                        ls_arena *scratch) {
+    if (keys->n == 0 || T == 0) return LS_OK;
+    ls_arena_mark mk = ls_arena_get_mark(scratch);
+    dev_prefix P;
+    ls_status s = dev_prefix_of(c, &P, keys, scratch);
+    if (s != LS_OK) return s;
+    k_dsa_scores<<<at_blocks(T * P.n), AT_THREADS, 0, c->stream>>>(score, q, w, P, T, nI, dI, scale);
+    CU_LAUNCHED();
+    ls_arena_release(scratch, mk);
+    return LS_OK;
+}
+
+/* Causal top-k by radix select, a thread per query: the want-th largest score's key
+ * (floats mapped to ordered integers) in four 8-bit passes, then every position above it
+ * and the lowest ones equal to it, ascending — the CPU's selection exactly. */
+__device__ static inline unsigned ordered(float f) {
+    if (f == 0.0f) f = 0.0f; /* −0 and +0 are one value to the CPU's comparisons: a tie */
+    unsigned u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+}
+__global__ static void k_dsa_topk(int32_t *sel, int64_t *count, const float *score, int64_t T, int64_t n, int64_t pos0,
+                                  int64_t k) {
+    GRID_STRIDE_AT(t, T) {
+        const float *s = score + t * n;
+        int64_t m = pos0 + t + 1, want = m < k ? m : k, c = 0;
+        int32_t *out = sel + t * k;
+        if (want == m) {
+            for (int64_t j = 0; j < m; j++) out[c++] = (int32_t)j;
+        } else {
+            unsigned prefix = 0, mask = 0;
+            int64_t remaining = want;
+            unsigned hist[256];
+            for (int shift = 24; shift >= 0; shift -= 8) {
+                for (int b = 0; b < 256; b++) hist[b] = 0;
+                for (int64_t j = 0; j < m; j++) {
+                    unsigned key = ordered(s[j]);
+                    if ((key & mask) == prefix) hist[(key >> shift) & 255u]++;
+                }
+                for (int b = 255; b >= 0; b--) {
+                    if ((int64_t)hist[b] >= remaining) {
+                        prefix |= (unsigned)b << shift, mask |= 255u << shift;
+                        break;
+                    }
+                    remaining -= hist[b];
+                }
+            }
+            int64_t ties = remaining; /* keys equal to the threshold still to take */
+            for (int64_t j = 0; j < m; j++) {
+                unsigned key = ordered(s[j]);
+                if (key > prefix || (key == prefix && ties-- > 0)) out[c++] = (int32_t)j;
+            }
+        }
+        count[t] = c;
+        for (int64_t j = c; j < k; j++) out[j] = -1;
+    }
+}
+extern "C" ls_status ls_cuda_dsa_topk(cuda_ctx *c, int32_t *sel, int64_t *count, const float *score, int64_t T,
+                                      int64_t n, int64_t pos0, int64_t k, ls_arena *scratch) {
+    (void)scratch;
+    LS_ASSERT(k >= 1 && pos0 >= 0 && pos0 + T <= n, "top-k of %lld queries at %lld over %lld keys", (long long)T,
+              (long long)pos0, (long long)n);
+    if (T <= 0) return LS_OK;
+    k_dsa_topk<<<at_blocks(T), 64, 0, c->stream>>>(sel, count, score, T, n, pos0, k);
+    CU_LAUNCHED();
+    return LS_OK;
 }
