@@ -40,6 +40,7 @@
 #include <omp.h>
 #endif
 
+#include "backend/rows.h"
 #include "longstraw/kernels.h"
 
 /* Target rows per task (Bq·r) and keys per block: 128..512 for either were within
@@ -487,16 +488,7 @@ ls_status ls_attn_prefix_fwd(float *o, float *lse, const float *q, const ls_kv_p
 void ls_attn_merge(float *o, float *lse, const float *o2, const float *lse2, int64_t T, int n_h, int hd) {
     const int64_t rows = T * n_h;
 #pragma omp parallel for schedule(static) if (rows * hd > 65536)
-    for (int64_t i = 0; i < rows; i++) {
-        double a = lse[i], b = lse2[i], m = a > b ? a : b;
-        if (m == -INFINITY) continue; /* both empty: stays o = 0, lse = −inf */
-        double wa = exp(a - m), wb = exp(b - m), inv = 1.0 / (wa + wb);
-        float fa = (float)(wa * inv), fb = (float)(wb * inv);
-        float *x = o + i * hd;
-        const float *y = o2 + i * hd;
-        for (int d = 0; d < hd; d++) x[d] = fa * x[d] + fb * y[d];
-        lse[i] = (float)(m + log(wa + wb));
-    }
+    for (int64_t i = 0; i < rows; i++) ls_attn_merge_row(o + i * hd, lse + i, o2 + i * hd, lse2[i], hd);
 }
 
 /* ---- backward ----------------------------------------------------------------------

@@ -11,6 +11,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend/rows.h"
 #include "longstraw/kernels.h"
 
 static float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -140,29 +141,7 @@ void ls_gdr_step_seqs(float *o, float *const *states, const float *q, const floa
 
 void ls_moe_route(float *probs, int32_t *sel, float *wt, const float *logits, int64_t T, int E, int K, int norm_topk) {
 #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; t++) {
-        const float *lg = logits + t * E;
-        float *p = probs + t * E;
-        float mx = -INFINITY;
-        for (int e = 0; e < E; e++) mx = lg[e] > mx ? lg[e] : mx;
-        double s = 0;
-        for (int e = 0; e < E; e++) s += exp((double)(lg[e] - mx));
-        for (int e = 0; e < E; e++) p[e] = (float)(exp((double)(lg[e] - mx)) / s);
-        double tot = 0;
-        for (int j = 0; j < K; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int i = 0; i < j; i++) taken |= sel[t * K + i] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            sel[t * K + j] = best;
-            wt[t * K + j] = p[best];
-            tot += p[best];
-        }
-        if (norm_topk)
-            for (int j = 0; j < K; j++) wt[t * K + j] = (float)(wt[t * K + j] / tot);
-    }
+    for (int64_t t = 0; t < T; t++) ls_moe_route_row(probs + t * E, sel + t * K, wt + t * K, logits + t * E, E, K, norm_topk);
 }
 
 ls_status ls_moe_group(int64_t *count, int64_t *rows, const int32_t *sel, int64_t T, int E, int K, ls_arena *sc) {

@@ -11,6 +11,7 @@
 #include <omp.h>
 #endif
 
+#include "backend/rows.h"
 #include "longstraw/kernels.h"
 
 /* Rotate dims [off, off + 2·half) of every head of x[T, heads, hd] by sign·(pos0+t)·inv_freq[i]:
@@ -123,9 +124,10 @@ void ls_mla_route_fwd(int32_t *sel, float *wt, float *s_out, const float *logits
                       int K, int n_group, int topk_group, int norm, double scaling) {
 #pragma omp parallel for schedule(static) if (T > 64)
     for (int64_t t = 0; t < T; t++) {
-        double s[1024], sb[1024], gs[1024];
+        double s[1024], sb[1024];
         unsigned char keep[1024];
-        LS_ASSERT(E <= 1024 && n_group >= 1 && E % n_group == 0, "routing of %d experts in %d groups", E, n_group);
+        LS_ASSERT(E <= 1024 && n_group >= 1 && n_group <= LS_ROUTE_MAX_GROUPS && E % n_group == 0,
+                  "routing of %d experts in %d groups", E, n_group);
         const float *lg = logits + t * E;
         for (int e = 0; e < E; e++) {
             s[e] = 1.0 / (1.0 + exp(-(double)lg[e]));
@@ -133,38 +135,8 @@ void ls_mla_route_fwd(int32_t *sel, float *wt, float *s_out, const float *logits
             keep[e] = 1;
             if (s_out) s_out[t * E + e] = (float)s[e];
         }
-        if (n_group > 1 && topk_group < n_group) {
-            int per = E / n_group;
-            for (int gi = 0; gi < n_group; gi++) { /* the group's two best */
-                double b1 = -INFINITY, b2 = -INFINITY;
-                for (int e = gi * per; e < (gi + 1) * per; e++) {
-                    if (sb[e] > b1) b2 = b1, b1 = sb[e];
-                    else if (sb[e] > b2) b2 = sb[e];
-                }
-                gs[gi] = per > 1 ? b1 + b2 : b1;
-            }
-            unsigned char gk[1024] = {0};
-            for (int j = 0; j < topk_group; j++) {
-                int best = -1;
-                for (int gi = 0; gi < n_group; gi++)
-                    if (!gk[gi] && (best < 0 || gs[gi] > gs[best])) best = gi;
-                gk[best] = 1;
-            }
-            for (int e = 0; e < E; e++) keep[e] = gk[e / per];
-        }
-        int32_t *o = sel + t * K;
-        double tot = 0;
-        for (int j = 0; j < K; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++)
-                if (keep[e] && (best < 0 || sb[e] > sb[best])) best = e;
-            LS_ASSERT(best >= 0, "fewer than %d experts in the kept groups", K);
-            keep[best] = 0;
-            o[j] = best;
-            tot += s[best];
-        }
-        for (int j = 0; j < K; j++)
-            wt[t * K + j] = (float)((norm ? s[o[j]] / (tot + 1e-20) : s[o[j]]) * scaling);
+        int ok = ls_mla_route_pick(sel + t * K, wt + t * K, s, sb, keep, E, K, n_group, topk_group, norm, scaling);
+        LS_ASSERT(ok == 0, "fewer than %d experts in the kept groups", K);
     }
 }
 

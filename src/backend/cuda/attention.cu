@@ -42,24 +42,8 @@ __device__ static inline float kv_at(const dev_prefix P, void *const *pages, con
     return own[((j - P.n) * n_kv + kh) * (int64_t)hd + d];
 }
 
-__device__ static float at_block_sum(float v, float *part) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float s = 0;
-    for (int w = 0; w < AT_THREADS / 32; w++) s += part[w];
-    return s;
-}
-__device__ static float at_block_max(float v, float *part) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float m = -INFINITY;
-    for (int w = 0; w < AT_THREADS / 32; w++) m = fmaxf(m, part[w]);
-    return m;
-}
+#define at_block_sum(v, part) ls_blk_sum<AT_THREADS>((v), (part))
+#define at_block_max(v, part) ls_blk_max<AT_THREADS>((v), (part))
 
 /* Keys query t sees: the prefix, then (own) its own keys 0..t. */
 __device__ static inline int64_t keys_seen(const dev_prefix P, int64_t t, int own) { return P.n + (own ? t + 1 : 0); }
@@ -119,7 +103,8 @@ static ls_status dev_prefix_of(cuda_ctx *c, dev_prefix *dp, const ls_kv_prefix *
     dp->bf16 = pre && pre->dtype == LS_DTYPE_BF16;
     dp->kp = dp->vp = NULL;
     if (!pre || pre->n <= 0) return LS_OK;
-    LS_ASSERT(pre->dtype == LS_DTYPE_F32 || pre->dtype == LS_DTYPE_BF16, "attention pages of dtype %d", (int)pre->dtype);
+    LS_ASSERT(pre->dtype == LS_DTYPE_F32 || pre->dtype == LS_DTYPE_BF16, "attention pages of dtype %d",
+              (int)pre->dtype);
     int64_t np = (pre->n + dp->S - 1) / dp->S;
     void **t = (void **)ls_arena_alloc(sc, 2 * (size_t)np * sizeof(void *));
     if (!t) return LS_ERR_NOMEM;
@@ -346,14 +331,8 @@ __global__ static void k_mla_fwd(float *o, float *lse, const float *q, const flo
         sc[j] = p;
         l += p;
     }
-    /* the block's sum in double */
     __shared__ double dpart[AT_THREADS / 32];
-    for (int off = 16; off > 0; off >>= 1) l += __shfl_down_sync(0xffffffffu, l, off);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) dpart[threadIdx.x >> 5] = l;
-    __syncthreads();
-    l = 0;
-    for (int w = 0; w < AT_THREADS / 32; w++) l += dpart[w];
+    l = ls_blk_sum<AT_THREADS>(l, dpart);
     if (lse && threadIdx.x == 0) lse[t * H + h] = l > 0 ? (float)(mx + log(l)) : -INFINITY;
     float il = l > 0 ? (float)(1.0 / l) : 0.0f;
     for (int d = threadIdx.x; d < rkv; d += AT_THREADS) {
@@ -436,7 +415,8 @@ __global__ static void k_mla_bwd_q(float *dq, float *Pst, float *dst, const floa
 /* The selected rows' gradients, one thread per dimension d, queries and rows in the
  * CPU's order (serial over queries: rows chosen by several queries meet). */
 __global__ static void k_mla_bwd_rows(float *down, void *const *dpre, int64_t S, const float *Pst, const float *dst,
-                                      const float *dout, const float *q, const int32_t *sel, int64_t k, int64_t T, int H,
+                                      const float *dout, const float *q, const int32_t *sel, int64_t k, int64_t T,
+                                      int H,
                                       int rkv, int dr, int64_t pos0) {
     int dk = rkv + dr;
     GRID_STRIDE_AT(d, dk) {
@@ -545,7 +525,8 @@ extern "C" void ls_cuda_dsa_sel_scores(cuda_ctx *c, float *score, const float *q
 
 /* dq [t, h] (=) and dw (=), thread per (t, h); the coefficient c of each (t, j, h) into
  * cst for the own keys' gradient. */
-__global__ static void k_dsa_sel_bwd_q(float *dq, float *dw, float *cst, const float *dS, const float *q, const float *w,
+__global__ static void k_dsa_sel_bwd_q(float *dq, float *dw, float *cst, const float *dS, const float *q,
+                                       const float *w,
                                        const dev_prefix P, const float *own, const int32_t *sel, int64_t k, int64_t T,
                                        int nI, int dI, int64_t pos0, float scale) {
     GRID_STRIDE_AT(i, T * nI) {
@@ -612,7 +593,8 @@ __global__ static void k_dsa_scores(float *score, const float *q, const float *w
         float sc = 0.0f;
         for (int h = 0; h < nI; h++) {
             float a = 0.0f;
-            for (int d = 0; d < dI; d++) a += q[(t * nI + h) * dI + d] * ld_elem(P.kp[s / P.S], (s % P.S) * dI + d, P.bf16);
+            const void *pg = P.kp[s / P.S];
+            for (int d = 0; d < dI; d++) a += q[(t * nI + h) * dI + d] * ld_elem(pg, (s % P.S) * dI + d, P.bf16);
             sc += w[t * nI + h] * (a > 0.0f ? a : 0.0f);
         }
         score[i] = sc * scale;

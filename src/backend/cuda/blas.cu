@@ -73,26 +73,6 @@ static float *logits_chunk(ls_arena *sc, int64_t *chunk_rows, int64_t T, int64_t
 }
 
 #define LM_THREADS 256
-/* Sum of v over the block in double (LM_THREADS threads). */
-__device__ static double lm_block_sum(double v, double *part) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-    __syncthreads();
-    double s = 0;
-    for (int w = 0; w < LM_THREADS / 32; w++) s += part[w];
-    return s;
-}
-__device__ static float lm_block_max(float v, float *part) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float m = -INFINITY;
-    for (int w = 0; w < LM_THREADS / 32; w++) m = fmaxf(m, part[w]);
-    return m;
-}
-
 /* One block per row of the chunk: max, Σe and Σe·d in double; log-prob, lse, entropy. */
 __global__ static void k_lm_rows(float *logprob, float *lse, float *entropy, const float *logits,
                                  const int32_t *target, int64_t V) {
@@ -102,15 +82,15 @@ __global__ static void k_lm_rows(float *logprob, float *lse, float *entropy, con
     const float *row = logits + r * V;
     float m = -INFINITY;
     for (int64_t j = threadIdx.x; j < V; j += LM_THREADS) m = fmaxf(m, row[j]);
-    m = lm_block_max(m, fpart);
+    m = ls_blk_max<LM_THREADS>(m, fpart);
     double sum = 0, sz = 0;
     for (int64_t j = threadIdx.x; j < V; j += LM_THREADS) {
         double d = (double)row[j] - (double)m, e = exp(d);
         sum += e;
         sz += e * d;
     }
-    sum = lm_block_sum(sum, dpart);
-    sz = lm_block_sum(sz, dpart);
+    sum = ls_blk_sum<LM_THREADS>(sum, dpart);
+    sz = ls_blk_sum<LM_THREADS>(sz, dpart);
     if (threadIdx.x != 0) return;
     double l = (double)m + log(sum);
     if (logprob) logprob[r] = (float)((double)row[target[r]] - l);

@@ -65,7 +65,8 @@ LS_BACKEND_STATUS_OPS(CU_STATUS_OP_)
 #define CU_ENTRY_(name, params, args) t.name = ls_cuda_built(ls_cuda_##name) ? cu_##name : NULL;
 
 static ls_backend_i make_table(void) {
-    LS_ASSERT(ls_cuda_ops_file && ls_cuda_blas_file && ls_cuda_attention_file, "the CUDA backend's op files are not linked");
+    LS_ASSERT(ls_cuda_ops_file && ls_cuda_blas_file && ls_cuda_attention_file,
+              "the CUDA backend's op files are not linked");
     ls_backend_i t;
     memset(&t, 0, sizeof t);
     t.name = "cuda";

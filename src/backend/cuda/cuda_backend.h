@@ -49,6 +49,27 @@ extern "C" const int ls_cuda_ops_file, ls_cuda_blas_file, ls_cuda_attention_file
 /* Whether op f is built (a weak reference resolves to NULL when it is not). */
 template <typename F> static inline bool ls_cuda_built(F *f) { return f != nullptr; }
 
+/* Reductions over a block of NT threads (a multiple of 32) that every thread enters; every
+ * thread gets the result. part: NT/32 slots of shared memory, free to reuse on return. */
+template <int NT, typename V> __device__ static inline V ls_blk_sum(V v, V *part) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    __syncthreads(); /* part may still be read by the previous call */
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    V s = 0;
+    for (int w = 0; w < NT / 32; w++) s += part[w];
+    return s;
+}
+template <int NT> __device__ static inline float ls_blk_max(float v, float *part) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float m = -INFINITY;
+    for (int w = 0; w < NT / 32; w++) m = fmaxf(m, part[w]);
+    return m;
+}
+
 /* C[r, 0:N] *= a for rows r < M, rows ld floats apart (a product with K = 0). */
 void ls_cuda_scale_rows(cuda_ctx *c, float *C, int64_t ld, float a, int64_t M, int64_t N);
 

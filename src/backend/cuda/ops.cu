@@ -11,6 +11,7 @@
 #include <float.h>
 #include <math.h>
 
+#include "backend/rows.h"
 #include "cuda_backend.h"
 
 extern "C" const int ls_cuda_ops_file = 1;
@@ -22,21 +23,15 @@ static unsigned blocks_for(int64_t n) {
     int64_t b = (n + THREADS - 1) / THREADS;
     return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
 }
-#define GRID_STRIDE(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+#define GRID_STRIDE(i, n) \
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 __device__ static inline float sigmoid_d(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* Sum of v over the block (THREADS threads), in double; every thread gets it. */
 __device__ static double block_sum(double v) {
     __shared__ double part[THREADS / 32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads(); /* part may still be read by a previous call */
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    double s = 0;
-    for (int w = 0; w < THREADS / 32; w++) s += part[w];
-    return s;
+    return ls_blk_sum<THREADS>(v, part);
 }
 
 /* ---- elementwise ------------------------------------------------------------------ */
@@ -135,7 +130,8 @@ extern "C" void ls_cuda_sigmoid_mul_bwd(cuda_ctx *c, float *dx, float *dgate, co
 __global__ static void k_gated_add_rows(float *x, const float *logit, const float *y, int64_t T, int64_t D) {
     GRID_STRIDE(i, T * D) x[i] += sigmoid_d(logit[i / D]) * y[i];
 }
-extern "C" void ls_cuda_gated_add_rows(cuda_ctx *c, float *x, const float *logit, const float *y, int64_t T, int64_t D) {
+extern "C" void ls_cuda_gated_add_rows(cuda_ctx *c, float *x, const float *logit, const float *y, int64_t T,
+                                       int64_t D) {
     if (T <= 0 || D <= 0) return;
     k_gated_add_rows<<<blocks_for(T * D), THREADS, 0, c->stream>>>(x, logit, y, T, D);
     CU_LAUNCHED();
@@ -294,16 +290,22 @@ extern "C" void ls_cuda_gated_rmsnorm_bwd(cuda_ctx *c, float *dx, float *dz, flo
     rms_bwd(c, dx, dz, dw, dy, x, z, rstd, w, rows, D, 0.0f);
 }
 
-/* LayerNorm, one block per row: mean and variance in double. */
-__global__ static void k_layernorm_fwd(float *y, const float *x, const float *w, const float *b, int64_t d, float eps) {
-    int64_t r = blockIdx.x;
-    const float *xi = x + r * d;
+/* A row's mean and 1/σ (variance of the row, + eps), both in double; every thread gets them. */
+__device__ static void row_mean_rstd(const float *xi, int64_t d, float eps, double *mu_out, double *rs_out) {
     double mu = 0, var = 0;
     for (int64_t j = threadIdx.x; j < d; j += THREADS) mu += xi[j];
     mu = block_sum(mu) / (double)d;
     for (int64_t j = threadIdx.x; j < d; j += THREADS) var += ((double)xi[j] - mu) * ((double)xi[j] - mu);
     var = block_sum(var);
-    double rs = 1.0 / sqrt(var / (double)d + (double)eps);
+    *mu_out = mu, *rs_out = 1.0 / sqrt(var / (double)d + (double)eps);
+}
+
+/* LayerNorm, one block per row. */
+__global__ static void k_layernorm_fwd(float *y, const float *x, const float *w, const float *b, int64_t d, float eps) {
+    int64_t r = blockIdx.x;
+    const float *xi = x + r * d;
+    double mu, rs;
+    row_mean_rstd(xi, d, eps, &mu, &rs);
     for (int64_t j = threadIdx.x; j < d; j += THREADS) y[r * d + j] = (float)(((double)xi[j] - mu) * rs * w[j] + b[j]);
 }
 extern "C" void ls_cuda_layernorm_fwd(cuda_ctx *c, float *y, const float *x, const float *w, const float *b, int64_t n,
@@ -317,12 +319,8 @@ __global__ static void k_layernorm_bwd(float *dx, const float *dy, const float *
                                        float eps) {
     int64_t r = blockIdx.x;
     const float *xi = x + r * d, *gi = dy + r * d;
-    double mu = 0, var = 0, m1 = 0, m2 = 0;
-    for (int64_t j = threadIdx.x; j < d; j += THREADS) mu += xi[j];
-    mu = block_sum(mu) / (double)d;
-    for (int64_t j = threadIdx.x; j < d; j += THREADS) var += ((double)xi[j] - mu) * ((double)xi[j] - mu);
-    var = block_sum(var);
-    double rs = 1.0 / sqrt(var / (double)d + (double)eps);
+    double mu, rs, m1 = 0, m2 = 0;
+    row_mean_rstd(xi, d, eps, &mu, &rs);
     for (int64_t j = threadIdx.x; j < d; j += THREADS) {
         double xh = ((double)xi[j] - mu) * rs, gh = (double)gi[j] * w[j];
         m1 += gh, m2 += gh * xh;
@@ -336,7 +334,7 @@ __global__ static void k_layernorm_bwd(float *dx, const float *dy, const float *
 }
 /* dw[j] += (float)(dy·x̂) and db[j] += dy, rows in order (the CPU's serial order). */
 __global__ static void k_layernorm_dwdb(float *dw, float *db, const float *dy, const float *x, int64_t n, int64_t d,
-                                        float eps, const double *stats) {
+                                        const double *stats) {
     GRID_STRIDE(j, d) {
         for (int64_t r = 0; r < n; r++) {
             double xh = ((double)x[r * d + j] - stats[2 * r]) * stats[2 * r + 1];
@@ -344,18 +342,13 @@ __global__ static void k_layernorm_dwdb(float *dw, float *db, const float *dy, c
             if (db) db[j] += dy[r * d + j];
         }
     }
-    (void)eps;
 }
 /* Per row: mean and 1/σ, for the weight gradients. */
 __global__ static void k_layernorm_stats(double *stats, const float *x, int64_t d, float eps) {
     int64_t r = blockIdx.x;
-    const float *xi = x + r * d;
-    double mu = 0, var = 0;
-    for (int64_t j = threadIdx.x; j < d; j += THREADS) mu += xi[j];
-    mu = block_sum(mu) / (double)d;
-    for (int64_t j = threadIdx.x; j < d; j += THREADS) var += ((double)xi[j] - mu) * ((double)xi[j] - mu);
-    var = block_sum(var);
-    if (threadIdx.x == 0) stats[2 * r] = mu, stats[2 * r + 1] = 1.0 / sqrt(var / (double)d + (double)eps);
+    double mu, rs;
+    row_mean_rstd(x + r * d, d, eps, &mu, &rs);
+    if (threadIdx.x == 0) stats[2 * r] = mu, stats[2 * r + 1] = rs;
 }
 extern "C" void ls_cuda_layernorm_bwd(cuda_ctx *c, float *dx, float *dw, float *db, const float *dy, const float *x,
                                       const float *w, int64_t n, int64_t d, float eps) {
@@ -365,7 +358,7 @@ extern "C" void ls_cuda_layernorm_bwd(cuda_ctx *c, float *dx, float *dw, float *
         CU_CK(cudaMallocAsync((void **)&stats, (size_t)(2 * n) * sizeof(double), c->stream));
         k_layernorm_stats<<<(unsigned)n, THREADS, 0, c->stream>>>(stats, x, d, eps);
         CU_LAUNCHED();
-        k_layernorm_dwdb<<<blocks_for(d), THREADS, 0, c->stream>>>(dw, db, dy, x, n, d, eps, stats);
+        k_layernorm_dwdb<<<blocks_for(d), THREADS, 0, c->stream>>>(dw, db, dy, x, n, d, stats);
         CU_LAUNCHED();
         CU_CK(cudaFreeAsync(stats, c->stream));
     }
@@ -524,16 +517,7 @@ extern "C" void ls_cuda_sumsq(cuda_ctx *c, double *out, const float *x, int64_t 
 
 /* One thread per row of [T·n_h]: the log-sum-exp merge of two partials (attention.c). */
 __global__ static void k_attn_merge(float *o, float *lse, const float *o2, const float *lse2, int64_t rows, int hd) {
-    GRID_STRIDE(i, rows) {
-        double a = lse[i], b = lse2[i], m = a > b ? a : b;
-        if (m == -INFINITY) continue;
-        double wa = exp(a - m), wb = exp(b - m), inv = 1.0 / (wa + wb);
-        float fa = (float)(wa * inv), fb = (float)(wb * inv);
-        float *x = o + i * hd;
-        const float *y = o2 + i * hd;
-        for (int d = 0; d < hd; d++) x[d] = fa * x[d] + fb * y[d];
-        lse[i] = (float)(m + log(wa + wb));
-    }
+    GRID_STRIDE(i, rows) ls_attn_merge_row(o + i * hd, lse + i, o2 + i * hd, lse2[i], hd);
 }
 extern "C" void ls_cuda_attn_merge(cuda_ctx *c, float *o, float *lse, const float *o2, const float *lse2, int64_t T,
                                    int n_h, int hd) {
@@ -881,33 +865,10 @@ extern "C" void ls_cuda_conv_step_seqs(cuda_ctx *c, float *y, float *const *tail
 
 /* ---- MoE routing (gates.c, mla_ops.c): the CPU's selection, token by token ---------------- */
 
-/* One thread per token: softmax in double, then K passes picking the largest untaken
- * probability (ties to the lower index), renormalised when norm_topk. */
+/* One thread per token (rows.h, the CPU's own code). */
 __global__ static void k_moe_route(float *probs, int32_t *sel, float *wt, const float *logits, int64_t T, int E, int K,
                                    int norm_topk) {
-    GRID_STRIDE(t, T) {
-        const float *lg = logits + t * E;
-        float *p = probs + t * E;
-        float mx = -INFINITY;
-        for (int e = 0; e < E; e++) mx = lg[e] > mx ? lg[e] : mx;
-        double s = 0;
-        for (int e = 0; e < E; e++) s += exp((double)(lg[e] - mx));
-        for (int e = 0; e < E; e++) p[e] = (float)(exp((double)(lg[e] - mx)) / s);
-        double tot = 0;
-        for (int j = 0; j < K; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int i = 0; i < j; i++) taken |= sel[t * K + i] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            sel[t * K + j] = best;
-            wt[t * K + j] = p[best];
-            tot += p[best];
-        }
-        if (norm_topk)
-            for (int j = 0; j < K; j++) wt[t * K + j] = (float)(wt[t * K + j] / tot);
-    }
+    GRID_STRIDE(t, T) ls_moe_route_row(probs + t * E, sel + t * K, wt + t * K, logits + t * E, E, K, norm_topk);
 }
 extern "C" void ls_cuda_moe_route(cuda_ctx *c, float *probs, int32_t *sel, float *wt, const float *logits, int64_t T,
                                   int E, int K, int norm_topk) {
@@ -970,7 +931,8 @@ extern "C" ls_status ls_cuda_moe_group(cuda_ctx *c, int64_t *count, int64_t *row
 }
 
 /* The MLA family's routing, one block per token: σ and the biased scores in shared
- * memory (in parallel), then thread 0 picks the groups and the experts as the CPU does. */
+ * memory (in parallel), then thread 0 picks the groups and the experts (rows.h, the
+ * CPU's own code). */
 __global__ static void k_mla_route_fwd(int32_t *sel, float *wt, float *s_out, const float *logits, const float *bias,
                                        int E, int K, int n_group, int topk_group, int norm, double scaling) {
     __shared__ double s[1024], sb[1024];
@@ -984,47 +946,15 @@ __global__ static void k_mla_route_fwd(int32_t *sel, float *wt, float *s_out, co
         if (s_out) s_out[t * E + e] = (float)s[e];
     }
     __syncthreads();
-    if (threadIdx.x != 0) return;
-    if (n_group > 1 && topk_group < n_group) {
-        int per = E / n_group;
-        double gs[256];
-        unsigned char gk[256];
-        for (int gi = 0; gi < n_group; gi++) {
-            double b1 = -INFINITY, b2 = -INFINITY;
-            for (int e = gi * per; e < (gi + 1) * per; e++) {
-                if (sb[e] > b1) b2 = b1, b1 = sb[e];
-                else if (sb[e] > b2) b2 = sb[e];
-            }
-            gs[gi] = per > 1 ? b1 + b2 : b1;
-            gk[gi] = 0;
-        }
-        for (int j = 0; j < topk_group; j++) {
-            int best = -1;
-            for (int gi = 0; gi < n_group; gi++)
-                if (!gk[gi] && (best < 0 || gs[gi] > gs[best])) best = gi;
-            gk[best] = 1;
-        }
-        for (int e = 0; e < E; e++) keep[e] = gk[e / per];
-    }
-    int32_t *o = sel + t * K;
-    double tot = 0;
-    for (int j = 0; j < K; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++)
-            if (keep[e] && (best < 0 || sb[e] > sb[best])) best = e;
-        if (best < 0) best = 0; /* checked on the host: the kept groups hold K experts */
-        keep[best] = 0;
-        o[j] = best;
-        tot += s[best];
-    }
-    for (int j = 0; j < K; j++) wt[t * K + j] = (float)((norm ? s[o[j]] / (tot + 1e-20) : s[o[j]]) * scaling);
+    if (threadIdx.x == 0) /* the kept groups hold K experts: checked on the host */
+        (void)ls_mla_route_pick(sel + t * K, wt + t * K, s, sb, keep, E, K, n_group, topk_group, norm, scaling);
 }
 extern "C" void ls_cuda_mla_route_fwd(cuda_ctx *c, int32_t *sel, float *wt, float *s_out, const float *logits,
                                       const float *bias, int64_t T, int E, int K, int n_group, int topk_group, int norm,
                                       double scaling) {
-    LS_ASSERT(E <= 1024 && n_group >= 1 && n_group <= 256 && E % n_group == 0 && K <= (topk_group < n_group ?
-              topk_group : n_group) * (E / n_group), "routing of %d experts in %d groups, %d of %d kept, top %d", E,
-              n_group, topk_group, n_group, K);
+    int kept = (topk_group < n_group ? topk_group : n_group) * (n_group > 0 ? E / n_group : 0);
+    LS_ASSERT(E <= 1024 && n_group >= 1 && n_group <= LS_ROUTE_MAX_GROUPS && E % n_group == 0 && K <= kept,
+              "routing of %d experts in %d groups, %d of them kept, top %d", E, n_group, topk_group, K);
     if (T <= 0) return;
     k_mla_route_fwd<<<(unsigned)T, 128, 0, c->stream>>>(sel, wt, s_out, logits, bias, E, K, n_group, topk_group, norm,
                                                         scaling);
@@ -1093,7 +1023,8 @@ __global__ static void k_gdr_bwd(float *dqh, float *dkh, float *dv, float *dbeta
         }
         for (int64_t t = t1 - 1; t >= t0; t--) {
             __syncthreads();
-            for (int64_t d = j; d < dk; d += blockDim.x) qs[d] = q[(t * dm.H_k + hk) * dk + d], ks[d] = k[(t * dm.H_k + hk) * dk + d];
+            for (int64_t d = j; d < dk; d += blockDim.x)
+                qs[d] = q[(t * dm.H_k + hk) * dk + d], ks[d] = k[(t * dm.H_k + hk) * dk + d];
             __syncthreads();
             const float *Sp = Sst + ((t - t0) * H + h) * SN;
             float a = expf(g[t * H + h]), b = beta[t * H + h], doj = dout[(t * H + h) * dvv + j];
@@ -1178,7 +1109,8 @@ extern "C" ls_status ls_cuda_gdr_chunk_bwd(cuda_ctx *c, float *dq, float *dk, fl
     }
     float *dkh = dqh + T * H * dm.d_k;
     size_t smem = (size_t)(2 * dm.d_k + 2 * dm.d_v) * sizeof(float);
-    k_gdr_bwd<<<(unsigned)H, (unsigned)dm.d_v, smem, c->stream>>>(dqh, dkh, dv, dbeta, dg, dstate0, dout, dstate_T, tape_h,
+    k_gdr_bwd<<<(unsigned)H, (unsigned)dm.d_v, smem, c->stream>>>(dqh, dkh, dv, dbeta, dg, dstate0, dout, dstate_T,
+                                                                  tape_h,
                                                                   q, k, v, beta, g, Sst, contrib, T, dm);
     CU_LAUNCHED();
     k_gdr_group_sum<<<blocks_for(T * dm.H_k * dm.d_k), THREADS, 0, c->stream>>>(dq, dk, dqh, dkh, T, dm);
