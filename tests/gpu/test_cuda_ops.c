@@ -238,6 +238,10 @@ static void t_rms(int kind) {
             ls_op_gated_rmsnorm_bwd(G, gdx, gdz, gdw, gdy, gx, gz, grs, gw, R, D);
     snprintf(name, sizeof name, "%s_bwd dx", nm[kind]);
     check(name, rel_err(gdx, dx, R * D), 1e-5);
+    if (kind == 0) { /* dx aliasing dy, as the models call it */
+        ls_op_rmsnorm_bwd(C, dy, NULL, dy, x, rs, w, R, D), ls_op_rmsnorm_bwd(G, gdy, NULL, gdy, gx, grs, gw, R, D);
+        check("rmsnorm_bwd in place", rel_err(gdy, dy, R * D), 1e-5);
+    }
     snprintf(name, sizeof name, "%s_bwd dw", nm[kind]);
     check(name, rel_err(gdw, dw, D), 1e-6);
     if (kind == 2) check("gated_rmsnorm_bwd dz", rel_err(gdz, dz, R * D), 1e-6);
@@ -502,8 +506,9 @@ static void t_gdr(void) {
         float *S = hrand(NS * SN, 0.1f), *o = hrand(NS * VD, 1), *gS = dev(S, NS * SN), *go = dev(o, NS * VD);
         float *hs[NS], *ds[NS];
         for (int i = 0; i < NS; i++) hs[i] = S + i * SN, ds[i] = gS + i * SN;
-        float **gds = dev_bytes(ds, sizeof ds);
+        float **gds = dev_bytes(ds, sizeof ds); /* the pointer array on the device, then on the host (models) */
         ls_op_gdr_step_seqs(C, o, hs, q, k, v, be, g, NS, dm), ls_op_gdr_step_seqs(G, go, gds, gq, gk, gv, gbe, gg, NS, dm);
+        ls_op_gdr_step_seqs(C, o, hs, q, k, v, be, g, NS, dm), ls_op_gdr_step_seqs(G, go, ds, gq, gk, gv, gbe, gg, NS, dm);
         check("gdr_step_seqs o", rel_err(go, o, NS * VD), 1e-5);
         check("gdr_step_seqs states", rel_err(gS, S, NS * SN), 1e-5);
         float *tl = hrand(NS * (W - 1) * CC, 1), *x = hrand(NS * CC, 1), *w = hrand(CC * W, 1), *y = hrand(NS * CC, 1);
@@ -511,6 +516,7 @@ static void t_gdr(void) {
         for (int i = 0; i < NS; i++) hs[i] = tl + i * (W - 1) * CC, ds[i] = gtl + i * (W - 1) * CC;
         G->i->to_device(G, gds, ds, sizeof ds);
         ls_op_conv_step_seqs(C, y, hs, x, w, NS, CC, W), ls_op_conv_step_seqs(G, gyy, gds, gx, gw, NS, CC, W);
+        ls_op_conv_step_seqs(C, y, hs, x, w, NS, CC, W), ls_op_conv_step_seqs(G, gyy, ds, gx, gw, NS, CC, W);
         check("conv_step_seqs y", rel_err(gyy, y, NS * CC), 1e-6);
         check("conv_step_seqs tails", rel_err(gtl, tl, NS * (W - 1) * CC), 0);
         dfree(gS), dfree(go), dfree(gds), dfree(gtl), dfree(gx), dfree(gw), dfree(gyy);
@@ -645,6 +651,13 @@ static void t_attention(void) {
         for (int p = 0; p < NP; p++) e = fmax(e, rel_err(ddk[p], hdk[p], PER)), e = fmax(e, rel_err(ddv[p], hdv[p], PER));
         snprintf(name, sizeof name, "attn_bwd dq dk dv dprefix (%s)", tag);
         check(name, e, 1e-4);
+        ok = ls_op_attn_bwd(C, dq, dk, dv, NULL, NULL, dout, o, lse, q, k, v, &hpre, T, NH, NKV, HD, scale, &ca) == LS_OK &&
+             ls_op_attn_bwd(G, gdq, gdk, gdv, NULL, NULL, gdout, go, gl, gq, gk, gv, &dpre, T, NH, NKV, HD, scale, &ga) ==
+                 LS_OK;
+        e = ok ? fmax(fmax(rel_err(gdq, dq, T * NH * HD), rel_err(gdk, dk, T * NKV * HD)), rel_err(gdv, dv, T * NKV * HD))
+               : 1;
+        snprintf(name, sizeof name, "attn_bwd without prefix gradients (%s)", tag);
+        check(name, e, 1e-4);
         /* the CP partial over the prefix alone, and its backward's share */
         ok = ls_op_attn_prefix_fwd(C, o, lse, q, &hpre, T, NH, NKV, HD, scale, &ca) == LS_OK &&
              ls_op_attn_prefix_fwd(G, go, gl, gq, &dpre, T, NH, NKV, HD, scale, &ga) == LS_OK;
@@ -678,6 +691,7 @@ static void t_mla(void) {
         for (int p = t % 3; p <= pos0 + t && c < K - (t % 2) * 2; p += 1 + (p * 7 + t) % 3) sel[t * K + c++] = p;
         for (; c < K; c++) sel[t * K + c] = -1;
     }
+    sel[2 * K + 2] = -1; /* a −1 before valid entries */
     int32_t *gsel = dev_bytes(sel, sizeof sel);
     for (int bf = 0; bf < 2; bf++) {
         ls_dtype dt = bf ? LS_DTYPE_BF16 : LS_DTYPE_F32;

@@ -93,7 +93,7 @@ __global__ static void k_attn_fwd(float *o, float *lse, const float *q, const fl
     }
     float *orow = o + (t * n_h + h) * (int64_t)hd;
     for (int d = threadIdx.x; d < hd; d += AT_THREADS) orow[d] = l > 0 ? acc[d] / l : 0.0f;
-    if (lse && threadIdx.x == 0) lse[t * n_h + h] = l > 0 ? m + logf(l) : -INFINITY;
+    if (lse && threadIdx.x == 0) lse[t * n_h + h] = l > 0 ? (float)((double)m + log((double)l)) : -INFINITY;
 }
 
 /* The prefix's page tables on the device, from the arena (released by the caller). */
@@ -154,14 +154,14 @@ extern "C" ls_status ls_cuda_attn_prefix_fwd(cuda_ctx *c, float *o, float *lse, 
 
 /* ---- backward ----------------------------------------------------------------------- */
 
-/* Dd[t, h] = Σ_d dO·O (one block per row). */
+/* Dd[t, h] = Σ_d dO·O in double (one block per row), as the CPU sums it. */
 __global__ static void k_attn_D(float *Dd, const float *dout, const float *o, int hd) {
-    __shared__ float part[AT_THREADS / 32];
+    __shared__ double part[AT_THREADS / 32];
     int64_t r = blockIdx.x;
-    float s = 0.0f;
-    for (int d = threadIdx.x; d < hd; d += AT_THREADS) s += dout[r * hd + d] * o[r * hd + d];
-    s = at_block_sum(s, part);
-    if (threadIdx.x == 0) Dd[r] = s;
+    double s = 0.0;
+    for (int d = threadIdx.x; d < hd; d += AT_THREADS) s += (double)dout[r * hd + d] * o[r * hd + d];
+    s = ls_blk_sum<AT_THREADS>(s, part);
+    if (threadIdx.x == 0) Dd[r] = (float)s;
 }
 
 /* dq of (t, h) (=): scale·Σ_j P(dP − D)·k_j over the keys the row sees. */
@@ -204,12 +204,12 @@ __global__ static void k_attn_dq(float *dq, const float *dout, const float *lse,
  * own rows (=) or gradient pages (+=). One block per (key, kv head), threads over dims. */
 __global__ static void k_attn_dkv(float *dk, float *dv, void *const *dkp, void *const *dvp, const float *dout,
                                   const float *lse, const float *Dd, const float *q, const float *k, const float *v,
-                                  const dev_prefix P, int64_t T, int64_t nkeys, int n_h, int n_kv, int hd, float scale,
+                                  const dev_prefix P, int64_t T, int64_t first, int n_h, int n_kv, int hd, float scale,
                                   int own) {
     extern __shared__ float sm[];
     __shared__ float part[AT_THREADS / 32];
     float *ks = sm, *vs = sm + hd, *gk = vs + hd, *gv = gk + hd;
-    int64_t j = blockIdx.x / n_kv;
+    int64_t j = first + blockIdx.x / n_kv; /* keys from `first` (the prefix's are skipped without its gradient) */
     int kh = (int)(blockIdx.x % n_kv), rep = n_h / n_kv;
     for (int d = threadIdx.x; d < hd; d += AT_THREADS) {
         ks[d] = kv_at(P, P.kp, k, j, n_kv, kh, hd, d);
@@ -240,7 +240,6 @@ __global__ static void k_attn_dkv(float *dk, float *dv, void *const *dkp, void *
             dk[off] = gk[d], dv[off] = gv[d];
         }
     }
-    (void)nkeys;
 }
 
 static ls_status attn_bwd(cuda_ctx *c, float *dq, float *dk, float *dv, void *const *dk_prefix, void *const *dv_prefix,
@@ -270,7 +269,7 @@ static ls_status attn_bwd(cuda_ctx *c, float *dq, float *dk, float *dv, void *co
     int64_t first = want_prefix ? 0 : P.n; /* prefix keys only when their gradient is wanted */
     if (nkeys > first) {
         k_attn_dkv<<<(unsigned)((nkeys - first) * n_kv), AT_THREADS, (size_t)(4 * hd) * sizeof(float), c->stream>>>(
-            dk, dv, (void *const *)dkp, (void *const *)dvp, dout, lse, Dd, q, k, v, P, T, nkeys, n_h, n_kv, hd, scale,
+            dk, dv, (void *const *)dkp, (void *const *)dvp, dout, lse, Dd, q, k, v, P, T, first, n_h, n_kv, hd, scale,
             own);
         CU_LAUNCHED();
     }
@@ -293,6 +292,13 @@ extern "C" ls_status ls_cuda_attn_prefix_bwd(cuda_ctx *c, float *dq, void *const
 }
 
 /* ---- MLA absorbed sparse attention and the DSA indexer (mla_attn.c, mla_ops.c) ------------ */
+
+/* Entries of a selection list before its first −1 (−1 ends the list). */
+__device__ static inline int64_t list_len(const int32_t *st, int64_t k) {
+    int64_t n = 0;
+    while (n < k && st[n] >= 0) n++;
+    return n;
+}
 
 /* Row of position p with dk values: a page row (f32 or bf16) below pos0, else an own row. */
 __device__ static inline float row_at(const dev_prefix P, const float *own, int64_t pos0, int64_t p, int dk, int d) {
@@ -318,6 +324,7 @@ __global__ static void k_mla_fwd(float *o, float *lse, const float *q, const flo
     for (int d = threadIdx.x; d < dk; d += AT_THREADS) qs[d] = q[(t * H + h) * dk + d];
     __syncthreads();
     const int32_t *st = sel + t * k;
+    k = list_len(st, k); /* −1 ends the list */
     float mx = -INFINITY;
     for (int64_t j = threadIdx.x; j < k; j += AT_THREADS) {
         float s = st[j] < 0 ? -INFINITY : scale * row_dot(qs, P, own, pos0, st[j], dk, dk);
@@ -358,7 +365,7 @@ extern "C" ls_status ls_cuda_mla_attn_fwd(cuda_ctx *c, float *o, float *lse, con
         P.kp = tab;
     }
     size_t smem = (size_t)(k + rkv + dr) * sizeof(float);
-    LS_ASSERT(smem <= 48 * 1024, "MLA attention: %lld selected rows and a row of %d in shared memory", (long long)k,
+    LS_ASSERT(smem <= 48 * 1024 - 1024, "MLA attention: %lld selected rows and a row of %d in shared memory", (long long)k,
               rkv + dr);
     k_mla_fwd<<<(unsigned)(T * H), AT_THREADS, smem, c->stream>>>(o, lse, q, own, P, sel, k, H, rkv, dr, pos0, scale);
     CU_LAUNCHED();
@@ -373,6 +380,7 @@ static dev_prefix key_pages(cuda_ctx *c, const ls_kv_prefix *pre, void **tab) {
     P.n = pre ? pre->n : 0, P.S = pre && pre->page_size > 0 ? pre->page_size : 1;
     P.bf16 = pre && pre->dtype == LS_DTYPE_BF16, P.kp = P.vp = NULL;
     if (P.n > 0) {
+        LS_ASSERT(pre->dtype == LS_DTYPE_F32 || pre->dtype == LS_DTYPE_BF16, "key pages of dtype %d", (int)pre->dtype);
         int64_t np = (P.n + P.S - 1) / P.S;
         CU_CK(cudaMallocAsync(tab, (size_t)np * sizeof(void *), c->stream));
         CU_CK(cudaMemcpyAsync(*tab, pre->k_pages, (size_t)np * sizeof(void *), cudaMemcpyDefault, c->stream));
@@ -396,9 +404,10 @@ __global__ static void k_mla_bwd_q(float *dq, float *Pst, float *dst, const floa
     float L = lse[t * H + h];
     const int32_t *st = sel + t * k;
     float *Pr = Pst + (t * H + h) * k, *dr_ = dst + (t * H + h) * k;
+    int64_t n = list_len(st, k); /* −1 ends the list: the rest get P = ds = 0 */
     for (int64_t j = threadIdx.x; j < k; j += AT_THREADS) {
         float p = 0.0f, ds = 0.0f;
-        if (st[j] >= 0) {
+        if (j < n) {
             p = expf(scale * row_dot(qh, P, own, pos0, st[j], dk, dk) - L);
             ds = p * (row_dot(gh, P, own, pos0, st[j], dk, rkv) - Dd) * scale;
         }
@@ -407,8 +416,7 @@ __global__ static void k_mla_bwd_q(float *dq, float *Pst, float *dst, const floa
     __syncthreads();
     for (int d = threadIdx.x; d < dk; d += AT_THREADS) {
         float a = 0.0f;
-        for (int64_t j = 0; j < k; j++)
-            if (st[j] >= 0) a += dr_[j] * row_at(P, own, pos0, st[j], dk, d);
+        for (int64_t j = 0; j < n; j++) a += dr_[j] * row_at(P, own, pos0, st[j], dk, d);
         dq[(t * H + h) * dk + d] = a;
     }
 }
@@ -423,7 +431,7 @@ __global__ static void k_mla_bwd_rows(float *down, void *const *dpre, int64_t S,
         for (int64_t t = 0; t < T; t++)
             for (int64_t j = 0; j < k; j++) {
                 int64_t p = sel[t * k + j];
-                if (p < 0) continue;
+                if (p < 0) break; /* −1 ends the list */
                 float *row = p >= pos0 ? (down ? down + (p - pos0) * dk : NULL)
                                        : (dpre ? (float *)dpre[p / S] + (p % S) * dk : NULL);
                 if (!row) continue;
@@ -444,23 +452,38 @@ extern "C" ls_status ls_cuda_mla_attn_bwd(cuda_ctx *c, float *dq, float *down, v
     int dk = rkv + dr;
     if (down) CU_CK(cudaMemsetAsync(down, 0, (size_t)(T * dk) * sizeof(float), c->stream));
     if (T <= 0 || H <= 0) return LS_OK;
+    if (k <= 0) return LS_OK;
     void *tab, *dtab = NULL;
     dev_prefix P = key_pages(c, prefix, &tab);
+    /* P and ds of a chunk of queries (at most 64 Mi floats of scratch); the rows'
+     * gradients take the chunks in query order, as the CPU's serial loop */
+    int64_t per = 2 * (int64_t)H * k, tc = ((int64_t)64 << 20) / per;
+    tc = tc < 1 ? 1 : tc > T ? T : tc;
     float *Pst = NULL;
-    CU_CK(cudaMallocAsync((void **)&Pst, (size_t)(2 * T * H * k) * sizeof(float), c->stream));
-    float *dst = Pst + T * H * k;
-    k_mla_bwd_q<<<(unsigned)(T * H), AT_THREADS, 0, c->stream>>>(dq, Pst, dst, dout, o, lse, q, own, P, sel, k, H, rkv,
-                                                                 dr, pos0, scale);
-    CU_LAUNCHED();
+    if (cudaMallocAsync((void **)&Pst, (size_t)(tc * per) * sizeof(float), c->stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (tab) CU_CK(cudaFreeAsync(tab, c->stream));
+        return ls_err(LS_ERR_NOMEM, "MLA attention backward: %lld queries x %d heads x %lld rows of scratch",
+                      (long long)tc, H, (long long)k);
+    }
     if (dprefix && P.n > 0) {
         int64_t np = (P.n + P.S - 1) / P.S;
         CU_CK(cudaMallocAsync(&dtab, (size_t)np * sizeof(void *), c->stream));
         CU_CK(cudaMemcpyAsync(dtab, dprefix, (size_t)np * sizeof(void *), cudaMemcpyDefault, c->stream));
     }
-    if (down || dtab) {
-        k_mla_bwd_rows<<<(unsigned)((dk + 127) / 128), 128, 0, c->stream>>>(down, (void *const *)dtab, P.S, Pst, dst,
-                                                                            dout, q, sel, k, T, H, rkv, dr, pos0);
+    for (int64_t t0 = 0; t0 < T; t0 += tc) {
+        int64_t n = T - t0 < tc ? T - t0 : tc;
+        float *dst = Pst + n * H * k;
+        k_mla_bwd_q<<<(unsigned)(n * H), AT_THREADS, 0, c->stream>>>(dq + t0 * H * dk, Pst, dst, dout + t0 * H * rkv,
+                                                                     o + t0 * H * rkv, lse + t0 * H, q + t0 * H * dk,
+                                                                     own, P, sel + t0 * k, k, H, rkv, dr, pos0, scale);
         CU_LAUNCHED();
+        if (down || dtab) {
+            k_mla_bwd_rows<<<(unsigned)((dk + 127) / 128), 128, 0, c->stream>>>(
+                down, (void *const *)dtab, P.S, Pst, dst, dout + t0 * H * rkv, q + t0 * H * dk, sel + t0 * k, k, n, H,
+                rkv, dr, pos0);
+            CU_LAUNCHED();
+        }
     }
     CU_CK(cudaFreeAsync(Pst, c->stream));
     if (dtab) CU_CK(cudaFreeAsync(dtab, c->stream));
@@ -572,16 +595,25 @@ extern "C" void ls_cuda_dsa_sel_scores_bwd(cuda_ctx *c, float *dq, float *dw, fl
     if (T <= 0) return;
     void *tab;
     dev_prefix P = key_pages(c, keys, &tab);
+    /* the own keys' coefficients of a chunk of queries (at most 64 Mi floats), chunks in
+     * query order as the CPU's serial loop */
+    int64_t tc = down && k > 0 ? ((int64_t)64 << 20) / (k * nI) : T;
+    tc = tc < 1 ? 1 : tc > T ? T : tc;
     float *cst = NULL;
-    if (down && k > 0) CU_CK(cudaMallocAsync((void **)&cst, (size_t)(T * k * nI) * sizeof(float), c->stream));
-    k_dsa_sel_bwd_q<<<at_blocks(T * nI), AT_THREADS, 0, c->stream>>>(dq, dw, cst, dS, q, w, P, own, sel, k, T, nI, dI,
-                                                                     pos0, scale);
-    CU_LAUNCHED();
-    if (cst) {
-        k_dsa_sel_bwd_own<<<at_blocks(dI), AT_THREADS, 0, c->stream>>>(down, cst, q, sel, k, T, nI, dI, pos0);
+    if (down && k > 0) CU_CK(cudaMallocAsync((void **)&cst, (size_t)(tc * k * nI) * sizeof(float), c->stream));
+    for (int64_t t0 = 0; t0 < T; t0 += tc) {
+        int64_t n = T - t0 < tc ? T - t0 : tc;
+        k_dsa_sel_bwd_q<<<at_blocks(n * nI), AT_THREADS, 0, c->stream>>>(dq + t0 * nI * dI, dw + t0 * nI, cst,
+                                                                         dS + t0 * k, q + t0 * nI * dI, w + t0 * nI, P,
+                                                                         own, sel + t0 * k, k, n, nI, dI, pos0, scale);
         CU_LAUNCHED();
-        CU_CK(cudaFreeAsync(cst, c->stream));
+        if (cst) {
+            k_dsa_sel_bwd_own<<<at_blocks(dI), AT_THREADS, 0, c->stream>>>(down, cst, q + t0 * nI * dI, sel + t0 * k,
+                                                                           k, n, nI, dI, pos0);
+            CU_LAUNCHED();
+        }
     }
+    if (cst) CU_CK(cudaFreeAsync(cst, c->stream));
     if (tab) CU_CK(cudaFreeAsync(tab, c->stream));
 }
 

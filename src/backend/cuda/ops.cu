@@ -482,9 +482,10 @@ extern "C" void ls_cuda_adamw_check(cuda_ctx *c, int64_t *bad, float *at, const 
     CU_LAUNCHED();
     unsigned long long hf;
     CU_CK(cudaMemcpyAsync(&hf, first, sizeof hf, cudaMemcpyDeviceToHost, c->stream));
-    CU_CK(cudaMemcpyAsync(at, dat, 3 * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
     CU_CK(cudaStreamSynchronize(c->stream));
-    if (hf != ~0ull) *bad = (int64_t)hf;
+    if (hf == ~0ull) return; /* at untouched, as on the CPU */
+    *bad = (int64_t)hf;
+    CU_CK(cudaMemcpy(at, dat, 3 * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
 /* Σx² in double: LS_CUDA_RED_BLOCKS partial sums over fixed strided slices, then summed in
@@ -834,11 +835,21 @@ __global__ static void k_gdr_step_seqs(float *o, float *const *states, const flo
         o[(s * dm.H_v + h) * dv + j] = dm.scale * acc;
     }
 }
+/* An array of n device pointers, wherever the caller keeps it (the models build it on the
+ * host), on the device in stream-ordered memory (cudaFreeAsync after use). */
+static float **stage_ptrs(cuda_ctx *c, float *const *ptrs, int64_t n) {
+    float **d = NULL;
+    CU_CK(cudaMallocAsync((void **)&d, (size_t)n * sizeof(float *), c->stream));
+    CU_CK(cudaMemcpyAsync(d, ptrs, (size_t)n * sizeof(float *), cudaMemcpyDefault, c->stream));
+    return d;
+}
 extern "C" void ls_cuda_gdr_step_seqs(cuda_ctx *c, float *o, float *const *states, const float *q, const float *k,
                                       const float *v, const float *beta, const float *g, int64_t n, ls_gdr_dims dm) {
     if (n <= 0) return;
-    k_gdr_step_seqs<<<blocks_for(n * dm.H_v * dm.d_v), THREADS, 0, c->stream>>>(o, states, q, k, v, beta, g, n, dm);
+    float **d = stage_ptrs(c, states, n);
+    k_gdr_step_seqs<<<blocks_for(n * dm.H_v * dm.d_v), THREADS, 0, c->stream>>>(o, d, q, k, v, beta, g, n, dm);
     CU_LAUNCHED();
+    CU_CK(cudaFreeAsync(d, c->stream));
 }
 
 /* One token of each of n sequences through the conv: thread per (sequence, channel), which
@@ -859,8 +870,10 @@ __global__ static void k_conv_step_seqs(float *y, float *const *tails, const flo
 extern "C" void ls_cuda_conv_step_seqs(cuda_ctx *c, float *y, float *const *tails, const float *x, const float *w,
                                        int64_t n, int64_t C, int64_t W) {
     if (n <= 0 || C <= 0) return;
-    k_conv_step_seqs<<<blocks_for(n * C), THREADS, 0, c->stream>>>(y, tails, x, w, n, C, W);
+    float **d = stage_ptrs(c, tails, n);
+    k_conv_step_seqs<<<blocks_for(n * C), THREADS, 0, c->stream>>>(y, d, x, w, n, C, W);
     CU_LAUNCHED();
+    CU_CK(cudaFreeAsync(d, c->stream));
 }
 
 /* ---- MoE routing (gates.c, mla_ops.c): the CPU's selection, token by token ---------------- */
@@ -880,7 +893,7 @@ extern "C" void ls_cuda_moe_route(cuda_ctx *c, float *probs, int32_t *sel, float
 /* One block per token, dp in shared memory (E <= 1024). */
 __global__ static void k_moe_route_bwd(float *dlogits, const float *dwt, const float *probs, const int32_t *sel,
                                        const float *wt, int E, int K, int norm_topk) {
-    __shared__ double dp[1024];
+    __shared__ double dp[1024], dsum;
     int64_t t = blockIdx.x;
     const float *p = probs + t * E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) dp[e] = 0;
@@ -896,15 +909,15 @@ __global__ static void k_moe_route_bwd(float *dlogits, const float *dwt, const f
         }
         double s = 0;
         for (int e = 0; e < E; e++) s += dp[e] * p[e];
-        dp[E] = s; /* E < 1024 checked: the slot after the experts carries the sum */
+        dsum = s;
     }
     __syncthreads();
-    double s = dp[E];
+    double s = dsum;
     for (int e = threadIdx.x; e < E; e += blockDim.x) dlogits[t * E + e] = (float)(p[e] * (dp[e] - s));
 }
 extern "C" void ls_cuda_moe_route_bwd(cuda_ctx *c, float *dlogits, const float *dwt, const float *probs,
                                       const int32_t *sel, const float *wt, int64_t T, int E, int K, int norm_topk) {
-    LS_ASSERT(E < 1024, "too many experts for the router backward: %d", E);
+    LS_ASSERT(E <= 1024, "too many experts for the router backward: %d", E);
     if (T <= 0) return;
     k_moe_route_bwd<<<(unsigned)T, 128, 0, c->stream>>>(dlogits, dwt, probs, sel, wt, E, K, norm_topk);
     CU_LAUNCHED();
@@ -952,7 +965,7 @@ __global__ static void k_mla_route_fwd(int32_t *sel, float *wt, float *s_out, co
 extern "C" void ls_cuda_mla_route_fwd(cuda_ctx *c, int32_t *sel, float *wt, float *s_out, const float *logits,
                                       const float *bias, int64_t T, int E, int K, int n_group, int topk_group, int norm,
                                       double scaling) {
-    int kept = (topk_group < n_group ? topk_group : n_group) * (n_group > 0 ? E / n_group : 0);
+    int kept = n_group > 1 && topk_group < n_group ? topk_group * (E / n_group) : E; /* rows.h's rule */
     LS_ASSERT(E <= 1024 && n_group >= 1 && n_group <= LS_ROUTE_MAX_GROUPS && E % n_group == 0 && K <= kept,
               "routing of %d experts in %d groups, %d of them kept, top %d", E, n_group, topk_group, K);
     if (T <= 0) return;
