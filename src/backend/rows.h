@@ -88,6 +88,37 @@ static inline LS_HD int ls_mla_route_pick(int32_t *o, float *wt, const double *s
     return 0;
 }
 
+/* The hybrid router's backward for one token (ls_moe_route_bwd): dl[E] (=) from dwt[K] and
+ * the forward's p[E], sel[K], wt[K]; dp[E] is scratch (doubles). */
+static inline LS_HD void ls_moe_route_bwd_row(float *dl, const float *dwt, const float *p, const int32_t *sel,
+                                              const float *wt, int E, int K, int norm_topk, double *dp) {
+    for (int e = 0; e < E; e++) dp[e] = 0;
+    if (norm_topk) {
+        double Z = 0, Sw = 0;
+        for (int j = 0; j < K; j++) Z += p[sel[j]];
+        for (int j = 0; j < K; j++) Sw += (double)dwt[j] * wt[j];
+        for (int j = 0; j < K; j++) dp[sel[j]] = (dwt[j] - Sw) / Z;
+    } else {
+        for (int j = 0; j < K; j++) dp[sel[j]] = dwt[j];
+    }
+    double s = 0;
+    for (int e = 0; e < E; e++) s += dp[e] * p[e];
+    for (int e = 0; e < E; e++) dl[e] = (float)(p[e] * (dp[e] - s));
+}
+
+/* The MLA router's backward for one token (ls_mla_route_bwd): dl[E] (=) from dwt[K], the
+ * saved σ st[E] and the selection o[K]. */
+static inline LS_HD void ls_mla_route_bwd_row(float *dl, const float *dwt, const float *st, const int32_t *o, int E,
+                                              int K, int norm, double scaling) {
+    for (int e = 0; e < E; e++) dl[e] = 0.0f;
+    double Z = 1e-20, dot = 0;
+    for (int j = 0; j < K; j++) Z += st[o[j]], dot += (double)dwt[j] * st[o[j]];
+    for (int j = 0; j < K; j++) {
+        double sj = st[o[j]], ds = norm ? scaling * ((double)dwt[j] / Z - dot / (Z * Z)) : scaling * (double)dwt[j];
+        dl[o[j]] = (float)(ds * sj * (1.0 - sj));
+    }
+}
+
 /* One row of the log-sum-exp merge (ls_attn_merge): (x [hd], *lse) ← the merge of itself
  * and (y, lse2); both empty (−inf): unchanged. */
 static inline LS_HD void ls_attn_merge_row(float *x, float *lse, const float *y, float lse2, int hd) {

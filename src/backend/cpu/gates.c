@@ -191,21 +191,7 @@ void ls_moe_combine_bwd(float *dys, float *dwt, const float *dy, const float *ys
 void ls_moe_route_bwd(float *dlogits, const float *dwt, const float *probs, const int32_t *sel, const float *wt,
                       int64_t T, int E, int K, int norm_topk) {
     LS_ASSERT(E <= 1024, "too many experts for the router backward: %d", E);
-    for (int64_t t = 0; t < T; t++) {
-        const float *p = probs + t * E;
-        float *dl = dlogits + t * E;
-        double dp[1024];
-        for (int e = 0; e < E; e++) dp[e] = 0;
-        if (norm_topk) {
-            double Z = 0, Sw = 0;
-            for (int j = 0; j < K; j++) Z += p[sel[t * K + j]];
-            for (int j = 0; j < K; j++) Sw += (double)dwt[t * K + j] * wt[t * K + j];
-            for (int j = 0; j < K; j++) dp[sel[t * K + j]] = (dwt[t * K + j] - Sw) / Z;
-        } else {
-            for (int j = 0; j < K; j++) dp[sel[t * K + j]] = dwt[t * K + j];
-        }
-        double s = 0;
-        for (int e = 0; e < E; e++) s += dp[e] * p[e];
-        for (int e = 0; e < E; e++) dl[e] = (float)(p[e] * (dp[e] - s));
-    }
+    double dp[1024];
+    for (int64_t t = 0; t < T; t++)
+        ls_moe_route_bwd_row(dlogits + t * E, dwt + t * K, probs + t * E, sel + t * K, wt + t * K, E, K, norm_topk, dp);
 }

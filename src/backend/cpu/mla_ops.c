@@ -146,19 +146,8 @@ void ls_mla_route_fwd(int32_t *sel, float *wt, float *s_out, const float *logits
 void ls_mla_route_bwd(float *dlogits, const float *dwt, const float *s, const int32_t *sel, int64_t T, int E, int K,
                       int norm, double scaling) {
 #pragma omp parallel for schedule(static) if (T > 64)
-    for (int64_t t = 0; t < T; t++) {
-        const float *st = s + t * E;
-        const int32_t *o = sel + t * K;
-        float *dl = dlogits + t * E;
-        for (int e = 0; e < E; e++) dl[e] = 0.0f;
-        double Z = 1e-20, dot = 0;
-        for (int j = 0; j < K; j++) Z += st[o[j]], dot += (double)dwt[t * K + j] * st[o[j]];
-        for (int j = 0; j < K; j++) {
-            double sj = st[o[j]], ds = norm ? scaling * ((double)dwt[t * K + j] / Z - dot / (Z * Z))
-                                            : scaling * (double)dwt[t * K + j];
-            dl[o[j]] = (float)(ds * sj * (1.0 - sj));
-        }
-    }
+    for (int64_t t = 0; t < T; t++)
+        ls_mla_route_bwd_row(dlogits + t * E, dwt + t * K, s + t * E, sel + t * K, E, K, norm, scaling);
 }
 
 /* LayerNorm with weight and bias over rows of x[n, d]: y = (x − mean)/√(var + eps)·w + b.

@@ -890,36 +890,19 @@ extern "C" void ls_cuda_moe_route(cuda_ctx *c, float *probs, int32_t *sel, float
     CU_LAUNCHED();
 }
 
-/* One block per token, dp in shared memory (E <= 1024). */
+/* One block per token, its first thread the CPU's code (rows.h), dp in shared memory. */
 __global__ static void k_moe_route_bwd(float *dlogits, const float *dwt, const float *probs, const int32_t *sel,
                                        const float *wt, int E, int K, int norm_topk) {
-    __shared__ double dp[1024], dsum;
+    __shared__ double dp[1024];
     int64_t t = blockIdx.x;
-    const float *p = probs + t * E;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) dp[e] = 0;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        if (norm_topk) {
-            double Z = 0, Sw = 0;
-            for (int j = 0; j < K; j++) Z += p[sel[t * K + j]];
-            for (int j = 0; j < K; j++) Sw += (double)dwt[t * K + j] * wt[t * K + j];
-            for (int j = 0; j < K; j++) dp[sel[t * K + j]] = (dwt[t * K + j] - Sw) / Z;
-        } else {
-            for (int j = 0; j < K; j++) dp[sel[t * K + j]] = dwt[t * K + j];
-        }
-        double s = 0;
-        for (int e = 0; e < E; e++) s += dp[e] * p[e];
-        dsum = s;
-    }
-    __syncthreads();
-    double s = dsum;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) dlogits[t * E + e] = (float)(p[e] * (dp[e] - s));
+    if (threadIdx.x == 0)
+        ls_moe_route_bwd_row(dlogits + t * E, dwt + t * K, probs + t * E, sel + t * K, wt + t * K, E, K, norm_topk, dp);
 }
 extern "C" void ls_cuda_moe_route_bwd(cuda_ctx *c, float *dlogits, const float *dwt, const float *probs,
                                       const int32_t *sel, const float *wt, int64_t T, int E, int K, int norm_topk) {
     LS_ASSERT(E <= 1024, "too many experts for the router backward: %d", E);
     if (T <= 0) return;
-    k_moe_route_bwd<<<(unsigned)T, 128, 0, c->stream>>>(dlogits, dwt, probs, sel, wt, E, K, norm_topk);
+    k_moe_route_bwd<<<(unsigned)T, 32, 0, c->stream>>>(dlogits, dwt, probs, sel, wt, E, K, norm_topk);
     CU_LAUNCHED();
 }
 
@@ -976,19 +959,7 @@ extern "C" void ls_cuda_mla_route_fwd(cuda_ctx *c, int32_t *sel, float *wt, floa
 
 __global__ static void k_mla_route_bwd(float *dlogits, const float *dwt, const float *s, const int32_t *sel, int64_t T,
                                        int E, int K, int norm, double scaling) {
-    GRID_STRIDE(t, T) {
-        const float *st = s + t * E;
-        const int32_t *o = sel + t * K;
-        float *dl = dlogits + t * E;
-        for (int e = 0; e < E; e++) dl[e] = 0.0f;
-        double Z = 1e-20, dot = 0;
-        for (int j = 0; j < K; j++) Z += st[o[j]], dot += (double)dwt[t * K + j] * st[o[j]];
-        for (int j = 0; j < K; j++) {
-            double sj = st[o[j]], ds = norm ? scaling * ((double)dwt[t * K + j] / Z - dot / (Z * Z))
-                                            : scaling * (double)dwt[t * K + j];
-            dl[o[j]] = (float)(ds * sj * (1.0 - sj));
-        }
-    }
+    GRID_STRIDE(t, T) ls_mla_route_bwd_row(dlogits + t * E, dwt + t * K, s + t * E, sel + t * K, E, K, norm, scaling);
 }
 extern "C" void ls_cuda_mla_route_bwd(cuda_ctx *c, float *dlogits, const float *dwt, const float *s, const int32_t *sel,
                                       int64_t T, int E, int K, int norm, double scaling) {
