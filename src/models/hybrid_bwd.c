@@ -277,7 +277,6 @@ static ls_status moe_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
     return LS_OK;
 }
 
-/* One layer: dx[T,D] holds ∂L/∂(layer output) on entry, ∂L/∂(layer input) on exit. */
 /* The hybrid's parts of a layer's backward for the skeleton (decoder.h). */
 typedef struct {
     const ls_hybrid_model *m;
@@ -300,6 +299,7 @@ static ls_status part_moe_bwd(const ls_dec_layer *d, const float *dres, float *d
     return moe_bwd(p->m, p->l, &p->m->layers[p->l], p->gw, &p->tb->layers[p->l], dres, dxn, d->T, d->sc);
 }
 
+/* One layer: dx[T,D] holds ∂L/∂(layer output) on entry, ∂L/∂(layer input) on exit. */
 static ls_status layer_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, int l,
                            const ls_branch_tape *tb, float *dx, const dstate_ctx *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;

@@ -232,7 +232,6 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
     return LS_OK;
 }
 
-/* One layer: dx [T, D] holds ∂L/∂(layer output) on entry, ∂L/∂(layer input) on exit. */
 /* The family's parts of a layer's backward for the skeleton (decoder.h). */
 typedef struct {
     const ls_mla_model *m;
@@ -252,6 +251,7 @@ static ls_status part_moe_bwd(const ls_dec_layer *d, const float *dres, float *d
     return moe_bwd(p->m, p->l, p->gw, &p->tb->layers[p->l], dres, dxn, d->T, d->sc);
 }
 
+/* One layer: dx [T, D] holds ∂L/∂(layer output) on entry, ∂L/∂(layer input) on exit. */
 static ls_status layer_bwd(const ls_mla_model *m, ls_mla_model *grad, int l, const mla_tape *tb, float *dx,
                            const dstate_ctx *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;

@@ -96,34 +96,29 @@ __global__ static void k_attn_fwd(float *o, float *lse, const float *q, const fl
     if (lse && threadIdx.x == 0) lse[t * n_h + h] = l > 0 ? (float)((double)m + log((double)l)) : -INFINITY;
 }
 
-/* The prefix's page tables on the device, from the arena (released by the caller). */
-static ls_status dev_prefix_of(cuda_ctx *c, dev_prefix *dp, const ls_kv_prefix *pre, ls_arena *sc) {
-    dp->n = pre ? pre->n : 0;
-    dp->S = pre && pre->page_size > 0 ? pre->page_size : 1;
-    dp->bf16 = pre && pre->dtype == LS_DTYPE_BF16;
-    dp->kp = dp->vp = NULL;
-    if (!pre || pre->n <= 0) return LS_OK;
+/* The prefix's page tables on the device (stream-ordered copies of wherever the caller
+ * keeps them; dev_prefix_free after the kernels). */
+static dev_prefix dev_prefix_of(cuda_ctx *c, const ls_kv_prefix *pre) {
+    dev_prefix P;
+    P.n = pre ? pre->n : 0;
+    P.S = pre && pre->page_size > 0 ? pre->page_size : 1;
+    P.bf16 = pre && pre->dtype == LS_DTYPE_BF16;
+    P.kp = P.vp = NULL;
+    if (P.n <= 0) return P;
     LS_ASSERT(pre->dtype == LS_DTYPE_F32 || pre->dtype == LS_DTYPE_BF16, "attention pages of dtype %d",
               (int)pre->dtype);
-    int64_t np = (pre->n + dp->S - 1) / dp->S;
-    void **t = (void **)ls_arena_alloc(sc, 2 * (size_t)np * sizeof(void *));
-    if (!t) return LS_ERR_NOMEM;
-    CU_CK(cudaMemcpyAsync(t, pre->k_pages, (size_t)np * sizeof(void *), cudaMemcpyDefault, c->stream));
-    if (pre->v_pages)
-        CU_CK(cudaMemcpyAsync(t + np, pre->v_pages, (size_t)np * sizeof(void *), cudaMemcpyDefault, c->stream));
-    dp->kp = t, dp->vp = t + np;
-    return LS_OK;
+    int64_t np = (P.n + P.S - 1) / P.S;
+    P.kp = (void *const *)ls_cuda_stage_table(c, pre->k_pages, np);
+    P.vp = (void *const *)ls_cuda_stage_table(c, pre->v_pages, np);
+    return P;
 }
-/* Gradient page tables (f32 pages, NULL: none) on the device. */
-static ls_status dev_pages(cuda_ctx *c, void **out_dev, void *const *pages, int64_t n, int64_t S, ls_arena *sc) {
-    *out_dev = NULL;
-    if (!pages || n <= 0) return LS_OK;
-    int64_t np = (n + S - 1) / S;
-    void **t = (void **)ls_arena_alloc(sc, (size_t)np * sizeof(void *));
-    if (!t) return LS_ERR_NOMEM;
-    CU_CK(cudaMemcpyAsync(t, pages, (size_t)np * sizeof(void *), cudaMemcpyDefault, c->stream));
-    *out_dev = t;
-    return LS_OK;
+static void dev_prefix_free(cuda_ctx *c, const dev_prefix *P) {
+    ls_cuda_unstage(c, (const void *)P->kp);
+    ls_cuda_unstage(c, (const void *)P->vp);
+}
+/* Pages of the prefix's layout (gradient pages; NULL: none) staged like its tables. */
+static void *const *dev_pages(cuda_ctx *c, void *const *pages, const dev_prefix *P) {
+    return (void *const *)ls_cuda_stage_table(c, pages, P->n > 0 ? (P->n + P->S - 1) / P->S : 0);
 }
 
 static ls_status attn_fwd(cuda_ctx *c, float *o, float *lse, const float *q, const float *k, const float *v,
@@ -131,14 +126,12 @@ static ls_status attn_fwd(cuda_ctx *c, float *o, float *lse, const float *q, con
                           ls_arena *sc) {
     LS_ASSERT(n_h > 0 && n_kv > 0 && n_h % n_kv == 0 && hd > 0, "attention heads %d / %d, head dim %d", n_h, n_kv, hd);
     if (T <= 0) return LS_OK;
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    dev_prefix P;
-    ls_status s = dev_prefix_of(c, &P, prefix, sc);
-    if (s != LS_OK) return s;
+    (void)sc;
+    dev_prefix P = dev_prefix_of(c, prefix);
     size_t smem = (size_t)(2 * hd + AT_TILE) * sizeof(float);
     k_attn_fwd<<<(unsigned)(T * n_h), AT_THREADS, smem, c->stream>>>(o, lse, q, k, v, P, T, n_h, n_kv, hd, scale, own);
     CU_LAUNCHED();
-    ls_arena_release(sc, mk);
+    dev_prefix_free(c, &P);
     return LS_OK;
 }
 extern "C" ls_status ls_cuda_attn_fwd(cuda_ctx *c, float *o, float *lse, const float *q, const float *k, const float *v,
@@ -249,16 +242,10 @@ static ls_status attn_bwd(cuda_ctx *c, float *dq, float *dk, float *dv, void *co
     LS_ASSERT(n_h > 0 && n_kv > 0 && n_h % n_kv == 0 && hd > 0, "attention heads %d / %d, head dim %d", n_h, n_kv, hd);
     if (T <= 0) return LS_OK;
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    dev_prefix P;
-    void *dkp = NULL, *dvp = NULL;
     float *Dd = (float *)ls_arena_alloc(sc, (size_t)(T * n_h) * sizeof(float));
-    ls_status s = Dd ? dev_prefix_of(c, &P, prefix, sc) : LS_ERR_NOMEM;
-    if (s == LS_OK) s = dev_pages(c, &dkp, dk_prefix, P.n, P.S, sc);
-    if (s == LS_OK) s = dev_pages(c, &dvp, dv_prefix, P.n, P.S, sc);
-    if (s != LS_OK) {
-        ls_arena_release(sc, mk);
-        return s;
-    }
+    if (!Dd) return LS_ERR_NOMEM;
+    dev_prefix P = dev_prefix_of(c, prefix);
+    void *const *dkp = dev_pages(c, dk_prefix, &P), *const *dvp = dev_pages(c, dv_prefix, &P);
     k_attn_D<<<(unsigned)(T * n_h), AT_THREADS, 0, c->stream>>>(Dd, dout, o, hd);
     CU_LAUNCHED();
     k_attn_dq<<<(unsigned)(T * n_h), AT_THREADS, (size_t)(3 * hd + AT_TILE) * sizeof(float), c->stream>>>(
@@ -269,10 +256,11 @@ static ls_status attn_bwd(cuda_ctx *c, float *dq, float *dk, float *dv, void *co
     int64_t first = want_prefix ? 0 : P.n; /* prefix keys only when their gradient is wanted */
     if (nkeys > first) {
         k_attn_dkv<<<(unsigned)((nkeys - first) * n_kv), AT_THREADS, (size_t)(4 * hd) * sizeof(float), c->stream>>>(
-            dk, dv, (void *const *)dkp, (void *const *)dvp, dout, lse, Dd, q, k, v, P, T, first, n_h, n_kv, hd, scale,
-            own);
+            dk, dv, dkp, dvp, dout, lse, Dd, q, k, v, P, T, first, n_h, n_kv, hd, scale, own);
         CU_LAUNCHED();
     }
+    ls_cuda_unstage(c, (const void *)dkp), ls_cuda_unstage(c, (const void *)dvp);
+    dev_prefix_free(c, &P);
     ls_arena_release(sc, mk);
     return LS_OK;
 }
@@ -353,40 +341,14 @@ extern "C" ls_status ls_cuda_mla_attn_fwd(cuda_ctx *c, float *o, float *lse, con
                                           const ls_kv_prefix *prefix, const int32_t *sel, int64_t k, int64_t T, int H,
                                           int rkv, int dr, int64_t pos0, float scale) {
     if (T <= 0 || H <= 0) return LS_OK;
-    /* no scratch arena in this op's signature: the page table in stream-ordered memory */
-    dev_prefix P;
-    void **tab = NULL;
-    P.n = prefix ? prefix->n : 0, P.S = prefix && prefix->page_size > 0 ? prefix->page_size : 1;
-    P.bf16 = prefix && prefix->dtype == LS_DTYPE_BF16, P.kp = P.vp = NULL;
-    if (P.n > 0) {
-        int64_t np = (P.n + P.S - 1) / P.S;
-        CU_CK(cudaMallocAsync((void **)&tab, (size_t)np * sizeof(void *), c->stream));
-        CU_CK(cudaMemcpyAsync(tab, prefix->k_pages, (size_t)np * sizeof(void *), cudaMemcpyDefault, c->stream));
-        P.kp = tab;
-    }
+    dev_prefix P = dev_prefix_of(c, prefix);
     size_t smem = (size_t)(k + rkv + dr) * sizeof(float);
     LS_ASSERT(smem <= 48 * 1024 - 1024, "MLA attention: %lld selected rows and a row of %d in shared memory", (long long)k,
               rkv + dr);
     k_mla_fwd<<<(unsigned)(T * H), AT_THREADS, smem, c->stream>>>(o, lse, q, own, P, sel, k, H, rkv, dr, pos0, scale);
     CU_LAUNCHED();
-    if (tab) CU_CK(cudaFreeAsync(tab, c->stream));
+    dev_prefix_free(c, &P);
     return LS_OK;
-}
-
-/* A page table (keys only) in stream-ordered device memory; free with cudaFreeAsync. */
-static dev_prefix key_pages(cuda_ctx *c, const ls_kv_prefix *pre, void **tab) {
-    dev_prefix P;
-    *tab = NULL;
-    P.n = pre ? pre->n : 0, P.S = pre && pre->page_size > 0 ? pre->page_size : 1;
-    P.bf16 = pre && pre->dtype == LS_DTYPE_BF16, P.kp = P.vp = NULL;
-    if (P.n > 0) {
-        LS_ASSERT(pre->dtype == LS_DTYPE_F32 || pre->dtype == LS_DTYPE_BF16, "key pages of dtype %d", (int)pre->dtype);
-        int64_t np = (P.n + P.S - 1) / P.S;
-        CU_CK(cudaMallocAsync(tab, (size_t)np * sizeof(void *), c->stream));
-        CU_CK(cudaMemcpyAsync(*tab, pre->k_pages, (size_t)np * sizeof(void *), cudaMemcpyDefault, c->stream));
-        P.kp = (void *const *)*tab;
-    }
-    return P;
 }
 
 /* dq of (t, h) (=), and P, ds of its selected rows into scratch [T, H, k]. */
@@ -453,8 +415,7 @@ extern "C" ls_status ls_cuda_mla_attn_bwd(cuda_ctx *c, float *dq, float *down, v
     if (down) CU_CK(cudaMemsetAsync(down, 0, (size_t)(T * dk) * sizeof(float), c->stream));
     if (T <= 0 || H <= 0) return LS_OK;
     if (k <= 0) return LS_OK;
-    void *tab, *dtab = NULL;
-    dev_prefix P = key_pages(c, prefix, &tab);
+    dev_prefix P = dev_prefix_of(c, prefix);
     /* P and ds of a chunk of queries (at most 64 Mi floats of scratch); the rows'
      * gradients take the chunks in query order, as the CPU's serial loop */
     int64_t per = 2 * (int64_t)H * k, tc = ((int64_t)64 << 20) / per;
@@ -462,15 +423,11 @@ extern "C" ls_status ls_cuda_mla_attn_bwd(cuda_ctx *c, float *dq, float *down, v
     float *Pst = NULL;
     if (cudaMallocAsync((void **)&Pst, (size_t)(tc * per) * sizeof(float), c->stream) != cudaSuccess) {
         (void)cudaGetLastError();
-        if (tab) CU_CK(cudaFreeAsync(tab, c->stream));
+        dev_prefix_free(c, &P);
         return ls_err(LS_ERR_NOMEM, "MLA attention backward: %lld queries x %d heads x %lld rows of scratch",
                       (long long)tc, H, (long long)k);
     }
-    if (dprefix && P.n > 0) {
-        int64_t np = (P.n + P.S - 1) / P.S;
-        CU_CK(cudaMallocAsync(&dtab, (size_t)np * sizeof(void *), c->stream));
-        CU_CK(cudaMemcpyAsync(dtab, dprefix, (size_t)np * sizeof(void *), cudaMemcpyDefault, c->stream));
-    }
+    void *const *dtab = dev_pages(c, dprefix, &P);
     for (int64_t t0 = 0; t0 < T; t0 += tc) {
         int64_t n = T - t0 < tc ? T - t0 : tc;
         float *dst = Pst + n * H * k;
@@ -480,14 +437,14 @@ extern "C" ls_status ls_cuda_mla_attn_bwd(cuda_ctx *c, float *dq, float *down, v
         CU_LAUNCHED();
         if (down || dtab) {
             k_mla_bwd_rows<<<(unsigned)((dk + 127) / 128), 128, 0, c->stream>>>(
-                down, (void *const *)dtab, P.S, Pst, dst, dout + t0 * H * rkv, q + t0 * H * dk, sel + t0 * k, k, n, H,
+                down, dtab, P.S, Pst, dst, dout + t0 * H * rkv, q + t0 * H * dk, sel + t0 * k, k, n, H,
                 rkv, dr, pos0);
             CU_LAUNCHED();
         }
     }
     CU_CK(cudaFreeAsync(Pst, c->stream));
-    if (dtab) CU_CK(cudaFreeAsync(dtab, c->stream));
-    if (tab) CU_CK(cudaFreeAsync(tab, c->stream));
+    ls_cuda_unstage(c, (const void *)dtab);
+    dev_prefix_free(c, &P);
     return LS_OK;
 }
 
@@ -510,12 +467,11 @@ extern "C" void ls_cuda_mla_attn_probs(cuda_ctx *c, float *Pout, const float *q,
                                        const ls_kv_prefix *prefix, const int32_t *sel, int64_t k, int64_t T, int H,
                                        int rkv, int dr, int64_t pos0, float scale) {
     if (T <= 0 || k <= 0) return;
-    void *tab;
-    dev_prefix P = key_pages(c, prefix, &tab);
+    dev_prefix P = dev_prefix_of(c, prefix);
     k_mla_probs<<<at_blocks(T * k), AT_THREADS, 0, c->stream>>>(Pout, q, lse, own, P, sel, k, T, H, rkv + dr, pos0,
                                                                scale);
     CU_LAUNCHED();
-    if (tab) CU_CK(cudaFreeAsync(tab, c->stream));
+    dev_prefix_free(c, &P);
 }
 
 /* score[t, j] = scale·Σ_h w·ReLU(q_h·key) of the selected index keys (−inf where none). */
@@ -539,11 +495,10 @@ extern "C" void ls_cuda_dsa_sel_scores(cuda_ctx *c, float *score, const float *q
                                        const ls_kv_prefix *keys, const float *own, const int32_t *sel, int64_t k,
                                        int64_t T, int nI, int dI, int64_t pos0, float scale) {
     if (T <= 0 || k <= 0) return;
-    void *tab;
-    dev_prefix P = key_pages(c, keys, &tab);
+    dev_prefix P = dev_prefix_of(c, keys);
     k_dsa_sel<<<at_blocks(T * k), AT_THREADS, 0, c->stream>>>(score, q, w, P, own, sel, k, T, nI, dI, pos0, scale);
     CU_LAUNCHED();
-    if (tab) CU_CK(cudaFreeAsync(tab, c->stream));
+    dev_prefix_free(c, &P);
 }
 
 /* dq [t, h] (=) and dw (=), thread per (t, h); the coefficient c of each (t, j, h) into
@@ -593,8 +548,7 @@ extern "C" void ls_cuda_dsa_sel_scores_bwd(cuda_ctx *c, float *dq, float *dw, fl
                                            const int32_t *sel, int64_t k, int64_t T, int nI, int dI, int64_t pos0,
                                            float scale) {
     if (T <= 0) return;
-    void *tab;
-    dev_prefix P = key_pages(c, keys, &tab);
+    dev_prefix P = dev_prefix_of(c, keys);
     /* the own keys' coefficients of a chunk of queries (at most 64 Mi floats), chunks in
      * query order as the CPU's serial loop */
     int64_t tc = down && k > 0 ? ((int64_t)64 << 20) / (k * nI) : T;
@@ -614,7 +568,7 @@ extern "C" void ls_cuda_dsa_sel_scores_bwd(cuda_ctx *c, float *dq, float *dw, fl
         }
     }
     if (cst) CU_CK(cudaFreeAsync(cst, c->stream));
-    if (tab) CU_CK(cudaFreeAsync(tab, c->stream));
+    dev_prefix_free(c, &P);
 }
 
 /* The indexer's scores over every paged key, thread per (t, s), heads in order. */
@@ -636,13 +590,11 @@ extern "C" ls_status ls_cuda_dsa_scores(cuda_ctx *c, float *score, const float *
                                         const ls_kv_prefix *keys, int64_t T, int nI, int dI, float scale,
                                         ls_arena *scratch) {
     if (keys->n == 0 || T == 0) return LS_OK;
-    ls_arena_mark mk = ls_arena_get_mark(scratch);
-    dev_prefix P;
-    ls_status s = dev_prefix_of(c, &P, keys, scratch);
-    if (s != LS_OK) return s;
+    (void)scratch;
+    dev_prefix P = dev_prefix_of(c, keys);
     k_dsa_scores<<<at_blocks(T * P.n), AT_THREADS, 0, c->stream>>>(score, q, w, P, T, nI, dI, scale);
     CU_LAUNCHED();
-    ls_arena_release(scratch, mk);
+    dev_prefix_free(c, &P);
     return LS_OK;
 }
 

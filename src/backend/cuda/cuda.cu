@@ -51,6 +51,17 @@ static void cu_zero(const ls_backend *be, void *p, size_t bytes) {
     if (bytes) CU_CK(cudaMemsetAsync(p, 0, bytes, CTX(be)->stream));
 }
 
+void *ls_cuda_stage_table(cuda_ctx *c, void *const *ptrs, int64_t n) {
+    if (!ptrs || n <= 0) return NULL;
+    void *d = NULL;
+    CU_CK(cudaMallocAsync(&d, (size_t)n * sizeof(void *), c->stream));
+    CU_CK(cudaMemcpyAsync(d, ptrs, (size_t)n * sizeof(void *), cudaMemcpyDefault, c->stream));
+    return d;
+}
+void ls_cuda_unstage(cuda_ctx *c, const void *staged) {
+    if (staged) CU_CK(cudaFreeAsync((void *)staged, c->stream));
+}
+
 /* ---- the table ------------------------------------------------------------------- */
 
 /* Every op's entry calls ls_cuda_<name> (ops.cu, blas.cu) with the backend's context;

@@ -70,6 +70,12 @@ template <int NT> __device__ static inline float ls_blk_max(float v, float *part
     return m;
 }
 
+/* n pointers (a page table, the decode steps' state pointers) copied to the device from
+ * wherever the caller keeps them (host or device), in stream-ordered memory: NULL when
+ * ptrs is NULL or n <= 0; ls_cuda_unstage frees it (NULL: nothing) after the kernels. */
+void *ls_cuda_stage_table(cuda_ctx *c, void *const *ptrs, int64_t n);
+void ls_cuda_unstage(cuda_ctx *c, const void *staged);
+
 /* C[r, 0:N] *= a for rows r < M, rows ld floats apart (a product with K = 0). */
 void ls_cuda_scale_rows(cuda_ctx *c, float *C, int64_t ld, float a, int64_t M, int64_t N);
 

@@ -835,21 +835,13 @@ __global__ static void k_gdr_step_seqs(float *o, float *const *states, const flo
         o[(s * dm.H_v + h) * dv + j] = dm.scale * acc;
     }
 }
-/* An array of n device pointers, wherever the caller keeps it (the models build it on the
- * host), on the device in stream-ordered memory (cudaFreeAsync after use). */
-static float **stage_ptrs(cuda_ctx *c, float *const *ptrs, int64_t n) {
-    float **d = NULL;
-    CU_CK(cudaMallocAsync((void **)&d, (size_t)n * sizeof(float *), c->stream));
-    CU_CK(cudaMemcpyAsync(d, ptrs, (size_t)n * sizeof(float *), cudaMemcpyDefault, c->stream));
-    return d;
-}
 extern "C" void ls_cuda_gdr_step_seqs(cuda_ctx *c, float *o, float *const *states, const float *q, const float *k,
                                       const float *v, const float *beta, const float *g, int64_t n, ls_gdr_dims dm) {
     if (n <= 0) return;
-    float **d = stage_ptrs(c, states, n);
+    float *const *d = (float *const *)ls_cuda_stage_table(c, (void *const *)states, n);
     k_gdr_step_seqs<<<blocks_for(n * dm.H_v * dm.d_v), THREADS, 0, c->stream>>>(o, d, q, k, v, beta, g, n, dm);
     CU_LAUNCHED();
-    CU_CK(cudaFreeAsync(d, c->stream));
+    ls_cuda_unstage(c, (const void *)d);
 }
 
 /* One token of each of n sequences through the conv: thread per (sequence, channel), which
@@ -870,10 +862,10 @@ __global__ static void k_conv_step_seqs(float *y, float *const *tails, const flo
 extern "C" void ls_cuda_conv_step_seqs(cuda_ctx *c, float *y, float *const *tails, const float *x, const float *w,
                                        int64_t n, int64_t C, int64_t W) {
     if (n <= 0 || C <= 0) return;
-    float **d = stage_ptrs(c, tails, n);
+    float *const *d = (float *const *)ls_cuda_stage_table(c, (void *const *)tails, n);
     k_conv_step_seqs<<<blocks_for(n * C), THREADS, 0, c->stream>>>(y, d, x, w, n, C, W);
     CU_LAUNCHED();
-    CU_CK(cudaFreeAsync(d, c->stream));
+    ls_cuda_unstage(c, (const void *)d);
 }
 
 /* ---- MoE routing (gates.c, mla_ops.c): the CPU's selection, token by token ---------------- */
