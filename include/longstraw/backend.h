@@ -37,6 +37,7 @@ typedef struct ls_backend ls_backend;
     X(copy_rows, (float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t width),        \
       (dst, ld_dst, src, ld_src, rows, width))                                                                       \
     X(round_to, (float *x, int64_t n, ls_dtype dtype), (x, n, dtype))                                                \
+    X(store_as, (void *dst, const float *src, int64_t n, ls_dtype dtype), (dst, src, n, dtype))                     \
     X(linear_fwd, (float *out, const float *x, const float *W, int64_t T, int64_t K, int64_t N, int accumulate),     \
       (out, x, W, T, K, N, accumulate))                                                                              \
     X(linear_bwd,                                                                                                    \
@@ -255,10 +256,31 @@ struct ls_backend {
     const ls_backend_i *i;
     const char *device; /* what it runs on, for plans and receipts ("host") */
     void *ctx;          /* the backend's own state */
+    /* 1: its buffers are plain host memory that host code may read and write, and
+     * host memory may be handed to its ops (the CPU backend). 0: only its ops, and
+     * to_host / to_device / copy / zero, touch its buffers (CUDA, strict). */
+    int host_mem;
 };
 
 /* The CPU backend (src/backend/cpu/): process-wide, no state of its own. */
 const ls_backend *ls_backend_cpu(void);
+
+/* The strict CPU backend (src/backend/strict/): the CPU's ops over buffers that host
+ * code cannot touch. Every buffer is a mapping of its own, PROT_NONE except while one of
+ * the backend's ops (or a copy in or out) runs, so a host read or write of its memory
+ * outside an op faults at once. For tests of the device boundary: results equal the
+ * CPU backend's bit for bit, much slower (two mprotect calls per buffer per op). */
+const ls_backend *ls_backend_strict(void);
+/* 1 when p lies in a live buffer of the strict backend. */
+int ls_backend_strict_owns(const void *p);
+
+/* The backend called `name` ("cpu", "strict", "cuda" or "cuda:N" for device N) into
+ * *out; an error naming it and the choices when it is unknown or not built.
+ * ls_backend_close releases what the open took (nothing for cpu and strict). */
+ls_status ls_backend_open(const char *name, const ls_backend **out);
+void ls_backend_close(const ls_backend *be);
+/* Choices for --help and messages: "cpu|strict|cuda". */
+#define LS_BACKEND_NAMES "cpu|strict|cuda"
 
 /* The CUDA backend (src/backend/cuda/, built with cmake -DLS_CUDA=ON): device `device`
  * with its own stream and cuBLAS handle. LS_ERR_UNSUPPORTED when built without CUDA or

@@ -60,7 +60,7 @@ static inline size_t ls_align_up(size_t n) { return (n + (LS_ALIGN - 1)) & ~(siz
 /* ---- arenas -------------------------------------------------------------- */
 typedef struct ls_arena_block ls_arena_block;
 struct ls_backend;
-typedef struct {
+typedef struct ls_arena_s {
     const char *name;
     const struct ls_backend *be; /* where its blocks live (backend.h); NULL: the CPU backend */
     ls_arena_block *head;   /* current (last) block; blocks form a stack */
@@ -70,23 +70,40 @@ typedef struct {
     size_t peak;            /* max of cur since init / ls_arena_reset_peak */
     size_t reserved;        /* bytes held from the OS (blocks, incl. spare) */
     size_t reserved_peak;
+    /* Host-side bookkeeping of the same lifetime (ls_arena_host_alloc) when the blocks
+     * are device memory the host cannot read; NULL until the first such request. With
+     * a host-memory backend (the CPU's) host requests share the blocks above. */
+    struct ls_arena_s *host;
 } ls_arena;
 
 typedef struct {
     ls_arena_block *block;
     size_t off;
     size_t cur;
+    ls_arena_block *hblock; /* the host part's (0 when it has none) */
+    size_t hoff, hcur;
 } ls_arena_mark;
 
 void ls_arena_init(ls_arena *a, const char *name, size_t block_size);
 /* Take the arena's blocks from backend `be` (before its first allocation). */
 void ls_arena_set_backend(ls_arena *a, const struct ls_backend *be);
+/* The backend its blocks come from (the CPU backend when none was set). */
+const struct ls_backend *ls_arena_backend(const ls_arena *a);
 /* The device its memory is on ("host" for the CPU backend), for plans and receipts. */
 const char *ls_arena_device(const ls_arena *a);
 /* 64-byte aligned, uninitialised, the backend's memory. Returns NULL and sets ls_err on
  * failure. ls_arena_calloc zeroes through the backend. */
 void *ls_arena_alloc(ls_arena *a, size_t bytes);
 void *ls_arena_calloc(ls_arena *a, size_t n, size_t size);
+/* Host memory released with a's marks (page tables, layer structs, integer bookkeeping
+ * the host reads): a's own blocks when they are host memory, else its host part. */
+void *ls_arena_host_alloc(ls_arena *a, size_t bytes);
+void *ls_arena_host_calloc(ls_arena *a, size_t n, size_t size);
+/* 1 when a's blocks are host memory (its backend's host_mem) */
+int ls_arena_host_readable(const ls_arena *a);
+/* bytes its host part holds now / at most (0 when a's blocks are host memory) */
+size_t ls_arena_host_cur(const ls_arena *a);
+size_t ls_arena_host_peak(const ls_arena *a);
 ls_arena_mark ls_arena_get_mark(const ls_arena *a);
 void ls_arena_release(ls_arena *a, ls_arena_mark m); /* free everything after m */
 void ls_arena_reset(ls_arena *a);                     /* free everything */
@@ -109,6 +126,10 @@ typedef struct {
 } ls_arenas;
 
 void ls_arenas_init(ls_arenas *as);
+/* Put the arenas whose bytes the ops read (fixed, grad, prompt, branch, scratch) on
+ * backend `be`; the score arena (log-probs, advantages: what the objective reads on the
+ * host) stays in host memory. Before the first allocation. */
+void ls_arenas_set_backend(ls_arenas *as, const struct ls_backend *be);
 void ls_arenas_free(ls_arenas *as);
 const char *ls_arena_id_name(ls_arena_id id);
 

@@ -157,6 +157,8 @@ void ls_copy_rows(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, 
 /* x[i] = f32(dtype(x[i])): the rounding a value gets when stored in pages of `dtype`
  * (f32: none; a 2-byte dtype: bf16 or f16). */
 void ls_round_to(float *x, int64_t n, ls_dtype dtype);
+/* dst[i] (=, stored as `dtype`: f32, bf16 or f16) = src[i]: rows written into pages. */
+void ls_store_as(void *dst, const float *src, int64_t n, ls_dtype dtype);
 /* C[M,N] = alpha·op(A)·op(B) + beta·C, row-major with leading dimensions; op(X) = Xᵀ
  * when trans_x (through cblas_sgemm). */
 void ls_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,

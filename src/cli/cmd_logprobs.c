@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "longstraw/backend.h"
 #include "longstraw/files.h"
 #include "longstraw/runtime.h"
 #include "longstraw/score.h"
@@ -28,6 +29,8 @@ static void help(void) {
            "  --cp-layout L        under mpirun: contiguous (default) or zigzag page split\n"
            "  --ep N               under mpirun -np W: split the routed experts over N ranks (MLA\n"
            "                       family; W = CP x EP; default 1)\n"
+           "  --backend B          where the ops run: cpu (default), strict (the CPU's ops over memory\n"
+           "                       the host cannot read: a test of the device boundary) or cuda[:N]\n"
            "  --stats              print timing, arena peaks and the BLAS (core, sgemm rate) to stderr\n"
            "  --help               this text\n");
 }
@@ -44,9 +47,10 @@ int cmd_logprobs(int argc, char **argv) {
                                          {"stats", no_argument, 0, 'S'},
                                          {"ep", required_argument, 0, 'e'},
                                          {"tokenizer", required_argument, 0, 'k'},
+                                         {"backend", required_argument, 0, 'B'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    const char *model = NULL, *group = NULL, *tokenizer = NULL;
+    const char *model = NULL, *group = NULL, *tokenizer = NULL, *backend = "cpu";
     ls_score_opts so;
     ls_score_opts_default(&so);
     int64_t threads = 0, v, epn = 1;
@@ -57,6 +61,7 @@ int cmd_logprobs(int argc, char **argv) {
         case 'm': model = optarg; break;
         case 'g': group = optarg; break;
         case 'k': tokenizer = optarg; break;
+        case 'B': backend = optarg; break;
         case 'n': so.no_capture = 1; break;
         case 'c':
             if (cli_parse_i64("logprobs", "--capture-chunk", optarg, 1, 1 << 24, &v)) return 2;
@@ -89,8 +94,12 @@ int cmd_logprobs(int argc, char **argv) {
     const ls_comm *ep = NULL;
     if (cli_parallel("logprobs", epn, &so.fwd.comm, &ep)) return 2;
 
+    const ls_backend *be;
+    ls_status bs = ls_backend_open(backend, &be);
+    if (bs != LS_OK) return cli_fail("logprobs", bs);
     ls_arenas ar;
     ls_arenas_init(&ar);
+    ls_arenas_set_backend(&ar, be);
     ls_model m;
     ls_group g;
     memset(&g, 0, sizeof g);
@@ -144,5 +153,6 @@ done:
     ls_group_free(&g);
     ls_tok_free(tok);
     ls_arenas_free(&ar);
+    ls_backend_close(be);
     return rc;
 }

@@ -33,6 +33,8 @@ void ls_arena_set_backend(ls_arena *a, const struct ls_backend *be) {
     a->be = be;
 }
 
+const ls_backend *ls_arena_backend(const ls_arena *a) { return arena_be(a); }
+
 const char *ls_arena_device(const ls_arena *a) { return arena_be(a)->device; }
 
 void ls_arena_init(ls_arena *a, const char *name, size_t block_size) {
@@ -110,12 +112,47 @@ void *ls_arena_calloc(ls_arena *a, size_t n, size_t size) {
     return p;
 }
 
+int ls_arena_host_readable(const ls_arena *a) { return arena_be(a)->host_mem; }
+
+void *ls_arena_host_alloc(ls_arena *a, size_t bytes) {
+    if (ls_arena_host_readable(a)) return ls_arena_alloc(a, bytes);
+    if (!a->host) {
+        a->host = malloc(sizeof *a->host);
+        if (!a->host) {
+            ls_err(LS_ERR_NOMEM, "arena %s: cannot allocate its host part", a->name);
+            return NULL;
+        }
+        ls_arena_init(a->host, a->name, (size_t)1 << 20);
+    }
+    return ls_arena_alloc(a->host, bytes);
+}
+
+void *ls_arena_host_calloc(ls_arena *a, size_t n, size_t size) {
+    size_t bytes;
+    if (ls_mul_size(n, size, &bytes)) {
+        ls_err(LS_ERR_NOMEM, "arena %s: %zu x %zu bytes overflows", a->name, n, size);
+        return NULL;
+    }
+    void *p = ls_arena_host_alloc(a, bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+size_t ls_arena_host_cur(const ls_arena *a) { return a->host ? a->host->cur : 0; }
+size_t ls_arena_host_peak(const ls_arena *a) { return a->host ? a->host->peak : 0; }
+
 ls_arena_mark ls_arena_get_mark(const ls_arena *a) {
-    ls_arena_mark m = {a->head, a->head ? a->head->off : 0, a->cur};
+    ls_arena_mark m = {a->head, a->head ? a->head->off : 0, a->cur, NULL, 0, 0};
+    if (a->host) {
+        m.hblock = a->host->head;
+        m.hoff = a->host->head ? a->host->head->off : 0;
+        m.hcur = a->host->cur;
+    }
     return m;
 }
 
 void ls_arena_release(ls_arena *a, ls_arena_mark m) {
+    if (a->host) ls_arena_release(a->host, (ls_arena_mark){m.hblock, m.hoff, m.hcur, NULL, 0, 0});
     while (a->head && a->head != m.block) {
         ls_arena_block *b = a->head;
         a->head = b->prev;
@@ -127,11 +164,12 @@ void ls_arena_release(ls_arena *a, ls_arena_mark m) {
 }
 
 void ls_arena_reset(ls_arena *a) {
-    ls_arena_mark m = {NULL, 0, 0};
+    ls_arena_mark m = {NULL, 0, 0, NULL, 0, 0};
     ls_arena_release(a, m);
 }
 
 void ls_arena_trim(ls_arena *a) {
+    if (a->host) ls_arena_trim(a->host);
     while (a->spare) {
         ls_arena_block *b = a->spare;
         a->spare = b->prev;
@@ -142,11 +180,16 @@ void ls_arena_trim(ls_arena *a) {
     }
 }
 
-void ls_arena_reset_peak(ls_arena *a) { a->peak = a->cur; }
+void ls_arena_reset_peak(ls_arena *a) {
+    a->peak = a->cur;
+    if (a->host) a->host->peak = a->host->cur;
+}
 
 void ls_arena_free(ls_arena *a) {
     ls_arena_reset(a);
     ls_arena_trim(a);
+    free(a->host);
+    a->host = NULL;
 }
 
 static const char *const arena_names[LS_ARENA_COUNT] = {"fixed", "grad",   "prompt",
@@ -158,6 +201,11 @@ const char *ls_arena_id_name(ls_arena_id id) {
 
 void ls_arenas_init(ls_arenas *as) {
     for (int i = 0; i < LS_ARENA_COUNT; i++) ls_arena_init(&as->a[i], arena_names[i], 0);
+}
+
+void ls_arenas_set_backend(ls_arenas *as, const ls_backend *be) {
+    for (int i = 0; i < LS_ARENA_COUNT; i++)
+        if (i != LS_ARENA_SCORE) ls_arena_set_backend(&as->a[i], be);
 }
 
 void ls_arenas_free(ls_arenas *as) {

@@ -51,13 +51,17 @@ static ls_ffn_lora expert_lora(const ls_dec_experts *ex, int64_t le) {
     return f;
 }
 
-/* count[E+1], rows[T·K] grouped by expert, and the largest group of this rank's experts */
+/* count[E+1] (host memory: the expert loop's bounds, read back once per layer), rows[T·K]
+ * grouped by expert, and the largest group of this rank's experts */
 static ls_status group(const ls_backend *be, const ls_dec_experts *ex, const int32_t *sel, int64_t T, int64_t **count,
                        int64_t **rows, int64_t *maxn, ls_arena *sc) {
-    *count = ls_arena_alloc(sc, (size_t)(ex->E + 1) * sizeof(int64_t));
+    size_t cb = (size_t)(ex->E + 1) * sizeof(int64_t);
+    int64_t *dcount = ls_arena_alloc(sc, cb);
+    *count = be->host_mem ? dcount : ls_arena_host_alloc(sc, cb);
     *rows = ls_arena_alloc(sc, (size_t)(T * ex->K) * sizeof(int64_t));
-    if (!*count || !*rows) return LS_ERR_NOMEM;
-    LS_TRY(ls_op_moe_group(be, *count, *rows, sel, T, ex->E, ex->K, sc));
+    if (!dcount || !*count || !*rows) return LS_ERR_NOMEM;
+    LS_TRY(ls_op_moe_group(be, dcount, *rows, sel, T, ex->E, ex->K, sc));
+    if (*count != dcount) be->i->to_host(be, *count, dcount, cb);
     *maxn = 0;
     for (int64_t e = ex->e0; e < ex->e0 + ex->ne; e++) {
         int64_t n = (*count)[e + 1] - (*count)[e];
@@ -112,6 +116,29 @@ ls_status ls_dec_experts_bwd(const ls_backend *be, const ls_dec_experts *ex, flo
     }
     ls_arena_release(sc, mk);
     return LS_OK;
+}
+
+const int32_t *ls_dec_ids_in(const ls_backend *be, ls_arena *a, const int32_t *ids, int64_t n) {
+    if (be->host_mem || !ids) return ids;
+    int32_t *d = ls_arena_alloc(a, (size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    if (d && n > 0) be->i->to_device(be, d, ids, (size_t)n * sizeof(int32_t));
+    return d;
+}
+
+const float *ls_dec_in(const ls_backend *be, ls_arena *a, const float *x, int64_t n) {
+    if (be->host_mem || !x) return x;
+    float *d = ALLOC_F(a, n > 0 ? n : 1);
+    if (d && n > 0) be->i->to_device(be, d, x, (size_t)n * sizeof(float));
+    return d;
+}
+
+float *ls_dec_out(const ls_backend *be, ls_arena *a, float *out, int64_t n) {
+    if (be->host_mem || !out) return out;
+    return ALLOC_F(a, n > 0 ? n : 1);
+}
+
+void ls_dec_out_done(const ls_backend *be, float *out, const float *buf, int64_t n) {
+    if (out && buf != out && n > 0) be->i->to_host(be, out, buf, (size_t)n * sizeof(float));
 }
 
 /* ---- the layer skeleton -------------------------------------------------------------- */

@@ -60,6 +60,19 @@ ls_status ls_dec_experts_fwd(const ls_backend *be, const ls_dec_experts *ex, flo
 ls_status ls_dec_experts_bwd(const ls_backend *be, const ls_dec_experts *ex, float *dwt, float *dxn, const float *dy,
                              const float *xn, const int32_t *sel, const float *wt, int64_t T, ls_arena *sc);
 
+/* ---- the device boundary of a family's entries ---------------------------------------
+ * What the family table takes and gives (token ids, targets, log-probs, entropies, their
+ * gradients, logits) is host memory; every op takes the backend's. These stage it across
+ * once per entry. On a host-memory backend (the CPU's) they are the identity: no copy. */
+/* ids [n] as the backend's memory: ids itself, or a copy from arena a. */
+const int32_t *ls_dec_ids_in(const ls_backend *be, ls_arena *a, const int32_t *ids, int64_t n);
+/* x [n] floats as the backend's memory (a gradient given by the host): x, or a copy. */
+const float *ls_dec_in(const ls_backend *be, ls_arena *a, const float *x, int64_t n);
+/* Where an op writes an output of n floats the host reads at `out` (NULL: none): out
+ * itself, or n floats of arena a; ls_dec_out_done copies it back. */
+float *ls_dec_out(const ls_backend *be, ls_arena *a, float *out, int64_t n);
+void ls_dec_out_done(const ls_backend *be, float *out, const float *buf, int64_t n);
+
 /* ---- the layer skeleton -------------------------------------------------------------- */
 typedef enum {
     LS_NORM_ZERO_CENTRED, /* y = x·rsqrt(mean(x²)+eps)·(1+w) (the hybrid family) */

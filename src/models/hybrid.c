@@ -146,7 +146,7 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
         ls_op_copy(m->be, tp->tail0, L->tail, Wm * cd);
     }
     /* batched decode: row i continues sequence i's conv tail and recurrent state */
-    float **seq_st = L->seqs ? ls_arena_alloc(L->sc, 2 * (size_t)T * sizeof(float *)) : NULL;
+    float **seq_st = L->seqs ? ls_arena_host_alloc(L->sc, 2 * (size_t)T * sizeof(float *)) : NULL;
     NEED(!L->seqs || seq_st);
     for (int64_t i = 0; L->seqs && i < T; i++)
         seq_st[i] = L->seqs[i]->gdn[L->layer].conv_tail, seq_st[T + i] = L->seqs[i]->gdn[L->layer].S;
@@ -365,8 +365,9 @@ static void save_ckpt(const ls_prompt_state *st, int64_t pos, int l) {
     for (int k = l < 0 ? 0 : l; k < (l < 0 ? c->n_layers : l + 1); k++) {
         if (c->kind[k] != LS_LAYER_GDN) continue;
         ls_gdn_state *ck = &st->full->ckpt[j * c->n_layers + k];
-        memcpy(ck->S, st->gdn[k].S, rec_n * sizeof(float));
-        memcpy(ck->conv_tail, st->gdn[k].conv_tail, conv_n * sizeof(float));
+        const ls_backend *be = ls_arena_backend(st->arena);
+        ls_op_copy(be, ck->S, st->gdn[k].S, (int64_t)rec_n);
+        ls_op_copy(be, ck->conv_tail, st->gdn[k].conv_tail, (int64_t)conv_n);
     }
 }
 
@@ -384,8 +385,9 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
                           ls_stop_requested(), (long long)st->n, (long long)(st->n + n - c0));
         ls_arena_mark mk = ls_arena_get_mark(scratch);
         float *x = ALLOC_F(scratch, T * D); /* [T, D] residual stream of this chunk */
-        NEED(x);
-        ls_op_embed_fwd(m->be, x, ids + c0, m->embed, T, D);
+        const int32_t *xi = ls_dec_ids_in(m->be, scratch, ids + c0, T);
+        NEED(x && xi);
+        ls_op_embed_fwd(m->be, x, xi, m->embed, T, D);
         for (int l = 0; l < c->n_layers; l++) {
             ls_kv_prefix pre = ls_state_prefix(st, l);
             layer_ctx L = {T, st->n, 0, c->kind[l] == LS_LAYER_ATTN ? &pre : NULL, st,
@@ -398,11 +400,13 @@ ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const 
         ls_state_advance(st, T);
         if (!logits) ls_progress_add(T); /* capture; decoding reports its own progress */
         if (logits && last_chunk) { /* logits of the last token, scaled by 1/temperature */
-            float *h = x + (T - 1) * D;
+            float *h = x + (T - 1) * D, *lg = ls_dec_out(m->be, scratch, logits, c->vocab);
+            NEED(lg);
             ls_op_rmsnorm_fwd(m->be, h, NULL, h, m->final_norm, 1, D, c->eps);
-            ls_op_linear_fwd(m->be, logits, h, m->lm_head, 1, D, c->vocab, 0);
+            ls_op_linear_fwd(m->be, lg, h, m->lm_head, 1, D, c->vocab, 0);
             float it = 1.0f / o->temperature;
-            ls_op_scale(m->be, logits, it, c->vocab);
+            ls_op_scale(m->be, lg, it, c->vocab);
+            ls_dec_out_done(m->be, logits, lg, c->vocab);
         }
         ls_arena_release(scratch, mk);
     }
@@ -544,8 +548,10 @@ ls_status ls_hybrid_decode(const ls_hybrid_model *m, ls_prompt_state *const *sts
     int64_t D = c->hidden, V = c->vocab;
     ls_arena_mark mk = ls_arena_get_mark(scratch);
     float *x = ALLOC_F(scratch, (int64_t)n * D); /* [n, D]: one row per sequence */
-    NEED(x);
-    ls_op_embed_fwd(m->be, x, ids, m->embed, n, D);
+    const int32_t *xi = ls_dec_ids_in(m->be, scratch, ids, n);
+    float *lg = ls_dec_out(m->be, scratch, logits, (int64_t)n * V);
+    NEED(x && xi && lg);
+    ls_op_embed_fwd(m->be, x, xi, m->embed, n, D);
     for (int l = 0; l < c->n_layers; l++) {
         layer_ctx L = {n, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, scratch, sts, l, 1, NULL, NULL, 0, 0};
         ls_status s = layer_fwd(m, l, x, 0, &L);
@@ -556,9 +562,10 @@ ls_status ls_hybrid_decode(const ls_hybrid_model *m, ls_prompt_state *const *sts
     }
     for (int i = 0; i < n; i++) ls_state_advance(sts[i], 1);
     ls_op_rmsnorm_fwd(m->be, x, NULL, x, m->final_norm, n, D, c->eps);
-    ls_op_linear_fwd(m->be, logits, x, m->lm_head, n, D, V, 0);
+    ls_op_linear_fwd(m->be, lg, x, m->lm_head, n, D, V, 0);
     float it = 1.0f / o->temperature;
-    ls_op_scale(m->be, logits, it, (int64_t)n * V);
+    ls_op_scale(m->be, lg, it, (int64_t)n * V);
+    ls_dec_out_done(m->be, logits, lg, (int64_t)n * V);
     ls_arena_release(scratch, mk);
     return LS_OK;
 }
@@ -581,10 +588,15 @@ static ls_status branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *st,
     ls_arena *A = taping ? tape_arena : scratch; /* what outlives a layer */
     ls_arena_mark mk = ls_arena_get_mark(scratch);
     ls_branch_tape *tb = NULL;
+    int64_t n = T - out_from; /* rows that predict a target */
+    ids = ls_dec_ids_in(m->be, A, ids, T); /* kept on the tape for the backward */
+    target = ls_dec_ids_in(m->be, A, target, n);
+    float *lp = ls_dec_out(m->be, scratch, logprob, n), *ent = ls_dec_out(m->be, scratch, entropy, n);
+    NEED(ids && (target || n == 0) && (lp || !logprob) && (ent || !entropy));
     if (taping) {
-        tb = ls_arena_calloc(A, 1, sizeof *tb);
+        tb = ls_arena_host_calloc(A, 1, sizeof *tb);
         NEED(tb);
-        tb->layers = ls_arena_calloc(A, (size_t)c->n_layers, sizeof(ls_layer_tape));
+        tb->layers = ls_arena_host_calloc(A, (size_t)c->n_layers, sizeof(ls_layer_tape));
         NEED(tb->layers);
         tb->T = T, tb->out_from = out_from, tb->grad_from = grad_from, tb->pos0 = pos0;
         tb->ids = ids, tb->target = target, tb->temperature = o->temperature;
@@ -617,7 +629,6 @@ static ls_status branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *st,
         LS_TRY(layer_fwd(m, l, x, 0, &L));
         ls_trace_layer_end(l, "fwd");
     }
-    int64_t n = T - out_from;
     float *xo = x + out_from * D; /* [n, D] rows that predict a target */
     float *h = xo;
     float *rstd = NULL;
@@ -634,8 +645,10 @@ static ls_status branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *st,
         tb->x_final = xo, tb->h_final = h, tb->rstd_f = rstd;
     }
     ls_op_rmsnorm_fwd(m->be, h, rstd, xo, m->final_norm, n, D, c->eps);
-    LS_TRY(ls_op_lmhead_fwd(m->be, logprob, taping ? tb->lse : NULL, entropy, h, m->lm_head, target, n, D, c->vocab,
-                         o->temperature, o->lmhead_rows, scratch));
+    LS_TRY(ls_op_lmhead_fwd(m->be, lp, taping ? tb->lse : NULL, ent, h, m->lm_head, target, n, D, c->vocab,
+                            o->temperature, o->lmhead_rows, scratch));
+    ls_dec_out_done(m->be, logprob, lp, n);
+    ls_dec_out_done(m->be, entropy, ent, n);
     ls_arena_release(scratch, mk);
     if (taping) *tape_out = tb;
     return LS_OK;

@@ -325,8 +325,9 @@ static ls_status branch_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, con
     NEED(dx);
     if (n > 0) { /* a sweep chunk predicts nothing: its gradient comes in through the state */
         float *dh = ALLOC_F(scratch, n * D); /* [n, D] ∂L/∂(LM-head input) */
-        NEED(dh);
-        LS_TRY(ls_op_lmhead_logprobs_bwd(m->be, dh, grad->lm_head, dlogprob, tb->h_final, m->lm_head, tb->target, tb->lse, n,
+        const float *dl = ls_dec_in(m->be, scratch, dlogprob, n);
+        NEED(dh && dl);
+        LS_TRY(ls_op_lmhead_logprobs_bwd(m->be, dh, grad->lm_head, dl, tb->h_final, m->lm_head, tb->target, tb->lse, n,
                                       D, c->vocab, tb->temperature, tb->lmhead_rows, scratch));
         ls_op_rmsnorm_bwd(m->be, dx + tb->out_from * D, grad->final_norm, dh, tb->x_final, tb->rstd_f, m->final_norm, n, D);
     }
@@ -433,8 +434,8 @@ ls_status ls_hybrid_sweep(const ls_hybrid_model *m, ls_hybrid_model *grad, ls_pr
         n += (hi - lo + W - 1) / W;
     }
     ls_arena_mark mk = ls_arena_get_mark(scratch);
-    int64_t *clo = ls_arena_alloc(scratch, (size_t)(n > 0 ? n : 1) * sizeof(int64_t));
-    int *cown = ls_arena_alloc(scratch, (size_t)(n > 0 ? n : 1) * sizeof(int) * 2), *cseg = cown + (n > 0 ? n : 1);
+    int64_t *clo = ls_arena_host_alloc(scratch, (size_t)(n > 0 ? n : 1) * sizeof(int64_t));
+    int *cown = ls_arena_host_alloc(scratch, (size_t)(n > 0 ? n : 1) * sizeof(int) * 2), *cseg = cown + (n > 0 ? n : 1);
     NEED(clo && cown);
     n = 0;
     for (int sg = 0; sg < nseg; sg++) {

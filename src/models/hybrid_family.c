@@ -27,7 +27,7 @@ static ls_status no_ep(const ls_comm *ep, const char *dir) {
 
 static ls_status hy_load(ls_model *m, const char *dir, const ls_comm *ep, ls_arena *fixed) {
     LS_TRY(no_ep(ep, dir));
-    ls_hybrid_model *h = ls_arena_calloc(fixed, 1, sizeof *h);
+    ls_hybrid_model *h = ls_arena_host_calloc(fixed, 1, sizeof *h);
     if (!h) return LS_ERR_NOMEM;
     LS_TRY(ls_hybrid_load(h, dir, fixed));
     *m = ls_hybrid_handle(h);

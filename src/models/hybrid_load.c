@@ -19,6 +19,7 @@ typedef struct {
     ls_st_model st;
     const char *prefix; /* "model." or "model.language_model." */
     ls_arena *fixed;
+    const ls_backend *be; /* the fixed arena's: where the weights go */
     size_t n_params;
     int fused_gdn, fused_experts;
     uint8_t *used; /* [ls_st_model_count] 1: read (unknown_tensors reports the rest) */
@@ -75,20 +76,38 @@ static const ls_st_tensor *find(loader *L, const char *name, int required) {
     return t;
 }
 
-/* Read tensor `name` of the given shape (ndim ≤ 3) into dst; a NaN or Inf in it is
- * refused here, naming the tensor, instead of surfacing as a NaN loss later. */
-static ls_status read_t(loader *L, const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2,
-                        float *dst) {
+/* n floats from host memory src into the model's weights at dst (the backend's memory) */
+static void put(loader *L, float *dst, const float *src, int64_t n) {
+    L->be->i->to_device(L->be, dst, src, (size_t)n * sizeof(float));
+}
+
+/* Read tensor `name` of the given shape (ndim ≤ 3) into dst (the backend's memory; through
+ * a host buffer when that is not host memory); a NaN or Inf in it is refused here, naming
+ * the tensor, instead of surfacing as a NaN loss later. */
+static ls_status read_any(loader *L, const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2, float *dst,
+                         int dst_on_host) {
     const ls_st_tensor *t = find(L, name, 1);
     if (!t) return LS_ERR_FORMAT;
     int64_t shape[3] = {d0, d1, d2};
     LS_TRY(ls_st_check_shape(t, ndim, shape, name));
     int64_t n = d0 * (ndim > 1 ? d1 : 1) * (ndim > 2 ? d2 : 1);
-    LS_TRY(ls_st_read_weights(t, dst, n, name));
+    if (dst_on_host || L->be->host_mem) {
+        LS_TRY(ls_st_read_weights(t, dst, n, name));
+    } else {
+        float *buf = malloc((size_t)n * sizeof(float));
+        if (!buf) return ls_err(LS_ERR_NOMEM, "cannot allocate %lld floats for %s", (long long)n, name);
+        ls_status s = ls_st_read_weights(t, buf, n, name);
+        if (s == LS_OK) put(L, dst, buf, n);
+        free(buf);
+        if (s != LS_OK) return s;
+    }
     int64_t at = tensor_index(L, t);
     if (at >= 0) L->used[at] = 1;
     L->n_params += (size_t)n;
     return LS_OK;
+}
+static ls_status read_t(loader *L, const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2, float *dst) {
+    return read_any(L, name, ndim, d0, d1, d2, dst, 0);
 }
 
 /* Read into a temporary malloc'd buffer (load time only). */
@@ -97,7 +116,7 @@ static ls_status read_tmp(loader *L, const char *name, int ndim, int64_t d0, int
     int64_t n = d0 * (ndim > 1 ? d1 : 1) * (ndim > 2 ? d2 : 1);
     float *buf = malloc((size_t)n * sizeof(float));
     if (!buf) return ls_err(LS_ERR_NOMEM, "cannot allocate %lld floats for %s", (long long)n, name);
-    ls_status s = read_t(L, name, ndim, d0, d1, d2, buf);
+    ls_status s = read_any(L, name, ndim, d0, d1, d2, buf, 1);
     if (s != LS_OK) {
         free(buf);
         return s;
@@ -132,12 +151,10 @@ static ls_status load_gdn(loader *L, const ls_config *c, int l, ls_hybrid_layer 
         LS_TRY(read_tmp(L, n, 2, Hk * grp, D, 0, &src));
         for (int g = 0; g < Hk; g++) {
             const float *s = src + g * grp * D;
-            memcpy(w->gdn_in + (g * dk) * D, s, (size_t)(dk * D) * sizeof(float));
-            memcpy(w->gdn_in + (kd + g * dk) * D, s + dk * D, (size_t)(dk * D) * sizeof(float));
-            memcpy(w->gdn_in + (2 * kd + (int64_t)g * r * dv) * D, s + 2 * dk * D,
-                   (size_t)((int64_t)r * dv * D) * sizeof(float));
-            memcpy(w->gdn_in + (cd + (int64_t)g * r * dv) * D, s + (2 * dk + (int64_t)r * dv) * D,
-                   (size_t)((int64_t)r * dv * D) * sizeof(float));
+            put(L, w->gdn_in + (g * dk) * D, s, dk * D);
+            put(L, w->gdn_in + (kd + g * dk) * D, s + dk * D, dk * D);
+            put(L, w->gdn_in + (2 * kd + (int64_t)g * r * dv) * D, s + 2 * dk * D, (int64_t)r * dv * D);
+            put(L, w->gdn_in + (cd + (int64_t)g * r * dv) * D, s + (2 * dk + (int64_t)r * dv) * D, (int64_t)r * dv * D);
         }
         free(src);
         NAME(n, "%slayers.%d.linear_attn.in_proj_ba.weight", p, l);
@@ -145,9 +162,8 @@ static ls_status load_gdn(loader *L, const ls_config *c, int l, ls_hybrid_layer 
         for (int g = 0; g < Hk; g++)
             for (int j = 0; j < r; j++) {
                 int h = g * r + j;
-                memcpy(w->gdn_in + (cd + vd + h) * D, src + ((int64_t)g * 2 * r + j) * D, (size_t)D * sizeof(float));
-                memcpy(w->gdn_in + (cd + vd + Hv + h) * D, src + ((int64_t)g * 2 * r + r + j) * D,
-                       (size_t)D * sizeof(float));
+                put(L, w->gdn_in + (cd + vd + h) * D, src + ((int64_t)g * 2 * r + j) * D, D);
+                put(L, w->gdn_in + (cd + vd + Hv + h) * D, src + ((int64_t)g * 2 * r + r + j) * D, D);
             }
         free(src);
     } else {
@@ -192,8 +208,8 @@ static ls_status load_attn(loader *L, const ls_config *c, int l, ls_hybrid_layer
     NAME(n, "%slayers.%d.self_attn.q_proj.weight", p, l);
     LS_TRY(read_tmp(L, n, 2, 2 * qd, D, 0, &src));
     for (int h = 0; h < c->n_heads; h++) { /* per head [q_h | gate_h] (§4.1) */
-        memcpy(w->attn_in + (h * hd) * D, src + (2 * h * hd) * D, (size_t)(hd * D) * sizeof(float));
-        memcpy(w->attn_in + (qd + h * hd) * D, src + (2 * h * hd + hd) * D, (size_t)(hd * D) * sizeof(float));
+        put(L, w->attn_in + (h * hd) * D, src + (2 * h * hd) * D, hd * D);
+        put(L, w->attn_in + (qd + h * hd) * D, src + (2 * h * hd + hd) * D, hd * D);
     }
     free(src);
     NAME(n, "%slayers.%d.self_attn.k_proj.weight", p, l);
@@ -283,7 +299,7 @@ static ls_status load_all(loader *L, ls_hybrid_model *m) {
     if (!find(L, n, 0)) L->prefix = prefixes[1];
     m->embed = falloc(L, V * D);
     m->final_norm = falloc(L, D);
-    m->layers = ls_arena_calloc(L->fixed, (size_t)c->n_layers, sizeof(ls_hybrid_layer));
+    m->layers = ls_arena_host_calloc(L->fixed, (size_t)c->n_layers, sizeof(ls_hybrid_layer));
     if (!m->embed || !m->final_norm || !m->layers) return LS_ERR_NOMEM;
     NAME(n, "%sembed_tokens.weight", L->prefix);
     LS_TRY(read_t(L, n, 2, V, D, 0, m->embed));
@@ -316,7 +332,7 @@ static ls_status load_all(loader *L, ls_hybrid_model *m) {
 
 ls_status ls_hybrid_load(ls_hybrid_model *m, const char *dir, ls_arena *fixed) {
     memset(m, 0, sizeof *m);
-    m->be = ls_backend_cpu();
+    m->be = ls_arena_backend(fixed);
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     LS_TRY(ls_config_load(&m->cfg, path));
@@ -329,6 +345,7 @@ ls_status ls_hybrid_load(ls_hybrid_model *m, const char *dir, ls_arena *fixed) {
     loader L;
     memset(&L, 0, sizeof L);
     L.fixed = fixed;
+    L.be = m->be;
     LS_TRY(ls_st_model_open(&L.st, dir));
     L.used = calloc((size_t)(ls_st_model_count(&L.st) > 0 ? ls_st_model_count(&L.st) : 1), 1);
     ls_status s = L.used ? load_all(&L, m) : LS_ERR_NOMEM;

@@ -129,7 +129,7 @@ static ls_status alloc_like(const ls_hybrid_model *src, ls_hybrid_model *dst, ls
     dst->fused_gdn = src->fused_gdn;
     dst->fused_experts = src->fused_experts;
     dst->n_params = src->n_params;
-    dst->layers = ls_arena_calloc(arena, (size_t)src->cfg.n_layers, sizeof(ls_hybrid_layer));
+    dst->layers = ls_arena_host_calloc(arena, (size_t)src->cfg.n_layers, sizeof(ls_hybrid_layer));
     if (!dst->layers) return LS_ERR_NOMEM;
     alloc_ctx ac = {arena, 0, dst, keep, keep_ctx, alias, none};
     visit(dst, alloc_slot, &ac);

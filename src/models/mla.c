@@ -457,8 +457,9 @@ static ls_status capture_cp(const ls_mla_model *m, ls_prompt_state *st, const in
             float *x = mine ? ALLOC_F(scratch, T * D) : NULL; /* [T, D] */
             int32_t *sel = ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
             int32_t *loc = ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
-            NEED((!mine || x) && sel && loc);
-            if (mine) ls_op_embed_fwd(m->be, x, ids + c0, m->embed, T, D);
+            const int32_t *xi = mine ? ls_dec_ids_in(m->be, scratch, ids + c0, T) : NULL;
+            NEED((!mine || (x && xi)) && sel && loc);
+            if (mine) ls_op_embed_fwd(m->be, x, xi, m->embed, T, D);
             for (int l = 0; l < c->n_layers; l++) {
                 mla_ctx L = {T, c0, st, mine ? st : NULL, sel, kk, NULL, NULL, scratch, NULL, -1, -1, 0, NULL};
                 set_cp(&L, st, owner, owner, c0, loc); /* the owner's rows are its own (f32) until appended */
@@ -493,8 +494,9 @@ static ls_status extend(const ls_mla_model *m, ls_prompt_state *st, const int32_
         float *x = ALLOC_F(scratch, T * D);                                    /* [T, D] */
         int32_t *sel = ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t)); /* [T, kk] */
         int32_t *loc = ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
-        NEED(x && sel && loc);
-        ls_op_embed_fwd(m->be, x, ids + c0, m->embed, T, D);
+        const int32_t *xi = ls_dec_ids_in(m->be, scratch, ids + c0, T);
+        NEED(x && sel && loc && xi);
+        ls_op_embed_fwd(m->be, x, xi, m->embed, T, D);
         for (int l = 0; l < c->n_layers; l++) {
             mla_ctx L = {T, st->n, st, st, sel, kk, NULL, NULL, scratch, NULL, -1, -1, 0, NULL};
             set_cp(&L, st, -1, 0, st->n, loc);
@@ -505,11 +507,13 @@ static ls_status extend(const ls_mla_model *m, ls_prompt_state *st, const int32_
         ls_state_advance(st, T);
         if (!logits) ls_progress_add(T);
         if (logits && last_chunk) {
-            float *h = x + (T - 1) * D;
+            float *h = x + (T - 1) * D, *lg = ls_dec_out(m->be, scratch, logits, c->vocab);
+            NEED(lg);
             ls_op_rmsnorm_plain_fwd(m->be, h, NULL, h, m->final_norm, 1, D, c->eps);
-            ls_op_linear_fwd(m->be, logits, h, m->lm_head, 1, D, c->vocab, 0);
+            ls_op_linear_fwd(m->be, lg, h, m->lm_head, 1, D, c->vocab, 0);
             float it = 1.0f / o->temperature;
-            ls_op_scale(m->be, logits, it, c->vocab);
+            ls_op_scale(m->be, lg, it, c->vocab);
+            ls_dec_out_done(m->be, logits, lg, c->vocab);
         }
         ls_arena_release(scratch, mk);
     }
@@ -539,10 +543,15 @@ ls_status ls_mla_branch_fwd(const ls_mla_model *m, const ls_prompt_state *st, co
     ls_arena *A = taping ? tape_arena : scratch; /* what outlives a layer */
     ls_arena_mark mk = ls_arena_get_mark(scratch);
     mla_tape *tb = NULL;
+    int64_t n = T - out_from; /* rows that predict a target */
+    ids = ls_dec_ids_in(m->be, A, ids, T); /* kept on the tape for the backward */
+    target = ls_dec_ids_in(m->be, A, target, n);
+    float *lp = ls_dec_out(m->be, scratch, logprob, n), *ent = ls_dec_out(m->be, scratch, entropy, n);
+    NEED(ids && (target || n == 0) && (lp || !logprob) && (ent || !entropy));
     if (taping) {
-        tb = ls_arena_calloc(A, 1, sizeof *tb);
+        tb = ls_arena_host_calloc(A, 1, sizeof *tb);
         NEED(tb);
-        tb->layers = ls_arena_calloc(A, (size_t)c->n_layers, sizeof(mla_layer_tape));
+        tb->layers = ls_arena_host_calloc(A, (size_t)c->n_layers, sizeof(mla_layer_tape));
         NEED(tb->layers);
         tb->T = T, tb->out_from = out_from, tb->grad_from = grad_from, tb->pos0 = pos0, tb->kk = kk;
         tb->ids = ids, tb->target = target, tb->st = st, tb->temperature = o->temperature;
@@ -561,7 +570,6 @@ ls_status ls_mla_branch_fwd(const ls_mla_model *m, const ls_prompt_state *st, co
         sel = L.sel, loc = L.sel_local; /* a full layer's picks, for the shared layers after it */
         ls_trace_layer_end(l, "fwd");
     }
-    int64_t n = T - out_from;
     float *xo = x + out_from * D, *h = xo, *rstd = NULL; /* [n, D] rows that predict a target */
     if (n > 0) {
         if (taping) {
@@ -570,8 +578,10 @@ ls_status ls_mla_branch_fwd(const ls_mla_model *m, const ls_prompt_state *st, co
             tb->x_final = xo, tb->h_final = h, tb->rstd_f = rstd;
         }
         ls_op_rmsnorm_plain_fwd(m->be, h, rstd, xo, m->final_norm, n, D, c->eps);
-        LS_TRY(ls_op_lmhead_fwd(m->be, logprob, taping ? tb->lse : NULL, entropy, h, m->lm_head, target, n, D, c->vocab,
-                             o->temperature, o->lmhead_rows, scratch));
+        LS_TRY(ls_op_lmhead_fwd(m->be, lp, taping ? tb->lse : NULL, ent, h, m->lm_head, target, n, D, c->vocab,
+                                o->temperature, o->lmhead_rows, scratch));
+        ls_dec_out_done(m->be, logprob, lp, n);
+        ls_dec_out_done(m->be, entropy, ent, n);
     }
     ls_arena_release(scratch, mk);
     if (taping) *tape_out = (ls_branch_tape *)tb;

@@ -276,8 +276,9 @@ static ls_status branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const mla
     NEED(dx);
     if (n > 0) { /* a sweep chunk predicts nothing: its gradient comes in through the state */
         float *dh = ALLOC_F(scratch, n * D);
-        NEED(dh);
-        LS_TRY(ls_op_lmhead_logprobs_bwd(m->be, dh, grad->lm_head, dlogprob, tb->h_final, m->lm_head, tb->target, tb->lse, n, D,
+        const float *dl = ls_dec_in(m->be, scratch, dlogprob, n);
+        NEED(dh && dl);
+        LS_TRY(ls_op_lmhead_logprobs_bwd(m->be, dh, grad->lm_head, dl, tb->h_final, m->lm_head, tb->target, tb->lse, n, D,
                                       c->vocab, tb->temperature, tb->lmhead_rows, scratch));
         ls_op_rmsnorm_plain_bwd(m->be, dx + tb->out_from * D, grad->final_norm, dh, tb->x_final, tb->rstd_f, m->final_norm, n,
                              D);
@@ -326,7 +327,7 @@ ls_status ls_mla_sweep(const ls_mla_model *m, ls_mla_model *grad, ls_prompt_stat
     ls_mla_model none = *grad, *g = grad; /* none: a gradient set without buffers */
     ls_arena_mark top = ls_arena_get_mark(scratch);
     if (st->nranks > 1 && st->rank != 0) {
-        none.layers = ls_arena_calloc(scratch, (size_t)m->cfg.n_layers, sizeof(ls_mla_layer));
+        none.layers = ls_arena_host_calloc(scratch, (size_t)m->cfg.n_layers, sizeof(ls_mla_layer));
         NEED(none.layers);
         none.embed = none.final_norm = none.lm_head = NULL;
         g = &none;

@@ -18,7 +18,7 @@ static const ls_mla_model *M(const ls_model *m) { return (const ls_mla_model *)m
 static int mla_accepts(const ls_config *cfg) { return cfg->family == &ls_mla_family && cfg->n_layers > 0; }
 
 static ls_status mla_load(ls_model *m, const char *dir, const ls_comm *ep, ls_arena *fixed) {
-    ls_mla_model *h = ls_arena_calloc(fixed, 1, sizeof *h);
+    ls_mla_model *h = ls_arena_host_calloc(fixed, 1, sizeof *h);
     if (!h) return LS_ERR_NOMEM;
     LS_TRY(ls_mla_load(h, dir, ep, fixed));
     *m = ls_mla_handle(h);

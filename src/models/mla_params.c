@@ -151,7 +151,7 @@ static int64_t numel(const ls_mla_tensor *t) { return t->shape[0] * t->shape[1];
 static ls_status alloc_slots(ls_mla_model *dst, ls_arena *arena, ls_mla_keep_fn keep, const void *ctx,
                              const ls_mla_model *share) {
     const ls_config *c = &dst->cfg;
-    if (!(dst->layers = ls_arena_calloc(arena, (size_t)c->n_layers, sizeof(ls_mla_layer)))) return LS_ERR_NOMEM;
+    if (!(dst->layers = ls_arena_host_calloc(arena, (size_t)c->n_layers, sizeof(ls_mla_layer)))) return LS_ERR_NOMEM;
     for (int64_t i = 0; i < dst->n_tensors; i++) {
         const ls_mla_tensor *t = &dst->tensors[i];
         if (*slot(dst, t->layer, t->field)) continue;
@@ -199,7 +199,7 @@ void ls_mla_copy_slots(const ls_mla_model *src, ls_mla_model *dst) {
     for (int64_t i = 0; i < dst->n_tensors; i++) {
         const ls_mla_tensor *t = &dst->tensors[i];
         float *d = ls_mla_at(dst, t), *s0 = ls_mla_at(src, t);
-        if (d && s0 && d != s0) memcpy(d, s0, (size_t)numel(t) * sizeof(float));
+        if (d && s0 && d != s0) ls_op_copy(dst->be, d, s0, numel(t));
     }
 }
 
@@ -217,17 +217,22 @@ static ls_status refuse_fp8(const ls_st_model *st) {
     return LS_OK;
 }
 
-/* Tensor t of the checkpoint into dst: shape checked, NaN/Inf refused. */
-static ls_status read_tensor(const ls_st_model *st, const ls_mla_tensor *t, float *dst) {
+/* Tensor t of the checkpoint into dst (be's memory; through a host buffer when that is
+ * not host memory): shape checked, NaN/Inf refused. */
+static ls_status read_tensor(const ls_backend *be, const ls_st_model *st, const ls_mla_tensor *t, float *dst) {
     const ls_st_tensor *f = ls_st_model_find(st, t->name);
     if (!f) return ls_err(LS_ERR_FORMAT, "%s: checkpoint has no tensor \"%s\"", st->dir, t->name);
     LS_TRY(ls_st_check_shape(f, t->ndim, t->shape, t->name));
-    LS_TRY(ls_st_read_weights(f, dst, numel(t), t->name));
-    for (int64_t i = 0; i < numel(t); i++)
-        if (!(fabsf(dst[i]) <= FLT_MAX))
-            return ls_err(LS_ERR_FORMAT, "%s: tensor %s holds a non-finite value at element %lld", f->file, f->name,
-                          (long long)i);
-    return LS_OK;
+    float *h = be->host_mem ? dst : malloc((size_t)numel(t) * sizeof(float));
+    if (!h) return ls_err(LS_ERR_NOMEM, "cannot allocate %lld floats for %s", (long long)numel(t), t->name);
+    ls_status s = ls_st_read_weights(f, h, numel(t), t->name);
+    for (int64_t i = 0; s == LS_OK && i < numel(t); i++)
+        if (!(fabsf(h[i]) <= FLT_MAX))
+            s = ls_err(LS_ERR_FORMAT, "%s: tensor %s holds a non-finite value at element %lld", f->file, f->name,
+                       (long long)i);
+    if (s == LS_OK && h != dst) be->i->to_device(be, dst, h, (size_t)numel(t) * sizeof(float));
+    if (h != dst) free(h);
+    return s;
 }
 
 static int cmp_name(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
@@ -279,7 +284,7 @@ static ls_status unknown_tensors(const ls_st_model *st, const ls_config *c) {
 
 ls_status ls_mla_load(ls_mla_model *m, const char *dir, const ls_comm *ep, ls_arena *fixed) {
     memset(m, 0, sizeof *m);
-    m->be = ls_backend_cpu();
+    m->be = ls_arena_backend(fixed);
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     LS_TRY(ls_config_load(&m->cfg, path));
@@ -294,7 +299,7 @@ ls_status ls_mla_load(ls_mla_model *m, const char *dir, const ls_comm *ep, ls_ar
     ls_mla_tensor *tl;
     int64_t nt;
     LS_TRY(ls_mla_tensors(c, m->e0, m->n_local_experts, &tl, &nt));
-    ls_mla_tensor *keep = ls_arena_alloc(fixed, (size_t)nt * sizeof *keep);
+    ls_mla_tensor *keep = ls_arena_host_alloc(fixed, (size_t)nt * sizeof *keep);
     m->inv_freq = ls_arena_alloc(fixed, (size_t)(ls_mla_cfg(c)->qk_rope / 2 + 1) * sizeof(double));
     if (!keep || !m->inv_freq) {
         free(tl);
@@ -303,7 +308,12 @@ ls_status ls_mla_load(ls_mla_model *m, const char *dir, const ls_comm *ep, ls_ar
     memcpy(keep, tl, (size_t)nt * sizeof *keep);
     free(tl);
     m->tensors = keep, m->n_tensors = nt;
-    ls_mla_rope_freqs(c, m->inv_freq, NULL, NULL);
+    size_t fb = (size_t)(ls_mla_cfg(c)->qk_rope / 2 + 1) * sizeof(double);
+    double *freqs = malloc(fb); /* computed on the host, then placed */
+    if (!freqs) return ls_err(LS_ERR_NOMEM, "cannot allocate the rope frequencies");
+    ls_mla_rope_freqs(c, freqs, NULL, NULL);
+    m->be->i->to_device(m->be, m->inv_freq, freqs, fb);
+    free(freqs);
     m->scale = (float)ls_mla_softmax_scale(c);
     ls_st_model st;
     LS_TRY(ls_st_model_open(&st, dir));
@@ -316,7 +326,7 @@ ls_status ls_mla_load(ls_mla_model *m, const char *dir, const ls_comm *ep, ls_ar
     }
     if (s == LS_OK) s = alloc_slots(m, fixed, NULL, NULL, NULL);
     for (int64_t i = 0; i < nt && s == LS_OK; i++) { /* MTP layers are not in the list: never read (allowed above) */
-        s = read_tensor(&st, &keep[i], ls_mla_at(m, &keep[i]));
+        s = read_tensor(m->be, &st, &keep[i], ls_mla_at(m, &keep[i]));
         m->n_params += (size_t)numel(&keep[i]);
     }
     ls_st_model_close(&st);

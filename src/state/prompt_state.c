@@ -9,6 +9,7 @@
 
 #include "longstraw/family.h"
 #include "longstraw/state.h"
+#include "longstraw/backend.h"
 
 /* The layout of a layer and of the recurrent states, from the config's family (family.h:
  * state_layer, state_recurrent): a full-attention layer K and V rows, an MLA layer its
@@ -310,18 +311,18 @@ ls_status ls_state_enable_full(ls_prompt_state *st, int64_t sweep_chunk) {
     size_t L = (size_t)c->n_layers;
     ls_state_recurrent rs = ls_state_recurrent_of(c);
     size_t conv_n = rs.tail_floats, rec_n = rs.rec_floats;
-    ls_state_full *f = ls_arena_calloc(A, 1, sizeof *f);
+    ls_state_full *f = ls_arena_host_calloc(A, 1, sizeof *f);
     if (!f) return LS_ERR_NOMEM;
     f->sweep_chunk = sweep_chunk;
     /* dState (full_bytes mirrors this order) */
-    f->d = ls_arena_calloc(A, L, sizeof(ls_layer_dstate));
+    f->d = ls_arena_host_calloc(A, L, sizeof(ls_layer_dstate));
     if (!f->d) return LS_ERR_NOMEM;
     for (size_t l = 0; l < L; l++) {
         ls_layer_dstate *d = &f->d[l];
         for (int side = 0; side < 2; side++) {
             if (!grad_row(c, (int)l, side)) continue;
             size_t pb = ls_align_up((size_t)st->page_size * (size_t)grad_row(c, (int)l, side) * sizeof(float));
-            void **tab = ls_arena_calloc(A, (size_t)st->cap_pages, sizeof(void *));
+            void **tab = ls_arena_host_calloc(A, (size_t)st->cap_pages, sizeof(void *));
             if (!tab) return LS_ERR_NOMEM;
             for (int64_t i = 0; i < st->cap_pages; i++)
                 if (!(tab[i] = ls_arena_calloc(A, 1, pb))) return LS_ERR_NOMEM;
@@ -335,8 +336,8 @@ ls_status ls_state_enable_full(ls_prompt_state *st, int64_t sweep_chunk) {
     }
     /* checkpoints */
     for (int k = 0; k < st->nseg; k++) f->n_chunks += ceil_div(st->seg_hi[k] - st->seg_lo[k], sweep_chunk);
-    f->chunks = ls_arena_calloc(A, (size_t)f->n_chunks, sizeof(ls_sweep_chunk));
-    f->ckpt = ls_arena_calloc(A, (size_t)f->n_chunks * L, sizeof(ls_gdn_state));
+    f->chunks = ls_arena_host_calloc(A, (size_t)f->n_chunks, sizeof(ls_sweep_chunk));
+    f->ckpt = ls_arena_host_calloc(A, (size_t)f->n_chunks * L, sizeof(ls_gdn_state));
     if (!f->chunks || !f->ckpt) return LS_ERR_NOMEM;
     int64_t j = 0;
     for (int k = 0; k < st->nseg; k++)
@@ -387,15 +388,15 @@ static ls_status alloc_tables(ls_prompt_state *st) {
     const ls_config *cfg = st->cfg;
     ls_arena *arena = st->arena;
     size_t L = (size_t)cfg->n_layers;
-    st->attn = ls_arena_calloc(arena, L, sizeof(ls_attn_state));
-    st->gdn = has_gdn_table(cfg) ? ls_arena_calloc(arena, L, sizeof(ls_gdn_state)) : NULL;
+    st->attn = ls_arena_host_calloc(arena, L, sizeof(ls_attn_state));
+    st->gdn = has_gdn_table(cfg) ? ls_arena_host_calloc(arena, L, sizeof(ls_gdn_state)) : NULL;
     if (!st->attn || (has_gdn_table(cfg) && !st->gdn)) return LS_ERR_NOMEM;
     ls_state_recurrent rs = ls_state_recurrent_of(cfg);
     size_t conv_n = rs.tail_floats, rec_n = rs.rec_floats;
     for (int l = 0; l < (int)L; l++) {
-        if (ls_state_row(cfg, l, 0) && !(st->attn[l].k_pages = ls_arena_calloc(arena, (size_t)st->cap_pages, sizeof(void *))))
+        if (ls_state_row(cfg, l, 0) && !(st->attn[l].k_pages = ls_arena_host_calloc(arena, (size_t)st->cap_pages, sizeof(void *))))
             return LS_ERR_NOMEM;
-        if (ls_state_row(cfg, l, 1) && !(st->attn[l].v_pages = ls_arena_calloc(arena, (size_t)st->cap_pages, sizeof(void *))))
+        if (ls_state_row(cfg, l, 1) && !(st->attn[l].v_pages = ls_arena_host_calloc(arena, (size_t)st->cap_pages, sizeof(void *))))
             return LS_ERR_NOMEM;
         if (ls_state_layer_of(cfg, l).recurrent) {
             st->gdn[l].conv_tail = ls_arena_calloc(arena, conv_n, sizeof(float));
@@ -419,6 +420,7 @@ ls_status ls_state_append_kv(ls_prompt_state *st, int layer, const float *k, con
     size_t vpb = ls_align_up((size_t)st->page_size * (size_t)vrow * esz);
     LS_ASSERT(!vrow == !v, "layer %d: V rows given to a table that has %s", layer, vrow ? "them" : "none");
     ls_attn_state *a = &st->attn[layer];
+    const ls_backend *be = ls_arena_backend(st->arena);
     int sg = 0; /* the segment of this rank holding the positions */
     while (sg + 1 < st->nseg && st->n >= st->seg_hi[sg]) sg++;
     if (st->nseg == 0 || st->n < st->seg_lo[sg] || st->n + T > st->seg_hi[sg])
@@ -434,11 +436,8 @@ ls_status ls_state_append_kv(ls_prompt_state *st, int layer, const float *k, con
         }
         int64_t n = st->page_size - off;
         if (n > T - t) n = T - t;
-        ls_convert_from_f32((char *)a->k_pages[pg] + (size_t)(off * row) * esz, st->dtype, k + t * row,
-                            (size_t)(n * row));
-        if (vrow)
-            ls_convert_from_f32((char *)a->v_pages[pg] + (size_t)(off * vrow) * esz, st->dtype, v + t * vrow,
-                                (size_t)(n * vrow));
+        ls_op_store_as(be, (char *)a->k_pages[pg] + (size_t)(off * row) * esz, k + t * row, n * row, st->dtype);
+        if (vrow) ls_op_store_as(be, (char *)a->v_pages[pg] + (size_t)(off * vrow) * esz, v + t * vrow, n * vrow, st->dtype);
         if (pg + 1 > st->n_pages) st->n_pages = pg + 1;
         t += n;
     }
@@ -488,6 +487,7 @@ ls_status ls_state_fork(ls_prompt_state *dst, const ls_prompt_state *src, int64_
     int64_t full = held.n / src->page_size, partial = held.n % src->page_size;
     ls_state_recurrent rs = ls_state_recurrent_of(c);
     size_t conv_n = rs.tail_floats, rec_n = rs.rec_floats;
+    const ls_backend *be = ls_arena_backend(arena);
     for (int64_t l = 0; l < c->n_layers; l++) {
         for (int side = 0; side < 2; side++) {
             if (!ls_state_row(c, (int)l, side)) continue;
@@ -497,12 +497,12 @@ ls_status ls_state_fork(ls_prompt_state *dst, const ls_prompt_state *src, int64_
             for (int64_t p = 0; p < full; p++) a[p] = b[p];
             if (partial) { /* the page the member will append into: private */
                 if (!(a[full] = ls_arena_alloc(arena, pb))) return LS_ERR_NOMEM;
-                memcpy(a[full], b[full], pb);
+                be->i->copy(be, a[full], b[full], pb);
             }
         }
         if (ls_state_layer_of(c, (int)l).recurrent) {
-            memcpy(dst->gdn[l].S, src->gdn[l].S, rec_n * sizeof(float));
-            memcpy(dst->gdn[l].conv_tail, src->gdn[l].conv_tail, conv_n * sizeof(float));
+            ls_op_copy(be, dst->gdn[l].S, src->gdn[l].S, (int64_t)rec_n);
+            ls_op_copy(be, dst->gdn[l].conv_tail, src->gdn[l].conv_tail, (int64_t)conv_n);
         }
     }
     dst->n_pages = full + (partial ? 1 : 0);

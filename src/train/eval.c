@@ -131,8 +131,8 @@ static ls_status eval_one(const ls_model *m, const ls_tokenizer *tok, const ls_e
     ls_arena_mark pm = ls_arena_get_mark(prompt), bm = ls_arena_get_mark(br);
     ls_prompt_state st;
     if (s == LS_OK) s = ls_score_capture(m, &g, &o->so, ar, &st);
-    int32_t *out = ls_arena_alloc(br, (size_t)maxn * sizeof(int32_t));
-    float *lp = ls_arena_alloc(br, (size_t)maxn * sizeof(float));
+    int32_t *out = ls_arena_host_alloc(br, (size_t)maxn * sizeof(int32_t));
+    float *lp = ls_arena_host_alloc(br, (size_t)maxn * sizeof(float));
     if (s == LS_OK && (!out || !lp)) s = LS_ERR_NOMEM;
     int64_t len = 0;
     ls_sample_opts so;

@@ -108,8 +108,8 @@ void ls_grpo_member_terms(float *dl, ls_grpo_terms *acc, const float *lp, const 
 
 ls_status ls_adamw_init(ls_adamw *a, const ls_policy *p, ls_arena *fixed) {
     memset(a, 0, sizeof *a);
-    a->m = ls_arena_calloc(fixed, (size_t)(p->n > 0 ? p->n : 1), sizeof(ls_param));
-    a->v = ls_arena_calloc(fixed, (size_t)(p->n > 0 ? p->n : 1), sizeof(ls_param));
+    a->m = ls_arena_host_calloc(fixed, (size_t)(p->n > 0 ? p->n : 1), sizeof(ls_param));
+    a->v = ls_arena_host_calloc(fixed, (size_t)(p->n > 0 ? p->n : 1), sizeof(ls_param));
     if (!a->m || !a->v) return LS_ERR_NOMEM;
     for (int64_t k = 0; k < p->n; k++) {
         a->m[k] = a->v[k] = p->w[k];

@@ -91,15 +91,15 @@ ls_status ls_generate_group(const ls_model *m, const ls_prompt_state *prompt_sta
     if (so->max_new_tokens < 1) return ls_err(LS_ERR_ARG, "max_new_tokens must be >= 1");
     if (G < 1) return ls_err(LS_ERR_ARG, "a group needs at least one member");
     ls_arena_mark mk = ls_arena_get_mark(branch);
-    ls_prompt_state *st = ls_arena_calloc(branch, (size_t)G, sizeof *st);      /* [G] private forks */
-    ls_prompt_state **act = ls_arena_alloc(branch, (size_t)G * sizeof *act);   /* [G] the live ones */
-    int *who = ls_arena_alloc(branch, (size_t)G * sizeof(int));                /* [G] their members */
-    int32_t *tok = ls_arena_alloc(branch, (size_t)G * sizeof(int32_t));        /* [G] next input */
-    float *logits = ls_arena_alloc(branch, (size_t)G * (size_t)V * sizeof(float)); /* [G, V] */
-    float *work = ls_arena_alloc(branch, (size_t)V * sizeof(float));           /* [V] */
-    int32_t *iwork = ls_arena_alloc(branch, (size_t)V * sizeof(int32_t));      /* [V] */
-    int32_t *ys = ls_arena_alloc(branch, (size_t)G * sizeof(int32_t));         /* [G] this step's tokens */
-    float *yl = ls_arena_alloc(branch, (size_t)G * sizeof(float));             /* [G] their log-probs */
+    ls_prompt_state *st = ls_arena_host_calloc(branch, (size_t)G, sizeof *st);      /* [G] private forks */
+    ls_prompt_state **act = ls_arena_host_alloc(branch, (size_t)G * sizeof *act);   /* [G] the live ones */
+    int *who = ls_arena_host_alloc(branch, (size_t)G * sizeof(int));                /* [G] their members */
+    int32_t *tok = ls_arena_host_alloc(branch, (size_t)G * sizeof(int32_t));        /* [G] next input */
+    float *logits = ls_arena_host_alloc(branch, (size_t)G * (size_t)V * sizeof(float)); /* [G, V] */
+    float *work = ls_arena_host_alloc(branch, (size_t)V * sizeof(float));           /* [V] */
+    int32_t *iwork = ls_arena_host_alloc(branch, (size_t)V * sizeof(int32_t));      /* [V] */
+    int32_t *ys = ls_arena_host_alloc(branch, (size_t)G * sizeof(int32_t));         /* [G] this step's tokens */
+    float *yl = ls_arena_host_alloc(branch, (size_t)G * sizeof(float));             /* [G] their log-probs */
     const ls_comm *cp = prompt_state->nranks > 1 ? prompt_state->comm : NULL;
     ls_status s = st && act && who && tok && logits && work && iwork && ys && yl ? LS_OK : LS_ERR_NOMEM;
     for (int i = 0; i < G && s == LS_OK; i++) s = ls_state_fork(&st[i], prompt_state, so->max_new_tokens, branch);

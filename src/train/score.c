@@ -30,7 +30,7 @@ ls_status ls_score_member_ids(const ls_group *g, int i, int naive, ls_arena *a, 
     int64_t P = g->P, R = g->R[i];
     *T = naive ? P + R - 1 : R;
     *out_from = naive ? P - 1 : 0;
-    *ids = ls_arena_alloc(a, (size_t)*T * sizeof(int32_t)); /* [T] */
+    *ids = ls_arena_host_alloc(a, (size_t)*T * sizeof(int32_t)); /* [T], host memory (family.h) */
     if (!*ids) return LS_ERR_NOMEM;
     if (naive) {
         memcpy(*ids, g->prompt, (size_t)P * sizeof(int32_t));

@@ -840,7 +840,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     if (ls_backend_cuda_open(device, &G) != LS_OK) {
-        ls_backend table_only = {ls_backend_cuda_table(), "none", NULL};
+        ls_backend table_only = {ls_backend_cuda_table(), "none", NULL, 0};
         int nm = ls_backend_missing(&table_only, missing, sizeof missing);
         printf("SKIP: %s (the backend builds %d of %d ops%s%s)\n", ls_err_msg(), LS_BACKEND_N_OPS - nm,
                LS_BACKEND_N_OPS, nm ? "; not yet: " : "", missing);

@@ -57,6 +57,6 @@ static const ls_backend_i cpu_table = {
     .zero = cpu_zero,
     LS_BACKEND_OPS(CPU_ENTRY_) LS_BACKEND_STATUS_OPS(CPU_ENTRY_)};
 
-static const ls_backend cpu_backend = {.i = &cpu_table, .device = "host", .ctx = NULL};
+static const ls_backend cpu_backend = {.i = &cpu_table, .device = "host", .ctx = NULL, .host_mem = 1};
 
 const ls_backend *ls_backend_cpu(void) { return &cpu_backend; }

@@ -35,6 +35,10 @@ void ls_round_to(float *x, int64_t n, ls_dtype dtype) {
     }
 }
 
+void ls_store_as(void *dst, const float *src, int64_t n, ls_dtype dtype) {
+    if (n > 0) ls_convert_from_f32(dst, dtype, src, (size_t)n);
+}
+
 void ls_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)M,

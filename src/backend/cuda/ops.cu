@@ -77,6 +77,20 @@ extern "C" void ls_cuda_round_to(cuda_ctx *c, float *x, int64_t n, ls_dtype dtyp
     CU_LAUNCHED();
 }
 
+__global__ static void k_store_as(void *dst, const float *src, int64_t n, int dt) {
+    GRID_STRIDE(i, n) {
+        if (dt == 0) ((float *)dst)[i] = src[i];
+        else if (dt == 1) ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(src[i]);
+        else ((__half *)dst)[i] = __float2half_rn(src[i]);
+    }
+}
+extern "C" void ls_cuda_store_as(cuda_ctx *c, void *dst, const float *src, int64_t n, ls_dtype dtype) {
+    if (n <= 0) return;
+    LS_ASSERT(dtype == LS_DTYPE_F32 || dtype == LS_DTYPE_BF16 || dtype == LS_DTYPE_F16, "store_as: dtype %d", (int)dtype);
+    k_store_as<<<blocks_for(n), THREADS, 0, c->stream>>>(dst, src, n, dtype == LS_DTYPE_F32 ? 0 : dtype == LS_DTYPE_BF16 ? 1 : 2);
+    CU_LAUNCHED();
+}
+
 __global__ static void k_swiglu_fwd(float *out, const float *gu, int64_t T, int64_t I) {
     GRID_STRIDE(j, T * I) {
         int64_t t = j / I, i = j % I;
