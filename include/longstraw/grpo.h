@@ -116,7 +116,7 @@ ls_status ls_grpo_update_batch(ls_policy *p, ls_adamw *adam, ls_group *groups, i
                                ls_grpo_metrics *mt);
 
 /* 64-bit FNV-1a hash of the tensors' bytes (the receipt's trainable-tensor hash). */
-uint64_t ls_params_hash(const ls_param *ps, int64_t n);
+uint64_t ls_params_hash(const struct ls_backend *be, const ls_param *ps, int64_t n);
 
 /* One transaction over one group (a skipped step is an error here). The gradients
  * must be zero; with merged LoRA they receive ∂L/∂W_eff, projected onto the adapters

@@ -26,6 +26,7 @@ typedef struct {
     int force; /* run even when the plan says it will not fit */
     int64_t ep;               /* --ep: expert-parallel degree (1: none) */
     const ls_comm *ep_comm;   /* its ranks (NULL: one) */
+    const char *backend;      /* --backend (NULL: cpu) */
 } cli_train;
 
 extern const struct option cli_train_options[];

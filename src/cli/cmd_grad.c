@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli_train.h"
+#include "longstraw/backend.h"
 #include "longstraw/files.h"
 #include "longstraw/tokenizer.h"
 
@@ -84,8 +85,12 @@ static int run(const char *cmd, int argc, char **argv) {
     }
     if (cli_train_finish(cmd, &t)) return 2;
 
+    const ls_backend *be;
+    ls_status bs = ls_backend_open(t.backend, &be);
+    if (bs != LS_OK) return cli_fail(cmd, bs);
     ls_arenas ar;
     ls_arenas_init(&ar);
+    ls_arenas_set_backend(&ar, be);
     ls_trainable pol;
     memset(&pol, 0, sizeof pol);
     ls_group g;
@@ -136,6 +141,7 @@ done:
     ls_group_free(&g);
     ls_tok_free(tok);
     ls_arenas_free(&ar);
+    ls_backend_close(be);
     return rc;
 }
 

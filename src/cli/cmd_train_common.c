@@ -49,10 +49,13 @@ void cli_train_help(void) {
            "                         in_proj_b,in_proj_a (Qwen3.5), out_proj)\n"
            "  --lora-seed N          seed of new adapters (default 0)\n"
            "  --adapter FILE         start from existing PEFT adapters (safetensors)\n"
-           "engine:\n"
-           "  --no-capture           naive mode: each member's whole sequence under a tape\n"
+           "engine:\n");
+    printf("  --no-capture           naive mode: each member's whole sequence under a tape\n"
            "  --capture-chunk N (2048)  --page-size S (64)  --state-dtype f32|bf16 (f32)\n"
            "  --threads N            worker threads (default: all cores)\n"
+           "  --backend B            where the ops run: cpu (default), strict (the CPU's ops over\n"
+           "                         memory host code cannot read: the device boundary tested) or\n"
+           "                         cuda[:N] (a GPU)\n"
            "  --force                run even when the plan says the update will not fit in this\n"
            "                         machine's memory (it is refused before anything is allocated)\n"
            "context parallelism: under `mpirun -np N` the CP degree is N (the prompt's pages split\n"
@@ -69,7 +72,7 @@ enum {
     OPT_EPS = 1000, OPT_EPS_HIGH, OPT_BETA, OPT_REF, OPT_LOSS, OPT_MAXLEN, OPT_SCALE, OPT_TEMP, OPT_ITERS,
     OPT_LR, OPT_WD, OPT_B1, OPT_B2, OPT_AEPS, OPT_MAXGN, OPT_NOCAP, OPT_CHUNK, OPT_PAGE, OPT_SDT, OPT_THREADS,
     OPT_ADAPTER, OPT_LRANK, OPT_LALPHA, OPT_LTARGETS, OPT_LSEED, OPT_FORCE, OPT_LAYOUT, OPT_OBJ, OPT_MODE, OPT_SWEEP,
-    OPT_EP, OPT_IKL
+    OPT_EP, OPT_IKL, OPT_BACKEND
 };
 
 const struct option cli_train_options[] = {
@@ -89,6 +92,7 @@ const struct option cli_train_options[] = {
     {"cp-layout", required_argument, 0, OPT_LAYOUT},  {"loss", required_argument, 0, OPT_OBJ},
     {"mode", required_argument, 0, OPT_MODE},         {"sweep-chunk", required_argument, 0, OPT_SWEEP},
     {"ep", required_argument, 0, OPT_EP},             {"indexer-kl-coef", required_argument, 0, OPT_IKL},
+    {"backend", required_argument, 0, OPT_BACKEND},
 };
 const int cli_train_n_options = (int)(sizeof cli_train_options / sizeof cli_train_options[0]);
 
@@ -196,6 +200,7 @@ int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg) {
     case OPT_IKL:
         if (cli_parse_f64(cmd, "--indexer-kl-coef", arg, 0, 1e6, &t->o.aux_loss_coef)) return 2;
         break;
+    case OPT_BACKEND: t->backend = arg; break;
     default: return -1; /* not ours */
     }
     return 0;

@@ -154,9 +154,11 @@ ls_status ls_hybrid_alloc_subset(const ls_hybrid_model *src, ls_hybrid_model *ds
 /* ---- export ------------------------------------------------------------------ */
 typedef struct {
     ls_st_writer w;
-    ls_arena tmp; /* re-laid-out tensors, alive until the write */
+    ls_arena tmp; /* host copies and re-laid-out tensors, alive until the write */
+    const ls_backend *be; /* the model's: its tensors are read back through to_host */
     ls_dtype dtype;
     ls_status s;
+    int host; /* the next put's data is already host memory (in tmp) */
 } exporter;
 
 static void put(exporter *ex, const float *data, int ndim, int64_t d0, int64_t d1, int64_t d2,
@@ -171,6 +173,17 @@ static void put(exporter *ex, const float *data, int ndim, int64_t d0, int64_t d
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
     int64_t shape[3] = {d0, d1, d2};
+    if (!ex->host && !ex->be->host_mem) { /* the writer reads host memory: a copy back first */
+        int64_t n = d0 * (ndim > 1 ? d1 : 1) * (ndim > 2 ? d2 : 1);
+        float *h = ls_arena_alloc(&ex->tmp, (size_t)n * sizeof(float));
+        if (!h) {
+            ex->s = LS_ERR_NOMEM;
+            return;
+        }
+        ex->be->i->to_host(ex->be, h, data, (size_t)n * sizeof(float));
+        data = h;
+    }
+    ex->host = 0;
     ex->s = ls_st_writer_add_f32(&ex->w, name, ex->dtype, ndim, shape, data);
 }
 
@@ -178,6 +191,11 @@ static float *tmp_f(exporter *ex, int64_t n) {
     float *p = ls_arena_alloc(&ex->tmp, (size_t)n * sizeof(float));
     if (!p && ex->s == LS_OK) ex->s = LS_ERR_NOMEM;
     return p;
+}
+
+/* bytes of the model's memory into a host buffer of the exporter */
+static void get(const exporter *ex, float *dst, const float *src, size_t bytes) {
+    ex->be->i->to_host(ex->be, dst, src, bytes);
 }
 
 static void export_layer(exporter *ex, const ls_hybrid_model *m, int l) {
@@ -199,16 +217,18 @@ static void export_layer(exporter *ex, const ls_hybrid_model *m, int l) {
             if (!qkvz || !bav) return;
             for (int64_t g = 0; g < Hk; g++) {
                 float *dst = qkvz + g * grp * D;
-                memcpy(dst, w->gdn_in + (g * dk) * D, (size_t)dk * row);
-                memcpy(dst + dk * D, w->gdn_in + (kd + g * dk) * D, (size_t)dk * row);
-                memcpy(dst + 2 * dk * D, w->gdn_in + (2 * kd + g * r * dv) * D, (size_t)(r * dv) * row);
-                memcpy(dst + (2 * dk + r * dv) * D, w->gdn_in + (cd + g * r * dv) * D, (size_t)(r * dv) * row);
+                get(ex, dst, w->gdn_in + (g * dk) * D, (size_t)dk * row);
+                get(ex, dst + dk * D, w->gdn_in + (kd + g * dk) * D, (size_t)dk * row);
+                get(ex, dst + 2 * dk * D, w->gdn_in + (2 * kd + g * r * dv) * D, (size_t)(r * dv) * row);
+                get(ex, dst + (2 * dk + r * dv) * D, w->gdn_in + (cd + g * r * dv) * D, (size_t)(r * dv) * row);
                 for (int64_t j = 0; j < r; j++) {
-                    memcpy(bav + (g * 2 * r + j) * D, w->gdn_in + (cd + vd + g * r + j) * D, row);
-                    memcpy(bav + (g * 2 * r + r + j) * D, w->gdn_in + (cd + vd + Hv + g * r + j) * D, row);
+                    get(ex, bav + (g * 2 * r + j) * D, w->gdn_in + (cd + vd + g * r + j) * D, row);
+                    get(ex, bav + (g * 2 * r + r + j) * D, w->gdn_in + (cd + vd + Hv + g * r + j) * D, row);
                 }
             }
+            ex->host = 1;
             put(ex, qkvz, 2, Hk * grp, D, 0, "%s.linear_attn.in_proj_qkvz.weight", b);
+            ex->host = 1;
             put(ex, bav, 2, Hk * 2 * r, D, 0, "%s.linear_attn.in_proj_ba.weight", b);
         } else {
             put(ex, w->gdn_in, 2, cd, D, 0, "%s.linear_attn.in_proj_qkv.weight", b);
@@ -225,9 +245,10 @@ static void export_layer(exporter *ex, const ls_hybrid_model *m, int l) {
         float *qp = tmp_f(ex, 2 * qd * D);
         if (!qp) return;
         for (int64_t h = 0; h < c->n_heads; h++) { /* per head [q_h | gate_h] (spec §4.1) */
-            memcpy(qp + (2 * h * hd) * D, w->attn_in + (h * hd) * D, (size_t)hd * row);
-            memcpy(qp + (2 * h * hd + hd) * D, w->attn_in + (qd + h * hd) * D, (size_t)hd * row);
+            get(ex, qp + (2 * h * hd) * D, w->attn_in + (h * hd) * D, (size_t)hd * row);
+            get(ex, qp + (2 * h * hd + hd) * D, w->attn_in + (qd + h * hd) * D, (size_t)hd * row);
         }
+        ex->host = 1;
         put(ex, qp, 2, 2 * qd, D, 0, "%s.self_attn.q_proj.weight", b);
         put(ex, w->attn_in + 2 * qd * D, 2, kvd, D, 0, "%s.self_attn.k_proj.weight", b);
         put(ex, w->attn_in + (2 * qd + kvd) * D, 2, kvd, D, 0, "%s.self_attn.v_proj.weight", b);
@@ -269,6 +290,8 @@ ls_status ls_hybrid_export(const ls_hybrid_model *m, const char *path, ls_dtype 
     exporter ex;
     ls_st_writer_init(&ex.w);
     ls_arena_init(&ex.tmp, "export", 0);
+    ex.be = m->be;
+    ex.host = 0;
     ex.dtype = dtype;
     ex.s = LS_OK;
     put(&ex, m->embed, 2, c->vocab, c->hidden, 0, "%sembed_tokens.weight", m->prefix);

@@ -238,7 +238,7 @@ static float *alloc_f(ls_arena *a, int64_t n1, int64_t n2) {
 
 static char *arena_str(ls_arena *a, const char *fmt1, const char *s, const char *fmt2) {
     size_t len = strlen(fmt1) + strlen(s) + strlen(fmt2) + 1;
-    char *p = ls_arena_alloc(a, len);
+    char *p = ls_arena_host_alloc(a, len);
     if (p) snprintf(p, len, "%s%s%s", fmt1, s, fmt2);
     return p;
 }
@@ -261,7 +261,7 @@ static ls_status init_module(lora_mod *md, const ls_config *cfg, const lora_targ
     md->r = r;
     md->scale = (float)(alpha / (double)r);
     int64_t ns = make_segs(cfg, t, NULL);
-    md->seg = ls_arena_calloc(fixed, (size_t)(ns > 0 ? ns : 1), sizeof(lora_seg));
+    md->seg = ls_arena_host_calloc(fixed, (size_t)(ns > 0 ? ns : 1), sizeof(lora_seg));
     if (!md->name || !md->name_a || !md->name_b || !md->seg) return LS_ERR_NOMEM;
     md->nseg = make_segs(cfg, t, md->seg);
     int64_t covered = 0;
@@ -297,10 +297,10 @@ static ls_lora_view hybrid_view(const ls_hybrid_model *m) {
 }
 
 static ls_status new_lora(ls_lora **out, const ls_backend *be, int64_t n, double alpha, ls_arena *fixed) {
-    ls_lora *L = ls_arena_calloc(fixed, 1, sizeof(ls_lora));
+    ls_lora *L = ls_arena_host_calloc(fixed, 1, sizeof(ls_lora));
     if (!L) return LS_ERR_NOMEM;
     L->be = be;
-    L->mod = ls_arena_calloc(fixed, (size_t)(n > 0 ? n : 1), sizeof(lora_mod));
+    L->mod = ls_arena_host_calloc(fixed, (size_t)(n > 0 ? n : 1), sizeof(lora_mod));
     if (!L->mod) return LS_ERR_NOMEM;
     L->n = n;
     L->alpha = alpha;
@@ -309,6 +309,17 @@ static ls_status new_lora(ls_lora **out, const ls_backend *be, int64_t n, double
 }
 
 /* ---- load ----------------------------------------------------------------------------- */
+/* n floats of tensor t into dst, the backend's memory (through a host buffer when that is
+ * not host memory). */
+static ls_status read_dev(const ls_backend *be, const ls_st_tensor *t, float *dst, int64_t n) {
+    if (be->host_mem) return ls_st_read_f32(t, dst, n, t->name);
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (!h) return ls_err(LS_ERR_NOMEM, "cannot allocate %lld floats for %s", (long long)n, t->name);
+    ls_status s = ls_st_read_f32(t, h, n, t->name);
+    if (s == LS_OK) be->i->to_device(be, dst, h, (size_t)n * sizeof(float));
+    free(h);
+    return s;
+}
 static int ends_with(const char *s, const char *suf) {
     size_t a = strlen(s), b = strlen(suf);
     return a >= b && strcmp(s + a - b, suf) == 0;
@@ -416,8 +427,8 @@ static ls_status load_pass2(ls_lora *L, const ls_config *cfg, const char *layout
         lora_mod *md = &om[k].mod;
         om[k++].order = t->order;
         LS_TRY(init_module(md, cfg, t, r, alpha, fixed, grad));
-        LS_TRY(ls_st_read_f32(ta, md->A, r * t->in, ta->name));
-        LS_TRY(ls_st_read_f32(tb, md->B, t->out * r, tb->name));
+        LS_TRY(read_dev(L->be, ta, md->A, r * t->in));
+        LS_TRY(read_dev(L->be, tb, md->B, t->out * r));
     }
     LS_ASSERT(k == n);
     return LS_OK;
@@ -426,8 +437,8 @@ static ls_status load_pass2(ls_lora *L, const ls_config *cfg, const char *layout
 /* The per-layer module index (fixed arena). */
 static ls_status build_index(ls_lora *L, int n_layers, ls_arena *fixed) {
     L->n_layers = n_layers;
-    L->start = ls_arena_calloc(fixed, (size_t)n_layers + 2, sizeof(int64_t));
-    L->idx = ls_arena_alloc(fixed, (size_t)(L->n > 0 ? L->n : 1) * sizeof(int64_t));
+    L->start = ls_arena_host_calloc(fixed, (size_t)n_layers + 2, sizeof(int64_t));
+    L->idx = ls_arena_host_alloc(fixed, (size_t)(L->n > 0 ? L->n : 1) * sizeof(int64_t));
     if (!L->start || !L->idx) return ls_err(LS_ERR_NOMEM, "LoRA: module index");
     for (int64_t i = 0; i < L->n; i++) L->start[L->mod[i].layer + 2]++; /* counts, layer −1 → slot 1 */
     for (int k = 1; k < n_layers + 2; k++) L->start[k] += L->start[k - 1];
@@ -599,7 +610,11 @@ static ls_status new_modules(ls_lora **out, const ls_config *cfg, const ls_backe
         LS_TRY(init_module(md, cfg, &tg[i], rank, alpha, fixed, grad));
         /* PEFT: kaiming_uniform_(A, a=sqrt(5)): gain sqrt(2/(1+5)), bound gain·sqrt(3/in) = 1/sqrt(in) */
         double bound = 1.0 / sqrt((double)md->in);
-        for (int64_t e = 0; e < md->r * md->in; e++) md->A[e] = (float)((2.0 * ls_rng_uniform(&rng) - 1.0) * bound);
+        float *a = malloc((size_t)(md->r * md->in) * sizeof(float)); /* drawn on the host, then placed */
+        if (!a) return ls_err(LS_ERR_NOMEM, "LoRA on %s.weight: cannot draw the adapter", md->name);
+        for (int64_t e = 0; e < md->r * md->in; e++) a[e] = (float)((2.0 * ls_rng_uniform(&rng) - 1.0) * bound);
+        be->i->to_device(be, md->A, a, (size_t)(md->r * md->in) * sizeof(float));
+        free(a);
         /* B stays 0 (zeroed at allocation): the merged model starts as the base */
     }
     LS_ASSERT(k == n);
@@ -650,7 +665,7 @@ static void copy_model(const ls_hybrid_model *base, ls_hybrid_model *dst) {
     LS_ASSERT(nb == nd, "LoRA merge: base has %lld tensors, dst %lld", (long long)nb, (long long)nd);
     for (int64_t i = 0; i < nb; i++) {
         LS_ASSERT(pb[i].n == pd[i].n && pb[i].p && pd[i].p, "LoRA merge: %s differs in shape", pb[i].what);
-        if (pb[i].p != pd[i].p) memcpy(pd[i].p, pb[i].p, (size_t)pb[i].n * sizeof(float));
+        if (pb[i].p != pd[i].p) ls_op_copy(dst->be, pd[i].p, pb[i].p, pb[i].n);
     }
     free(pb);
     free(pd);
@@ -734,8 +749,8 @@ ls_status ls_lora_params(const ls_lora *L, ls_param **w, ls_param **g, int64_t *
 void ls_lora_zero_grad(ls_lora *L) {
     for (int64_t i = 0; i < L->n; i++) {
         lora_mod *md = &L->mod[i];
-        memset(md->gA, 0, (size_t)(md->r * md->in) * sizeof(float));
-        memset(md->gB, 0, (size_t)(md->out * md->r) * sizeof(float));
+        ls_op_zero(L->be, md->gA, md->r * md->in);
+        ls_op_zero(L->be, md->gB, md->out * md->r);
     }
 }
 
@@ -744,16 +759,31 @@ ls_status ls_lora_export(const ls_lora *L, int grads, const char *path, const ch
     ls_st_writer w;
     ls_st_writer_init(&w);
     ls_status s = LS_OK;
+    ls_arena host; /* host copies of the tensors (the writer reads them at the write) */
+    ls_arena_init(&host, "lora-export", 0);
     for (int64_t i = 0; i < L->n && s == LS_OK; i++) {
         const lora_mod *md = &L->mod[i];
         int64_t sa[2] = {md->r, md->in}, sb[2] = {md->out, md->r};
-        s = ls_st_writer_add_f32(&w, md->name_a, LS_DTYPE_F32, 2, sa, grads ? md->gA : md->A);
-        if (s == LS_OK) s = ls_st_writer_add_f32(&w, md->name_b, LS_DTYPE_F32, 2, sb, grads ? md->gB : md->B);
+        const float *a = grads ? md->gA : md->A, *b = grads ? md->gB : md->B;
+        if (!L->be->host_mem) {
+            float *ha = ls_arena_alloc(&host, (size_t)(sa[0] * sa[1]) * sizeof(float));
+            float *hb = ls_arena_alloc(&host, (size_t)(sb[0] * sb[1]) * sizeof(float));
+            if (!ha || !hb) {
+                s = LS_ERR_NOMEM;
+                break;
+            }
+            L->be->i->to_host(L->be, ha, a, (size_t)(sa[0] * sa[1]) * sizeof(float));
+            L->be->i->to_host(L->be, hb, b, (size_t)(sb[0] * sb[1]) * sizeof(float));
+            a = ha, b = hb;
+        }
+        s = ls_st_writer_add_f32(&w, md->name_a, LS_DTYPE_F32, 2, sa, a);
+        if (s == LS_OK) s = ls_st_writer_add_f32(&w, md->name_b, LS_DTYPE_F32, 2, sb, b);
     }
     if (s == LS_OK) s = ls_st_writer_add_meta(&w, "format", "pt");
     if (s == LS_OK && meta_key) s = ls_st_writer_add_meta(&w, meta_key, meta_value ? meta_value : "");
     if (s == LS_OK) s = ls_st_write(&w, path);
     ls_st_writer_free(&w);
+    ls_arena_free(&host);
     return s;
 }
 

@@ -89,12 +89,18 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
     if (nq <= 0) return LS_OK;
     ls_arena_mark mk = ls_arena_get_mark(sc);
     float *qI = ALLOC_F(sc, nq * nI * dI), *wq = ALLOC_F(sc, nq * nI), *kpre = ALLOC_F(sc, T * dI);
-    float *kI = ALLOC_F(sc, T * dI), *Is = ALLOC_F(sc, nq * kk), *P = ALLOC_F(sc, nq * kk), *mx = ALLOC_F(sc, nq);
-    double *st = ls_arena_alloc(sc, (size_t)(3 * nq) * sizeof(double)); /* [Σ exp(I − max) | Σ p(log p − I) | Σ p] */
+    float *kI = ALLOC_F(sc, T * dI), *Is = ALLOC_F(sc, nq * kk), *P = ALLOC_F(sc, nq * kk);
+    /* the softmax statistics are formed on the host: scores and probabilities read back
+     * once (hIs, hP: themselves on a host-memory backend), the gradient sent back once */
+    int host = m->be->host_mem;
+    float *mx = ls_arena_host_alloc(sc, (size_t)nq * sizeof(float));
+    float *hIs = host ? Is : ls_arena_host_alloc(sc, (size_t)(nq * kk) * sizeof(float));
+    float *hP = host ? P : ls_arena_host_alloc(sc, (size_t)(nq * kk) * sizeof(float));
+    double *st = ls_arena_host_alloc(sc, (size_t)(3 * nq) * sizeof(double)); /* [Σ exp(I − max) | Σ p(log p − I) | Σ p] */
     /* [dqI (nq·nI·dI) | dw (nq·nI) | the own keys' gradient (T·dI)]: one buffer, summed over cp */
     int64_t nb = nq * nI * dI + nq * nI + T * dI;
     float *dq = CALLOC_F(sc, nb), *dw = dq ? dq + nq * nI * dI : NULL, *dkI = dq ? dw + nq * nI : NULL;
-    NEED(qI && wq && kpre && kI && Is && P && mx && st && dq);
+    NEED(qI && wq && kpre && kI && Is && P && mx && st && dq && hIs && hP);
     ls_mla_index_queries(m, l, tp->dec.xn1 + t0 * D, tp->cq + t0 * rq, nq, pos0 + t0, qI, wq);
     ls_mla_index_keys(m, l, tp->dec.xn1, T, pos0, kI, kpre); /* the own index keys, as the forward formed them */
     if (tb->st && tb->st->dtype != LS_DTYPE_F32) ls_op_round_to(m->be, kI, T * dI, tb->st->dtype);
@@ -113,16 +119,20 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
     ls_op_dsa_sel_scores(m->be, Is, qI, wq, &keys, kI, sel, kk, nq, nI, dI, apos0, scale);
     ls_op_mla_attn_probs(m->be, P, tp->qa + t0 * H * dk, tp->lse + t0 * H, tp->own, &lat, sel, kk, nq, H, mc->kv_lora_rank,
                       mc->qk_rope, apos0, m->scale);
+    if (!host) {
+        m->be->i->to_host(m->be, hIs, Is, (size_t)(nq * kk) * sizeof(float));
+        m->be->i->to_host(m->be, hP, P, (size_t)(nq * kk) * sizeof(float));
+    }
     for (int64_t i = 0; i < nq; i++) {
         float v = -INFINITY;
-        for (int64_t j = 0; j < kk; j++) v = Is[i * kk + j] > v ? Is[i * kk + j] : v;
+        for (int64_t j = 0; j < kk; j++) v = hIs[i * kk + j] > v ? hIs[i * kk + j] : v;
         mx[i] = v;
     }
     if (tb->cp) LS_TRY(ls_dist_max_f32(tb->cp, mx, nq));
     for (int64_t i = 0; i < nq; i++) {
         double z = 0, a = 0, b = 0;
         for (int64_t j = 0; j < kk; j++) {
-            float sv = Is[i * kk + j], p = P[i * kk + j];
+            float sv = hIs[i * kk + j], p = hP[i * kk + j];
             if (sv == -INFINITY) continue;
             z += exp((double)sv - mx[i]);
             if (p > 0) {
@@ -138,10 +148,11 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
         double lse = mx[i] + log(st[i]);
         *sum += st[nq + i] + lse * st[2 * nq + i];
         for (int64_t j = 0; j < kk; j++) {
-            float *g = Is + i * kk + j; /* becomes ∂KL/∂I */
-            *g = *g == -INFINITY ? 0.0f : (float)(exp((double)*g - lse) - (double)P[i * kk + j]);
+            float *g = hIs + i * kk + j; /* becomes ∂KL/∂I */
+            *g = *g == -INFINITY ? 0.0f : (float)(exp((double)*g - lse) - (double)hP[i * kk + j]);
         }
     }
+    if (!host) m->be->i->to_device(m->be, Is, hIs, (size_t)(nq * kk) * sizeof(float));
     ls_op_dsa_sel_scores_bwd(m->be, dq, dw, mine ? dkI : NULL, Is, qI, wq, &keys, kI, sel, kk, nq, nI, dI, apos0, scale);
     if (tb->grad_from > 0) ls_op_zero(m->be, dkI, tb->grad_from * dI); /* naive: the prompt's keys */
     if (tb->cp) LS_TRY(ls_dist_sum_f32(tb->cp, dq, nb));

@@ -381,7 +381,12 @@ ls_status ls_mla_export(const ls_mla_model *m, const char *path, ls_dtype dtype,
         float *b = *slot(m, t->layer, t->field); /* NULL: not in this set (a frozen tensor of a gradient set) */
         if (owner == r) { /* held here: the slot's buffer at the local offset */
             ot[i].p = b ? b + (t->expert >= 0 ? local_off(t, c, m->e0) : t->off) : NULL;
-            if (t->expert >= 0 && owner != 0 && ot[i].p) /* an expert not the writer's: to the ep group's rank 0 */
+            if (ot[i].p && !m->be->host_mem) { /* the writer and the gather read host memory */
+                if (!(ot[i].own = malloc((size_t)numel(t) * sizeof(float)))) s = LS_ERR_NOMEM;
+                if (s == LS_OK) m->be->i->to_host(m->be, ot[i].own, ot[i].p, (size_t)numel(t) * sizeof(float));
+                ot[i].p = ot[i].own;
+            }
+            if (s == LS_OK && t->expert >= 0 && owner != 0 && ot[i].p) /* an expert not the writer's: to the ep group's rank 0 */
                 s = ls_dist_ep_gather(m->ep, ot[i].p, NULL, numel(t), owner);
         } else if (r == 0 && b) { /* the ep group's rank 0 gathers every expert */
             if (!(ot[i].own = malloc((size_t)numel(t) * sizeof(float)))) s = LS_ERR_NOMEM;

@@ -493,11 +493,18 @@ static void scale_params(const ls_backend *be, const ls_param *gp, int64_t n, do
 }
 
 /* A 64-bit FNV-1a hash of the trainable tensors' bytes (NULL buffers skipped). */
-uint64_t ls_params_hash(const ls_param *ps, int64_t n) {
+uint64_t ls_params_hash(const ls_backend *be, const ls_param *ps, int64_t n) {
     uint64_t h = 1469598103934665603ull;
+    unsigned char buf[1 << 14]; /* the tensors read back in pieces (host memory: read in place) */
     for (int64_t k = 0; k < n; k++) {
         const unsigned char *b = (const unsigned char *)ps[k].p;
-        for (int64_t i = 0; b && i < ps[k].n * (int64_t)sizeof(float); i++) h = (h ^ b[i]) * 1099511628211ull;
+        int64_t bytes = ps[k].n * (int64_t)sizeof(float);
+        for (int64_t o = 0; b && o < bytes; o += (int64_t)sizeof buf) {
+            int64_t m = bytes - o < (int64_t)sizeof buf ? bytes - o : (int64_t)sizeof buf;
+            const unsigned char *q = b + o;
+            if (!be->host_mem) be->i->to_host(be, buf, q, (size_t)m), q = buf;
+            for (int64_t i = 0; i < m; i++) h = (h ^ q[i]) * 1099511628211ull;
+        }
     }
     return h;
 }
@@ -511,7 +518,7 @@ uint64_t ls_params_hash(const ls_param *ps, int64_t n) {
 static ls_status finalize_grads(const ls_policy *p, const ls_comm *c) {
     int N = c ? ls_comm_size(c) : 1;
     if (N <= 1) return LS_OK;
-    uint64_t h = ls_params_hash(p->g, p->n), *all = calloc((size_t)N, sizeof *all);
+    uint64_t h = ls_params_hash(p->be, p->g, p->n), *all = calloc((size_t)N, sizeof *all);
     if (!all) return ls_err(LS_ERR_NOMEM, "cannot gather %d gradient hashes", N);
     ls_status s = ls_comm_allgather(c, &h, all, sizeof h);
     int same = 1;

@@ -67,7 +67,7 @@ ls_status ls_receipt_write(const char *path, const char *cmd, const ls_trainable
     const ls_comm *comm = o->fwd.comm;
     int N = comm ? ls_comm_size(comm) : 1;
     /* every rank's hash of the trainable tensors and prompt-arena peak (collective) */
-    uint64_t h = ls_params_hash(pol->p.w, pol->p.n), *hs = calloc((size_t)N, sizeof *hs);
+    uint64_t h = ls_params_hash(pol->p.be, pol->p.w, pol->p.n), *hs = calloc((size_t)N, sizeof *hs);
     uint64_t pk = ar->a[LS_ARENA_PROMPT].peak, *pks = calloc((size_t)N, sizeof *pks);
     uint64_t rss = ls_peak_rss_bytes(), *rsss = calloc((size_t)N, sizeof *rsss);
     if (!hs || !pks || !rsss) {
