@@ -46,10 +46,11 @@ ls_status ls_ckpt_prune(const char *run, int keep);
  * this rank's share of split tensors): saving is collective over ep — rank 0 gathers
  * every rank's shards and writes one file of the whole set by name (the ranks given no
  * path only take part when rank 0 has one); loading, every rank reads its own tensors
- * by name. */
-ls_status ls_optim_save(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t step,
-                        int by_name, const uint8_t *sharded, const struct ls_comm *ep);
-ls_status ls_optim_load(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t *step,
-                        int by_name, const uint8_t *sharded, const struct ls_comm *ep);
+ * by name.
+ * The moments are backend `be`'s memory (staged through host copies on a device). */
+ls_status ls_optim_save(const struct ls_backend *be, const char *path, const ls_param *m, const ls_param *v, int64_t n,
+                        int64_t step, int by_name, const uint8_t *sharded, const struct ls_comm *ep);
+ls_status ls_optim_load(const struct ls_backend *be, const char *path, const ls_param *m, const ls_param *v, int64_t n,
+                        int64_t *step, int by_name, const uint8_t *sharded, const struct ls_comm *ep);
 
 #endif

@@ -69,6 +69,7 @@ typedef struct {
     int64_t eval_prompts;
     const char *eval_prompt_len;
     int resume;               /* continue RUN's newest checkpoint (else RUN must hold none) */
+    const char *backend;      /* where the ops run (backend.h ls_backend_open; NULL: cpu) */
     ls_grpo_opts o;           /* objective, optimizer, engine, communicator */
     ls_policy_spec spec;      /* what is trained (model_dir: set from `model` or the checkpoint) */
     int argc;                 /* the command line saved as RUN/args.json (0: none) */

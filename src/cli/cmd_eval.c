@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cli_train.h"
+#include "longstraw/backend.h"
 #include "longstraw/eval.h"
 #include "longstraw/config.h"
 #include "longstraw/files.h"
@@ -47,6 +48,8 @@ static void help(void) {
            "  --page-size S        positions per K/V page (default 64)\n"
            "  --state-dtype T      K/V page storage: f32 or bf16 (default f32)\n"
            "  --threads N          worker threads (default: all cores)\n"
+           "  --backend B          where the ops run: cpu (default), strict (the device boundary\n"
+           "                       tested on the CPU) or cuda[:N]\n"
            "  --cp-layout L        under mpirun: contiguous (default) or zigzag page split\n"
            "  --ep N               under mpirun -np W: split the routed experts over N ranks\n"
            "  --quiet              no progress bar\n"
@@ -82,9 +85,10 @@ int cmd_eval(int argc, char **argv) {
         {"threads", required_argument, 0, 't'},   {"cp-layout", required_argument, 0, 'l'},
         {"ep", required_argument, 0, 'e'},        {"quiet", no_argument, 0, 'q'},
         {"lora-alpha", required_argument, 0, 'A'}, {"help", no_argument, 0, 'h'},
+        {"backend", required_argument, 0, 'B'},
         {0, 0, 0, 0}};
     const char *c = "eval", *model = NULL, *adapter = NULL, *task = "passkey", *hay = NULL, *tokenizer = NULL,
-               *out = NULL;
+               *out = NULL, *backend = NULL;
     ls_eval_opts o;
     ls_eval_opts_default(&o);
     int64_t threads = 0, v, epn = 1;
@@ -118,6 +122,7 @@ int cmd_eval(int argc, char **argv) {
             break;
         case 'd': if (cli_parse_dtype(c, "--state-dtype", optarg, &o.so.state_dtype)) return 2; break;
         case 't': if (cli_parse_i64(c, "--threads", optarg, 1, 4096, &threads)) return 2; break;
+        case 'B': backend = optarg; break;
         case 'l': if (cli_parse_layout(c, optarg, &o.so.fwd.cp_layout)) return 2; break;
         case 'e': if (cli_parse_i64(c, "--ep", optarg, 1, 4096, &epn)) return 2; break;
         case 'q': quiet = 1; break;
@@ -142,8 +147,12 @@ int cmd_eval(int argc, char **argv) {
     ls_progress_enable(!quiet && cli_rank() == 0);
     o.progress = 1;
 
+    const ls_backend *be;
+    ls_status bs = ls_backend_open(backend, &be);
+    if (bs != LS_OK) return cli_fail(c, bs);
     ls_arenas ar;
     ls_arenas_init(&ar);
+    ls_arenas_set_backend(&ar, be);
     ls_model m;
     ls_policy pol;
     memset(&pol, 0, sizeof pol);
@@ -180,5 +189,6 @@ int cmd_eval(int argc, char **argv) {
     if (adapter) ls_policy_close(&pol);
     ls_tok_free(tok);
     ls_arenas_free(&ar);
+    ls_backend_close(be);
     return rc;
 }

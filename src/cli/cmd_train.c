@@ -267,6 +267,7 @@ static int run_train(int argc, char **argv) {
     ls_progress_enable(!a.quiet && cli_rank() == 0);
     ls_train_opts o = a.r;
     o.force = a.t.force, o.resume = a.resume != NULL;
+    o.backend = a.t.backend;
     o.o = a.t.o;
     o.spec = cli_policy_spec(NULL, &a.t); /* model_dir: the trainer's (the model or a checkpoint) */
     o.argc = a.resume ? nargc : argc;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "longstraw/checkpoint.h"
+#include "longstraw/backend.h"
 #include "longstraw/comm.h"
 #include "longstraw/safetensors.h"
 
@@ -300,8 +301,8 @@ static ls_status send_shards(const ls_param *m, const ls_param *v, int64_t n, co
 
 static int ep_size(const ls_comm *ep) { return ep ? ls_comm_size(ep) : 1; }
 
-ls_status ls_optim_save(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t step,
-                        int by_name, const uint8_t *sharded, const ls_comm *ep) {
+static ls_status optim_save(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t step,
+                            int by_name, const uint8_t *sharded, const ls_comm *ep) {
     int N = sharded ? ep_size(ep) : 1, r = N > 1 ? ls_comm_rank(ep) : 0;
     if (N > 1) { /* collective: only when the group's rank 0 writes */
         float writes = path && r == 0 ? 1.0f : 0.0f;
@@ -366,8 +367,8 @@ static ls_status check_moment(const char *path, const char *name, int second, co
     return LS_OK;
 }
 
-ls_status ls_optim_load(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t *step,
-                        int by_name, const uint8_t *sharded, const ls_comm *ep) {
+static ls_status optim_load(const char *path, const ls_param *m, const ls_param *v, int64_t n, int64_t *step,
+                            int by_name, const uint8_t *sharded, const ls_comm *ep) {
     int N = sharded ? ep_size(ep) : 1;
     int64_t total = n; /* every rank holds as many shards as the others (the experts split evenly) */
     if (N > 1) {
@@ -401,5 +402,53 @@ ls_status ls_optim_load(const char *path, const ls_param *m, const ls_param *v, 
     }
     if (s == LS_OK) *step = sv;
     ls_st_close(&f);
+    return s;
+}
+
+/* The moments as host memory: the lists themselves on a host-memory backend, else host
+ * copies (read back when `read`), one place where the optimizer state crosses. */
+static ls_status host_moments(const ls_backend *be, const ls_param *m, int64_t n, int read, ls_param **out) {
+    *out = calloc((size_t)(n > 0 ? n : 1), sizeof **out);
+    if (!*out) return ls_err(LS_ERR_NOMEM, "cannot stage %lld moments", (long long)n);
+    for (int64_t k = 0; k < n; k++) {
+        (*out)[k] = m[k];
+        if (!m[k].p) continue;
+        if (!((*out)[k].p = malloc((size_t)(m[k].n > 0 ? m[k].n : 1) * sizeof(float))))
+            return ls_err(LS_ERR_NOMEM, "cannot stage the moments of %s", m[k].what ? m[k].what : "a tensor");
+        if (read) be->i->to_host(be, (*out)[k].p, m[k].p, (size_t)m[k].n * sizeof(float));
+    }
+    return LS_OK;
+}
+
+static void free_moments(ls_param *h, int64_t n) {
+    for (int64_t k = 0; h && k < n; k++) free(h[k].p);
+    free(h);
+}
+
+ls_status ls_optim_save(const ls_backend *be, const char *path, const ls_param *m, const ls_param *v, int64_t n,
+                        int64_t step, int by_name, const uint8_t *sharded, const ls_comm *ep) {
+    if (be->host_mem) return optim_save(path, m, v, n, step, by_name, sharded, ep);
+    ls_param *hm = NULL, *hv = NULL;
+    ls_status s = host_moments(be, m, n, 1, &hm);
+    if (s == LS_OK) s = host_moments(be, v, n, 1, &hv);
+    if (s == LS_OK) s = optim_save(path, hm, hv, n, step, by_name, sharded, ep);
+    free_moments(hm, n);
+    free_moments(hv, n);
+    return s;
+}
+
+ls_status ls_optim_load(const ls_backend *be, const char *path, const ls_param *m, const ls_param *v, int64_t n,
+                        int64_t *step, int by_name, const uint8_t *sharded, const ls_comm *ep) {
+    if (be->host_mem) return optim_load(path, m, v, n, step, by_name, sharded, ep);
+    ls_param *hm = NULL, *hv = NULL;
+    ls_status s = host_moments(be, m, n, 0, &hm);
+    if (s == LS_OK) s = host_moments(be, v, n, 0, &hv);
+    if (s == LS_OK) s = optim_load(path, hm, hv, n, step, by_name, sharded, ep);
+    for (int64_t k = 0; s == LS_OK && k < n; k++) {
+        if (m[k].p) be->i->to_device(be, m[k].p, hm[k].p, (size_t)m[k].n * sizeof(float));
+        if (v[k].p) be->i->to_device(be, v[k].p, hv[k].p, (size_t)v[k].n * sizeof(float));
+    }
+    free_moments(hm, n);
+    free_moments(hv, n);
     return s;
 }

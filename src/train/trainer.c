@@ -28,6 +28,7 @@
 #include "longstraw/tokenizer.h"
 #include "longstraw/trace.h"
 #include "longstraw/trainer.h"
+#include "longstraw/backend.h"
 
 void ls_train_opts_default(ls_train_opts *a) {
     memset(a, 0, sizeof *a);
@@ -859,7 +860,7 @@ static ls_status save_checkpoint(trainer *tr) {
     test_pause();
     write = root && s == LS_OK;
     snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
-    w = ls_optim_save(write ? path : NULL, tr->pol.adam.m, tr->pol.adam.v, tr->pol.adam.n, tr->pol.adam.step,
+    w = ls_optim_save(tr->pol.p.be, write ? path : NULL, tr->pol.adam.m, tr->pol.adam.v, tr->pol.adam.n, tr->pol.adam.step,
                       tr->pol.p.adapters, tr->pol.p.sharded, tr_ep(tr));
     if (s == LS_OK) s = w;
     if (!root) {
@@ -1030,7 +1031,7 @@ static ls_status setup(trainer *tr) {
         int64_t state_step = 0, step = 0;
         LS_TRY(read_state(tr, ckpt, last, &state_step));
         snprintf(path, sizeof path, "%s/optimizer.safetensors", ckpt);
-        LS_TRY(ls_optim_load(path, tr->pol.adam.m, tr->pol.adam.v, tr->pol.adam.n, &step, tr->pol.p.adapters,
+        LS_TRY(ls_optim_load(tr->pol.p.be, path, tr->pol.adam.m, tr->pol.adam.v, tr->pol.adam.n, &step, tr->pol.p.adapters,
                              tr->pol.p.sharded, tr_ep(tr)));
         if (step != state_step)
             return ls_err(LS_ERR_FORMAT, "%s: optimizer step %lld, but %s/trainer_state.json says \"adam_step\": %lld: the "
@@ -1103,7 +1104,10 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
     tr->a = a;
     tr->lock_fd = -1;
     ls_arenas_init(&tr->ar);
-    ls_status s = setup(tr);
+    const ls_backend *be = NULL;
+    ls_status s = ls_backend_open(a->backend, &be);
+    if (s == LS_OK) ls_arenas_set_backend(&tr->ar, be);
+    if (s == LS_OK) s = setup(tr);
     ls_group *groups = calloc((size_t)a->groups_per_update, sizeof(ls_group));
     if (s == LS_OK && !groups) s = LS_ERR_NOMEM;
     ls_rollout_hook hook = {rollout, tr};
@@ -1258,5 +1262,6 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
     ls_trainable_close(&tr->pol);
     ls_tok_free(tr->tok);
     ls_arenas_free(&tr->ar);
+    ls_backend_close(be);
     return s;
 }
