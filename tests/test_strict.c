@@ -1,0 +1,322 @@
+/*
+ * test_strict.c — the device boundary tested on the CPU (issue 33). The strict backend
+ * (backend.h) keeps every buffer unreadable to host code outside its ops and refuses a
+ * host pointer handed to an op; these tests show that it does both (in a child process,
+ * which must die of the fault), that its ops equal the CPU backend's, that an arena's
+ * host part follows the arena's marks, and that the tool under `--backend strict` writes
+ * what it writes under the CPU backend, bit for bit: logprobs, grad and step of both
+ * families in both modes (LoRA, a reference, SFT, the indexer KL), train with a resume,
+ * and eval's greedy decoding.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "longstraw/backend.h"
+#include "longstraw/family.h"
+#include "longstraw/files.h"
+#include "testutil.h"
+
+int test_backend_strict_boundary(void);
+int test_strict_tool_equal(void);
+
+/* Run fn in a child; the signal that ended it (0: it exited). */
+static int child_signal(void (*fn)(void)) {
+    fflush(stdout), fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        fn();
+        _exit(0);
+    }
+    int st = 0;
+    if (waitpid(pid, &st, 0) != pid) return -1;
+    return WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+}
+
+static volatile float sink;
+
+static void host_read(void) {
+    const ls_backend *be = ls_backend_strict();
+    float *p = be->i->buf_alloc(be, 4096, 64);
+    if (!p) _exit(3);
+    sink = p[1]; /* host code reading device memory: must fault */
+    _exit(0);
+}
+
+static void host_write(void) {
+    const ls_backend *be = ls_backend_strict();
+    float *p = be->i->buf_alloc(be, (size_t)8 << 20, 64); /* a huge-page sized buffer */
+    if (!p) _exit(3);
+    p[(2 << 20) + 5] = 1.0f;
+    _exit(0);
+}
+
+static void host_pointer_to_op(void) {
+    const ls_backend *be = ls_backend_strict();
+    float *y = be->i->buf_alloc(be, 64 * sizeof(float), 64);
+    float x[64] = {0};
+    if (!y) _exit(3);
+    ls_op_add_to(be, y, x, 64); /* x is host memory: the op refuses it (abort) */
+    _exit(0);
+}
+
+int test_backend_strict_boundary(void) {
+    int sig = child_signal(host_read);
+    T_CHECK(sig == SIGSEGV, "a host read of a strict buffer ended with signal %d, not SIGSEGV", sig);
+    sig = child_signal(host_write);
+    T_CHECK(sig == SIGSEGV, "a host write into a strict buffer ended with signal %d, not SIGSEGV", sig);
+    sig = child_signal(host_pointer_to_op);
+    T_CHECK(sig == SIGABRT, "an op given a host pointer ended with signal %d, not SIGABRT", sig);
+
+    /* ops and copies through the strict backend equal the CPU's, bit for bit */
+    const ls_backend *S = ls_backend_strict(), *C = ls_backend_cpu();
+    enum { M = 7, K = 13, N = 5 };
+    float a[M * K], b[K * N], c_cpu[M * N], c_str[M * N], r_cpu[M], r_str[M];
+    ls_rng rng;
+    ls_rng_seed(&rng, 7);
+    t_fill_normal(a, M * K, &rng, 1.0f);
+    t_fill_normal(b, K * N, &rng, 1.0f);
+    float *da = S->i->buf_alloc(S, sizeof a, 64), *db = S->i->buf_alloc(S, sizeof b, 64);
+    float *dc = S->i->buf_alloc(S, sizeof c_str, 64), *dr = S->i->buf_alloc(S, sizeof r_str, 64);
+    T_CHECK(da && db && dc && dr, "strict buffers");
+    S->i->to_device(S, da, a, sizeof a);
+    S->i->to_device(S, db, b, sizeof b);
+    ls_op_gemm(C, 0, 0, M, N, K, 1.0f, a, K, b, N, 0.0f, c_cpu, N);
+    ls_op_gemm(S, 0, 0, M, N, K, 1.0f, da, K, db, N, 0.0f, dc, N);
+    ls_op_rmsnorm_fwd(C, c_cpu, r_cpu, c_cpu, b, M, N, 1e-6f);
+    ls_op_rmsnorm_fwd(S, dc, dr, dc, db, M, N, 1e-6f);
+    S->i->to_host(S, c_str, dc, sizeof c_str);
+    S->i->to_host(S, r_str, dr, sizeof r_str);
+    T_CHECK(!memcmp(c_cpu, c_str, sizeof c_cpu) && !memcmp(r_cpu, r_str, sizeof r_cpu),
+            "gemm + rmsnorm through the strict backend differ from the CPU's");
+    T_CHECK(ls_backend_strict_owns(dc + 3) && !ls_backend_strict_owns(c_str), "ownership of buffers");
+    S->i->buf_free(S, da, sizeof a), S->i->buf_free(S, db, sizeof b);
+    S->i->buf_free(S, dc, sizeof c_str), S->i->buf_free(S, dr, sizeof r_str);
+
+    /* an arena on the strict backend: device blocks, host bookkeeping in its host part,
+     * both released by one mark */
+    ls_arena ar;
+    ls_arena_init(&ar, "t", 1 << 20);
+    ls_arena_set_backend(&ar, S);
+    T_CHECK(!ls_arena_host_readable(&ar), "a strict arena says it is host memory");
+    float *d0 = ls_arena_alloc(&ar, 1000);
+    ls_arena_mark mk = ls_arena_get_mark(&ar);
+    int64_t *h = ls_arena_host_calloc(&ar, 100, sizeof *h);
+    float *d1 = ls_arena_alloc(&ar, 5000);
+    T_CHECK(d0 && h && d1 && ls_backend_strict_owns(d1) && !ls_backend_strict_owns(h), "device/host parts");
+    h[99] = 5; /* host memory: readable */
+    T_CHECK(ls_arena_host_cur(&ar) == 832, "host part holds %zu bytes, expected 832 (800 in 64-byte units)", ls_arena_host_cur(&ar));
+    ls_arena_release(&ar, mk);
+    T_CHECK(ls_arena_host_cur(&ar) == 0 && ar.cur == 1024, "after release: host %zu, device %zu bytes",
+            ls_arena_host_cur(&ar), ar.cur);
+    ls_arena_free(&ar);
+
+    /* the registry: names, and a refusal that names the choices */
+    const ls_backend *be;
+    T_OK(ls_backend_open("strict", &be));
+    T_CHECK(be == S, "open(strict)");
+    T_OK(ls_backend_open(NULL, &be));
+    T_CHECK(be == C, "open(NULL) is the CPU");
+    T_CHECK(ls_backend_open("tpu", &be) == LS_ERR_ARG && strstr(ls_err_msg(), "cpu|strict|cuda"),
+            "unknown backend: %s", ls_err_msg());
+    T_CHECK(ls_backend_open("cuda:x", &be) != LS_OK, "cuda:x accepted");
+    return 0;
+}
+
+/* ---- the tool under --backend strict equals the CPU backend ------------------------------ */
+
+/* 1 when two files hold the same bytes */
+static int same_file(const char *a, const char *b) {
+    size_t na = 0, nb = 0;
+    char *x = t_read_file(a, &na), *y = t_read_file(b, &nb);
+    int same = x && y && na == nb && na > 0 && !memcmp(x, y, na);
+    free(x);
+    free(y);
+    return same;
+}
+
+/* 1 when two text files are equal but for the lines holding `skip` (timings) */
+static int same_file_but(const char *a, const char *b, const char *skip) {
+    char *x = t_read_file(a, NULL), *y = t_read_file(b, NULL);
+    int same = x && y && *x;
+    char *p = x, *q = y;
+    while (same && (p || q)) {
+        while (p && *p && strstr(p, skip) && strstr(p, skip) < (strchr(p, '\n') ? strchr(p, '\n') : p + strlen(p)))
+            p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL;
+        while (q && *q && strstr(q, skip) && strstr(q, skip) < (strchr(q, '\n') ? strchr(q, '\n') : q + strlen(q)))
+            q = strchr(q, '\n') ? strchr(q, '\n') + 1 : NULL;
+        if (!p || !*p || !q || !*q) {
+            same = (!p || !*p) && (!q || !*q);
+            break;
+        }
+        size_t lp = strcspn(p, "\n"), lq = strcspn(q, "\n");
+        same = lp == lq && !memcmp(p, q, lp);
+        p = p[lp] ? p + lp + 1 : NULL;
+        q = q[lq] ? q + lq + 1 : NULL;
+    }
+    free(x);
+    free(y);
+    return same;
+}
+
+/* `longstraw ARGS --backend B` with its stdout into dir/<tag>.<B>.out; 0 on exit 0 */
+static int run_tool(const char *dir, const char *tag, const char *backend, const char *args) {
+    int rc;
+    char *out = t_run_fmt(&rc, "%s %s --backend %s > %s/%s.%s.out", LS_CLI_PATH, args, backend, dir, tag, backend);
+    if (rc != 0) fprintf(stderr, "  %s (%s) exit %d: %s\n", tag, backend, rc, out ? out : "");
+    free(out);
+    return rc;
+}
+
+/* The command with OUT replaced by dir/<tag>.<backend> (a file or a directory) under both
+ * backends; the files named in `files` (relative to that path; "" = the path itself, "-"
+ * = stdout) compared bit for bit. */
+static int same_both(const char *dir, const char *tag, const char *fmt, const char *const *files) {
+    char out[2][700], args[2][3000];
+    const char *bk[2] = {"cpu", "strict"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(out[k], sizeof out[k], "%s/%s.%s", dir, tag, bk[k]);
+        snprintf(args[k], sizeof args[k], fmt, out[k]);
+        if (run_tool(dir, tag, bk[k], args[k]) != 0) return 1;
+    }
+    for (int i = 0; files[i]; i++) {
+        char a[1400], b[1400];
+        if (!strcmp(files[i], "-")) {
+            snprintf(a, sizeof a, "%s.out", out[0]);
+            snprintf(b, sizeof b, "%s.out", out[1]);
+        } else {
+            snprintf(a, sizeof a, "%s%s%s", out[0], files[i][0] ? "/" : "", files[i]);
+            snprintf(b, sizeof b, "%s%s%s", out[1], files[i][0] ? "/" : "", files[i]);
+        }
+        T_CHECK(same_file(a, b), "%s: %s differs between --backend cpu and strict (or is missing)", tag, files[i]);
+    }
+    return 0;
+}
+
+int test_strict_tool_equal(void) {
+    char dir[512];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    const char *fx[] = {"next_moe", "q35_moe", "mla_glm"};
+    const char *file[] = {"", NULL}, *std[] = {"-", NULL}, *model[] = {"model.safetensors", NULL};
+    const char *adapter[] = {"adapter_model.safetensors", NULL};
+    char fmt[3000], tag[128];
+    int checks = 0;
+    for (size_t f = 0; f < sizeof fx / sizeof *fx; f++) {
+        char d[700];
+        snprintf(d, sizeof d, "%s/tests/reference/fixtures/%s", LS_SOURCE_DIR, fx[f]);
+        snprintf(tag, sizeof tag, "%s_logprobs", fx[f]);
+        snprintf(fmt, sizeof fmt, "logprobs --model %s --group %s/group_train.json --threads 1", d, d);
+        if (same_both(dir, tag, fmt, std)) return 1;
+        const char *modes[] = {"prefix-frozen", "full"};
+        for (int m = 0; m < 2; m++) {
+            snprintf(tag, sizeof tag, "%s_grad_%d", fx[f], m);
+            snprintf(fmt, sizeof fmt, "grad --model %s --group %s/group_train.json --mode %s --threads 1 --out %%s", d, d,
+                     modes[m]);
+            if (same_both(dir, tag, fmt, file)) return 1;
+            snprintf(tag, sizeof tag, "%s_step_%d", fx[f], m);
+            snprintf(fmt, sizeof fmt,
+                     "step --model %s --group %s/group_train.json --mode %s --threads 1 --weight-decay 0.1 "
+                     "--max-grad-norm 0.5 --num-iterations 2 --out %%s", d, d, modes[m]);
+            if (same_both(dir, tag, fmt, model)) return 1;
+            checks += 3;
+        }
+        snprintf(tag, sizeof tag, "%s_lora", fx[f]);
+        snprintf(fmt, sizeof fmt, "step --model %s --group %s/group_train.json --lora-rank 4 --threads 1 --out %%s", d, d);
+        if (same_both(dir, tag, fmt, adapter)) return 1;
+        snprintf(tag, sizeof tag, "%s_ref", fx[f]);
+        snprintf(fmt, sizeof fmt,
+                 "grad --model %s --group %s/group_train.json --beta 0.1 --ref-model %s --state-dtype bf16 --threads 1 "
+                 "--out %%s", d, d, d);
+        if (same_both(dir, tag, fmt, file)) return 1;
+        snprintf(tag, sizeof tag, "%s_sft", fx[f]);
+        snprintf(fmt, sizeof fmt, "grad --model %s --group %s/group_train.json --loss sft --no-capture --threads 1 "
+                                  "--out %%s", d, d);
+        if (same_both(dir, tag, fmt, file)) return 1;
+        checks += 4;
+    }
+    {
+        char d[700];
+        snprintf(d, sizeof d, "%s/tests/reference/fixtures/mla_glm_ic", LS_SOURCE_DIR);
+        snprintf(fmt, sizeof fmt, "grad --model %s --group %s/group_train.json --indexer-kl-coef 1 "
+                                  "--threads 1 --out %%s", d, d);
+        if (same_both(dir, "indexer_kl", fmt, file)) return 1;
+        checks++;
+    }
+    /* train (SFT on the passkey task: the gradients are not zero) and a resume, on a tiny
+     * model of the byte-level vocabulary made by the family's write_random; eval's greedy
+     * decoding of both families */
+    char cfg[700], m[700], cfg2[700], m2[700];
+    snprintf(cfg, sizeof cfg, "%s/c.json", dir);
+    snprintf(m, sizeof m, "%s/m", dir);
+    FILE *fp = fopen(cfg, "w");
+    T_CHECK(fp, "write %s", cfg);
+    fputs("{\"model_type\": \"qwen3_next\", \"vocab_size\": 260, \"hidden_size\": 32, \"num_hidden_layers\": 2,"
+          " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 16, \"linear_num_key_heads\": 2,"
+          " \"linear_num_value_heads\": 2, \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 8,"
+          " \"intermediate_size\": 48, \"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16,"
+          " \"full_attention_interval\": 2}", fp);
+    T_CHECK(fclose(fp) == 0, "write %s", cfg);
+    const ls_family *hy = ls_family_named("hybrid"), *mla = ls_family_named("mla");
+    T_CHECK(hy && mla, "families");
+    T_OK(ls_make_dir(m));
+    T_OK(hy->write_random(cfg, m, 3, LS_DTYPE_F32));
+    /* the MLA family's tiny model: the fixture's config with the byte-level vocabulary */
+    snprintf(cfg2, sizeof cfg2, "%s/c2.json", dir);
+    snprintf(m2, sizeof m2, "%s/m2", dir);
+    {
+        char src[700], *text;
+        snprintf(src, sizeof src, "%s/tests/reference/fixtures/mla_glm/config.json", LS_SOURCE_DIR);
+        text = t_read_file(src, NULL);
+        T_CHECK(text, "read %s", src);
+        char *v = strstr(text, "\"vocab_size\": 97");
+        T_CHECK(v, "vocab_size in %s", src);
+        memcpy(v, "\"vocab_size\":260", 16);
+        fp = fopen(cfg2, "w");
+        T_CHECK(fp && fputs(text, fp) >= 0 && fclose(fp) == 0, "write %s", cfg2);
+        free(text);
+    }
+    T_OK(ls_make_dir(m2));
+    T_OK(mla->write_random(cfg2, m2, 4, LS_DTYPE_F32));
+    const char *ck[] = {"checkpoint-2/model.safetensors", "checkpoint-2/optimizer.safetensors",
+                        "checkpoint-3/model.safetensors", "checkpoint-3/optimizer.safetensors", NULL};
+    const char *mm[2] = {m, m2};
+    for (int k = 0; k < 2; k++) {
+        snprintf(tag, sizeof tag, "train_%d", k);
+        for (int b = 0; b < 2; b++) {
+            const char *bk = b ? "strict" : "cpu";
+            char run[700];
+            snprintf(run, sizeof run, "%s/%s.%s", dir, tag, bk);
+            snprintf(fmt, sizeof fmt,
+                     "train --model %s --out %s --loss sft --task passkey --prompt-len 80 --updates 2 --lr 1e-2 "
+                     "--threads 1 --quiet --backend %s > /dev/null && %s train --resume %s --updates 3 --quiet",
+                     mm[k], run, bk, LS_CLI_PATH, run);
+            if (run_tool(dir, tag, bk, fmt)) return 1;
+        }
+        for (int i = 0; ck[i]; i++) {
+            char a[1400], b[1400];
+            snprintf(a, sizeof a, "%s/%s.cpu/%s", dir, tag, ck[i]);
+            snprintf(b, sizeof b, "%s/%s.strict/%s", dir, tag, ck[i]);
+            T_CHECK(same_file(a, b), "%s: %s differs between --backend cpu and strict", tag, ck[i]);
+        }
+        /* eval: the JSON document but its timing lines */
+        snprintf(tag, sizeof tag, "eval_%d", k);
+        for (int b = 0; b < 2; b++) {
+            const char *bk = b ? "strict" : "cpu";
+            snprintf(fmt, sizeof fmt, "eval --model %s --prompt-len 90,130 --num-prompts 2 --max-new-tokens 5 "
+                                      "--threads 1 --quiet", mm[k]);
+            if (run_tool(dir, tag, bk, fmt)) return 1;
+        }
+        char a[1400], b[1400];
+        snprintf(a, sizeof a, "%s/%s.cpu.out", dir, tag);
+        snprintf(b, sizeof b, "%s/%s.strict.out", dir, tag);
+        T_CHECK(same_file_but(a, b, "seconds"), "%s: eval's JSON differs between --backend cpu and strict", tag);
+        checks += 2;
+    }
+    printf("  %d commands equal under --backend cpu and strict, bit for bit\n", checks);
+    t_remove_dir(dir);
+    return 0;
+}
