@@ -155,6 +155,22 @@ static void t_elementwise(void) {
             dfree(gx), free(x);
         }
     }
+    if (BUILT(store_as)) { /* f32 rows into pages of each dtype: the same bytes */
+        for (int k = 0; k < 3; k++) {
+            ls_dtype dt = k == 0 ? LS_DTYPE_F32 : k == 1 ? LS_DTYPE_BF16 : LS_DTYPE_F16;
+            size_t bytes = (size_t)(N - 3) * ls_dtype_size(dt);
+            float *x = hrand(N, 40), *gx = dev(x, N);
+            unsigned char *h = malloc(bytes), *hg = malloc(bytes), *g = G->i->buf_alloc(G, bytes + 64, 64);
+            if (!h || !hg || !g) {
+                check("store_as: memory", 1, 0);
+                return;
+            }
+            ls_op_store_as(C, h, x + 3, N - 3, dt), ls_op_store_as(G, g, gx + 3, N - 3, dt);
+            G->i->to_host(G, hg, g, bytes);
+            check(k == 0 ? "store_as f32" : k == 1 ? "store_as bf16" : "store_as f16", memcmp(h, hg, bytes) ? 1 : 0, 0);
+            G->i->buf_free(G, g, bytes + 64), dfree(gx), free(x), free(h), free(hg);
+        }
+    }
     if (BUILT(swiglu_fwd) && BUILT(swiglu_bwd)) {
         float *gu = hrand(T * 2 * I, 4), *o = hrand(T * I, 1), *dout = hrand(T * I, 1), *dgu = hrand(T * 2 * I, 1);
         float *ggu = dev(gu, T * 2 * I), *go = dev(o, T * I), *gdout = dev(dout, T * I), *gdgu = dev(dgu, T * 2 * I);
