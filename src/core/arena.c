@@ -98,12 +98,16 @@ void *ls_arena_alloc(ls_arena *a, size_t bytes) {
     return p;
 }
 
+/* n·size into *bytes; 1 (the error set) when it overflows */
+static int calloc_bytes(const ls_arena *a, size_t n, size_t size, size_t *bytes) {
+    if (!ls_mul_size(n, size, bytes)) return 0;
+    ls_err(LS_ERR_NOMEM, "arena %s: %zu x %zu bytes overflows", a->name, n, size);
+    return 1;
+}
+
 void *ls_arena_calloc(ls_arena *a, size_t n, size_t size) {
     size_t bytes;
-    if (ls_mul_size(n, size, &bytes)) {
-        ls_err(LS_ERR_NOMEM, "arena %s: %zu x %zu bytes overflows", a->name, n, size);
-        return NULL;
-    }
+    if (calloc_bytes(a, n, size, &bytes)) return NULL;
     void *p = ls_arena_alloc(a, bytes);
     if (p) {
         const ls_backend *be = arena_be(a);
@@ -129,10 +133,7 @@ void *ls_arena_host_alloc(ls_arena *a, size_t bytes) {
 
 void *ls_arena_host_calloc(ls_arena *a, size_t n, size_t size) {
     size_t bytes;
-    if (ls_mul_size(n, size, &bytes)) {
-        ls_err(LS_ERR_NOMEM, "arena %s: %zu x %zu bytes overflows", a->name, n, size);
-        return NULL;
-    }
+    if (calloc_bytes(a, n, size, &bytes)) return NULL;
     void *p = ls_arena_host_alloc(a, bytes);
     if (p) memset(p, 0, bytes);
     return p;

@@ -220,26 +220,27 @@ static void chk_none(const char *op, const char *arg, ...) { (void)op, (void)arg
 #define EACH_20(op, x, ...) CHK_(op, x) EACH_19(op, __VA_ARGS__)
 
 #define CPU_ ls_backend_cpu()
-static void strict_copy(const ls_backend *be, void *dst, const void *src, size_t bytes) {
-    (void)be;
-    if (bytes) chk_ptr("copy", "dst", dst), chk_ptr("copy", "src", src);
+/* A copy that crosses or stays in the boundary: the ends that are device memory checked
+ * (dst_dev, src_dev), then one memmove with every buffer open. */
+static void move(const char *what, int dst_dev, int src_dev, void *dst, const void *src, size_t bytes) {
+    if (!bytes) return;
+    if (dst_dev) chk_ptr(what, "dst", dst);
+    if (src_dev) chk_ptr(what, "src", src);
     enter();
     CPU_->i->copy(CPU_, dst, src, bytes);
     leave();
+}
+static void strict_copy(const ls_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    move("copy", 1, 1, dst, src, bytes);
 }
 static void strict_to_device(const ls_backend *be, void *dst, const void *src, size_t bytes) {
     (void)be;
-    if (bytes) chk_ptr("to_device", "dst", dst);
-    enter();
-    CPU_->i->copy(CPU_, dst, src, bytes);
-    leave();
+    move("to_device", 1, 0, dst, src, bytes);
 }
 static void strict_to_host(const ls_backend *be, void *dst, const void *src, size_t bytes) {
     (void)be;
-    if (bytes) chk_ptr("to_host", "src", src);
-    enter();
-    CPU_->i->copy(CPU_, dst, src, bytes);
-    leave();
+    move("to_host", 0, 1, dst, src, bytes);
 }
 static void strict_zero(const ls_backend *be, void *p, size_t bytes) {
     (void)be;
