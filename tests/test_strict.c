@@ -22,6 +22,7 @@
 
 int test_backend_strict_boundary(void);
 int test_strict_tool_equal(void);
+int test_strict_tool_equal_mpi(void);
 
 /* Run fn in a child; the signal that ended it (0: it exited). */
 static int child_signal(void (*fn)(void)) {
@@ -163,10 +164,14 @@ static int same_file_but(const char *a, const char *b, const char *skip) {
     return same;
 }
 
+/* What starts the tool: nothing (one rank) or mpirun with its options and -np N. */
+static char launch[512] = "";
+
 /* `longstraw ARGS --backend B` with its stdout into dir/<tag>.<B>.out; 0 on exit 0 */
 static int run_tool(const char *dir, const char *tag, const char *backend, const char *args) {
     int rc;
-    char *out = t_run_fmt(&rc, "%s %s --backend %s > %s/%s.%s.out", LS_CLI_PATH, args, backend, dir, tag, backend);
+    char *out = t_run_fmt(&rc, "%s%s %s --backend %s > %s/%s.%s.out", launch, LS_CLI_PATH, args, backend, dir, tag,
+                          backend);
     if (rc != 0) fprintf(stderr, "  %s (%s) exit %d: %s\n", tag, backend, rc, out ? out : "");
     free(out);
     return rc;
@@ -176,7 +181,7 @@ static int run_tool(const char *dir, const char *tag, const char *backend, const
  * backends; the files named in `files` (relative to that path; "" = the path itself, "-"
  * = stdout) compared bit for bit. */
 static int same_both(const char *dir, const char *tag, const char *fmt, const char *const *files) {
-    char out[2][700], args[2][3000];
+    char out[2][700], args[2][7000];
     const char *bk[2] = {"cpu", "strict"};
     for (int k = 0; k < 2; k++) {
         snprintf(out[k], sizeof out[k], "%s/%s.%s", dir, tag, bk[k]);
@@ -198,6 +203,7 @@ static int same_both(const char *dir, const char *tag, const char *fmt, const ch
 }
 
 int test_strict_tool_equal(void) {
+    launch[0] = '\0';
     char dir[512];
     T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
     const char *fx[] = {"next_moe", "q35_moe", "mla_glm"};
@@ -317,6 +323,66 @@ int test_strict_tool_equal(void) {
         checks += 2;
     }
     printf("  %d commands equal under --backend cpu and strict, bit for bit\n", checks);
+    t_remove_dir(dir);
+    return 0;
+}
+
+/* The same under mpirun: context parallelism (2 and 3 ranks, both layouts, both modes,
+ * bf16 pages) and expert parallelism move the backend's memory through host staging
+ * (src/dist/stage.h); the strict backend faults on any slip. Under a sanitizer only 3
+ * ranks (as test_cp.c: OpenMPI's start-up is slow there). */
+int test_strict_tool_equal_mpi(void) {
+    if (!LS_MPIEXEC[0]) T_SKIP("built without MPI");
+    char dir[512];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    const char *file[] = {"", NULL}, *model[] = {"model.safetensors", NULL}, *adapter[] = {"adapter_model.safetensors", NULL};
+    const char *std[] = {"-", NULL};
+    char fmt[6000], tag[160], d[3][700];
+    const char *fx[3] = {"next_moe", "q35_moe", "mla_glm"};
+    for (int f = 0; f < 3; f++) snprintf(d[f], sizeof d[f], "%s/tests/reference/fixtures/%s", LS_SOURCE_DIR, fx[f]);
+    int checks = 0;
+    for (int np = 2; np <= 3; np++) {
+#ifdef LS_TEST_SANITIZED
+        if (np == 2) continue;
+#endif
+        snprintf(launch, sizeof launch, LS_MPI_ENV "%s --oversubscribe --allow-run-as-root -np %d ", LS_MPIEXEC, np);
+        for (int f = 0; f < 3; f++) {
+            snprintf(tag, sizeof tag, "%s_lp_np%d", fx[f], np);
+            snprintf(fmt, sizeof fmt, "logprobs --model %s --group %s/group_train.json --threads 1", d[f], d[f]);
+            if (same_both(dir, tag, fmt, std)) return 1;
+            for (int m = 0; m < 2; m++) {
+                snprintf(tag, sizeof tag, "%s_grad_np%d_%d", fx[f], np, m);
+                snprintf(fmt, sizeof fmt, "grad --model %s --group %s/group_train.json --mode %s --threads 1%s --out %%s",
+                         d[f], d[f], m ? "full" : "prefix-frozen",
+                         np == 3 ? " --cp-layout zigzag --state-dtype bf16" : "");
+                if (same_both(dir, tag, fmt, file)) return 1;
+                checks++;
+            }
+            checks++;
+        }
+        snprintf(tag, sizeof tag, "step_np%d", np);
+        snprintf(fmt, sizeof fmt, "step --model %s --group %s/group_train.json --mode full --threads 1 --out %%s", d[0],
+                 d[0]);
+        if (same_both(dir, tag, fmt, model)) return 1;
+        snprintf(tag, sizeof tag, "lora_np%d", np);
+        snprintf(fmt, sizeof fmt, "step --model %s --group %s/group_train.json --lora-rank 4 --threads 1 --out %%s", d[2],
+                 d[2]);
+        if (same_both(dir, tag, fmt, adapter)) return 1;
+        snprintf(tag, sizeof tag, "ikl_np%d", np);
+        snprintf(fmt, sizeof fmt, "grad --model %s/tests/reference/fixtures/mla_glm_ic --group "
+                                  "%s/tests/reference/fixtures/mla_glm_ic/group_train.json --indexer-kl-coef 1 "
+                                  "--threads 1 --out %%s", LS_SOURCE_DIR, LS_SOURCE_DIR);
+        if (same_both(dir, tag, fmt, file)) return 1;
+        checks += 3;
+        if (np == 2) { /* expert parallelism: the experts over both ranks */
+            snprintf(fmt, sizeof fmt, "step --model %s --group %s/group_train.json --ep 2 --threads 1 --out %%s", d[2],
+                     d[2]);
+            if (same_both(dir, "ep2", fmt, model)) return 1;
+            checks++;
+        }
+    }
+    launch[0] = '\0';
+    printf("  %d commands under mpirun equal under --backend cpu and strict, bit for bit\n", checks);
     t_remove_dir(dir);
     return 0;
 }

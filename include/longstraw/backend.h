@@ -278,10 +278,6 @@ int ls_backend_strict_owns(const void *p);
  * *out; an error naming it and the choices when it is unknown or not built.
  * ls_backend_close releases what the open took (nothing for cpu and strict). */
 ls_status ls_backend_open(const char *name, const ls_backend **out);
-/* An error when `be` keeps its buffers away from the host (strict, cuda) and the run has
- * more than one rank: the distributed layer (src/dist) does not stage device memory
- * through the host yet, so context and expert parallelism need the CPU backend. */
-ls_status ls_backend_check_ranks(const ls_backend *be, int ranks);
 void ls_backend_close(const ls_backend *be);
 /* Choices for --help and messages: "cpu|strict|cuda". */
 #define LS_BACKEND_NAMES "cpu|strict|cuda"

@@ -17,11 +17,19 @@
 
 #include "longstraw/comm.h"
 #include "longstraw/core.h"
+#include "longstraw/family.h"
+
+/* Every operation below that moves the models' data takes the backend `be` whose memory
+ * it is (NULL: host memory) and stages it through host memory when that backend keeps
+ * its buffers away from the host (src/dist/stage.h); on the CPU nothing is copied. The
+ * partial sums of f64 and maxima take host memory. */
+struct ls_backend;
 
 /* In place: o [rows, hd], lse [rows] this rank's partial → the global output and
  * log-sum-exp over every rank's keys (identical bits on every rank). An empty
  * partial has lse = −inf. Transients (rows·(hd + 2) floats) from `scratch`. */
-ls_status ls_cp_merge(float *o, float *lse, int64_t rows, int hd, const ls_comm *comm, ls_arena *scratch);
+ls_status ls_cp_merge(const struct ls_backend *be, float *o, float *lse, int64_t rows, int hd, const ls_comm *comm,
+                      ls_arena *scratch);
 
 /* The ring over pages (DESIGN §8). The pages holding positions [0, npos) of a
  * segment of attention layer `layer` (k[i], v[i]: page_size positions, page_bytes each,
@@ -32,19 +40,21 @@ ls_status ls_cp_merge(float *o, float *lse, int64_t rows, int hd, const ls_comm 
  * and with gradients dK | dV in f32) and its page pointers. */
 typedef ls_status (*ls_dist_pages_fn)(void *ctx, void *const *k, void *const *v, float *const *dk, float *const *dv,
                                       int64_t nb, int64_t rows);
-ls_status ls_dist_pages_send(const ls_comm *comm, void *const *k, void *const *v, int64_t npos, int64_t page_size,
-                             size_t page_bytes, int64_t bp, int dst, int layer, ls_arena *scratch);
-ls_status ls_dist_pages_recv(const ls_comm *comm, int64_t npos, int64_t page_size, size_t page_bytes, int64_t bp,
-                             int src, int layer, ls_dist_pages_fn fn, void *ctx, ls_arena *scratch);
+ls_status ls_dist_pages_send(const struct ls_backend *be, const ls_comm *comm, void *const *k, void *const *v,
+                             int64_t npos, int64_t page_size, size_t page_bytes, int64_t bp, int dst, int layer,
+                             ls_arena *scratch);
+ls_status ls_dist_pages_recv(const struct ls_backend *be, const ls_comm *comm, int64_t npos, int64_t page_size,
+                             size_t page_bytes, int64_t bp, int src, int layer, ls_dist_pages_fn fn, void *ctx,
+                             ls_arena *scratch);
 /* With gradients (the full-mode sweep): the reader's fn adds into dk/dv (f32 pages of
  * grad_floats values, zeroed per block) the gradient of the block, which goes back to
  * the holder before the next block leaves; the holder adds it to its dk/dv (f32). */
-ls_status ls_dist_pages_send_grad(const ls_comm *comm, void *const *k, void *const *v, void *const *dk,
-                                  void *const *dv, int64_t npos, int64_t page_size, size_t page_bytes,
+ls_status ls_dist_pages_send_grad(const struct ls_backend *be, const ls_comm *comm, void *const *k, void *const *v,
+                                  void *const *dk, void *const *dv, int64_t npos, int64_t page_size, size_t page_bytes,
                                   int64_t grad_floats, int64_t bp, int dst, int layer, ls_arena *scratch);
-ls_status ls_dist_pages_recv_grad(const ls_comm *comm, int64_t npos, int64_t page_size, size_t page_bytes,
-                                  int64_t grad_floats, int64_t bp, int src, int layer, ls_dist_pages_fn fn, void *ctx,
-                                  ls_arena *scratch);
+ls_status ls_dist_pages_recv_grad(const struct ls_backend *be, const ls_comm *comm, int64_t npos, int64_t page_size,
+                                  size_t page_bytes, int64_t grad_floats, int64_t bp, int src, int layer,
+                                  ls_dist_pages_fn fn, void *ctx, ls_arena *scratch);
 
 /* The state relay: a layer's recurrent state (at most 2 parts, such as the Gated
  * DeltaNet state and conv tail, or their gradients) from the owner of one segment to the
@@ -54,15 +64,23 @@ typedef struct {
     void *p;
     size_t bytes;
 } ls_dist_part;
-ls_status ls_dist_relay_send(const ls_comm *comm, const ls_dist_part *parts, int n, int dst, int layer);
-ls_status ls_dist_relay_recv(const ls_comm *comm, const ls_dist_part *parts, int n, int src, int layer);
-ls_status ls_dist_bcast_parts(const ls_comm *comm, const ls_dist_part *parts, int n, int root);
+ls_status ls_dist_relay_send(const struct ls_backend *be, const ls_comm *comm, const ls_dist_part *parts, int n, int dst,
+                             int layer);
+ls_status ls_dist_relay_recv(const struct ls_backend *be, const ls_comm *comm, const ls_dist_part *parts, int n, int src,
+                             int layer);
+ls_status ls_dist_bcast_parts(const struct ls_backend *be, const ls_comm *comm, const ls_dist_part *parts, int n,
+                              int root);
 
 /* The partial reductions CP composes with: each rank's share of a sum (dq over its own
  * pages, the MLA's query gradients) or of a maximum, combined in place, identical bits
  * on every rank. */
-ls_status ls_dist_sum_f32(const ls_comm *comm, float *x, int64_t n);
+ls_status ls_dist_sum_f32(const struct ls_backend *be, const ls_comm *comm, float *x, int64_t n);
 ls_status ls_dist_sum_f64(const ls_comm *comm, double *x, int64_t n);
+/* Tensor lists (family.h ls_param: gradients, be's memory; NULL entries skipped): each
+ * summed over the ranks (identical bits everywhere), or root's broadcast to every rank. */
+ls_status ls_dist_sum_params(const struct ls_backend *be, const ls_comm *comm, const ls_param *g, int64_t n);
+ls_status ls_dist_bcast_params(const struct ls_backend *be, const ls_comm *comm, const ls_param *g, int64_t n,
+                               int root);
 ls_status ls_dist_max_f32(const ls_comm *comm, float *x, int64_t n);
 
 /* A key a rank proposes for a query's sparse selection: its score and position (−1:
@@ -77,8 +95,8 @@ typedef struct {
  * best k of the union by (score descending, position ascending), in ascending
  * position, −1 after — exactly the one-rank selection, since a key among the global
  * top k is among its own rank's top k. Scratch: (ranks + 1)·T·k candidates. */
-ls_status ls_dist_topk_merge(int32_t *sel, const ls_topk_cand *mine, int64_t T, int64_t k, const ls_comm *comm,
-                             ls_arena *scratch);
+ls_status ls_dist_topk_merge(const struct ls_backend *be, int32_t *sel, const ls_topk_cand *mine, int64_t T, int64_t k,
+                             const ls_comm *comm, ls_arena *scratch);
 
 /* The expert-parallel combine (specs/mla-dsa-moe.md §7): y [T, W] holds this rank's
  * share of each token's routed outputs (zero rows where none of the token's experts
@@ -86,8 +104,8 @@ ls_status ls_dist_topk_merge(int32_t *sel, const ls_topk_cand *mine, int64_t T, 
  * the shares go to the owner of each token's slice (all-to-all), are summed there in
  * rank order (the same bits whatever the timing), and the sums all-gathered: y (=) the
  * whole on every rank. */
-ls_status ls_dist_ep_combine(float *y, int64_t T, int64_t W, const int32_t *sel, int K, int64_t n_local,
-                             const ls_comm *ep, ls_arena *scratch);
+ls_status ls_dist_ep_combine(const struct ls_backend *be, float *y, int64_t T, int64_t W, const int32_t *sel, int K,
+                             int64_t n_local, const ls_comm *ep, ls_arena *scratch);
 
 /* The expert gather of an export: n floats of a tensor held by EP rank `owner` (mine,
  * read there) to the group's rank 0 (out, written there); a no-op elsewhere and when

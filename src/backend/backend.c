@@ -59,14 +59,6 @@ ls_status ls_backend_open(const char *name, const ls_backend **out) {
     return ls_err(LS_ERR_ARG, "--backend \"%s\": unknown backend (choose " LS_BACKEND_NAMES ", or cuda:N)", name);
 }
 
-ls_status ls_backend_check_ranks(const ls_backend *be, int ranks) {
-    if (ranks <= 1 || be->host_mem) return LS_OK;
-    return ls_err(LS_ERR_UNSUPPORTED,
-                  "--backend %s with %d ranks: context and expert parallelism move pages, states and partial "
-                  "results as host memory, and staging them from the device is not built yet; run one rank with "
-                  "--backend %s, or several with --backend cpu", be->i->name, ranks, be->i->name);
-}
-
 void ls_backend_close(const ls_backend *be) {
     if (be && be->i && be->i->name && !strcmp(be->i->name, "cuda")) ls_backend_cuda_close(be);
 }

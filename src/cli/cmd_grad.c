@@ -87,7 +87,6 @@ static int run(const char *cmd, int argc, char **argv) {
 
     const ls_backend *be;
     ls_status bs = ls_backend_open(t.backend, &be);
-    if (bs == LS_OK) bs = ls_backend_check_ranks(be, ls_comm_world() ? ls_comm_size(ls_comm_world()) : 1);
     if (bs != LS_OK) return cli_fail(cmd, bs);
     ls_arenas ar;
     ls_arenas_init(&ar);

@@ -5,8 +5,9 @@
 #include <string.h>
 
 #include "longstraw/cp.h"
+#include "stage.h"
 
-#define ALLOC_F(arena, n) ((float *)ls_arena_alloc((arena), (size_t)(n) * sizeof(float)))
+#define ALLOC_F(arena, n) ((float *)ls_arena_host_alloc((arena), (size_t)(n) * sizeof(float)))
 
 /* Rank d of the EP group holds a share of token t's routed outputs iff one of t's
  * experts (sel [T, K]) is among its n_local. */
@@ -19,15 +20,18 @@ static int ep_holds(const int32_t *sel, int64_t t, int K, int64_t n_local, int d
 /* Rank s owns tokens [s·q, (s+1)·q), q = ⌈T/N⌉: one all-to-all sends each row a rank
  * holds a share of to its owner, which sums the shares in rank order, and one
  * all-gather spreads the slices. */
-ls_status ls_dist_ep_combine(float *y, int64_t T, int64_t W, const int32_t *sel, int K, int64_t n_local,
-                             const ls_comm *ep, ls_arena *sc) {
+ls_status ls_dist_ep_combine(const ls_backend *be, float *y_dev, int64_t T, int64_t W, const int32_t *sel_dev, int K,
+                             int64_t n_local, const ls_comm *ep, ls_arena *sc) {
     int N = ls_comm_size(ep), r = ls_comm_rank(ep);
     int64_t q = (T + N - 1) / N, lo = (int64_t)r * q, hi = lo + q < T ? lo + q : T, nl = n_local;
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    size_t *cnt = ls_arena_alloc(sc, (size_t)(2 * N) * sizeof(size_t)), *rcnt = cnt ? cnt + N : NULL;
+    size_t yb = (size_t)(T * W) * sizeof(float), selb = (size_t)(T * K) * sizeof(int32_t);
+    float *y = ls_stage_in(be, sc, y_dev, yb, 1); /* host views of the outputs and the routing */
+    const int32_t *sel = ls_stage_in(be, sc, (void *)sel_dev, selb, 1);
+    size_t *cnt = ls_arena_host_alloc(sc, (size_t)(2 * N) * sizeof(size_t)), *rcnt = cnt ? cnt + N : NULL;
     float *snd = ALLOC_F(sc, T * W), *rcv = ALLOC_F(sc, (N * q > 0 ? N * q : 1) * W);
     float *all = ALLOC_F(sc, (N * q > 0 ? N * q : 1) * W), *mine = ALLOC_F(sc, (q > 0 ? q : 1) * W);
-    if (!cnt || !snd || !rcv || !all || !mine) return LS_ERR_NOMEM;
+    if (!cnt || !snd || !rcv || !all || !mine || !y || !sel) return LS_ERR_NOMEM;
     /* out: the rows this rank holds a share of, to the owner of each token's slice (in
      * rank order, tokens ascending); in: the shares of this rank's slice, from each rank */
     int64_t ns = 0;
@@ -53,6 +57,7 @@ ls_status ls_dist_ep_combine(float *y, int64_t T, int64_t W, const int32_t *sel,
             }
     LS_TRY(ls_comm_allgather(ep, mine, all, (size_t)(q * W) * sizeof(float)));
     memcpy(y, all, (size_t)(T * W) * sizeof(float));
+    ls_stage_done(be, sc, y_dev, y, yb, 1);
     ls_arena_release(sc, mk);
     return LS_OK;
 }

@@ -7,17 +7,27 @@
 #include <string.h>
 
 #include "longstraw/cp.h"
+#include "stage.h"
 
 /* Kinds of a layer's point-to-point messages. */
 enum { TAG_PAGE_GRADS = 0, TAG_PAGES = 1, TAG_PARTS = 2 };
 #define TAG(layer, kind) ((layer) * 4 + (kind))
 
-/* K | V of pages [p0, p0 + nb) packed into buf. */
-static void pack_block(char *buf, void *const *k, void *const *v, int64_t p0, int64_t nb, size_t pb) {
+/* K | V of pages [p0, p0 + nb) (be's memory) packed into the host buffer buf. */
+static void pack_block(const ls_backend *be, char *buf, void *const *k, void *const *v, int64_t p0, int64_t nb,
+                       size_t pb) {
     for (int64_t i = 0; i < nb; i++) {
-        memcpy(buf + (size_t)i * pb, k[p0 + i], pb);
-        memcpy(buf + (size_t)(nb + i) * pb, v[p0 + i], pb);
+        be->i->to_host(be, buf + (size_t)i * pb, k[p0 + i], pb);
+        be->i->to_host(be, buf + (size_t)(nb + i) * pb, v[p0 + i], pb);
     }
+}
+
+/* A received block (host) where the ops can read it: buf itself on a host-memory
+ * backend, else dev (the backend's memory) after one copy. */
+static char *place_block(const ls_backend *be, char *dev, char *buf, size_t bytes) {
+    if (ls_stage_direct(be)) return buf;
+    be->i->to_device(be, dev, buf, bytes);
+    return dev;
 }
 
 /* The page pointers of a packed block. */
@@ -40,87 +50,97 @@ static int64_t block_rows(int64_t npos, int64_t page_size, int64_t p0, int64_t n
     return left < nb * page_size ? left : nb * page_size;
 }
 
-ls_status ls_dist_pages_send(const ls_comm *c, void *const *k, void *const *v, int64_t npos, int64_t page_size,
-                             size_t page_bytes, int64_t bp, int dst, int layer, ls_arena *sc) {
+ls_status ls_dist_pages_send(const ls_backend *be, const ls_comm *c, void *const *k, void *const *v, int64_t npos,
+                             int64_t page_size, size_t page_bytes, int64_t bp, int dst, int layer, ls_arena *sc) {
     int64_t np = pages_of(npos, page_size);
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
+    char *buf = ls_arena_host_alloc(sc, 2 * (size_t)bp * page_bytes);
     if (!buf) return no_block(sc, mk, layer, bp);
     ls_status s = LS_OK;
     for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
         int64_t nb = np - p0 < bp ? np - p0 : bp;
-        pack_block(buf, k, v, p0, nb, page_bytes);
+        pack_block(be, buf, k, v, p0, nb, page_bytes);
         s = ls_comm_send(c, buf, 2 * (size_t)nb * page_bytes, dst, TAG(layer, TAG_PAGES));
     }
     ls_arena_release(sc, mk);
     return s;
 }
 
-ls_status ls_dist_pages_recv(const ls_comm *c, int64_t npos, int64_t page_size, size_t page_bytes, int64_t bp,
-                             int src, int layer, ls_dist_pages_fn fn, void *ctx, ls_arena *sc) {
+ls_status ls_dist_pages_recv(const ls_backend *be, const ls_comm *c, int64_t npos, int64_t page_size,
+                             size_t page_bytes, int64_t bp, int src, int layer, ls_dist_pages_fn fn, void *ctx,
+                             ls_arena *sc) {
     int64_t np = pages_of(npos, page_size);
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
-    void **kp = ls_arena_alloc(sc, 2 * (size_t)bp * sizeof(void *));
-    if (!buf || !kp) return no_block(sc, mk, layer, bp);
+    char *buf = ls_arena_host_alloc(sc, 2 * (size_t)bp * page_bytes);
+    char *dev = ls_stage_direct(be) ? buf : ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
+    void **kp = ls_arena_host_alloc(sc, 2 * (size_t)bp * sizeof(void *));
+    if (!buf || !dev || !kp) return no_block(sc, mk, layer, bp);
     ls_status s = LS_OK;
     for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
         int64_t nb = np - p0 < bp ? np - p0 : bp;
         s = ls_comm_recv(c, buf, 2 * (size_t)nb * page_bytes, src, TAG(layer, TAG_PAGES));
         if (s != LS_OK) break;
-        unpack_block(buf, kp, kp + bp, nb, page_bytes);
+        unpack_block(place_block(be, dev, buf, 2 * (size_t)nb * page_bytes), kp, kp + bp, nb, page_bytes);
         s = fn(ctx, kp, kp + bp, NULL, NULL, nb, block_rows(npos, page_size, p0, nb));
     }
     ls_arena_release(sc, mk);
     return s;
 }
 
-ls_status ls_dist_pages_send_grad(const ls_comm *c, void *const *k, void *const *v, void *const *dk, void *const *dv,
-                                  int64_t npos, int64_t page_size, size_t page_bytes, int64_t grad_floats, int64_t bp,
-                                  int dst, int layer, ls_arena *sc) {
+ls_status ls_dist_pages_send_grad(const ls_backend *be, const ls_comm *c, void *const *k, void *const *v,
+                                  void *const *dk, void *const *dv, int64_t npos, int64_t page_size, size_t page_bytes,
+                                  int64_t grad_floats, int64_t bp, int dst, int layer, ls_arena *sc) {
     int64_t np = pages_of(npos, page_size);
+    size_t db = 2 * (size_t)bp * (size_t)grad_floats * sizeof(float);
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
-    float *dbuf = ls_arena_alloc(sc, 2 * (size_t)bp * (size_t)grad_floats * sizeof(float));
-    if (!buf || !dbuf) return no_block(sc, mk, layer, bp);
+    char *buf = ls_arena_host_alloc(sc, 2 * (size_t)bp * page_bytes);
+    float *dbuf = ls_arena_host_alloc(sc, db);
+    float *ddev = ls_stage_direct(be) ? dbuf : ls_arena_alloc(sc, db);
+    if (!buf || !dbuf || !ddev) return no_block(sc, mk, layer, bp);
     ls_status s = LS_OK;
     for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
         int64_t nb = np - p0 < bp ? np - p0 : bp;
-        pack_block(buf, k, v, p0, nb, page_bytes);
+        pack_block(be, buf, k, v, p0, nb, page_bytes);
         s = ls_comm_send(c, buf, 2 * (size_t)nb * page_bytes, dst, TAG(layer, TAG_PAGES));
         if (s == LS_OK)
             s = ls_comm_recv(c, dbuf, 2 * (size_t)nb * (size_t)grad_floats * sizeof(float), dst,
                              TAG(layer, TAG_PAGE_GRADS));
-        for (int64_t i = 0; i < nb && s == LS_OK; i++) {
-            float *gk = dk[p0 + i], *gv = dv[p0 + i];
-            const float *bk = dbuf + i * grad_floats, *bv = dbuf + (nb + i) * grad_floats;
-            for (int64_t e = 0; e < grad_floats; e++) gk[e] += bk[e], gv[e] += bv[e];
+        if (s != LS_OK) break;
+        const float *g = (const float *)place_block(be, (char *)ddev, (char *)dbuf,
+                                                    2 * (size_t)nb * (size_t)grad_floats * sizeof(float));
+        for (int64_t i = 0; i < nb; i++) { /* the holder's dK/dV += the reader's (an op: they are the backend's) */
+            ls_op_add_to(be, dk[p0 + i], g + i * grad_floats, grad_floats);
+            ls_op_add_to(be, dv[p0 + i], g + (nb + i) * grad_floats, grad_floats);
         }
     }
     ls_arena_release(sc, mk);
     return s;
 }
 
-ls_status ls_dist_pages_recv_grad(const ls_comm *c, int64_t npos, int64_t page_size, size_t page_bytes,
-                                  int64_t grad_floats, int64_t bp, int src, int layer, ls_dist_pages_fn fn, void *ctx,
-                                  ls_arena *sc) {
+ls_status ls_dist_pages_recv_grad(const ls_backend *be, const ls_comm *c, int64_t npos, int64_t page_size,
+                                  size_t page_bytes, int64_t grad_floats, int64_t bp, int src, int layer,
+                                  ls_dist_pages_fn fn, void *ctx, ls_arena *sc) {
     int64_t np = pages_of(npos, page_size);
     size_t gb = (size_t)grad_floats * sizeof(float);
+    int direct = ls_stage_direct(be);
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    char *buf = ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
-    char *dbuf = ls_arena_alloc(sc, 2 * (size_t)bp * gb);
-    void **kp = ls_arena_alloc(sc, 4 * (size_t)bp * sizeof(void *));
-    if (!buf || !dbuf || !kp) return no_block(sc, mk, layer, bp);
+    char *buf = ls_arena_host_alloc(sc, 2 * (size_t)bp * page_bytes);
+    char *dev = direct ? buf : ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
+    char *dbuf = ls_arena_host_alloc(sc, 2 * (size_t)bp * gb);
+    char *ddev = direct ? dbuf : ls_arena_alloc(sc, 2 * (size_t)bp * gb);
+    void **kp = ls_arena_host_alloc(sc, 4 * (size_t)bp * sizeof(void *));
+    if (!buf || !dev || !dbuf || !ddev || !kp) return no_block(sc, mk, layer, bp);
     void **vp = kp + bp, **dkp = kp + 2 * bp, **dvp = kp + 3 * bp;
     ls_status s = LS_OK;
     for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
         int64_t nb = np - p0 < bp ? np - p0 : bp;
         s = ls_comm_recv(c, buf, 2 * (size_t)nb * page_bytes, src, TAG(layer, TAG_PAGES));
         if (s != LS_OK) break;
-        memset(dbuf, 0, 2 * (size_t)nb * gb);
-        unpack_block(buf, kp, vp, nb, page_bytes);
-        unpack_block(dbuf, dkp, dvp, nb, gb);
+        be->i->zero(be, ddev, 2 * (size_t)nb * gb);
+        unpack_block(place_block(be, dev, buf, 2 * (size_t)nb * page_bytes), kp, vp, nb, page_bytes);
+        unpack_block(ddev, dkp, dvp, nb, gb);
         s = fn(ctx, kp, vp, (float *const *)dkp, (float *const *)dvp, nb, block_rows(npos, page_size, p0, nb));
+        if (s == LS_OK && !direct) be->i->to_host(be, dbuf, ddev, 2 * (size_t)nb * gb);
         if (s == LS_OK) s = ls_comm_send(c, dbuf, 2 * (size_t)nb * gb, src, TAG(layer, TAG_PAGE_GRADS));
     }
     ls_arena_release(sc, mk);
@@ -130,22 +150,38 @@ ls_status ls_dist_pages_recv_grad(const ls_comm *c, int64_t npos, int64_t page_s
 /* A layer's relayed state has at most this many parts (recurrent state, conv tail). */
 #define MAX_PARTS 2
 
-ls_status ls_dist_relay_send(const ls_comm *c, const ls_dist_part *parts, int n, int dst, int layer) {
+/* How a part moves: sent (read), received (written) or both (a broadcast). */
+enum { PART_SEND = 1, PART_RECV = 2 };
+
+/* One part through a host view (itself on a host-memory backend). */
+static ls_status move_part(const ls_backend *be, const ls_comm *c, const ls_dist_part *p, int how, int peer, int tag) {
+    void *h = ls_stage_in(be, NULL, p->p, p->bytes, how & PART_SEND);
+    if (!h) return ls_err(LS_ERR_NOMEM, "staging %zu bytes of a relayed state", p->bytes);
+    ls_status s = how == PART_SEND   ? ls_comm_send(c, h, p->bytes, peer, tag)
+                  : how == PART_RECV ? ls_comm_recv(c, h, p->bytes, peer, tag)
+                                     : ls_comm_bcast(c, h, p->bytes, peer);
+    ls_stage_done(be, NULL, p->p, h, p->bytes, s == LS_OK && (how & PART_RECV));
+    return s;
+}
+
+ls_status ls_dist_relay_send(const ls_backend *be, const ls_comm *c, const ls_dist_part *parts, int n, int dst,
+                             int layer) {
     LS_ASSERT(n <= MAX_PARTS, "a relayed state has at most %d parts (%d)", MAX_PARTS, n);
     for (int i = 0; i < n; i++)
-        if (parts[i].bytes) LS_TRY(ls_comm_send(c, parts[i].p, parts[i].bytes, dst, TAG(layer, TAG_PARTS + i)));
+        if (parts[i].bytes) LS_TRY(move_part(be, c, &parts[i], PART_SEND, dst, TAG(layer, TAG_PARTS + i)));
     return LS_OK;
 }
 
-ls_status ls_dist_relay_recv(const ls_comm *c, const ls_dist_part *parts, int n, int src, int layer) {
+ls_status ls_dist_relay_recv(const ls_backend *be, const ls_comm *c, const ls_dist_part *parts, int n, int src,
+                             int layer) {
     LS_ASSERT(n <= MAX_PARTS, "a relayed state has at most %d parts (%d)", MAX_PARTS, n);
     for (int i = 0; i < n; i++)
-        if (parts[i].bytes) LS_TRY(ls_comm_recv(c, parts[i].p, parts[i].bytes, src, TAG(layer, TAG_PARTS + i)));
+        if (parts[i].bytes) LS_TRY(move_part(be, c, &parts[i], PART_RECV, src, TAG(layer, TAG_PARTS + i)));
     return LS_OK;
 }
 
-ls_status ls_dist_bcast_parts(const ls_comm *c, const ls_dist_part *parts, int n, int root) {
+ls_status ls_dist_bcast_parts(const ls_backend *be, const ls_comm *c, const ls_dist_part *parts, int n, int root) {
     for (int i = 0; i < n; i++)
-        if (parts[i].bytes) LS_TRY(ls_comm_bcast(c, parts[i].p, parts[i].bytes, root));
+        if (parts[i].bytes) LS_TRY(move_part(be, c, &parts[i], PART_SEND | PART_RECV, root, 0));
     return LS_OK;
 }

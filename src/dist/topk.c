@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "longstraw/cp.h"
+#include "stage.h"
 
 static int cand_order(const void *a, const void *b) { /* score descending, then position ascending */
     const ls_topk_cand *x = a, *y = b;
@@ -16,13 +17,15 @@ static int pos_order(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-ls_status ls_dist_topk_merge(int32_t *sel, const ls_topk_cand *mine, int64_t T, int64_t k, const ls_comm *comm,
-                             ls_arena *scratch) {
+ls_status ls_dist_topk_merge(const ls_backend *be, int32_t *sel_dev, const ls_topk_cand *mine, int64_t T, int64_t k,
+                             const ls_comm *comm, ls_arena *scratch) {
     int N = ls_comm_size(comm);
     ls_arena_mark mk = ls_arena_get_mark(scratch);
-    ls_topk_cand *all = ls_arena_alloc(scratch, (size_t)(N * T * k) * sizeof(ls_topk_cand));
-    ls_topk_cand *pool = ls_arena_alloc(scratch, (size_t)(N * k) * sizeof(ls_topk_cand));
-    if (!all || !pool) return LS_ERR_NOMEM;
+    size_t sb = (size_t)(T * k) * sizeof(int32_t);
+    ls_topk_cand *all = ls_arena_host_alloc(scratch, (size_t)(N * T * k) * sizeof(ls_topk_cand));
+    ls_topk_cand *pool = ls_arena_host_alloc(scratch, (size_t)(N * k) * sizeof(ls_topk_cand));
+    int32_t *sel = ls_stage_in(be, scratch, sel_dev, sb, 0); /* written on the host, placed once */
+    if (!all || !pool || !sel) return LS_ERR_NOMEM;
     LS_TRY(ls_comm_allgather(comm, mine, all, (size_t)(T * k) * sizeof(ls_topk_cand)));
     for (int64_t t = 0; t < T; t++) {
         int64_t np = 0;
@@ -35,6 +38,7 @@ ls_status ls_dist_topk_merge(int32_t *sel, const ls_topk_cand *mine, int64_t T, 
         for (int64_t j = 0; j < k; j++) out[j] = j < keep ? pool[j].pos : -1;
         qsort(out, (size_t)keep, sizeof *out, pos_order);
     }
+    ls_stage_done(be, scratch, sel_dev, sel, sb, 1);
     ls_arena_release(scratch, mk);
     return LS_OK;
 }

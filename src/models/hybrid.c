@@ -99,7 +99,7 @@ static ls_status cp_merge_earlier(const ls_backend *be, const ls_prompt_state *s
         int64_t rlo, rhi;
         ls_state_segment(st, s, &src, &rlo, &rhi);
         if (src == st->rank || rhi == rlo) continue; /* own pages are in the prefix already */
-        LS_TRY(ls_dist_pages_recv(st->comm, rhi - rlo, S, pb, bp, src, l, merge_block, &M, sc));
+        LS_TRY(ls_dist_pages_recv(be, st->comm, rhi - rlo, S, pb, bp, src, l, merge_block, &M, sc));
     }
     ls_arena_release(sc, mk);
     return LS_OK;
@@ -242,7 +242,7 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
                                           c->head_dim, scale, L->sc));
             if (owner) LS_TRY(ls_state_append_kv(st, layer, kr + i * kvd, v + i * kvd, 1));
         }
-        if (cp) LS_TRY(ls_cp_merge(o, lb, T * c->n_heads, c->head_dim, cp, L->sc));
+        if (cp) LS_TRY(ls_cp_merge(m->be, o, lb, T * c->n_heads, c->head_dim, cp, L->sc));
     } else {
         ls_op_rope_fwd(m->be, qr, T, c->n_heads, c->head_dim, c->rot_dim, c->rope_theta, L->pos0);
         ls_op_rope_fwd(m->be, kr, T, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, L->pos0);
@@ -253,7 +253,7 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
                 LS_TRY(ls_op_attn_fwd(m->be, o, lb, qr, kr, v, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
             else
                 LS_TRY(ls_op_attn_prefix_fwd(m->be, o, lb, qr, L->prefix, T, c->n_heads, c->n_kv, c->head_dim, scale, L->sc));
-            LS_TRY(ls_cp_merge(o, lb, T * c->n_heads, c->head_dim, L->cp, L->sc));
+            LS_TRY(ls_cp_merge(m->be, o, lb, T * c->n_heads, c->head_dim, L->cp, L->sc));
         } else if (L->cp_capture) { /* this rank's pages and own keys, then the earlier ranks' */
             float *lb = lse ? lse : ALLOC_F(L->sc, T * c->n_heads); /* [T, n_h]: merged (kept with a tape) */
             NEED(lb);
@@ -444,7 +444,7 @@ ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int
     for (int64_t q = 0; q < nchunks; q++)
         for (int k = 0; k < st->nseg; k++) { /* earlier segments, prompt order */
             if (st->seg_hi[k] == st->seg_lo[k] || st->seg_hi[k] > lo) continue;
-            LS_TRY(ls_dist_pages_send(st->comm, st->attn[l].k_pages + st->seg_lpage[k],
+            LS_TRY(ls_dist_pages_send(ls_arena_backend(st->arena), st->comm, st->attn[l].k_pages + st->seg_lpage[k],
                                       st->attn[l].v_pages + st->seg_lpage[k], st->seg_hi[k] - st->seg_lo[k],
                                       st->page_size, pb, bp, dst, l, sc));
         }
@@ -486,8 +486,13 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
     ls_arena_mark mk = ls_arena_get_mark(sc);
     float *x = ALLOC_F(sc, (Tr > 0 ? Tr : 1) * D); /* [Tr, D] the rank's residual stream */
     NEED(x);
-    for (int k = 0; k < st->nseg; k++)
-        ls_op_embed_fwd(m->be, x + xoff[k] * D, ids + st->seg_lo[k], m->embed, st->seg_hi[k] - st->seg_lo[k], D);
+    for (int k = 0; k < st->nseg; k++) {
+        ls_arena_mark mi = ls_arena_get_mark(sc);
+        const int32_t *xi = ls_dec_ids_in(m->be, sc, ids + st->seg_lo[k], st->seg_hi[k] - st->seg_lo[k]);
+        NEED(xi);
+        ls_op_embed_fwd(m->be, x + xoff[k] * D, xi, m->embed, st->seg_hi[k] - st->seg_lo[k], D);
+        ls_arena_release(sc, mi);
+    }
     ls_status s = LS_OK;
     int64_t bp = ls_hybrid_cp_block(st, o);
     for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
@@ -508,7 +513,7 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
             int prev = cp_neighbour(st, sg, -1), next = cp_neighbour(st, sg, +1);
             ls_dist_part relay[2] = {{g->S, rec_n * sizeof(float)}, {g->conv_tail, conv_n * sizeof(float)}};
             if (gdn && prev >= 0 && prev != r) /* the state where the previous segment ended */
-                s = ls_dist_relay_recv(st->comm, relay, 2, prev, l);
+                s = ls_dist_relay_recv(m->be, st->comm, relay, 2, prev, l);
             for (int64_t c0 = lo, T; c0 < hi && s == LS_OK; c0 += T) { /* the segment's chunks through layer l */
                 T = ls_state_span_end(st, lo, c0, hi, C) - c0;
                 st->n = c0;
@@ -520,7 +525,7 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
             }
             st->n = hi;
             if (s == LS_OK && gdn && next >= 0 && next != r) /* on to the next segment's owner */
-                s = ls_dist_relay_send(st->comm, relay, 2, next, l);
+                s = ls_dist_relay_send(m->be, st->comm, relay, 2, next, l);
         }
         ls_trace_layer_end(l, "fwd");
     }
@@ -529,7 +534,7 @@ static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const
     for (int l = 0; l < c->n_layers && s == LS_OK && last >= 0; l++) {
         if (c->kind[l] != LS_LAYER_GDN) continue;
         ls_dist_part fin[2] = {{st->gdn[l].S, rec_n * sizeof(float)}, {st->gdn[l].conv_tail, conv_n * sizeof(float)}};
-        s = ls_dist_bcast_parts(st->comm, fin, 2, last);
+        s = ls_dist_bcast_parts(m->be, st->comm, fin, 2, last);
     }
     st->n = n;
     ls_arena_release(sc, mk);

@@ -102,7 +102,7 @@ static ls_status cp_sweep_bwd_remote(const ls_backend *be, const ls_config *c, c
         int64_t rlo, rhi;
         ls_state_segment(st, sg, &src, &rlo, &rhi);
         if (src == st->rank || rhi == rlo) continue;
-        LS_TRY(ls_dist_pages_recv_grad(st->comm, rhi - rlo, S, pb, (int64_t)(dpage_bytes(c, S) / sizeof(float)),
+        LS_TRY(ls_dist_pages_recv_grad(be, st->comm, rhi - rlo, S, pb, (int64_t)(dpage_bytes(c, S) / sizeof(float)),
                                        tp->cp_block, src, l, sweep_block, &W, sc));
     }
     ls_arena_release(sc, mk);
@@ -208,9 +208,9 @@ static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer
         if (tp->cp_sweep) LS_TRY(cp_sweep_bwd_remote(m->be, c, tp, l, dq, d_aog, T, sc));
     }
     if (tp->cp) { /* the shares of every rank's pages (and rank 0's own keys) summed: exact */
-        LS_TRY(ls_dist_sum_f32(tp->cp, dq, T * c->n_heads * hd));
-        LS_TRY(ls_dist_sum_f32(tp->cp, dk, T * kvd));
-        LS_TRY(ls_dist_sum_f32(tp->cp, dv, T * kvd));
+        LS_TRY(ls_dist_sum_f32(m->be, tp->cp, dq, T * c->n_heads * hd));
+        LS_TRY(ls_dist_sum_f32(m->be, tp->cp, dk, T * kvd));
+        LS_TRY(ls_dist_sum_f32(m->be, tp->cp, dv, T * kvd));
     }
     if (grad_from > 0) { /* naive mode: the prompt's K/V are detached */
         ls_op_zero(m->be, dk, grad_from * kvd);
@@ -364,7 +364,7 @@ static ls_status cp_sweep_serve(const ls_hybrid_model *m, ls_prompt_state *st, i
         for (int k = 0; k < st->nseg; k++) { /* earlier segments, prompt order */
             if (st->seg_hi[k] == st->seg_lo[k] || st->seg_hi[k] > lo) continue;
             int64_t lp = st->seg_lpage[k];
-            LS_TRY(ls_dist_pages_send_grad(st->comm, st->attn[l].k_pages + lp, st->attn[l].v_pages + lp, ds->dk + lp,
+            LS_TRY(ls_dist_pages_send_grad(m->be, st->comm, st->attn[l].k_pages + lp, st->attn[l].v_pages + lp, ds->dk + lp,
                                            ds->dv + lp, st->seg_hi[k] - st->seg_lo[k], S, pb, kvn, bp, owner, l, sc));
         }
     }
@@ -381,8 +381,8 @@ static ls_status cp_relay_dstate(const ls_prompt_state *st, int peer, int send) 
         if (c->kind[l] != LS_LAYER_GDN) continue;
         ls_layer_dstate *d = &st->full->d[l];
         ls_dist_part parts[2] = {{d->dS, rec_n * sizeof(float)}, {d->dtail, conv_n * sizeof(float)}};
-        LS_TRY(send ? ls_dist_relay_send(st->comm, parts, 2, peer, l)
-                    : ls_dist_relay_recv(st->comm, parts, 2, peer, l));
+        LS_TRY(send ? ls_dist_relay_send(ls_arena_backend(st->arena), st->comm, parts, 2, peer, l)
+                    : ls_dist_relay_recv(ls_arena_backend(st->arena), st->comm, parts, 2, peer, l));
     }
     return LS_OK;
 }

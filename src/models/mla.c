@@ -164,10 +164,16 @@ static ls_status cp_select(const ls_mla_model *m, int l, const float *qI, const 
     ls_arena_mark mk = ls_arena_get_mark(sc);
     ls_kv_prefix pre = ls_state_prefix(st, l);
     ls_kv_prefix keys = {nloc, st->page_size, st->dtype, pre.v_pages, NULL};
-    ls_topk_cand *mine = ls_arena_alloc(sc, (size_t)(T * kk) * sizeof(ls_topk_cand));
+    ls_topk_cand *mine = ls_arena_host_alloc(sc, (size_t)(T * kk) * sizeof(ls_topk_cand));
     float *row = ALLOC_F(sc, nloc + nown + 1);
     int32_t *ls = ls_arena_alloc(sc, (size_t)kk * sizeof(int32_t));
-    NEED(mine && row && ls);
+    int64_t *dcnt = ls_arena_alloc(sc, sizeof(int64_t));
+    /* the candidates are formed on the host: a query's scores, picks and count read back
+     * (host views: themselves on a host-memory backend) */
+    int host = m->be->host_mem;
+    float *hrow = host ? row : ls_arena_host_alloc(sc, (size_t)(nloc + nown + 1) * sizeof(float));
+    int32_t *hls = host ? ls : ls_arena_host_alloc(sc, (size_t)kk * sizeof(int32_t));
+    NEED(mine && row && ls && dcnt && hrow && hls);
     for (int64_t t = 0; t < T; t++) {
         int64_t qp = L->pos0 + t, vloc = ls_state_held_before(st, qp + 1 < L->nkeys ? qp + 1 : L->nkeys);
         int64_t vown = nown ? t + 1 : 0, n = vloc + vown, cnt = 0;
@@ -177,11 +183,17 @@ static ls_status cp_select(const ls_mla_model *m, int l, const float *qI, const 
         ls_kv_prefix kv = keys;
         kv.n = vloc;
         LS_TRY(score_rows(m->be, row, qI + t * nI * dI, wq + t * nI, 1, &kv, kI, vown, nI, dI, sc));
-        LS_TRY(ls_op_dsa_topk(m->be, ls, &cnt, row, 1, n, n - 1, kk, sc));
+        LS_TRY(ls_op_dsa_topk(m->be, ls, dcnt, row, 1, n, n - 1, kk, sc));
+        m->be->i->to_host(m->be, &cnt, dcnt, sizeof cnt);
+        if (!host) {
+            m->be->i->to_host(m->be, hrow, row, (size_t)n * sizeof(float));
+            m->be->i->to_host(m->be, hls, ls, (size_t)cnt * sizeof(int32_t));
+        }
         for (int64_t j = 0; j < cnt; j++)
-            c[j] = (ls_topk_cand){row[ls[j]], (int32_t)(ls[j] < vloc ? held_position(st, ls[j]) : L->pos0 + ls[j] - vloc)};
+            c[j] = (ls_topk_cand){hrow[hls[j]],
+                                  (int32_t)(hls[j] < vloc ? held_position(st, hls[j]) : L->pos0 + hls[j] - vloc)};
     }
-    LS_TRY(ls_dist_topk_merge(L->sel, mine, T, kk, L->cp, sc));
+    LS_TRY(ls_dist_topk_merge(m->be, L->sel, mine, T, kk, L->cp, sc));
     ls_arena_release(sc, mk);
     return LS_OK;
 }
@@ -203,11 +215,11 @@ static void cp_local_sel(const ls_prompt_state *st, const int32_t *sel, int32_t 
 
 /* Capture under CP: the chunk's owner broadcasts its queries (absorbed [T, H, rkv+dr];
  * on a full layer also the indexer's qI and weights) to every rank. */
-static ls_status cp_share_queries(const ls_comm *cp, int root, float *qa, float *qI, float *wq, int64_t na, int64_t ni,
+static ls_status cp_share_queries(const ls_backend *be, const ls_comm *cp, int root, float *qa, float *qI, float *wq, int64_t na, int64_t ni,
                                   int64_t nw) {
     ls_dist_part q[3] = {{qa, (size_t)na * sizeof(float)}, {qI, (size_t)ni * sizeof(float)},
                          {wq, (size_t)nw * sizeof(float)}};
-    return ls_dist_bcast_parts(cp, q, 3, root);
+    return ls_dist_bcast_parts(be, cp, q, 3, root);
 }
 
 /* Under CP (spec §6 step B): this rank's partial over the selected keys it holds (own
@@ -223,14 +235,24 @@ static ls_status cp_attend(const ls_mla_model *m, int l, const float *qa, const 
     if (mc->index_full[l]) { /* shared layers reuse their full layer's local rows */
         if (L->tp) L->sel_local = ls_arena_alloc(L->ta, (size_t)(T * kk) * sizeof(int32_t));
         NEED(L->sel_local);
-        cp_local_sel(st, L->sel, L->sel_local, T, kk, L->pos0, L->nkeys, mine);
+        /* positions to local rows on the host: the selection read back, the rows placed */
+        size_t sb = (size_t)(T * kk) * sizeof(int32_t);
+        int host = m->be->host_mem;
+        ls_arena_mark mk = ls_arena_get_mark(L->sc);
+        int32_t *hsel = host ? L->sel : ls_arena_host_alloc(L->sc, sb);
+        int32_t *hloc = host ? L->sel_local : ls_arena_host_alloc(L->sc, sb);
+        NEED(hsel && hloc);
+        if (!host) m->be->i->to_host(m->be, hsel, L->sel, sb);
+        cp_local_sel(st, hsel, hloc, T, kk, L->pos0, L->nkeys, mine);
+        if (!host) m->be->i->to_device(m->be, L->sel_local, hloc, sb);
+        ls_arena_release(L->sc, mk);
     }
     LS_ASSERT(L->sel_local, "layer %d: no selection to share", l);
     ls_kv_prefix pre = ls_state_prefix(st, l);
     pre.n = nloc;
     LS_TRY(ls_op_mla_attn_fwd(m->be, o, lse, qa, mine ? own : NULL, &pre, L->sel_local, kk, T, H, (int)rkv, mc->qk_rope, nloc,
                            m->scale));
-    return ls_cp_merge(o, lse, T * H, (int)rkv, L->cp, L->sc);
+    return ls_cp_merge(m->be, o, lse, T * H, (int)rkv, L->cp, L->sc);
 }
 
 /* MLA mixer of layer l (spec §2, absorbed form): x[T, D] += o_proj(W_UV · attention). */
@@ -297,13 +319,13 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
         if (L->st && L->st->dtype != LS_DTYPE_F32) ls_op_round_to(m->be, kI, T * mc->index_head_dim, L->st->dtype);
         ls_mla_index_queries(m, l, xn, cq, T, pos0, qI, wq);
         if (L->cp) {
-            if (L->qroot >= 0) LS_TRY(cp_share_queries(L->cp, L->qroot, qa, qI, wq, T * H * dk, T * nI * dI, T * nI));
+            if (L->qroot >= 0) LS_TRY(cp_share_queries(m->be, L->cp, L->qroot, qa, qI, wq, T * H * dk, T * nI * dI, T * nI));
             LS_TRY(cp_select(m, l, qI, wq, kI, L));
         } else {
             LS_TRY(select_local(m, l, qI, wq, kI, L));
         }
     } else if (L->cp && L->qroot >= 0) {
-        LS_TRY(cp_share_queries(L->cp, L->qroot, qa, NULL, NULL, T * H * dk, 0, 0));
+        LS_TRY(cp_share_queries(m->be, L->cp, L->qroot, qa, NULL, NULL, T * H * dk, 0, 0));
     }
     LS_ASSERT(L->sel, "layer %d shares the selection of a full indexer layer, and none came before it", l);
     if (L->cp) {
@@ -357,7 +379,7 @@ static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, ml
                          .down_w = w->exp_down};
     LS_TRY(ls_dec_experts_fwd(m->be, &ex, y, xn, sel, wt, T, sc));
     if (m->ep) {
-        LS_TRY(ls_dist_ep_combine(y, T, D, sel, K, m->n_local_experts, m->ep, sc));
+        LS_TRY(ls_dist_ep_combine(m->be, y, T, D, sel, K, m->n_local_experts, m->ep, sc));
         ls_op_add_to(m->be, x, y, T * D);
     }
     if (Is > 0) {
@@ -382,7 +404,7 @@ static ls_status cp_assist(const ls_mla_model *m, int l, mla_ctx *L) {
     float *qa = ALLOC_F(L->sc, T * H * dk), *o = ALLOC_F(L->sc, T * H * mc->kv_lora_rank), *lse = ALLOC_F(L->sc, T * H);
     float *qI = full ? ALLOC_F(L->sc, T * nI * dI) : NULL, *wq = full ? ALLOC_F(L->sc, T * nI) : NULL;
     NEED(qa && o && lse && (!full || (qI && wq)));
-    LS_TRY(cp_share_queries(L->cp, L->qroot, qa, qI, wq, T * H * dk, full ? T * nI * dI : 0, full ? T * nI : 0));
+    LS_TRY(cp_share_queries(m->be, L->cp, L->qroot, qa, qI, wq, T * H * dk, full ? T * nI * dI : 0, full ? T * nI : 0));
     if (full) LS_TRY(cp_select(m, l, qI, wq, NULL, L));
     LS_TRY(cp_attend(m, l, qa, NULL, o, lse, L));
     ls_arena_release(L->sc, mk);

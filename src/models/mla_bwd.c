@@ -47,7 +47,7 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
     if (m->ep) { /* every rank's experts' shares, back to the tokens' slice owners and summed (forward's way) */
         ls_op_copy_rows(m->be, rowsw, K + D, dwt, K, T, K);
         ls_op_copy_rows(m->be, rowsw + K, K + D, dxe, D, T, D);
-        LS_TRY(ls_dist_ep_combine(rowsw, T, K + D, tp->esel, K, m->n_local_experts, m->ep, sc));
+        LS_TRY(ls_dist_ep_combine(m->be, rowsw, T, K + D, tp->esel, K, m->n_local_experts, m->ep, sc));
         ls_op_copy_rows(m->be, dwt, K, rowsw, K + D, T, K);
         for (int64_t t = 0; t < T; t++) ls_op_add_to(m->be, dxn + t * D, rowsw + t * (K + D) + K, D);
     }
@@ -155,7 +155,7 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
     if (!host) m->be->i->to_device(m->be, Is, hIs, (size_t)(nq * kk) * sizeof(float));
     ls_op_dsa_sel_scores_bwd(m->be, dq, dw, mine ? dkI : NULL, Is, qI, wq, &keys, kI, sel, kk, nq, nI, dI, apos0, scale);
     if (tb->grad_from > 0) ls_op_zero(m->be, dkI, tb->grad_from * dI); /* naive: the prompt's keys */
-    if (tb->cp) LS_TRY(ls_dist_sum_f32(tb->cp, dq, nb));
+    if (tb->cp) LS_TRY(ls_dist_sum_f32(m->be, tb->cp, dq, nb));
     /* qI = rope(wq_b c_q); w = weights_proj(x)·nI^−½; kI = rope(LayerNorm(wk x)) */
     ls_op_rope_table_bwd(m->be, dq, nq, nI, dI, 0, half, m->inv_freq, mc->indexer_rope_interleave, pos0 + t0);
     ls_op_linear_bwd(m->be, NULL, gw->idx_wq, dq, tp->cq + t0 * rq, w->idx_wq, nq, rq, (int64_t)nI * dI, 0);
@@ -218,7 +218,7 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
         }
     }
     if (tb->cp) /* every rank's share of ∂L/∂q and ∂L/∂(own rows), summed: the whole on every rank */
-        LS_TRY(ls_dist_sum_f32(tb->cp, dqa, T * H * dk + T * dk));
+        LS_TRY(ls_dist_sum_f32(m->be, tb->cp, dqa, T * H * dk + T * dk));
     for (int h = 0; h < H; h++) { /* qa[h] = [q_nope[h]·W_UK[h] ; q_pe[h]] */
         const float *Wuk = w->kv_b + h * hb * rkv;
         ls_op_gemm(m->be, 0, 1, (int)T, dn, (int)rkv, 1.0f, dqa + h * dk, (int)(H * dk),

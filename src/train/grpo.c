@@ -15,6 +15,7 @@
 
 #include "longstraw/backend.h"
 #include "longstraw/grpo.h"
+#include "longstraw/cp.h"
 #include "longstraw/trace.h"
 
 void ls_grpo_opts_default(ls_grpo_opts *o) {
@@ -173,9 +174,11 @@ static ls_status optimize(ls_policy *p, ls_adamw *adam, const ls_grpo_opts *o, d
                           p->w[k].n);
         if (i < 0) continue;
         bad_k = k;
+        float wi; /* the weight in question, read back for the message */
+        p->be->i->to_host(p->be, &wi, w + i, sizeof wi);
         snprintf(skipped, cap, "the step would write a non-finite value into %s (element %lld: weight %g -> %g, "
                  "exp_avg %g, exp_avg_sq %g)", p->w[k].what ? p->w[k].what : "a trainable tensor", (long long)i,
-                 (double)w[i], (double)at[0], (double)at[1], (double)at[2]);
+                 (double)wi, (double)at[0], (double)at[1], (double)at[2]);
     }
     if (p->ep && p->sharded) { /* the other ranks' shares: skip together */
         float any = bad_k >= 0 ? 1.0f : 0.0f;
@@ -404,8 +407,7 @@ static ls_status sum_grad_buffers(const ls_policy *p, const ls_comm *c) {
     ls_param *g = NULL;
     int64_t n = 0;
     LS_TRY(p->fam->policy_grad_buffers(p, &g, &n));
-    ls_status s = LS_OK;
-    for (int64_t k = 0; k < n && s == LS_OK; k++) s = ls_comm_allreduce_f32(c, g[k].p, g[k].n, LS_REDUCE_SUM);
+    ls_status s = ls_dist_sum_params(p->be, c, g, n);
     free(g);
     return s;
 }
@@ -526,8 +528,7 @@ static ls_status finalize_grads(const ls_policy *p, const ls_comm *c) {
     free(all);
     if (s != LS_OK || same) return s;
     ls_trace_event("grad_broadcast", "\"reason\": \"gradient hashes differ across ranks\"");
-    for (int64_t k = 0; k < p->n && s == LS_OK; k++)
-        if (p->g[k].p) s = ls_comm_bcast(c, p->g[k].p, (size_t)p->g[k].n * sizeof(float), 0);
+    if (s == LS_OK) s = ls_dist_bcast_params(p->be, c, p->g, p->n, 0);
     return s;
 }
 

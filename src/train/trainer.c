@@ -1106,8 +1106,6 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
     ls_arenas_init(&tr->ar);
     const ls_backend *be = NULL;
     ls_status s = ls_backend_open(a->backend, &be);
-    int ranks = (a->o.fwd.comm ? ls_comm_size(a->o.fwd.comm) : 1) * (a->spec.ep ? ls_comm_size(a->spec.ep) : 1);
-    if (s == LS_OK) s = ls_backend_check_ranks(be, ranks);
     if (s == LS_OK) ls_arenas_set_backend(&tr->ar, be);
     if (s == LS_OK) s = setup(tr);
     ls_group *groups = calloc((size_t)a->groups_per_update, sizeof(ls_group));
