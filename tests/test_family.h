@@ -8,7 +8,7 @@
 
 #include "longstraw/grpo.h"
 #include "longstraw/lora.h"
-#include "longstraw/model.h"
+#include "longstraw/hybrid.h"
 #include "longstraw/rollout.h"
 #include "longstraw/score.h"
 

@@ -18,7 +18,7 @@
 
 #include "test_family.h"
 #include "longstraw/lora.h"
-#include "longstraw/model.h"
+#include "longstraw/hybrid.h"
 #include "longstraw/safetensors.h"
 #include "testutil.h"
 

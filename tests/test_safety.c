@@ -28,7 +28,7 @@
 
 #include "longstraw/checkpoint.h"
 #include "longstraw/config.h"
-#include "longstraw/model.h"
+#include "longstraw/hybrid.h"
 #include "longstraw/safetensors.h"
 #include "longstraw/state.h"
 #include "testutil.h"

@@ -6,7 +6,7 @@
  * list, export, and the trainable set of a training command (the policy: full
  * fine-tune or adapters, its gradients and reference). The transaction, AdamW, the
  * trainer and the CLI's training commands see only this header; a family's own
- * structs live in src/models/<family>*.c and its header (model.h for the hybrid).
+ * structs live in src/models/<family>*.c and its header (hybrid.h for the hybrid).
  */
 #ifndef LONGSTRAW_FAMILY_H
 #define LONGSTRAW_FAMILY_H

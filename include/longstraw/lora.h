@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #include "longstraw/core.h"
-#include "longstraw/model.h"
+#include "longstraw/hybrid.h"
 
 typedef struct ls_lora ls_lora; /* opaque; everything inside from the given arenas */
 

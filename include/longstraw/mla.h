@@ -12,7 +12,7 @@
 #include "longstraw/backend.h"
 #include "longstraw/config.h"
 #include "longstraw/family.h"
-#include "longstraw/model.h" /* ls_hf_tensor_spec, shared with the hybrid's inventory */
+#include "longstraw/hybrid.h" /* ls_hf_tensor_spec, shared with the hybrid's inventory */
 #include "longstraw/state.h"
 
 /* The family's layer kind (ls_config.kind): MLA in every layer. */

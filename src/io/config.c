@@ -1,6 +1,7 @@
 /*
- * config.c — HF config.json → ls_config (specs/hybrid-qwen3next.md §1, §8.1).
- * Accepts model_type qwen3_next, qwen3_5 / qwen3_5_moe (fields under text_config),
+ * config.c — the field readers of HF config.json files (config_fields.h) and the file
+ * helpers beside them. Which family parses a config.json is the registry's business
+ * (src/models/family.c: ls_config_parse), so src/io names no family. The registry accepts model_type qwen3_next, qwen3_5 / qwen3_5_moe (fields under text_config),
  * qwen3_5_text and qwen3_5_moe_text (the hybrid family), and glm_moe_dsa and
  * deepseek_v32 (the MLA + DSA + MoE family, specs/mla-dsa-moe.md §1). Every field is
  * type-checked and range-checked; errors name the file and the field.
@@ -15,7 +16,6 @@
 
 #include "longstraw/config.h"
 #include "longstraw/config_fields.h"
-#include "longstraw/family.h"
 #include "longstraw/files.h"
 
 ls_status ls_read_file(const char *path, char **out, size_t *len) {
@@ -173,60 +173,6 @@ ls_status ls_cfg_layer_words(const cJSON *a, const char *field, const char *one,
         i++;
     }
     return LS_OK;
-}
-
-ls_status ls_config_parse(ls_config *c, const char *text, const char *path) {
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithOpts(text, &end, 1); /* 1: nothing may follow the object */
-    if (!root) {
-        const char *at = end ? end : cJSON_GetErrorPtr();
-        long off = at ? (long)(at - text) : -1;
-        return ls_err(LS_ERR_FORMAT, "%s: invalid JSON near byte %ld (line %ld)", path, off, ls_line_of(text, off));
-    }
-    ls_status s = LS_OK;
-    if (!cJSON_IsObject(root)) {
-        s = ls_err(LS_ERR_FORMAT, "%s: top level must be a JSON object", path);
-        goto done;
-    }
-    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
-    if (!cJSON_IsString(mt)) {
-        s = ls_err(LS_ERR_FORMAT, "%s: missing string field \"model_type\"", path);
-        goto done;
-    }
-    const cJSON *obj = root;
-    const char *type = mt->valuestring;
-    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
-    if (tc && cJSON_IsObject(tc)) {
-        obj = tc;
-        const cJSON *tmt = cJSON_GetObjectItemCaseSensitive(tc, "model_type");
-        if (cJSON_IsString(tmt)) type = tmt->valuestring; /* else the wrapper's: its family knows */
-    }
-    const ls_family *fam = ls_family_for_type(type);
-    if (!fam) {
-        char names[512] = "";
-        ls_family_type_names(names, sizeof names);
-        s = ls_err(LS_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (expected %s)", path, type, names);
-    } else {
-        s = fam->parse_config(c, obj, type, obj != root, path);
-        if (s == LS_OK) c->family = fam;
-    }
-    /* tie_word_embeddings may sit at the top level of a Qwen3.5 wrapper config */
-    if (s == LS_OK && obj != root) {
-        const cJSON *tw = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
-        if (cJSON_IsBool(tw) && !cJSON_GetObjectItemCaseSensitive(obj, "tie_word_embeddings"))
-            c->tie_embeddings = cJSON_IsTrue(tw);
-    }
-done:
-    cJSON_Delete(root);
-    return s;
-}
-
-ls_status ls_config_load(ls_config *c, const char *path) {
-    char *text = NULL;
-    LS_TRY(ls_read_file(path, &text, NULL));
-    ls_status s = ls_config_parse(c, text, path);
-    free(text);
-    return s;
 }
 
 ls_status ls_write_memstream(const char *path, FILE *f, char **buf, size_t *len) {

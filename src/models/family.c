@@ -1,13 +1,19 @@
 /*
  * family.c — the registry of model families (family.h): which family reads a
  * checkpoint, decided by its config.json: the hybrid family (Qwen3-Next / Qwen3.5) and
- * the MLA + DSA + MoE family (GLM-5.x, DeepSeek-V3.2).
+ * the MLA + DSA + MoE family (GLM-5.x, DeepSeek-V3.2) — and the parse of a config.json,
+ * handed to the family its model_type names (the field readers live in src/io/config.c).
  */
+#include <cjson/cJSON.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "longstraw/config_fields.h"
+#include "longstraw/files.h"
+
 #include "longstraw/mla.h"
-#include "longstraw/model.h"
+#include "longstraw/hybrid.h"
 
 static const ls_family *const families[] = {&ls_hybrid_family, &ls_mla_family};
 
@@ -85,4 +91,59 @@ ls_status ls_policy_open(ls_policy *p, const ls_policy_spec *spec, ls_arenas *ar
 
 void ls_policy_close(ls_policy *p) {
     if (p->fam) p->fam->policy_close(p);
+}
+
+/* ---- config.json: the family its model_type names parses it ---------------------------- */
+ls_status ls_config_parse(ls_config *c, const char *text, const char *path) {
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(text, &end, 1); /* 1: nothing may follow the object */
+    if (!root) {
+        const char *at = end ? end : cJSON_GetErrorPtr();
+        long off = at ? (long)(at - text) : -1;
+        return ls_err(LS_ERR_FORMAT, "%s: invalid JSON near byte %ld (line %ld)", path, off, ls_line_of(text, off));
+    }
+    ls_status s = LS_OK;
+    if (!cJSON_IsObject(root)) {
+        s = ls_err(LS_ERR_FORMAT, "%s: top level must be a JSON object", path);
+        goto done;
+    }
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (!cJSON_IsString(mt)) {
+        s = ls_err(LS_ERR_FORMAT, "%s: missing string field \"model_type\"", path);
+        goto done;
+    }
+    const cJSON *obj = root;
+    const char *type = mt->valuestring;
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    if (tc && cJSON_IsObject(tc)) {
+        obj = tc;
+        const cJSON *tmt = cJSON_GetObjectItemCaseSensitive(tc, "model_type");
+        if (cJSON_IsString(tmt)) type = tmt->valuestring; /* else the wrapper's: its family knows */
+    }
+    const ls_family *fam = ls_family_for_type(type);
+    if (!fam) {
+        char names[512] = "";
+        ls_family_type_names(names, sizeof names);
+        s = ls_err(LS_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (expected %s)", path, type, names);
+    } else {
+        s = fam->parse_config(c, obj, type, obj != root, path);
+        if (s == LS_OK) c->family = fam;
+    }
+    /* tie_word_embeddings may sit at the top level of a Qwen3.5 wrapper config */
+    if (s == LS_OK && obj != root) {
+        const cJSON *tw = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+        if (cJSON_IsBool(tw) && !cJSON_GetObjectItemCaseSensitive(obj, "tie_word_embeddings"))
+            c->tie_embeddings = cJSON_IsTrue(tw);
+    }
+done:
+    cJSON_Delete(root);
+    return s;
+}
+
+ls_status ls_config_load(ls_config *c, const char *path) {
+    char *text = NULL;
+    LS_TRY(ls_read_file(path, &text, NULL));
+    ls_status s = ls_config_parse(c, text, path);
+    free(text);
+    return s;
 }

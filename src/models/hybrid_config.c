@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "longstraw/config_fields.h"
-#include "longstraw/model.h"
+#include "longstraw/hybrid.h"
 
 static ls_status parse_text(ls_config *c, const cJSON *o, const char *mt, int is_q35, int is_moe35, const char *path) {
     int64_t v = 0;

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "longstraw/lora.h"
-#include "longstraw/model.h"
+#include "longstraw/hybrid.h"
 #include "longstraw/safetensors.h"
 
 /* ---- the model entries -------------------------------------------------------- */

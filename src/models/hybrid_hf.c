@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "longstraw/model.h"
+#include "longstraw/hybrid.h"
 
 typedef struct {
     ls_hf_tensor_spec *v;

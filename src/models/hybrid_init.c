@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "longstraw/family.h"
-#include "longstraw/model.h"
+#include "longstraw/hybrid.h"
 #include "longstraw/safetensors.h"
 
 static void fill(float *x, int64_t n, const ls_hf_tensor_spec *sp, ls_rng *r) {

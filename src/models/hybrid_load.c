@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "longstraw/family.h"
-#include "longstraw/model.h"
+#include "longstraw/hybrid.h"
 #include "longstraw/safetensors.h"
 
 typedef struct {

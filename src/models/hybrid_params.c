@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "longstraw/model.h"
+#include "longstraw/hybrid.h"
 #include "longstraw/safetensors.h"
 
 typedef void (*slot_fn)(float **slot, int64_t n, int no_decay, const char *what, void *ctx);

@@ -7,7 +7,7 @@
 #define LONGSTRAW_HYBRID_TAPE_H
 
 #include "decoder.h"
-#include "longstraw/model.h"
+#include "longstraw/hybrid.h"
 
 typedef struct {
     ls_dec_tape dec; /* the skeleton's: layer input, norms, residual after the mixer, dense FFN */

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "longstraw/mla.h"
-#include "longstraw/model.h"
+#include "longstraw/hybrid.h"
 
 static int mul(size_t a, size_t b, size_t *o) { return ls_mul_size(a, b, o); }
 static int mul3(size_t a, size_t b, size_t c, size_t *o) { return mul(a, b, o) || mul(*o, c, o); }

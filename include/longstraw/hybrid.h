@@ -1,12 +1,12 @@
 /*
- * model.h — the hybrid family (Qwen3-Next / Qwen3.5: Gated DeltaNet + gated full
+ * hybrid.h — the hybrid family (Qwen3-Next / Qwen3.5: Gated DeltaNet + gated full
  * attention, dense SwiGLU or sparse MoE). Both HF weight layouts load into one
  * internal layout (fused projections, see ls_hybrid_layer). The family exposes:
  * load, capture (extend the prompt state, no tape) and branch forward (continue
  * from a read-only prompt state, or from nothing = the plain forward).
  */
-#ifndef LONGSTRAW_MODEL_H
-#define LONGSTRAW_MODEL_H
+#ifndef LONGSTRAW_HYBRID_H
+#define LONGSTRAW_HYBRID_H
 
 #include "longstraw/backend.h"
 #include "longstraw/config.h"
