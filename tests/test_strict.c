@@ -244,6 +244,21 @@ int test_strict_tool_equal(void) {
         if (same_both(dir, tag, fmt, file)) return 1;
         checks += 4;
     }
+    { /* the receipt of a step under strict: device bytes and the host parts' apart */
+        char path[900];
+        snprintf(path, sizeof path, "%s/next_moe_step_0.strict/receipt.json", dir);
+        char *r = t_read_file(path, NULL);
+        T_CHECK(r, "read %s", path);
+        const char *dp = strstr(r, "\"device_peak_bytes\": {\"strict\": "), *hp = dp ? strstr(dp, "\"host\": ") : NULL;
+        const char *pp = strstr(r, "\"arena_host_part_peak_bytes\": {\"fixed\": ");
+        long long dev = dp ? atoll(dp + strlen("\"device_peak_bytes\": {\"strict\": ")) : 0;
+        long long host = hp ? atoll(hp + strlen("\"host\": ")) : 0;
+        long long fixed_host = pp ? atoll(pp + strlen("\"arena_host_part_peak_bytes\": {\"fixed\": ")) : 0;
+        T_CHECK(dev > 0 && host > 0 && fixed_host > 0,
+                "receipt under strict: device %lld, host %lld, fixed arena's host part %lld bytes (all expected > 0)",
+                dev, host, fixed_host);
+        free(r);
+    }
     {
         char d[700];
         snprintf(d, sizeof d, "%s/tests/reference/fixtures/mla_glm_ic", LS_SOURCE_DIR);

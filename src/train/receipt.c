@@ -116,16 +116,30 @@ ls_status ls_receipt_write(const char *path, const char *cmd, const ls_trainable
     fprintf(f, "  \"arena_device\": {");
     for (int a = 0; a < LS_ARENA_COUNT; a++)
         fprintf(f, "%s\"%s\": \"%s\"", a ? ", " : "", ls_arena_id_name((ls_arena_id)a), ls_arena_device(&ar->a[a]));
+    /* an arena on a device keeps its host bookkeeping (page tables, layer structs) in a
+     * host part: those bytes count for the host */
+    fprintf(f, "},\n  \"arena_host_part_peak_bytes\": {");
+    for (int a = 0; a < LS_ARENA_COUNT; a++)
+        fprintf(f, "%s\"%s\": %zu", a ? ", " : "", ls_arena_id_name((ls_arena_id)a), ls_arena_host_peak(&ar->a[a]));
     fprintf(f, "},\n  \"device_peak_bytes\": {");
-    for (int a = 0, nd = 0; a < LS_ARENA_COUNT; a++) {
-        int seen = 0;
-        for (int b = 0; b < a; b++) seen |= !strcmp(ls_arena_device(&ar->a[b]), ls_arena_device(&ar->a[a]));
-        if (seen) continue;
-        size_t sum = 0;
-        for (int b = a; b < LS_ARENA_COUNT; b++)
-            if (!strcmp(ls_arena_device(&ar->a[b]), ls_arena_device(&ar->a[a]))) sum += ar->a[b].peak;
-        fprintf(f, "%s\"%s\": %zu", nd++ ? ", " : "", ls_arena_device(&ar->a[a]), sum);
+    const char *dev[LS_ARENA_COUNT + 1];
+    size_t sum[LS_ARENA_COUNT + 1];
+    int nd = 0;
+    for (int a = 0; a <= LS_ARENA_COUNT; a++) { /* each arena's device, then "host" for the host parts */
+        const char *d = a < LS_ARENA_COUNT ? ls_arena_device(&ar->a[a]) : "host";
+        size_t add = 0;
+        if (a < LS_ARENA_COUNT) add = ar->a[a].peak;
+        else
+            for (int b = 0; b < LS_ARENA_COUNT; b++) add += ls_arena_host_peak(&ar->a[b]);
+        int k = 0;
+        while (k < nd && strcmp(dev[k], d)) k++;
+        if (k == nd) {
+            if (a == LS_ARENA_COUNT && add == 0) break; /* no host part: nothing to add */
+            dev[nd] = d, sum[nd++] = 0;
+        }
+        sum[k] += add;
     }
+    for (int k = 0; k < nd; k++) fprintf(f, "%s\"%s\": %zu", k ? ", " : "", dev[k], sum[k]);
     fprintf(f, "},\n");
     if (o->full && !o->no_capture) { /* the reverse sweep's own peaks (full mode) */
         fprintf(f, "  \"sweep_peak_bytes\": {");
