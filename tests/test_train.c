@@ -129,11 +129,9 @@ static double ckpt_diff(const char *dir, const char *ra, const char *rb, int k, 
 }
 
 static int init_model(const char *dir, const char *config, int seed) {
-    int rc;
-    char *out = t_run_fmt(&rc, "%s init --config %s --seed %d --out %s/m", LS_CLI_PATH, config, seed, dir);
-    if (rc != 0) fprintf(stderr, "  init: %s\n", out ? out : "");
-    free(out);
-    return rc;
+    char m[700];
+    snprintf(m, sizeof m, "%s/m", dir);
+    return t_write_model(config, m, seed);
 }
 
 /* A temporary directory with a model of a fixture's config (all have 97 ids) at dir/m

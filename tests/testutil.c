@@ -4,6 +4,9 @@
  */
 #include <stdarg.h>
 #include "testutil.h"
+#include "longstraw/config.h"
+#include "longstraw/files.h"
+#include "longstraw/family.h"
 
 #include "longstraw/trace.h"
 
@@ -194,4 +197,14 @@ void t_train_opts(ls_train_opts *o, char *model, size_t mn, char *run, size_t rn
     o->out = run;
     o->data = data;
     ls_progress_enable(0);
+}
+
+int t_write_model(const char *config_path, const char *dir, int seed) {
+    ls_config cfg;
+    ls_status s = ls_make_dir(dir);
+    if (s == LS_OK) s = ls_config_load(&cfg, config_path);
+    const ls_family *fam = s == LS_OK ? ls_family_for(&cfg, config_path) : NULL;
+    if (s == LS_OK) s = fam ? fam->write_random(config_path, dir, (uint64_t)seed, LS_DTYPE_F32) : LS_ERR_UNSUPPORTED;
+    if (s != LS_OK) fprintf(stderr, "  model from %s: %s\n", config_path, ls_err_msg());
+    return s == LS_OK ? 0 : 1;
 }

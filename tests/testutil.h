@@ -84,6 +84,10 @@ double t_floor_bound(double floor, double k, double min_bound);
  * naive with Haswell kernels: top-k routing near ties), sits below it with 10x room. */
 #define T_FLOOR_NOISE_MAX 1e-3
 
+/* A checkpoint of random weights for the config at config_path in directory dir (made),
+ * by the family the config names (its write_random, what `longstraw init` calls; f32);
+ * 0 on success, the library's message on stderr otherwise. */
+int t_write_model(const char *config_path, const char *dir, int seed);
 /* A fresh empty temp directory (under $TMPDIR or /tmp); path written to out. */
 int t_make_tmpdir(char *out, size_t cap);
 /* Remove a directory tree (rm -rf); 0 on success. */
