@@ -273,18 +273,14 @@ int test_strict_tool_equal(void) {
     char cfg[700], m[700], cfg2[700], m2[700];
     snprintf(cfg, sizeof cfg, "%s/c.json", dir);
     snprintf(m, sizeof m, "%s/m", dir);
-    FILE *fp = fopen(cfg, "w");
-    T_CHECK(fp, "write %s", cfg);
-    fputs("{\"model_type\": \"qwen3_next\", \"vocab_size\": 260, \"hidden_size\": 32, \"num_hidden_layers\": 2,"
-          " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 16, \"linear_num_key_heads\": 2,"
-          " \"linear_num_value_heads\": 2, \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 8,"
-          " \"intermediate_size\": 48, \"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16,"
-          " \"full_attention_interval\": 2}", fp);
-    T_CHECK(fclose(fp) == 0, "write %s", cfg);
-    const ls_family *hy = ls_family_named("hybrid"), *mla = ls_family_named("mla");
-    T_CHECK(hy && mla, "families");
-    T_OK(ls_make_dir(m));
-    T_OK(hy->write_random(cfg, m, 3, LS_DTYPE_F32));
+    static const char tiny[] =
+        "{\"model_type\": \"qwen3_next\", \"vocab_size\": 260, \"hidden_size\": 32, \"num_hidden_layers\": 2,"
+        " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 16, \"linear_num_key_heads\": 2,"
+        " \"linear_num_value_heads\": 2, \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 8,"
+        " \"intermediate_size\": 48, \"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16,"
+        " \"full_attention_interval\": 2}";
+    T_OK(ls_write_file_atomic(cfg, tiny, strlen(tiny)));
+    T_CHECK(t_write_model(cfg, m, 3) == 0, "model from %s", cfg);
     /* the MLA family's tiny model: the fixture's config with the byte-level vocabulary */
     snprintf(cfg2, sizeof cfg2, "%s/c2.json", dir);
     snprintf(m2, sizeof m2, "%s/m2", dir);
@@ -296,12 +292,11 @@ int test_strict_tool_equal(void) {
         char *v = strstr(text, "\"vocab_size\": 97");
         T_CHECK(v, "vocab_size in %s", src);
         memcpy(v, "\"vocab_size\":260", 16);
-        fp = fopen(cfg2, "w");
-        T_CHECK(fp && fputs(text, fp) >= 0 && fclose(fp) == 0, "write %s", cfg2);
+        ls_status ws = ls_write_file_atomic(cfg2, text, strlen(text));
         free(text);
+        T_OK(ws);
     }
-    T_OK(ls_make_dir(m2));
-    T_OK(mla->write_random(cfg2, m2, 4, LS_DTYPE_F32));
+    T_CHECK(t_write_model(cfg2, m2, 4) == 0, "model from %s", cfg2);
     const char *ck[] = {"checkpoint-2/model.safetensors", "checkpoint-2/optimizer.safetensors",
                         "checkpoint-3/model.safetensors", "checkpoint-3/optimizer.safetensors", NULL};
     const char *mm[2] = {m, m2};

@@ -21,6 +21,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "longstraw/core.h"
 #include "longstraw/kernels.h"
@@ -311,6 +312,25 @@ int ls_backend_missing(const ls_backend *be, char *names, size_t cap);
 #define LS_BACKEND_ARGS_(...) __VA_ARGS__
 LS_BACKEND_OPS(LS_BACKEND_OP_)
 LS_BACKEND_STATUS_OPS(LS_BACKEND_STATUS_OP_)
+
+/* ---- host views: the one way host code reads or fills the backend's memory ---------
+ * A host view of `bytes` of be's memory p is p itself when the backend's memory is host
+ * memory (the CPU's; be NULL means host memory too: nothing is copied), else a host copy
+ * — from the host part of arena a (released with a's marks), or malloc'd when a is NULL —
+ * read back from p when `read`. NULL only when out of memory (or p is NULL).
+ * ls_host_view_done writes the view back into p when `write` and frees a malloc'd view. */
+static inline int ls_host_direct(const ls_backend *be) { return !be || be->host_mem; }
+static inline void *ls_host_view(const ls_backend *be, ls_arena *a, void *p, size_t bytes, int read) {
+    if (ls_host_direct(be) || !p) return p;
+    void *h = a ? ls_arena_host_alloc(a, bytes ? bytes : 1) : malloc(bytes ? bytes : 1);
+    if (h && read && bytes) be->i->to_host(be, h, p, bytes);
+    return h;
+}
+static inline void ls_host_view_done(const ls_backend *be, ls_arena *a, void *p, void *h, size_t bytes, int write) {
+    if (h == p || !h) return;
+    if (write && bytes) be->i->to_device(be, p, h, bytes);
+    if (!a) free(h);
+}
 
 /* n floats copied / zeroed in the backend's memory (its buffer slots). */
 static inline void ls_op_copy(const ls_backend *be, float *dst, const float *src, int64_t n) {

@@ -21,7 +21,7 @@
 
 /* Every operation below that moves the models' data takes the backend `be` whose memory
  * it is (NULL: host memory) and stages it through host memory when that backend keeps
- * its buffers away from the host (src/dist/stage.h); on the CPU nothing is copied. The
+ * its buffers away from the host (ls_host_view, backend.h); on the CPU nothing is copied. The
  * partial sums of f64 and maxima take host memory. */
 struct ls_backend;
 

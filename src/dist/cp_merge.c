@@ -7,7 +7,7 @@
 
 #include "longstraw/cp.h"
 #include "longstraw/family.h"
-#include "stage.h"
+#include "longstraw/backend.h"
 
 ls_status ls_cp_merge(const ls_backend *be, float *o_dev, float *lse_dev, int64_t rows, int hd, const ls_comm *comm,
                       ls_arena *scratch) {
@@ -15,7 +15,7 @@ ls_status ls_cp_merge(const ls_backend *be, float *o_dev, float *lse_dev, int64_
     ls_arena_mark mk = ls_arena_get_mark(scratch);
     const int64_t w = hd + 1;
     size_t ob = (size_t)(rows * hd) * sizeof(float), lb = (size_t)rows * sizeof(float);
-    float *o = ls_stage_in(be, scratch, o_dev, ob, 1), *lse = ls_stage_in(be, scratch, lse_dev, lb, 1); /* host views */
+    float *o = ls_host_view(be, scratch, o_dev, ob, 1), *lse = ls_host_view(be, scratch, lse_dev, lb, 1); /* host views */
     float *m = ls_arena_host_alloc(scratch, (size_t)rows * sizeof(float));       /* [rows] global max */
     float *buf = ls_arena_host_alloc(scratch, (size_t)(rows * w) * sizeof(float)); /* [rows, hd + 1]: n | a */
     if (!m || !buf || !o || !lse) {
@@ -47,18 +47,18 @@ ls_status ls_cp_merge(const ls_backend *be, float *o_dev, float *lse_dev, int64_
             lse[i] = m[i] + logf(a);
         }
     }
-    ls_stage_done(be, scratch, o_dev, o, ob, s == LS_OK);
-    ls_stage_done(be, scratch, lse_dev, lse, lb, s == LS_OK);
+    ls_host_view_done(be, scratch, o_dev, o, ob, s == LS_OK);
+    ls_host_view_done(be, scratch, lse_dev, lse, lb, s == LS_OK);
     ls_arena_release(scratch, mk);
     return s;
 }
 
 ls_status ls_dist_sum_f32(const ls_backend *be, const ls_comm *comm, float *x, int64_t n) {
     size_t b = (size_t)n * sizeof(float);
-    float *h = ls_stage_in(be, NULL, x, b, 1);
+    float *h = ls_host_view(be, NULL, x, b, 1);
     if (!h) return ls_err(LS_ERR_NOMEM, "staging a sum of %lld floats", (long long)n);
     ls_status s = ls_comm_allreduce_f32(comm, h, n, LS_REDUCE_SUM);
-    ls_stage_done(be, NULL, x, h, b, s == LS_OK);
+    ls_host_view_done(be, NULL, x, h, b, s == LS_OK);
     return s;
 }
 

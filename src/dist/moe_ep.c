@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "longstraw/cp.h"
-#include "stage.h"
+#include "longstraw/backend.h"
 
 #define ALLOC_F(arena, n) ((float *)ls_arena_host_alloc((arena), (size_t)(n) * sizeof(float)))
 
@@ -26,8 +26,8 @@ ls_status ls_dist_ep_combine(const ls_backend *be, float *y_dev, int64_t T, int6
     int64_t q = (T + N - 1) / N, lo = (int64_t)r * q, hi = lo + q < T ? lo + q : T, nl = n_local;
     ls_arena_mark mk = ls_arena_get_mark(sc);
     size_t yb = (size_t)(T * W) * sizeof(float), selb = (size_t)(T * K) * sizeof(int32_t);
-    float *y = ls_stage_in(be, sc, y_dev, yb, 1); /* host views of the outputs and the routing */
-    const int32_t *sel = ls_stage_in(be, sc, (void *)sel_dev, selb, 1);
+    float *y = ls_host_view(be, sc, y_dev, yb, 1); /* host views of the outputs and the routing */
+    const int32_t *sel = ls_host_view(be, sc, (void *)sel_dev, selb, 1);
     size_t *cnt = ls_arena_host_alloc(sc, (size_t)(2 * N) * sizeof(size_t)), *rcnt = cnt ? cnt + N : NULL;
     float *snd = ALLOC_F(sc, T * W), *rcv = ALLOC_F(sc, (N * q > 0 ? N * q : 1) * W);
     float *all = ALLOC_F(sc, (N * q > 0 ? N * q : 1) * W), *mine = ALLOC_F(sc, (q > 0 ? q : 1) * W);
@@ -57,7 +57,7 @@ ls_status ls_dist_ep_combine(const ls_backend *be, float *y_dev, int64_t T, int6
             }
     LS_TRY(ls_comm_allgather(ep, mine, all, (size_t)(q * W) * sizeof(float)));
     memcpy(y, all, (size_t)(T * W) * sizeof(float));
-    ls_stage_done(be, sc, y_dev, y, yb, 1);
+    ls_host_view_done(be, sc, y_dev, y, yb, 1);
     ls_arena_release(sc, mk);
     return LS_OK;
 }

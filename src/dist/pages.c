@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "longstraw/cp.h"
-#include "stage.h"
+#include "longstraw/backend.h"
 
 /* Kinds of a layer's point-to-point messages. */
 enum { TAG_PAGE_GRADS = 0, TAG_PAGES = 1, TAG_PARTS = 2 };
@@ -25,7 +25,7 @@ static void pack_block(const ls_backend *be, char *buf, void *const *k, void *co
 /* A received block (host) where the ops can read it: buf itself on a host-memory
  * backend, else dev (the backend's memory) after one copy. */
 static char *place_block(const ls_backend *be, char *dev, char *buf, size_t bytes) {
-    if (ls_stage_direct(be)) return buf;
+    if (ls_host_direct(be)) return buf;
     be->i->to_device(be, dev, buf, bytes);
     return dev;
 }
@@ -72,7 +72,7 @@ ls_status ls_dist_pages_recv(const ls_backend *be, const ls_comm *c, int64_t npo
     int64_t np = pages_of(npos, page_size);
     ls_arena_mark mk = ls_arena_get_mark(sc);
     char *buf = ls_arena_host_alloc(sc, 2 * (size_t)bp * page_bytes);
-    char *dev = ls_stage_direct(be) ? buf : ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
+    char *dev = ls_host_direct(be) ? buf : ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
     void **kp = ls_arena_host_alloc(sc, 2 * (size_t)bp * sizeof(void *));
     if (!buf || !dev || !kp) return no_block(sc, mk, layer, bp);
     ls_status s = LS_OK;
@@ -95,7 +95,7 @@ ls_status ls_dist_pages_send_grad(const ls_backend *be, const ls_comm *c, void *
     ls_arena_mark mk = ls_arena_get_mark(sc);
     char *buf = ls_arena_host_alloc(sc, 2 * (size_t)bp * page_bytes);
     float *dbuf = ls_arena_host_alloc(sc, db);
-    float *ddev = ls_stage_direct(be) ? dbuf : ls_arena_alloc(sc, db);
+    float *ddev = ls_host_direct(be) ? dbuf : ls_arena_alloc(sc, db);
     if (!buf || !dbuf || !ddev) return no_block(sc, mk, layer, bp);
     ls_status s = LS_OK;
     for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
@@ -122,7 +122,7 @@ ls_status ls_dist_pages_recv_grad(const ls_backend *be, const ls_comm *c, int64_
                                   ls_dist_pages_fn fn, void *ctx, ls_arena *sc) {
     int64_t np = pages_of(npos, page_size);
     size_t gb = (size_t)grad_floats * sizeof(float);
-    int direct = ls_stage_direct(be);
+    int direct = ls_host_direct(be);
     ls_arena_mark mk = ls_arena_get_mark(sc);
     char *buf = ls_arena_host_alloc(sc, 2 * (size_t)bp * page_bytes);
     char *dev = direct ? buf : ls_arena_alloc(sc, 2 * (size_t)bp * page_bytes);
@@ -155,12 +155,12 @@ enum { PART_SEND = 1, PART_RECV = 2 };
 
 /* One part through a host view (itself on a host-memory backend). */
 static ls_status move_part(const ls_backend *be, const ls_comm *c, const ls_dist_part *p, int how, int peer, int tag) {
-    void *h = ls_stage_in(be, NULL, p->p, p->bytes, how & PART_SEND);
+    void *h = ls_host_view(be, NULL, p->p, p->bytes, how & PART_SEND);
     if (!h) return ls_err(LS_ERR_NOMEM, "staging %zu bytes of a relayed state", p->bytes);
     ls_status s = how == PART_SEND   ? ls_comm_send(c, h, p->bytes, peer, tag)
                   : how == PART_RECV ? ls_comm_recv(c, h, p->bytes, peer, tag)
                                      : ls_comm_bcast(c, h, p->bytes, peer);
-    ls_stage_done(be, NULL, p->p, h, p->bytes, s == LS_OK && (how & PART_RECV));
+    ls_host_view_done(be, NULL, p->p, h, p->bytes, s == LS_OK && (how & PART_RECV));
     return s;
 }
 

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 
 #include "longstraw/cp.h"
-#include "stage.h"
+#include "longstraw/backend.h"
 
 static int cand_order(const void *a, const void *b) { /* score descending, then position ascending */
     const ls_topk_cand *x = a, *y = b;
@@ -24,7 +24,7 @@ ls_status ls_dist_topk_merge(const ls_backend *be, int32_t *sel_dev, const ls_to
     size_t sb = (size_t)(T * k) * sizeof(int32_t);
     ls_topk_cand *all = ls_arena_host_alloc(scratch, (size_t)(N * T * k) * sizeof(ls_topk_cand));
     ls_topk_cand *pool = ls_arena_host_alloc(scratch, (size_t)(N * k) * sizeof(ls_topk_cand));
-    int32_t *sel = ls_stage_in(be, scratch, sel_dev, sb, 0); /* written on the host, placed once */
+    int32_t *sel = ls_host_view(be, scratch, sel_dev, sb, 0); /* written on the host, placed once */
     if (!all || !pool || !sel) return LS_ERR_NOMEM;
     LS_TRY(ls_comm_allgather(comm, mine, all, (size_t)(T * k) * sizeof(ls_topk_cand)));
     for (int64_t t = 0; t < T; t++) {
@@ -38,7 +38,7 @@ ls_status ls_dist_topk_merge(const ls_backend *be, int32_t *sel_dev, const ls_to
         for (int64_t j = 0; j < k; j++) out[j] = j < keep ? pool[j].pos : -1;
         qsort(out, (size_t)keep, sizeof *out, pos_order);
     }
-    ls_stage_done(be, scratch, sel_dev, sel, sb, 1);
+    ls_host_view_done(be, scratch, sel_dev, sel, sb, 1);
     ls_arena_release(scratch, mk);
     return LS_OK;
 }

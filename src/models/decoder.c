@@ -57,11 +57,10 @@ static ls_status group(const ls_backend *be, const ls_dec_experts *ex, const int
                        int64_t **rows, int64_t *maxn, ls_arena *sc) {
     size_t cb = (size_t)(ex->E + 1) * sizeof(int64_t);
     int64_t *dcount = ls_arena_alloc(sc, cb);
-    *count = be->host_mem ? dcount : ls_arena_host_alloc(sc, cb);
     *rows = ls_arena_alloc(sc, (size_t)(T * ex->K) * sizeof(int64_t));
-    if (!dcount || !*count || !*rows) return LS_ERR_NOMEM;
+    if (!dcount || !*rows) return LS_ERR_NOMEM;
     LS_TRY(ls_op_moe_group(be, dcount, *rows, sel, T, ex->E, ex->K, sc));
-    if (*count != dcount) be->i->to_host(be, *count, dcount, cb);
+    if (!(*count = ls_host_view(be, sc, dcount, cb, 1))) return LS_ERR_NOMEM;
     *maxn = 0;
     for (int64_t e = ex->e0; e < ex->e0 + ex->ne; e++) {
         int64_t n = (*count)[e + 1] - (*count)[e];
@@ -118,18 +117,20 @@ ls_status ls_dec_experts_bwd(const ls_backend *be, const ls_dec_experts *ex, flo
     return LS_OK;
 }
 
-const int32_t *ls_dec_ids_in(const ls_backend *be, ls_arena *a, const int32_t *ids, int64_t n) {
-    if (be->host_mem || !ids) return ids;
-    int32_t *d = ls_arena_alloc(a, (size_t)(n > 0 ? n : 1) * sizeof(int32_t));
-    if (d && n > 0) be->i->to_device(be, d, ids, (size_t)n * sizeof(int32_t));
+/* n elements of `size` bytes of host memory x as the backend's: x, or a copy from arena a */
+static const void *dev_copy(const ls_backend *be, ls_arena *a, const void *x, int64_t n, size_t size) {
+    if (be->host_mem || !x) return x;
+    void *d = ls_arena_alloc(a, (size_t)(n > 0 ? n : 1) * size);
+    if (d && n > 0) be->i->to_device(be, d, x, (size_t)n * size);
     return d;
 }
 
+const int32_t *ls_dec_ids_in(const ls_backend *be, ls_arena *a, const int32_t *ids, int64_t n) {
+    return dev_copy(be, a, ids, n, sizeof *ids);
+}
+
 const float *ls_dec_in(const ls_backend *be, ls_arena *a, const float *x, int64_t n) {
-    if (be->host_mem || !x) return x;
-    float *d = ALLOC_F(a, n > 0 ? n : 1);
-    if (d && n > 0) be->i->to_device(be, d, x, (size_t)n * sizeof(float));
-    return d;
+    return dev_copy(be, a, x, n, sizeof *x);
 }
 
 float *ls_dec_out(const ls_backend *be, ls_arena *a, float *out, int64_t n) {

@@ -91,16 +91,12 @@ static ls_status read_any(loader *L, const char *name, int ndim, int64_t d0, int
     int64_t shape[3] = {d0, d1, d2};
     LS_TRY(ls_st_check_shape(t, ndim, shape, name));
     int64_t n = d0 * (ndim > 1 ? d1 : 1) * (ndim > 2 ? d2 : 1);
-    if (dst_on_host || L->be->host_mem) {
-        LS_TRY(ls_st_read_weights(t, dst, n, name));
-    } else {
-        float *buf = malloc((size_t)n * sizeof(float));
-        if (!buf) return ls_err(LS_ERR_NOMEM, "cannot allocate %lld floats for %s", (long long)n, name);
-        ls_status s = ls_st_read_weights(t, buf, n, name);
-        if (s == LS_OK) put(L, dst, buf, n);
-        free(buf);
-        if (s != LS_OK) return s;
-    }
+    size_t bytes = (size_t)n * sizeof(float);
+    float *h = dst_on_host ? dst : ls_host_view(L->be, NULL, dst, bytes, 0);
+    if (!h) return ls_err(LS_ERR_NOMEM, "cannot allocate %lld floats for %s", (long long)n, name);
+    ls_status s = ls_st_read_weights(t, h, n, name);
+    if (!dst_on_host) ls_host_view_done(L->be, NULL, dst, h, bytes, s == LS_OK);
+    if (s != LS_OK) return s;
     int64_t at = tensor_index(L, t);
     if (at >= 0) L->used[at] = 1;
     L->n_params += (size_t)n;

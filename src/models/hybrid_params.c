@@ -173,15 +173,12 @@ static void put(exporter *ex, const float *data, int ndim, int64_t d0, int64_t d
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
     int64_t shape[3] = {d0, d1, d2};
-    if (!ex->host && !ex->be->host_mem) { /* the writer reads host memory: a copy back first */
+    if (!ex->host) { /* the writer reads host memory: the model's tensor through a host view */
         int64_t n = d0 * (ndim > 1 ? d1 : 1) * (ndim > 2 ? d2 : 1);
-        float *h = ls_arena_alloc(&ex->tmp, (size_t)n * sizeof(float));
-        if (!h) {
+        if (!(data = ls_host_view(ex->be, &ex->tmp, (void *)data, (size_t)n * sizeof(float), 1))) {
             ex->s = LS_ERR_NOMEM;
             return;
         }
-        ex->be->i->to_host(ex->be, h, data, (size_t)n * sizeof(float));
-        data = h;
     }
     ex->host = 0;
     ex->s = ls_st_writer_add_f32(&ex->w, name, ex->dtype, ndim, shape, data);

@@ -309,15 +309,12 @@ static ls_status new_lora(ls_lora **out, const ls_backend *be, int64_t n, double
 }
 
 /* ---- load ----------------------------------------------------------------------------- */
-/* n floats of tensor t into dst, the backend's memory (through a host buffer when that is
- * not host memory). */
+/* n floats of tensor t into dst, the backend's memory (through a host view). */
 static ls_status read_dev(const ls_backend *be, const ls_st_tensor *t, float *dst, int64_t n) {
-    if (be->host_mem) return ls_st_read_f32(t, dst, n, t->name);
-    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    float *h = ls_host_view(be, NULL, dst, (size_t)n * sizeof(float), 0);
     if (!h) return ls_err(LS_ERR_NOMEM, "cannot allocate %lld floats for %s", (long long)n, t->name);
     ls_status s = ls_st_read_f32(t, h, n, t->name);
-    if (s == LS_OK) be->i->to_device(be, dst, h, (size_t)n * sizeof(float));
-    free(h);
+    ls_host_view_done(be, NULL, dst, h, (size_t)n * sizeof(float), s == LS_OK);
     return s;
 }
 static int ends_with(const char *s, const char *suf) {
@@ -610,11 +607,11 @@ static ls_status new_modules(ls_lora **out, const ls_config *cfg, const ls_backe
         LS_TRY(init_module(md, cfg, &tg[i], rank, alpha, fixed, grad));
         /* PEFT: kaiming_uniform_(A, a=sqrt(5)): gain sqrt(2/(1+5)), bound gain·sqrt(3/in) = 1/sqrt(in) */
         double bound = 1.0 / sqrt((double)md->in);
-        float *a = malloc((size_t)(md->r * md->in) * sizeof(float)); /* drawn on the host, then placed */
+        size_t ab = (size_t)(md->r * md->in) * sizeof(float);
+        float *a = ls_host_view(be, NULL, md->A, ab, 0); /* drawn on the host, then placed */
         if (!a) return ls_err(LS_ERR_NOMEM, "LoRA on %s.weight: cannot draw the adapter", md->name);
         for (int64_t e = 0; e < md->r * md->in; e++) a[e] = (float)((2.0 * ls_rng_uniform(&rng) - 1.0) * bound);
-        be->i->to_device(be, md->A, a, (size_t)(md->r * md->in) * sizeof(float));
-        free(a);
+        ls_host_view_done(be, NULL, md->A, a, ab, 1);
         /* B stays 0 (zeroed at allocation): the merged model starts as the base */
     }
     LS_ASSERT(k == n);
@@ -764,17 +761,11 @@ ls_status ls_lora_export(const ls_lora *L, int grads, const char *path, const ch
     for (int64_t i = 0; i < L->n && s == LS_OK; i++) {
         const lora_mod *md = &L->mod[i];
         int64_t sa[2] = {md->r, md->in}, sb[2] = {md->out, md->r};
-        const float *a = grads ? md->gA : md->A, *b = grads ? md->gB : md->B;
-        if (!L->be->host_mem) {
-            float *ha = ls_arena_alloc(&host, (size_t)(sa[0] * sa[1]) * sizeof(float));
-            float *hb = ls_arena_alloc(&host, (size_t)(sb[0] * sb[1]) * sizeof(float));
-            if (!ha || !hb) {
-                s = LS_ERR_NOMEM;
-                break;
-            }
-            L->be->i->to_host(L->be, ha, a, (size_t)(sa[0] * sa[1]) * sizeof(float));
-            L->be->i->to_host(L->be, hb, b, (size_t)(sb[0] * sb[1]) * sizeof(float));
-            a = ha, b = hb;
+        const float *a = ls_host_view(L->be, &host, grads ? md->gA : md->A, (size_t)(sa[0] * sa[1]) * sizeof(float), 1);
+        const float *b = ls_host_view(L->be, &host, grads ? md->gB : md->B, (size_t)(sb[0] * sb[1]) * sizeof(float), 1);
+        if (!a || !b) {
+            s = LS_ERR_NOMEM;
+            break;
         }
         s = ls_st_writer_add_f32(&w, md->name_a, LS_DTYPE_F32, 2, sa, a);
         if (s == LS_OK) s = ls_st_writer_add_f32(&w, md->name_b, LS_DTYPE_F32, 2, sb, b);

@@ -237,14 +237,11 @@ static ls_status cp_attend(const ls_mla_model *m, int l, const float *qa, const 
         NEED(L->sel_local);
         /* positions to local rows on the host: the selection read back, the rows placed */
         size_t sb = (size_t)(T * kk) * sizeof(int32_t);
-        int host = m->be->host_mem;
         ls_arena_mark mk = ls_arena_get_mark(L->sc);
-        int32_t *hsel = host ? L->sel : ls_arena_host_alloc(L->sc, sb);
-        int32_t *hloc = host ? L->sel_local : ls_arena_host_alloc(L->sc, sb);
+        int32_t *hsel = ls_host_view(m->be, L->sc, L->sel, sb, 1), *hloc = ls_host_view(m->be, L->sc, L->sel_local, sb, 0);
         NEED(hsel && hloc);
-        if (!host) m->be->i->to_host(m->be, hsel, L->sel, sb);
         cp_local_sel(st, hsel, hloc, T, kk, L->pos0, L->nkeys, mine);
-        if (!host) m->be->i->to_device(m->be, L->sel_local, hloc, sb);
+        ls_host_view_done(m->be, L->sc, L->sel_local, hloc, sb, 1);
         ls_arena_release(L->sc, mk);
     }
     LS_ASSERT(L->sel_local, "layer %d: no selection to share", l);

@@ -92,15 +92,13 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
     float *kI = ALLOC_F(sc, T * dI), *Is = ALLOC_F(sc, nq * kk), *P = ALLOC_F(sc, nq * kk);
     /* the softmax statistics are formed on the host: scores and probabilities read back
      * once (hIs, hP: themselves on a host-memory backend), the gradient sent back once */
-    int host = m->be->host_mem;
+    size_t sb = (size_t)(nq * kk) * sizeof(float);
     float *mx = ls_arena_host_alloc(sc, (size_t)nq * sizeof(float));
-    float *hIs = host ? Is : ls_arena_host_alloc(sc, (size_t)(nq * kk) * sizeof(float));
-    float *hP = host ? P : ls_arena_host_alloc(sc, (size_t)(nq * kk) * sizeof(float));
     double *st = ls_arena_host_alloc(sc, (size_t)(3 * nq) * sizeof(double)); /* [Σ exp(I − max) | Σ p(log p − I) | Σ p] */
     /* [dqI (nq·nI·dI) | dw (nq·nI) | the own keys' gradient (T·dI)]: one buffer, summed over cp */
     int64_t nb = nq * nI * dI + nq * nI + T * dI;
     float *dq = CALLOC_F(sc, nb), *dw = dq ? dq + nq * nI * dI : NULL, *dkI = dq ? dw + nq * nI : NULL;
-    NEED(qI && wq && kpre && kI && Is && P && mx && st && dq && hIs && hP);
+    NEED(qI && wq && kpre && kI && Is && P && mx && st && dq);
     ls_mla_index_queries(m, l, tp->dec.xn1 + t0 * D, tp->cq + t0 * rq, nq, pos0 + t0, qI, wq);
     ls_mla_index_keys(m, l, tp->dec.xn1, T, pos0, kI, kpre); /* the own index keys, as the forward formed them */
     if (tb->st && tb->st->dtype != LS_DTYPE_F32) ls_op_round_to(m->be, kI, T * dI, tb->st->dtype);
@@ -119,10 +117,8 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
     ls_op_dsa_sel_scores(m->be, Is, qI, wq, &keys, kI, sel, kk, nq, nI, dI, apos0, scale);
     ls_op_mla_attn_probs(m->be, P, tp->qa + t0 * H * dk, tp->lse + t0 * H, tp->own, &lat, sel, kk, nq, H, mc->kv_lora_rank,
                       mc->qk_rope, apos0, m->scale);
-    if (!host) {
-        m->be->i->to_host(m->be, hIs, Is, (size_t)(nq * kk) * sizeof(float));
-        m->be->i->to_host(m->be, hP, P, (size_t)(nq * kk) * sizeof(float));
-    }
+    float *hIs = ls_host_view(m->be, sc, Is, sb, 1), *hP = ls_host_view(m->be, sc, P, sb, 1);
+    NEED(hIs && hP);
     for (int64_t i = 0; i < nq; i++) {
         float v = -INFINITY;
         for (int64_t j = 0; j < kk; j++) v = hIs[i * kk + j] > v ? hIs[i * kk + j] : v;
@@ -152,7 +148,7 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
             *g = *g == -INFINITY ? 0.0f : (float)(exp((double)*g - lse) - (double)hP[i * kk + j]);
         }
     }
-    if (!host) m->be->i->to_device(m->be, Is, hIs, (size_t)(nq * kk) * sizeof(float));
+    ls_host_view_done(m->be, sc, Is, hIs, sb, 1);
     ls_op_dsa_sel_scores_bwd(m->be, dq, dw, mine ? dkI : NULL, Is, qI, wq, &keys, kI, sel, kk, nq, nI, dI, apos0, scale);
     if (tb->grad_from > 0) ls_op_zero(m->be, dkI, tb->grad_from * dI); /* naive: the prompt's keys */
     if (tb->cp) LS_TRY(ls_dist_sum_f32(m->be, tb->cp, dq, nb));

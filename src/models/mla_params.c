@@ -6,8 +6,6 @@
  * projections are fused row blocks [gate ; up] and experts are stacked, so each HF
  * tensor is one contiguous slice of its slot. Errors name the file and the tensor.
  */
-#include <float.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -217,21 +215,17 @@ static ls_status refuse_fp8(const ls_st_model *st) {
     return LS_OK;
 }
 
-/* Tensor t of the checkpoint into dst (be's memory; through a host buffer when that is
- * not host memory): shape checked, NaN/Inf refused. */
+/* Tensor t of the checkpoint into dst (be's memory, through a host view): shape checked,
+ * NaN/Inf refused (ls_st_read_weights). */
 static ls_status read_tensor(const ls_backend *be, const ls_st_model *st, const ls_mla_tensor *t, float *dst) {
     const ls_st_tensor *f = ls_st_model_find(st, t->name);
     if (!f) return ls_err(LS_ERR_FORMAT, "%s: checkpoint has no tensor \"%s\"", st->dir, t->name);
     LS_TRY(ls_st_check_shape(f, t->ndim, t->shape, t->name));
-    float *h = be->host_mem ? dst : malloc((size_t)numel(t) * sizeof(float));
+    size_t bytes = (size_t)numel(t) * sizeof(float);
+    float *h = ls_host_view(be, NULL, dst, bytes, 0);
     if (!h) return ls_err(LS_ERR_NOMEM, "cannot allocate %lld floats for %s", (long long)numel(t), t->name);
     ls_status s = ls_st_read_weights(f, h, numel(t), t->name);
-    for (int64_t i = 0; s == LS_OK && i < numel(t); i++)
-        if (!(fabsf(h[i]) <= FLT_MAX))
-            s = ls_err(LS_ERR_FORMAT, "%s: tensor %s holds a non-finite value at element %lld", f->file, f->name,
-                       (long long)i);
-    if (s == LS_OK && h != dst) be->i->to_device(be, dst, h, (size_t)numel(t) * sizeof(float));
-    if (h != dst) free(h);
+    ls_host_view_done(be, NULL, dst, h, bytes, s == LS_OK);
     return s;
 }
 
@@ -309,11 +303,10 @@ ls_status ls_mla_load(ls_mla_model *m, const char *dir, const ls_comm *ep, ls_ar
     free(tl);
     m->tensors = keep, m->n_tensors = nt;
     size_t fb = (size_t)(ls_mla_cfg(c)->qk_rope / 2 + 1) * sizeof(double);
-    double *freqs = malloc(fb); /* computed on the host, then placed */
+    double *freqs = ls_host_view(m->be, NULL, m->inv_freq, fb, 0); /* computed on the host, then placed */
     if (!freqs) return ls_err(LS_ERR_NOMEM, "cannot allocate the rope frequencies");
     ls_mla_rope_freqs(c, freqs, NULL, NULL);
-    m->be->i->to_device(m->be, m->inv_freq, freqs, fb);
-    free(freqs);
+    ls_host_view_done(m->be, NULL, m->inv_freq, freqs, fb, 1);
     m->scale = (float)ls_mla_softmax_scale(c);
     ls_st_model st;
     LS_TRY(ls_st_model_open(&st, dir));
@@ -381,9 +374,9 @@ ls_status ls_mla_export(const ls_mla_model *m, const char *path, ls_dtype dtype,
         float *b = *slot(m, t->layer, t->field); /* NULL: not in this set (a frozen tensor of a gradient set) */
         if (owner == r) { /* held here: the slot's buffer at the local offset */
             ot[i].p = b ? b + (t->expert >= 0 ? local_off(t, c, m->e0) : t->off) : NULL;
-            if (ot[i].p && !m->be->host_mem) { /* the writer and the gather read host memory */
-                if (!(ot[i].own = malloc((size_t)numel(t) * sizeof(float)))) s = LS_ERR_NOMEM;
-                if (s == LS_OK) m->be->i->to_host(m->be, ot[i].own, ot[i].p, (size_t)numel(t) * sizeof(float));
+            if (ot[i].p && !ls_host_direct(m->be)) { /* the writer and the gather read host memory */
+                if (!(ot[i].own = ls_host_view(m->be, NULL, (void *)ot[i].p, (size_t)numel(t) * sizeof(float), 1)))
+                    s = LS_ERR_NOMEM;
                 ot[i].p = ot[i].own;
             }
             if (s == LS_OK && t->expert >= 0 && owner != 0 && ot[i].p) /* an expert not the writer's: to the ep group's rank 0 */

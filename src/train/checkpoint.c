@@ -405,50 +405,45 @@ static ls_status optim_load(const char *path, const ls_param *m, const ls_param 
     return s;
 }
 
-/* The moments as host memory: the lists themselves on a host-memory backend, else host
- * copies (read back when `read`), one place where the optimizer state crosses. */
+/* The moments as host memory: the lists themselves on a host-memory backend, else lists of
+ * host views (read back when `read`), one place where the optimizer state crosses. */
 static ls_status host_moments(const ls_backend *be, const ls_param *m, int64_t n, int read, ls_param **out) {
     *out = calloc((size_t)(n > 0 ? n : 1), sizeof **out);
     if (!*out) return ls_err(LS_ERR_NOMEM, "cannot stage %lld moments", (long long)n);
     for (int64_t k = 0; k < n; k++) {
         (*out)[k] = m[k];
-        if (!m[k].p) continue;
-        if (!((*out)[k].p = malloc((size_t)(m[k].n > 0 ? m[k].n : 1) * sizeof(float))))
+        if (m[k].p && !((*out)[k].p = ls_host_view(be, NULL, m[k].p, (size_t)m[k].n * sizeof(float), read)))
             return ls_err(LS_ERR_NOMEM, "cannot stage the moments of %s", m[k].what ? m[k].what : "a tensor");
-        if (read) be->i->to_host(be, (*out)[k].p, m[k].p, (size_t)m[k].n * sizeof(float));
     }
     return LS_OK;
 }
 
-static void free_moments(ls_param *h, int64_t n) {
-    for (int64_t k = 0; h && k < n; k++) free(h[k].p);
+/* The views back into the moments when `write`, and freed. */
+static void done_moments(const ls_backend *be, const ls_param *m, ls_param *h, int64_t n, int write) {
+    for (int64_t k = 0; h && k < n; k++) ls_host_view_done(be, NULL, m[k].p, h[k].p, (size_t)m[k].n * sizeof(float), write);
     free(h);
 }
 
 ls_status ls_optim_save(const ls_backend *be, const char *path, const ls_param *m, const ls_param *v, int64_t n,
                         int64_t step, int by_name, const uint8_t *sharded, const ls_comm *ep) {
-    if (be->host_mem) return optim_save(path, m, v, n, step, by_name, sharded, ep);
+    if (ls_host_direct(be)) return optim_save(path, m, v, n, step, by_name, sharded, ep);
     ls_param *hm = NULL, *hv = NULL;
     ls_status s = host_moments(be, m, n, 1, &hm);
     if (s == LS_OK) s = host_moments(be, v, n, 1, &hv);
     if (s == LS_OK) s = optim_save(path, hm, hv, n, step, by_name, sharded, ep);
-    free_moments(hm, n);
-    free_moments(hv, n);
+    done_moments(be, m, hm, n, 0);
+    done_moments(be, v, hv, n, 0);
     return s;
 }
 
 ls_status ls_optim_load(const ls_backend *be, const char *path, const ls_param *m, const ls_param *v, int64_t n,
                         int64_t *step, int by_name, const uint8_t *sharded, const ls_comm *ep) {
-    if (be->host_mem) return optim_load(path, m, v, n, step, by_name, sharded, ep);
+    if (ls_host_direct(be)) return optim_load(path, m, v, n, step, by_name, sharded, ep);
     ls_param *hm = NULL, *hv = NULL;
     ls_status s = host_moments(be, m, n, 0, &hm);
     if (s == LS_OK) s = host_moments(be, v, n, 0, &hv);
     if (s == LS_OK) s = optim_load(path, hm, hv, n, step, by_name, sharded, ep);
-    for (int64_t k = 0; s == LS_OK && k < n; k++) {
-        if (m[k].p) be->i->to_device(be, m[k].p, hm[k].p, (size_t)m[k].n * sizeof(float));
-        if (v[k].p) be->i->to_device(be, v[k].p, hv[k].p, (size_t)v[k].n * sizeof(float));
-    }
-    free_moments(hm, n);
-    free_moments(hv, n);
+    done_moments(be, m, hm, n, s == LS_OK);
+    done_moments(be, v, hv, n, s == LS_OK);
     return s;
 }
