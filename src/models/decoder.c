@@ -1,11 +1,14 @@
 /*
- * decoder.c — the decoder layer both families fill (decoder.h): the layer skeleton,
- * SwiGLU on rows with its LoRA side branches, and the routed experts of an MoE layer,
- * forward and backward, all through the backend's ops.
+ * decoder.c — the skeleton both families fill (decoder.h): the model driver (capture on
+ * one rank and under CP, decode, a branch forward and backward, the full-mode sweep),
+ * the decoder layer, SwiGLU on rows with its LoRA side branches, and the routed experts
+ * of an MoE layer, forward and backward, all through the backend's ops.
  */
 #include <string.h>
 
 #include "decoder.h"
+#include "longstraw/core.h"
+#include "longstraw/trace.h"
 
 #define ALLOC_F(arena, n) ((float *)ls_arena_alloc((arena), (size_t)(n) * sizeof(float)))
 
@@ -215,4 +218,357 @@ ls_status ls_dec_layer_bwd(const ls_dec_layer *d, float *dx) {
     ls_op_add_to(d->be, dx, dxn, T * D);
     ls_arena_release(d->sc, mk);
     return LS_OK;
+}
+
+/* ---- the model skeleton ---------------------------------------------------------------- */
+#define NEED(p)                        \
+    do {                               \
+        if (!(p)) return LS_ERR_NOMEM; \
+    } while (0)
+
+static int64_t chunk_of(const ls_fwd_opts *o) { return o->capture_chunk > 0 ? o->capture_chunk : 2048; }
+
+static void final_norm(const ls_dec_model *dm, float *y, float *rstd, const float *x, int64_t n) {
+    if (dm->norm == LS_NORM_PLAIN) ls_op_rmsnorm_plain_fwd(dm->be, y, rstd, x, dm->final_norm, n, dm->cfg->hidden, dm->cfg->eps);
+    else ls_op_rmsnorm_fwd(dm->be, y, rstd, x, dm->final_norm, n, dm->cfg->hidden, dm->cfg->eps);
+}
+
+/* logits [n, vocab] of rows h [n, D] (normed in place), scaled by 1/temperature, to the host */
+static ls_status logits_of(const ls_dec_model *dm, float *logits, float *h, int64_t n, const ls_fwd_opts *o,
+                           ls_arena *sc) {
+    int64_t V = dm->cfg->vocab;
+    float *lg = ls_dec_out(dm->be, sc, logits, n * V);
+    NEED(lg);
+    final_norm(dm, h, NULL, h, n);
+    ls_op_linear_fwd(dm->be, lg, h, dm->lm_head, n, dm->cfg->hidden, V, 0);
+    ls_op_scale(dm->be, lg, 1.0f / o->temperature, n * V);
+    ls_dec_out_done(dm->be, logits, lg, n * V);
+    return LS_OK;
+}
+
+static ls_status begin(const ls_dec_model *dm, const ls_dec_pass *p) { return dm->begin ? dm->begin(dm, p) : LS_OK; }
+
+static ls_status stopped(int64_t at, int64_t of) {
+    return ls_err(LS_ERR_INTERRUPTED, "stopped by signal %d during capture, at position %lld of %lld",
+                  ls_stop_requested(), (long long)at, (long long)of);
+}
+
+ls_status ls_dec_extend(const ls_dec_model *dm, ls_prompt_state *st, const int32_t *ids, int64_t n, float *logits,
+                        const ls_fwd_opts *o, ls_arena *sc) {
+    const ls_config *c = dm->cfg;
+    int64_t D = c->hidden, C = chunk_of(o);
+    for (int64_t c0 = 0, T; c0 < n; c0 += T) {
+        /* chunks of C, cut at every sweep-chunk start (full mode: its checkpoint) */
+        T = ls_state_span_end(st, 0, st->n, st->n + n - c0, C) - st->n; /* one rank: one segment from 0 */
+        int last_chunk = c0 + T == n;
+        if (!logits && ls_stop_requested()) return stopped(st->n, st->n + n - c0); /* waits at most one chunk */
+        ls_arena_mark mk = ls_arena_get_mark(sc);
+        ls_dec_pass p = {.kind = LS_DEC_EXTEND, .T = T, .pos0 = st->n, .st = st, .sweep = -1, .o = o, .sc = sc};
+        float *x = ALLOC_F(sc, T * D); /* [T, D] the chunk's residual stream */
+        NEED(x);
+        LS_TRY(begin(dm, &p));
+        const int32_t *xi = ls_dec_ids_in(dm->be, sc, ids + c0, T);
+        NEED(xi);
+        ls_op_embed_fwd(dm->be, x, xi, dm->embed, T, D);
+        for (int l = 0; l < c->n_layers; l++) {
+            /* the last layer's FFN feeds only the LM head: skipped unless logits are wanted */
+            LS_TRY(dm->layer_fwd(dm, &p, l, x, l == c->n_layers - 1 && !(logits && last_chunk)));
+            ls_trace_layer_end(l, "fwd");
+        }
+        ls_state_advance(st, T);
+        if (!logits) ls_progress_add(T); /* capture; decoding reports its own progress */
+        if (logits && last_chunk) LS_TRY(logits_of(dm, logits, x + (T - 1) * D, 1, o, sc));
+        ls_arena_release(sc, mk);
+    }
+    return LS_OK;
+}
+
+/* ---- capture under context parallelism (DESIGN §8) -----------------------------------
+ * Every rank walks the layout's segments in prompt order, chunk by chunk — the same
+ * program order everywhere, so the schedule cannot deadlock. At a chunk it owns a rank
+ * runs the layer (its attention also reading the other ranks' earlier pages, merged by
+ * log-sum-exp); at another rank's chunk the family's layer does that rank's part for it.
+ * Layer-major (cp_layer_major): for each layer, all chunks; the residual stream of the
+ * rank's positions stays alive across layers (the one buffer sized by P/N) and the
+ * ranks run as a wavefront. Chunk-major: for each chunk, all layers. */
+
+/* The owner of the nearest non-empty segment after (dir = +1) or before (−1) segment s, or −1. */
+static int neighbour(const ls_prompt_state *st, int s, int dir) {
+    for (int t = s + dir; t >= 0 && t < ls_state_segments(st); t += dir) {
+        int owner;
+        int64_t lo, hi;
+        ls_state_segment(st, t, &owner, &lo, &hi);
+        if (hi > lo) return owner;
+    }
+    return -1;
+}
+
+/* Chunk i (over all segments, prompt order) of a CP capture as a pass: 0 past the end. */
+static int cp_chunk(const ls_prompt_state *st, int64_t C, int64_t i, ls_dec_pass *p) {
+    for (int sg = 0; sg < ls_state_segments(st); sg++) {
+        int owner;
+        int64_t lo, hi;
+        ls_state_segment(st, sg, &owner, &lo, &hi);
+        for (int64_t c0 = lo, e; c0 < hi; c0 = e, i--) {
+            e = ls_state_span_end(st, lo, c0, hi, C);
+            if (i > 0) continue;
+            p->seg = sg, p->owner = owner, p->seg_lo = lo, p->seg_hi = hi;
+            p->prev = neighbour(st, sg, -1), p->next = neighbour(st, sg, +1);
+            p->seg_first = c0 == lo, p->seg_last = e == hi;
+            p->pos0 = c0, p->T = e - c0;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static ls_status capture_cp(const ls_dec_model *dm, ls_prompt_state *st, const int32_t *ids, int64_t n,
+                            const ls_fwd_opts *o, ls_arena *sc) {
+    const ls_config *c = dm->cfg;
+    if (st->n != 0 || n != st->capacity)
+        return ls_err(LS_ERR_ARG, "a prompt state split over ranks is captured whole, once (%lld of %lld positions)",
+                      (long long)n, (long long)st->capacity);
+    int64_t D = c->hidden, C = chunk_of(o), nchunks = 0;
+    ls_dec_pass p = {.kind = LS_DEC_CP_CAPTURE, .st = st, .sweep = -1, .o = o, .sc = sc};
+    while (cp_chunk(st, C, nchunks, &p)) nchunks++;
+    int last = c->n_layers - 1; /* its FFN feeds only the LM head */
+    if (!dm->cp_layer_major) {
+        for (int64_t i = 0; i < nchunks; i++) {
+            cp_chunk(st, C, i, &p);
+            if (ls_stop_requested()) return stopped(p.pos0, n);
+            ls_arena_mark mk = ls_arena_get_mark(sc);
+            int mine = p.owner == st->rank;
+            float *x = mine ? ALLOC_F(sc, p.T * D) : NULL; /* [T, D] */
+            NEED(x || !mine);
+            LS_TRY(begin(dm, &p));
+            if (mine) {
+                const int32_t *xi = ls_dec_ids_in(dm->be, sc, ids + p.pos0, p.T);
+                NEED(xi);
+                ls_op_embed_fwd(dm->be, x, xi, dm->embed, p.T, D);
+            }
+            for (int l = 0; l < c->n_layers; l++) {
+                st->n = p.pos0;
+                LS_TRY(dm->layer_fwd(dm, &p, l, x, l == last));
+                ls_trace_layer_end(l, "fwd");
+            }
+            ls_progress_add(p.T);
+            ls_arena_release(sc, mk);
+        }
+        st->n = n;
+        return LS_OK;
+    }
+    int64_t Tr = 0, xoff[LS_STATE_MAX_SEGS]; /* the rank's positions, its segments one after another */
+    for (int k = 0; k < st->nseg; k++) xoff[k] = Tr, Tr += st->seg_hi[k] - st->seg_lo[k];
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *x = ALLOC_F(sc, (Tr > 0 ? Tr : 1) * D); /* [Tr, D] the rank's residual stream */
+    NEED(x);
+    p.T = Tr;
+    LS_TRY(begin(dm, &p));
+    for (int k = 0; k < st->nseg; k++) {
+        ls_arena_mark mi = ls_arena_get_mark(sc);
+        const int32_t *xi = ls_dec_ids_in(dm->be, sc, ids + st->seg_lo[k], st->seg_hi[k] - st->seg_lo[k]);
+        NEED(xi);
+        ls_op_embed_fwd(dm->be, x + xoff[k] * D, xi, dm->embed, st->seg_hi[k] - st->seg_lo[k], D);
+        ls_arena_release(sc, mi);
+    }
+    ls_status s = LS_OK;
+    for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
+        for (int64_t i = 0; i < nchunks && s == LS_OK; i++) {
+            cp_chunk(st, C, i, &p);
+            float *xc = NULL;
+            if (p.owner == st->rank) {
+                int k = 0;
+                while (st->seg_lo[k] != p.seg_lo) k++;
+                xc = x + (xoff[k] + p.pos0 - p.seg_lo) * D;
+                st->n = p.pos0;
+            }
+            s = dm->layer_fwd(dm, &p, l, xc, l == last);
+        }
+        ls_trace_layer_end(l, "fwd");
+    }
+    ls_progress_add(n); /* layer-major: the whole prompt is done only now */
+    st->n = n;
+    if (s == LS_OK && dm->capture_end) s = dm->capture_end(dm, st, neighbour(st, ls_state_segments(st), -1));
+    ls_arena_release(sc, mk);
+    return s;
+}
+
+ls_status ls_dec_capture(const ls_dec_model *dm, ls_prompt_state *st, const int32_t *ids, int64_t n,
+                         const ls_fwd_opts *o, ls_arena *sc) {
+    if (st->nranks > 1) return capture_cp(dm, st, ids, n, o, sc);
+    return ls_dec_extend(dm, st, ids, n, NULL, o, sc);
+}
+
+ls_status ls_dec_decode(const ls_dec_model *dm, ls_prompt_state *const *sts, const int32_t *ids, int n,
+                        float *logits, const ls_fwd_opts *o, ls_arena *sc) {
+    const ls_config *c = dm->cfg;
+    if (!dm->batched_decode) { /* each sequence its own pass: one token each */
+        for (int i = 0; i < n; i++) LS_TRY(ls_dec_extend(dm, sts[i], ids + i, 1, logits + (int64_t)i * c->vocab, o, sc));
+        return LS_OK;
+    }
+    int64_t D = c->hidden;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    ls_dec_pass p = {.kind = LS_DEC_DECODE, .T = n, .seqs = sts, .sweep = -1, .o = o, .sc = sc};
+    float *x = ALLOC_F(sc, (int64_t)n * D); /* [n, D]: one row per sequence */
+    NEED(x);
+    ls_status s = begin(dm, &p);
+    const int32_t *xi = ls_dec_ids_in(dm->be, sc, ids, n);
+    if (s == LS_OK && !xi) s = LS_ERR_NOMEM;
+    if (s == LS_OK) ls_op_embed_fwd(dm->be, x, xi, dm->embed, n, D);
+    for (int l = 0; l < c->n_layers && s == LS_OK; l++) s = dm->layer_fwd(dm, &p, l, x, 0);
+    if (s == LS_OK) {
+        for (int i = 0; i < n; i++) ls_state_advance(sts[i], 1);
+        s = logits_of(dm, logits, x, n, o, sc);
+    }
+    ls_arena_release(sc, mk);
+    return s;
+}
+
+ls_status ls_dec_branch_fwd(const ls_dec_model *dm, const ls_prompt_state *view, const int32_t *ids, int64_t T,
+                            int64_t out_from, int64_t grad_from, const int32_t *target, float *logprob,
+                            float *entropy, ls_dec_branch **tape_out, const ls_fwd_opts *o, ls_arena *tape_arena,
+                            ls_arena *sc, int sweep) {
+    const ls_config *c = dm->cfg;
+    int64_t D = c->hidden, pos0 = view ? view->n : 0;
+    LS_ASSERT(out_from >= 0 && out_from <= T, "out_from %lld outside [0, %lld]", (long long)out_from, (long long)T);
+    LS_ASSERT(grad_from >= 0 && grad_from <= out_from, "grad_from %lld", (long long)grad_from);
+    int taping = tape_out != NULL;
+    ls_arena *A = taping ? tape_arena : sc; /* what outlives a layer */
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    int64_t n = T - out_from; /* rows that predict a target */
+    ls_dec_pass p = {.kind = LS_DEC_BRANCH, .T = T, .pos0 = pos0, .grad_from = grad_from, .view = view,
+                     .sweep = sweep, .o = o, .ta = tape_arena, .sc = sc};
+    ids = ls_dec_ids_in(dm->be, A, ids, T); /* kept on the tape for the backward */
+    target = ls_dec_ids_in(dm->be, A, target, n);
+    float *lp = ls_dec_out(dm->be, sc, logprob, n), *ent = ls_dec_out(dm->be, sc, entropy, n);
+    NEED(ids && (target || n == 0) && (lp || !logprob) && (ent || !entropy));
+    ls_dec_branch *tb = NULL;
+    if (taping) {
+        NEED(tb = dm->tape_new(dm, &p, A));
+        tb->T = T, tb->out_from = out_from, tb->grad_from = grad_from, tb->pos0 = pos0;
+        tb->ids = ids, tb->target = target, tb->temperature = o->temperature;
+        tb->lmhead_rows = o->lmhead_rows;
+        p.tape = tb;
+    }
+    float *x = ALLOC_F(A, T * D); /* [T, D] residual stream */
+    NEED(x);
+    LS_TRY(begin(dm, &p));
+    ls_op_embed_fwd(dm->be, x, ids, dm->embed, T, D);
+    for (int l = 0; l < c->n_layers; l++) {
+        LS_TRY(dm->layer_fwd(dm, &p, l, x, 0));
+        ls_trace_layer_end(l, "fwd");
+    }
+    if (n > 0) { /* (a sweep chunk of the prompt predicts nothing) */
+        float *xo = x + out_from * D, *h = xo, *rstd = NULL; /* [n, D] rows that predict a target */
+        if (taping) {
+            h = ALLOC_F(A, n * D), rstd = ALLOC_F(A, n), tb->lse = ALLOC_F(A, n);
+            NEED(h && rstd && tb->lse);
+            tb->x_final = xo, tb->h_final = h, tb->rstd_f = rstd;
+        }
+        final_norm(dm, h, rstd, xo, n);
+        LS_TRY(ls_op_lmhead_fwd(dm->be, lp, taping ? tb->lse : NULL, ent, h, dm->lm_head, target, n, D, c->vocab,
+                                o->temperature, o->lmhead_rows, sc));
+        ls_dec_out_done(dm->be, logprob, lp, n);
+        ls_dec_out_done(dm->be, entropy, ent, n);
+    }
+    ls_arena_release(sc, mk);
+    if (taping) *tape_out = tb;
+    return LS_OK;
+}
+
+ls_status ls_dec_branch_bwd(const ls_dec_model *dm, const ls_dec_grad *g, const ls_dec_branch *tb,
+                            const float *dlogprob, const ls_dec_dstate *dc, ls_arena *sc) {
+    const ls_config *c = dm->cfg;
+    int64_t T = tb->T, D = c->hidden, n = T - tb->out_from;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *dx = ls_arena_calloc(sc, (size_t)(T * D), sizeof(float)); /* [T, D] ∂L/∂residual */
+    NEED(dx);
+    if (n > 0) { /* a sweep chunk predicts nothing: its gradient comes in through the state */
+        float *dh = ALLOC_F(sc, n * D); /* [n, D] ∂L/∂(LM-head input) */
+        const float *dl = ls_dec_in(dm->be, sc, dlogprob, n);
+        NEED(dh && dl);
+        LS_TRY(ls_op_lmhead_logprobs_bwd(dm->be, dh, g->lm_head, dl, tb->h_final, dm->lm_head, tb->target, tb->lse, n,
+                                         D, c->vocab, tb->temperature, tb->lmhead_rows, sc));
+        float *dxo = dx + tb->out_from * D;
+        if (dm->norm == LS_NORM_PLAIN)
+            ls_op_rmsnorm_plain_bwd(dm->be, dxo, g->final_norm, dh, tb->x_final, tb->rstd_f, dm->final_norm, n, D);
+        else
+            ls_op_rmsnorm_bwd(dm->be, dxo, g->final_norm, dh, tb->x_final, tb->rstd_f, dm->final_norm, n, D);
+    }
+    for (int l = c->n_layers - 1; l >= 0; l--) {
+        LS_TRY(dm->layer_bwd(dm, g, tb, l, dx, dc, sc));
+        ls_trace_layer_end(l, "bwd");
+    }
+    if (g->embed) ls_op_embed_bwd(dm->be, g->embed, dx, tb->ids, T, D);
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+/* ---- the full-mode sweep ----------------------------------------------------------------
+ * The prompt's sweep chunks (each layout segment cut every sweep_chunk positions, as
+ * ls_state_enable_full cuts them) from last to first: a chunk's gradient is complete
+ * once every later chunk has added to it. One rank computes them all. Under CP, without
+ * sweep_every_rank, the owner of a chunk computes it, receiving d(state) from the owner
+ * of the chunk after and passing it on, and the other ranks serve it their earlier pages
+ * (taking their dK/dV back); with it, every rank recomputes every chunk and adds the
+ * gradient of the pages it holds (the family's entry gives the ranks but one an empty
+ * gradient set). */
+
+/* Sweep chunk i over all segments in prompt order: [lo, hi) in segment seg of owner; 0 past the end. */
+static int sweep_chunk_at(const ls_prompt_state *st, int64_t i, int64_t *lo, int64_t *hi, int *owner, int *seg) {
+    int64_t W = st->full->sweep_chunk;
+    for (int sg = 0; sg < ls_state_segments(st); sg++) {
+        int64_t a, b;
+        ls_state_segment(st, sg, owner, &a, &b);
+        int64_t k = (b - a + W - 1) / W;
+        if (i < k) {
+            *lo = a + i * W, *hi = *lo + W < b ? *lo + W : b, *seg = sg;
+            return 1;
+        }
+        i -= k;
+    }
+    return 0;
+}
+
+ls_status ls_dec_sweep(const ls_dec_model *dm, const ls_dec_grad *g, ls_prompt_state *st, const int32_t *ids,
+                       const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *sc) {
+    LS_ASSERT(st->full, "the sweep needs a state captured in full mode");
+    const ls_config *c = dm->cfg;
+    int64_t n = 0, lo, hi;
+    int owner, seg, cp = st->nranks > 1, every = !cp || dm->sweep_every_rank;
+    while (sweep_chunk_at(st, n, &lo, &hi, &owner, &seg)) n++;
+    ls_status s = LS_OK;
+    for (int64_t i = n - 1; i >= 0 && s == LS_OK; i--) {
+        sweep_chunk_at(st, i, &lo, &hi, &owner, &seg);
+        if (!every && owner != st->rank) {
+            s = dm->sweep_serve(dm, st, owner, lo, o, sc);
+            continue;
+        }
+        int other; /* the owners of the chunks after and before */
+        int64_t a, b;
+        int sg2;
+        if (!every && i + 1 < n && sweep_chunk_at(st, i + 1, &a, &b, &other, &sg2) && other != st->rank)
+            if ((s = dm->sweep_relay(dm, st, other, 0)) != LS_OK) break;
+        /* the state where the chunk starts: the pages before it, a recurrent layer's checkpoint */
+        int64_t j = ls_state_ckpt_at(st, lo);
+        ls_prompt_state view = *st;
+        view.n = lo;
+        view.full = NULL;
+        if (st->gdn) {
+            LS_ASSERT(j >= 0, "rank %d has no checkpoint at %lld", st->rank, (long long)lo);
+            view.gdn = &st->full->ckpt[j * c->n_layers];
+        }
+        ls_trace_set_member((int)(j >= 0 ? j : i));
+        ls_arena_mark tm = ls_arena_get_mark(tape_arena);
+        ls_dec_branch *tape = NULL;
+        ls_dec_dstate dc = {st, 1, NULL};
+        s = ls_dec_branch_fwd(dm, &view, ids + lo, hi - lo, hi - lo, 0, NULL, NULL, NULL, &tape, o, tape_arena, sc, seg);
+        if (s == LS_OK) s = ls_dec_branch_bwd(dm, g, tape, NULL, &dc, sc);
+        ls_arena_release(tape_arena, tm);
+        ls_progress_add(hi - lo);
+        if (s == LS_OK && !every && i > 0 && sweep_chunk_at(st, i - 1, &a, &b, &other, &sg2) && other != st->rank)
+            s = dm->sweep_relay(dm, st, other, 1);
+    }
+    ls_trace_set_member(-1);
+    return s;
 }

@@ -1,11 +1,11 @@
 /*
- * decoder.h — the decoder layer both families fill, written once (issue 20): the
- * layer skeleton (pre-norm, the family's mixer, residual; post-norm, a dense SwiGLU or
- * the family's MoE, residual) forward and backward, the SwiGLU feed-forward on rows
- * (dense MLP, shared experts, one routed expert) with its optional LoRA side branches,
- * and the routed experts of an MoE layer (gather each expert's rows, run it, combine
- * by the router's weights). Everything runs through the model's backend (backend.h).
- * Internal to src/models/.
+ * decoder.h — what both families share, written once: the model driver (issue 33:
+ * capture, CP capture, decode, branch forward and backward, the full-mode sweep over
+ * the family's layer hooks), the decoder layer skeleton (issue 20: pre-norm, the
+ * family's mixer, residual; post-norm, a dense SwiGLU or the family's MoE, residual)
+ * forward and backward, the SwiGLU feed-forward on rows (dense MLP, shared experts, one
+ * routed expert) with its optional LoRA side branches, and the routed experts of an MoE
+ * layer. Everything runs through the model's backend (backend.h). Internal to src/models/.
  */
 #ifndef LONGSTRAW_MODELS_DECODER_H
 #define LONGSTRAW_MODELS_DECODER_H
@@ -14,6 +14,8 @@
 #include <stdint.h>
 
 #include "longstraw/backend.h"
+#include "longstraw/family.h"
+#include "longstraw/state.h"
 #include "longstraw/lora.h"
 
 /* Which adapters an FFN's two projections carry (rows [gu_off, +2I) of internal tensor
@@ -116,5 +118,126 @@ struct ls_dec_layer {
 ls_status ls_dec_layer_fwd(const ls_dec_layer *d, float *x, int skip_ffn);
 /* dx [T, D] = ∂L/∂(layer output) → ∂L/∂(layer input) in place, weights' gradients (+=). */
 ls_status ls_dec_layer_bwd(const ls_dec_layer *d, float *dx);
+
+/* ---- the model skeleton (issue 33): one driver for both families ----------------------
+ * Capture (one rank, and under context parallelism), decode, a branch forward with or
+ * without a tape, its backward and the full-mode sweep are written once, here: the
+ * embedding, the chunking of the prompt, the schedules over the ranks, the final norm
+ * and the LM head, the tape's head. A family keeps its layers (mixer, MoE, the state
+ * they read and write) behind the hooks of ls_dec_model. */
+
+/* What every branch tape begins with (a family's tape struct has it as its first member). */
+typedef struct {
+    int64_t T, out_from, grad_from, pos0;
+    const int32_t *ids;    /* [T] the backend's copy, alive until backward */
+    const int32_t *target; /* [T − out_from] */
+    float *x_final;        /* [T − out_from, D] final-norm input */
+    float *rstd_f;         /* [T − out_from] */
+    float *h_final;        /* [T − out_from, D] LM-head input */
+    float *lse;            /* [T − out_from] */
+    float temperature;
+    int64_t lmhead_rows;
+} ls_dec_branch;
+
+typedef enum {
+    LS_DEC_EXTEND,     /* capture or a decode step of one sequence: chunks appended to st */
+    LS_DEC_CP_CAPTURE, /* capture of a state split over ranks (st->nranks > 1) */
+    LS_DEC_DECODE,     /* batched decode: row i continues seqs[i] (ls_dec_model.batched_decode) */
+    LS_DEC_BRANCH      /* a branch against the read-only view (or a sweep chunk, sweep >= 0) */
+} ls_dec_pass_kind;
+
+/* One pass of the driver over rows [pos0, pos0 + T) as the family's layer hook sees it. */
+typedef struct {
+    ls_dec_pass_kind kind;
+    int64_t T, pos0, grad_from;
+    ls_prompt_state *st;          /* EXTEND / CP_CAPTURE: the state written (its n = pos0) */
+    const ls_prompt_state *view;  /* BRANCH: the read-only prefix (NULL: none) */
+    ls_prompt_state *const *seqs; /* DECODE */
+    int sweep;                    /* BRANCH: the layout segment of a sweep chunk, −1: a branch */
+    /* CP_CAPTURE: the chunk's segment [seg_lo, seg_hi) (index seg, owner), whether the chunk
+     * is its first/last, the owners of the nearest non-empty segments before and after (−1) */
+    int seg, owner, prev, next, seg_first, seg_last;
+    int64_t seg_lo, seg_hi;
+    void *tape; /* the family's tape (NULL: none) */
+    const ls_fwd_opts *o;
+    ls_arena *ta, *sc; /* tape arena (with a tape), scratch */
+} ls_dec_pass;
+
+/* Where the prompt state's gradient goes (full mode); st NULL when prefix-frozen. A
+ * branch adds its dState; a sweep chunk (sweep = 1) also reads the incoming gradient of
+ * its own positions and of the state it ended with. aux_sum: the MLA family's indexer
+ * KL loss sum (NULL: no such loss). */
+typedef struct {
+    ls_prompt_state *st;
+    int sweep;
+    double *aux_sum;
+} ls_dec_dstate;
+
+/* A gradient set as the driver sees it: the shared tensors (NULL: not trained) and the
+ * family's own struct for its layers. */
+typedef struct {
+    float *embed, *final_norm, *lm_head;
+    void *fam;
+} ls_dec_grad;
+
+typedef struct ls_dec_model ls_dec_model;
+struct ls_dec_model {
+    const ls_backend *be;
+    const ls_config *cfg;
+    ls_norm_kind norm; /* of the final norm */
+    const float *embed, *final_norm, *lm_head;
+    const void *fam;   /* the family's model */
+    void *pass_data;   /* the family's per-pass state (begin writes it, layer_fwd reads it) */
+    /* CP capture walks layer by layer over all of the rank's positions (the residual of
+     * the rank's P/N positions alive: a recurrent state relays between the ranks as a
+     * wavefront) when set, else chunk by chunk through every layer with all ranks in
+     * every layer's attention (a selection made in one layer is read by later ones). */
+    int cp_layer_major;
+    int batched_decode;  /* a decode step runs all sequences' rows in one pass */
+    int sweep_every_rank; /* under CP every rank recomputes every sweep chunk (else the
+                           * owner does, serving the others and relaying d(state)) */
+    /* The pass's family buffers, before its rows are embedded (NULL: none). */
+    ls_status (*begin)(const ls_dec_model *dm, const ls_dec_pass *p);
+    /* A tape for a branch: the family's struct (ls_dec_branch first), its layers' tapes,
+     * all host bookkeeping of arena A; the driver fills the head. */
+    ls_dec_branch *(*tape_new)(const ls_dec_model *dm, const ls_dec_pass *p, ls_arena *A);
+    /* Layer l on x [T, D]; skip_ffn: the mixer only (capture's last layer). Under
+     * CP_CAPTURE x is NULL on the ranks that do not own the chunk: their part of the
+     * layer for the owner (pages sent, attention assisted). */
+    ls_status (*layer_fwd)(const ls_dec_model *dm, const ls_dec_pass *p, int l, float *x, int skip_ffn);
+    /* After a CP capture: what every rank must hold of the state's end, which the owner
+     * of the last segment computed (NULL: nothing). */
+    ls_status (*capture_end)(const ls_dec_model *dm, ls_prompt_state *st, int last_owner);
+    /* Layer l's backward: dx [T, D] ∂L/∂(output) → ∂L/∂(input), gradients (+=). */
+    ls_status (*layer_bwd)(const ls_dec_model *dm, const ls_dec_grad *g, const ls_dec_branch *tape, int l, float *dx,
+                           const ls_dec_dstate *dc, ls_arena *sc);
+    /* Sweep under CP without sweep_every_rank: serve another rank's chunk at `lo`, and
+     * relay d(state) to (send) or from the owner of a neighbouring chunk. */
+    ls_status (*sweep_serve)(const ls_dec_model *dm, ls_prompt_state *st, int owner, int64_t lo, const ls_fwd_opts *o,
+                             ls_arena *sc);
+    ls_status (*sweep_relay)(const ls_dec_model *dm, ls_prompt_state *st, int peer, int send);
+};
+
+/* Capture ids[0..n) into st (under CP: the whole prompt, once). */
+ls_status ls_dec_capture(const ls_dec_model *dm, ls_prompt_state *st, const int32_t *ids, int64_t n,
+                         const ls_fwd_opts *o, ls_arena *sc);
+/* Extend st by ids[0..n) chunk by chunk; logits (NULL: none, a capture) of the last token
+ * [vocab], scaled by 1/temperature. */
+ls_status ls_dec_extend(const ls_dec_model *dm, ls_prompt_state *st, const int32_t *ids, int64_t n, float *logits,
+                        const ls_fwd_opts *o, ls_arena *sc);
+/* One decode step of n sequences: ids[i] continues sts[i]; logits [n, vocab]. */
+ls_status ls_dec_decode(const ls_dec_model *dm, ls_prompt_state *const *sts, const int32_t *ids, int n,
+                        float *logits, const ls_fwd_opts *o, ls_arena *sc);
+/* A branch (family.h's branch_fwd); sweep >= 0: a sweep chunk of that layout segment. */
+ls_status ls_dec_branch_fwd(const ls_dec_model *dm, const ls_prompt_state *view, const int32_t *ids, int64_t T,
+                            int64_t out_from, int64_t grad_from, const int32_t *target, float *logprob,
+                            float *entropy, ls_dec_branch **tape_out, const ls_fwd_opts *o, ls_arena *tape_arena,
+                            ls_arena *sc, int sweep);
+ls_status ls_dec_branch_bwd(const ls_dec_model *dm, const ls_dec_grad *g, const ls_dec_branch *tape,
+                            const float *dlogprob, const ls_dec_dstate *dc, ls_arena *sc);
+/* The full-mode sweep (DESIGN §3): every chunk of the prompt from last to first, a
+ * taped branch against the pages before it, backward into g and the state's dState. */
+ls_status ls_dec_sweep(const ls_dec_model *dm, const ls_dec_grad *g, ls_prompt_state *st, const int32_t *ids,
+                       const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *sc);
 
 #endif

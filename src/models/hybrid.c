@@ -1,11 +1,10 @@
 /*
- * hybrid.c — forward of the hybrid family (specs/hybrid-qwen3next.md §2, §4, §5):
- * capture (extend the prompt state chunk by chunk, no tape) and branch (continue
- * from a read-only state, with or without a tape; with no state it is the plain
- * forward). One layer function serves all three: capture passes the state's own
- * GDN buffers and an append target, a branch passes private copies and none.
- * With a tape, every buffer the backward reads comes from the tape arena and is
- * kept (hybrid_tape.h); without one, transients come from scratch and are released.
+ * hybrid.c — the hybrid family's layers forward (specs/hybrid-qwen3next.md §2, §4, §5)
+ * and its hooks of the model driver (decoder.h: capture, CP capture, decode, branches
+ * are the driver's). One layer function serves every pass: capture passes the state's
+ * own GDN buffers and an append target, a branch passes private copies and none. With a
+ * tape, every buffer the backward reads comes from the tape arena and is kept
+ * (hybrid_tape.h); without one, transients come from scratch and are released.
  */
 #include <math.h>
 #include <stddef.h>
@@ -351,8 +350,6 @@ static ls_status layer_fwd(const ls_hybrid_model *m, int l, float *x, int skip_f
     return ls_dec_layer_fwd(&d, x, skip_ffn);
 }
 
-/* The FFN half of layer l on x[T,D] (spec §5): x += FFN(post_norm(x)). `xn` [T, D] is
- * a free buffer when there is no tape. */
 /* Full mode: save the GDN state of layer l (or every GDN layer, l < 0) as the
  * checkpoint of the sweep chunk starting at st->n, if one does. */
 static void save_ckpt(const ls_prompt_state *st, int64_t pos, int l) {
@@ -371,63 +368,15 @@ static void save_ckpt(const ls_prompt_state *st, int64_t pos, int l) {
     }
 }
 
-ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids,
-                           int64_t n, float *logits, const ls_fwd_opts *o, ls_arena *scratch) {
-    const ls_config *c = &m->cfg;
-    int64_t D = c->hidden, C = o->capture_chunk > 0 ? o->capture_chunk : 2048;
-    for (int64_t c0 = 0, T; c0 < n; c0 += T) {
-        /* chunks of C, cut at every sweep-chunk start (full mode: its checkpoint) */
-        T = ls_state_span_end(st, 0, st->n, st->n + n - c0, C) - st->n; /* one rank: one segment from 0 */
-        save_ckpt(st, st->n, -1);
-        int last_chunk = c0 + T == n;
-        if (!logits && ls_stop_requested()) /* capture: a stop waits at most one chunk */
-            return ls_err(LS_ERR_INTERRUPTED, "stopped by signal %d during capture, at position %lld of %lld",
-                          ls_stop_requested(), (long long)st->n, (long long)(st->n + n - c0));
-        ls_arena_mark mk = ls_arena_get_mark(scratch);
-        float *x = ALLOC_F(scratch, T * D); /* [T, D] residual stream of this chunk */
-        const int32_t *xi = ls_dec_ids_in(m->be, scratch, ids + c0, T);
-        NEED(x && xi);
-        ls_op_embed_fwd(m->be, x, xi, m->embed, T, D);
-        for (int l = 0; l < c->n_layers; l++) {
-            ls_kv_prefix pre = ls_state_prefix(st, l);
-            layer_ctx L = {T, st->n, 0, c->kind[l] == LS_LAYER_ATTN ? &pre : NULL, st,
-                           st->gdn[l].S, st->gdn[l].conv_tail, NULL, NULL, scratch, NULL, l, 1, NULL, NULL, 0, 0};
-            /* The last layer's FFN feeds only the LM head: skipped unless logits are wanted. */
-            int skip = l == c->n_layers - 1 && !(logits && last_chunk);
-            LS_TRY(layer_fwd(m, l, x, skip, &L));
-            ls_trace_layer_end(l, "fwd");
-        }
-        ls_state_advance(st, T);
-        if (!logits) ls_progress_add(T); /* capture; decoding reports its own progress */
-        if (logits && last_chunk) { /* logits of the last token, scaled by 1/temperature */
-            float *h = x + (T - 1) * D, *lg = ls_dec_out(m->be, scratch, logits, c->vocab);
-            NEED(lg);
-            ls_op_rmsnorm_fwd(m->be, h, NULL, h, m->final_norm, 1, D, c->eps);
-            ls_op_linear_fwd(m->be, lg, h, m->lm_head, 1, D, c->vocab, 0);
-            float it = 1.0f / o->temperature;
-            ls_op_scale(m->be, lg, it, c->vocab);
-            ls_dec_out_done(m->be, logits, lg, c->vocab);
-        }
-        ls_arena_release(scratch, mk);
-    }
-    return LS_OK;
-}
-
-/* ---- capture under context parallelism (DESIGN §8) -------------------------------
- * Each rank captures its own segments of the prompt (state.h: one contiguous block, or
- * two with the zigzag layout), layer by layer: the residual stream of the rank's
- * positions stays alive across layers (the one buffer sized by P/N). Every rank walks
- * the layout's segments in prompt order, the same program order everywhere, so the
- * schedule cannot deadlock: at its own segment a rank computes it, chunk by chunk,
- * through the same layer_fwd as a one-rank capture; at another rank's segment of an
- * attention layer it sends that rank its own earlier pages.
+/* ---- capture under context parallelism (DESIGN §8; the schedule is the driver's,
+ * decoder.c, layer-major) -------------------------------------------------------------
  *  - Gated DeltaNet: the recurrent state and conv tail relay from the owner of one
  *    segment to the owner of the next, so with contiguous blocks the ranks run as a
  *    wavefront over the layers (zigzag's relay goes up the ranks and back down).
  *  - Attention: a chunk's queries attend over the rank's earlier pages plus their own
  *    keys, then over every earlier segment of other ranks, which stream past block by
  *    block once per chunk (cp_merge_earlier: never a whole remote K/V in memory) and
- *    merge by log-sum-exp.
+ *    merge by log-sum-exp; a rank at another rank's chunk sends it its earlier pages.
  * At the end the owner of the last segment broadcasts the GDN states (the state at the
  * prompt's end). */
 
@@ -451,226 +400,154 @@ ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int
     return LS_OK;
 }
 
-/* Query chunks of the segment [lo, hi). */
-static int64_t cp_span_count(const ls_prompt_state *st, int64_t lo, int64_t hi, int64_t C) {
-    int64_t k = 0;
-    for (int64_t c0 = lo; c0 < hi; c0 = ls_state_span_end(st, lo, c0, hi, C)) k++;
-    return k;
+/* ---- the family's hooks of the model driver (decoder.h) -------------------------------- */
+
+static size_t conv_floats(const ls_config *c) {
+    return (size_t)(ls_hybrid_cfg(c)->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
 }
 
-/* The owner of the nearest non-empty segment after (dir = +1) or before (−1) segment s,
- * or −1. */
-static int cp_neighbour(const ls_prompt_state *st, int s, int dir) {
-    for (int t = s + dir; t >= 0 && t < ls_state_segments(st); t += dir) {
-        int owner;
-        int64_t lo, hi;
-        ls_state_segment(st, t, &owner, &lo, &hi);
-        if (hi > lo) return owner;
-    }
-    return -1;
-}
-
-static ls_status capture_cp(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids, int64_t n,
-                            const ls_fwd_opts *o, ls_arena *sc) {
-    const ls_config *c = &m->cfg;
+static size_t rec_floats(const ls_config *c) {
     const ls_hybrid_config *hc = ls_hybrid_cfg(c);
-    if (st->n != 0 || n != st->capacity)
-        return ls_err(LS_ERR_ARG, "a prompt state split over ranks is captured whole, once (%lld of %lld positions)",
-                      (long long)n, (long long)st->capacity);
-    int r = st->rank, nseg = ls_state_segments(st);
-    int64_t D = c->hidden, C = o->capture_chunk > 0 ? o->capture_chunk : 2048;
-    size_t conv_n = (size_t)(hc->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
-    size_t rec_n = (size_t)hc->H_v * (size_t)hc->d_k * (size_t)hc->d_v;
-    int64_t Tr = 0, xoff[LS_STATE_MAX_SEGS]; /* the rank's positions, its segments one after another */
-    for (int k = 0; k < st->nseg; k++) xoff[k] = Tr, Tr += st->seg_hi[k] - st->seg_lo[k];
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *x = ALLOC_F(sc, (Tr > 0 ? Tr : 1) * D); /* [Tr, D] the rank's residual stream */
-    NEED(x);
-    for (int k = 0; k < st->nseg; k++) {
-        ls_arena_mark mi = ls_arena_get_mark(sc);
-        const int32_t *xi = ls_dec_ids_in(m->be, sc, ids + st->seg_lo[k], st->seg_hi[k] - st->seg_lo[k]);
-        NEED(xi);
-        ls_op_embed_fwd(m->be, x + xoff[k] * D, xi, m->embed, st->seg_hi[k] - st->seg_lo[k], D);
-        ls_arena_release(sc, mi);
+    return (size_t)hc->H_v * (size_t)hc->d_k * (size_t)hc->d_v;
+}
+
+/* a branch's private copy of a GDN layer's state, written in place by the layer */
+static ls_status hy_begin(const ls_dec_model *dm, const ls_dec_pass *p) {
+    if (p->kind != LS_DEC_BRANCH) return LS_OK;
+    ls_hybrid_pass *hp = dm->pass_data;
+    size_t conv_n = conv_floats(dm->cfg);
+    hp->S = ALLOC_F(p->sc, rec_floats(dm->cfg));
+    hp->tail = ALLOC_F(p->sc, conv_n ? conv_n : 1);
+    NEED(hp->S && hp->tail);
+    return LS_OK;
+}
+
+static ls_dec_branch *hy_tape_new(const ls_dec_model *dm, const ls_dec_pass *p, ls_arena *A) {
+    (void)p;
+    ls_branch_tape *tb = ls_arena_host_calloc(A, 1, sizeof *tb);
+    if (!tb || !(tb->layers = ls_arena_host_calloc(A, (size_t)dm->cfg->n_layers, sizeof(ls_layer_tape)))) return NULL;
+    return &tb->h;
+}
+
+/* a GDN layer's recurrent state and conv tail as the parts of a message */
+static void gdn_parts(const ls_config *c, const ls_gdn_state *g, ls_dist_part parts[2]) {
+    parts[0] = (ls_dist_part){g->S, rec_floats(c) * sizeof(float)};
+    parts[1] = (ls_dist_part){g->conv_tail, conv_floats(c) * sizeof(float)};
+}
+
+static ls_status hy_layer_fwd(const ls_dec_model *dm, const ls_dec_pass *p, int l, float *x, int skip) {
+    const ls_hybrid_model *m = dm->fam;
+    const ls_config *c = &m->cfg;
+    int gdn = c->kind[l] == LS_LAYER_GDN;
+    ls_prompt_state *st = p->st;
+    switch (p->kind) {
+    case LS_DEC_EXTEND: {
+        if (gdn) save_ckpt(st, p->pos0, l);
+        ls_kv_prefix pre = ls_state_prefix(st, l);
+        layer_ctx L = {p->T, p->pos0, 0, gdn ? NULL : &pre, st, st->gdn ? st->gdn[l].S : NULL,
+                       st->gdn ? st->gdn[l].conv_tail : NULL, NULL, NULL, p->sc, NULL, l, 1, NULL, NULL, 0, 0};
+        return layer_fwd(m, l, x, skip, &L);
     }
-    ls_status s = LS_OK;
-    int64_t bp = ls_hybrid_cp_block(st, o);
-    for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
-        int skip = l == c->n_layers - 1; /* the last FFN feeds only the LM head */
-        int gdn = c->kind[l] == LS_LAYER_GDN;
-        ls_gdn_state *g = &st->gdn[l];
-        for (int sg = 0; sg < nseg && s == LS_OK; sg++) {
-            int owner;
-            int64_t lo, hi;
-            ls_state_segment(st, sg, &owner, &lo, &hi);
-            if (hi == lo) continue;
-            if (owner != r) { /* another rank's segment: it reads my earlier pages */
-                if (!gdn) s = ls_hybrid_cp_send_pages(st, l, owner, lo, cp_span_count(st, lo, hi, C), bp, sc);
-                continue;
-            }
-            int k = 0;
-            while (st->seg_lo[k] != lo) k++;
-            int prev = cp_neighbour(st, sg, -1), next = cp_neighbour(st, sg, +1);
-            ls_dist_part relay[2] = {{g->S, rec_n * sizeof(float)}, {g->conv_tail, conv_n * sizeof(float)}};
-            if (gdn && prev >= 0 && prev != r) /* the state where the previous segment ended */
-                s = ls_dist_relay_recv(m->be, st->comm, relay, 2, prev, l);
-            for (int64_t c0 = lo, T; c0 < hi && s == LS_OK; c0 += T) { /* the segment's chunks through layer l */
-                T = ls_state_span_end(st, lo, c0, hi, C) - c0;
-                st->n = c0;
-                if (gdn) save_ckpt(st, c0, l);
-                ls_kv_prefix pre = ls_state_prefix(st, l); /* this rank's earlier pages */
-                layer_ctx L = {T, c0, 0, gdn ? NULL : &pre, gdn ? NULL : st, g->S, g->conv_tail, NULL, NULL, sc,
-                               NULL, l, 1, NULL, gdn ? NULL : st, bp, sg};
-                s = layer_fwd(m, l, x + (xoff[k] + c0 - lo) * D, skip, &L);
-            }
-            st->n = hi;
-            if (s == LS_OK && gdn && next >= 0 && next != r) /* on to the next segment's owner */
-                s = ls_dist_relay_send(m->be, st->comm, relay, 2, next, l);
+    case LS_DEC_CP_CAPTURE: {
+        int64_t bp = ls_hybrid_cp_block(st, p->o);
+        if (!x) /* another rank's chunk: it reads my earlier pages */
+            return gdn ? LS_OK : ls_hybrid_cp_send_pages(st, l, p->owner, p->seg_lo, 1, bp, p->sc);
+        ls_gdn_state *g = gdn ? &st->gdn[l] : NULL;
+        ls_dist_part relay[2];
+        if (gdn) gdn_parts(c, g, relay);
+        if (gdn && p->seg_first && p->prev >= 0 && p->prev != st->rank) /* the state where the previous segment ended */
+            LS_TRY(ls_dist_relay_recv(m->be, st->comm, relay, 2, p->prev, l));
+        if (gdn) save_ckpt(st, p->pos0, l);
+        ls_kv_prefix pre = ls_state_prefix(st, l); /* this rank's earlier pages */
+        layer_ctx L = {p->T, p->pos0, 0, gdn ? NULL : &pre, gdn ? NULL : st, g ? g->S : NULL, g ? g->conv_tail : NULL,
+                       NULL, NULL, p->sc, NULL, l, 1, NULL, gdn ? NULL : st, bp, p->seg};
+        LS_TRY(layer_fwd(m, l, x, skip, &L));
+        if (gdn && p->seg_last && p->next >= 0 && p->next != st->rank) /* on to the next segment's owner */
+            LS_TRY(ls_dist_relay_send(m->be, st->comm, relay, 2, p->next, l));
+        return LS_OK;
+    }
+    case LS_DEC_DECODE: {
+        layer_ctx L = {p->T, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, p->sc, p->seqs, l, 1, NULL, NULL, 0, 0};
+        return layer_fwd(m, l, x, skip, &L);
+    }
+    case LS_DEC_BRANCH:
+        break;
+    }
+    const ls_prompt_state *v = p->view;
+    ls_hybrid_pass *hp = dm->pass_data;
+    ls_branch_tape *tb = p->tape ? (ls_branch_tape *)p->tape : NULL;
+    ls_kv_prefix pre;
+    const ls_kv_prefix *pp = NULL;
+    if (gdn) { /* the branch continues from the prompt's state (a copy: the state is read-only) */
+        if (v) {
+            ls_op_copy(m->be, hp->S, v->gdn[l].S, (int64_t)rec_floats(c));
+            ls_op_copy(m->be, hp->tail, v->gdn[l].conv_tail, (int64_t)conv_floats(c));
+        } else {
+            ls_op_zero(m->be, hp->S, (int64_t)rec_floats(c));
+            ls_op_zero(m->be, hp->tail, (int64_t)conv_floats(c));
         }
-        ls_trace_layer_end(l, "fwd");
+    } else if (v) {
+        pre = ls_state_prefix(v, l);
+        pp = &pre;
     }
-    ls_progress_add(n); /* layer-major: the whole prompt is done only now */
-    int last = cp_neighbour(st, nseg, -1); /* the state at the prompt's end, on every rank */
-    for (int l = 0; l < c->n_layers && s == LS_OK && last >= 0; l++) {
+    int cp = v && v->nranks > 1;
+    layer_ctx L = {p->T, p->pos0, p->grad_from, pp, NULL, hp->S, hp->tail, tb ? &tb->layers[l] : NULL, p->ta, p->sc,
+                   NULL, l, 0, cp && p->sweep < 0 ? v->comm : NULL, cp && p->sweep >= 0 && !gdn ? v : NULL,
+                   cp ? ls_hybrid_cp_block(v, p->o) : 0, p->sweep};
+    return layer_fwd(m, l, x, skip, &L);
+}
+
+/* after a CP capture: the state at the prompt's end, on every rank */
+static ls_status hy_capture_end(const ls_dec_model *dm, ls_prompt_state *st, int last_owner) {
+    const ls_config *c = dm->cfg;
+    for (int l = 0; l < c->n_layers && last_owner >= 0; l++) {
         if (c->kind[l] != LS_LAYER_GDN) continue;
-        ls_dist_part fin[2] = {{st->gdn[l].S, rec_n * sizeof(float)}, {st->gdn[l].conv_tail, conv_n * sizeof(float)}};
-        s = ls_dist_bcast_parts(m->be, st->comm, fin, 2, last);
+        ls_dist_part fin[2];
+        gdn_parts(c, &st->gdn[l], fin);
+        LS_TRY(ls_dist_bcast_parts(dm->be, st->comm, fin, 2, last_owner));
     }
-    st->n = n;
-    ls_arena_release(sc, mk);
-    return s;
+    return LS_OK;
+}
+
+ls_dec_model ls_hybrid_dec(const ls_hybrid_model *m, ls_hybrid_pass *hp) {
+    return (ls_dec_model){.be = m->be, .cfg = &m->cfg, .norm = LS_NORM_ZERO_CENTRED, .embed = m->embed,
+                          .final_norm = m->final_norm, .lm_head = m->lm_head, .fam = m, .pass_data = hp,
+                          .cp_layer_major = 1, .batched_decode = 1, .begin = hy_begin, .tape_new = hy_tape_new,
+                          .layer_fwd = hy_layer_fwd, .capture_end = hy_capture_end, .layer_bwd = ls_hybrid_layer_bwd,
+                          .sweep_serve = ls_hybrid_sweep_serve, .sweep_relay = ls_hybrid_sweep_relay};
+}
+
+/* ---- the family's entries: the driver's ------------------------------------------------ */
+
+ls_status ls_hybrid_extend(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids, int64_t n, float *logits,
+                           const ls_fwd_opts *o, ls_arena *scratch) {
+    ls_hybrid_pass hp;
+    ls_dec_model dm = ls_hybrid_dec(m, &hp);
+    return ls_dec_extend(&dm, st, ids, n, logits, o, scratch);
 }
 
 ls_status ls_hybrid_capture(const ls_hybrid_model *m, ls_prompt_state *st, const int32_t *ids,
                             int64_t n, const ls_fwd_opts *o, ls_arena *scratch) {
-    if (st->nranks > 1) return capture_cp(m, st, ids, n, o, scratch);
-    return ls_hybrid_extend(m, st, ids, n, NULL, o, scratch);
+    ls_hybrid_pass hp;
+    ls_dec_model dm = ls_hybrid_dec(m, &hp);
+    return ls_dec_capture(&dm, st, ids, n, o, scratch);
 }
 
 ls_status ls_hybrid_decode(const ls_hybrid_model *m, ls_prompt_state *const *sts, const int32_t *ids, int n,
                            float *logits, const ls_fwd_opts *o, ls_arena *scratch) {
-    const ls_config *c = &m->cfg;
-    int64_t D = c->hidden, V = c->vocab;
-    ls_arena_mark mk = ls_arena_get_mark(scratch);
-    float *x = ALLOC_F(scratch, (int64_t)n * D); /* [n, D]: one row per sequence */
-    const int32_t *xi = ls_dec_ids_in(m->be, scratch, ids, n);
-    float *lg = ls_dec_out(m->be, scratch, logits, (int64_t)n * V);
-    NEED(x && xi && lg);
-    ls_op_embed_fwd(m->be, x, xi, m->embed, n, D);
-    for (int l = 0; l < c->n_layers; l++) {
-        layer_ctx L = {n, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, scratch, sts, l, 1, NULL, NULL, 0, 0};
-        ls_status s = layer_fwd(m, l, x, 0, &L);
-        if (s != LS_OK) {
-            ls_arena_release(scratch, mk);
-            return s;
-        }
-    }
-    for (int i = 0; i < n; i++) ls_state_advance(sts[i], 1);
-    ls_op_rmsnorm_fwd(m->be, x, NULL, x, m->final_norm, n, D, c->eps);
-    ls_op_linear_fwd(m->be, lg, x, m->lm_head, n, D, V, 0);
-    float it = 1.0f / o->temperature;
-    ls_op_scale(m->be, lg, it, (int64_t)n * V);
-    ls_dec_out_done(m->be, logits, lg, (int64_t)n * V);
-    ls_arena_release(scratch, mk);
-    return LS_OK;
-}
-
-/* A branch (sweep < 0) or a CP sweep chunk of segment `sweep` (attention merges the
- * other ranks' earlier segments as capture does, instead of the branch's all-reduce). */
-static ls_status branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *st, const int32_t *ids, int64_t T,
-                            int64_t out_from, int64_t grad_from, const int32_t *target, float *logprob,
-                            float *entropy, ls_branch_tape **tape_out, const ls_fwd_opts *o, ls_arena *tape_arena,
-                            ls_arena *scratch, int sweep) {
-    const ls_config *c = &m->cfg;
-    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
-    int64_t D = c->hidden, pos0 = st ? st->n : 0;
-    LS_ASSERT(out_from >= 0 && out_from <= T, "out_from %lld outside [0, %lld]", (long long)out_from,
-              (long long)T);
-    LS_ASSERT(grad_from >= 0 && grad_from <= out_from, "grad_from %lld", (long long)grad_from);
-    size_t conv_n = (size_t)(hc->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
-    size_t rec_n = (size_t)hc->H_v * (size_t)hc->d_k * (size_t)hc->d_v;
-    int taping = tape_out != NULL;
-    ls_arena *A = taping ? tape_arena : scratch; /* what outlives a layer */
-    ls_arena_mark mk = ls_arena_get_mark(scratch);
-    ls_branch_tape *tb = NULL;
-    int64_t n = T - out_from; /* rows that predict a target */
-    ids = ls_dec_ids_in(m->be, A, ids, T); /* kept on the tape for the backward */
-    target = ls_dec_ids_in(m->be, A, target, n);
-    float *lp = ls_dec_out(m->be, scratch, logprob, n), *ent = ls_dec_out(m->be, scratch, entropy, n);
-    NEED(ids && (target || n == 0) && (lp || !logprob) && (ent || !entropy));
-    if (taping) {
-        tb = ls_arena_host_calloc(A, 1, sizeof *tb);
-        NEED(tb);
-        tb->layers = ls_arena_host_calloc(A, (size_t)c->n_layers, sizeof(ls_layer_tape));
-        NEED(tb->layers);
-        tb->T = T, tb->out_from = out_from, tb->grad_from = grad_from, tb->pos0 = pos0;
-        tb->ids = ids, tb->target = target, tb->temperature = o->temperature;
-        tb->lmhead_rows = o->lmhead_rows;
-    }
-    float *x = ALLOC_F(A, T * D);  /* [T, D] residual stream */
-    float *S = ALLOC_F(scratch, rec_n); /* private copy of a GDN layer's state */
-    float *tail = ALLOC_F(scratch, conv_n ? conv_n : 1);
-    NEED(x && S && tail);
-    ls_op_embed_fwd(m->be, x, ids, m->embed, T, D);
-    for (int l = 0; l < c->n_layers; l++) {
-        ls_kv_prefix pre;
-        const ls_kv_prefix *pp = NULL;
-        if (c->kind[l] == LS_LAYER_GDN) {
-            if (st) {
-                ls_op_copy(m->be, S, st->gdn[l].S, (int64_t)rec_n);
-                ls_op_copy(m->be, tail, st->gdn[l].conv_tail, (int64_t)conv_n);
-            } else {
-                ls_op_zero(m->be, S, (int64_t)rec_n);
-                ls_op_zero(m->be, tail, (int64_t)conv_n);
-            }
-        } else if (st) {
-            pre = ls_state_prefix(st, l);
-            pp = &pre;
-        }
-        int cp = st && st->nranks > 1, gdn = c->kind[l] == LS_LAYER_GDN;
-        layer_ctx L = {T, pos0, grad_from, pp, NULL, S, tail, taping ? &tb->layers[l] : NULL, tape_arena, scratch,
-                       NULL, l, 0, cp && sweep < 0 ? st->comm : NULL, cp && sweep >= 0 && !gdn ? st : NULL,
-                       cp ? ls_hybrid_cp_block(st, o) : 0, sweep};
-        LS_TRY(layer_fwd(m, l, x, 0, &L));
-        ls_trace_layer_end(l, "fwd");
-    }
-    float *xo = x + out_from * D; /* [n, D] rows that predict a target */
-    float *h = xo;
-    float *rstd = NULL;
-    if (n == 0) { /* nothing predicted (a sweep chunk of the prompt) */
-        ls_arena_release(scratch, mk);
-        if (taping) *tape_out = tb;
-        return LS_OK;
-    }
-    if (taping) {
-        h = ALLOC_F(A, n * D);
-        rstd = ALLOC_F(A, n);
-        tb->lse = ALLOC_F(A, n);
-        NEED(h && rstd && tb->lse);
-        tb->x_final = xo, tb->h_final = h, tb->rstd_f = rstd;
-    }
-    ls_op_rmsnorm_fwd(m->be, h, rstd, xo, m->final_norm, n, D, c->eps);
-    LS_TRY(ls_op_lmhead_fwd(m->be, lp, taping ? tb->lse : NULL, ent, h, m->lm_head, target, n, D, c->vocab,
-                            o->temperature, o->lmhead_rows, scratch));
-    ls_dec_out_done(m->be, logprob, lp, n);
-    ls_dec_out_done(m->be, entropy, ent, n);
-    ls_arena_release(scratch, mk);
-    if (taping) *tape_out = tb;
-    return LS_OK;
+    ls_hybrid_pass hp;
+    ls_dec_model dm = ls_hybrid_dec(m, &hp);
+    return ls_dec_decode(&dm, sts, ids, n, logits, o, scratch);
 }
 
 ls_status ls_hybrid_branch_fwd(const ls_hybrid_model *m, const ls_prompt_state *st, const int32_t *ids, int64_t T,
                                int64_t out_from, int64_t grad_from, const int32_t *target, float *logprob,
                                float *entropy, ls_branch_tape **tape_out, const ls_fwd_opts *o,
                                ls_arena *tape_arena, ls_arena *scratch) {
-    return branch_fwd(m, st, ids, T, out_from, grad_from, target, logprob, entropy, tape_out, o, tape_arena, scratch,
-                      -1);
-}
-
-ls_status ls_hybrid_sweep_fwd(const ls_hybrid_model *m, const ls_prompt_state *view, int seg, const int32_t *ids,
-                              int64_t T, ls_branch_tape **tape_out, const ls_fwd_opts *o, ls_arena *tape_arena,
-                              ls_arena *scratch) {
-    return branch_fwd(m, view, ids, T, T, 0, NULL, NULL, NULL, tape_out, o, tape_arena, scratch, seg);
+    ls_hybrid_pass hp;
+    ls_dec_model dm = ls_hybrid_dec(m, &hp);
+    return ls_dec_branch_fwd(&dm, st, ids, T, out_from, grad_from, target, logprob, entropy,
+                             (ls_dec_branch **)tape_out, o, tape_arena, scratch, -1);
 }
 
 ls_status ls_hybrid_branch_logprobs(const ls_hybrid_model *m, const ls_prompt_state *st,

@@ -41,15 +41,6 @@
                                       (dx), (dy), (x), (T), (sc)));                                              \
     } while (0)
 
-/* Where the prompt state's gradient goes (full mode), NULL/0 when prefix-frozen.
- * A branch adds its dState (dK/dV of the prompt pages it read, d(S, tail) of the state
- * it started from); a sweep chunk also reads the incoming gradient of its own
- * positions' K/V and of the state it ended with, and replaces d(S, tail) by that of the
- * state it started from. */
-typedef struct {
-    ls_prompt_state *st; /* the prompt state whose ->full holds dState */
-    int sweep;
-} dstate_ctx;
 
 /* f32 bytes of one dK (or dV) page, unpadded: a block in a message. */
 static size_t dpage_bytes(const ls_config *c, int64_t S) {
@@ -112,7 +103,7 @@ static ls_status cp_sweep_bwd_remote(const ls_backend *be, const ls_config *c, c
 /* Gated DeltaNet mixer backward: dres[T,D] → dxn[T,D] (+=), weight grads (+=). */
 static ls_status gdn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
                          const ls_layer_tape *tp, const float *dres, float *dxn, int64_t T,
-                         const dstate_ctx *dc, ls_arena *sc) {
+                         const ls_dec_dstate *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     int64_t D = c->hidden, kd = ls_cfg_key_dim(c), vd = ls_cfg_value_dim(c), cd = ls_cfg_conv_dim(c);
@@ -181,7 +172,7 @@ static ls_status gdn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer 
  * detaches the K/V of earlier positions. */
 static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
                           const ls_layer_tape *tp, const float *dres, float *dxn, int64_t T,
-                          int64_t pos0, int64_t grad_from, const dstate_ctx *dc, ls_arena *sc) {
+                          int64_t pos0, int64_t grad_from, const ls_dec_dstate *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     int64_t D = c->hidden, hd = c->head_dim, qd = (int64_t)c->n_heads * hd, kvd = (int64_t)c->n_kv * hd;
     ls_arena_mark mk = ls_arena_get_mark(sc);
@@ -283,7 +274,7 @@ typedef struct {
     int l;
     ls_hybrid_layer *gw;
     const ls_branch_tape *tb;
-    const dstate_ctx *dc;
+    const ls_dec_dstate *dc;
 } part_ctx;
 
 static ls_status part_mixer_bwd(const ls_dec_layer *d, const float *dres, float *dxn) {
@@ -291,7 +282,7 @@ static ls_status part_mixer_bwd(const ls_dec_layer *d, const float *dres, float 
     const ls_hybrid_layer *w = &p->m->layers[p->l];
     const ls_layer_tape *tp = &p->tb->layers[p->l];
     if (p->m->cfg.kind[p->l] == LS_LAYER_GDN) return gdn_bwd(p->m, p->l, w, p->gw, tp, dres, dxn, d->T, p->dc, d->sc);
-    return attn_bwd(p->m, p->l, w, p->gw, tp, dres, dxn, d->T, p->tb->pos0, p->tb->grad_from, p->dc, d->sc);
+    return attn_bwd(p->m, p->l, w, p->gw, tp, dres, dxn, d->T, p->tb->h.pos0, p->tb->h.grad_from, p->dc, d->sc);
 }
 
 static ls_status part_moe_bwd(const ls_dec_layer *d, const float *dres, float *dxn) {
@@ -301,12 +292,12 @@ static ls_status part_moe_bwd(const ls_dec_layer *d, const float *dres, float *d
 
 /* One layer: dx[T,D] holds ∂L/∂(layer output) on entry, ∂L/∂(layer input) on exit. */
 static ls_status layer_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, int l,
-                           const ls_branch_tape *tb, float *dx, const dstate_ctx *dc, ls_arena *sc) {
+                           const ls_branch_tape *tb, float *dx, const ls_dec_dstate *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     const ls_hybrid_layer *w = &m->layers[l];
     ls_hybrid_layer *gw = &grad->layers[l];
     part_ctx pc = {m, l, gw, tb, dc};
-    ls_dec_layer d = {.be = m->be, .T = tb->T, .D = c->hidden, .I = c->intermediate, .eps = c->eps,
+    ls_dec_layer d = {.be = m->be, .T = tb->h.T, .D = c->hidden, .I = c->intermediate, .eps = c->eps,
                       .norm = LS_NORM_ZERO_CENTRED, .input_norm = w->input_norm, .post_norm = w->post_norm,
                       .d_input_norm = gw->input_norm, .d_post_norm = gw->post_norm, .mixer_bwd = part_mixer_bwd,
                       .moe_bwd = c->moe[l] ? part_moe_bwd : NULL, .gu_w = w->mlp_gu, .down_w = w->mlp_down,
@@ -316,44 +307,32 @@ static ls_status layer_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, int 
     return ls_dec_layer_bwd(&d, dx);
 }
 
-static ls_status branch_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, const ls_branch_tape *tb,
-                            const float *dlogprob, const dstate_ctx *dc, ls_arena *scratch) {
-    const ls_config *c = &m->cfg;
-    int64_t T = tb->T, D = c->hidden, n = T - tb->out_from;
-    ls_arena_mark mk = ls_arena_get_mark(scratch);
-    float *dx = CALLOC_F(scratch, T * D); /* [T, D] ∂L/∂residual */
-    NEED(dx);
-    if (n > 0) { /* a sweep chunk predicts nothing: its gradient comes in through the state */
-        float *dh = ALLOC_F(scratch, n * D); /* [n, D] ∂L/∂(LM-head input) */
-        const float *dl = ls_dec_in(m->be, scratch, dlogprob, n);
-        NEED(dh && dl);
-        LS_TRY(ls_op_lmhead_logprobs_bwd(m->be, dh, grad->lm_head, dl, tb->h_final, m->lm_head, tb->target, tb->lse, n,
-                                      D, c->vocab, tb->temperature, tb->lmhead_rows, scratch));
-        ls_op_rmsnorm_bwd(m->be, dx + tb->out_from * D, grad->final_norm, dh, tb->x_final, tb->rstd_f, m->final_norm, n, D);
-    }
-    for (int l = (int)c->n_layers - 1; l >= 0; l--) {
-        LS_TRY(layer_bwd(m, grad, l, tb, dx, dc, scratch));
-        ls_trace_layer_end(l, "bwd");
-    }
-    if (grad->embed) ls_op_embed_bwd(m->be, grad->embed, dx, tb->ids, T, D);
-    ls_arena_release(scratch, mk);
-    return LS_OK;
+ls_status ls_hybrid_layer_bwd(const ls_dec_model *dm, const ls_dec_grad *g, const ls_dec_branch *tape, int l,
+                              float *dx, const ls_dec_dstate *dc, ls_arena *sc) {
+    return layer_bwd(dm->fam, g->fam, l, (const ls_branch_tape *)tape, dx, dc, sc);
+}
+
+static ls_dec_grad grad_of(ls_hybrid_model *grad) {
+    return (ls_dec_grad){grad->embed, grad->final_norm, grad->lm_head, grad};
 }
 
 ls_status ls_hybrid_branch_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, const ls_branch_tape *tb,
                                const float *dlogprob, ls_prompt_state *dstate, ls_arena *scratch) {
     LS_ASSERT(!dstate || dstate->full, "the prompt state has no gradient buffer (full mode)");
-    dstate_ctx dc = {dstate, 0};
-    return branch_bwd(m, grad, tb, dlogprob, &dc, scratch);
+    ls_dec_dstate dc = {dstate, 0, NULL};
+    ls_hybrid_pass hp;
+    ls_dec_model dm = ls_hybrid_dec(m, &hp);
+    ls_dec_grad g = grad_of(grad);
+    return ls_dec_branch_bwd(&dm, &g, &tb->h, dlogprob, &dc, scratch);
 }
 
 /* Another rank's sweep chunk at position `lo` (owner `owner`): what it reads of this
  * rank — every attention layer's pages before `lo` in the chunk's forward (layer order),
  * then again in its backward (reverse layer order), each block answered by its dK/dV,
  * which are added to this rank's dState. The same program order as the owner's. */
-static ls_status cp_sweep_serve(const ls_hybrid_model *m, ls_prompt_state *st, int owner, int64_t lo,
+ls_status ls_hybrid_sweep_serve(const ls_dec_model *dm, ls_prompt_state *st, int owner, int64_t lo,
                                 const ls_fwd_opts *o, ls_arena *sc) {
-    const ls_config *c = &m->cfg;
+    const ls_config *c = dm->cfg;
     int64_t S = st->page_size, bp = ls_hybrid_cp_block(st, o), kvn = S * (int64_t)c->n_kv * c->head_dim;
     size_t pb = (size_t)kvn * ls_dtype_size(st->dtype);
     for (int l = 0; l < c->n_layers; l++)
@@ -364,16 +343,16 @@ static ls_status cp_sweep_serve(const ls_hybrid_model *m, ls_prompt_state *st, i
         for (int k = 0; k < st->nseg; k++) { /* earlier segments, prompt order */
             if (st->seg_hi[k] == st->seg_lo[k] || st->seg_hi[k] > lo) continue;
             int64_t lp = st->seg_lpage[k];
-            LS_TRY(ls_dist_pages_send_grad(m->be, st->comm, st->attn[l].k_pages + lp, st->attn[l].v_pages + lp, ds->dk + lp,
-                                           ds->dv + lp, st->seg_hi[k] - st->seg_lo[k], S, pb, kvn, bp, owner, l, sc));
+            LS_TRY(ls_dist_pages_send_grad(dm->be, st->comm, st->attn[l].k_pages + lp, st->attn[l].v_pages + lp,
+                                           ds->dk + lp, ds->dv + lp, st->seg_hi[k] - st->seg_lo[k], S, pb, kvn, bp,
+                                           owner, l, sc));
         }
     }
     return LS_OK;
 }
 
-/* d(S, conv tail) of every GDN layer, to or from the owner of the neighbouring chunk. */
-static ls_status cp_relay_dstate(const ls_prompt_state *st, int peer, int send) {
-    const ls_config *c = st->cfg;
+ls_status ls_hybrid_sweep_relay(const ls_dec_model *dm, ls_prompt_state *st, int peer, int send) {
+    const ls_config *c = dm->cfg;
     const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     size_t conv_n = (size_t)(hc->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
     size_t rec_n = (size_t)hc->H_v * (size_t)hc->d_k * (size_t)hc->d_v;
@@ -381,81 +360,16 @@ static ls_status cp_relay_dstate(const ls_prompt_state *st, int peer, int send) 
         if (c->kind[l] != LS_LAYER_GDN) continue;
         ls_layer_dstate *d = &st->full->d[l];
         ls_dist_part parts[2] = {{d->dS, rec_n * sizeof(float)}, {d->dtail, conv_n * sizeof(float)}};
-        LS_TRY(send ? ls_dist_relay_send(ls_arena_backend(st->arena), st->comm, parts, 2, peer, l)
-                    : ls_dist_relay_recv(ls_arena_backend(st->arena), st->comm, parts, 2, peer, l));
+        LS_TRY(send ? ls_dist_relay_send(dm->be, st->comm, parts, 2, peer, l)
+                    : ls_dist_relay_recv(dm->be, st->comm, parts, 2, peer, l));
     }
     return LS_OK;
 }
 
-/* One sweep chunk [a, a + T) of this rank (local chunk j, layout segment seg). */
-static ls_status sweep_chunk(const ls_hybrid_model *m, ls_hybrid_model *grad, ls_prompt_state *st, int64_t j,
-                             int seg, const int32_t *ids, const ls_fwd_opts *o, ls_arena *tape_arena,
-                             ls_arena *scratch) {
-    const ls_config *c = &m->cfg;
-    ls_state_full *f = st->full;
-    int64_t a = f->chunks[j].lo, T = f->chunks[j].hi - a;
-    /* the state where the chunk starts: the pages before it, the checkpointed GDN state */
-    ls_prompt_state view = *st;
-    view.n = a;
-    view.gdn = &f->ckpt[j * c->n_layers];
-    view.full = NULL;
-    dstate_ctx dc = {st, 1};
-    ls_trace_set_member((int)j);
-    ls_arena_mark tm = ls_arena_get_mark(tape_arena);
-    ls_branch_tape *tape = NULL;
-    ls_status s = ls_hybrid_sweep_fwd(m, &view, seg, ids + a, T, &tape, o, tape_arena, scratch);
-    if (s == LS_OK) s = branch_bwd(m, grad, tape, NULL, &dc, scratch);
-    ls_arena_release(tape_arena, tm);
-    ls_progress_add(T);
-    return s;
-}
-
 ls_status ls_hybrid_sweep(const ls_hybrid_model *m, ls_hybrid_model *grad, ls_prompt_state *st, const int32_t *ids,
                           const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *scratch) {
-    LS_ASSERT(st->full, "the sweep needs a full-mode prompt state");
-    ls_state_full *f = st->full;
-    ls_status s = LS_OK;
-    if (st->nranks <= 1) {
-        for (int64_t j = f->n_chunks - 1; j >= 0 && s == LS_OK; j--)
-            s = sweep_chunk(m, grad, st, j, 0, ids, o, tape_arena, scratch);
-        ls_trace_set_member(-1);
-        return s;
-    }
-    /* Under CP every rank walks every rank's chunks from last to first (the layout's
-     * segments, cut as ls_state_enable_full cuts them): its own it computes, receiving
-     * d(S, tail) from the owner of the chunk after and passing it on; another rank's it
-     * serves with its earlier pages and takes their dK/dV back. */
-    int64_t W = f->sweep_chunk, n = 0;
-    int nseg = ls_state_segments(st);
-    for (int sg = 0; sg < nseg; sg++) {
-        int owner;
-        int64_t lo, hi;
-        ls_state_segment(st, sg, &owner, &lo, &hi);
-        n += (hi - lo + W - 1) / W;
-    }
-    ls_arena_mark mk = ls_arena_get_mark(scratch);
-    int64_t *clo = ls_arena_host_alloc(scratch, (size_t)(n > 0 ? n : 1) * sizeof(int64_t));
-    int *cown = ls_arena_host_alloc(scratch, (size_t)(n > 0 ? n : 1) * sizeof(int) * 2), *cseg = cown + (n > 0 ? n : 1);
-    NEED(clo && cown);
-    n = 0;
-    for (int sg = 0; sg < nseg; sg++) {
-        int owner;
-        int64_t lo, hi;
-        ls_state_segment(st, sg, &owner, &lo, &hi);
-        for (int64_t a = lo; a < hi; a += W, n++) clo[n] = a, cown[n] = owner, cseg[n] = sg;
-    }
-    for (int64_t i = n - 1; i >= 0 && s == LS_OK; i--) {
-        if (cown[i] != st->rank) {
-            s = cp_sweep_serve(m, st, cown[i], clo[i], o, scratch);
-            continue;
-        }
-        if (i + 1 < n && cown[i + 1] != st->rank) s = cp_relay_dstate(st, cown[i + 1], 0);
-        int64_t j = ls_state_ckpt_at(st, clo[i]);
-        LS_ASSERT(s != LS_OK || j >= 0, "rank %d has no checkpoint at %lld", st->rank, (long long)clo[i]);
-        if (s == LS_OK) s = sweep_chunk(m, grad, st, j, cseg[i], ids, o, tape_arena, scratch);
-        if (s == LS_OK && i > 0 && cown[i - 1] != st->rank) s = cp_relay_dstate(st, cown[i - 1], 1);
-    }
-    ls_trace_set_member(-1);
-    ls_arena_release(scratch, mk);
-    return s;
+    ls_hybrid_pass hp;
+    ls_dec_model dm = ls_hybrid_dec(m, &hp);
+    ls_dec_grad g = grad_of(grad);
+    return ls_dec_sweep(&dm, &g, st, ids, o, tape_arena, scratch);
 }

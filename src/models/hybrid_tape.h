@@ -54,25 +54,22 @@ typedef struct {
 } ls_layer_tape;
 
 struct ls_branch_tape {
-    int64_t T, out_from, grad_from, pos0;
-    const int32_t *ids;    /* [T] (caller's buffer, alive until backward) */
-    const int32_t *target; /* [T − out_from] */
+    ls_dec_branch h;       /* the driver's: rows, ids, targets, final norm, LM head */
     ls_layer_tape *layers; /* [n_layers] */
-    float *x_final;        /* [T − out_from, D] final-norm input */
-    float *rstd_f;         /* [T − out_from] */
-    float *h_final;        /* [T − out_from, D] LM-head input */
-    float *lse;            /* [T − out_from] */
-    float temperature;
-    int64_t lmhead_rows;
 };
 
-/* A sweep chunk's forward with a tape (ls_hybrid_sweep): ids[0..T) at positions
- * view->n.. against `view` (the pages before the chunk, the checkpointed GDN state),
- * predicting nothing. Under CP (view->nranks > 1) attention reads the earlier segments
- * (before segment `seg`) of the other ranks block by block, as capture does. */
-ls_status ls_hybrid_sweep_fwd(const ls_hybrid_model *m, const ls_prompt_state *view, int seg, const int32_t *ids,
-                              int64_t T, ls_branch_tape **tape_out, const ls_fwd_opts *o, ls_arena *tape_arena,
-                              ls_arena *scratch);
+/* The family as the model driver runs it (decoder.h); hp: its per-pass state. */
+typedef struct {
+    float *S, *tail; /* a branch's private copy of a GDN layer's state and conv tail */
+} ls_hybrid_pass;
+ls_dec_model ls_hybrid_dec(const ls_hybrid_model *m, ls_hybrid_pass *hp);
+/* Its backward hooks (hybrid_bwd.c): a layer; another rank's sweep chunk served; d(S,
+ * conv tail) of every GDN layer sent to or received from a neighbouring chunk's owner. */
+ls_status ls_hybrid_layer_bwd(const ls_dec_model *dm, const ls_dec_grad *g, const ls_dec_branch *tape, int l,
+                              float *dx, const ls_dec_dstate *dc, ls_arena *sc);
+ls_status ls_hybrid_sweep_serve(const ls_dec_model *dm, ls_prompt_state *st, int owner, int64_t lo,
+                                const ls_fwd_opts *o, ls_arena *sc);
+ls_status ls_hybrid_sweep_relay(const ls_dec_model *dm, ls_prompt_state *st, int peer, int send);
 /* Pages per transferred block under CP: about one capture chunk. */
 int64_t ls_hybrid_cp_block(const ls_prompt_state *st, const ls_fwd_opts *o);
 /* Send this rank's pages of attention layer l that precede position `lo` to `dst`,

@@ -1,13 +1,12 @@
 /*
- * mla.c — forward of the MLA + DSA + MoE family (specs/mla-dsa-moe.md §2–§4): capture
- * (extend the prompt state chunk by chunk, no tape), branch (continue from a read-only
- * state, with or without a tape; with no state it is the plain forward) and decode.
- * One layer function serves all of them: capture passes an append target, a branch
- * none. Attention is sparse and absorbed: the indexer of a full layer picks each
- * query's top-k positions (a shared IndexCache layer reuses them), and every head
- * attends over those positions' latent rows [c_kv ; k_pe], the value being c_kv; W_UV
- * is applied per head after the sum. With a tape every buffer the backward reads comes
- * from the tape arena (mla_tape.h); without one, transients come from scratch.
+ * mla.c — the MLA + DSA + MoE family's layers forward (specs/mla-dsa-moe.md §2–§4) and
+ * its hooks of the model driver (decoder.h: capture, CP capture, decode, branches are
+ * the driver's). One layer function serves every pass: capture passes an append
+ * target, a branch none. Attention is sparse and absorbed: the indexer of a full layer
+ * picks each query's top-k positions (a shared IndexCache layer reuses them), and every
+ * head attends over those positions' latent rows [c_kv ; k_pe], the value being c_kv;
+ * W_UV is applied per head after the sum. With a tape every buffer the backward reads
+ * comes from the tape arena (mla_tape.h); without one, transients come from scratch.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -449,160 +448,93 @@ static void set_cp(mla_ctx *L, const ls_prompt_state *st, int qroot, int own_ran
     L->cp = st->comm, L->qroot = qroot, L->own_rank = own_rank, L->nkeys = nkeys, L->sel_local = sel_local;
 }
 
-/* Capture under CP (spec §6, DESIGN §8): the prompt's chunks in prompt order, each
- * through every layer on the rank owning its positions; at every layer all ranks
- * score the chunk's queries against the keys they hold, choose the global top-k, attend
- * over their share of it and merge. The chunk's own rows are the owner's, in f32 as in
- * one-rank capture (bf16 pages round only what came before), appended after. */
-static ls_status capture_cp(const ls_mla_model *m, ls_prompt_state *st, const int32_t *ids, int64_t n,
-                            const ls_fwd_opts *o, ls_arena *scratch) {
-    const ls_config *c = &m->cfg;
-    if (st->n != 0 || n != st->capacity)
-        return ls_err(LS_ERR_ARG, "a prompt state split over ranks is captured whole, once (%lld of %lld positions)",
-                      (long long)n, (long long)st->capacity);
-    int64_t D = c->hidden, C = o->capture_chunk > 0 ? o->capture_chunk : 2048;
-    for (int sg = 0; sg < ls_state_segments(st); sg++) {
-        int owner;
-        int64_t lo, hi;
-        ls_state_segment(st, sg, &owner, &lo, &hi);
-        for (int64_t c0 = lo, T; c0 < hi; c0 += T) {
-            T = ls_state_span_end(st, lo, c0, hi, C) - c0;
-            if (ls_stop_requested())
-                return ls_err(LS_ERR_INTERRUPTED, "stopped by signal %d during capture, at position %lld of %lld",
-                              ls_stop_requested(), (long long)c0, (long long)n);
-            ls_arena_mark mk = ls_arena_get_mark(scratch);
-            int64_t kk = sel_stride(c, c0, T);
-            int mine = owner == st->rank;
-            float *x = mine ? ALLOC_F(scratch, T * D) : NULL; /* [T, D] */
-            int32_t *sel = ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
-            int32_t *loc = ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
-            const int32_t *xi = mine ? ls_dec_ids_in(m->be, scratch, ids + c0, T) : NULL;
-            NEED((!mine || (x && xi)) && sel && loc);
-            if (mine) ls_op_embed_fwd(m->be, x, xi, m->embed, T, D);
-            for (int l = 0; l < c->n_layers; l++) {
-                mla_ctx L = {T, c0, st, mine ? st : NULL, sel, kk, NULL, NULL, scratch, NULL, -1, -1, 0, NULL};
-                set_cp(&L, st, owner, owner, c0, loc); /* the owner's rows are its own (f32) until appended */
-                st->n = c0;
-                LS_TRY(mine ? layer_fwd(m, l, x, l == c->n_layers - 1, &L) : cp_assist(m, l, &L));
-                ls_trace_layer_end(l, "fwd");
-            }
-            ls_progress_add(T);
-            ls_arena_release(scratch, mk);
-        }
-    }
-    st->n = n;
+/* ---- the family's hooks of the model driver (decoder.h) --------------------------------
+ * Capture under CP (spec §6, DESIGN §8) is chunk-major: at every layer of a chunk all
+ * ranks score the chunk's queries against the keys they hold, choose the global top-k,
+ * attend over their share of it and merge. The chunk's own rows are the owner's, in f32
+ * as in one-rank capture (bf16 pages round only what came before), appended after. */
+
+static ls_status mla_begin(const ls_dec_model *dm, const ls_dec_pass *p) {
+    ls_mla_pass *mp = dm->pass_data;
+    mp->kk = sel_stride(dm->cfg, p->pos0, p->T);
+    size_t b = (size_t)(p->T * mp->kk) * sizeof(int32_t);
+    int taping = p->tape != NULL, cp = p->view && p->view->nranks > 1;
+    int want_sel = p->kind != LS_DEC_BRANCH || !taping;     /* with a tape, the full layers keep theirs */
+    int want_loc = p->kind != LS_DEC_BRANCH || (!taping && cp);
+    mp->sel = want_sel ? ls_arena_alloc(p->sc, b) : NULL;
+    mp->loc = want_loc ? ls_arena_alloc(p->sc, b) : NULL;
+    NEED((mp->sel || !want_sel) && (mp->loc || !want_loc));
     return LS_OK;
 }
 
-/* Extend `st` by ids[0..n) chunk by chunk (capture; decode with logits of the last
- * token, scaled by 1/temperature). Under CP a decode step runs on every rank; the rank
- * holding the new positions appends them. */
-static ls_status extend(const ls_mla_model *m, ls_prompt_state *st, const int32_t *ids, int64_t n, float *logits,
-                        const ls_fwd_opts *o, ls_arena *scratch) {
-    const ls_config *c = &m->cfg;
-    int64_t D = c->hidden, C = o->capture_chunk > 0 ? o->capture_chunk : 2048;
-    if (st->nranks > 1 && !logits) return capture_cp(m, st, ids, n, o, scratch);
-    for (int64_t c0 = 0, T; c0 < n; c0 += T) {
-        T = ls_state_span_end(st, 0, st->n, st->n + n - c0, C) - st->n;
-        int last_chunk = c0 + T == n;
-        if (!logits && ls_stop_requested())
-            return ls_err(LS_ERR_INTERRUPTED, "stopped by signal %d during capture, at position %lld of %lld",
-                          ls_stop_requested(), (long long)st->n, (long long)(st->n + n - c0));
-        ls_arena_mark mk = ls_arena_get_mark(scratch);
-        int64_t kk = sel_stride(c, st->n, T);
-        float *x = ALLOC_F(scratch, T * D);                                    /* [T, D] */
-        int32_t *sel = ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t)); /* [T, kk] */
-        int32_t *loc = ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
-        const int32_t *xi = ls_dec_ids_in(m->be, scratch, ids + c0, T);
-        NEED(x && sel && loc && xi);
-        ls_op_embed_fwd(m->be, x, xi, m->embed, T, D);
-        for (int l = 0; l < c->n_layers; l++) {
-            mla_ctx L = {T, st->n, st, st, sel, kk, NULL, NULL, scratch, NULL, -1, -1, 0, NULL};
-            set_cp(&L, st, -1, 0, st->n, loc);
-            int skip = l == c->n_layers - 1 && !(logits && last_chunk); /* it feeds only the LM head */
-            LS_TRY(layer_fwd(m, l, x, skip, &L));
-            ls_trace_layer_end(l, "fwd");
-        }
-        ls_state_advance(st, T);
-        if (!logits) ls_progress_add(T);
-        if (logits && last_chunk) {
-            float *h = x + (T - 1) * D, *lg = ls_dec_out(m->be, scratch, logits, c->vocab);
-            NEED(lg);
-            ls_op_rmsnorm_plain_fwd(m->be, h, NULL, h, m->final_norm, 1, D, c->eps);
-            ls_op_linear_fwd(m->be, lg, h, m->lm_head, 1, D, c->vocab, 0);
-            float it = 1.0f / o->temperature;
-            ls_op_scale(m->be, lg, it, c->vocab);
-            ls_dec_out_done(m->be, logits, lg, c->vocab);
-        }
-        ls_arena_release(scratch, mk);
-    }
-    return LS_OK;
+static ls_dec_branch *mla_tape_new(const ls_dec_model *dm, const ls_dec_pass *p, ls_arena *A) {
+    mla_tape *tb = ls_arena_host_calloc(A, 1, sizeof *tb);
+    if (!tb || !(tb->layers = ls_arena_host_calloc(A, (size_t)dm->cfg->n_layers, sizeof(mla_layer_tape)))) return NULL;
+    tb->kk = sel_stride(dm->cfg, p->pos0, p->T);
+    tb->st = p->view;
+    if (p->view && p->view->nranks > 1) tb->cp = p->view->comm, tb->own_rank = 0, tb->nkeys = p->pos0;
+    return &tb->h;
 }
+
+static ls_status mla_layer_fwd(const ls_dec_model *dm, const ls_dec_pass *p, int l, float *x, int skip) {
+    const ls_mla_model *m = dm->fam;
+    ls_mla_pass *mp = dm->pass_data;
+    ls_prompt_state *st = p->st;
+    switch (p->kind) {
+    case LS_DEC_EXTEND: { /* capture, or a decode step of one sequence */
+        mla_ctx L = {p->T, p->pos0, st, st, mp->sel, mp->kk, NULL, NULL, p->sc, NULL, -1, -1, 0, NULL};
+        set_cp(&L, st, -1, 0, p->pos0, mp->loc);
+        return layer_fwd(m, l, x, skip, &L);
+    }
+    case LS_DEC_CP_CAPTURE: { /* x NULL: another rank's chunk, assisted */
+        mla_ctx L = {p->T, p->pos0, st, x ? st : NULL, mp->sel, mp->kk, NULL, NULL, p->sc, NULL, -1, -1, 0, NULL};
+        set_cp(&L, st, p->owner, p->owner, p->pos0, mp->loc); /* the owner's rows are its own (f32) until appended */
+        return x ? layer_fwd(m, l, x, skip, &L) : cp_assist(m, l, &L);
+    }
+    case LS_DEC_BRANCH: {
+        mla_tape *tb = p->tape;
+        mla_ctx L = {p->T, p->pos0, p->view, NULL, mp->sel, mp->kk, tb ? &tb->layers[l] : NULL, p->ta, p->sc, NULL,
+                     -1, -1, 0, NULL};
+        set_cp(&L, p->view, -1, 0, p->pos0, mp->loc); /* every rank runs the branch; rank 0 attends its own rows */
+        LS_TRY(layer_fwd(m, l, x, skip, &L));
+        mp->sel = L.sel, mp->loc = L.sel_local; /* a full layer's picks, for the shared layers after it */
+        return LS_OK;
+    }
+    case LS_DEC_DECODE:
+        break;
+    }
+    LS_ASSERT(0, "the MLA family decodes sequence by sequence (no batched pass)");
+    return LS_ERR_UNSUPPORTED;
+}
+
+ls_dec_model ls_mla_dec(const ls_mla_model *m, ls_mla_pass *mp) {
+    return (ls_dec_model){.be = m->be, .cfg = &m->cfg, .norm = LS_NORM_PLAIN, .embed = m->embed,
+                          .final_norm = m->final_norm, .lm_head = m->lm_head, .fam = m, .pass_data = mp,
+                          .sweep_every_rank = 1, .begin = mla_begin, .tape_new = mla_tape_new,
+                          .layer_fwd = mla_layer_fwd, .layer_bwd = ls_mla_layer_bwd};
+}
+
+/* ---- the family's entries: the driver's ------------------------------------------------ */
 
 ls_status ls_mla_capture(const ls_mla_model *m, ls_prompt_state *st, const int32_t *ids, int64_t n,
                          const ls_fwd_opts *o, ls_arena *scratch) {
-    return extend(m, st, ids, n, NULL, o, scratch);
+    ls_mla_pass mp;
+    ls_dec_model dm = ls_mla_dec(m, &mp);
+    return ls_dec_capture(&dm, st, ids, n, o, scratch);
 }
 
 ls_status ls_mla_decode(const ls_mla_model *m, ls_prompt_state *const *sts, const int32_t *ids, int n, float *logits,
                         const ls_fwd_opts *o, ls_arena *scratch) {
-    for (int i = 0; i < n; i++) /* each sequence its own state: one token each */
-        LS_TRY(extend(m, sts[i], ids + i, 1, logits + (int64_t)i * m->cfg.vocab, o, scratch));
-    return LS_OK;
+    ls_mla_pass mp;
+    ls_dec_model dm = ls_mla_dec(m, &mp);
+    return ls_dec_decode(&dm, sts, ids, n, logits, o, scratch);
 }
 
 ls_status ls_mla_branch_fwd(const ls_mla_model *m, const ls_prompt_state *st, const int32_t *ids, int64_t T,
                             int64_t out_from, int64_t grad_from, const int32_t *target, float *logprob, float *entropy,
                             ls_branch_tape **tape_out, const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *scratch) {
-    const ls_config *c = &m->cfg;
-    int64_t D = c->hidden, pos0 = st ? st->n : 0, kk = sel_stride(c, pos0, T);
-    LS_ASSERT(out_from >= 0 && out_from <= T, "out_from %lld outside [0, %lld]", (long long)out_from, (long long)T);
-    LS_ASSERT(grad_from >= 0 && grad_from <= out_from, "grad_from %lld", (long long)grad_from);
-    int taping = tape_out != NULL, cp = st && st->nranks > 1;
-    ls_arena *A = taping ? tape_arena : scratch; /* what outlives a layer */
-    ls_arena_mark mk = ls_arena_get_mark(scratch);
-    mla_tape *tb = NULL;
-    int64_t n = T - out_from; /* rows that predict a target */
-    ids = ls_dec_ids_in(m->be, A, ids, T); /* kept on the tape for the backward */
-    target = ls_dec_ids_in(m->be, A, target, n);
-    float *lp = ls_dec_out(m->be, scratch, logprob, n), *ent = ls_dec_out(m->be, scratch, entropy, n);
-    NEED(ids && (target || n == 0) && (lp || !logprob) && (ent || !entropy));
-    if (taping) {
-        tb = ls_arena_host_calloc(A, 1, sizeof *tb);
-        NEED(tb);
-        tb->layers = ls_arena_host_calloc(A, (size_t)c->n_layers, sizeof(mla_layer_tape));
-        NEED(tb->layers);
-        tb->T = T, tb->out_from = out_from, tb->grad_from = grad_from, tb->pos0 = pos0, tb->kk = kk;
-        tb->ids = ids, tb->target = target, tb->st = st, tb->temperature = o->temperature;
-        tb->lmhead_rows = o->lmhead_rows;
-        if (cp) tb->cp = st->comm, tb->own_rank = 0, tb->nkeys = pos0;
-    }
-    float *x = ALLOC_F(A, T * D); /* [T, D] residual stream */
-    int32_t *sel = taping ? NULL : ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
-    int32_t *loc = taping || !cp ? NULL : ls_arena_alloc(scratch, (size_t)(T * kk) * sizeof(int32_t));
-    NEED(x && (taping || sel) && (taping || !cp || loc));
-    ls_op_embed_fwd(m->be, x, ids, m->embed, T, D);
-    for (int l = 0; l < c->n_layers; l++) {
-        mla_ctx L = {T, pos0, st, NULL, sel, kk, taping ? &tb->layers[l] : NULL, tape_arena, scratch, NULL, -1, -1, 0, NULL};
-        set_cp(&L, st, -1, 0, pos0, loc); /* every rank runs the branch; rank 0 attends its own rows */
-        LS_TRY(layer_fwd(m, l, x, 0, &L));
-        sel = L.sel, loc = L.sel_local; /* a full layer's picks, for the shared layers after it */
-        ls_trace_layer_end(l, "fwd");
-    }
-    float *xo = x + out_from * D, *h = xo, *rstd = NULL; /* [n, D] rows that predict a target */
-    if (n > 0) {
-        if (taping) {
-            h = ALLOC_F(A, n * D), rstd = ALLOC_F(A, n), tb->lse = ALLOC_F(A, n);
-            NEED(h && rstd && tb->lse);
-            tb->x_final = xo, tb->h_final = h, tb->rstd_f = rstd;
-        }
-        ls_op_rmsnorm_plain_fwd(m->be, h, rstd, xo, m->final_norm, n, D, c->eps);
-        LS_TRY(ls_op_lmhead_fwd(m->be, lp, taping ? tb->lse : NULL, ent, h, m->lm_head, target, n, D, c->vocab,
-                                o->temperature, o->lmhead_rows, scratch));
-        ls_dec_out_done(m->be, logprob, lp, n);
-        ls_dec_out_done(m->be, entropy, ent, n);
-    }
-    ls_arena_release(scratch, mk);
-    if (taping) *tape_out = (ls_branch_tape *)tb;
-    return LS_OK;
+    ls_mla_pass mp;
+    ls_dec_model dm = ls_mla_dec(m, &mp);
+    return ls_dec_branch_fwd(&dm, st, ids, T, out_from, grad_from, target, logprob, entropy, (ls_dec_branch **)tape_out,
+                             o, tape_arena, scratch, -1);
 }

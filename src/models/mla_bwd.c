@@ -60,14 +60,6 @@ static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const m
     return LS_OK;
 }
 
-/* Full mode: where the prompt-state gradient goes (dstate: the captured state's dState,
- * NULL: prefix-frozen) and, in a sweep chunk, whether the chunk's own latent rows take
- * the gradient that later queries left in dState for their positions. */
-typedef struct {
-    ls_prompt_state *dstate;
-    int inject;
-    double *aux_loss; /* non-NULL: add the indexer KL loss (ls_fwd_opts aux_loss), its sum here */
-} dstate_ctx;
 
 /* The indexer KL loss of full layer l (spec §3 "Indexer training", sparse stage): for the
  * branch's queries t ≥ out_from, KL(p_t ‖ q_t) over the selected keys S_t, p_t the
@@ -83,8 +75,8 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
     const ls_mla_config *mc = ls_mla_cfg(c);
     const ls_mla_layer *w = &m->layers[l];
     const mla_layer_tape *tp = &tb->layers[l];
-    int64_t T = tb->T, D = c->hidden, rq = mc->q_lora_rank, kk = tb->kk, t0 = tb->out_from, nq = T - t0;
-    int64_t pos0 = tb->pos0, dk = mc->kv_lora_rank + mc->qk_rope;
+    int64_t T = tb->h.T, D = c->hidden, rq = mc->q_lora_rank, kk = tb->kk, t0 = tb->h.out_from, nq = T - t0;
+    int64_t pos0 = tb->h.pos0, dk = mc->kv_lora_rank + mc->qk_rope;
     int nI = mc->index_heads, dI = mc->index_head_dim, H = c->n_heads, half = mc->qk_rope / 2;
     if (nq <= 0) return LS_OK;
     ls_arena_mark mk = ls_arena_get_mark(sc);
@@ -150,7 +142,7 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
     }
     ls_host_view_done(m->be, sc, Is, hIs, sb, 1);
     ls_op_dsa_sel_scores_bwd(m->be, dq, dw, mine ? dkI : NULL, Is, qI, wq, &keys, kI, sel, kk, nq, nI, dI, apos0, scale);
-    if (tb->grad_from > 0) ls_op_zero(m->be, dkI, tb->grad_from * dI); /* naive: the prompt's keys */
+    if (tb->h.grad_from > 0) ls_op_zero(m->be, dkI, tb->h.grad_from * dI); /* naive: the prompt's keys */
     if (tb->cp) LS_TRY(ls_dist_sum_f32(m->be, tb->cp, dq, nb));
     /* qI = rope(wq_b c_q); w = weights_proj(x)·nI^−½; kI = rope(LayerNorm(wk x)) */
     ls_op_rope_table_bwd(m->be, dq, nq, nI, dI, 0, half, m->inv_freq, mc->indexer_rope_interleave, pos0 + t0);
@@ -167,15 +159,15 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
 
 /* The MLA mixer's backward: dy [T, D] = ∂L/∂(mixer output) → dxn [T, D] (=). */
 static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const mla_tape *tb, const float *dy,
-                           float *dxn, const dstate_ctx *dc, ls_arena *sc) {
+                           float *dxn, const ls_dec_dstate *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     const ls_mla_config *mc = ls_mla_cfg(c);
     const ls_mla_layer *w = &m->layers[l];
     const mla_layer_tape *tp = &tb->layers[l];
-    int64_t T = tb->T, D = c->hidden, rq = mc->q_lora_rank, rkv = mc->kv_lora_rank, pos0 = tb->pos0;
+    int64_t T = tb->h.T, D = c->hidden, rq = mc->q_lora_rank, rkv = mc->kv_lora_rank, pos0 = tb->h.pos0;
     int H = c->n_heads, dn = mc->qk_nope, dr = mc->qk_rope, dv = mc->v_head, half = dr / 2;
     int64_t dq = dn + dr, dk = rkv + dr, hb = dn + dv;
-    if (dc->aux_loss && mc->index_full[l]) LS_TRY(indexer_kl_bwd(m, l, gw, tb, dc->aux_loss, sc));
+    if (dc->aux_sum && mc->index_full[l]) LS_TRY(indexer_kl_bwd(m, l, gw, tb, dc->aux_sum, sc));
     ls_arena_mark mk = ls_arena_get_mark(sc);
     float *dov = ALLOC_F(sc, T * H * dv), *dob = ALLOC_F(sc, T * H * rkv); /* ∂L/∂(W_UV outputs), ∂L/∂ō */
     float *dqa = ALLOC_F(sc, T * H * dk + T * dk), *down = dqa ? dqa + T * H * dk : NULL; /* queries | own rows */
@@ -199,13 +191,13 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
         pre.n = apos0 = ls_state_held_before(tb->st, tb->nkeys);
         sel = tp->sel_local;
     }
-    void *const *dpre = dc->dstate && tb->st ? dc->dstate->full->d[l].dk : NULL; /* the prompt rows' gradient (+=) */
+    void *const *dpre = dc->st && tb->st ? dc->st->full->d[l].dk : NULL; /* the prompt rows' gradient (+=) */
     LS_TRY(ls_op_mla_attn_bwd(m->be, dqa, down, dpre, dob, tp->o, tp->lse, tp->qa, tp->own, &pre, sel, tb->kk, T, H, (int)rkv,
                            dr, apos0, m->scale));
-    if (tb->grad_from > 0) /* the naive mode's prompt rows are keys without gradient */
-        ls_op_zero(m->be, down, tb->grad_from * dk);
-    if (dc->inject) { /* a sweep chunk: its rows' gradient from every later query (on the rank holding them) */
-        const ls_prompt_state *st = dc->dstate;
+    if (tb->h.grad_from > 0) /* the naive mode's prompt rows are keys without gradient */
+        ls_op_zero(m->be, down, tb->h.grad_from * dk);
+    if (dc->sweep) { /* a sweep chunk: its rows' gradient from every later query (on the rank holding them) */
+        const ls_prompt_state *st = dc->st;
         for (int64_t t = 0; t < T; t++) {
             int64_t pos = pos0 + t, lp = ls_state_local_page(st, pos);
             LS_ASSERT(lp >= 0 || tb->cp, "position %lld is not held by this rank", (long long)pos);
@@ -245,7 +237,7 @@ typedef struct {
     int l;
     ls_mla_layer *gw;
     const mla_tape *tb;
-    const dstate_ctx *dc;
+    const ls_dec_dstate *dc;
 } part_ctx;
 
 static ls_status part_mixer_bwd(const ls_dec_layer *d, const float *dres, float *dxn) {
@@ -260,12 +252,12 @@ static ls_status part_moe_bwd(const ls_dec_layer *d, const float *dres, float *d
 
 /* One layer: dx [T, D] holds ∂L/∂(layer output) on entry, ∂L/∂(layer input) on exit. */
 static ls_status layer_bwd(const ls_mla_model *m, ls_mla_model *grad, int l, const mla_tape *tb, float *dx,
-                           const dstate_ctx *dc, ls_arena *sc) {
+                           const ls_dec_dstate *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     const ls_mla_layer *w = &m->layers[l];
     ls_mla_layer *gw = &grad->layers[l];
     part_ctx pc = {m, l, gw, tb, dc};
-    ls_dec_layer d = {.be = m->be, .T = tb->T, .D = c->hidden, .I = c->intermediate, .eps = c->eps,
+    ls_dec_layer d = {.be = m->be, .T = tb->h.T, .D = c->hidden, .I = c->intermediate, .eps = c->eps,
                       .norm = LS_NORM_PLAIN, .input_norm = w->input_norm, .post_norm = w->post_norm,
                       .d_input_norm = gw->input_norm, .d_post_norm = gw->post_norm, .mixer_bwd = part_mixer_bwd,
                       .moe_bwd = c->moe[l] ? part_moe_bwd : NULL, .gu_w = w->mlp_gu, .down_w = w->mlp_down,
@@ -274,88 +266,41 @@ static ls_status layer_bwd(const ls_mla_model *m, ls_mla_model *grad, int l, con
     return ls_dec_layer_bwd(&d, dx);
 }
 
-static ls_status branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const mla_tape *tb, const float *dlogprob,
-                            const dstate_ctx *dc, ls_arena *scratch) {
-    const ls_config *c = &m->cfg;
-    int64_t T = tb->T, D = c->hidden, n = T - tb->out_from;
-    ls_arena_mark mk = ls_arena_get_mark(scratch);
-    float *dx = CALLOC_F(scratch, T * D); /* [T, D] ∂L/∂residual */
-    NEED(dx);
-    if (n > 0) { /* a sweep chunk predicts nothing: its gradient comes in through the state */
-        float *dh = ALLOC_F(scratch, n * D);
-        const float *dl = ls_dec_in(m->be, scratch, dlogprob, n);
-        NEED(dh && dl);
-        LS_TRY(ls_op_lmhead_logprobs_bwd(m->be, dh, grad->lm_head, dl, tb->h_final, m->lm_head, tb->target, tb->lse, n, D,
-                                      c->vocab, tb->temperature, tb->lmhead_rows, scratch));
-        ls_op_rmsnorm_plain_bwd(m->be, dx + tb->out_from * D, grad->final_norm, dh, tb->x_final, tb->rstd_f, m->final_norm, n,
-                             D);
-    }
-    for (int l = c->n_layers - 1; l >= 0; l--) {
-        LS_TRY(layer_bwd(m, grad, l, tb, dx, dc, scratch));
-        ls_trace_layer_end(l, "bwd");
-    }
-    if (grad->embed) ls_op_embed_bwd(m->be, grad->embed, dx, tb->ids, T, D);
-    ls_arena_release(scratch, mk);
-    return LS_OK;
+ls_status ls_mla_layer_bwd(const ls_dec_model *dm, const ls_dec_grad *g, const ls_dec_branch *tape, int l, float *dx,
+                           const ls_dec_dstate *dc, ls_arena *sc) {
+    return layer_bwd(dm->fam, g->fam, l, (const mla_tape *)tape, dx, dc, sc);
 }
+
+static ls_dec_grad grad_of(ls_mla_model *grad) { return (ls_dec_grad){grad->embed, grad->final_norm, grad->lm_head, grad}; }
 
 ls_status ls_mla_branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const ls_branch_tape *tape,
                             const float *dlogprob, ls_prompt_state *dstate, const ls_fwd_opts *o, ls_arena *scratch) {
     LS_ASSERT(!dstate || dstate->full, "the prompt state has no gradient buffer (full mode)");
     LS_ASSERT(!(o && o->aux_loss) || o->aux_loss_sum, "the indexer KL loss needs a sum to add to");
-    dstate_ctx dc = {dstate, 0, o && o->aux_loss ? o->aux_loss_sum : NULL};
-    return branch_bwd(m, grad, (const mla_tape *)tape, dlogprob, &dc, scratch);
-}
-
-/* Chunk j (counted over every rank's chunks, prompt order) of the sweep: positions
- * [*lo, *hi) of the segment they lie in; 0 when j is past the end. */
-static int sweep_chunk_at(const ls_prompt_state *st, int64_t j, int64_t *lo, int64_t *hi) {
-    int64_t W = st->full->sweep_chunk;
-    for (int sg = 0; sg < ls_state_segments(st); sg++) {
-        int owner;
-        int64_t a, b;
-        ls_state_segment(st, sg, &owner, &a, &b);
-        int64_t n = (b - a + W - 1) / W;
-        if (j < n) {
-            *lo = a + j * W, *hi = *lo + W < b ? *lo + W : b;
-            return 1;
-        }
-        j -= n;
-    }
-    return 0;
+    ls_dec_dstate dc = {dstate, 0, o && o->aux_loss ? o->aux_loss_sum : NULL};
+    ls_mla_pass mp;
+    ls_dec_model dm = ls_mla_dec(m, &mp);
+    ls_dec_grad g = grad_of(grad);
+    return ls_dec_branch_bwd(&dm, &g, &((const mla_tape *)tape)->h, dlogprob, &dc, scratch);
 }
 
 ls_status ls_mla_sweep(const ls_mla_model *m, ls_mla_model *grad, ls_prompt_state *st, const int32_t *ids,
                        const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *scratch) {
-    LS_ASSERT(st->full, "the sweep needs a state captured in full mode");
     /* Under CP every rank recomputes every chunk (a branch against the pages before it,
      * rank 0 attending its rows) so that each adds the gradient of the pages it holds;
      * the parameter gradient is rank 0's alone (the caller sums over the ranks). */
-    ls_mla_model none = *grad, *g = grad; /* none: a gradient set without buffers */
+    ls_mla_model none = *grad, *gm = grad; /* none: a gradient set without buffers */
     ls_arena_mark top = ls_arena_get_mark(scratch);
     if (st->nranks > 1 && st->rank != 0) {
         none.layers = ls_arena_host_calloc(scratch, (size_t)m->cfg.n_layers, sizeof(ls_mla_layer));
         NEED(none.layers);
         none.embed = none.final_norm = none.lm_head = NULL;
-        g = &none;
+        gm = &none;
     }
-    int64_t nchunks = 0, lo = 0, hi = 0;
-    while (sweep_chunk_at(st, nchunks, &lo, &hi)) nchunks++;
-    for (int64_t j = nchunks - 1; j >= 0; j--) { /* last chunk first: its gradient is complete */
-        sweep_chunk_at(st, j, &lo, &hi);
-        int64_t T = hi - lo;
-        ls_prompt_state view = *st; /* the pages before the chunk */
-        view.n = lo;
-        view.full = NULL;
-        ls_arena_mark mk = ls_arena_get_mark(tape_arena);
-        ls_branch_tape *tape;
-        LS_TRY(ls_mla_branch_fwd(m, &view, ids + lo, T, T, 0, NULL, NULL, NULL, &tape, o, tape_arena, scratch));
-        mla_tape *tb = (mla_tape *)tape;
-        dstate_ctx dc = {st, 1, NULL};
-        tb->st = &view;
-        LS_TRY(branch_bwd(m, g, tb, NULL, &dc, scratch));
-        ls_arena_release(tape_arena, mk);
-    }
+    ls_mla_pass mp;
+    ls_dec_model dm = ls_mla_dec(m, &mp);
+    ls_dec_grad g = grad_of(gm);
+    ls_status s = ls_dec_sweep(&dm, &g, st, ids, o, tape_arena, scratch);
     ls_arena_release(scratch, top);
-    return LS_OK;
+    return s;
 }

@@ -28,19 +28,13 @@ typedef struct {
 } mla_layer_tape;
 
 typedef struct {
-    int64_t T, out_from, grad_from, pos0;
+    ls_dec_branch h;               /* the driver's: rows, ids, targets, final norm, LM head */
     int64_t kk;                    /* the selection's row stride: min(index_topk, pos0 + T) */
-    const int32_t *ids;            /* [T] (caller's buffer, alive until backward) */
-    const int32_t *target;         /* [T − out_from] */
     const ls_prompt_state *st;     /* the read-only prefix (NULL: none) */
     const ls_comm *cp;             /* the prefix is split over the ranks of cp (NULL: one rank) */
     int own_rank;                  /* under CP: the rank that attended the branch's own rows */
     int64_t nkeys;                 /* under CP: positions < nkeys were paged keys */
     mla_layer_tape *layers;        /* [n_layers] */
-    float *x_final, *rstd_f;       /* [T − out_from, D] final-norm input, [T − out_from] */
-    float *h_final, *lse;          /* [T − out_from, D] LM-head input, [T − out_from] */
-    float temperature;
-    int64_t lmhead_rows;
 } mla_tape;
 
 /* Shared by the forward and the backward (mla.c): the indexer's per-query inputs of full
@@ -52,5 +46,15 @@ void ls_mla_index_queries(const ls_mla_model *m, int l, const float *xn, const f
 #define LS_MLA_INDEX_NORM_EPS 1e-6f
 void ls_mla_index_keys(const ls_mla_model *m, int l, const float *xn, int64_t T, int64_t pos0, float *kI,
                        float *kpre);
+
+/* The family as the model driver runs it (decoder.h); mp: its per-pass state. */
+typedef struct {
+    int32_t *sel, *loc; /* [T, kk] the most recent full layer's selection, as this rank's rows under CP */
+    int64_t kk;
+} ls_mla_pass;
+ls_dec_model ls_mla_dec(const ls_mla_model *m, ls_mla_pass *mp);
+/* its layer backward (mla_bwd.c) */
+ls_status ls_mla_layer_bwd(const ls_dec_model *dm, const ls_dec_grad *g, const ls_dec_branch *tape, int l, float *dx,
+                           const ls_dec_dstate *dc, ls_arena *sc);
 
 #endif
