@@ -8,6 +8,8 @@
  * families in both modes (LoRA, a reference, SFT, the indexer KL), train with a resume,
  * and eval's greedy decoding.
  */
+#include <cjson/cJSON.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +25,7 @@
 int test_backend_strict_boundary(void);
 int test_strict_tool_equal(void);
 int test_strict_tool_equal_mpi(void);
+int test_state_on_host(void);
 
 /* Run fn in a child; the signal that ended it (0: it exited). */
 static int child_signal(void (*fn)(void)) {
@@ -167,26 +170,35 @@ static int same_file_but(const char *a, const char *b, const char *skip) {
 /* What starts the tool: nothing (one rank) or mpirun with its options and -np N. */
 static char launch[512] = "";
 
-/* `longstraw ARGS --backend B` with its stdout into dir/<tag>.<B>.out; 0 on exit 0 */
-static int run_tool(const char *dir, const char *tag, const char *backend, const char *args) {
+/* `longstraw ARGS --backend B` (B may carry more flags) with its stdout into
+ * dir/<tag>.<label>.out; 0 on exit 0 */
+static int run_as(const char *dir, const char *tag, const char *label, const char *backend, const char *args) {
     int rc;
     char *out = t_run_fmt(&rc, "%s%s %s --backend %s > %s/%s.%s.out", launch, LS_CLI_PATH, args, backend, dir, tag,
-                          backend);
+                          label);
     if (rc != 0) fprintf(stderr, "  %s (%s) exit %d: %s\n", tag, backend, rc, out ? out : "");
     free(out);
     return rc;
 }
+
+static int run_tool(const char *dir, const char *tag, const char *backend, const char *args) {
+    return run_as(dir, tag, backend, backend, args);
+}
+
+/* The second run's placement: the strict backend's (the default), or with the prompt
+ * state in host memory staged per layer (test_state_on_host). */
+static const char *second_label = "strict", *second_backend = "strict";
 
 /* The command with OUT replaced by dir/<tag>.<backend> (a file or a directory) under both
  * backends; the files named in `files` (relative to that path; "" = the path itself, "-"
  * = stdout) compared bit for bit. */
 static int same_both(const char *dir, const char *tag, const char *fmt, const char *const *files) {
     char out[2][700], args[2][7000];
-    const char *bk[2] = {"cpu", "strict"};
+    const char *lb[2] = {"cpu", second_label}, *bk[2] = {"cpu", second_backend};
     for (int k = 0; k < 2; k++) {
-        snprintf(out[k], sizeof out[k], "%s/%s.%s", dir, tag, bk[k]);
+        snprintf(out[k], sizeof out[k], "%s/%s.%s", dir, tag, lb[k]);
         snprintf(args[k], sizeof args[k], fmt, out[k]);
-        if (run_tool(dir, tag, bk[k], args[k]) != 0) return 1;
+        if (run_as(dir, tag, lb[k], bk[k], args[k]) != 0) return 1;
     }
     for (int i = 0; files[i]; i++) {
         char a[1400], b[1400];
@@ -197,7 +209,8 @@ static int same_both(const char *dir, const char *tag, const char *fmt, const ch
             snprintf(a, sizeof a, "%s%s%s", out[0], files[i][0] ? "/" : "", files[i]);
             snprintf(b, sizeof b, "%s%s%s", out[1], files[i][0] ? "/" : "", files[i]);
         }
-        T_CHECK(same_file(a, b), "%s: %s differs between --backend cpu and strict (or is missing)", tag, files[i]);
+        T_CHECK(same_file(a, b), "%s: %s differs between --backend cpu and %s (or is missing)", tag, files[i],
+                second_backend);
     }
     return 0;
 }
@@ -395,4 +408,136 @@ int test_strict_tool_equal_mpi(void) {
     printf("  %d commands under mpirun equal under --backend cpu and strict, bit for bit\n", checks);
     t_remove_dir(dir);
     return 0;
+}
+
+/* The receipt's prompt-state bytes (issue 33): on the host, staged to the device one layer
+ * at a time; measured equals predicted within one page per table of the widest layer on
+ * the device (a rank may hold a page fewer than the fullest), and on the host within one
+ * page per table of every layer. */
+static int receipt_placement_ok(const char *path, int64_t slack_dev, int64_t slack_host) {
+    char *r = t_read_file(path, NULL);
+    T_CHECK(r, "read %s", path);
+    cJSON *j = cJSON_Parse(r);
+    free(r);
+    T_CHECK(j, "%s: not JSON", path);
+    cJSON *b = cJSON_GetObjectItem(j, "prompt_state_bytes"), *mem = b ? cJSON_GetObjectItem(b, "memory") : NULL;
+    cJSON *pr = b ? cJSON_GetObjectItem(b, "predicted") : NULL, *me = b ? cJSON_GetObjectItem(b, "measured") : NULL;
+    int ok = mem && cJSON_IsString(mem) && pr && me;
+    double v[4] = {0, 0, 0, 0};
+    const char *k[4] = {"device", "host", "device", "host"};
+    for (int i = 0; ok && i < 4; i++) {
+        cJSON *x = cJSON_GetObjectItem(i < 2 ? pr : me, k[i]);
+        ok = x && cJSON_IsNumber(x);
+        if (ok) v[i] = x->valuedouble;
+    }
+    int staged = ok && !strcmp(mem->valuestring, "host, staged");
+    cJSON_Delete(j);
+    T_CHECK(ok, "%s: no prompt_state_bytes {memory, predicted {device, host}, measured {device, host}}", path);
+    T_CHECK(staged, "%s: the prompt state is not reported as host memory staged to the device", path);
+    T_CHECK(v[0] > 0 && v[1] > 0, "%s: predicted device %.0f, host %.0f bytes (both expected > 0)", path, v[0], v[1]);
+    T_CHECK(!(fabs(v[2] - v[0]) > (double)slack_dev) && !(fabs(v[3] - v[1]) > (double)slack_host),
+            "%s: measured device %.0f / host %.0f bytes, predicted %.0f / %.0f (slack %lld / %lld)", path, v[2], v[3],
+            v[0], v[1], (long long)slack_dev, (long long)slack_host);
+    return 0;
+}
+
+/* `plan --state-on host --json` for the step whose receipt is at `receipt` (the fixture's
+ * prompt, f32 pages of 64, sweep chunks of 7 in full mode): the same device and host bytes
+ * as the receipt's prediction. */
+static int plan_matches_receipt(const char *fixture, int full, const char *receipt) {
+    char gpath[2200];
+    snprintf(gpath, sizeof gpath, "%s/group_train.json", fixture);
+    char *gt = t_read_file(gpath, NULL), *rt = t_read_file(receipt, NULL);
+    cJSON *g = gt ? cJSON_Parse(gt) : NULL, *r = rt ? cJSON_Parse(rt) : NULL;
+    free(gt), free(rt);
+    cJSON *pr = g ? cJSON_GetObjectItem(g, "prompt") : NULL;
+    int P = pr ? cJSON_GetArraySize(pr) : 0, rc;
+    cJSON_Delete(g);
+    char *out = t_run_fmt(&rc, "%s plan --model %s --prompt %d --state-dtype f32 --mode %s --sweep-chunk 7 "
+                               "--state-on host --json", LS_CLI_PATH, fixture, P, full ? "full" : "prefix-frozen");
+    cJSON *pl = out && rc == 0 ? cJSON_Parse(out) : NULL;
+    free(out);
+    cJSON *b = r ? cJSON_GetObjectItem(r, "prompt_state_bytes") : NULL, *want = b ? cJSON_GetObjectItem(b, "predicted") : NULL;
+    cJSON *pd = pl ? cJSON_GetObjectItem(pl, "state_device_bytes_per_rank") : NULL;
+    cJSON *ph = pl ? cJSON_GetObjectItem(pl, "state_host_bytes_per_rank") : NULL;
+    cJSON *rd = want ? cJSON_GetObjectItem(want, "device") : NULL, *rh = want ? cJSON_GetObjectItem(want, "host") : NULL;
+    int ok = P > 0 && pd && ph && rd && rh && pd->valuedouble == rd->valuedouble && ph->valuedouble == rh->valuedouble;
+    double v[4] = {pd ? pd->valuedouble : -1, ph ? ph->valuedouble : -1, rd ? rd->valuedouble : -1, rh ? rh->valuedouble : -1};
+    cJSON_Delete(pl), cJSON_Delete(r);
+    T_CHECK(ok, "plan --state-on host of %s (P %d): device %.0f / host %.0f bytes; the receipt %s predicted %.0f / %.0f",
+            fixture, P, v[0], v[1], receipt, v[2], v[3]);
+    return 0;
+}
+
+/* `--state-on host` (issue 33): the prompt state in host memory, one layer at a time
+ * staged to the strict backend's memory, writes what the CPU backend with the state in
+ * place writes, bit for bit — logprobs, grad and step of both families in both modes,
+ * at one rank and under mpirun (2, 3 and, unsanitized, 4 ranks; page size 3, which the
+ * fixtures' prompts and the rank counts do not divide; zigzag and bf16 pages at 3) —
+ * and its receipt's device and host bytes equal the plan's. The strict backend faults
+ * on any page an op reads that was not staged, and the stage holds one layer: the other
+ * layers' tables are empty while a layer runs. */
+int test_state_on_host(void) {
+    char dir[512];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    second_label = "host", second_backend = "strict --state-on host";
+    const char *fx[] = {"next_moe", "q35_moe", "mla_glm"};
+    const char *file[] = {"", NULL}, *std[] = {"-", NULL}, *model[] = {"model.safetensors", NULL};
+    char fmt[6000], tag[160], d[3][700], path[1400];
+    for (int f = 0; f < 3; f++) snprintf(d[f], sizeof d[f], "%s/tests/reference/fixtures/%s", LS_SOURCE_DIR, fx[f]);
+    int checks = 0, rc = 1;
+    for (int np = 1; np <= 4; np++) {
+        if (np > 1 && !LS_MPIEXEC[0]) break; /* (one rank only without MPI) */
+#ifdef LS_TEST_SANITIZED
+        if (np == 2 || np == 4) continue;
+#endif
+        if (np == 1) launch[0] = '\0';
+        else snprintf(launch, sizeof launch, LS_MPI_ENV "%s --oversubscribe --allow-run-as-root -np %d ", LS_MPIEXEC, np);
+        const char *extra = np == 1 ? "" : np == 3 ? " --page-size 3 --cp-layout zigzag --state-dtype bf16" : " --page-size 3";
+        for (int f = 0; f < 3; f++) {
+            if (np > 1 && f == 1) continue; /* under CP: one model of each family */
+            snprintf(tag, sizeof tag, "%s_lp_np%d", fx[f], np);
+            snprintf(fmt, sizeof fmt, "logprobs --model %s --group %s/group_train.json --threads 1%s", d[f], d[f], extra);
+            if (same_both(dir, tag, fmt, std)) goto out;
+            for (int m = 0; m < 2; m++) {
+                snprintf(tag, sizeof tag, "%s_grad_np%d_%d", fx[f], np, m);
+                snprintf(fmt, sizeof fmt, "grad --model %s --group %s/group_train.json --mode %s --threads 1%s --out %%s",
+                         d[f], d[f], m ? "full" : "prefix-frozen", extra);
+                if (same_both(dir, tag, fmt, file)) goto out;
+                snprintf(tag, sizeof tag, "%s_step_np%d_%d", fx[f], np, m);
+                snprintf(fmt, sizeof fmt, "step --model %s --group %s/group_train.json --mode %s --capture-chunk 5 "
+                                          "--sweep-chunk 7 --threads 1%s --out %%s", d[f], d[f], m ? "full" : "prefix-frozen",
+                         extra);
+                if (same_both(dir, tag, fmt, model)) goto out;
+                /* one page per table: a K and a V page of the widest layer; on the host, of every layer */
+                int64_t page = (np == 1 ? 64 : 3) * 64 * 4, layers = 8;
+                snprintf(path, sizeof path, "%s/%s.host/receipt.json", dir, tag);
+                if (receipt_placement_ok(path, np == 1 ? 0 : 2 * page, np == 1 ? 0 : 2 * page * layers)) goto out;
+                if (np == 1 && plan_matches_receipt(d[f], m, path)) goto out;
+                checks += 2;
+            }
+            checks++;
+        }
+    }
+    launch[0] = '\0';
+    { /* what is not built is refused, naming the flag: train's rollouts decode from forks */
+        int trc;
+        char *o = t_run_fmt(&trc, "%s train --model %s --out %s/t --task passkey --loss sft --state-on host 2>&1", LS_CLI_PATH, d[0],
+                            dir);
+        int said = o && strstr(o, "--state-on host");
+        free(o);
+        T_CHECK(trc == 2 && said, "train --state-on host: exit %d (expected 2, the flag named)", trc);
+        o = t_run_fmt(&trc, "%s grad --model %s --group %s/group_train.json --out %s/x --state-on disk 2>&1", LS_CLI_PATH,
+                      d[0], d[0], dir);
+        said = o && strstr(o, "disk");
+        free(o);
+        T_CHECK(trc == 2 && said, "--state-on disk: exit %d (expected 2, the value named)", trc);
+    }
+    printf("  %d commands with the prompt state on the host equal the CPU's bit for bit; receipts as planned\n", checks);
+    rc = 0;
+    t_remove_dir(dir);
+out:
+    second_label = "strict", second_backend = "strict";
+    launch[0] = '\0';
+    return rc;
 }

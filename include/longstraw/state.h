@@ -171,7 +171,62 @@ typedef struct {
     int64_t sweep_chunk;
     int64_t sweep_chunks_per_rank; /* max over ranks */
     size_t dstate_bytes_per_rank, ckpt_bytes_per_rank;
+    /* of which bookkeeping (a device arena keeps it in its host part, arena.c): the dState
+     * header and page tables, the chunk list and the checkpoint table */
+    size_t full_table_bytes_per_rank;
 } ls_state_plan_t;
+
+/* ---- a state in host memory, staged to the device one layer at a time (stage.c) -----
+ * `--state-on host`: the prompt arena is host memory; before a layer of a pass reads or
+ * writes the state, the driver (src/models/decoder.c) copies that layer's part into
+ * one layer's worth of device memory (a stage, from a device arena), and after it
+ * copies back what the layer wrote. What a stage carries: */
+enum {
+    LS_STAGE_PAGES = 1,  /* the layer's pages (K/V, latent rows, index keys) */
+    LS_STAGE_REC = 2,    /* its recurrent state and conv tail */
+    LS_STAGE_GPAGES = 4, /* full mode: its gradient pages */
+    LS_STAGE_GREC = 8,   /* full mode: the gradient of its recurrent state */
+    LS_STAGE_CKPT = 16   /* full mode: the sweep checkpoint a capture chunk writes */
+};
+typedef struct ls_backend ls_backend;
+typedef struct ls_state_stage ls_state_stage;
+/* Whether the ops of `be` read st's memory where it is (nothing to stage). */
+int ls_state_resident(const ls_prompt_state *st, const ls_backend *be);
+/* A stage of st for the ops of `be`, its device memory and bookkeeping from arena A
+ * (one layer of the widest kind: cap_pages pages per table); *out NULL when st is
+ * resident. The stage's state (ls_state_stage_dev) keeps its address for its lifetime. */
+ls_status ls_state_stage_new(ls_state_stage **out, ls_prompt_state *st, const ls_backend *be, unsigned what,
+                             ls_arena *A);
+ls_prompt_state *ls_state_stage_dev(ls_state_stage *s);
+/* Layer l onto the device: the pages holding this rank's positions before `upto`, the
+ * recurrent state, the gradient tables, and (capture) the checkpoint of the sweep chunk
+ * starting at `at` (−1: none). Returns the state the layer's ops read (no other
+ * layer's tables are set in it). */
+ls_prompt_state *ls_state_stage_in(ls_state_stage *s, int l, int64_t upto, int64_t at);
+/* Back to the host, of what `what` names: the pages holding positions [wlo, whi), the
+ * recurrent state, the gradient tables, the checkpoint; the host's page count follows. */
+void ls_state_stage_out(ls_state_stage *s, unsigned what, int64_t wlo, int64_t whi);
+/* Allocate layer `layer`'s pages for positions [st->n, hi) that have none yet (what an
+ * append would allocate): a stage copies them in, the layer writes them. */
+ls_status ls_state_reserve(ls_prompt_state *st, int layer, int64_t hi);
+
+/* Predicted bytes of a stage carrying `what` of a state with cap_pages local pages
+ * (full: in full mode with n_chunks sweep chunks): device memory, and its host part. */
+void ls_state_stage_predict(const ls_config *c, int64_t cap_pages, int64_t page_size, ls_dtype dtype, int full,
+                            int64_t n_chunks, unsigned what, size_t *dev, size_t *host);
+/* The largest stage carrying `what` made by this process: device bytes, host part. */
+void ls_state_stage_made(unsigned what, size_t *dev, size_t *host);
+/* The stages alive at once at the peak of an update (a capture's; a branch's with, in full
+ * mode, its backward's gradient stage; a CP sweep serving another rank), predicted from
+ * the plan or as made by this process. */
+void ls_state_stage_peak_predicted(const ls_state_plan_t *p, const ls_config *c, ls_dtype dtype, int cp,
+                                   size_t *dev, size_t *host);
+void ls_state_stage_peak_made(size_t *dev, size_t *host);
+/* Where a state of plan p puts its bytes per rank on a device backend: in the device's
+ * memory (its bookkeeping in the host part of the arena), or on_host with the stages on
+ * the device (their bookkeeping on the host). */
+void ls_state_placement(const ls_state_plan_t *p, const ls_config *c, ls_dtype dtype, int cp, int on_host, size_t *dev,
+                        size_t *host);
 
 ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt_len,
                         int64_t page_size, ls_dtype dtype, int cp, ls_cp_layout layout, int64_t sweep_chunk);

@@ -44,4 +44,7 @@ int cli_parallel(const char *cmd, int64_t ep, const ls_comm **cp, const ls_comm 
 /* Print a usage error and return exit code 2. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* --state-on device|host: 0 device, 1 host, −1 (message printed) anything else */
+int cli_parse_state_on(const char *cmd, const char *arg);
+
 #endif

@@ -27,7 +27,9 @@ typedef struct {
     int64_t ep;               /* --ep: expert-parallel degree (1: none) */
     const ls_comm *ep_comm;   /* its ranks (NULL: one) */
     const char *backend;      /* --backend (NULL: cpu) */
+    int state_on_host;        /* --state-on host: the prompt state in host memory, staged per layer */
 } cli_train;
+
 
 extern const struct option cli_train_options[];
 extern const int cli_train_n_options;

@@ -91,6 +91,7 @@ static int run(const char *cmd, int argc, char **argv) {
     ls_arenas ar;
     ls_arenas_init(&ar);
     ls_arenas_set_backend(&ar, be);
+    if (t.state_on_host) ls_arena_set_backend(&ar.a[LS_ARENA_PROMPT], ls_backend_cpu()); /* staged per layer */
     ls_trainable pol;
     memset(&pol, 0, sizeof pol);
     ls_group g;

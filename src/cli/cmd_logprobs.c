@@ -31,6 +31,8 @@ static void help(void) {
            "                       family; W = CP x EP; default 1)\n"
            "  --backend B          where the ops run: cpu (default), strict (the CPU's ops over memory\n"
            "                       the host cannot read: a test of the device boundary) or cuda[:N]\n"
+           "  --state-on P         where the prompt state lives: device (default) or host (host\n"
+           "                       memory, one layer at a time staged to the device)\n"
            "  --stats              print timing, arena peaks and the BLAS (core, sgemm rate) to stderr\n"
            "  --help               this text\n");
 }
@@ -48,13 +50,14 @@ int cmd_logprobs(int argc, char **argv) {
                                          {"ep", required_argument, 0, 'e'},
                                          {"tokenizer", required_argument, 0, 'k'},
                                          {"backend", required_argument, 0, 'B'},
+                                         {"state-on", required_argument, 0, 'O'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *model = NULL, *group = NULL, *tokenizer = NULL, *backend = "cpu";
     ls_score_opts so;
     ls_score_opts_default(&so);
     int64_t threads = 0, v, epn = 1;
-    int stats = 0, ch;
+    int stats = 0, ch, state_host = 0;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
@@ -62,6 +65,9 @@ int cmd_logprobs(int argc, char **argv) {
         case 'g': group = optarg; break;
         case 'k': tokenizer = optarg; break;
         case 'B': backend = optarg; break;
+        case 'O':
+            if ((state_host = cli_parse_state_on("logprobs", optarg)) < 0) return 2;
+            break;
         case 'n': so.no_capture = 1; break;
         case 'c':
             if (cli_parse_i64("logprobs", "--capture-chunk", optarg, 1, 1 << 24, &v)) return 2;
@@ -100,6 +106,7 @@ int cmd_logprobs(int argc, char **argv) {
     ls_arenas ar;
     ls_arenas_init(&ar);
     ls_arenas_set_backend(&ar, be);
+    if (state_host) ls_arena_set_backend(&ar.a[LS_ARENA_PROMPT], ls_backend_cpu()); /* staged per layer */
     ls_model m;
     ls_group g;
     memset(&g, 0, sizeof g);

@@ -34,6 +34,9 @@ static void help(void) {
            "                       moments and gradients counted\n"
            "  --ep N               MLA family: the routed experts split over N expert-parallel ranks\n"
            "                       (weights, moments and gradients per rank hold E/N experts)\n"
+           "  --state-on P         where the prompt state lives on a device backend: device\n"
+           "                       (default) or host (host memory, a layer at a time staged to\n"
+           "                       the device); the device and host bytes per rank\n"
            "  --json               print JSON instead of a table\n"
            "  --help               this text\n");
 }
@@ -83,6 +86,7 @@ int cmd_plan(int argc, char **argv) {
                                          {"ep", required_argument, 0, 'e'},
                                          {"indexer-kl", no_argument, 0, 'k'},
                                          {"json", no_argument, 0, 'j'},
+                                         {"state-on", required_argument, 0, 'O'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *model = NULL, *config = NULL;
@@ -91,7 +95,7 @@ int cmd_plan(int argc, char **argv) {
     ls_cp_layout lay = LS_CP_CONTIGUOUS;
     int full = 0;
     int64_t sweep = 512, ep = 1;
-    int json = 0, ikl = 0, ch;
+    int json = 0, ikl = 0, ch, on_host = 0;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
@@ -107,6 +111,9 @@ int cmd_plan(int argc, char **argv) {
         case 'k': ikl = 1; break;
         case 'e': if (cli_parse_i64("plan", "--ep", optarg, 1, 4096, &ep)) return 2; break;
         case 'j': json = 1; break;
+        case 'O':
+            if ((on_host = cli_parse_state_on("plan", optarg)) < 0) return 2;
+            break;
         case 'h': help(); return 0;
         default: return cli_usage_error("plan", "bad option");
         }
@@ -138,6 +145,18 @@ int cmd_plan(int argc, char **argv) {
     ls_plan_doc *doc = calloc(1, sizeof *doc);
     if (!doc) return cli_fail("plan", ls_err(LS_ERR_NOMEM, "out of memory"));
     s = fam->plan(doc, &cfg, &rq);
+    ls_state_plan_t sp;
+    if (s == LS_OK) s = fam->state_plan(&sp, &cfg, P, S, dt, (int)cp, lay, full ? sweep : 0);
+    if (s == LS_OK) { /* its bytes by memory on a device backend (the receipt's prompt_state_bytes) */
+        size_t dev, host;
+        ls_state_placement(&sp, &cfg, dt, (int)cp, on_host, &dev, &host);
+        ls_plan_str(doc, "state_on", on_host ? "host" : "device");
+        ls_plan_size(doc, "state_device_bytes_per_rank", dev);
+        ls_plan_size(doc, "state_host_bytes_per_rank", host);
+        ls_plan_text(doc, "prompt state by memory on a device backend (--state-on %s):", on_host ? "host" : "device");
+        ls_plan_row(doc, dev, on_host ? "  device: one layer staged at a time" : "  device: pages and states");
+        ls_plan_row(doc, host, on_host ? "  host: the state, the stages' tables" : "  host: page tables");
+    }
     if (s == LS_OK) print_doc(doc, json);
     free(doc);
     if (s == LS_ERR_UNSUPPORTED) /* a flag this family has no use for: a usage error, as the flags' own */

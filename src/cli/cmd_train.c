@@ -264,6 +264,11 @@ static int run_train(int argc, char **argv) {
         }
     }
     if (cli_train_finish("train", &a.t)) return 2;
+    if (a.t.state_on_host) { /* rollouts decode from forks of the state: not staged */
+        fprintf(stderr, "longstraw train: --state-on host is built for grad, step and logprobs; train keeps the "
+                        "prompt state on the device (drop the flag)\n");
+        return 2;
+    }
     ls_progress_enable(!a.quiet && cli_rank() == 0);
     ls_train_opts o = a.r;
     o.force = a.t.force, o.resume = a.resume != NULL;

@@ -56,6 +56,9 @@ void cli_train_help(void) {
            "  --backend B            where the ops run: cpu (default), strict (the CPU's ops over\n"
            "                         memory host code cannot read: the device boundary tested) or\n"
            "                         cuda[:N] (a GPU)\n"
+           "  --state-on P           where the prompt state lives: device (default: the backend's\n"
+           "                         memory) or host (host memory, one layer at a time staged to\n"
+           "                         the device; grad and step)\n"
            "  --force                run even when the plan says the update will not fit in this\n"
            "                         machine's memory (it is refused before anything is allocated)\n"
            "context parallelism: under `mpirun -np N` the CP degree is N (the prompt's pages split\n"
@@ -72,7 +75,7 @@ enum {
     OPT_EPS = 1000, OPT_EPS_HIGH, OPT_BETA, OPT_REF, OPT_LOSS, OPT_MAXLEN, OPT_SCALE, OPT_TEMP, OPT_ITERS,
     OPT_LR, OPT_WD, OPT_B1, OPT_B2, OPT_AEPS, OPT_MAXGN, OPT_NOCAP, OPT_CHUNK, OPT_PAGE, OPT_SDT, OPT_THREADS,
     OPT_ADAPTER, OPT_LRANK, OPT_LALPHA, OPT_LTARGETS, OPT_LSEED, OPT_FORCE, OPT_LAYOUT, OPT_OBJ, OPT_MODE, OPT_SWEEP,
-    OPT_EP, OPT_IKL, OPT_BACKEND
+    OPT_EP, OPT_IKL, OPT_BACKEND, OPT_STATE_ON
 };
 
 const struct option cli_train_options[] = {
@@ -92,9 +95,16 @@ const struct option cli_train_options[] = {
     {"cp-layout", required_argument, 0, OPT_LAYOUT},  {"loss", required_argument, 0, OPT_OBJ},
     {"mode", required_argument, 0, OPT_MODE},         {"sweep-chunk", required_argument, 0, OPT_SWEEP},
     {"ep", required_argument, 0, OPT_EP},             {"indexer-kl-coef", required_argument, 0, OPT_IKL},
-    {"backend", required_argument, 0, OPT_BACKEND},
+    {"backend", required_argument, 0, OPT_BACKEND},   {"state-on", required_argument, 0, OPT_STATE_ON},
 };
 const int cli_train_n_options = (int)(sizeof cli_train_options / sizeof cli_train_options[0]);
+
+int cli_parse_state_on(const char *cmd, const char *arg) {
+    if (!strcmp(arg, "device")) return 0;
+    if (!strcmp(arg, "host")) return 1;
+    fprintf(stderr, "longstraw %s: --state-on: \"%s\" is not device or host\n", cmd, arg);
+    return -1;
+}
 
 int cli_parse_f64(const char *cmd, const char *flag, const char *s, double lo, double hi, double *out) {
     char *end = NULL;
@@ -201,6 +211,9 @@ int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg) {
         if (cli_parse_f64(cmd, "--indexer-kl-coef", arg, 0, 1e6, &t->o.aux_loss_coef)) return 2;
         break;
     case OPT_BACKEND: t->backend = arg; break;
+    case OPT_STATE_ON:
+        if ((t->state_on_host = cli_parse_state_on(cmd, arg)) < 0) return 2;
+        break;
     default: return -1; /* not ours */
     }
     return 0;

@@ -253,10 +253,31 @@ static ls_status stopped(int64_t at, int64_t of) {
                   ls_stop_requested(), (long long)at, (long long)of);
 }
 
+/* What a capture writes of a layer's state (read: the pages before, the recurrent state). */
+#define CAPTURE_STAGE (LS_STAGE_PAGES | LS_STAGE_REC | LS_STAGE_CKPT)
+
+/* Layer l of a capture pass over rows [pos0, pos0 + T) of p->st; with a stage (a state in
+ * host memory) the layer runs on its device copy: pages reserved on the host, copied in,
+ * and what the layer wrote copied back (x NULL: another rank's chunk, nothing written). */
+static ls_status capture_layer(const ls_dec_model *dm, const ls_dec_pass *p, ls_state_stage *sg, int l, float *x,
+                               int skip) {
+    if (!sg) return dm->layer_fwd(dm, p, l, x, skip);
+    int64_t hi = p->pos0 + p->T;
+    if (x) LS_TRY(ls_state_reserve(p->st, l, hi));
+    ls_dec_pass q = *p;
+    q.st = ls_state_stage_in(sg, l, hi, p->pos0);
+    LS_TRY(dm->layer_fwd(dm, &q, l, x, skip));
+    if (x) ls_state_stage_out(sg, CAPTURE_STAGE, p->pos0, hi);
+    return LS_OK;
+}
+
 ls_status ls_dec_extend(const ls_dec_model *dm, ls_prompt_state *st, const int32_t *ids, int64_t n, float *logits,
                         const ls_fwd_opts *o, ls_arena *sc) {
     const ls_config *c = dm->cfg;
     int64_t D = c->hidden, C = chunk_of(o);
+    ls_arena_mark top = ls_arena_get_mark(sc);
+    ls_state_stage *sg = NULL; /* a state in host memory: staged per layer */
+    LS_TRY(ls_state_stage_new(&sg, st, dm->be, CAPTURE_STAGE, sc));
     for (int64_t c0 = 0, T; c0 < n; c0 += T) {
         /* chunks of C, cut at every sweep-chunk start (full mode: its checkpoint) */
         T = ls_state_span_end(st, 0, st->n, st->n + n - c0, C) - st->n; /* one rank: one segment from 0 */
@@ -272,7 +293,7 @@ ls_status ls_dec_extend(const ls_dec_model *dm, ls_prompt_state *st, const int32
         ls_op_embed_fwd(dm->be, x, xi, dm->embed, T, D);
         for (int l = 0; l < c->n_layers; l++) {
             /* the last layer's FFN feeds only the LM head: skipped unless logits are wanted */
-            LS_TRY(dm->layer_fwd(dm, &p, l, x, l == c->n_layers - 1 && !(logits && last_chunk)));
+            LS_TRY(capture_layer(dm, &p, sg, l, x, l == c->n_layers - 1 && !(logits && last_chunk)));
             ls_trace_layer_end(l, "fwd");
         }
         ls_state_advance(st, T);
@@ -280,6 +301,7 @@ ls_status ls_dec_extend(const ls_dec_model *dm, ls_prompt_state *st, const int32
         if (logits && last_chunk) LS_TRY(logits_of(dm, logits, x + (T - 1) * D, 1, o, sc));
         ls_arena_release(sc, mk);
     }
+    ls_arena_release(sc, top);
     return LS_OK;
 }
 
@@ -332,6 +354,9 @@ static ls_status capture_cp(const ls_dec_model *dm, ls_prompt_state *st, const i
     ls_dec_pass p = {.kind = LS_DEC_CP_CAPTURE, .st = st, .sweep = -1, .o = o, .sc = sc};
     while (cp_chunk(st, C, nchunks, &p)) nchunks++;
     int last = c->n_layers - 1; /* its FFN feeds only the LM head */
+    ls_arena_mark top = ls_arena_get_mark(sc);
+    ls_state_stage *sg = NULL; /* a state in host memory: staged per layer */
+    LS_TRY(ls_state_stage_new(&sg, st, dm->be, CAPTURE_STAGE, sc));
     if (!dm->cp_layer_major) {
         for (int64_t i = 0; i < nchunks; i++) {
             cp_chunk(st, C, i, &p);
@@ -348,18 +373,18 @@ static ls_status capture_cp(const ls_dec_model *dm, ls_prompt_state *st, const i
             }
             for (int l = 0; l < c->n_layers; l++) {
                 st->n = p.pos0;
-                LS_TRY(dm->layer_fwd(dm, &p, l, x, l == last));
+                LS_TRY(capture_layer(dm, &p, sg, l, x, l == last));
                 ls_trace_layer_end(l, "fwd");
             }
             ls_progress_add(p.T);
             ls_arena_release(sc, mk);
         }
         st->n = n;
+        ls_arena_release(sc, top);
         return LS_OK;
     }
     int64_t Tr = 0, xoff[LS_STATE_MAX_SEGS]; /* the rank's positions, its segments one after another */
     for (int k = 0; k < st->nseg; k++) xoff[k] = Tr, Tr += st->seg_hi[k] - st->seg_lo[k];
-    ls_arena_mark mk = ls_arena_get_mark(sc);
     float *x = ALLOC_F(sc, (Tr > 0 ? Tr : 1) * D); /* [Tr, D] the rank's residual stream */
     NEED(x);
     p.T = Tr;
@@ -382,14 +407,19 @@ static ls_status capture_cp(const ls_dec_model *dm, ls_prompt_state *st, const i
                 xc = x + (xoff[k] + p.pos0 - p.seg_lo) * D;
                 st->n = p.pos0;
             }
-            s = dm->layer_fwd(dm, &p, l, xc, l == last);
+            s = capture_layer(dm, &p, sg, l, xc, l == last);
         }
         ls_trace_layer_end(l, "fwd");
     }
     ls_progress_add(n); /* layer-major: the whole prompt is done only now */
     st->n = n;
-    if (s == LS_OK && dm->capture_end) s = dm->capture_end(dm, st, neighbour(st, ls_state_segments(st), -1));
-    ls_arena_release(sc, mk);
+    int end = neighbour(st, ls_state_segments(st), -1);
+    for (int l = 0; l < c->n_layers && s == LS_OK && dm->capture_end; l++) {
+        ls_prompt_state *sl = sg ? ls_state_stage_in(sg, l, 0, -1) : st;
+        s = dm->capture_end(dm, sl, l, end);
+        if (s == LS_OK && sg) ls_state_stage_out(sg, LS_STAGE_REC, 0, 0);
+    }
+    ls_arena_release(sc, top);
     return s;
 }
 
@@ -406,6 +436,10 @@ ls_status ls_dec_decode(const ls_dec_model *dm, ls_prompt_state *const *sts, con
         for (int i = 0; i < n; i++) LS_TRY(ls_dec_extend(dm, sts[i], ids + i, 1, logits + (int64_t)i * c->vocab, o, sc));
         return LS_OK;
     }
+    for (int i = 0; i < n; i++)
+        if (!ls_state_resident(sts[i], dm->be))
+            return ls_err(LS_ERR_UNSUPPORTED, "batched decode of a prompt state in host memory is not built "
+                                              "(--state-on host serves logprobs, grad and step)");
     int64_t D = c->hidden;
     ls_arena_mark mk = ls_arena_get_mark(sc);
     ls_dec_pass p = {.kind = LS_DEC_DECODE, .T = n, .seqs = sts, .sweep = -1, .o = o, .sc = sc};
@@ -442,12 +476,15 @@ ls_status ls_dec_branch_fwd(const ls_dec_model *dm, const ls_prompt_state *view,
     target = ls_dec_ids_in(dm->be, A, target, n);
     float *lp = ls_dec_out(dm->be, sc, logprob, n), *ent = ls_dec_out(dm->be, sc, entropy, n);
     NEED(ids && (target || n == 0) && (lp || !logprob) && (ent || !entropy));
+    ls_state_stage *sg = NULL; /* a prefix in host memory: staged per layer (again in the backward) */
+    if (view) LS_TRY(ls_state_stage_new(&sg, (ls_prompt_state *)view, dm->be, LS_STAGE_PAGES | LS_STAGE_REC, A));
+    if (sg) p.view = ls_state_stage_dev(sg);
     ls_dec_branch *tb = NULL;
     if (taping) {
         NEED(tb = dm->tape_new(dm, &p, A));
         tb->T = T, tb->out_from = out_from, tb->grad_from = grad_from, tb->pos0 = pos0;
         tb->ids = ids, tb->target = target, tb->temperature = o->temperature;
-        tb->lmhead_rows = o->lmhead_rows;
+        tb->lmhead_rows = o->lmhead_rows, tb->stage = sg;
         p.tape = tb;
     }
     float *x = ALLOC_F(A, T * D); /* [T, D] residual stream */
@@ -455,6 +492,7 @@ ls_status ls_dec_branch_fwd(const ls_dec_model *dm, const ls_prompt_state *view,
     LS_TRY(begin(dm, &p));
     ls_op_embed_fwd(dm->be, x, ids, dm->embed, T, D);
     for (int l = 0; l < c->n_layers; l++) {
+        if (sg) ls_state_stage_in(sg, l, pos0, -1);
         LS_TRY(dm->layer_fwd(dm, &p, l, x, 0));
         ls_trace_layer_end(l, "fwd");
     }
@@ -476,6 +514,9 @@ ls_status ls_dec_branch_fwd(const ls_dec_model *dm, const ls_prompt_state *view,
     return LS_OK;
 }
 
+/* What a backward adds to of a layer's state: its gradient tables. */
+#define BWD_STAGE (LS_STAGE_GPAGES | LS_STAGE_GREC)
+
 ls_status ls_dec_branch_bwd(const ls_dec_model *dm, const ls_dec_grad *g, const ls_dec_branch *tb,
                             const float *dlogprob, const ls_dec_dstate *dc, ls_arena *sc) {
     const ls_config *c = dm->cfg;
@@ -495,8 +536,14 @@ ls_status ls_dec_branch_bwd(const ls_dec_model *dm, const ls_dec_grad *g, const 
         else
             ls_op_rmsnorm_bwd(dm->be, dxo, g->final_norm, dh, tb->x_final, tb->rstd_f, dm->final_norm, n, D);
     }
+    ls_state_stage *gs = NULL; /* a prompt-state gradient in host memory: staged per layer */
+    if (dc && dc->st) LS_TRY(ls_state_stage_new(&gs, dc->st, dm->be, BWD_STAGE, sc));
     for (int l = c->n_layers - 1; l >= 0; l--) {
-        LS_TRY(dm->layer_bwd(dm, g, tb, l, dx, dc, sc));
+        ls_dec_dstate dl = dc ? *dc : (ls_dec_dstate){0};
+        if (tb->stage) ls_state_stage_in(tb->stage, l, tb->pos0, -1);
+        if (gs) dl.st = ls_state_stage_in(gs, l, dc->st->n, -1);
+        LS_TRY(dm->layer_bwd(dm, g, tb, l, dx, dc ? &dl : NULL, sc));
+        if (gs) ls_state_stage_out(gs, BWD_STAGE, 0, 0);
         ls_trace_layer_end(l, "bwd");
     }
     if (g->embed) ls_op_embed_bwd(dm->be, g->embed, dx, tb->ids, T, D);
@@ -530,6 +577,38 @@ static int sweep_chunk_at(const ls_prompt_state *st, int64_t i, int64_t *lo, int
     return 0;
 }
 
+/* Another rank's chunk at `lo`: the family's part layer by layer, forward then backward
+ * (a state in host memory staged per layer: the pages before lo, the gradient pages). */
+static ls_status sweep_serve(const ls_dec_model *dm, ls_prompt_state *st, int owner, int64_t lo, const ls_fwd_opts *o,
+                             ls_arena *sc) {
+    int L = dm->cfg->n_layers;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    ls_state_stage *sg = NULL;
+    ls_status s = ls_state_stage_new(&sg, st, dm->be, LS_STAGE_PAGES | LS_STAGE_GPAGES, sc);
+    for (int k = 0; k < 2 * L && s == LS_OK; k++) {
+        int bwd = k >= L, l = bwd ? 2 * L - 1 - k : k;
+        ls_prompt_state *sl = sg ? ls_state_stage_in(sg, l, lo, -1) : st;
+        s = dm->sweep_serve(dm, sl, owner, lo, l, bwd, o, sc);
+        if (s == LS_OK && sg && bwd) ls_state_stage_out(sg, LS_STAGE_GPAGES, 0, 0);
+    }
+    ls_arena_release(sc, mk);
+    return s;
+}
+
+/* d(recurrent state) of every layer to (send) or from `peer`. */
+static ls_status sweep_relay(const ls_dec_model *dm, ls_prompt_state *st, int peer, int send, ls_arena *sc) {
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    ls_state_stage *sg = NULL;
+    ls_status s = ls_state_stage_new(&sg, st, dm->be, LS_STAGE_GREC, sc);
+    for (int l = 0; l < dm->cfg->n_layers && s == LS_OK; l++) {
+        ls_prompt_state *sl = sg ? ls_state_stage_in(sg, l, 0, -1) : st;
+        s = dm->sweep_relay(dm, sl, peer, send, l);
+        if (s == LS_OK && sg && !send) ls_state_stage_out(sg, LS_STAGE_GREC, 0, 0);
+    }
+    ls_arena_release(sc, mk);
+    return s;
+}
+
 ls_status ls_dec_sweep(const ls_dec_model *dm, const ls_dec_grad *g, ls_prompt_state *st, const int32_t *ids,
                        const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *sc) {
     LS_ASSERT(st->full, "the sweep needs a state captured in full mode");
@@ -541,14 +620,14 @@ ls_status ls_dec_sweep(const ls_dec_model *dm, const ls_dec_grad *g, ls_prompt_s
     for (int64_t i = n - 1; i >= 0 && s == LS_OK; i--) {
         sweep_chunk_at(st, i, &lo, &hi, &owner, &seg);
         if (!every && owner != st->rank) {
-            s = dm->sweep_serve(dm, st, owner, lo, o, sc);
+            s = sweep_serve(dm, st, owner, lo, o, sc);
             continue;
         }
         int other; /* the owners of the chunks after and before */
         int64_t a, b;
         int sg2;
         if (!every && i + 1 < n && sweep_chunk_at(st, i + 1, &a, &b, &other, &sg2) && other != st->rank)
-            if ((s = dm->sweep_relay(dm, st, other, 0)) != LS_OK) break;
+            if ((s = sweep_relay(dm, st, other, 0, sc)) != LS_OK) break;
         /* the state where the chunk starts: the pages before it, a recurrent layer's checkpoint */
         int64_t j = ls_state_ckpt_at(st, lo);
         ls_prompt_state view = *st;
@@ -567,7 +646,7 @@ ls_status ls_dec_sweep(const ls_dec_model *dm, const ls_dec_grad *g, ls_prompt_s
         ls_arena_release(tape_arena, tm);
         ls_progress_add(hi - lo);
         if (s == LS_OK && !every && i > 0 && sweep_chunk_at(st, i - 1, &a, &b, &other, &sg2) && other != st->rank)
-            s = dm->sweep_relay(dm, st, other, 1);
+            s = sweep_relay(dm, st, other, 1, sc);
     }
     ls_trace_set_member(-1);
     return s;

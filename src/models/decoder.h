@@ -137,6 +137,9 @@ typedef struct {
     float *lse;            /* [T − out_from] */
     float temperature;
     int64_t lmhead_rows;
+    /* a prefix in host memory (--state-on host): its stage, re-staged layer by layer in
+     * the backward (NULL: the prefix is where the ops read it) */
+    ls_state_stage *stage;
 } ls_dec_branch;
 
 typedef enum {
@@ -205,17 +208,18 @@ struct ls_dec_model {
      * CP_CAPTURE x is NULL on the ranks that do not own the chunk: their part of the
      * layer for the owner (pages sent, attention assisted). */
     ls_status (*layer_fwd)(const ls_dec_model *dm, const ls_dec_pass *p, int l, float *x, int skip_ffn);
-    /* After a CP capture: what every rank must hold of the state's end, which the owner
-     * of the last segment computed (NULL: nothing). */
-    ls_status (*capture_end)(const ls_dec_model *dm, ls_prompt_state *st, int last_owner);
+    /* After a CP capture, per layer: what every rank must hold of the state's end, which
+     * the owner of the last segment computed (NULL: nothing). */
+    ls_status (*capture_end)(const ls_dec_model *dm, ls_prompt_state *st, int l, int last_owner);
     /* Layer l's backward: dx [T, D] ∂L/∂(output) → ∂L/∂(input), gradients (+=). */
     ls_status (*layer_bwd)(const ls_dec_model *dm, const ls_dec_grad *g, const ls_dec_branch *tape, int l, float *dx,
                            const ls_dec_dstate *dc, ls_arena *sc);
-    /* Sweep under CP without sweep_every_rank: serve another rank's chunk at `lo`, and
-     * relay d(state) to (send) or from the owner of a neighbouring chunk. */
-    ls_status (*sweep_serve)(const ls_dec_model *dm, ls_prompt_state *st, int owner, int64_t lo, const ls_fwd_opts *o,
-                             ls_arena *sc);
-    ls_status (*sweep_relay)(const ls_dec_model *dm, ls_prompt_state *st, int peer, int send);
+    /* Sweep under CP without sweep_every_rank, per layer: serve another rank's chunk at
+     * `lo` (its forward: bwd 0, layers in order; then its backward: bwd 1, in reverse),
+     * and relay layer l's d(state) to (send) or from the owner of a neighbouring chunk. */
+    ls_status (*sweep_serve)(const ls_dec_model *dm, ls_prompt_state *st, int owner, int64_t lo, int l, int bwd,
+                             const ls_fwd_opts *o, ls_arena *sc);
+    ls_status (*sweep_relay)(const ls_dec_model *dm, ls_prompt_state *st, int peer, int send, int l);
 };
 
 /* Capture ids[0..n) into st (under CP: the whole prompt, once). */

@@ -498,15 +498,12 @@ static ls_status hy_layer_fwd(const ls_dec_model *dm, const ls_dec_pass *p, int 
 }
 
 /* after a CP capture: the state at the prompt's end, on every rank */
-static ls_status hy_capture_end(const ls_dec_model *dm, ls_prompt_state *st, int last_owner) {
+static ls_status hy_capture_end(const ls_dec_model *dm, ls_prompt_state *st, int l, int last_owner) {
     const ls_config *c = dm->cfg;
-    for (int l = 0; l < c->n_layers && last_owner >= 0; l++) {
-        if (c->kind[l] != LS_LAYER_GDN) continue;
-        ls_dist_part fin[2];
-        gdn_parts(c, &st->gdn[l], fin);
-        LS_TRY(ls_dist_bcast_parts(dm->be, st->comm, fin, 2, last_owner));
-    }
-    return LS_OK;
+    if (c->kind[l] != LS_LAYER_GDN || last_owner < 0) return LS_OK;
+    ls_dist_part fin[2];
+    gdn_parts(c, &st->gdn[l], fin);
+    return ls_dist_bcast_parts(dm->be, st->comm, fin, 2, last_owner);
 }
 
 ls_dec_model ls_hybrid_dec(const ls_hybrid_model *m, ls_hybrid_pass *hp) {

@@ -326,44 +326,38 @@ ls_status ls_hybrid_branch_bwd(const ls_hybrid_model *m, ls_hybrid_model *grad, 
     return ls_dec_branch_bwd(&dm, &g, &tb->h, dlogprob, &dc, scratch);
 }
 
-/* Another rank's sweep chunk at position `lo` (owner `owner`): what it reads of this
- * rank — every attention layer's pages before `lo` in the chunk's forward (layer order),
- * then again in its backward (reverse layer order), each block answered by its dK/dV,
- * which are added to this rank's dState. The same program order as the owner's. */
-ls_status ls_hybrid_sweep_serve(const ls_dec_model *dm, ls_prompt_state *st, int owner, int64_t lo,
+/* Another rank's sweep chunk at position `lo` (owner `owner`), layer l: what it reads of
+ * this rank — an attention layer's pages before `lo` in the chunk's forward (bwd 0; the
+ * driver walks the layers in order), then again in its backward (bwd 1, reverse order),
+ * each block answered by its dK/dV, which are added to this rank's dState. The same
+ * program order as the owner's. */
+ls_status ls_hybrid_sweep_serve(const ls_dec_model *dm, ls_prompt_state *st, int owner, int64_t lo, int l, int bwd,
                                 const ls_fwd_opts *o, ls_arena *sc) {
     const ls_config *c = dm->cfg;
+    if (c->kind[l] != LS_LAYER_ATTN) return LS_OK;
     int64_t S = st->page_size, bp = ls_hybrid_cp_block(st, o), kvn = S * (int64_t)c->n_kv * c->head_dim;
+    if (!bwd) return ls_hybrid_cp_send_pages(st, l, owner, lo, 1, bp, sc);
     size_t pb = (size_t)kvn * ls_dtype_size(st->dtype);
-    for (int l = 0; l < c->n_layers; l++)
-        if (c->kind[l] == LS_LAYER_ATTN) LS_TRY(ls_hybrid_cp_send_pages(st, l, owner, lo, 1, bp, sc));
-    for (int l = c->n_layers - 1; l >= 0; l--) {
-        if (c->kind[l] != LS_LAYER_ATTN) continue;
-        ls_layer_dstate *ds = &st->full->d[l];
-        for (int k = 0; k < st->nseg; k++) { /* earlier segments, prompt order */
-            if (st->seg_hi[k] == st->seg_lo[k] || st->seg_hi[k] > lo) continue;
-            int64_t lp = st->seg_lpage[k];
-            LS_TRY(ls_dist_pages_send_grad(dm->be, st->comm, st->attn[l].k_pages + lp, st->attn[l].v_pages + lp,
-                                           ds->dk + lp, ds->dv + lp, st->seg_hi[k] - st->seg_lo[k], S, pb, kvn, bp,
-                                           owner, l, sc));
-        }
+    ls_layer_dstate *ds = &st->full->d[l];
+    for (int k = 0; k < st->nseg; k++) { /* earlier segments, prompt order */
+        if (st->seg_hi[k] == st->seg_lo[k] || st->seg_hi[k] > lo) continue;
+        int64_t lp = st->seg_lpage[k];
+        LS_TRY(ls_dist_pages_send_grad(dm->be, st->comm, st->attn[l].k_pages + lp, st->attn[l].v_pages + lp, ds->dk + lp,
+                                       ds->dv + lp, st->seg_hi[k] - st->seg_lo[k], S, pb, kvn, bp, owner, l, sc));
     }
     return LS_OK;
 }
 
-ls_status ls_hybrid_sweep_relay(const ls_dec_model *dm, ls_prompt_state *st, int peer, int send) {
+ls_status ls_hybrid_sweep_relay(const ls_dec_model *dm, ls_prompt_state *st, int peer, int send, int l) {
     const ls_config *c = dm->cfg;
+    if (c->kind[l] != LS_LAYER_GDN) return LS_OK;
     const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     size_t conv_n = (size_t)(hc->conv_k - 1) * (size_t)ls_cfg_conv_dim(c);
     size_t rec_n = (size_t)hc->H_v * (size_t)hc->d_k * (size_t)hc->d_v;
-    for (int l = 0; l < c->n_layers; l++) {
-        if (c->kind[l] != LS_LAYER_GDN) continue;
-        ls_layer_dstate *d = &st->full->d[l];
-        ls_dist_part parts[2] = {{d->dS, rec_n * sizeof(float)}, {d->dtail, conv_n * sizeof(float)}};
-        LS_TRY(send ? ls_dist_relay_send(dm->be, st->comm, parts, 2, peer, l)
-                    : ls_dist_relay_recv(dm->be, st->comm, parts, 2, peer, l));
-    }
-    return LS_OK;
+    ls_layer_dstate *d = &st->full->d[l];
+    ls_dist_part parts[2] = {{d->dS, rec_n * sizeof(float)}, {d->dtail, conv_n * sizeof(float)}};
+    return send ? ls_dist_relay_send(dm->be, st->comm, parts, 2, peer, l)
+                : ls_dist_relay_recv(dm->be, st->comm, parts, 2, peer, l);
 }
 
 ls_status ls_hybrid_sweep(const ls_hybrid_model *m, ls_hybrid_model *grad, ls_prompt_state *st, const int32_t *ids,

@@ -67,9 +67,9 @@ ls_dec_model ls_hybrid_dec(const ls_hybrid_model *m, ls_hybrid_pass *hp);
  * conv tail) of every GDN layer sent to or received from a neighbouring chunk's owner. */
 ls_status ls_hybrid_layer_bwd(const ls_dec_model *dm, const ls_dec_grad *g, const ls_dec_branch *tape, int l,
                               float *dx, const ls_dec_dstate *dc, ls_arena *sc);
-ls_status ls_hybrid_sweep_serve(const ls_dec_model *dm, ls_prompt_state *st, int owner, int64_t lo,
+ls_status ls_hybrid_sweep_serve(const ls_dec_model *dm, ls_prompt_state *st, int owner, int64_t lo, int l, int bwd,
                                 const ls_fwd_opts *o, ls_arena *sc);
-ls_status ls_hybrid_sweep_relay(const ls_dec_model *dm, ls_prompt_state *st, int peer, int send);
+ls_status ls_hybrid_sweep_relay(const ls_dec_model *dm, ls_prompt_state *st, int peer, int send, int l);
 /* Pages per transferred block under CP: about one capture chunk. */
 int64_t ls_hybrid_cp_block(const ls_prompt_state *st, const ls_fwd_opts *o);
 /* Send this rank's pages of attention layer l that precede position `lo` to `dst`,

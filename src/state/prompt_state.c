@@ -91,7 +91,8 @@ static int64_t grad_row(const ls_config *c, int l, int side) { return ls_state_l
 
 /* The full-mode allocations of ls_state_enable_full for a rank with `np` local pages
  * and `nc` sweep chunks, in its order: dState then checkpoints. 0 on success. */
-static int full_bytes(const ls_config *cfg, int64_t S, int64_t np, int64_t nc, size_t *dstate, size_t *ckpt) {
+static int full_bytes(const ls_config *cfg, int64_t S, int64_t np, int64_t nc, size_t *dstate, size_t *ckpt,
+                      size_t *tables) {
     size_t L = (size_t)cfg->n_layers, ng = (size_t)count_layers(cfg, 1);
     ls_state_recurrent rs = ls_state_recurrent_of(cfg);
     size_t t, tabb, conv, rec, a;
@@ -100,10 +101,12 @@ static int full_bytes(const ls_config *cfg, int64_t S, int64_t np, int64_t nc, s
     if (abytes(sizeof(ls_state_full), &a) || ls_mul_size(L, sizeof(ls_layer_dstate), &t) || abytes(t, &t) ||
         ls_add_size(a, t, &a) || ls_mul_size((size_t)np, sizeof(void *), &tabb) || abytes(tabb, &tabb))
         return 1;
+    *tables = a; /* (each sum below is bounded by the state's, which is checked) */
     for (int l = 0; l < cfg->n_layers; l++)
         for (int side = 0; side < 2; side++) {
             size_t pg;
             if (!grad_row(cfg, l, side)) continue;
+            *tables += tabb;
             if (ls_mul_size((size_t)S, (size_t)grad_row(cfg, l, side), &pg) || ls_mul_size(pg, sizeof(float), &pg) ||
                 abytes(pg, &pg) || ls_mul_size(pg, (size_t)np, &t) || ls_add_size(t, tabb, &t) || ls_add_size(a, t, &a))
                 return 1;
@@ -114,9 +117,10 @@ static int full_bytes(const ls_config *cfg, int64_t S, int64_t np, int64_t nc, s
         return 1;
     /* checkpoints: the chunk list, the [nc][L] table, per chunk and GDN layer S and tail */
     if (ls_mul_size((size_t)nc, sizeof(ls_sweep_chunk), &a) || abytes(a, &a) ||
-        mul3((size_t)nc, L, sizeof(ls_gdn_state), &t) || abytes(t, &t) || ls_add_size(a, t, &a) ||
-        mul3((size_t)nc, ng, conv + rec, &t) || ls_add_size(a, t, ckpt))
+        mul3((size_t)nc, L, sizeof(ls_gdn_state), &t) || abytes(t, &t))
         return 1;
+    *tables += a + t; /* the chunk list and the checkpoint table */
+    if (ls_add_size(a, t, &a) || mul3((size_t)nc, ng, conv + rec, &t) || ls_add_size(a, t, ckpt)) return 1;
     return 0;
 }
 
@@ -175,14 +179,14 @@ ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt
      * (its pages, its sweep chunks); the rows are the fullest rank's. */
     for (int r = 0; r < cp; r++) {
         int64_t np, nc;
-        size_t kv, tab, gdn, ds = 0, ck = 0, total;
+        size_t kv, tab, gdn, ds = 0, ck = 0, ftab = 0, total;
         rank_share(p->positions, page_size, cp, layout, r, sweep_chunk, &np, &nc);
         if (base_bytes(cfg, page_size, dtype, np, &kv, &tab, &gdn))
             return ls_err(LS_ERR_ARG,
                           "prompt length %lld with page size %lld: the prompt state of %d attention layers "
                           "(%lld pages per rank) overflows a 64-bit byte count",
                           (long long)prompt_len, (long long)page_size, p->n_attn, (long long)np);
-        if (sweep_chunk > 0 && full_bytes(cfg, page_size, np, nc, &ds, &ck))
+        if (sweep_chunk > 0 && full_bytes(cfg, page_size, np, nc, &ds, &ck, &ftab))
             return ls_err(LS_ERR_ARG, "prompt length %lld: the full-mode gradient state overflows a 64-bit byte count",
                           (long long)prompt_len);
         if (ls_add_size(kv, tab, &total) || ls_add_size(total, gdn, &total) || ls_add_size(total, ds, &total) ||
@@ -192,6 +196,7 @@ ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt
         if (r == 0 || total > p->total_bytes_per_rank) {
             p->kv_bytes_per_rank = kv, p->table_bytes_per_rank = tab, p->gdn_bytes_per_rank = gdn;
             p->dstate_bytes_per_rank = ds, p->ckpt_bytes_per_rank = ck, p->total_bytes_per_rank = total;
+            p->full_table_bytes_per_rank = ftab;
         }
         p->sweep_chunks_per_rank = nc > p->sweep_chunks_per_rank ? nc : p->sweep_chunks_per_rank;
     }
@@ -407,33 +412,57 @@ static ls_status alloc_tables(ls_prompt_state *st) {
     return LS_OK;
 }
 
-ls_status ls_state_append_kv(ls_prompt_state *st, int layer, const float *k, const float *v,
-                             int64_t T) {
-    const ls_state_layer d = ls_state_layer_of(st->cfg, layer); /* its layout, asked once */
-    LS_ASSERT(d.row[0] > 0, "layer %d has no pages", layer);
+/* The segment of this rank holding positions [st->n, st->n + T), or an error. */
+static ls_status segment_of(const ls_prompt_state *st, int64_t T, int *out) {
     if (st->n + T > st->capacity)
         return ls_err(LS_ERR_ARG, "prompt state holds %lld positions; cannot append %lld more",
                       (long long)st->capacity, (long long)T);
-    int64_t row = d.row[0], vrow = d.row[1];
-    size_t esz = ls_dtype_size(st->dtype);
-    size_t pb = ls_align_up((size_t)st->page_size * (size_t)row * esz);
-    size_t vpb = ls_align_up((size_t)st->page_size * (size_t)vrow * esz);
-    LS_ASSERT(!vrow == !v, "layer %d: V rows given to a table that has %s", layer, vrow ? "them" : "none");
-    ls_attn_state *a = &st->attn[layer];
-    const ls_backend *be = ls_arena_backend(st->arena);
-    int sg = 0; /* the segment of this rank holding the positions */
+    int sg = 0;
     while (sg + 1 < st->nseg && st->n >= st->seg_hi[sg]) sg++;
     if (st->nseg == 0 || st->n < st->seg_lo[sg] || st->n + T > st->seg_hi[sg])
         return ls_err(LS_ERR_ARG, "rank %d of %d (%s layout) does not hold positions [%lld, %lld)", st->rank,
                       st->nranks, ls_cp_layout_name(st->layout), (long long)st->n, (long long)(st->n + T));
+    *out = sg;
+    return LS_OK;
+}
+
+static int64_t local_page(const ls_prompt_state *st, int sg, int64_t pos) {
+    return st->seg_lpage[sg] + pos / st->page_size - st->seg_gpage[sg];
+}
+
+ls_status ls_state_reserve(ls_prompt_state *st, int layer, int64_t hi) {
+    const ls_state_layer d = ls_state_layer_of(st->cfg, layer);
+    if (hi <= st->n || d.row[0] == 0) return LS_OK;
+    int sg;
+    LS_TRY(segment_of(st, hi - st->n, &sg));
+    size_t esz = ls_dtype_size(st->dtype);
+    size_t pb = ls_align_up((size_t)st->page_size * (size_t)d.row[0] * esz);
+    size_t vpb = ls_align_up((size_t)st->page_size * (size_t)d.row[1] * esz);
+    ls_attn_state *a = &st->attn[layer];
+    for (int64_t pg = local_page(st, sg, st->n); pg <= local_page(st, sg, hi - 1); pg++) {
+        if (a->k_pages[pg]) continue;
+        a->k_pages[pg] = ls_arena_alloc(st->arena, pb);
+        if (d.row[1]) a->v_pages[pg] = ls_arena_alloc(st->arena, vpb);
+        if (!a->k_pages[pg] || (d.row[1] && !a->v_pages[pg])) return LS_ERR_NOMEM;
+    }
+    return LS_OK;
+}
+
+ls_status ls_state_append_kv(ls_prompt_state *st, int layer, const float *k, const float *v,
+                             int64_t T) {
+    const ls_state_layer d = ls_state_layer_of(st->cfg, layer); /* its layout, asked once */
+    LS_ASSERT(d.row[0] > 0, "layer %d has no pages", layer);
+    int64_t row = d.row[0], vrow = d.row[1];
+    size_t esz = ls_dtype_size(st->dtype);
+    LS_ASSERT(!vrow == !v, "layer %d: V rows given to a table that has %s", layer, vrow ? "them" : "none");
+    ls_attn_state *a = &st->attn[layer];
+    const ls_backend *be = ls_arena_backend(st->arena);
+    int sg; /* the segment of this rank holding the positions */
+    LS_TRY(segment_of(st, T, &sg));
+    LS_TRY(ls_state_reserve(st, layer, st->n + T));
     for (int64_t t = 0; t < T;) {
         int64_t pos = st->n + t;
-        int64_t pg = st->seg_lpage[sg] + pos / st->page_size - st->seg_gpage[sg], off = pos % st->page_size;
-        if (!a->k_pages[pg]) {
-            a->k_pages[pg] = ls_arena_alloc(st->arena, pb);
-            if (vrow) a->v_pages[pg] = ls_arena_alloc(st->arena, vpb);
-            if (!a->k_pages[pg] || (vrow && !a->v_pages[pg])) return LS_ERR_NOMEM;
-        }
+        int64_t pg = local_page(st, sg, pos), off = pos % st->page_size;
         int64_t n = st->page_size - off;
         if (n > T - t) n = T - t;
         ls_op_store_as(be, (char *)a->k_pages[pg] + (size_t)(off * row) * esz, k + t * row, n * row, st->dtype);

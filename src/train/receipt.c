@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "longstraw/backend.h"
 #include "longstraw/runtime.h"
 #include "longstraw/trainer.h"
 
@@ -168,6 +169,32 @@ ls_status ls_receipt_write(const char *path, const char *cmd, const ls_trainable
                 (unsigned long long)rsss[r], (unsigned long long)hs[r]);
     fprintf(f, "],\n");
     free(hs), free(pks), free(rsss);
+    { /* the prompt state's bytes by memory (issue 33): where it lives — the device of an
+       * arena on a device backend (its page tables in the arena's host part), or host
+       * memory, with --state-on host one layer's stage on the device — predicted beside
+       * measured. On the CPU backend all of it is host memory. */
+        const ls_arena *pa = &ar->a[LS_ARENA_PROMPT];
+        const ls_backend *pbe = ls_arena_backend(pa), *obe = ls_arena_backend(&ar->a[LS_ARENA_SCRATCH]);
+        size_t pd = 0, ph = 0, md = 0, mh = 0;
+        const char *where;
+        if (!pbe->host_mem) { /* on the device */
+            where = "device";
+            ls_state_placement(&plan, pol->cfg, o->state_dtype, N, 0, &pd, &ph);
+            md = pa->peak, mh = ls_arena_host_peak(pa);
+        } else if (obe->host_mem) { /* the CPU: host memory is the ops' memory */
+            where = "host";
+            ph = plan.total_bytes_per_rank, mh = pa->peak;
+        } else { /* --state-on host: staged to the device a layer at a time */
+            where = "host, staged";
+            size_t sh;
+            ls_state_placement(&plan, pol->cfg, o->state_dtype, N, 1, &pd, &ph);
+            ls_state_stage_peak_made(&md, &sh);
+            mh = pa->peak + sh;
+        }
+        if (o->no_capture) pd = ph = 0; /* no prompt state */
+        fprintf(f, "  \"prompt_state_bytes\": {\"memory\": \"%s\", \"predicted\": {\"device\": %zu, \"host\": %zu}, "
+                   "\"measured\": {\"device\": %zu, \"host\": %zu}},\n", where, pd, ph, md, mh);
+    }
     /* M_live terms (DESIGN §1): predicted from the config beside measured */
     fprintf(f, "  \"m_live\": {\n"
                "    \"prompt\": {\"predicted\": %zu, \"measured\": %zu},\n"
