@@ -41,6 +41,22 @@ static void usage(FILE *f) {
 
 static int run(int argc, char **argv);
 
+/* What a command printed reached its destination: a write error on stdout (a full disk,
+ * a closed file) fails the command, naming stdout, instead of a cut or empty document
+ * with exit 0. fflush and fclose are checked too: a buffered write fails only there. */
+static int stdout_checked(const char *cmd, int rc) {
+    errno = 0;
+    int flush = fflush(stdout), e = errno, err = ferror(stdout);
+    int closed = fclose(stdout);
+    if (closed != 0 && !flush) e = errno;
+    if (rc != 0 || (!flush && !err && !closed)) return rc;
+    if (!cmd || !strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help") || !strcmp(cmd, "--version"))
+        cmd = "longstraw";
+    fprintf(stderr, "longstraw %s: writing the output to stdout failed (%s): the output is incomplete\n",
+            cmd, e ? strerror(e) : "a write error");
+    return 1;
+}
+
 /* Under CP a signal ends this rank at once, saying which rank and in which phase:
  * mpirun sends SIGTERM to every rank when one fails or is killed, and an update cannot
  * finish without all of them. Checkpoints and outputs are written atomically by rank
@@ -188,7 +204,7 @@ int main(int argc, char **argv) {
         ls_status s = ls_check_same_inputs(world, argc, argv, NULL, 0);
         if (s != LS_OK) return cli_fail(argc > 1 ? argv[1] : "longstraw", s);
     }
-    int rc = run(argc, argv);
+    int rc = stdout_checked(argc > 1 ? argv[1] : "longstraw", run(argc, argv));
     ls_comm_finalize();
     return rc;
 }

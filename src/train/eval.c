@@ -184,6 +184,11 @@ ls_status ls_eval_run(const ls_model *m, const ls_tokenizer *tok, const ls_eval_
         ls_rng rng;
         ls_rng_seed(&rng, o->seed * 0x9e3779b97f4a7c15ull ^ (uint64_t)o->lengths[l] ^ 0x5eed0e7a1ull);
         for (int64_t k = 0; k < o->num_prompts && s == LS_OK; k++) {
+            if (ls_stop_requested()) { /* a stop waits at most one prompt */
+                s = ls_err(LS_ERR_INTERRUPTED, "stopped by signal %d during the evaluation, after %lld of %lld prompts",
+                           ls_stop_requested(), (long long)res->n, (long long)n);
+                break;
+            }
             s = eval_one(m, tok, o, &rng, o->lengths[l], o->depths[k % o->n_depths], ar, &res->rows[res->n]);
             if (s == LS_OK) {
                 res->exact_match += res->rows[res->n].exact;

@@ -1130,8 +1130,16 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
         char line[512];
         if (s == LS_OK && root) fprintf(stderr, "%s before update %lld\n", eval_line(tr, &tr->ev_res0, line, sizeof line), (long long)tr->update + 1);
     }
+    int halted = 0; /* a stop before the first update: nothing to do, nothing lost */
+    if (s != LS_OK && ls_stop_requested()) {
+        if (root)
+            fprintf(stderr, "longstraw train: stopped by signal %d in the held-out evaluation before update %lld; "
+                            "nothing was changed (%s)\n", ls_stop_requested(), (long long)tr->update + 1,
+                    tr->update > 0 ? "continue with --resume" : "run the command again");
+        s = LS_OK, halted = 1;
+    }
     int big = 0;                /* the group with the longest prompt, for receipts */
-    for (; s == LS_OK && tr->update < a->updates; tr->update++) {
+    for (; s == LS_OK && !halted && tr->update < a->updates; tr->update++) {
         double t0 = ls_now();
         ls_trace_set_update(tr->update);
         /* per-layer events cost a line per layer per member and chunk: keep the trace
@@ -1177,6 +1185,13 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
         if (tr->n_eval && eval_now) s = evaluate(tr, &tr->eval_nll);
         ls_eval_result_free(&tr->ev_res);
         if (s == LS_OK && tr->ev.num_prompts && eval_now) s = evaluate_task(tr, &tr->ev_res);
+        if (s != LS_OK && ls_stop_requested()) {
+            /* a stop in the held-out evaluation: the update is done and is kept (its metrics
+             * line without the evaluation, its checkpoint), then the stop below ends the run */
+            tr->eval_nll = NAN;
+            ls_eval_result_free(&tr->ev_res);
+            s = LS_OK;
+        }
         if (s != LS_OK) break;
         double dt = ls_now() - t0;
         big = 0;

@@ -1,0 +1,104 @@
+/*
+ * test_reliability.c — issue 34: nothing lost on a signal during eval, no silent
+ * truncation, no hang on bad state. Each test fails on the tool before its fix.
+ */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "longstraw/config.h"
+#include "longstraw/files.h"
+#include "testutil.h"
+
+int test_rel_signal_in_eval(void);
+int test_rel_stdout_errors(void);
+
+/* dir/m: a tiny hybrid model of the byte-level vocabulary (the built-in tasks'). */
+static int byte_model(const char *dir, char *m, size_t cap) {
+    static const char tiny[] =
+        "{\"model_type\": \"qwen3_next\", \"vocab_size\": 260, \"hidden_size\": 32, \"num_hidden_layers\": 2,"
+        " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 16, \"linear_num_key_heads\": 2,"
+        " \"linear_num_value_heads\": 2, \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 8,"
+        " \"intermediate_size\": 48, \"num_experts\": 0, \"full_attention_interval\": 2}";
+    char cfg[700];
+    snprintf(cfg, sizeof cfg, "%s/c.json", dir);
+    snprintf(m, cap, "%s/m", dir);
+    return ls_write_file_atomic(cfg, tiny, strlen(tiny)) != LS_OK || t_write_model(cfg, m, 7) != 0;
+}
+
+static int count_lines(const char *path) {
+    char *t = t_read_file(path, NULL);
+    int n = 0;
+    for (char *p = t; p && *p; p++) n += *p == '\n';
+    free(t);
+    return t ? n : -1;
+}
+
+/* 1. SIGTERM while train evaluates its held-out prompts after update 1: the update is
+ * kept (its checkpoint and its metrics line), the exit is 143 with the resume advice. */
+int test_rel_signal_in_eval(void) {
+    char dir[512], m[700], err[700], cmd[8192], path[900];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
+    snprintf(err, sizeof err, "%s/stderr", dir);
+    /* the signal once the second evaluation (after update 1's step) has begun: the trace
+     * writes each phase's start at once */
+    snprintf(cmd, sizeof cmd,
+             "%s train --model %s --out %s/run --loss sft --task passkey --prompt-len 80 --updates 3 --lr 1e-3 "
+             "--eval-prompts 2 --eval-prompt-len 30000 --max-new-tokens 2 --threads 1 --quiet >/dev/null 2>%s & p=$!; "
+             "for i in $(seq 3000); do n=$(grep -c 'phase_begin.*\"phase\": \"eval\"' %s/run/trace.0.jsonl 2>/dev/null); "
+             "[ \"${n:-0}\" -ge 2 ] && break; sleep 0.02; done; kill -TERM $p; wait $p; echo rc=$?",
+             LS_CLI_PATH, m, dir, err, dir);
+    int rc;
+    char *o = t_run_capture(cmd, &rc);
+    int status = -1;
+    const char *r = o ? strstr(o, "rc=") : NULL;
+    if (r) status = atoi(r + 3);
+    free(o);
+    char *e = t_read_file(err, NULL);
+    printf("  exit %d; %.400s\n", status, e ? e : "");
+    snprintf(path, sizeof path, "%s/run/checkpoint-1/trainer_state.json", dir);
+    struct stat sb;
+    int ck = stat(path, &sb) == 0;
+    snprintf(path, sizeof path, "%s/run/metrics.jsonl", dir);
+    int lines = count_lines(path);
+    int advice = e && strstr(e, "after update 1") && strstr(e, "--resume");
+    free(e);
+    T_CHECK(status == 143, "exit status %d, expected 143 (SIGTERM)", status);
+    T_CHECK(ck, "the finished update was not checkpointed (no checkpoint-1)");
+    T_CHECK(lines == 1, "metrics.jsonl has %d lines, expected the finished update's 1", lines);
+    T_CHECK(advice, "no --resume advice naming update 1 on stderr");
+    t_remove_dir(dir);
+    return 0;
+}
+
+/* 2. A write error on stdout (a full disk: /dev/full) fails the command, naming stdout,
+ * instead of exiting 0 with the document cut or empty. */
+int test_rel_stdout_errors(void) {
+    char d[700], dir[512], m[700];
+    snprintf(d, sizeof d, "%s/tests/reference/fixtures/next_moe", LS_SOURCE_DIR);
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
+    const char *what[3] = {"logprobs", "eval", "plan"};
+    char cmd[3][2000];
+    snprintf(cmd[0], sizeof cmd[0], "%s logprobs --model %s --group %s/group_train.json --threads 1", LS_CLI_PATH, d, d);
+    snprintf(cmd[1], sizeof cmd[1], "%s eval --model %s --prompt-len 100 --num-prompts 1 --max-new-tokens 2 --threads 1 --quiet",
+             LS_CLI_PATH, m);
+    snprintf(cmd[2], sizeof cmd[2], "%s plan --model %s --prompt 100 --json", LS_CLI_PATH, d);
+    for (int k = 0; k < 3; k++) {
+        int rc;
+        char *o = t_run_fmt(&rc, "(%s > /dev/full)", cmd[k]);
+        int named = o && strstr(o, "stdout");
+        printf("  %s > /dev/full: exit %d: %.200s", what[k], rc, o ? o : "");
+        free(o);
+        T_CHECK(rc != 0 && named, "%s > /dev/full: exit %d (expected a failure naming stdout)", what[k], rc);
+        o = t_run_fmt(&rc, "(%s > /dev/null)", cmd[k]);
+        free(o);
+        T_CHECK(rc == 0, "%s > /dev/null: exit %d", what[k], rc);
+    }
+    t_remove_dir(dir);
+    return 0;
+}
