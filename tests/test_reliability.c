@@ -11,10 +11,13 @@
 
 #include "longstraw/config.h"
 #include "longstraw/files.h"
+#include "longstraw/task.h"
 #include "testutil.h"
 
 int test_rel_signal_in_eval(void);
 int test_rel_stdout_errors(void);
+int test_rel_rng_zero(void);
+int test_rel_multikey_distractors(void);
 
 /* dir/m: a tiny hybrid model of the byte-level vocabulary (the built-in tasks'). */
 static int byte_model(const char *dir, char *m, size_t cap) {
@@ -100,5 +103,73 @@ int test_rel_stdout_errors(void) {
         T_CHECK(rc == 0, "%s > /dev/null: exit %d", what[k], rc);
     }
     t_remove_dir(dir);
+    return 0;
+}
+
+/* 3. An all-zero generator state: the resume is refused naming the field (it hung in the
+ * passkey generator, deaf to SIGTERM), and every generator gives up in bounded time. */
+int test_rel_rng_zero(void) {
+    char dir[512], m[700], path[900], cmd[4096];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
+    int rc;
+    char *o = t_run_fmt(&rc, "%s train --model %s --out %s/run --loss sft --task passkey --prompt-len 80 --updates 1 "
+                             "--threads 1 --quiet", LS_CLI_PATH, m, dir);
+    T_CHECK(rc == 0, "train: %s", o ? o : "");
+    free(o);
+    snprintf(path, sizeof path, "%s/run/checkpoint-1/trainer_state.json", dir);
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"rng\": *\\[[^]]*\\]/\"rng\": [\"0\", \"0\", \"0\", \"0\"]/' %s && grep -q '\"rng\": \\[\"0\"' %s",
+             path, path);
+    o = t_run_capture(cmd, &rc);
+    free(o);
+    T_CHECK(rc == 0, "could not zero the rng of %s", path);
+    o = t_run_fmt(&rc, "timeout -k 5 60 %s train --resume %s/run --updates 2 --quiet", LS_CLI_PATH, dir);
+    printf("  resume: exit %d: %.300s\n", rc, o ? o : "");
+    int named = o && strstr(o, "\"rng\"") && strstr(o, "trainer_state.json");
+    free(o);
+    T_CHECK(rc != 0 && rc != 124 && rc != 137, "resume from an all-zero rng: exit %d (hung: 124/137)", rc);
+    T_CHECK(named, "the refusal does not name trainer_state.json's \"rng\"");
+    /* the generators themselves: a degenerate state ends in an error, not a loop */
+    const char *tasks[3] = {"passkey", "multikey", "vartrack"};
+    for (int k = 0; k < 3; k++) { /* (a constant draw is held out or not: one of the two must fail) */
+        ls_task t;
+        T_OK(ls_task_parse(&t, tasks[k], NULL));
+        int failed = 0;
+        for (int held = 0; held < 2; held++) {
+            ls_rng zero = {{0, 0, 0, 0}};
+            ls_task_item it;
+            memset(&it, 0, sizeof it);
+            double t0 = ls_now();
+            ls_status s = ls_task_make(&t, &it, ls_task_min_bytes(&t) + 64, 0.5, held, &zero);
+            ls_task_item_free(&it);
+            T_CHECK(ls_now() - t0 < 30, "%s from an all-zero state took %.1f s", tasks[k], ls_now() - t0);
+            failed += s != LS_OK;
+        }
+        T_CHECK(failed >= 1, "%s: an all-zero state made both a training and a held-out item", tasks[k]);
+    }
+    t_remove_dir(dir);
+    return 0;
+}
+
+/* 11b. A training prompt of the multikey task never holds a held-out key, not even as a
+ * distractor (the held-out prompts' answers would be learnt). */
+int test_rel_multikey_distractors(void) {
+    ls_task t;
+    T_OK(ls_task_parse(&t, "multikey", NULL));
+    ls_rng r;
+    ls_rng_seed(&r, 11);
+    int leaks = 0, items = 400;
+    for (int i = 0; i < items; i++) {
+        ls_task_item it;
+        memset(&it, 0, sizeof it);
+        T_OK(ls_task_make(&t, &it, ls_task_min_bytes(&t) + 200, 0.3, 0, &r));
+        /* every five-digit key in the prompt */
+        for (const char *p = it.prompt; (p = strstr(p, " is ")) != NULL; p += 4) {
+            char key[8] = {0};
+            if (sscanf(p + 4, "%5[0-9]", key) == 1 && strlen(key) == 5 && ls_task_held_out(key)) leaks++;
+        }
+        ls_task_item_free(&it);
+    }
+    T_CHECK(leaks == 0, "%d held-out keys in %d training prompts of the multikey task", leaks, items);
     return 0;
 }

@@ -148,9 +148,21 @@ static const char *const key_words[] = {"amber", "cobalt", "maple", "falcon", "h
 static const char *const passkey_head = "There is important information hidden inside a lot of irrelevant text. "
                                         "Find it and memorise it. I will quiz you about it.\n\n";
 
+/* Every draw-until-acceptable loop of the generators gives up after this many tries (an
+ * acceptable draw comes within a few from any working generator state). */
+#define DRAW_TRIES 100000
+
+static ls_status no_draw(const char *what) {
+    return ls_err(LS_ERR_ARG, "the task generator drew no acceptable %s in %d tries: its random state is degenerate",
+                  what, DRAW_TRIES);
+}
+
 static ls_status make_passkey(ls_task_item *it, size_t bytes, double depth, int held_out, ls_haystack h, ls_rng *r) {
-    do draw_key(it->answer, sizeof it->answer, r);
-    while (ls_task_held_out(it->answer) != held_out);
+    int tries = 0;
+    do {
+        if (++tries > DRAW_TRIES) return no_draw("pass key");
+        draw_key(it->answer, sizeof it->answer, r);
+    } while (ls_task_held_out(it->answer) != held_out);
     needle nd = {.at = depth};
     nd.len = (size_t)snprintf(nd.text, sizeof nd.text, "The pass key is %s. Remember it. %s is the pass key. ",
                               it->answer, it->answer);
@@ -166,11 +178,13 @@ static ls_status make_multikey(ls_task_item *it, size_t bytes, double depth, int
     char keys[MULTI_KEYS][8];
     int word[MULTI_KEYS];
     for (int i = 0; i < MULTI_KEYS; i++) {
-        int again;
-        do { /* distinct words and keys; the asked one (0) from its part */
+        int again, tries = 0;
+        do { /* distinct words and keys; the asked one (0) from its part; a training prompt's
+              * distractors never held-out keys (they would be learnt beside the answer) */
+            if (++tries > DRAW_TRIES) return no_draw("set of keys");
             word[i] = (int)(ls_rng_u64(r) % N_OF(key_words));
             draw_key(keys[i], sizeof keys[i], r);
-            again = i == 0 && ls_task_held_out(keys[0]) != held_out;
+            again = i == 0 ? ls_task_held_out(keys[0]) != held_out : !held_out && ls_task_held_out(keys[i]);
             for (int j = 0; j < i; j++) again |= word[j] == word[i] || !strcmp(keys[j], keys[i]);
         } while (again);
         nd[i].at = i == 0 ? depth : ls_rng_uniform(r);
@@ -190,11 +204,14 @@ static ls_status make_multikey(ls_task_item *it, size_t bytes, double depth, int
 
 static ls_status make_vartrack(ls_task_item *it, size_t bytes, double depth, int held_out, ls_haystack h, ls_rng *r) {
     char value[8], names[VT_NAMES][4];
+    int tries = 0;
     do {
+        if (++tries > DRAW_TRIES) return no_draw("variable chain");
         draw_key(value, sizeof value, r);
         for (int i = 0; i < VT_NAMES; i++) {
-            int again;
+            int again, inner = 0;
             do {
+                if (++inner > DRAW_TRIES) return no_draw("variable name");
                 for (int c = 0; c < 3; c++) names[i][c] = (char)('A' + ls_rng_u64(r) % 26);
                 names[i][3] = 0;
                 again = 0;

@@ -657,6 +657,10 @@ static ls_status parse_state(const char *dir, int64_t expect, ckpt_state *st) {
         if (!cJSON_IsString(e) || !end || *end || end == e->valuestring || errno)
             s = ls_err(LS_ERR_FORMAT, "%s: field \"rng\"[%d] must be a hex string", path, i);
     }
+    if (s == LS_OK && !(st->rng[0] | st->rng[1] | st->rng[2] | st->rng[3]))
+        s = ls_err(LS_ERR_FORMAT, "%s: field \"rng\" is all zeros, a state the generator never leaves (it would draw "
+                                  "the same value forever): the file was damaged or edited; refusing to resume from it",
+                   path);
     if (s == LS_OK) s = state_str(root, path, "model", st->model, sizeof st->model, NULL, NULL);
     if (s == LS_OK) s = state_str(root, path, "family", st->family, sizeof st->family, NULL, NULL);
     if (s == LS_OK)
