@@ -18,6 +18,7 @@ int test_rel_signal_in_eval(void);
 int test_rel_stdout_errors(void);
 int test_rel_rng_zero(void);
 int test_rel_multikey_distractors(void);
+int test_rel_report_inputs(void);
 
 /* dir/m: a tiny hybrid model of the byte-level vocabulary (the built-in tasks'). */
 static int byte_model(const char *dir, char *m, size_t cap) {
@@ -171,5 +172,43 @@ int test_rel_multikey_distractors(void) {
         ls_task_item_free(&it);
     }
     T_CHECK(leaks == 0, "%d held-out keys in %d training prompts of the multikey task", leaks, items);
+    return 0;
+}
+
+/* 4. `report RUN` reads regular files only: a FIFO metrics.jsonl or trace, a link to
+ * /dev/zero, is refused by name at once (it blocked, or read until memory ran out). */
+int test_rel_report_inputs(void) {
+    char dir[512], m[700];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
+    int rc;
+    char *o = t_run_fmt(&rc, "%s train --model %s --out %s/run --loss sft --task passkey --prompt-len 80 --updates 1 "
+                             "--threads 1 --quiet", LS_CLI_PATH, m, dir);
+    T_CHECK(rc == 0, "train: %s", o ? o : "");
+    free(o);
+    const char *file[2] = {"metrics.jsonl", "trace.0.jsonl"}, *make[2] = {"mkfifo %s/run/%s", "ln -s /dev/zero %s/run/%s"};
+    for (int f = 0; f < 2; f++)
+        for (int k = 0; k < 2; k++) {
+            char saved[1000], cmd[2400];
+            snprintf(saved, sizeof saved, "%s/run/%s.saved", dir, file[f]);
+            snprintf(cmd, sizeof cmd, "mv %s/run/%s %s && ", dir, file[f], saved);
+            snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), make[k], dir, file[f]);
+            o = t_run_capture(cmd, &rc);
+            free(o);
+            T_CHECK(rc == 0, "%s", cmd);
+            o = t_run_fmt(&rc, "timeout -k 2 20 %s report %s/run", LS_CLI_PATH, dir);
+            int named = o && strstr(o, file[f]) && strstr(o, "not a regular file");
+            printf("  %s as %s: exit %d\n", file[f], k ? "a link to /dev/zero" : "a FIFO", rc);
+            free(o);
+            T_CHECK(rc != 0 && rc != 124 && rc != 137 && named, "report with %s %s: exit %d (124/137: it hung)", file[f],
+                    k ? "a link to /dev/zero" : "a FIFO", rc);
+            snprintf(cmd, sizeof cmd, "rm -f %s/run/%s && mv %s %s/run/%s", dir, file[f], saved, dir, file[f]);
+            o = t_run_capture(cmd, &rc);
+            free(o);
+        }
+    o = t_run_fmt(&rc, "%s report %s/run", LS_CLI_PATH, dir);
+    free(o);
+    T_CHECK(rc == 0, "report of the intact run: exit %d", rc);
+    t_remove_dir(dir);
     return 0;
 }

@@ -21,6 +21,7 @@
 
 #include "cli.h"
 #include "longstraw/config.h"
+#include "longstraw/files.h"
 
 /* int cmd_report(int argc, char **argv);  (declared in cli.h, registered in main.c) */
 
@@ -340,9 +341,25 @@ typedef ls_status (*line_fn)(void *ctx, const cJSON *o, const lctx *c);
 
 /* Call fn on the object of every complete line of `path`; a last line without a
  * newline (cut by a crash) is skipped and reported through *truncated. */
+/* The most report reads of one file: a run's metrics and traces stay far below it; a
+ * larger one is refused by name, not read until memory runs out. */
+#define REPORT_FILE_MAX ((int64_t)4 << 30)
+
+/* path as a stream: a regular file (a FIFO, device or directory is refused by name and
+ * never blocks, a link to /dev/zero included: files.h) of at most REPORT_FILE_MAX bytes */
+static ls_status open_bounded(const char *path, FILE **f) {
+    LS_TRY(ls_open_input_stream(path, f));
+    struct stat sb;
+    if (fstat(fileno(*f), &sb) == 0 && sb.st_size <= REPORT_FILE_MAX) return LS_OK;
+    fclose(*f);
+    *f = NULL;
+    return ls_err(LS_ERR_ARG, "%s: %lld bytes, more than report reads of one file (%lld): not a run's file?", path,
+                  (long long)sb.st_size, (long long)REPORT_FILE_MAX);
+}
+
 static ls_status read_jsonl(const char *path, line_fn fn, void *ctx, int *truncated) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return ls_err(LS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f;
+    LS_TRY(open_bounded(path, &f));
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
