@@ -571,7 +571,7 @@ static int double_sigint(const char *dir, int pid1, const char *label) {
     int k = 0;
     if (pid1) argv[k++] = "unshare", argv[k++] = "--pid", argv[k++] = "--fork";
     argv[k++] = (char *)cli();
-    char *rest[] = {"train", "--model", model, "--out", runp, "--rollout", "--task", "passkey", "--prompt-len", "100",
+    char *rest[] = {"train", "--model", model, "--out", runp, "--rollout", "--task", "passkey", "--prompt-len", "300",
                     "--num-generations", "2", "--max-new-tokens", "2", "--updates", "3", "--reward-cmd", rcmd, "--quiet"};
     for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++) argv[k++] = rest[i];
     argv[k] = NULL;

@@ -11,6 +11,7 @@
 
 #include "longstraw/config.h"
 #include "longstraw/files.h"
+#include "longstraw/safetensors.h"
 #include "longstraw/task.h"
 #include "testutil.h"
 
@@ -19,6 +20,8 @@ int test_rel_stdout_errors(void);
 int test_rel_rng_zero(void);
 int test_rel_multikey_distractors(void);
 int test_rel_report_inputs(void);
+int test_rel_eval_refusals(void);
+int test_rel_eval_nonfinite(void);
 
 /* dir/m: a tiny hybrid model of the byte-level vocabulary (the built-in tasks'). */
 static int byte_model(const char *dir, char *m, size_t cap) {
@@ -51,7 +54,7 @@ int test_rel_signal_in_eval(void) {
     /* the signal once the second evaluation (after update 1's step) has begun: the trace
      * writes each phase's start at once */
     snprintf(cmd, sizeof cmd,
-             "%s train --model %s --out %s/run --loss sft --task passkey --prompt-len 80 --updates 3 --lr 1e-3 "
+             "%s train --model %s --out %s/run --loss sft --task passkey --prompt-len 300 --updates 3 --lr 1e-3 "
              "--eval-prompts 2 --eval-prompt-len 30000 --max-new-tokens 2 --threads 1 --quiet >/dev/null 2>%s & p=$!; "
              "for i in $(seq 3000); do n=$(grep -c 'phase_begin.*\"phase\": \"eval\"' %s/run/trace.0.jsonl 2>/dev/null); "
              "[ \"${n:-0}\" -ge 2 ] && break; sleep 0.02; done; kill -TERM $p; wait $p; echo rc=$?",
@@ -89,7 +92,7 @@ int test_rel_stdout_errors(void) {
     const char *what[3] = {"logprobs", "eval", "plan"};
     char cmd[3][2000];
     snprintf(cmd[0], sizeof cmd[0], "%s logprobs --model %s --group %s/group_train.json --threads 1", LS_CLI_PATH, d, d);
-    snprintf(cmd[1], sizeof cmd[1], "%s eval --model %s --prompt-len 100 --num-prompts 1 --max-new-tokens 2 --threads 1 --quiet",
+    snprintf(cmd[1], sizeof cmd[1], "%s eval --model %s --prompt-len 300 --num-prompts 1 --max-new-tokens 2 --threads 1 --quiet",
              LS_CLI_PATH, m);
     snprintf(cmd[2], sizeof cmd[2], "%s plan --model %s --prompt 100 --json", LS_CLI_PATH, d);
     for (int k = 0; k < 3; k++) {
@@ -114,7 +117,7 @@ int test_rel_rng_zero(void) {
     T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
     T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
     int rc;
-    char *o = t_run_fmt(&rc, "%s train --model %s --out %s/run --loss sft --task passkey --prompt-len 80 --updates 1 "
+    char *o = t_run_fmt(&rc, "%s train --model %s --out %s/run --loss sft --task passkey --prompt-len 300 --updates 1 "
                              "--threads 1 --quiet", LS_CLI_PATH, m, dir);
     T_CHECK(rc == 0, "train: %s", o ? o : "");
     free(o);
@@ -182,7 +185,7 @@ int test_rel_report_inputs(void) {
     T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
     T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
     int rc;
-    char *o = t_run_fmt(&rc, "%s train --model %s --out %s/run --loss sft --task passkey --prompt-len 80 --updates 1 "
+    char *o = t_run_fmt(&rc, "%s train --model %s --out %s/run --loss sft --task passkey --prompt-len 300 --updates 1 "
                              "--threads 1 --quiet", LS_CLI_PATH, m, dir);
     T_CHECK(rc == 0, "train: %s", o ? o : "");
     free(o);
@@ -209,6 +212,97 @@ int test_rel_report_inputs(void) {
     o = t_run_fmt(&rc, "%s report %s/run", LS_CLI_PATH, dir);
     free(o);
     T_CHECK(rc == 0, "report of the intact run: exit %d", rc);
+    t_remove_dir(dir);
+    return 0;
+}
+
+/* 5, 6. What eval (and train's held-out prompts) cannot do is refused before anything is
+ * allocated, naming why: prompts that cannot fit this machine's memory (the plan's check,
+ * as for capture), a length below the task's shortest prompt (it ran longer prompts under
+ * the asked label), a length or depth given twice (counted twice; dropped from by_depth),
+ * --eval-prompts 0 (silently 16 with --eval-every). */
+int test_rel_eval_refusals(void) {
+    char dir[512], m[700];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
+    static const struct {
+        const char *args, *want;
+    } cases[] = {
+        {"eval --model %s --prompt-len 1073741824 --num-prompts 1", "will not fit"},
+        {"train --model %s --out %s/r1 --loss sft --task passkey --prompt-len 300 --eval-prompts 1 "
+         "--eval-prompt-len 1073741824", "will not fit"},
+        {"eval --model %s --prompt-len 20 --num-prompts 1", "below the passkey task's minimum"},
+        {"train --model %s --out %s/r2 --loss sft --task passkey --prompt-len 100 --updates 1", "below the passkey task's minimum"},
+        {"eval --model %s --prompt-len 300,300 --num-prompts 1", "repeats entry 1"},
+        {"eval --model %s --prompt-len 300 --depths 0.5,0.5000001 --num-prompts 2", "same depth as entry 1"},
+        {"train --model %s --out %s/r3 --loss sft --task passkey --prompt-len 300 --eval-prompts 0 --eval-every 1",
+         "--eval-prompts"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char args[2000];
+        snprintf(args, sizeof args, cases[c].args, m, dir);
+        int rc;
+        double t0 = ls_now();
+        char *o = t_run_fmt(&rc, "timeout -k 2 60 %s %s --threads 1 --quiet", LS_CLI_PATH, args);
+        double dt = ls_now() - t0;
+        int said = o && strstr(o, cases[c].want);
+        printf("  %s: exit %d in %.2f s: %.160s", cases[c].want, rc, dt, o ? o : "");
+        free(o);
+        T_CHECK(rc != 0 && rc != 124 && rc != 137 && said && dt < 30, "`longstraw %s`: exit %d after %.1f s (want a refusal "
+                "saying \"%s\")", args, rc, dt, cases[c].want);
+    }
+    /* and what is allowed still runs: the task's minimum, two lengths, distinct depths */
+    int rc;
+    char *o = t_run_fmt(&rc, "%s eval --model %s --prompt-len 300,320 --depths 0.25,0.75 --num-prompts 2 "
+                             "--max-new-tokens 2 --threads 1 --quiet", LS_CLI_PATH, m);
+    T_CHECK(rc == 0, "a valid eval: exit %d: %s", rc, o ? o : "");
+    free(o);
+    t_remove_dir(dir);
+    return 0;
+}
+
+/* 7. eval on a model whose forward overflows (finite LM-head weights of ±3e38: the
+ * logits Inf and NaN) is refused, as logprobs refuses it, not answered with garbage and exit 0. */
+int test_rel_eval_nonfinite(void) {
+    char dir[512], m[700], big[800], path[1000], dst[1000];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
+    snprintf(big, sizeof big, "%s/big", dir);
+    T_CHECK(mkdir(big, 0755) == 0, "mkdir %s", big);
+    snprintf(path, sizeof path, "%s/config.json", m);
+    snprintf(dst, sizeof dst, "%s/config.json", big);
+    T_OK(ls_copy_file_atomic(path, dst));
+    snprintf(path, sizeof path, "%s/model.safetensors", m);
+    ls_st_file f;
+    T_OK(ls_st_open(&f, path));
+    int64_t n = ls_st_count(&f);
+    float **bufs = calloc((size_t)n, sizeof *bufs);
+    T_CHECK(bufs, "oom");
+    ls_st_writer w;
+    ls_st_writer_init(&w);
+    ls_status s = LS_OK;
+    for (int64_t i = 0; i < n && s == LS_OK; i++) {
+        const ls_st_tensor *t = ls_st_at(&f, i);
+        bufs[i] = malloc((size_t)(t->numel > 0 ? t->numel : 1) * sizeof(float));
+        s = bufs[i] ? ls_st_read_f32(t, bufs[i], t->numel, NULL) : LS_ERR_NOMEM;
+        if (s == LS_OK && strstr(t->name, "lm_head")) /* logits of ±3e38 · O(1) terms: Inf − Inf */
+            for (int64_t k = 0; k < t->numel; k++) bufs[i][k] = k % 2 ? 3e38f : -3e38f;
+        if (s == LS_OK) s = ls_st_writer_add_f32(&w, t->name, LS_DTYPE_F32, t->ndim, t->shape, bufs[i]);
+    }
+    snprintf(dst, sizeof dst, "%s/model.safetensors", big);
+    if (s == LS_OK) s = ls_st_write(&w, dst);
+    ls_st_writer_free(&w);
+    for (int64_t i = 0; i < n; i++) free(bufs[i]);
+    free(bufs);
+    ls_st_close(&f);
+    T_OK(s);
+    int rc;
+    char *o = t_run_fmt(&rc, "%s eval --model %s --prompt-len 300 --num-prompts 1 --max-new-tokens 2 --threads 1 --quiet",
+                        LS_CLI_PATH, big);
+    int said = o && strstr(o, "not finite");
+    printf("  eval: exit %d: %.300s\n", rc, o ? o : "");
+    free(o);
+    T_CHECK(rc != 0 && said, "eval of a model whose forward overflows: exit %d (want a refusal: logits not finite)", rc);
     t_remove_dir(dir);
     return 0;
 }

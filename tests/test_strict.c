@@ -320,7 +320,7 @@ int test_strict_tool_equal(void) {
             char run[700];
             snprintf(run, sizeof run, "%s/%s.%s", dir, tag, bk);
             snprintf(fmt, sizeof fmt,
-                     "train --model %s --out %s --loss sft --task passkey --prompt-len 80 --updates 2 --lr 1e-2 "
+                     "train --model %s --out %s --loss sft --task passkey --prompt-len 300 --updates 2 --lr 1e-2 "
                      "--threads 1 --quiet --backend %s > /dev/null && %s train --resume %s --updates 3 --quiet",
                      mm[k], run, bk, LS_CLI_PATH, run);
             if (run_tool(dir, tag, bk, fmt)) return 1;
@@ -335,7 +335,7 @@ int test_strict_tool_equal(void) {
         snprintf(tag, sizeof tag, "eval_%d", k);
         for (int b = 0; b < 2; b++) {
             const char *bk = b ? "strict" : "cpu";
-            snprintf(fmt, sizeof fmt, "eval --model %s --prompt-len 90,130 --num-prompts 2 --max-new-tokens 5 "
+            snprintf(fmt, sizeof fmt, "eval --model %s --prompt-len 300,340 --num-prompts 2 --max-new-tokens 5 "
                                       "--threads 1 --quiet", mm[k]);
             if (run_tool(dir, tag, bk, fmt)) return 1;
         }

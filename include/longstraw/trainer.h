@@ -34,6 +34,9 @@ void ls_trainable_close(ls_trainable *t);
  * gradients, times the ranks on this machine) exceeds 90% of the machine's memory;
  * the message gives the plan's numbers and the machine's. */
 ls_status ls_check_fits(const ls_trainable *t, const ls_grpo_opts *o, int64_t P, int optimizer);
+/* The same for a greedy evaluation of prompts of up to P tokens with a loaded model whose
+ * weights take `fixed` bytes (eval, train's held-out prompts). */
+ls_status ls_check_fits_eval(const ls_model *m, const ls_score_opts *so, int64_t P, size_t fixed);
 
 /* receipt.json of an update (collective under CP: every rank calls it; rank 0 writes):
  * phases, arena peaks, the M_live terms predicted beside measured, every rank's

@@ -52,6 +52,8 @@ static void help(void) {
            "                       tested on the CPU) or cuda[:N]\n"
            "  --cp-layout L        under mpirun: contiguous (default) or zigzag page split\n"
            "  --ep N               under mpirun -np W: split the routed experts over N ranks\n"
+           "  --force              run even when the plan says the prompts will not fit in this\n"
+           "                       machine's memory (refused before anything is allocated)\n"
            "  --quiet              no progress bar\n"
            "  --help               this text\n");
 }
@@ -85,7 +87,7 @@ int cmd_eval(int argc, char **argv) {
         {"threads", required_argument, 0, 't'},   {"cp-layout", required_argument, 0, 'l'},
         {"ep", required_argument, 0, 'e'},        {"quiet", no_argument, 0, 'q'},
         {"lora-alpha", required_argument, 0, 'A'}, {"help", no_argument, 0, 'h'},
-        {"backend", required_argument, 0, 'B'},
+        {"backend", required_argument, 0, 'B'},   {"force", no_argument, 0, 'F'},
         {0, 0, 0, 0}};
     const char *c = "eval", *model = NULL, *adapter = NULL, *task = "passkey", *hay = NULL, *tokenizer = NULL,
                *out = NULL, *backend = NULL;
@@ -93,13 +95,14 @@ int cmd_eval(int argc, char **argv) {
     ls_eval_opts_default(&o);
     int64_t threads = 0, v, epn = 1;
     double alpha = 0;
-    int quiet = 0, ch;
+    int quiet = 0, ch, force = 0;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         ls_status ps = LS_OK;
         switch (ch) {
         case 'm': model = optarg; break;
         case 'a': adapter = optarg; break;
+        case 'F': force = 1; break;
         case 'T': task = optarg; break;
         case 'H': hay = optarg; break;
         case 'p': ps = ls_eval_parse_lengths(&o, optarg); break;
@@ -170,6 +173,8 @@ int cmd_eval(int argc, char **argv) {
         s = ls_model_load(&m, model, ep, &ar.a[LS_ARENA_FIXED]);
     }
     if (s == LS_OK) s = ls_tok_load_for_model(&tok, tokenizer, ls_model_config(run)->vocab);
+    for (int l = 0; s == LS_OK && !force && l < o.n_lengths; l++) /* before anything sized by a prompt */
+        s = ls_check_fits_eval(run, &o.so, o.lengths[l] + o.max_new_tokens, ar.a[LS_ARENA_FIXED].peak);
     if (s == LS_OK) s = ls_eval_run(run, tok, &o, &ar, &res);
     int rc = 0;
     if (s != LS_OK) {

@@ -143,7 +143,7 @@ static int parse_args(train_args *a, int argc, char **argv) {
             *(ch == O_TASK ? &a->r.task : &a->r.haystack) = optarg;
             break;
         }
-        case O_EVPROMPTS: if (cli_parse_i64(c, "--eval-prompts", optarg, 0, 1 << 20, &a->r.eval_prompts)) return 2; break;
+        case O_EVPROMPTS: if (cli_parse_i64(c, "--eval-prompts", optarg, 1, 1 << 20, &a->r.eval_prompts)) return 2; break;
         case O_EVPLEN: {
             ls_eval_opts eo;
             ls_eval_opts_default(&eo);

@@ -24,7 +24,15 @@ ls_status ls_task_prompt(const ls_task *t, const ls_tokenizer *tok, int64_t targ
             ls_task_item_free(it);
             return s;
         }
-        if ((n <= target && n >= target - target / 50 - 2) || attempt == 6 || n < 1 || (bytes <= min && n > target)) {
+        if (bytes <= min && n > target) { /* the task's shortest prompt is longer than asked */
+            free(ids);
+            ls_task_item_free(it);
+            char name[64];
+            return ls_err(LS_ERR_ARG, "a prompt length of %lld tokens is below the %s task's minimum: its shortest "
+                                      "prompt is %lld tokens with this tokenizer (ask for at least that)",
+                          (long long)target, ls_task_name(t, name, sizeof name), (long long)n);
+        }
+        if ((n <= target && n >= target - target / 50 - 2) || attempt == 6 || n < 1) {
             g->prompt = ids;
             g->P = n;
             g->prompt_text = strdup(it->prompt);
@@ -74,6 +82,10 @@ ls_status ls_eval_parse_lengths(ls_eval_opts *o, const char *list) {
             return ls_err(LS_ERR_ARG, "--prompt-len \"%s\": entry %d (%g) is not a whole number in [16, 2^30]", list,
                           i + 1, v[i]);
         o->lengths[i] = (int64_t)v[i];
+        for (int j = 0; j < i; j++) /* (each length's prompts would be counted twice) */
+            if (o->lengths[j] == o->lengths[i])
+                return ls_err(LS_ERR_ARG, "--prompt-len \"%s\": entry %d (%lld) repeats entry %d", list, i + 1,
+                              (long long)o->lengths[i], j + 1);
     }
     o->n_lengths = n;
     return LS_OK;
@@ -83,9 +95,18 @@ ls_status ls_eval_parse_depths(ls_eval_opts *o, const char *list) {
     double v[LS_EVAL_MAX_DEPTHS];
     int n;
     LS_TRY(parse_list("--depths", list, v, LS_EVAL_MAX_DEPTHS, &n));
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (!(v[i] >= 0 && v[i] <= 1))
             return ls_err(LS_ERR_ARG, "--depths \"%s\": entry %d (%g) is outside [0, 1]", list, i + 1, v[i]);
+        for (int j = 0; j < i; j++) { /* one "by_depth" key per depth ("%g") */
+            char a[32], b[32];
+            snprintf(a, sizeof a, "%g", v[i]);
+            snprintf(b, sizeof b, "%g", v[j]);
+            if (!strcmp(a, b))
+                return ls_err(LS_ERR_ARG, "--depths \"%s\": entry %d is the same depth as entry %d (%s in the results)",
+                              list, i + 1, j + 1, a);
+        }
+    }
     memcpy(o->depths, v, (size_t)n * sizeof *v);
     o->n_depths = n;
     return LS_OK;

@@ -23,6 +23,26 @@ ls_status ls_trainable_open(ls_trainable *p, const ls_policy_spec *spec, int wit
 
 void ls_trainable_close(ls_trainable *p) { ls_policy_close(&p->p); }
 
+/* Whether prompt + fixed + grad bytes per rank fit this machine's memory (90%) times the
+ * ranks sharing it; else the refusal, naming what a prompt of P tokens (`what`) needs. */
+static ls_status fits(const char *what, int64_t P, const ls_state_plan_t *plan, double prompt, size_t fixed,
+                      size_t grad, int N, const char *advice) {
+    double need = prompt + (double)grad + (double)fixed;
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || psz <= 0) return LS_OK; /* unknown: nothing to compare with */
+    const char *lsz = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    int local = lsz && atoi(lsz) > 0 ? atoi(lsz) : N; /* ranks sharing this machine */
+    double have = (double)pages * (double)psz, gib = 1024.0 * 1024.0 * 1024.0;
+    if (need * local <= 0.9 * have) return LS_OK;
+    return ls_err(LS_ERR_ARG,
+                  "%s of %lld tokens will not fit: per rank the plan holds %.2f GiB of prompt state (%lld pages "
+                  "per attention layer%s, %d attention + %d Gated DeltaNet layers) + %.2f GiB fixed + %.2f GiB "
+                  "gradients = %.2f GiB, x %d rank%s on this machine = %.2f GiB, but it has %.2f GiB of memory; %s",
+                  what, (long long)P, prompt / gib, (long long)plan->pages_per_rank, N > 1 ? " on this rank" : "",
+                  plan->n_attn, plan->n_gdn, (double)fixed / gib, (double)grad / gib, need / gib, local,
+                  local == 1 ? "" : "s", need * local / gib, have / gib, advice);
+}
+
 ls_status ls_check_fits(const ls_trainable *pol, const ls_grpo_opts *o, int64_t P, int optimizer) {
     if (P < 1) return LS_OK;
     const ls_comm *cp = o->fwd.comm;
@@ -34,21 +54,18 @@ ls_status ls_check_fits(const ls_trainable *pol, const ls_grpo_opts *o, int64_t 
     pol->p.fam->policy_predict(&pol->p, optimizer, &grad, &fixed);
     /* the reference's state sits beside the policy's when β > 0 (rollouts) */
     double prompt = o->no_capture ? 0.0 : (double)plan.total_bytes_per_rank * (o->beta != 0 ? 2.0 : 1.0);
-    double need = prompt + (double)grad + (double)fixed;
-    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
-    if (pages <= 0 || psz <= 0) return LS_OK; /* unknown: nothing to compare with */
-    const char *lsz = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    int local = lsz && atoi(lsz) > 0 ? atoi(lsz) : N; /* ranks sharing this machine */
-    double have = (double)pages * (double)psz, gib = 1024.0 * 1024.0 * 1024.0;
-    if (need * local <= 0.9 * have) return LS_OK;
-    return ls_err(LS_ERR_ARG,
-                  "a prompt of %lld tokens will not fit: per rank the plan holds %.2f GiB of prompt state (%lld pages "
-                  "per attention layer%s, %d attention + %d Gated DeltaNet layers) + %.2f GiB fixed + %.2f GiB "
-                  "gradients = %.2f GiB, x %d rank%s on this machine = %.2f GiB, but it has %.2f GiB of memory; "
-                  "shorten the prompt, use more ranks (mpirun -np N) or --state-dtype bf16, or pass --force",
-                  (long long)P, prompt / gib, (long long)plan.pages_per_rank, N > 1 ? " on this rank" : "", plan.n_attn,
-                  plan.n_gdn, (double)fixed / gib, (double)grad / gib, need / gib, local, local == 1 ? "" : "s",
-                  need * local / gib, have / gib);
+    return fits("a prompt", P, &plan, prompt, fixed, grad, N,
+                "shorten the prompt, use more ranks (mpirun -np N) or --state-dtype bf16, or pass --force");
+}
+
+ls_status ls_check_fits_eval(const ls_model *m, const ls_score_opts *so, int64_t P, size_t fixed) {
+    if (P < 1) return LS_OK;
+    const ls_comm *cp = so->fwd.comm;
+    int N = cp ? ls_comm_size(cp) : 1;
+    ls_state_plan_t plan;
+    LS_TRY(m->fam->state_plan(&plan, ls_model_config(m), P, so->page_size, so->state_dtype, N, so->fwd.cp_layout, 0));
+    return fits("an evaluation prompt", P, &plan, (double)plan.total_bytes_per_rank, fixed, 0, N,
+                "shorten --prompt-len, use more ranks (mpirun -np N) or --state-dtype bf16, or pass --force");
 }
 
 /* "k": v, or "k": null for NaN / Inf (which JSON cannot spell) */

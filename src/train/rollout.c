@@ -111,6 +111,14 @@ ls_status ls_generate_group(const ls_model *m, const ls_prompt_state *prompt_sta
     for (int64_t t = 0; s == LS_OK && t < so->max_new_tokens && n > 0; t++) {
         s = m->fam->decode(m, act, tok, n, logits, &o, scratch);
         if (s != LS_OK) break;
+        for (int64_t k = 0; k < (int64_t)n * V; k++) /* garbage is not a response */
+            if (!isfinite(logits[k])) {
+                s = ls_err(LS_ERR_ARG, "the model's logits are not finite (%g for token %lld of member %d) at decode step "
+                                       "%lld: its forward overflowed (NaN/Inf activations); nothing was sampled",
+                           (double)logits[k], (long long)(k % V), who[k / V], (long long)t + 1);
+                break;
+            }
+        if (s != LS_OK) break;
         ls_progress_add(n);
         for (int j = 0; j < n; j++) /* members in order: the RNG is drawn in a fixed order */
             ys[j] = ls_sample_token(logits + (int64_t)j * V, V, so->top_p, greedy, rng, work, iwork, &yl[j]);

@@ -1065,6 +1065,8 @@ static ls_status setup(trainer *tr) {
     LS_TRY(load_eval(tr));
     /* refuse a prompt that cannot fit before anything sized by it is allocated */
     if (!a->force) LS_TRY(ls_check_fits(&tr->pol, &a->o, a->task && !a->data ? a->prompt_len : tr->max_prompt, 1));
+    for (int l = 0; !a->force && tr->ev.num_prompts && l < tr->ev.n_lengths; l++) /* the held-out prompts too */
+        LS_TRY(ls_check_fits(&tr->pol, &a->o, tr->ev.lengths[l], 1));
     if (!a->updates) a->updates = a->data ? (tr->data.n + a->groups_per_update - 1) / a->groups_per_update : 10;
     if (a->reward_cmd && root) { /* one reward process: rank 0's, its rewards broadcast */
         LS_TRY(ls_reward_cmd_start(&tr->rcmd, a->reward_cmd));
