@@ -22,6 +22,7 @@ int test_rel_multikey_distractors(void);
 int test_rel_report_inputs(void);
 int test_rel_eval_refusals(void);
 int test_rel_eval_nonfinite(void);
+int test_rel_refusal_leaves_run(void);
 
 /* dir/m: a tiny hybrid model of the byte-level vocabulary (the built-in tasks'). */
 static int byte_model(const char *dir, char *m, size_t cap) {
@@ -303,6 +304,75 @@ int test_rel_eval_nonfinite(void) {
     printf("  eval: exit %d: %.300s\n", rc, o ? o : "");
     free(o);
     T_CHECK(rc != 0 && said, "eval of a model whose forward overflows: exit %d (want a refusal: logits not finite)", rc);
+    t_remove_dir(dir);
+    return 0;
+}
+
+/* md5 of every file of dir (names and contents), sorted: what "unchanged" means */
+static char *dir_digest(const char *dir) {
+    int rc;
+    char *o = t_run_fmt(&rc, "cd %s && find . -type f | LC_ALL=C sort | xargs -r md5sum", dir);
+    if (rc != 0) {
+        free(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* 10. A refused command leaves the run directory byte-identical: a resume that names
+ * another model (refused before the trace opens) and one whose checkpoint is damaged
+ * (refused after the model loaded) — RUN/.lock was rewritten with the new pid, the trace
+ * got the attempt's lines. */
+int test_rel_refusal_leaves_run(void) {
+    char dir[512], m[700], run[700], path[900];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
+    snprintf(run, sizeof run, "%s/run", dir);
+    int rc;
+    char *o = t_run_fmt(&rc, "%s train --model %s --out %s --loss sft --task passkey --prompt-len 300 --updates 1 "
+                             "--threads 1 --quiet", LS_CLI_PATH, m, run);
+    T_CHECK(rc == 0, "train: %s", o ? o : "");
+    free(o);
+    /* refusal 1: another model */
+    char *before = dir_digest(run);
+    T_CHECK(before, "digest of %s", run);
+    o = t_run_fmt(&rc, "%s train --resume %s --model %s/tests/reference/fixtures/next_moe --updates 2 --quiet",
+                  LS_CLI_PATH, run, LS_SOURCE_DIR);
+    printf("  resume with another model: exit %d: %.200s\n", rc, o ? o : "");
+    free(o);
+    char *after = dir_digest(run);
+    int same = after && !strcmp(before, after);
+    if (!same) printf("  before:\n%s  after:\n%s", before, after ? after : "");
+    free(after);
+    T_CHECK(rc != 0 && same, "a resume refused for its model: exit %d, run directory %s", rc,
+            same ? "unchanged" : "changed");
+    free(before);
+    /* refusal 2: the checkpoint's generator state damaged (found after the model is loaded) */
+    snprintf(path, sizeof path, "%s/checkpoint-1/trainer_state.json", run);
+    o = t_run_fmt(&rc, "sed -i 's/\"rng\": *\\[[^]]*\\]/\"rng\": [\"0\", \"0\", \"0\", \"0\"]/' %s", path);
+    free(o);
+    before = dir_digest(run);
+    T_CHECK(before, "digest of %s", run);
+    o = t_run_fmt(&rc, "%s train --resume %s --updates 2 --quiet", LS_CLI_PATH, run);
+    printf("  resume from a damaged checkpoint: exit %d: %.200s\n", rc, o ? o : "");
+    free(o);
+    after = dir_digest(run);
+    same = after && !strcmp(before, after);
+    if (!same) printf("  before:\n%s  after:\n%s", before, after ? after : "");
+    free(after);
+    free(before);
+    T_CHECK(rc != 0 && same, "a resume refused for its checkpoint: exit %d, run directory %s", rc,
+            same ? "unchanged" : "changed");
+    /* refusal 3: a fresh run refused (a prompt too short for the task) leaves no .lock, no trace */
+    char run2[800];
+    snprintf(run2, sizeof run2, "%s/run2", dir);
+    o = t_run_fmt(&rc, "%s train --model %s --out %s --loss sft --task passkey --prompt-len 100 --updates 1 --quiet",
+                  LS_CLI_PATH, m, run2);
+    free(o);
+    char *left = dir_digest(run2);
+    int empty = left && !left[0];
+    free(left);
+    T_CHECK(rc != 0 && empty, "a refused fresh run: exit %d, %s left files behind", rc, run2);
     t_remove_dir(dir);
     return 0;
 }

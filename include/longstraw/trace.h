@@ -21,6 +21,9 @@
 ls_status ls_trace_open(const char *path, int rank, ls_arenas *ar, const char *command);
 /* Write the end event and close; the status is ls_trace_status's (close included). */
 ls_status ls_trace_close(void);
+/* A command refused after the trace was opened: the file back to what it was (truncated
+ * to its size then, or removed when it was made by this open), and closed. */
+void ls_trace_abandon(void);
 int ls_trace_on(void);
 /* A failed trace write (disk full, file size limit) is an error like any other write:
  * each event is one write() of a whole line; the first that fails is remembered, its

@@ -20,6 +20,8 @@ static struct {
     int fd;               /* -1: tracing off */
     char path[4096];
     int64_t size;         /* bytes of whole lines in the file */
+    int64_t size0;        /* ... when it was opened, and whether it was made then (ls_trace_abandon) */
+    int created;
     int err;              /* errno of the first failed write (0: none); nothing is written after it */
     char *line;           /* the event being built */
     size_t len, cap;
@@ -104,10 +106,12 @@ ls_status ls_trace_open(const char *path, int rank, ls_arenas *ar, const char *c
     ls_trace_close();
     /* in place in the run directory: a symbolic link or FIFO planted there is refused */
     int fd;
-    LS_TRY(ls_open_in_place(path, O_WRONLY | O_APPEND, &fd));
     struct stat st;
+    int created = lstat(path, &st) != 0 && errno == ENOENT;
+    LS_TRY(ls_open_in_place(path, O_WRONLY | O_APPEND, &fd));
     T.fd = fd;
     T.size = fstat(fd, &st) == 0 ? (int64_t)st.st_size : 0;
+    T.size0 = T.size, T.created = created;
     T.err = 0;
     snprintf(T.path, sizeof T.path, "%s", path);
     T.ar = ar;
@@ -125,6 +129,18 @@ ls_status ls_trace_open(const char *path, int rank, ls_arenas *ar, const char *c
     out("]");
     tail();
     return ls_trace_status();
+}
+
+void ls_trace_abandon(void) {
+    if (T.fd < 0) return;
+    char path[sizeof T.path];
+    snprintf(path, sizeof path, "%s", T.path);
+    int created = T.created;
+    if (!created && ftruncate(T.fd, (off_t)T.size0) != 0) { /* (as it was, or as far as it can be) */
+    }
+    close(T.fd);
+    T.fd = -1;
+    if (created) unlink(path);
 }
 
 ls_status ls_trace_status(void) {

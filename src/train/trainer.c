@@ -90,10 +90,14 @@ static ls_status save_args(const char *run, int argc, char **argv) {
 }
 
 /* One trainer per run directory: an exclusive lock on RUN/.lock for the whole run
- * (released by the kernel however the process ends). */
-static ls_status lock_run(const char *run, int *fd) {
+ * (released by the kernel however the process ends). *created: the file was made here
+ * (a refused command removes it again). The holder's pid is written only once the run
+ * goes ahead (lock_note_pid): a refused command leaves RUN/ as it found it. */
+static ls_status lock_run(const char *run, int *fd, int *created) {
     char path[4200];
     snprintf(path, sizeof path, "%s/.lock", run);
+    struct stat sb;
+    *created = lstat(path, &sb) != 0 && errno == ENOENT;
     LS_TRY(ls_open_in_place(path, O_RDWR, fd)); /* a symbolic link planted there is refused, not written through */
     if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
         char pid[32] = "";
@@ -102,13 +106,17 @@ static ls_status lock_run(const char *run, int *fd) {
         pid[n > 0 ? n : 0] = 0;
         close(*fd);
         *fd = -1;
+        *created = 0; /* (the other process's) */
         return ls_err(LS_ERR_ARG, "%s is in use by another longstraw train (pid %s)", run, pid[0] ? pid : "?");
     }
+    return LS_OK;
+}
+
+static void lock_note_pid(int fd) {
     char pid[32];
     int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
-    if (ftruncate(*fd, 0) != 0 || write(*fd, pid, (size_t)n) != n) { /* informational only */
+    if (ftruncate(fd, 0) != 0 || write(fd, pid, (size_t)n) != n) { /* informational only */
     }
-    return LS_OK;
 }
 
 /* Parse a JSON file whose top level must be an array (is_array) or an object. */
@@ -223,7 +231,7 @@ typedef struct {
     char run[4096];
     char adapter[4400]; /* a resumed LoRA run's adapters (checkpoint path) */
     char model_abs[PATH_MAX]; /* the base model's resolved path (trainer_state.json "model") */
-    int lock_fd;
+    int lock_fd, lock_created;
     size_t pred_grad, pred_fixed;
     int64_t max_prompt; /* the longest id prompt in the data (validation), for the memory check */
     ls_group *eval;     /* [n_eval] held-out groups */
@@ -1000,7 +1008,7 @@ static ls_status setup(trainer *tr) {
     LS_TRY(ls_grpo_opts_check(&a->o)); /* before RUN/ is made */
     if (root) {
         LS_TRY(ls_make_dir(a->out));
-        LS_TRY(lock_run(a->out, &tr->lock_fd)); /* before anything in RUN/ is touched */
+        LS_TRY(lock_run(a->out, &tr->lock_fd, &tr->lock_created)); /* before anything in RUN/ is touched */
         LS_TRY(ls_ckpt_latest(a->out, &last, ckpt, sizeof ckpt));
         if (!a->resume && last >= 0)
             return ls_err(LS_ERR_ARG, "%s already holds %s: continue it with --resume %s, or choose another --out",
@@ -1084,6 +1092,22 @@ static ls_status setup(trainer *tr) {
         a->o.max_completion_length = a->max_new_tokens;
     tr->items = calloc((size_t)a->groups_per_update, sizeof *tr->items);
     if (!tr->items) return LS_ERR_NOMEM;
+    if (a->task && !a->data) { /* a length the task cannot make is refused now, before RUN/ is written */
+        for (int l = -1; l < (tr->ev.num_prompts ? tr->ev.n_lengths : 0); l++) {
+            ls_rng r = tr->rng; /* (a copy: the run's draws are not changed) */
+            ls_task_item it;
+            ls_group g;
+            memset(&g, 0, sizeof g);
+            ls_status ps = ls_task_prompt(&tr->task, tr->tok, l < 0 ? a->prompt_len : tr->ev.lengths[l], -1.0, l >= 0, &r,
+                                          &it, &g);
+            if (ps == LS_OK) ls_task_item_free(&it), ls_group_free(&g);
+            if (ps != LS_OK) {
+                char why[1024];
+                snprintf(why, sizeof why, "%s", ls_err_msg());
+                return ls_err(ps, "%s: %s", l < 0 ? "--prompt-len" : "--eval-prompt-len", why);
+            }
+        }
+    }
     snprintf(path, sizeof path, "%s/metrics.jsonl", a->out);
     if (root) {
         /* everything is loaded and checked: only now is RUN/ written (a refused resume
@@ -1114,6 +1138,16 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
     ls_status s = ls_backend_open(a->backend, &be);
     if (s == LS_OK) ls_arenas_set_backend(&tr->ar, be);
     if (s == LS_OK) s = setup(tr);
+    if (s != LS_OK) { /* refused: RUN/ as it was (the trace's lines of this attempt, a .lock made here) */
+        ls_trace_abandon();
+        if (tr->lock_created && tr->lock_fd >= 0) {
+            char lp[4200];
+            snprintf(lp, sizeof lp, "%s/.lock", a->out);
+            unlink(lp);
+        }
+    } else if (tr->lock_fd >= 0) {
+        lock_note_pid(tr->lock_fd);
+    }
     ls_group *groups = calloc((size_t)a->groups_per_update, sizeof(ls_group));
     if (s == LS_OK && !groups) s = LS_ERR_NOMEM;
     ls_rollout_hook hook = {rollout, tr};
