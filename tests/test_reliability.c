@@ -23,6 +23,7 @@ int test_rel_report_inputs(void);
 int test_rel_eval_refusals(void);
 int test_rel_eval_nonfinite(void);
 int test_rel_refusal_leaves_run(void);
+int test_rel_lora_base_digest(void);
 
 /* dir/m: a tiny hybrid model of the byte-level vocabulary (the built-in tasks'). */
 static int byte_model(const char *dir, char *m, size_t cap) {
@@ -373,6 +374,32 @@ int test_rel_refusal_leaves_run(void) {
     int empty = left && !left[0];
     free(left);
     T_CHECK(rc != 0 && empty, "a refused fresh run: exit %d, %s left files behind", rc, run2);
+    t_remove_dir(dir);
+    return 0;
+}
+
+/* 8. A LoRA resume after the base model's weights were replaced at the same path is
+ * refused (the adapters belong to the weights they were trained on); with the same
+ * weights it goes on. */
+int test_rel_lora_base_digest(void) {
+    char dir[512], m[700], cfg[700];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
+    int rc;
+    char *o = t_run_fmt(&rc, "%s train --model %s --out %s/run --loss sft --task passkey --prompt-len 300 --updates 1 "
+                             "--lora-rank 2 --threads 1 --quiet", LS_CLI_PATH, m, dir);
+    T_CHECK(rc == 0, "train: %s", o ? o : "");
+    free(o);
+    o = t_run_fmt(&rc, "%s train --resume %s/run --updates 2 --quiet", LS_CLI_PATH, dir);
+    T_CHECK(rc == 0, "resume on the same base: %s", o ? o : "");
+    free(o);
+    snprintf(cfg, sizeof cfg, "%s/c.json", dir); /* the same config, other weights, at the same path */
+    T_CHECK(t_write_model(cfg, m, 8) == 0, "rewrite %s", m);
+    o = t_run_fmt(&rc, "%s train --resume %s/run --updates 3 --quiet", LS_CLI_PATH, dir);
+    int said = o && strstr(o, "base_digest") && strstr(o, "replaced");
+    printf("  resume on replaced base weights: exit %d: %.300s\n", rc, o ? o : "");
+    free(o);
+    T_CHECK(rc != 0 && said, "a LoRA resume on replaced base weights: exit %d (want a refusal naming the digest)", rc);
     t_remove_dir(dir);
     return 0;
 }

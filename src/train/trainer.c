@@ -7,6 +7,7 @@
  */
 #include <cjson/cJSON.h>
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -231,6 +232,8 @@ typedef struct {
     char run[4096];
     char adapter[4400]; /* a resumed LoRA run's adapters (checkpoint path) */
     char model_abs[PATH_MAX]; /* the base model's resolved path (trainer_state.json "model") */
+    uint64_t base_digest;     /* LoRA: its weights' digest (trainer_state.json "base_digest") */
+    int base_digest_set;
     int lock_fd, lock_created;
     size_t pred_grad, pred_fixed;
     int64_t max_prompt; /* the longest id prompt in the data (validation), for the memory check */
@@ -583,6 +586,40 @@ static char *json_string(const char *s) {
     return t;
 }
 
+static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The base model's weights as one digest (files.h's ls_file_digest of each *.safetensors
+ * of dir, in name order, with its name and size): a LoRA run's adapters belong to them. */
+static ls_status weights_digest(const char *dir, uint64_t *out) {
+    DIR *d = opendir(dir);
+    if (!d) return ls_err(LS_ERR_IO, "%s: cannot list: %s", dir, strerror(errno));
+    char *names[1024];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 1024) {
+        size_t l = strlen(e->d_name);
+        if (l > 12 && !strcmp(e->d_name + l - 12, ".safetensors") && !(names[n] = strdup(e->d_name))) break;
+        if (l > 12 && !strcmp(e->d_name + l - 12, ".safetensors")) n++;
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof *names, cmp_names);
+    uint64_t h = 0xcbf29ce484222325ull;
+    ls_status s = LS_OK;
+    for (int i = 0; i < n; i++) {
+        char path[PATH_MAX + 300];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        uint64_t fd = 0;
+        int64_t size = 0;
+        if (s == LS_OK) s = ls_file_digest(path, &fd, &size);
+        for (const char *c = names[i]; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+        h = (h ^ fd) * 0x100000001b3ull;
+        h = (h ^ (uint64_t)size) * 0x100000001b3ull;
+        free(names[i]);
+    }
+    *out = h;
+    return s;
+}
+
 /* trainer_state.json: where the run is (counters, RNG) and what it trains — the base
  * model's path, its family, the LoRA targets as given (null: the family's default)
  * and the --ep degree — which a resume must not change (check_resume). */
@@ -600,9 +637,12 @@ static ls_status write_state(trainer *tr, const char *path) {
     }
     fprintf(f, "{\n  \"format\": 1,\n  \"update\": %lld,\n  \"data_position\": %lld,\n  \"epoch\": %lld,\n"
                "  \"adam_step\": %lld,\n  \"rng\": [\"%016" PRIx64 "\", \"%016" PRIx64 "\", \"%016" PRIx64 "\", \"%016" PRIx64 "\"],\n"
-               "  \"model\": %s,\n  \"family\": %s,\n  \"lora_targets\": %s,\n  \"ep\": %d\n}\n",
+               "  \"model\": %s,\n  \"family\": %s,\n  \"lora_targets\": %s,\n  \"ep\": %d",
             (long long)tr->update, (long long)tr->data_pos, (long long)tr->epoch, (long long)tr->pol.adam.step,
             tr->rng.s[0], tr->rng.s[1], tr->rng.s[2], tr->rng.s[3], model, family, targets, ep ? ls_comm_size(ep) : 1);
+    /* LoRA: the base weights the adapters were trained on, which a resume must find again */
+    if (tr->pol.p.adapters && tr->base_digest_set) fprintf(f, ",\n  \"base_digest\": \"%016" PRIx64 "\"", tr->base_digest);
+    fprintf(f, "\n}\n");
     free(model), free(targets), free(family);
     return ls_write_memstream(path, f, &buf, &blen);
 }
@@ -623,6 +663,7 @@ typedef struct {
     char model[PATH_MAX], family[64], targets[1024];
     int has_targets, targets_default; /* "lora_targets" present; null (the default) */
     int64_t ep;
+    char base_digest[32]; /* "" in checkpoints from before it was recorded */
 } ckpt_state;
 
 static ls_status state_str(const cJSON *root, const char *path, const char *field, char *out, size_t cap,
@@ -673,6 +714,7 @@ static ls_status parse_state(const char *dir, int64_t expect, ckpt_state *st) {
     if (s == LS_OK) s = state_str(root, path, "family", st->family, sizeof st->family, NULL, NULL);
     if (s == LS_OK)
         s = state_str(root, path, "lora_targets", st->targets, sizeof st->targets, &st->has_targets, &st->targets_default);
+    if (s == LS_OK) s = state_str(root, path, "base_digest", st->base_digest, sizeof st->base_digest, NULL, NULL);
     if (s == LS_OK && cJSON_GetObjectItemCaseSensitive(root, "ep")) {
         s = state_int(root, path, "ep", &st->ep);
         if (s == LS_OK && st->ep < 1) s = ls_err(LS_ERR_FORMAT, "%s: field \"ep\" must be >= 1", path);
@@ -804,6 +846,15 @@ static ls_status check_resume(trainer *tr, const char *ckpt, int64_t last) {
         return ls_err(LS_ERR_ARG, "%s holds %s, but this resume trains %s: a resume trains what the run trains", ckpt,
                       saved_lora ? "LoRA adapters (adapter_config.json)" : "every weight (a full fine-tune)",
                       lora ? "LoRA adapters (--lora-rank / --adapter)" : "every weight (no --lora-rank)");
+    if (saved_lora && st.base_digest[0] && tr->base_digest_set) {
+        char now[32];
+        snprintf(now, sizeof now, "%016" PRIx64, tr->base_digest);
+        if (strcmp(now, st.base_digest))
+            return ls_err(LS_ERR_ARG, "%s: the base model's weights at %s are not those the run's adapters were trained "
+                                      "on (\"base_digest\" %s in %s/trainer_state.json, %s now): they were replaced; a resume "
+                                      "continues on the same base weights", a->out, tr->model_abs, st.base_digest,
+                          ckpt, now);
+    }
     if (saved_lora) {
         cJSON *ac;
         LS_TRY(read_json(path, 0, &ac));
@@ -1016,6 +1067,10 @@ static ls_status setup(trainer *tr) {
         if (a->resume && last < 0)
             fprintf(stderr, "longstraw train: %s has no checkpoint yet: starting from the beginning\n", a->out);
         /* a resume that would train something else is refused before RUN/ is written */
+        if (a->spec.adapter || a->spec.lora_rank > 0) { /* the base weights the adapters are trained on */
+            LS_TRY(weights_digest(a->model, &tr->base_digest));
+            tr->base_digest_set = 1;
+        }
         if (last >= 0) LS_TRY(check_resume(tr, ckpt, last));
         else if (!realpath(a->model, tr->model_abs)) tr->model_abs[0] = 0; /* the loader names it */
     }
