@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "longstraw/comm.h"
 #include "longstraw/config.h"
 #include "longstraw/files.h"
 #include "longstraw/safetensors.h"
@@ -24,6 +25,7 @@ int test_rel_eval_refusals(void);
 int test_rel_eval_nonfinite(void);
 int test_rel_refusal_leaves_run(void);
 int test_rel_lora_base_digest(void);
+int test_rel_startup(void);
 
 /* dir/m: a tiny hybrid model of the byte-level vocabulary (the built-in tasks'). */
 static int byte_model(const char *dir, char *m, size_t cap) {
@@ -400,6 +402,48 @@ int test_rel_lora_base_digest(void) {
     printf("  resume on replaced base weights: exit %d: %.300s\n", rc, o ? o : "");
     free(o);
     T_CHECK(rc != 0 && said, "a LoRA resume on replaced base weights: exit %d (want a refusal naming the digest)", rc);
+    t_remove_dir(dir);
+    return 0;
+}
+
+/* 9. The start-up re-exec keeps the process's name (it was "exe": `pgrep longstraw` found
+ * nothing) and OpenBLAS's kernel line prints once (it printed twice: first the kernels
+ * being dropped); an OPENBLAS_CORETYPE that OpenBLAS rejects is not reported as the
+ * user's choice; a build without MPI started by mpirun as several ranks refuses. */
+int test_rel_startup(void) {
+    char d[700];
+    snprintf(d, sizeof d, "%s/tests/reference/fixtures/next_moe", LS_SOURCE_DIR);
+    char dir[512], m[700];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
+    int rc;
+    /* OMP_WAIT_POLICY unset: the tool sets it and starts itself again */
+    char *o = t_run_fmt(&rc, "env -u OMP_WAIT_POLICY %s eval --model %s --prompt-len 30000 --num-prompts 8 --quiet "
+                             "--threads 1 >/dev/null 2>&1 & p=$!; sleep 1; cat /proc/$p/comm; kill $p; wait $p",
+                        LS_CLI_PATH, m);
+    int named = o && !strncmp(o, "longstraw", 9);
+    printf("  name after the re-exec: %.40s", o ? o : "");
+    free(o);
+    T_CHECK(named, "the process is not named longstraw after its re-exec");
+    o = t_run_fmt(&rc, "env -u OMP_WAIT_POLICY OPENBLAS_VERBOSE=2 %s --version", LS_CLI_PATH);
+    int lines = 0;
+    for (const char *p = o; p && (p = strstr(p, "Core: ")); p += 6) lines++;
+    printf("  OPENBLAS_VERBOSE=2: %d \"Core:\" line(s)\n", lines);
+    free(o);
+    T_CHECK(rc == 0 && lines == 1, "OPENBLAS_VERBOSE=2: %d lines \"Core: ...\" (want 1), exit %d", lines, rc);
+    o = t_run_fmt(&rc, "OPENBLAS_CORETYPE=NoSuchCore %s logprobs --model %s --group %s/group_train.json --stats "
+                       "--threads 1 2>&1 >/dev/null | grep 'chosen by'", LS_CLI_PATH, d, d);
+    int user = o && strstr(o, "chosen by user");
+    printf("  a rejected OPENBLAS_CORETYPE: %.200s", o ? o : "");
+    free(o);
+    T_CHECK(rc == 0 && !user, "a core OpenBLAS rejected is reported as the user's choice");
+    if (!ls_comm_have_mpi()) {
+        o = t_run_fmt(&rc, "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 %s --version", LS_CLI_PATH);
+        int said = o && strstr(o, "built without MPI");
+        printf("  without MPI under a 2-rank launcher: exit %d: %.200s", rc, o ? o : "");
+        free(o);
+        T_CHECK(rc != 0 && said, "a build without MPI started as one of 2 ranks: exit %d (want a refusal)", rc);
+    }
     t_remove_dir(dir);
     return 0;
 }

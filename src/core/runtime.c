@@ -79,8 +79,11 @@ void ls_blas_info_get(ls_blas_info *out) {
         out->source = "longstraw";
         const char *own = getenv(LS_CORE_OWN);
         snprintf(out->blas_core, sizeof out->blas_core, "%s", own ? own : "");
-    } else {
+    } else if (strcasecmp(env, out->core) == 0) {
         out->source = "user";
+    } else { /* the user's value is not what runs: OpenBLAS rejected it and chose itself */
+        out->source = "blas";
+        snprintf(out->blas_core, sizeof out->blas_core, "%s", out->core);
     }
     int have = core_level(out->core), can = out->cpu_core[0] ? core_level(out->cpu_core) : -1;
     out->weaker = have >= 0 && can > have;
@@ -102,6 +105,33 @@ int ls_blas_advice(char *msg, size_t cap) {
     return 1;
 }
 
+/* OPENBLAS_VERBOSE makes OpenBLAS name its kernels as it loads, before main. A process
+ * that then executes itself again (with OMP_WAIT_POLICY, with a better
+ * OPENBLAS_CORETYPE) would print it twice, first the kernels it is about to drop. So in a
+ * process that may do so, the variable is held back before any library starts (the
+ * executable's preinit array runs before every library's constructor) and
+ * ls_runtime_setup gives it back: to the process it becomes, which prints once, or to
+ * this one, which then says what OpenBLAS would have said. */
+#define LS_VERBOSE_HELD "OPENBLAS_VERBOS_" /* the variable renamed in place (same length) */
+
+/* NAME's value in envp (getenv does not work yet when the preinit array runs) */
+static const char *env_in(char **envp, const char *name) {
+    size_t n = strlen(name);
+    for (; envp && *envp; envp++)
+        if (!strncmp(*envp, name, n) && (*envp)[n] == '=') return *envp + n + 1;
+    return NULL;
+}
+
+static void hold_verbose(int argc, char **argv, char **envp) {
+    (void)argc, (void)argv;
+    const char *ct = env_in(envp, "OPENBLAS_CORETYPE");
+    if (env_in(envp, "OMP_WAIT_POLICY") && ct && *ct) return; /* no second start: OpenBLAS says it itself */
+    for (; envp && *envp; envp++)
+        if (!strncmp(*envp, "OPENBLAS_VERBOSE=", 17)) (*envp)[15] = '_'; /* OPENBLAS_VERBOS_ */
+}
+__attribute__((section(".preinit_array"), used)) static void (*const ls_preinit_hold_verbose)(int, char **, char **) =
+    hold_verbose;
+
 void ls_runtime_setup(char **argv) {
     int changed = 0;
     if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0) changed = 1;
@@ -120,7 +150,26 @@ void ls_runtime_setup(char **argv) {
             }
         }
     }
-    if (changed) execv("/proc/self/exe", argv); /* returns only on failure: carry on as we are */
+    const char *held = getenv(LS_VERBOSE_HELD);
+    if (held) {
+        char v[64];
+        snprintf(v, sizeof v, "%s", held);
+        setenv("OPENBLAS_VERBOSE", v, 1);
+        unsetenv(LS_VERBOSE_HELD);
+        if (!changed && atoi(v) >= 2) { /* what OpenBLAS prints at that level as it loads */
+            const char *core = openblas_get_corename();
+            fprintf(stderr, "Core: %s\n", core ? core : "?");
+        }
+    }
+    if (changed) {
+        /* the program by its own path, so that the process keeps its name (`pgrep
+         * longstraw`), not "exe"; /proc/self/exe when the path is gone */
+        char self[4096];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (n > 0) self[n] = 0;
+        if (n > 0 && access(self, X_OK) == 0) execv(self, argv);
+        execv("/proc/self/exe", argv); /* returns only on failure: carry on as we are */
+    }
 }
 
 static double g_gflops = 0;

@@ -323,7 +323,21 @@ void ls_comm_abort(const ls_comm *c, int code) {
 #else
 /* ---- one-rank build ------------------------------------------------------------ */
 
+/* A launcher's world size (Open MPI, PMIx or PMI), 0 when none says. */
+static long launcher_size(void) {
+    const char *v[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"};
+    for (int i = 0; i < 3; i++)
+        if (getenv(v[i]) && atol(getenv(v[i])) > 0) return atol(getenv(v[i]));
+    return 0;
+}
+
 ls_status ls_comm_init(int *argc, char ***argv, ls_comm **world) {
+    (void)argc, (void)argv;
+    long n = launcher_size();
+    if (n > 1) /* N copies that each think they are alone would each write every output */
+        return ls_err(LS_ERR_UNSUPPORTED, "this longstraw was built without MPI, but mpirun started it as one of %ld "
+                                          "ranks: each would run alone; rebuild it with MPI (cmake finds OpenMPI: "
+                                          "scripts/install-deps.sh) or run it without mpirun", n);
     g_world.rank = 0;
     g_world.size = 1;
     g_have_world = 1;
