@@ -14,6 +14,7 @@
 #include "longstraw/files.h"
 #include "longstraw/safetensors.h"
 #include "longstraw/task.h"
+#include "longstraw/tokenizer.h"
 #include "testutil.h"
 
 int test_rel_signal_in_eval(void);
@@ -26,6 +27,7 @@ int test_rel_eval_nonfinite(void);
 int test_rel_refusal_leaves_run(void);
 int test_rel_lora_base_digest(void);
 int test_rel_startup(void);
+int test_rel_non_utf8_paths(void);
 
 /* dir/m: a tiny hybrid model of the byte-level vocabulary (the built-in tasks'). */
 static int byte_model(const char *dir, char *m, size_t cap) {
@@ -444,6 +446,59 @@ int test_rel_startup(void) {
         free(o);
         T_CHECK(rc != 0 && said, "a build without MPI started as one of 2 ranks: exit %d (want a refusal)", rc);
     }
+    t_remove_dir(dir);
+    return 0;
+}
+
+/* 1 when the file is valid UTF-8 (no ill-formed subpart, no NUL) */
+static int utf8_file_ok(const char *path) {
+    size_t n = 0, adv;
+    char *t = t_read_file(path, &n);
+    if (!t) return 0;
+    int ok = 1;
+    for (size_t i = 0; i < n && ok; i += adv) ok = ls_tok_utf8_seq((const unsigned char *)t + i, n - i, &adv) && t[i];
+    free(t);
+    return ok;
+}
+
+/* 11a. Paths that are not UTF-8 (a Latin-1 directory name) keep eval's JSON and the
+ * report's SVGs valid: the bytes become U+FFFD in them. */
+int test_rel_non_utf8_paths(void) {
+    char dir[512], m[700], bad[800], run[800], path[1000];
+    T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
+    T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
+    snprintf(bad, sizeof bad, "%s/mod\xe8le", dir); /* "modèle" in Latin-1 */
+    snprintf(run, sizeof run, "%s/r\xe9sultat", dir);
+    int rc;
+    char *o = t_run_fmt(&rc, "cp -r %s '%s'", m, bad);
+    free(o);
+    T_CHECK(rc == 0, "copy to %s", bad);
+    snprintf(path, sizeof path, "%s/e.json", dir);
+    o = t_run_fmt(&rc, "%s eval --model '%s' --prompt-len 300 --num-prompts 1 --max-new-tokens 2 --threads 1 --quiet "
+                       "--out %s > /dev/null", LS_CLI_PATH, bad, path);
+    T_CHECK(rc == 0, "eval: %s", o ? o : "");
+    free(o);
+    char *t = t_read_file(path, NULL);
+    cJSON *j = t ? cJSON_Parse(t) : NULL;
+    free(t);
+    int parsed = j != NULL;
+    cJSON_Delete(j);
+    T_CHECK(parsed && utf8_file_ok(path), "%s: eval's JSON is %s", path, parsed ? "not valid UTF-8" : "not JSON");
+    o = t_run_fmt(&rc, "%s train --model '%s' --out '%s' --loss sft --task passkey --prompt-len 300 --updates 1 "
+                       "--eval-prompts 1 --max-new-tokens 2 --threads 1 --quiet && %s report '%s' > /dev/null",
+                  LS_CLI_PATH, bad, run, LS_CLI_PATH, run);
+    T_CHECK(rc == 0, "train + report: %s", o ? o : "");
+    free(o);
+    const char *files[] = {"eval.json", "metrics.svg", "memory.svg", "eval.svg"};
+    int checked = 0;
+    for (size_t k = 0; k < sizeof files / sizeof *files; k++) {
+        snprintf(path, sizeof path, "%s/%s", run, files[k]);
+        if (access(path, F_OK) != 0) continue;
+        checked++;
+        T_CHECK(utf8_file_ok(path), "%s is not valid UTF-8", files[k]);
+    }
+    printf("  eval's JSON and %d files of the run valid UTF-8\n", checked);
+    T_CHECK(checked >= 3, "only %d of eval.json, metrics.svg, memory.svg, eval.svg were written", checked);
     t_remove_dir(dir);
     return 0;
 }

@@ -87,6 +87,10 @@ int ls_tok_utf8_decode(const unsigned char *s, size_t len, uint32_t *cp);
  * the maximal subpart of an ill-formed one (return 0: those *adv bytes become one
  * U+FFFD, Unicode §3.9 "substitution of maximal subparts"). */
 int ls_tok_utf8_seq(const unsigned char *s, size_t n, size_t *adv);
+/* s[0..len) as valid UTF-8 for a JSON string or an XML text (malloc'd, caller frees;
+ * NULL: out of memory): each ill-formed subpart and each NUL byte becomes U+FFFD. A
+ * path from the file system need not be UTF-8. */
+char *ls_utf8_clean(const char *s, size_t len);
 /* Canonical composition (NFC) of code points: in[0..n) -> out (malloc'd, caller frees),
  * *out_n code points. Decomposes (canonical mappings + Hangul), orders marks by
  * combining class, then composes primary composites (and Hangul LV/LVT). */

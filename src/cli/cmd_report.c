@@ -22,6 +22,7 @@
 #include "cli.h"
 #include "longstraw/config.h"
 #include "longstraw/files.h"
+#include "longstraw/tokenizer.h"
 
 /* int cmd_report(int argc, char **argv);  (declared in cli.h, registered in main.c) */
 
@@ -67,16 +68,26 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
     }
 }
 
-/* Text content or attribute value, escaped for XML. */
+/* Text content or attribute value, escaped for XML, as valid UTF-8 (a path need not be:
+ * an ill-formed byte becomes U+FFFD). */
 static void sb_escape(sbuf *b, const char *s) {
-    for (; *s; s++) {
-        switch (*s) {
+    size_t n = strlen(s), adv;
+    for (size_t i = 0; i < n; i += adv) {
+        if (!ls_tok_utf8_seq((const unsigned char *)s + i, n - i, &adv)) {
+            sb_printf(b, "\xEF\xBF\xBD");
+            continue;
+        }
+        if (adv > 1) {
+            sb_printf(b, "%.*s", (int)adv, s + i);
+            continue;
+        }
+        switch (s[i]) {
         case '&': sb_printf(b, "&amp;"); break;
         case '<': sb_printf(b, "&lt;"); break;
         case '>': sb_printf(b, "&gt;"); break;
         case '"': sb_printf(b, "&quot;"); break;
         case '\'': sb_printf(b, "&apos;"); break;
-        default: sb_printf(b, "%c", (unsigned char)*s < 0x20 ? '?' : *s); /* XML 1.0 forbids controls */
+        default: sb_printf(b, "%c", (unsigned char)s[i] < 0x20 ? '?' : s[i]); /* XML 1.0 forbids controls */
         }
     }
 }

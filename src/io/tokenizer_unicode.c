@@ -100,6 +100,19 @@ int ls_tok_utf8_seq(const unsigned char *s, size_t n, size_t *adv) {
     return k == need + 1;
 }
 
+char *ls_utf8_clean(const char *s, size_t len) {
+    char *o = malloc(3 * len + 1);
+    if (!o) return NULL;
+    size_t k = 0, adv;
+    for (size_t i = 0; i < len; i += adv) {
+        int ok = ls_tok_utf8_seq((const unsigned char *)s + i, len - i, &adv) && s[i] != 0;
+        memcpy(o + k, ok ? s + i : "\xEF\xBF\xBD", ok ? adv : 3);
+        k += ok ? adv : 3;
+    }
+    o[k] = 0;
+    return o;
+}
+
 /* The code point of the well-formed sequence ls_tok_utf8_seq finds (one rule for what
  * is well-formed). */
 int ls_tok_utf8_decode(const unsigned char *s, size_t len, uint32_t *cp) {

@@ -112,22 +112,6 @@ ls_status ls_eval_parse_depths(ls_eval_opts *o, const char *list) {
     return LS_OK;
 }
 
-/* s[0..len) with each ill-formed UTF-8 subpart replaced by U+FFFD, as the reward
- * process gets it (a byte-level model's response may split a character; JSON must be
- * UTF-8), and NUL bytes too (a C string goes into the document). NULL: out of memory. */
-static char *utf8_clean(const char *s, size_t len) {
-    char *o = malloc(3 * len + 1);
-    if (!o) return NULL;
-    size_t k = 0, adv;
-    for (size_t i = 0; i < len; i += adv) {
-        int ok = ls_tok_utf8_seq((const unsigned char *)s + i, len - i, &adv) && s[i] != 0;
-        memcpy(o + k, ok ? s + i : "\xEF\xBF\xBD", ok ? adv : 3);
-        k += ok ? adv : 3;
-    }
-    o[k] = 0;
-    return o;
-}
-
 /* One held-out prompt: capture, greedy decode, score. */
 static ls_status eval_one(const ls_model *m, const ls_tokenizer *tok, const ls_eval_opts *o, ls_rng *rng,
                           int64_t length, double depth, ls_arenas *ar, ls_eval_row *row) {
@@ -175,7 +159,7 @@ static ls_status eval_one(const ls_model *m, const ls_tokenizer *tok, const ls_e
     if (s == LS_OK) {
         row->exact = ls_task_exact(&o->task, &it, text, tl);
         row->score = ls_task_score(&o->task, &it, text, tl);
-        if (!(row->response = utf8_clean(text, tl))) s = LS_ERR_NOMEM;
+        if (!(row->response = ls_utf8_clean(text, tl))) s = LS_ERR_NOMEM;
     }
     free(text);
     ls_arena_release(br, bm);
@@ -261,7 +245,9 @@ char *ls_eval_json(const ls_eval_result *r, const ls_eval_opts *o, const char *m
     cJSON *doc = cJSON_CreateObject();
     cJSON_AddStringToObject(doc, "task", ls_task_name(&o->task, name, sizeof name));
     cJSON_AddStringToObject(doc, "haystack", ls_haystack_name(o->task.haystack));
-    if (model) cJSON_AddStringToObject(doc, "model", model);
+    char *mclean = model ? ls_utf8_clean(model, strlen(model)) : NULL; /* a path need not be UTF-8; JSON must */
+    if (mclean) cJSON_AddStringToObject(doc, "model", mclean);
+    free(mclean);
     cJSON_AddNumberToObject(doc, "seed", (double)o->seed);
     cJSON_AddNumberToObject(doc, "num_prompts", (double)r->n);
     cJSON_AddNumberToObject(doc, "exact_match", r->exact_match);
