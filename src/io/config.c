@@ -26,7 +26,12 @@ ls_status ls_read_file(const char *path, char **out, size_t *len) {
     while (buf) {
         n += fread(buf + n, 1, cap - n - 1, f);
         if (n < cap - 1) break;
-        char *nb = cap > ((size_t)1 << 36) ? NULL : realloc(buf, cap * 2);
+        if (cap > ((size_t)1 << 32)) { /* no input of ours is near it: not read until memory runs out */
+            fclose(f);
+            free(buf);
+            return ls_err(LS_ERR_ARG, "%s: larger than 4 GiB, more than any file the tool reads whole", path);
+        }
+        char *nb = realloc(buf, cap * 2);
         if (!nb) {
             free(buf);
             buf = NULL;
