@@ -50,6 +50,17 @@ static int count_lines(const char *path) {
     return t ? n : -1;
 }
 
+/* dir/m (byte_model) and one finished SFT update of it in dir/run (`extra`: more flags). */
+static int model_and_run(const char *dir, char *m, size_t cap, const char *extra) {
+    if (byte_model(dir, m, cap)) return 1;
+    int rc;
+    char *o = t_run_fmt(&rc, "%s train --model %s --out %s/run --loss sft --task passkey --prompt-len 300 --updates 1 "
+                             "--threads 1 --quiet %s", LS_CLI_PATH, m, dir, extra);
+    if (rc != 0) fprintf(stderr, "  train: %s\n", o ? o : "");
+    free(o);
+    return rc != 0;
+}
+
 /* 1. SIGTERM while train evaluates its held-out prompts after update 1: the update is
  * kept (its checkpoint and its metrics line), the exit is 143 with the resume advice. */
 int test_rel_signal_in_eval(void) {
@@ -121,12 +132,9 @@ int test_rel_stdout_errors(void) {
 int test_rel_rng_zero(void) {
     char dir[512], m[700], path[900], cmd[4096];
     T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
-    T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
+    T_CHECK(model_and_run(dir, m, sizeof m, "") == 0, "a model and a run");
     int rc;
-    char *o = t_run_fmt(&rc, "%s train --model %s --out %s/run --loss sft --task passkey --prompt-len 300 --updates 1 "
-                             "--threads 1 --quiet", LS_CLI_PATH, m, dir);
-    T_CHECK(rc == 0, "train: %s", o ? o : "");
-    free(o);
+    char *o;
     snprintf(path, sizeof path, "%s/run/checkpoint-1/trainer_state.json", dir);
     snprintf(cmd, sizeof cmd, "sed -i 's/\"rng\": *\\[[^]]*\\]/\"rng\": [\"0\", \"0\", \"0\", \"0\"]/' %s && grep -q '\"rng\": \\[\"0\"' %s",
              path, path);
@@ -189,12 +197,9 @@ int test_rel_multikey_distractors(void) {
 int test_rel_report_inputs(void) {
     char dir[512], m[700];
     T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
-    T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
+    T_CHECK(model_and_run(dir, m, sizeof m, "") == 0, "a model and a run");
     int rc;
-    char *o = t_run_fmt(&rc, "%s train --model %s --out %s/run --loss sft --task passkey --prompt-len 300 --updates 1 "
-                             "--threads 1 --quiet", LS_CLI_PATH, m, dir);
-    T_CHECK(rc == 0, "train: %s", o ? o : "");
-    free(o);
+    char *o;
     const char *file[2] = {"metrics.jsonl", "trace.0.jsonl"}, *make[2] = {"mkfifo %s/run/%s", "ln -s /dev/zero %s/run/%s"};
     for (int f = 0; f < 2; f++)
         for (int k = 0; k < 2; k++) {
@@ -267,41 +272,21 @@ int test_rel_eval_refusals(void) {
     return 0;
 }
 
+static ls_dtype huge_lm_head(const char *name, float *v, int64_t n, void *ctx) {
+    (void)ctx;
+    if (strstr(name, "lm_head")) /* logits of ±3e38 · O(1) terms: Inf − Inf */
+        for (int64_t k = 0; k < n; k++) v[k] = k % 2 ? 3e38f : -3e38f;
+    return LS_DTYPE_F32;
+}
+
 /* 7. eval on a model whose forward overflows (finite LM-head weights of ±3e38: the
  * logits Inf and NaN) is refused, as logprobs refuses it, not answered with garbage and exit 0. */
 int test_rel_eval_nonfinite(void) {
-    char dir[512], m[700], big[800], path[1000], dst[1000];
+    char dir[512], m[700], big[800];
     T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
     T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
     snprintf(big, sizeof big, "%s/big", dir);
-    T_CHECK(mkdir(big, 0755) == 0, "mkdir %s", big);
-    snprintf(path, sizeof path, "%s/config.json", m);
-    snprintf(dst, sizeof dst, "%s/config.json", big);
-    T_OK(ls_copy_file_atomic(path, dst));
-    snprintf(path, sizeof path, "%s/model.safetensors", m);
-    ls_st_file f;
-    T_OK(ls_st_open(&f, path));
-    int64_t n = ls_st_count(&f);
-    float **bufs = calloc((size_t)n, sizeof *bufs);
-    T_CHECK(bufs, "oom");
-    ls_st_writer w;
-    ls_st_writer_init(&w);
-    ls_status s = LS_OK;
-    for (int64_t i = 0; i < n && s == LS_OK; i++) {
-        const ls_st_tensor *t = ls_st_at(&f, i);
-        bufs[i] = malloc((size_t)(t->numel > 0 ? t->numel : 1) * sizeof(float));
-        s = bufs[i] ? ls_st_read_f32(t, bufs[i], t->numel, NULL) : LS_ERR_NOMEM;
-        if (s == LS_OK && strstr(t->name, "lm_head")) /* logits of ±3e38 · O(1) terms: Inf − Inf */
-            for (int64_t k = 0; k < t->numel; k++) bufs[i][k] = k % 2 ? 3e38f : -3e38f;
-        if (s == LS_OK) s = ls_st_writer_add_f32(&w, t->name, LS_DTYPE_F32, t->ndim, t->shape, bufs[i]);
-    }
-    snprintf(dst, sizeof dst, "%s/model.safetensors", big);
-    if (s == LS_OK) s = ls_st_write(&w, dst);
-    ls_st_writer_free(&w);
-    for (int64_t i = 0; i < n; i++) free(bufs[i]);
-    free(bufs);
-    ls_st_close(&f);
-    T_OK(s);
+    T_CHECK(t_copy_model(m, big, huge_lm_head, NULL) == 0, "a copy of %s with a huge LM head", m);
     int rc;
     char *o = t_run_fmt(&rc, "%s eval --model %s --prompt-len 300 --num-prompts 1 --max-new-tokens 2 --threads 1 --quiet",
                         LS_CLI_PATH, big);
@@ -331,13 +316,10 @@ static char *dir_digest(const char *dir) {
 int test_rel_refusal_leaves_run(void) {
     char dir[512], m[700], run[700], path[900];
     T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
-    T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
+    T_CHECK(model_and_run(dir, m, sizeof m, "") == 0, "a model and a run");
     snprintf(run, sizeof run, "%s/run", dir);
     int rc;
-    char *o = t_run_fmt(&rc, "%s train --model %s --out %s --loss sft --task passkey --prompt-len 300 --updates 1 "
-                             "--threads 1 --quiet", LS_CLI_PATH, m, run);
-    T_CHECK(rc == 0, "train: %s", o ? o : "");
-    free(o);
+    char *o;
     /* refusal 1: another model */
     char *before = dir_digest(run);
     T_CHECK(before, "digest of %s", run);
@@ -388,13 +370,9 @@ int test_rel_refusal_leaves_run(void) {
 int test_rel_lora_base_digest(void) {
     char dir[512], m[700], cfg[700];
     T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
-    T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
+    T_CHECK(model_and_run(dir, m, sizeof m, "--lora-rank 2") == 0, "a model and a LoRA run");
     int rc;
-    char *o = t_run_fmt(&rc, "%s train --model %s --out %s/run --loss sft --task passkey --prompt-len 300 --updates 1 "
-                             "--lora-rank 2 --threads 1 --quiet", LS_CLI_PATH, m, dir);
-    T_CHECK(rc == 0, "train: %s", o ? o : "");
-    free(o);
-    o = t_run_fmt(&rc, "%s train --resume %s/run --updates 2 --quiet", LS_CLI_PATH, dir);
+    char *o = t_run_fmt(&rc, "%s train --resume %s/run --updates 2 --quiet", LS_CLI_PATH, dir);
     T_CHECK(rc == 0, "resume on the same base: %s", o ? o : "");
     free(o);
     snprintf(cfg, sizeof cfg, "%s/c.json", dir); /* the same config, other weights, at the same path */

@@ -309,46 +309,27 @@ int test_safety_output_regular_only(void) {
 
 /* Copy the next_dense fixture into dir with tensor `bad` stored as `dtype` and element
  * `k` of it set to `value`; everything else as F32. */
+typedef struct {
+    const char *bad;
+    ls_dtype dtype;
+    int64_t k;
+    float value;
+    int found;
+} poison;
+
+static ls_dtype poison_one(const char *name, float *v, int64_t n, void *ctx) {
+    poison *p = ctx;
+    if (strcmp(name, p->bad) != 0) return LS_DTYPE_F32;
+    if ((p->found = p->k < n)) v[p->k] = p->value;
+    return p->dtype;
+}
+
 static int poisoned_copy(const char *dir, const char *bad, ls_dtype dtype, int64_t k, float value) {
-    char src[1024], path[1200];
+    char src[1024];
     snprintf(src, sizeof src, "%s/tests/reference/fixtures/next_dense", LS_SOURCE_DIR);
-    snprintf(path, sizeof path, "%s/config.json", src);
-    char dst[1200];
-    snprintf(dst, sizeof dst, "%s/config.json", dir);
-    T_OK(ls_copy_file_atomic(path, dst));
-    snprintf(path, sizeof path, "%s/model.safetensors", src);
-    ls_st_file f;
-    T_OK(ls_st_open(&f, path));
-    int64_t n = ls_st_count(&f);
-    float **bufs = calloc((size_t)n, sizeof *bufs);
-    T_CHECK(bufs, "oom");
-    ls_st_writer w;
-    ls_st_writer_init(&w);
-    ls_status s = LS_OK;
-    int found = 0;
-    for (int64_t i = 0; i < n && s == LS_OK; i++) {
-        const ls_st_tensor *t = ls_st_at(&f, i);
-        bufs[i] = malloc((size_t)(t->numel > 0 ? t->numel : 1) * sizeof(float));
-        if (!bufs[i]) {
-            s = LS_ERR_NOMEM;
-            break;
-        }
-        s = ls_st_read_f32(t, bufs[i], t->numel, NULL);
-        int is_bad = strcmp(t->name, bad) == 0;
-        if (s == LS_OK && is_bad) {
-            found = k < t->numel;
-            if (found) bufs[i][k] = value;
-        }
-        if (s == LS_OK) s = ls_st_writer_add_f32(&w, t->name, is_bad ? dtype : LS_DTYPE_F32, t->ndim, t->shape, bufs[i]);
-    }
-    snprintf(dst, sizeof dst, "%s/model.safetensors", dir);
-    if (s == LS_OK) s = ls_st_write(&w, dst);
-    ls_st_writer_free(&w);
-    for (int64_t i = 0; i < n; i++) free(bufs[i]);
-    free(bufs);
-    ls_st_close(&f);
-    T_CHECK(s == LS_OK, "writing %s: %s", dst, ls_err_msg());
-    T_CHECK(found || !bad[0], "no tensor %s with element %lld in the fixture", bad, (long long)k);
+    poison p = {bad, dtype, k, value, 0};
+    T_CHECK(t_copy_model(src, dir, poison_one, &p) == 0, "copy of %s", src);
+    T_CHECK(p.found || !bad[0], "no tensor %s with element %lld in the fixture", bad, (long long)k);
     return 0;
 }
 

@@ -208,3 +208,34 @@ int t_write_model(const char *config_path, const char *dir, int seed) {
     if (s != LS_OK) fprintf(stderr, "  model from %s: %s\n", config_path, ls_err_msg());
     return s == LS_OK ? 0 : 1;
 }
+
+int t_copy_model(const char *src, const char *dst, t_tensor_edit edit, void *ctx) {
+    char path[2200], out[2200];
+    ls_status s = ls_make_dir(dst);
+    snprintf(path, sizeof path, "%s/config.json", src);
+    snprintf(out, sizeof out, "%s/config.json", dst);
+    if (s == LS_OK) s = ls_copy_file_atomic(path, out);
+    snprintf(path, sizeof path, "%s/model.safetensors", src);
+    ls_st_file f;
+    int opened = s == LS_OK && (s = ls_st_open(&f, path)) == LS_OK;
+    int64_t n = opened ? ls_st_count(&f) : 0;
+    float **bufs = calloc((size_t)(n > 0 ? n : 1), sizeof *bufs);
+    if (s == LS_OK && !bufs) s = LS_ERR_NOMEM;
+    ls_st_writer w;
+    ls_st_writer_init(&w);
+    for (int64_t i = 0; i < n && s == LS_OK; i++) {
+        const ls_st_tensor *t = ls_st_at(&f, i);
+        bufs[i] = malloc((size_t)(t->numel > 0 ? t->numel : 1) * sizeof(float));
+        s = bufs[i] ? ls_st_read_f32(t, bufs[i], t->numel, NULL) : LS_ERR_NOMEM;
+        ls_dtype dt = s == LS_OK && edit ? edit(t->name, bufs[i], t->numel, ctx) : LS_DTYPE_F32;
+        if (s == LS_OK) s = ls_st_writer_add_f32(&w, t->name, dt, t->ndim, t->shape, bufs[i]);
+    }
+    snprintf(out, sizeof out, "%s/model.safetensors", dst);
+    if (s == LS_OK) s = ls_st_write(&w, out);
+    ls_st_writer_free(&w);
+    for (int64_t i = 0; bufs && i < n; i++) free(bufs[i]);
+    free(bufs);
+    if (opened) ls_st_close(&f);
+    if (s != LS_OK) fprintf(stderr, "  copy of the model %s to %s: %s\n", src, dst, ls_err_msg());
+    return s == LS_OK ? 0 : 1;
+}

@@ -88,6 +88,11 @@ double t_floor_bound(double floor, double k, double min_bound);
  * by the family the config names (its write_random, what `longstraw init` calls; f32);
  * 0 on success, the library's message on stderr otherwise. */
 int t_write_model(const char *config_path, const char *dir, int seed);
+/* Copy the model of directory src (config.json, model.safetensors) into dst (made),
+ * every tensor read as f32 and passed to edit (NULL: none), which may change its values
+ * and returns the dtype it is written in. 0 on success (a message on stderr else). */
+typedef ls_dtype (*t_tensor_edit)(const char *name, float *v, int64_t n, void *ctx);
+int t_copy_model(const char *src, const char *dst, t_tensor_edit edit, void *ctx);
 /* A fresh empty temp directory (under $TMPDIR or /tmp); path written to out. */
 int t_make_tmpdir(char *out, size_t cap);
 /* Remove a directory tree (rm -rf); 0 on success. */
