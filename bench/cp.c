@@ -43,6 +43,7 @@ static const char *cfg = BENCH_SMALL_DENSE; /* bench_model.h */
 
 typedef struct {
     int n;   /* ranks */
+    int threads; /* per rank (1, or N for the one-rank run beside N ranks: the fair comparison) */
     int mpi; /* launched through mpirun (always for n > 1) */
     int zigzag; /* --cp-layout zigzag */
     char label[32];
@@ -50,7 +51,7 @@ typedef struct {
     int ok;            /* the tool exited 0 and its receipt parsed */
     int hashes_agree;
     double wall_s; /* spawn to exit: load, capture, update, write */
-    double capture_s, total_s;
+    double capture_s, total_s, sweep_s; /* sweep: full mode's reverse sweep (0 otherwise) */
     double prompt_peak, predicted, rss; /* max over ranks, bytes */
 } cp_run;
 
@@ -235,6 +236,8 @@ static int cp_read_receipt(cp_run *r) {
     }
     bad |= cp_num(ph, "capture", "phases_s.", path, &r->capture_s);
     bad |= cp_num(ph, "total", "phases_s.", path, &r->total_s);
+    r->sweep_s = 0;
+    if (cJSON_GetObjectItemCaseSensitive(ph, "sweep")) bad |= cp_num(ph, "sweep", "phases_s.", path, &r->sweep_s);
     bad |= cp_num(root, "cp", "", path, &cp);
     if (!bad && (cp != r->n || cJSON_GetArraySize(ranks) != r->n)) {
         fprintf(stderr, "cp: %s: \"cp\" %g and %d entries in \"ranks\", expected %d\n", path, cp,
@@ -268,8 +271,13 @@ static int cp_read_receipt(cp_run *r) {
 
 /* Spawn the tool for r (through mpirun when r->mpi), output into DIR/run_<label>.log,
  * wait, and read its receipt. Returns 0 when it ran and the receipt parsed. */
-static int cp_run_one(cp_run *r, const char *cli, const char *mpirun, const char *dir, const char *state_dtype) {
-    char model[CP_PATH], group[CP_PATH], log[CP_PATH + 32], np[16];
+static int cp_run_one(cp_run *r, const char *cli, const char *mpirun, const char *dir, const char *state_dtype,
+                      const char *mode) {
+    char model[CP_PATH], group[CP_PATH], log[CP_PATH + 32], np[16], threads[16];
+    snprintf(threads, sizeof threads, "%d", r->threads);
+    /* the run's threads: the tool's --threads covers OpenMP; OpenBLAS reads its own variable */
+    setenv("OMP_NUM_THREADS", threads, 1);
+    setenv("OPENBLAS_NUM_THREADS", threads, 1);
     snprintf(model, sizeof model, "%s", dir);
     snprintf(group, sizeof group, "%s/group.json", dir);
     snprintf(log, sizeof log, "%s/run_%s.log", dir, r->label);
@@ -284,7 +292,7 @@ static int cp_run_one(cp_run *r, const char *cli, const char *mpirun, const char
         argv[a++] = np;
     }
     const char *tool[] = {cli,           "step",      "--model",   model, "--group", group, "--out", r->out,
-                          "--state-dtype", state_dtype, "--threads", "1", "--cp-layout",
+                          "--state-dtype", state_dtype, "--threads", threads, "--mode", mode, "--cp-layout",
                           r->zigzag ? "zigzag" : "contiguous"};
     for (size_t i = 0; i < sizeof tool / sizeof tool[0]; i++) argv[a++] = tool[i];
     argv[a] = NULL;
@@ -418,8 +426,8 @@ static int cp_compare(const char *ref, const char *path, const char *base, cp_di
 
 /* The table's N column: "1", "1 (mpirun -np 1)", "2", "4 (oversubscribed)". */
 static void cp_row_name(const cp_run *r, int cores, char *out, size_t cap) {
-    snprintf(out, cap, "%d%s%s%s", r->n, r->n == 1 && r->mpi ? " (mpirun -np 1)" : "", r->zigzag ? " zigzag" : "",
-             r->n > cores ? " (oversubscribed)" : "");
+    snprintf(out, cap, "%d × %d thr%s%s%s", r->n, r->threads, r->n == 1 && r->mpi ? " (mpirun -np 1)" : "",
+             r->zigzag ? " zigzag" : "", r->n * r->threads > cores ? " (oversubscribed)" : "");
 }
 
 /* ---- main ------------------------------------------------------------------------------ */
@@ -427,12 +435,15 @@ static void cp_row_name(const cp_run *r, int cores, char *out, size_t cap) {
 static void cp_usage(FILE *f) {
     fprintf(f,
             "usage: cp [--prompt P (32768)] [--ranks LIST (1,2,4)] [--group-size G (2)] [--response R (128)]\n"
-            "          [--state-dtype f32|bf16 (bf16)] [--cli PATH] [--mpirun PATH] [--mpirun-one] [--zigzag]\n"
-            "          [--keep]\n"
+            "          [--state-dtype f32|bf16 (bf16)] [--family hybrid|mla] [--mode prefix-frozen|full]\n"
+            "          [--cli PATH] [--mpirun PATH] [--mpirun-one] [--zigzag] [--keep]\n"
             "\n"
-            "One GRPO update (`longstraw step`, one thread per rank) on the small hybrid config\n"
-            "for each rank count N: N = 1 runs the tool directly (the reference; added when\n"
-            "LIST lacks it), N > 1 under `mpirun -np N`. Prints times, per-rank prompt arena\n"
+            "One GRPO update (`longstraw step`) on the small config of the family for each rank\n"
+            "count N: N = 1 with one thread runs the tool directly (the weights' reference; added\n"
+            "when LIST lacks it); for each N > 1, one rank with N threads beside N ranks of one\n"
+            "thread under `mpirun -np N` — the fair comparison on one machine — and their CP\n"
+            "efficiency (time of 1 rank x N threads / time of N ranks x 1 thread: capture, the\n"
+            "whole update, and in full mode the sweep). Prints times, per-rank prompt arena\n"
             "peaks and RSS from each receipt, and each run's weights against N = 1's.\n"
             "\n"
             "  --cli PATH     the tool (default: <dir of this program>/../longstraw)\n"
@@ -450,10 +461,12 @@ int main(int argc, char **argv) {
         {"state-dtype", required_argument, 0, 's'}, {"cli", required_argument, 0, 'c'},
         {"mpirun", required_argument, 0, 'm'}, {"mpirun-one", no_argument, 0, 'o'},
         {"keep", no_argument, 0, 'k'}, {"zigzag", no_argument, 0, 'z'}, {"help", no_argument, 0, 'h'},
+        {"family", required_argument, 0, 'f'}, {"mode", required_argument, 0, 'M'},
         {0, 0, 0, 0}};
     int64_t P = 32768, G = 2, R = 128;
     int ranks[CP_MAX_RUNS], n_ranks = 0, keep = 0, mpirun_one = 0, zigzag = 0, ch;
     char cli[CP_PATH] = "", mpirun[CP_PATH] = "", state_dtype[8] = "bf16";
+    const char *family = "hybrid", *mode = "prefix-frozen";
     if (cp_parse_ranks("1,2,4", ranks, &n_ranks)) return 2;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
@@ -473,6 +486,21 @@ int main(int argc, char **argv) {
         case 'o': mpirun_one = 1; break;
         case 'k': keep = 1; break;
         case 'z': zigzag = 1; break;
+        case 'f':
+            if (strcmp(optarg, "hybrid") != 0 && strcmp(optarg, "mla") != 0) {
+                fprintf(stderr, "cp: --family: expected hybrid or mla, got '%s'\n", optarg);
+                return 2;
+            }
+            family = !strcmp(optarg, "mla") ? "mla" : "hybrid";
+            cfg = !strcmp(optarg, "mla") ? BENCH_SMALL_MLA : BENCH_SMALL_DENSE;
+            break;
+        case 'M':
+            if (strcmp(optarg, "prefix-frozen") != 0 && strcmp(optarg, "full") != 0) {
+                fprintf(stderr, "cp: --mode: expected prefix-frozen or full, got '%s'\n", optarg);
+                return 2;
+            }
+            mode = !strcmp(optarg, "full") ? "full" : "prefix-frozen";
+            break;
         case 'h': cp_usage(stdout); return 0;
         default: cp_usage(stderr); return 2;
         }
@@ -501,26 +529,26 @@ int main(int argc, char **argv) {
     cp_run runs[2 * CP_MAX_RUNS + 1];
     int n_runs = 0, skipped = 0;
     memset(runs, 0, sizeof runs);
-    runs[n_runs++] = (cp_run){.n = 1, .mpi = 0, .label = "1"};
-    if (mpirun_one && have_mpi) runs[n_runs++] = (cp_run){.n = 1, .mpi = 1, .label = "1-mpirun"};
+    runs[n_runs++] = (cp_run){.n = 1, .threads = 1, .mpi = 0, .label = "1"};
+    if (mpirun_one && have_mpi) runs[n_runs++] = (cp_run){.n = 1, .threads = 1, .mpi = 1, .label = "1-mpirun"};
     for (int i = 0; i < n_ranks; i++) {
         if (ranks[i] == 1) continue;
         if (!have_mpi) {
             skipped++;
             continue;
         }
+        runs[n_runs] = (cp_run){.n = 1, .threads = ranks[i], .mpi = 0}; /* its fair baseline */
+        snprintf(runs[n_runs].label, sizeof runs[n_runs].label, "1x%d", ranks[i]);
+        n_runs++;
         for (int z = 0; z <= zigzag; z++) {
-            runs[n_runs] = (cp_run){.n = ranks[i], .mpi = 1, .zigzag = z};
+            runs[n_runs] = (cp_run){.n = ranks[i], .threads = 1, .mpi = 1, .zigzag = z};
             snprintf(runs[n_runs].label, sizeof runs[n_runs].label, "%d%s", ranks[i], z ? "-zigzag" : "");
             n_runs++;
         }
     }
 
-    /* Every rank single-threaded (the tool's --threads 1 covers OpenMP; OpenBLAS
-     * reads its own variable); Open MPI's shared-memory transport without
-     * single-copy (CMA is refused in containers), and root allowed. */
-    setenv("OMP_NUM_THREADS", "1", 1);
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    /* Open MPI's shared-memory transport without single-copy (CMA is refused in
+     * containers), and root allowed (each run sets its threads: cp_run_one). */
     setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
@@ -538,9 +566,9 @@ int main(int argc, char **argv) {
 
     int cores = ls_num_cores();
     bench_print_blas();
-    printf("Context parallelism: `longstraw step`, small hybrid config (bf16 weights), P = %lld, G = %lld, R = %lld,\n"
-           "%s prompt state, 1 thread per rank, %d cores; tool %s\n",
-           (long long)P, (long long)G, (long long)R, state_dtype, cores, cli);
+    printf("Context parallelism: `longstraw step --mode %s`, small %s config (bf16 weights), P = %lld, G = %lld,\n"
+           "R = %lld, %s prompt state, %d cores; tool %s\n",
+           mode, family, (long long)P, (long long)G, (long long)R, state_dtype, cores, cli);
     if (!have_mpi)
         printf("mpirun not found on PATH (give --mpirun PATH): running N = 1 only, %d run(s) skipped\n", skipped);
     else
@@ -550,7 +578,7 @@ int main(int argc, char **argv) {
     /* A failed run does not stop the others: every row that ran is printed. */
     for (int i = 0; i < n_runs; i++) {
         fprintf(stderr, "cp: running N = %s ...\n", runs[i].label);
-        if (cp_run_one(&runs[i], cli, mpirun, dir, state_dtype) || !runs[i].hashes_agree) fail = 1;
+        if (cp_run_one(&runs[i], cli, mpirun, dir, state_dtype, mode) || !runs[i].hashes_agree) fail = 1;
         fprintf(stderr, "cp: N = %s %s in %.1f s\n", runs[i].label, runs[i].ok ? "done" : "failed", runs[i].wall_s);
     }
 
@@ -575,6 +603,21 @@ int main(int argc, char **argv) {
         printf("| %s | %.1f | %.2f | %.2f | %s | %.1f | %s | %.1f | %.0f | %s |\n", name, r->wall_s, r->capture_s,
                r->total_s, speed, r->prompt_peak / MiB, ratio, r->predicted / MiB, r->rss / MiB,
                r->hashes_agree ? "yes" : "NO");
+    }
+    /* CP efficiency: each N ranks x 1 thread against 1 rank x N threads, same machine, same run */
+    printf("\nCP efficiency (time of 1 rank x N threads / time of N ranks x 1 thread; 1.0: CP costs nothing):\n"
+           "| N | layout | capture | whole update |%s\n|---|---|---|---|%s\n",
+           !strcmp(mode, "full") ? " sweep |" : "", !strcmp(mode, "full") ? "---|" : "");
+    for (int i = 0; i < n_runs; i++) {
+        const cp_run *r = &runs[i], *b = NULL;
+        if (r->n == 1 || !r->ok) continue;
+        for (int j = 0; j < n_runs; j++)
+            if (runs[j].n == 1 && runs[j].threads == r->n && runs[j].ok) b = &runs[j];
+        if (!b) continue;
+        char sw[32] = "";
+        if (!strcmp(mode, "full")) snprintf(sw, sizeof sw, " %.2f |", r->sweep_s > 0 ? b->sweep_s / r->sweep_s : 0.0);
+        printf("| %d | %s | %.2f | %.2f |%s\n", r->n, r->zigzag ? "zigzag" : "contiguous", b->capture_s / r->capture_s,
+               b->total_s / r->total_s, sw);
     }
     printf("\nwall s: spawn to exit (load, capture, update, write). Times are from one run on a shared machine.\n");
     printf("On this %d-core machine N > %d runs oversubscribed (more ranks than cores): its times are not a\n"
