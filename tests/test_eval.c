@@ -174,10 +174,10 @@ int test_cp_eval(void) {
     cJSON *base = NULL;
     for (int np = 1; np <= 4; np++) {
         int rc;
-        char *out = np == 1 ? t_run_fmt(&rc, "%s eval --model %s/m --task vartrack --prompt-len 333,517 --num-prompts 3 "
+        char *out = np == 1 ? t_run_fmt(&rc, "%s eval --model %s/m --task vartrack --prompt-len 433,517 --num-prompts 3 "
                                              "--page-size 16 --quiet --threads 1 2>%s/err", LS_CLI_PATH, dir, dir)
                             : t_run_fmt(&rc, MPI_ENV "%s --oversubscribe --allow-run-as-root -np %d %s eval --model %s/m "
-                                             "--task vartrack --prompt-len 333,517 --num-prompts 3 --page-size 16 --quiet "
+                                             "--task vartrack --prompt-len 433,517 --num-prompts 3 --page-size 16 --quiet "
                                              "--threads 1 2>%s/err", LS_MPIEXEC, np, LS_CLI_PATH, dir, dir);
         cJSON *doc = out ? cJSON_Parse(out) : NULL;
         T_CHECK(rc == 0 && doc, "np %d: rc %d: %s", np, rc, out ? out : "");
