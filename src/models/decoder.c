@@ -197,6 +197,20 @@ ls_status ls_dec_layer_fwd(const ls_dec_layer *d, float *x, int skip_ffn) {
     return LS_OK;
 }
 
+void ls_dec_norm1_fwd(const ls_dec_layer *d, float *xn, const float *x) { norm_fwd(d, xn, NULL, x, d->input_norm); }
+
+ls_status ls_dec_ffn_fwd(const ls_dec_layer *d, float *x) {
+    int64_t T = d->T, D = d->D;
+    ls_arena_mark mk = ls_arena_get_mark(d->sc);
+    float *xn2 = ALLOC_F(d->sc, T * D);
+    if (!xn2) return LS_ERR_NOMEM;
+    norm_fwd(d, xn2, NULL, x, d->post_norm);
+    ls_status s = d->moe ? d->moe(d, x, xn2)
+                         : ls_dec_swiglu_fwd(d->be, x, NULL, NULL, xn2, T, D, d->I, d->gu_w, d->down_w, 1, &d->lora, d->sc);
+    ls_arena_release(d->sc, mk);
+    return s;
+}
+
 ls_status ls_dec_layer_bwd(const ls_dec_layer *d, float *dx) {
     int64_t T = d->T, D = d->D;
     const ls_dec_tape *tp = d->saved;
@@ -398,7 +412,9 @@ static ls_status capture_cp(const ls_dec_model *dm, ls_prompt_state *st, const i
     }
     ls_status s = LS_OK;
     for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
-        for (int64_t i = 0; i < nchunks && s == LS_OK; i++) {
+        int done = 0; /* the family's own way for this layer (a resident state only) */
+        if (dm->cp_layer && !sg) s = dm->cp_layer(dm, st, l, x, l == last, o, sc, &done);
+        for (int64_t i = 0; i < nchunks && s == LS_OK && !done; i++) {
             cp_chunk(st, C, i, &p);
             float *xc = NULL;
             if (p.owner == st->rank) {

@@ -118,6 +118,10 @@ struct ls_dec_layer {
 ls_status ls_dec_layer_fwd(const ls_dec_layer *d, float *x, int skip_ffn);
 /* dx [T, D] = ∂L/∂(layer output) → ∂L/∂(layer input) in place, weights' gradients (+=). */
 ls_status ls_dec_layer_bwd(const ls_dec_layer *d, float *dx);
+/* The layer's first norm alone: xn [T, D] (=) norm1(x) (no tape). */
+void ls_dec_norm1_fwd(const ls_dec_layer *d, float *xn, const float *x);
+/* The layer's second half alone on x [T, D] after its mixer: x += FFN(norm2(x)) (no tape). */
+ls_status ls_dec_ffn_fwd(const ls_dec_layer *d, float *x);
 
 /* ---- the model skeleton (issue 33): one driver for both families ----------------------
  * Capture (one rank, and under context parallelism), decode, a branch forward with or
@@ -211,6 +215,12 @@ struct ls_dec_model {
     /* After a CP capture, per layer: what every rank must hold of the state's end, which
      * the owner of the last segment computed (NULL: nothing). */
     ls_status (*capture_end)(const ls_dec_model *dm, ls_prompt_state *st, int l, int last_owner);
+    /* CP capture, layer-major: layer l over all of this rank's positions at once (x the
+     * rank's residual stream [its positions, D], its segments one after another), when
+     * the family runs that layer its own way (the hybrid's Gated DeltaNet: a state scan
+     * instead of the relay); *done 0: the driver runs the layer chunk by chunk (NULL: always). */
+    ls_status (*cp_layer)(const ls_dec_model *dm, ls_prompt_state *st, int l, float *x, int skip_ffn,
+                          const ls_fwd_opts *o, ls_arena *sc, int *done);
     /* Layer l's backward: dx [T, D] ∂L/∂(output) → ∂L/∂(input), gradients (+=). */
     ls_status (*layer_bwd)(const ls_dec_model *dm, const ls_dec_grad *g, const ls_dec_branch *tape, int l, float *dx,
                            const ls_dec_dstate *dc, ls_arena *sc);

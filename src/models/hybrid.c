@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "gdn_scan.h"
 #include "hybrid_tape.h"
 #include "longstraw/cp.h"
 #include "longstraw/kernels.h"
@@ -497,6 +498,183 @@ static ls_status hy_layer_fwd(const ls_dec_model *dm, const ls_dec_pass *p, int 
     return layer_fwd(m, l, x, skip, &L);
 }
 
+/* ---- a Gated DeltaNet layer of a CP capture as a state scan (issue 22) -----------------
+ * Instead of relaying the recurrent state rank to rank (a wavefront), every rank runs its
+ * segments of the layer at once from the zero state, recording each segment's
+ * transition (gdn_scan.h); one exchange of the segments' (M, S⁰) in prompt order gives
+ * every rank the state each of its segments starts from, and its outputs are corrected.
+ * The conv's W − 1 rows before each segment (pre-conv projections) come up front: each
+ * owner computes its segments' last rows and they are exchanged the same way. Pass A:
+ * norm, projections, conv, the two shard runs (outputs, correction vectors and z kept
+ * for the rank's positions); the exchange; pass B: the correction, the gated norm, the
+ * out projection and the FFN. */
+static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, int l, float *x, int skip_ffn,
+                             const ls_fwd_opts *o, ls_arena *sc, int *done) {
+    const ls_hybrid_model *m = dm->fam;
+    const ls_config *c = &m->cfg;
+    *done = 0;
+    if (c->kind[l] != LS_LAYER_GDN) return LS_OK;
+    *done = 1;
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
+    const ls_hybrid_layer *w = &m->layers[l];
+    const ls_backend *be = m->be;
+    int64_t D = c->hidden, kd = ls_cfg_key_dim(c), vd = ls_cfg_value_dim(c), cd = ls_cfg_conv_dim(c);
+    int64_t Wm = hc->conv_k - 1, Hv = hc->H_v, dk = hc->d_k, dv = hc->d_v, C = o->capture_chunk > 0 ? o->capture_chunk : 2048;
+    int64_t sn = Hv * dk * dv, mn = Hv * dk * dk, tl = Wm * cd > 0 ? Wm * cd : 1;
+    ls_gdr_dims gd = {hc->H_k, hc->H_v, hc->d_k, hc->d_v, 1.0f / sqrtf((float)hc->d_k)}, gi = gd;
+    gi.d_v = gd.d_k; /* the identity run: a state of d_k columns */
+    int nseg = ls_state_segments(st), L_ = c->n_layers;
+    int64_t Tr = 0, xoff[LS_STATE_MAX_SEGS];
+    for (int k = 0; k < st->nseg; k++) xoff[k] = Tr, Tr += st->seg_hi[k] - st->seg_lo[k];
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *O = ALLOC_F(sc, (Tr > 0 ? Tr : 1) * vd), *U = ALLOC_F(sc, (Tr > 0 ? Tr : 1) * Hv * dk);
+    float *Z = ALLOC_F(sc, (Tr > 0 ? Tr : 1) * vd);
+    float *tout = ALLOC_F(sc, nseg * tl), *tin = ALLOC_F(sc, (nseg + 1) * tl);
+    float *Ms = ALLOC_F(sc, nseg * mn), *S0s = ALLOC_F(sc, nseg * sn), *Sin = ALLOC_F(sc, (nseg + 1) * sn);
+    int64_t *lo = ls_arena_host_alloc(sc, 2 * (size_t)nseg * sizeof(int64_t));
+    int *own = ls_arena_host_alloc(sc, (size_t)nseg * sizeof(int));
+    NEED(O && U && Z && tout && tin && Ms && S0s && Sin && lo && own);
+    int64_t *hi = lo + nseg;
+    for (int sg = 0; sg < nseg; sg++) ls_state_segment(st, sg, &own[sg], &lo[sg], &hi[sg]);
+    /* the layer as the skeleton runs its norms and FFN (decoder.h), per chunk */
+    layer_ctx Lc = {0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, sc, NULL, l, 1, NULL, NULL, 0, 0};
+    part_ctx pc = {m, l, &Lc};
+    ls_dec_layer d = {.be = be, .D = D, .I = c->intermediate, .eps = c->eps, .norm = LS_NORM_ZERO_CENTRED,
+                      .input_norm = w->input_norm, .post_norm = w->post_norm, .mixer = part_mixer,
+                      .moe = c->moe[l] ? part_moe : NULL, .gu_w = w->mlp_gu, .down_w = w->mlp_down,
+                      .lora = ffn_of(m, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0),
+                      .sc = sc, .ctx = &pc};
+    /* 1. the conv rows before each segment: every owned segment's last Wm pre-conv rows */
+    ls_status s = LS_OK;
+    ls_op_zero(be, tout, nseg * tl);
+    for (int k = 0; k < st->nseg && s == LS_OK; k++) {
+        int sg = 0;
+        while (lo[sg] != st->seg_lo[k]) sg++;
+        int64_t n = hi[sg] - lo[sg], r = n < Wm ? n : Wm;
+        if (r <= 0) continue;
+        ls_arena_mark m2 = ls_arena_get_mark(sc);
+        float *xn = ALLOC_F(sc, r * D);
+        NEED(xn);
+        d.T = r;
+        ls_dec_norm1_fwd(&d, xn, x + (xoff[k] + n - r) * D);
+        ls_op_linear_fwd(be, tout + sg * tl + (Wm - r) * cd, xn, w->gdn_in, r, D, cd, 0);
+        LORA_FWD(m, l, gdn_in, 0, cd, tout + sg * tl + (Wm - r) * cd, xn, r, sc);
+        ls_arena_release(sc, m2);
+    }
+    for (int sg = 0; sg < nseg && s == LS_OK; sg++) {
+        if (hi[sg] == lo[sg] || st->nranks <= 1) continue;
+        ls_dist_part part = {tout + sg * tl, (size_t)Wm * cd * sizeof(float)};
+        s = ls_dist_bcast_parts(be, st->comm, &part, 1, own[sg]);
+    }
+    if (s != LS_OK) return s;
+    /* tin[sg]: the rows before segment sg (the state's own tail before the first); tin[sg+1]
+     * = the last Wm rows of tin[sg] followed by segment sg's rows */
+    ls_op_copy(be, tin, st->gdn[l].conv_tail, Wm * cd);
+    for (int sg = 0; sg < nseg; sg++) {
+        int64_t n = hi[sg] - lo[sg];
+        float *a = tin + sg * tl, *b = tin + (sg + 1) * tl;
+        if (n >= Wm) {
+            ls_op_copy(be, b, tout + sg * tl, Wm * cd);
+        } else {
+            if (Wm - n > 0) ls_op_copy(be, b, a + n * cd, (Wm - n) * cd);
+            if (n > 0) ls_op_copy(be, b + (Wm - n) * cd, tout + sg * tl + (Wm - n) * cd, n * cd);
+        }
+    }
+    /* 2. pass A: each owned segment from the zero state and from the identity */
+    float *S0 = ALLOC_F(sc, sn), *M = ALLOC_F(sc, mn), *I0 = ALLOC_F(sc, mn), *tail = ALLOC_F(sc, tl);
+    float *Mck = st->full ? ALLOC_F(sc, (st->full->n_chunks > 0 ? st->full->n_chunks : 1) * mn) : NULL;
+    NEED(S0 && M && I0 && tail && (!st->full || Mck));
+    float *eye = ls_host_view(be, sc, I0, (size_t)mn * sizeof(float), 0); /* the identity, per value head */
+    NEED(eye);
+    memset(eye, 0, (size_t)mn * sizeof(float));
+    for (int64_t h = 0; h < Hv; h++)
+        for (int64_t i = 0; i < dk; i++) eye[(h * dk + i) * dk + i] = 1.0f;
+    ls_host_view_done(be, sc, I0, eye, (size_t)mn * sizeof(float), 1);
+    for (int k = 0; k < st->nseg && s == LS_OK; k++) {
+        int sg = 0;
+        while (lo[sg] != st->seg_lo[k]) sg++;
+        ls_op_zero(be, S0, sn);
+        ls_op_copy(be, M, I0, mn);
+        ls_op_copy(be, tail, tin + sg * tl, Wm * cd);
+        for (int64_t c0 = lo[sg], T; c0 < hi[sg] && s == LS_OK; c0 += T) {
+            T = ls_state_span_end(st, lo[sg], c0, hi[sg], C) - c0;
+            int64_t r0 = xoff[k] + c0 - lo[sg], j = ls_state_ckpt_at(st, c0);
+            if (j >= 0) { /* the sweep's checkpoint: from zero now, corrected after the scan */
+                ls_gdn_state *ck = &st->full->ckpt[j * L_ + l];
+                ls_op_copy(be, ck->S, S0, sn);
+                ls_op_copy(be, ck->conv_tail, tail, Wm * cd);
+                ls_op_copy(be, Mck + j * mn, M, mn);
+            }
+            ls_arena_mark m2 = ls_arena_get_mark(sc);
+            float *xn = ALLOC_F(sc, T * D), *qkv = ALLOC_F(sc, T * cd), *y = ALLOC_F(sc, T * cd);
+            float *ba = ALLOC_F(sc, T * 2 * Hv), *q = ALLOC_F(sc, T * kd), *kk = ALLOC_F(sc, T * kd);
+            float *v = ALLOC_F(sc, T * vd), *beta = ALLOC_F(sc, T * Hv), *g = ALLOC_F(sc, T * Hv);
+            float *zv = ls_arena_calloc(sc, (size_t)(T * Hv * dk), sizeof(float));
+            NEED(xn && qkv && y && ba && q && kk && v && beta && g && zv);
+            float *xr = x + r0 * D, *z = Z + r0 * vd;
+            d.T = T;
+            ls_dec_norm1_fwd(&d, xn, xr);
+            ls_op_linear_fwd(be, qkv, xn, w->gdn_in, T, D, cd, 0);
+            ls_op_linear_fwd(be, z, xn, w->gdn_in + cd * D, T, D, vd, 0);
+            ls_op_linear_fwd(be, ba, xn, w->gdn_in + (cd + vd) * D, T, D, 2 * Hv, 0);
+            LORA_FWD(m, l, gdn_in, 0, cd, qkv, xn, T, sc);
+            LORA_FWD(m, l, gdn_in, cd, vd, z, xn, T, sc);
+            LORA_FWD(m, l, gdn_in, cd + vd, 2 * Hv, ba, xn, T, sc);
+            ls_op_conv_fwd(be, y, NULL, tail, qkv, w->conv_w, T, cd, hc->conv_k);
+            ls_op_gdn_prep_fwd(be, q, kk, v, beta, g, NULL, NULL, y, ba, w->A_log, w->dt_bias, T, gd);
+            s = ls_op_gdr_chunk_fwd(be, O + r0 * vd, NULL, S0, q, kk, v, beta, g, T, gd, sc);
+            if (s == LS_OK) s = ls_op_gdr_chunk_fwd(be, U + r0 * Hv * dk, NULL, M, q, kk, zv, beta, g, T, gi, sc);
+            ls_arena_release(sc, m2);
+        }
+        ls_op_copy(be, Ms + sg * mn, M, mn);
+        ls_op_copy(be, S0s + sg * sn, S0, sn);
+    }
+    if (s != LS_OK) return s;
+    /* 3. the scan: every segment's (M, S⁰) on every rank, composed in prompt order */
+    for (int sg = 0; sg < nseg && s == LS_OK; sg++) {
+        if (hi[sg] == lo[sg] || st->nranks <= 1) continue;
+        ls_dist_part parts[2] = {{Ms + sg * mn, (size_t)mn * sizeof(float)}, {S0s + sg * sn, (size_t)sn * sizeof(float)}};
+        s = ls_dist_bcast_parts(be, st->comm, parts, 2, own[sg]);
+    }
+    if (s != LS_OK) return s;
+    ls_op_copy(be, Sin, st->gdn[l].S, sn);
+    for (int sg = 0; sg < nseg; sg++) {
+        if (hi[sg] == lo[sg]) {
+            ls_op_copy(be, Sin + (sg + 1) * sn, Sin + sg * sn, sn);
+            continue;
+        }
+        ls_op_copy(be, Sin + (sg + 1) * sn, S0s + sg * sn, sn);
+        ls_gdn_shard_apply(be, NULL, Sin + (sg + 1) * sn, NULL, Ms + sg * mn, Sin + (sg + 1) * sn, Sin + sg * sn, 0, gd);
+    }
+    ls_op_copy(be, st->gdn[l].S, Sin + nseg * sn, sn); /* the state at the prompt's end, on every rank */
+    ls_op_copy(be, st->gdn[l].conv_tail, tin + nseg * tl, Wm * cd);
+    /* 4. pass B: the correction, the gated norm, the out projection, the FFN */
+    for (int k = 0; k < st->nseg && s == LS_OK; k++) {
+        int sg = 0;
+        while (lo[sg] != st->seg_lo[k]) sg++;
+        for (int64_t c0 = lo[sg], T; c0 < hi[sg] && s == LS_OK; c0 += T) {
+            T = ls_state_span_end(st, lo[sg], c0, hi[sg], C) - c0;
+            int64_t r0 = xoff[k] + c0 - lo[sg], j = ls_state_ckpt_at(st, c0);
+            if (j >= 0) { /* checkpoint = M(c0)·S_in + S⁰(c0) */
+                ls_gdn_state *ck = &st->full->ckpt[j * L_ + l];
+                ls_gdn_shard_apply(be, NULL, ck->S, NULL, Mck + j * mn, ck->S, Sin + sg * sn, 0, gd);
+            }
+            float *oc = O + r0 * vd, *xr = x + r0 * D;
+            ls_gdn_shard_apply(be, oc, NULL, U + r0 * Hv * dk, NULL, NULL, Sin + sg * sn, T, gd);
+            ls_op_gated_rmsnorm_fwd(be, oc, NULL, oc, Z + r0 * vd, w->gnorm, T * Hv, dv, c->eps);
+            ls_op_linear_fwd(be, xr, oc, w->gdn_out, T, vd, D, 1);
+            LORA_FWD(m, l, gdn_out, 0, D, xr, oc, T, sc);
+            if (!skip_ffn) {
+                Lc.T = T, Lc.pos0 = c0;
+                d.T = T;
+                s = ls_dec_ffn_fwd(&d, xr);
+            }
+        }
+    }
+    ls_arena_release(sc, mk);
+    return s;
+}
+
 /* after a CP capture: the state at the prompt's end, on every rank */
 static ls_status hy_capture_end(const ls_dec_model *dm, ls_prompt_state *st, int l, int last_owner) {
     const ls_config *c = dm->cfg;
@@ -510,7 +688,8 @@ ls_dec_model ls_hybrid_dec(const ls_hybrid_model *m, ls_hybrid_pass *hp) {
     return (ls_dec_model){.be = m->be, .cfg = &m->cfg, .norm = LS_NORM_ZERO_CENTRED, .embed = m->embed,
                           .final_norm = m->final_norm, .lm_head = m->lm_head, .fam = m, .pass_data = hp,
                           .cp_layer_major = 1, .batched_decode = 1, .begin = hy_begin, .tape_new = hy_tape_new,
-                          .layer_fwd = hy_layer_fwd, .capture_end = hy_capture_end, .layer_bwd = ls_hybrid_layer_bwd,
+                          .layer_fwd = hy_layer_fwd, .capture_end = hy_capture_end, .cp_layer = hy_cp_layer,
+                          .layer_bwd = ls_hybrid_layer_bwd,
                           .sweep_serve = ls_hybrid_sweep_serve, .sweep_relay = ls_hybrid_sweep_relay};
 }
 

@@ -126,6 +126,14 @@ ls_status ls_hybrid_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan
     ls_plan_size(d, "table_bytes_per_rank", p.table_bytes_per_rank);
     ls_plan_size(d, "total_bytes_per_rank", p.total_bytes_per_rank);
     ls_plan_size(d, "cp_capture_bytes_per_rank", p.cp_capture_bytes_per_rank);
+    /* the GDN state scan of a CP capture (hybrid.c): per layer, the outputs, z and the
+     * correction vectors of the rank's positions, kept between its two passes */
+    const ls_hybrid_config *hcf = ls_hybrid_cfg(cfg);
+    size_t scan = p.cp > 1 && p.n_gdn > 0 ? (size_t)p.pages_per_rank * (size_t)rq->page_size *
+                                                (2 * (size_t)ls_cfg_value_dim(cfg) + (size_t)hcf->H_v * (size_t)hcf->d_k) *
+                                                sizeof(float)
+                                          : 0;
+    ls_plan_size(d, "cp_scan_bytes_per_rank", scan);
     ls_plan_str(d, "mode", full ? "full" : "prefix-frozen");
     ls_plan_i64(d, "sweep_chunk", p.sweep_chunk);
     ls_plan_i64(d, "sweep_chunks_per_rank", p.sweep_chunks_per_rank);
@@ -156,6 +164,7 @@ ls_status ls_hybrid_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan
     }
     ls_plan_row(d, p.total_bytes_per_rank, "prompt arena total");
     if (p.cp > 1) ls_plan_row(d, p.cp_capture_bytes_per_rank, "CP capture: shard residual (scratch)");
+    if (scan) ls_plan_row(d, scan, "CP capture: GDN scan buffers (scratch)");
     ls_plan_live_terms(d, params, w_bytes, m_bytes, w_bytes, "");
     ls_plan_text(d, "  (branch: one member's tape, grows with R_i, not P; score: 4 bytes per response token)");
     return LS_OK;
