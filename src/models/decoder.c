@@ -413,7 +413,11 @@ static ls_status capture_cp(const ls_dec_model *dm, ls_prompt_state *st, const i
     ls_status s = LS_OK;
     for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
         int done = 0; /* the family's own way for this layer (a resident state only) */
-        if (dm->cp_layer && !sg) s = dm->cp_layer(dm, st, l, x, l == last, o, sc, &done);
+        if (dm->cp_layer) { /* a state in host memory: the layer's recurrent state staged, written back */
+            ls_prompt_state *sl = sg ? ls_state_stage_in(sg, l, 0, -1) : st;
+            s = dm->cp_layer(dm, sl, st, l, x, l == last, o, sc, &done);
+            if (s == LS_OK && done && sg) ls_state_stage_out(sg, LS_STAGE_REC, 0, 0);
+        }
         for (int64_t i = 0; i < nchunks && s == LS_OK && !done; i++) {
             cp_chunk(st, C, i, &p);
             float *xc = NULL;

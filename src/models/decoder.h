@@ -218,9 +218,11 @@ struct ls_dec_model {
     /* CP capture, layer-major: layer l over all of this rank's positions at once (x the
      * rank's residual stream [its positions, D], its segments one after another), when
      * the family runs that layer its own way (the hybrid's Gated DeltaNet: a state scan
-     * instead of the relay); *done 0: the driver runs the layer chunk by chunk (NULL: always). */
-    ls_status (*cp_layer)(const ls_dec_model *dm, ls_prompt_state *st, int l, float *x, int skip_ffn,
-                          const ls_fwd_opts *o, ls_arena *sc, int *done);
+     * instead of the relay); *done 0: the driver runs the layer chunk by chunk (NULL:
+     * always). st: the state as the ops read it (a host state's stage, layer l's
+     * recurrent state staged); hst: the state itself (where the sweep checkpoints go). */
+    ls_status (*cp_layer)(const ls_dec_model *dm, ls_prompt_state *st, ls_prompt_state *hst, int l, float *x,
+                          int skip_ffn, const ls_fwd_opts *o, ls_arena *sc, int *done);
     /* Layer l's backward: dx [T, D] ∂L/∂(output) → ∂L/∂(input), gradients (+=). */
     ls_status (*layer_bwd)(const ls_dec_model *dm, const ls_dec_grad *g, const ls_dec_branch *tape, int l, float *dx,
                            const ls_dec_dstate *dc, ls_arena *sc);

@@ -508,8 +508,8 @@ static ls_status hy_layer_fwd(const ls_dec_model *dm, const ls_dec_pass *p, int 
  * norm, projections, conv, the two shard runs (outputs, correction vectors and z kept
  * for the rank's positions); the exchange; pass B: the correction, the gated norm, the
  * out projection and the FFN. */
-static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, int l, float *x, int skip_ffn,
-                             const ls_fwd_opts *o, ls_arena *sc, int *done) {
+static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_prompt_state *hst, int l, float *x,
+                             int skip_ffn, const ls_fwd_opts *o, ls_arena *sc, int *done) {
     const ls_hybrid_model *m = dm->fam;
     const ls_config *c = &m->cfg;
     *done = 0;
@@ -582,8 +582,12 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, int l,
     }
     /* 2. pass A: each owned segment from the zero state and from the identity */
     float *S0 = ALLOC_F(sc, sn), *M = ALLOC_F(sc, mn), *I0 = ALLOC_F(sc, mn), *tail = ALLOC_F(sc, tl);
-    float *Mck = st->full ? ALLOC_F(sc, (st->full->n_chunks > 0 ? st->full->n_chunks : 1) * mn) : NULL;
-    NEED(S0 && M && I0 && tail && (!st->full || Mck));
+    /* the sweep checkpoints (full mode) of this layer: from zero in pass A, corrected after
+     * the scan, then put where the state keeps them */
+    int64_t nck = hst->full ? (hst->full->n_chunks > 0 ? hst->full->n_chunks : 1) : 0;
+    float *Mck = nck ? ALLOC_F(sc, nck * mn) : NULL, *Sck = nck ? ALLOC_F(sc, nck * sn) : NULL;
+    float *Tck = nck ? ALLOC_F(sc, nck * tl) : NULL;
+    NEED(S0 && M && I0 && tail && (!nck || (Mck && Sck && Tck)));
     float *eye = ls_host_view(be, sc, I0, (size_t)mn * sizeof(float), 0); /* the identity, per value head */
     NEED(eye);
     memset(eye, 0, (size_t)mn * sizeof(float));
@@ -598,11 +602,10 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, int l,
         ls_op_copy(be, tail, tin + sg * tl, Wm * cd);
         for (int64_t c0 = lo[sg], T; c0 < hi[sg] && s == LS_OK; c0 += T) {
             T = ls_state_span_end(st, lo[sg], c0, hi[sg], C) - c0;
-            int64_t r0 = xoff[k] + c0 - lo[sg], j = ls_state_ckpt_at(st, c0);
+            int64_t r0 = xoff[k] + c0 - lo[sg], j = ls_state_ckpt_at(hst, c0);
             if (j >= 0) { /* the sweep's checkpoint: from zero now, corrected after the scan */
-                ls_gdn_state *ck = &st->full->ckpt[j * L_ + l];
-                ls_op_copy(be, ck->S, S0, sn);
-                ls_op_copy(be, ck->conv_tail, tail, Wm * cd);
+                ls_op_copy(be, Sck + j * sn, S0, sn);
+                ls_op_copy(be, Tck + j * tl, tail, Wm * cd);
                 ls_op_copy(be, Mck + j * mn, M, mn);
             }
             ls_arena_mark m2 = ls_arena_get_mark(sc);
@@ -654,10 +657,17 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, int l,
         while (lo[sg] != st->seg_lo[k]) sg++;
         for (int64_t c0 = lo[sg], T; c0 < hi[sg] && s == LS_OK; c0 += T) {
             T = ls_state_span_end(st, lo[sg], c0, hi[sg], C) - c0;
-            int64_t r0 = xoff[k] + c0 - lo[sg], j = ls_state_ckpt_at(st, c0);
-            if (j >= 0) { /* checkpoint = M(c0)·S_in + S⁰(c0) */
-                ls_gdn_state *ck = &st->full->ckpt[j * L_ + l];
-                ls_gdn_shard_apply(be, NULL, ck->S, NULL, Mck + j * mn, ck->S, Sin + sg * sn, 0, gd);
+            int64_t r0 = xoff[k] + c0 - lo[sg], j = ls_state_ckpt_at(hst, c0);
+            if (j >= 0) { /* checkpoint = M(c0)·S_in + S⁰(c0), into the state (host memory: copied there) */
+                ls_gdn_state *ck = &hst->full->ckpt[j * L_ + l];
+                ls_gdn_shard_apply(be, NULL, Sck + j * sn, NULL, Mck + j * mn, Sck + j * sn, Sin + sg * sn, 0, gd);
+                if (ls_state_resident(hst, be)) {
+                    ls_op_copy(be, ck->S, Sck + j * sn, sn);
+                    ls_op_copy(be, ck->conv_tail, Tck + j * tl, Wm * cd);
+                } else {
+                    be->i->to_host(be, ck->S, Sck + j * sn, (size_t)sn * sizeof(float));
+                    if (Wm * cd > 0) be->i->to_host(be, ck->conv_tail, Tck + j * tl, (size_t)(Wm * cd) * sizeof(float));
+                }
             }
             float *oc = O + r0 * vd, *xr = x + r0 * D;
             ls_gdn_shard_apply(be, oc, NULL, U + r0 * Hv * dk, NULL, NULL, Sin + sg * sn, T, gd);
