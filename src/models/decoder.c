@@ -325,35 +325,29 @@ ls_status ls_dec_extend(const ls_dec_model *dm, ls_prompt_state *st, const int32
  * runs the layer (its attention also reading the other ranks' earlier pages, merged by
  * log-sum-exp); at another rank's chunk the family's layer does that rank's part for it.
  * Layer-major (cp_layer_major): for each layer, all chunks; the residual stream of the
- * rank's positions stays alive across layers (the one buffer sized by P/N) and the
- * ranks run as a wavefront. Chunk-major: for each chunk, all layers. */
+ * rank's positions stays alive across layers (the one buffer sized by P/N), and a family
+ * may run a layer over all of the rank's positions its own way (cp_layer: the hybrid's
+ * Gated DeltaNet state scan). Chunk-major: for each chunk, all layers. */
 
-/* The owner of the nearest non-empty segment after (dir = +1) or before (−1) segment s, or −1. */
-static int neighbour(const ls_prompt_state *st, int s, int dir) {
-    for (int t = s + dir; t >= 0 && t < ls_state_segments(st); t += dir) {
+/* The CP capture's chunks in prompt order (every segment cut as ls_state_span_end cuts
+ * it): cp_next sets p to the chunk after the cursor's and advances it; 0 past the end. */
+typedef struct {
+    int sg;     /* the segment */
+    int64_t c0; /* the next chunk's start in it (−1: the segment's start) */
+} cp_cursor;
+
+static int cp_next(const ls_prompt_state *st, int64_t C, cp_cursor *cur, ls_dec_pass *p) {
+    for (; cur->sg < ls_state_segments(st); cur->sg++, cur->c0 = -1) {
         int owner;
         int64_t lo, hi;
-        ls_state_segment(st, t, &owner, &lo, &hi);
-        if (hi > lo) return owner;
-    }
-    return -1;
-}
-
-/* Chunk i (over all segments, prompt order) of a CP capture as a pass: 0 past the end. */
-static int cp_chunk(const ls_prompt_state *st, int64_t C, int64_t i, ls_dec_pass *p) {
-    for (int sg = 0; sg < ls_state_segments(st); sg++) {
-        int owner;
-        int64_t lo, hi;
-        ls_state_segment(st, sg, &owner, &lo, &hi);
-        for (int64_t c0 = lo, e; c0 < hi; c0 = e, i--) {
-            e = ls_state_span_end(st, lo, c0, hi, C);
-            if (i > 0) continue;
-            p->seg = sg, p->owner = owner, p->seg_lo = lo, p->seg_hi = hi;
-            p->prev = neighbour(st, sg, -1), p->next = neighbour(st, sg, +1);
-            p->seg_first = c0 == lo, p->seg_last = e == hi;
-            p->pos0 = c0, p->T = e - c0;
-            return 1;
-        }
+        ls_state_segment(st, cur->sg, &owner, &lo, &hi);
+        int64_t c0 = cur->c0 < 0 ? lo : cur->c0;
+        if (c0 >= hi) continue;
+        int64_t e = ls_state_span_end(st, lo, c0, hi, C);
+        p->seg = cur->sg, p->owner = owner, p->seg_lo = lo, p->seg_hi = hi;
+        p->pos0 = c0, p->T = e - c0;
+        cur->c0 = e;
+        return 1;
     }
     return 0;
 }
@@ -364,16 +358,14 @@ static ls_status capture_cp(const ls_dec_model *dm, ls_prompt_state *st, const i
     if (st->n != 0 || n != st->capacity)
         return ls_err(LS_ERR_ARG, "a prompt state split over ranks is captured whole, once (%lld of %lld positions)",
                       (long long)n, (long long)st->capacity);
-    int64_t D = c->hidden, C = chunk_of(o), nchunks = 0;
+    int64_t D = c->hidden, C = chunk_of(o);
     ls_dec_pass p = {.kind = LS_DEC_CP_CAPTURE, .st = st, .sweep = -1, .o = o, .sc = sc};
-    while (cp_chunk(st, C, nchunks, &p)) nchunks++;
     int last = c->n_layers - 1; /* its FFN feeds only the LM head */
     ls_arena_mark top = ls_arena_get_mark(sc);
     ls_state_stage *sg = NULL; /* a state in host memory: staged per layer */
     LS_TRY(ls_state_stage_new(&sg, st, dm->be, CAPTURE_STAGE, sc));
     if (!dm->cp_layer_major) {
-        for (int64_t i = 0; i < nchunks; i++) {
-            cp_chunk(st, C, i, &p);
+        for (cp_cursor cur = {0, -1}; cp_next(st, C, &cur, &p);) {
             if (ls_stop_requested()) return stopped(p.pos0, n);
             ls_arena_mark mk = ls_arena_get_mark(sc);
             int mine = p.owner == st->rank;
@@ -412,14 +404,13 @@ static ls_status capture_cp(const ls_dec_model *dm, ls_prompt_state *st, const i
     }
     ls_status s = LS_OK;
     for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
-        int done = 0; /* the family's own way for this layer (a resident state only) */
+        int done = 0; /* the family ran the layer its own way */
         if (dm->cp_layer) { /* a state in host memory: the layer's recurrent state staged, written back */
             ls_prompt_state *sl = sg ? ls_state_stage_in(sg, l, 0, -1) : st;
             s = dm->cp_layer(dm, sl, st, l, x, l == last, o, sc, &done);
             if (s == LS_OK && done && sg) ls_state_stage_out(sg, LS_STAGE_REC, 0, 0);
         }
-        for (int64_t i = 0; i < nchunks && s == LS_OK && !done; i++) {
-            cp_chunk(st, C, i, &p);
+        for (cp_cursor cur = {0, -1}; s == LS_OK && !done && cp_next(st, C, &cur, &p);) {
             float *xc = NULL;
             if (p.owner == st->rank) {
                 int k = 0;
@@ -433,12 +424,6 @@ static ls_status capture_cp(const ls_dec_model *dm, ls_prompt_state *st, const i
     }
     ls_progress_add(n); /* layer-major: the whole prompt is done only now */
     st->n = n;
-    int end = neighbour(st, ls_state_segments(st), -1);
-    for (int l = 0; l < c->n_layers && s == LS_OK && dm->capture_end; l++) {
-        ls_prompt_state *sl = sg ? ls_state_stage_in(sg, l, 0, -1) : st;
-        s = dm->capture_end(dm, sl, l, end);
-        if (s == LS_OK && sg) ls_state_stage_out(sg, LS_STAGE_REC, 0, 0);
-    }
     ls_arena_release(sc, top);
     return s;
 }

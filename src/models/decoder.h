@@ -161,9 +161,8 @@ typedef struct {
     const ls_prompt_state *view;  /* BRANCH: the read-only prefix (NULL: none) */
     ls_prompt_state *const *seqs; /* DECODE */
     int sweep;                    /* BRANCH: the layout segment of a sweep chunk, −1: a branch */
-    /* CP_CAPTURE: the chunk's segment [seg_lo, seg_hi) (index seg, owner), whether the chunk
-     * is its first/last, the owners of the nearest non-empty segments before and after (−1) */
-    int seg, owner, prev, next, seg_first, seg_last;
+    /* CP_CAPTURE: the chunk's segment [seg_lo, seg_hi) (index seg, owner) */
+    int seg, owner;
     int64_t seg_lo, seg_hi;
     void *tape; /* the family's tape (NULL: none) */
     const ls_fwd_opts *o;
@@ -212,9 +211,6 @@ struct ls_dec_model {
      * CP_CAPTURE x is NULL on the ranks that do not own the chunk: their part of the
      * layer for the owner (pages sent, attention assisted). */
     ls_status (*layer_fwd)(const ls_dec_model *dm, const ls_dec_pass *p, int l, float *x, int skip_ffn);
-    /* After a CP capture, per layer: what every rank must hold of the state's end, which
-     * the owner of the last segment computed (NULL: nothing). */
-    ls_status (*capture_end)(const ls_dec_model *dm, ls_prompt_state *st, int l, int last_owner);
     /* CP capture, layer-major: layer l over all of this rank's positions at once (x the
      * rank's residual stream [its positions, D], its segments one after another), when
      * the family runs that layer its own way (the hybrid's Gated DeltaNet: a state scan

@@ -371,15 +371,12 @@ static void save_ckpt(const ls_prompt_state *st, int64_t pos, int l) {
 
 /* ---- capture under context parallelism (DESIGN §8; the schedule is the driver's,
  * decoder.c, layer-major) -------------------------------------------------------------
- *  - Gated DeltaNet: the recurrent state and conv tail relay from the owner of one
- *    segment to the owner of the next, so with contiguous blocks the ranks run as a
- *    wavefront over the layers (zigzag's relay goes up the ranks and back down).
+ *  - Gated DeltaNet: a state scan over all of the rank's positions at once (hy_cp_layer
+ *    below); every rank ends with the state at the prompt's end.
  *  - Attention: a chunk's queries attend over the rank's earlier pages plus their own
  *    keys, then over every earlier segment of other ranks, which stream past block by
  *    block once per chunk (cp_merge_earlier: never a whole remote K/V in memory) and
- *    merge by log-sum-exp; a rank at another rank's chunk sends it its earlier pages.
- * At the end the owner of the last segment broadcasts the GDN states (the state at the
- * prompt's end). */
+ *    merge by log-sum-exp; a rank at another rank's chunk sends it its earlier pages. */
 
 int64_t ls_hybrid_cp_block(const ls_prompt_state *st, const ls_fwd_opts *o) {
     int64_t C = o->capture_chunk > 0 ? o->capture_chunk : 2048, b = C / st->page_size;
@@ -430,12 +427,6 @@ static ls_dec_branch *hy_tape_new(const ls_dec_model *dm, const ls_dec_pass *p, 
     return &tb->h;
 }
 
-/* a GDN layer's recurrent state and conv tail as the parts of a message */
-static void gdn_parts(const ls_config *c, const ls_gdn_state *g, ls_dist_part parts[2]) {
-    parts[0] = (ls_dist_part){g->S, rec_floats(c) * sizeof(float)};
-    parts[1] = (ls_dist_part){g->conv_tail, conv_floats(c) * sizeof(float)};
-}
-
 static ls_status hy_layer_fwd(const ls_dec_model *dm, const ls_dec_pass *p, int l, float *x, int skip) {
     const ls_hybrid_model *m = dm->fam;
     const ls_config *c = &m->cfg;
@@ -449,23 +440,14 @@ static ls_status hy_layer_fwd(const ls_dec_model *dm, const ls_dec_pass *p, int 
                        st->gdn ? st->gdn[l].conv_tail : NULL, NULL, NULL, p->sc, NULL, l, 1, NULL, NULL, 0, 0};
         return layer_fwd(m, l, x, skip, &L);
     }
-    case LS_DEC_CP_CAPTURE: {
+    case LS_DEC_CP_CAPTURE: { /* an attention layer (a GDN layer is hy_cp_layer's) */
+        LS_ASSERT(!gdn, "layer %d: a Gated DeltaNet layer of a CP capture runs as a state scan", l);
         int64_t bp = ls_hybrid_cp_block(st, p->o);
         if (!x) /* another rank's chunk: it reads my earlier pages */
-            return gdn ? LS_OK : ls_hybrid_cp_send_pages(st, l, p->owner, p->seg_lo, 1, bp, p->sc);
-        ls_gdn_state *g = gdn ? &st->gdn[l] : NULL;
-        ls_dist_part relay[2];
-        if (gdn) gdn_parts(c, g, relay);
-        if (gdn && p->seg_first && p->prev >= 0 && p->prev != st->rank) /* the state where the previous segment ended */
-            LS_TRY(ls_dist_relay_recv(m->be, st->comm, relay, 2, p->prev, l));
-        if (gdn) save_ckpt(st, p->pos0, l);
+            return ls_hybrid_cp_send_pages(st, l, p->owner, p->seg_lo, 1, bp, p->sc);
         ls_kv_prefix pre = ls_state_prefix(st, l); /* this rank's earlier pages */
-        layer_ctx L = {p->T, p->pos0, 0, gdn ? NULL : &pre, gdn ? NULL : st, g ? g->S : NULL, g ? g->conv_tail : NULL,
-                       NULL, NULL, p->sc, NULL, l, 1, NULL, gdn ? NULL : st, bp, p->seg};
-        LS_TRY(layer_fwd(m, l, x, skip, &L));
-        if (gdn && p->seg_last && p->next >= 0 && p->next != st->rank) /* on to the next segment's owner */
-            LS_TRY(ls_dist_relay_send(m->be, st->comm, relay, 2, p->next, l));
-        return LS_OK;
+        layer_ctx L = {p->T, p->pos0, 0, &pre, st, NULL, NULL, NULL, NULL, p->sc, NULL, l, 1, NULL, st, bp, p->seg};
+        return layer_fwd(m, l, x, skip, &L);
     }
     case LS_DEC_DECODE: {
         layer_ctx L = {p->T, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, p->sc, p->seqs, l, 1, NULL, NULL, 0, 0};
@@ -685,20 +667,11 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pro
     return s;
 }
 
-/* after a CP capture: the state at the prompt's end, on every rank */
-static ls_status hy_capture_end(const ls_dec_model *dm, ls_prompt_state *st, int l, int last_owner) {
-    const ls_config *c = dm->cfg;
-    if (c->kind[l] != LS_LAYER_GDN || last_owner < 0) return LS_OK;
-    ls_dist_part fin[2];
-    gdn_parts(c, &st->gdn[l], fin);
-    return ls_dist_bcast_parts(dm->be, st->comm, fin, 2, last_owner);
-}
-
 ls_dec_model ls_hybrid_dec(const ls_hybrid_model *m, ls_hybrid_pass *hp) {
     return (ls_dec_model){.be = m->be, .cfg = &m->cfg, .norm = LS_NORM_ZERO_CENTRED, .embed = m->embed,
                           .final_norm = m->final_norm, .lm_head = m->lm_head, .fam = m, .pass_data = hp,
                           .cp_layer_major = 1, .batched_decode = 1, .begin = hy_begin, .tape_new = hy_tape_new,
-                          .layer_fwd = hy_layer_fwd, .capture_end = hy_capture_end, .cp_layer = hy_cp_layer,
+                          .layer_fwd = hy_layer_fwd, .cp_layer = hy_cp_layer,
                           .layer_bwd = ls_hybrid_layer_bwd,
                           .sweep_serve = ls_hybrid_sweep_serve, .sweep_relay = ls_hybrid_sweep_relay};
 }
