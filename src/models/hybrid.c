@@ -105,12 +105,40 @@ static ls_status cp_merge_earlier(const ls_backend *be, const ls_prompt_state *s
     return LS_OK;
 }
 
+/* The Gated DeltaNet mixer's input projections of rows xn [T, D] (with their adapters):
+ * qkv [T, conv_dim] pre-conv, and when given z [T, value_dim] and ba [T, 2·H_v]. */
+static ls_status gdn_in_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int l, const float *xn, int64_t T,
+                             float *qkv, float *z, float *ba, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    int64_t D = c->hidden, cd = ls_cfg_conv_dim(c), vd = ls_cfg_value_dim(c), Hv = ls_hybrid_cfg(c)->H_v;
+    ls_op_linear_fwd(m->be, qkv, xn, w->gdn_in, T, D, cd, 0);
+    if (z) ls_op_linear_fwd(m->be, z, xn, w->gdn_in + cd * D, T, D, vd, 0);
+    if (ba) ls_op_linear_fwd(m->be, ba, xn, w->gdn_in + (cd + vd) * D, T, D, 2 * Hv, 0);
+    LORA_FWD(m, l, gdn_in, 0, cd, qkv, xn, T, sc);
+    if (z) LORA_FWD(m, l, gdn_in, cd, vd, z, xn, T, sc);
+    if (ba) LORA_FWD(m, l, gdn_in, cd + vd, 2 * Hv, ba, xn, T, sc);
+    return LS_OK;
+}
+
+/* Its output: x [T, D] += out_proj(gated_norm(o, z)) (with the adapter); the norm's output
+ * into on (may be o itself), its rstd into grstd (NULL: not kept). */
+static ls_status gdn_out_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int l, float *x, float *on,
+                              float *grstd, const float *o, const float *z, int64_t T, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
+    int64_t D = c->hidden, vd = ls_cfg_value_dim(c);
+    ls_op_gated_rmsnorm_fwd(m->be, on, grstd, o, z, w->gnorm, T * hc->H_v, hc->d_v, c->eps);
+    ls_op_linear_fwd(m->be, x, on, w->gdn_out, T, vd, D, 1);
+    LORA_FWD(m, l, gdn_out, 0, D, x, on, T, sc);
+    return LS_OK;
+}
+
 /* Gated DeltaNet mixer (spec §2): x[T,D] += out_proj(gated_norm(GDR(conv(qkv)), z)). */
 static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, float *x,
                            const float *xn, layer_ctx *L) {
     const ls_config *c = &m->cfg;
     const ls_hybrid_config *hc = ls_hybrid_cfg(c);
-    int64_t T = L->T, D = c->hidden, kd = ls_cfg_key_dim(c), vd = ls_cfg_value_dim(c);
+    int64_t T = L->T, kd = ls_cfg_key_dim(c), vd = ls_cfg_value_dim(c);
     int64_t cd = ls_cfg_conv_dim(c), Wm = hc->conv_k - 1;
     int Hv = hc->H_v, Hk = hc->H_k;
     ls_layer_tape *tp = L->tp;
@@ -132,12 +160,7 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
     float *grstd = tp ? ALLOC_F(A, T * Hv) : NULL;
     NEED(qkv && y && z && ba && q && k && v && beta && g && o && on);
     NEED(!tp || (cpre && rq && rk && grstd));
-    ls_op_linear_fwd(m->be, qkv, xn, w->gdn_in, T, D, cd, 0);
-    ls_op_linear_fwd(m->be, z, xn, w->gdn_in + cd * D, T, D, vd, 0);
-    ls_op_linear_fwd(m->be, ba, xn, w->gdn_in + (cd + vd) * D, T, D, 2 * Hv, 0);
-    LORA_FWD(m, L->layer, gdn_in, 0, cd, qkv, xn, T, L->sc);
-    LORA_FWD(m, L->layer, gdn_in, cd, vd, z, xn, T, L->sc);
-    LORA_FWD(m, L->layer, gdn_in, cd + vd, 2 * Hv, ba, xn, T, L->sc);
+    LS_TRY(gdn_in_proj(m, w, L->layer, xn, T, qkv, z, ba, L->sc));
     int64_t s0 = L->seg0;
     if (s0 > 0) ls_op_conv_fwd(m->be, y, cpre, L->tail, qkv, w->conv_w, s0, cd, hc->conv_k);
     if (tp) {
@@ -175,9 +198,7 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
         LS_TRY(ls_op_gdr_chunk_fwd(m->be, o + s0 * vd, tape_h, L->S, q + s0 * kd, k + s0 * kd, v + s0 * vd, beta + s0 * Hv,
                                 g + s0 * Hv, T - s0, dm, L->sc));
     }
-    ls_op_gated_rmsnorm_fwd(m->be, on, grstd, o, z, w->gnorm, T * Hv, hc->d_v, c->eps);
-    ls_op_linear_fwd(m->be, x, on, w->gdn_out, T, vd, D, 1);
-    LORA_FWD(m, L->layer, gdn_out, 0, D, x, on, T, L->sc);
+    LS_TRY(gdn_out_proj(m, w, L->layer, x, on, grstd, o, z, T, L->sc));
     if (tp) {
         tp->seg0 = s0;
         tp->qkv = qkv, tp->cpre = cpre, tp->y = y, tp->z = z, tp->ba = ba;
@@ -539,8 +560,7 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pro
         NEED(xn);
         d.T = r;
         ls_dec_norm1_fwd(&d, xn, x + (xoff[k] + n - r) * D);
-        ls_op_linear_fwd(be, tout + sg * tl + (Wm - r) * cd, xn, w->gdn_in, r, D, cd, 0);
-        LORA_FWD(m, l, gdn_in, 0, cd, tout + sg * tl + (Wm - r) * cd, xn, r, sc);
+        LS_TRY(gdn_in_proj(m, w, l, xn, r, tout + sg * tl + (Wm - r) * cd, NULL, NULL, sc));
         ls_arena_release(sc, m2);
     }
     for (int sg = 0; sg < nseg && s == LS_OK; sg++) {
@@ -599,12 +619,7 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pro
             float *xr = x + r0 * D, *z = Z + r0 * vd;
             d.T = T;
             ls_dec_norm1_fwd(&d, xn, xr);
-            ls_op_linear_fwd(be, qkv, xn, w->gdn_in, T, D, cd, 0);
-            ls_op_linear_fwd(be, z, xn, w->gdn_in + cd * D, T, D, vd, 0);
-            ls_op_linear_fwd(be, ba, xn, w->gdn_in + (cd + vd) * D, T, D, 2 * Hv, 0);
-            LORA_FWD(m, l, gdn_in, 0, cd, qkv, xn, T, sc);
-            LORA_FWD(m, l, gdn_in, cd, vd, z, xn, T, sc);
-            LORA_FWD(m, l, gdn_in, cd + vd, 2 * Hv, ba, xn, T, sc);
+            LS_TRY(gdn_in_proj(m, w, l, xn, T, qkv, z, ba, sc));
             ls_op_conv_fwd(be, y, NULL, tail, qkv, w->conv_w, T, cd, hc->conv_k);
             ls_op_gdn_prep_fwd(be, q, kk, v, beta, g, NULL, NULL, y, ba, w->A_log, w->dt_bias, T, gd);
             s = ls_op_gdr_chunk_fwd(be, O + r0 * vd, NULL, S0, q, kk, v, beta, g, T, gd, sc);
@@ -653,9 +668,7 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pro
             }
             float *oc = O + r0 * vd, *xr = x + r0 * D;
             ls_gdn_shard_apply(be, oc, NULL, U + r0 * Hv * dk, NULL, NULL, Sin + sg * sn, T, gd);
-            ls_op_gated_rmsnorm_fwd(be, oc, NULL, oc, Z + r0 * vd, w->gnorm, T * Hv, dv, c->eps);
-            ls_op_linear_fwd(be, xr, oc, w->gdn_out, T, vd, D, 1);
-            LORA_FWD(m, l, gdn_out, 0, D, xr, oc, T, sc);
+            LS_TRY(gdn_out_proj(m, w, l, xr, oc, NULL, oc, Z + r0 * vd, T, sc));
             if (!skip_ffn) {
                 Lc.T = T, Lc.pos0 = c0;
                 d.T = T;
