@@ -15,7 +15,6 @@
 struct ls_state_stage {
     ls_prompt_state *host;
     const ls_backend *be;
-    unsigned what;
     ls_prompt_state dev;   /* the state as the staged layer's ops see it */
     int layer;             /* the layer staged (−1: none yet) */
     int64_t pages;         /* local pages staged */
@@ -40,6 +39,24 @@ static size_t pbytes(const ls_prompt_state *st, int64_t row, size_t esz) {
     return ls_align_up((size_t)st->page_size * (size_t)row * esz);
 }
 
+/* The widest page of each table of a config (pb: K/V or latent/index rows in dtype; gpb:
+ * full mode's f32 gradient rows), and whether any layer keeps a recurrent state. */
+static int widest_pages(const ls_config *c, int64_t page_size, ls_dtype dtype, size_t pb[2], size_t gpb[2]) {
+    int any_rec = 0;
+    pb[0] = pb[1] = gpb[0] = gpb[1] = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        ls_state_layer d = ls_state_layer_of(c, l);
+        any_rec |= d.recurrent;
+        for (int side = 0; side < 2; side++) {
+            size_t b = ls_align_up((size_t)page_size * (size_t)d.row[side] * ls_dtype_size(dtype));
+            size_t g = ls_align_up((size_t)page_size * (size_t)d.grad_row[side] * sizeof(float));
+            if (d.row[side] && b > pb[side]) pb[side] = b;
+            if (d.grad_row[side] && g > gpb[side]) gpb[side] = g;
+        }
+    }
+    return any_rec;
+}
+
 int ls_state_resident(const ls_prompt_state *st, const ls_backend *be) {
     return be->host_mem || ls_arena_backend(st->arena) == be;
 }
@@ -49,24 +66,15 @@ ls_status ls_state_stage_new(ls_state_stage **out, ls_prompt_state *st, const ls
     *out = NULL;
     if (ls_state_resident(st, be)) return LS_OK;
     const ls_config *c = st->cfg;
-    size_t L = (size_t)c->n_layers, esz = ls_dtype_size(st->dtype);
+    size_t L = (size_t)c->n_layers;
     size_t dev0 = A->cur, host0 = ls_arena_host_cur(A);
     ls_state_stage *s = ls_arena_host_calloc(A, 1, sizeof *s);
     if (!s) return LS_ERR_NOMEM;
-    s->host = st, s->be = be, s->what = what, s->layer = -1, s->ckpt = -1;
+    s->host = st, s->be = be, s->layer = -1, s->ckpt = -1;
     s->dev = *st;
     s->dev.arena = A; /* (nothing is allocated through it: the host reserves pages first) */
     ls_state_recurrent rs = ls_state_recurrent_of(c);
-    int any_rec = 0;
-    for (int l = 0; l < c->n_layers; l++) {
-        ls_state_layer d = ls_state_layer_of(c, l);
-        any_rec |= d.recurrent;
-        for (int side = 0; side < 2; side++) {
-            if (pbytes(st, d.row[side], esz) > s->pb_max[side] && d.row[side]) s->pb_max[side] = pbytes(st, d.row[side], esz);
-            if (d.grad_row[side] && pbytes(st, d.grad_row[side], sizeof(float)) > s->gpb_max[side])
-                s->gpb_max[side] = pbytes(st, d.grad_row[side], sizeof(float));
-        }
-    }
+    int any_rec = widest_pages(c, st->page_size, st->dtype, s->pb_max, s->gpb_max);
     size_t np = (size_t)st->cap_pages;
     s->attn = ls_arena_host_calloc(A, L, sizeof *s->attn);
     if (!s->attn) return LS_ERR_NOMEM;
@@ -126,19 +134,8 @@ void ls_state_stage_made(unsigned what, size_t *dev, size_t *host) {
 
 void ls_state_stage_predict(const ls_config *c, int64_t cap_pages, int64_t page_size, ls_dtype dtype, int full,
                             int64_t n_chunks, unsigned what, size_t *dev, size_t *host) {
-    size_t L = (size_t)c->n_layers, np = (size_t)(cap_pages > 0 ? cap_pages : 1), esz = ls_dtype_size(dtype);
-    size_t pb_max[2] = {0, 0}, gpb_max[2] = {0, 0};
-    int any_rec = 0;
-    for (int l = 0; l < c->n_layers; l++) {
-        ls_state_layer d = ls_state_layer_of(c, l);
-        any_rec |= d.recurrent;
-        for (int side = 0; side < 2; side++) {
-            size_t b = ls_align_up((size_t)page_size * (size_t)d.row[side] * esz);
-            size_t g = ls_align_up((size_t)page_size * (size_t)d.grad_row[side] * sizeof(float));
-            if (d.row[side] && b > pb_max[side]) pb_max[side] = b;
-            if (d.grad_row[side] && g > gpb_max[side]) gpb_max[side] = g;
-        }
-    }
+    size_t L = (size_t)c->n_layers, np = (size_t)(cap_pages > 0 ? cap_pages : 1), pb_max[2], gpb_max[2];
+    int any_rec = widest_pages(c, page_size, dtype, pb_max, gpb_max);
     ls_state_recurrent rs = ls_state_recurrent_of(c);
     size_t rec = ls_align_up(rs.rec_floats * sizeof(float)), tail = ls_align_up((rs.tail_floats ? rs.tail_floats : 1) * sizeof(float));
     size_t d = 0, h = ls_align_up(sizeof(ls_state_stage)) + ls_align_up(L * sizeof(ls_attn_state));
