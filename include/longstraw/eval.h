@@ -19,6 +19,11 @@
  * (the group's responses untouched). */
 ls_status ls_task_prompt(const ls_task *t, const ls_tokenizer *tok, int64_t tokens, double depth, int held_out,
                          ls_rng *rng, ls_task_item *it, ls_group *g);
+/* Whether the task can make a prompt of `tokens` with this tokenizer: its shortest prompt
+ * (ls_task_min_bytes, drawn from a copy of rng) is not longer; else the refusal naming
+ * the minimum that ls_task_prompt would give. Cheap: no prompt of that length is made. */
+ls_status ls_task_check_length(const ls_task *t, const ls_tokenizer *tok, int64_t tokens, int held_out,
+                               const ls_rng *rng);
 
 #define LS_EVAL_MAX_LENGTHS 32
 #define LS_EVAL_MAX_DEPTHS 32

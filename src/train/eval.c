@@ -11,6 +11,27 @@
 #include "longstraw/rollout.h"
 #include "longstraw/trace.h"
 
+static ls_status below_minimum(const ls_task *t, int64_t target, int64_t n) {
+    char name[64];
+    return ls_err(LS_ERR_ARG, "a prompt length of %lld tokens is below the %s task's minimum: its shortest prompt is "
+                              "%lld tokens with this tokenizer (ask for at least that)",
+                  (long long)target, ls_task_name(t, name, sizeof name), (long long)n);
+}
+
+ls_status ls_task_check_length(const ls_task *t, const ls_tokenizer *tok, int64_t target, int held_out,
+                               const ls_rng *rng) {
+    ls_rng r = *rng; /* (a copy: the caller's draws are not changed) */
+    ls_task_item it;
+    LS_TRY(ls_task_make(t, &it, ls_task_min_bytes(t), -1.0, held_out, &r));
+    int32_t *ids;
+    int64_t n;
+    ls_status s = ls_tok_encode(tok, it.prompt, it.prompt_len, &ids, &n);
+    ls_task_item_free(&it);
+    if (s != LS_OK) return s;
+    free(ids);
+    return n > target ? below_minimum(t, target, n) : LS_OK;
+}
+
 ls_status ls_task_prompt(const ls_task *t, const ls_tokenizer *tok, int64_t target, double depth, int held_out,
                          ls_rng *rng, ls_task_item *it, ls_group *g) {
     double bytes = (double)target, min = (double)ls_task_min_bytes(t);
@@ -27,10 +48,7 @@ ls_status ls_task_prompt(const ls_task *t, const ls_tokenizer *tok, int64_t targ
         if (bytes <= min && n > target) { /* the task's shortest prompt is longer than asked */
             free(ids);
             ls_task_item_free(it);
-            char name[64];
-            return ls_err(LS_ERR_ARG, "a prompt length of %lld tokens is below the %s task's minimum: its shortest "
-                                      "prompt is %lld tokens with this tokenizer (ask for at least that)",
-                          (long long)target, ls_task_name(t, name, sizeof name), (long long)n);
+            return below_minimum(t, target, n);
         }
         if ((n <= target && n >= target - target / 50 - 2) || attempt == 6 || n < 1) {
             g->prompt = ids;

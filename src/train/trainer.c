@@ -1149,13 +1149,8 @@ static ls_status setup(trainer *tr) {
     if (!tr->items) return LS_ERR_NOMEM;
     if (a->task && !a->data) { /* a length the task cannot make is refused now, before RUN/ is written */
         for (int l = -1; l < (tr->ev.num_prompts ? tr->ev.n_lengths : 0); l++) {
-            ls_rng r = tr->rng; /* (a copy: the run's draws are not changed) */
-            ls_task_item it;
-            ls_group g;
-            memset(&g, 0, sizeof g);
-            ls_status ps = ls_task_prompt(&tr->task, tr->tok, l < 0 ? a->prompt_len : tr->ev.lengths[l], -1.0, l >= 0, &r,
-                                          &it, &g);
-            if (ps == LS_OK) ls_task_item_free(&it), ls_group_free(&g);
+            ls_status ps = ls_task_check_length(&tr->task, tr->tok, l < 0 ? a->prompt_len : tr->ev.lengths[l], l >= 0,
+                                                &tr->rng);
             if (ps != LS_OK) {
                 char why[1024];
                 snprintf(why, sizeof why, "%s", ls_err_msg());
