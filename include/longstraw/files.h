@@ -38,6 +38,12 @@ ls_status ls_open_in_place(const char *path, int flags, int *fd);
  * ls_open_input (never blocks on a FIFO). */
 ls_status ls_file_digest(const char *path, uint64_t *digest, int64_t *size);
 
+/* The names of dir's entries for which keep(name) is nonzero, sorted (strcmp), as a
+ * malloc'd array of malloc'd strings (*n of them; ls_dir_names_free frees). LS_ERR_IO
+ * when dir cannot be listed, LS_ERR_NOMEM. */
+ls_status ls_dir_names(const char *dir, int (*keep)(const char *name), char ***names, size_t *n);
+void ls_dir_names_free(char **names, size_t n);
+
 /* Before the first collective of a command: do all ranks of `c` run the same command on
  * the same inputs? Compared with rank 0's: the program itself (digest of
  * /proc/self/exe), argv[1..argc) element by element, and each of `paths` (NULL entries

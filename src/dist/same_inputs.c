@@ -12,7 +12,6 @@
  * description is broadcast, each rank names its first difference, and the findings are
  * gathered so that every rank refuses with the same message.
  */
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,8 +61,6 @@ static void describe_file(const char *path, char *out, size_t cap) {
         snprintf(out, cap, "unreadable (%s)", ls_err_msg());
 }
 
-static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 static int is_input_name(const char *n) {
     size_t k = strlen(n);
     return n[0] != '.' && ((k > 5 && !strcmp(n + k - 5, ".json")) || (k > 12 && !strcmp(n + k - 12, ".safetensors")));
@@ -78,41 +75,22 @@ static void put_path(desc *d, const char *path) {
         put3(d, "file", path, val);
         return;
     }
-    DIR *dir = opendir(path);
-    if (!dir) {
-        put3(d, "file", path, "an unreadable directory");
+    char **names;
+    size_t n;
+    ls_status ls = ls_dir_names(path, is_input_name, &names, &n);
+    if (ls == LS_ERR_NOMEM) d->bad = 1;
+    if (ls != LS_OK) {
+        if (ls != LS_ERR_NOMEM) put3(d, "file", path, "an unreadable directory");
         return;
     }
-    char **names = NULL;
-    size_t n = 0, cap = 0;
-    for (struct dirent *e; (e = readdir(dir));) {
-        if (!is_input_name(e->d_name)) continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 16;
-            char **t = realloc(names, cap * sizeof *names);
-            if (!t) {
-                d->bad = 1;
-                break;
-            }
-            names = t;
-        }
-        if (!(names[n] = strdup(e->d_name))) {
-            d->bad = 1;
-            break;
-        }
-        n++;
-    }
-    closedir(dir);
-    if (n) qsort(names, n, sizeof *names, cmp_names);
     if (n == 0) put3(d, "file", path, "a directory without .json or .safetensors files");
     for (size_t i = 0; i < n; i++) {
         char full[4400];
         snprintf(full, sizeof full, "%s%s%s", path, path[0] && path[strlen(path) - 1] == '/' ? "" : "/", names[i]);
         describe_file(full, val, sizeof val);
         put3(d, "file", full, val);
-        free(names[i]);
     }
-    free(names);
+    ls_dir_names_free(names, n);
 }
 
 static void build(desc *d, int argc, char *const *argv, const char *const *paths, int n_paths) {

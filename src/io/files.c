@@ -3,6 +3,7 @@
  * planted symbolic link, a content digest of inputs, and JSON numbers that are never
  * NaN or Inf (files.h).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -164,4 +165,41 @@ ls_status ls_file_digest(const char *path, uint64_t *digest, int64_t *size) {
 int ls_json_number(FILE *f, const char *fmt, double v) {
     if (!isfinite(v)) return fputs("null", f) < 0 ? -1 : 4;
     return fprintf(f, fmt ? fmt : "%.9g", v);
+}
+
+static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+void ls_dir_names_free(char **names, size_t n) {
+    for (size_t i = 0; names && i < n; i++) free(names[i]);
+    free(names);
+}
+
+ls_status ls_dir_names(const char *dir, int (*keep)(const char *name), char ***names, size_t *n) {
+    *names = NULL, *n = 0;
+    DIR *d = opendir(dir);
+    if (!d) return ls_err(LS_ERR_IO, "%s: cannot list: %s", dir, strerror(errno));
+    size_t cap = 0;
+    ls_status s = LS_OK;
+    for (struct dirent *e; s == LS_OK && (e = readdir(d));) {
+        if (!keep(e->d_name)) continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char **t = realloc(*names, cap * sizeof **names);
+            if (!t) {
+                s = ls_err(LS_ERR_NOMEM, "%s: out of memory listing it", dir);
+                break;
+            }
+            *names = t;
+        }
+        if (!((*names)[*n] = strdup(e->d_name))) s = ls_err(LS_ERR_NOMEM, "%s: out of memory listing it", dir);
+        else (*n)++;
+    }
+    closedir(d);
+    if (s != LS_OK) {
+        ls_dir_names_free(*names, *n);
+        *names = NULL, *n = 0;
+        return s;
+    }
+    if (*n) qsort(*names, *n, sizeof **names, cmp_names);
+    return LS_OK;
 }

@@ -7,7 +7,6 @@
  */
 #include <cjson/cJSON.h>
 #include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -586,36 +585,30 @@ static char *json_string(const char *s) {
     return t;
 }
 
-static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int is_weights_name(const char *n) {
+    size_t l = strlen(n);
+    return l > 12 && !strcmp(n + l - 12, ".safetensors");
+}
 
 /* The base model's weights as one digest (files.h's ls_file_digest of each *.safetensors
  * of dir, in name order, with its name and size): a LoRA run's adapters belong to them. */
 static ls_status weights_digest(const char *dir, uint64_t *out) {
-    DIR *d = opendir(dir);
-    if (!d) return ls_err(LS_ERR_IO, "%s: cannot list: %s", dir, strerror(errno));
-    char *names[1024];
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 1024) {
-        size_t l = strlen(e->d_name);
-        if (l > 12 && !strcmp(e->d_name + l - 12, ".safetensors") && !(names[n] = strdup(e->d_name))) break;
-        if (l > 12 && !strcmp(e->d_name + l - 12, ".safetensors")) n++;
-    }
-    closedir(d);
-    qsort(names, (size_t)n, sizeof *names, cmp_names);
+    char **names;
+    size_t n;
+    LS_TRY(ls_dir_names(dir, is_weights_name, &names, &n));
     uint64_t h = 0xcbf29ce484222325ull;
     ls_status s = LS_OK;
-    for (int i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && s == LS_OK; i++) {
         char path[PATH_MAX + 300];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
         uint64_t fd = 0;
         int64_t size = 0;
-        if (s == LS_OK) s = ls_file_digest(path, &fd, &size);
+        s = ls_file_digest(path, &fd, &size);
         for (const char *c = names[i]; *c; c++) h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
         h = (h ^ fd) * 0x100000001b3ull;
         h = (h ^ (uint64_t)size) * 0x100000001b3ull;
-        free(names[i]);
     }
+    ls_dir_names_free(names, n);
     *out = h;
     return s;
 }
