@@ -56,6 +56,31 @@ ls_status ls_dist_pages_recv_grad(const struct ls_backend *be, const ls_comm *co
                                   size_t page_bytes, int64_t grad_floats, int64_t bp, int src, int layer,
                                   ls_dist_pages_fn fn, void *ctx, ls_arena *scratch);
 
+/* The gather by rounds (the layer-major CP capture's attention layers): every rank
+ * holds its segments' pages of one layer whole; in round b each rank contributes block b
+ * (at most bp pages, K | V) of each of its segments that a later segment of another rank
+ * reads, and every rank receives all of them in one all-gather — the ranks meet in the
+ * collective together, so none waits on a single sender while it computes. `fn` sees
+ * every received block of another rank's segment `seg` (nb pages holding `rows`
+ * positions, the first at `row0` of the segment), in round order then prompt order.
+ * Scratch: ls_dist_gather_bytes. */
+typedef ls_status (*ls_dist_seg_fn)(void *ctx, int seg, void *const *k, void *const *v, int64_t nb, int64_t rows,
+                                    int64_t row0);
+typedef struct {
+    int n;                   /* the layout's segments, prompt order */
+    const int *owner;        /* [n] their ranks */
+    const int64_t *npos;     /* [n] their positions */
+    void **const *k, **const *v; /* [n] this rank's segments' page tables (NULL: another rank's) */
+} ls_dist_segs;
+ls_status ls_dist_pages_gather(const struct ls_backend *be, const ls_comm *comm, const ls_dist_segs *segs,
+                               int64_t page_size, size_t page_bytes, int64_t bp, int layer, ls_dist_seg_fn fn,
+                               void *ctx, ls_arena *scratch);
+/* The pages per block of a gather over `ranks` ranks whose fullest rank sends `slots`
+ * segments (the caller's bp, lowered so the round's buffers stay near 8 blocks' worth), and
+ * the bytes its buffers take. */
+int64_t ls_dist_gather_block(int64_t bp, int ranks, int slots);
+size_t ls_dist_gather_bytes(int64_t bp, int ranks, int slots, size_t page_bytes);
+
 /* The state relay: a layer's recurrent state (at most 2 parts, such as the Gated
  * DeltaNet state and conv tail, or their gradients) from the owner of one segment to the
  * owner of the next. ls_dist_bcast_parts: any number of parts from `root` to every rank

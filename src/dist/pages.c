@@ -185,3 +185,79 @@ ls_status ls_dist_bcast_parts(const ls_backend *be, const ls_comm *c, const ls_d
         if (parts[i].bytes) LS_TRY(move_part(be, c, &parts[i], PART_SEND | PART_RECV, root, 0));
     return LS_OK;
 }
+
+/* ---- the gather by rounds ------------------------------------------------------------ */
+
+int64_t ls_dist_gather_block(int64_t bp, int ranks, int slots) {
+    int64_t den = (int64_t)(ranks + 1) * (slots > 0 ? slots : 1), b = bp * 8 / den;
+    if (b > bp) b = bp;
+    return b > 0 ? b : 1;
+}
+
+size_t ls_dist_gather_bytes(int64_t bp, int ranks, int slots, size_t page_bytes) {
+    if (ranks <= 1 || slots <= 0) return 0;
+    int64_t b = ls_dist_gather_block(bp, ranks, slots);
+    /* the round's send slot and every rank's, K | V; one block on the device; its page pointers */
+    return (size_t)(ranks + 1) * (size_t)slots * 2 * (size_t)b * page_bytes + 2 * (size_t)b * page_bytes +
+           2 * (size_t)b * sizeof(void *);
+}
+
+/* Whether a later segment of another rank reads segment sg's pages. */
+static int seg_read(const ls_dist_segs *g, int sg) {
+    if (g->npos[sg] <= 0) return 0;
+    for (int t = sg + 1; t < g->n; t++)
+        if (g->npos[t] > 0 && g->owner[t] != g->owner[sg]) return 1;
+    return 0;
+}
+
+ls_status ls_dist_pages_gather(const ls_backend *be, const ls_comm *c, const ls_dist_segs *g, int64_t page_size,
+                               size_t page_bytes, int64_t bp, int layer, ls_dist_seg_fn fn, void *ctx, ls_arena *sc) {
+    int N = ls_comm_size(c), me = ls_comm_rank(c);
+    if (N <= 1) return LS_OK;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    int *slot = ls_arena_host_alloc(sc, (size_t)(g->n + N) * sizeof(int)), *per = slot ? slot + g->n : NULL;
+    if (!slot) return no_block(sc, mk, layer, bp);
+    /* each read segment's slot among its owner's; the fullest rank's count; the rounds */
+    int slots = 0;
+    int64_t rounds = 0;
+    memset(per, 0, (size_t)N * sizeof(int));
+    for (int sg = 0; sg < g->n; sg++) {
+        slot[sg] = seg_read(g, sg) ? per[g->owner[sg]]++ : -1;
+        if (per[g->owner[sg]] > slots) slots = per[g->owner[sg]];
+    }
+    if (slots == 0) {
+        ls_arena_release(sc, mk);
+        return LS_OK;
+    }
+    int64_t b = ls_dist_gather_block(bp, N, slots);
+    for (int sg = 0; sg < g->n; sg++)
+        if (slot[sg] >= 0) {
+            int64_t r = (pages_of(g->npos[sg], page_size) + b - 1) / b;
+            if (r > rounds) rounds = r;
+        }
+    size_t blk = 2 * (size_t)b * page_bytes, sb = (size_t)slots * blk;
+    char *send = ls_arena_host_alloc(sc, sb), *recv = ls_arena_host_alloc(sc, (size_t)N * sb);
+    char *dev = ls_host_direct(be) ? NULL : ls_arena_alloc(sc, blk);
+    void **kp = ls_arena_host_alloc(sc, 2 * (size_t)b * sizeof(void *));
+    if (!send || !recv || !kp || (!ls_host_direct(be) && !dev)) return no_block(sc, mk, layer, b);
+    ls_status s = LS_OK;
+    for (int64_t r = 0; r < rounds && s == LS_OK; r++) {
+        int64_t p0 = r * b;
+        for (int sg = 0; sg < g->n; sg++) { /* my read segments' block r */
+            int64_t np = pages_of(g->npos[sg], page_size);
+            if (g->owner[sg] != me || slot[sg] < 0 || p0 >= np) continue;
+            pack_block(be, send + (size_t)slot[sg] * blk, g->k[sg], g->v[sg], p0, np - p0 < b ? np - p0 : b, page_bytes);
+        }
+        s = ls_comm_allgather(c, send, recv, sb);
+        for (int sg = 0; sg < g->n && s == LS_OK; sg++) {
+            int64_t np = pages_of(g->npos[sg], page_size);
+            if (g->owner[sg] == me || slot[sg] < 0 || p0 >= np) continue;
+            int64_t nb = np - p0 < b ? np - p0 : b;
+            char *at = recv + (size_t)g->owner[sg] * sb + (size_t)slot[sg] * blk;
+            unpack_block(place_block(be, dev, at, 2 * (size_t)nb * page_bytes), kp, kp + b, nb, page_bytes);
+            s = fn(ctx, sg, kp, kp + b, nb, block_rows(g->npos[sg], page_size, p0, nb), p0 * page_size);
+        }
+    }
+    ls_arena_release(sc, mk);
+    return s;
+}

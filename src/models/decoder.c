@@ -405,10 +405,16 @@ static ls_status capture_cp(const ls_dec_model *dm, ls_prompt_state *st, const i
     ls_status s = LS_OK;
     for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
         int done = 0; /* the family ran the layer its own way */
-        if (dm->cp_layer) { /* a state in host memory: the layer's recurrent state staged, written back */
-            ls_prompt_state *sl = sg ? ls_state_stage_in(sg, l, 0, -1) : st;
-            s = dm->cp_layer(dm, sl, st, l, x, l == last, o, sc, &done);
-            if (s == LS_OK && done && sg) ls_state_stage_out(sg, LS_STAGE_REC, 0, 0);
+        if (dm->cp_layer) { /* a state in host memory: the layer's pages (all of the rank's, made
+                             * here) and recurrent state staged, written back */
+            ls_prompt_state *sl = st;
+            for (int k = 0; sg && k < st->nseg && s == LS_OK; k++) {
+                st->n = st->seg_lo[k];
+                s = ls_state_reserve(st, l, st->seg_hi[k]);
+            }
+            if (s == LS_OK && sg) sl = ls_state_stage_in(sg, l, n, -1);
+            if (s == LS_OK) s = dm->cp_layer(dm, sl, st, l, x, l == last, o, sc, &done);
+            if (s == LS_OK && done && sg) ls_state_stage_out(sg, LS_STAGE_REC | LS_STAGE_PAGES, 0, n);
         }
         for (cp_cursor cur = {0, -1}; s == LS_OK && !done && cp_next(st, C, &cur, &p);) {
             float *xc = NULL;

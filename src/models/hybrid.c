@@ -49,8 +49,8 @@ typedef struct {
     /* a branch against a prompt state split over ranks: attention over the prefix is
      * this rank's partial, merged across the ranks (cp.h); NULL otherwise */
     const ls_comm *cp;
-    /* capture under CP: after the attention over this rank's pages, the earlier ranks'
-     * pages stream past in blocks of cp_block pages and are merged in (NULL otherwise) */
+    /* the full-mode sweep under CP: after the attention over this rank's pages, the earlier
+     * ranks' pages stream past in blocks of cp_block pages and merge in (NULL otherwise) */
     const ls_prompt_state *cp_capture;
     int64_t cp_block;
     int cp_seg; /* the layout segment (ls_state_segment) the chunk belongs to */
@@ -80,11 +80,11 @@ static ls_status merge_block(void *ctx, void *const *kp, void *const *vp, float 
     return LS_OK;
 }
 
-/* Capture under CP: merge into o [T, n_h, hd] / lse [T, n_h] (the attention of the
- * chunk's queries q over this rank's earlier pages and its own keys) the pages of every
- * earlier segment another rank holds (segments before `seg`, in prompt order) of
- * attention layer l, received block by block — never a remote page beyond its block
- * (the owners send them once per chunk of this segment, cp_send_pages). */
+/* The full-mode sweep's recomputed forward of a chunk under CP: merge into o [T, n_h, hd] /
+ * lse [T, n_h] (the attention of the chunk's queries q over this rank's earlier pages and
+ * its own keys) the pages of every earlier segment another rank holds (segments before
+ * `seg`, in prompt order) of attention layer l, received block by block — never a
+ * remote page beyond its block (the owners send them, ls_hybrid_cp_send_pages). */
 static ls_status cp_merge_earlier(const ls_backend *be, const ls_prompt_state *st, int l, int seg, const float *q,
                                   float *o, float *lse, int64_t T, int64_t bp, ls_arena *sc) {
     const ls_config *c = st->cfg;
@@ -210,11 +210,44 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
     return LS_OK;
 }
 
+/* Gated attention's input projections of rows xn [T, D] (with their adapters): q, gate
+ * [T, n_h·hd], k, v [T, n_kv·hd]; q and k normed per head into qr, kr (may be q, k
+ * themselves), their rstd into rsq, rsk (NULL: not kept). */
+static ls_status attn_in_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int layer, const float *xn,
+                              int64_t T, float *q, float *gate, float *k, float *v, float *qr, float *kr, float *rsq,
+                              float *rsk, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    int64_t D = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv * c->head_dim;
+    ls_op_linear_fwd(m->be, q, xn, w->attn_in, T, D, qd, 0);
+    ls_op_linear_fwd(m->be, gate, xn, w->attn_in + qd * D, T, D, qd, 0);
+    ls_op_linear_fwd(m->be, k, xn, w->attn_in + 2 * qd * D, T, D, kvd, 0);
+    ls_op_linear_fwd(m->be, v, xn, w->attn_in + (2 * qd + kvd) * D, T, D, kvd, 0);
+    LORA_FWD(m, layer, attn_in, 0, qd, q, xn, T, sc);
+    LORA_FWD(m, layer, attn_in, qd, qd, gate, xn, T, sc);
+    LORA_FWD(m, layer, attn_in, 2 * qd, kvd, k, xn, T, sc);
+    LORA_FWD(m, layer, attn_in, 2 * qd + kvd, kvd, v, xn, T, sc);
+    ls_op_rmsnorm_fwd(m->be, qr, rsq, q, w->q_norm, T * c->n_heads, c->head_dim, c->eps);
+    ls_op_rmsnorm_fwd(m->be, kr, rsk, k, w->k_norm, T * c->n_kv, c->head_dim, c->eps);
+    return LS_OK;
+}
+
+/* Its output: x [T, D] += o_proj(o ⊙ σ(gate)) (with the adapter); the gated rows into og
+ * (may be o itself). */
+static ls_status attn_out_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int layer, float *x, float *og,
+                               const float *o, const float *gate, int64_t T, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    int64_t D = c->hidden, qd = (int64_t)c->n_heads * c->head_dim;
+    ls_op_sigmoid_mul_fwd(m->be, og, o, gate, T * qd);
+    ls_op_linear_fwd(m->be, x, og, w->attn_out, T, qd, D, 1);
+    LORA_FWD(m, layer, attn_out, 0, D, x, og, T, sc);
+    return LS_OK;
+}
+
 /* Gated full attention (spec §4): x[T,D] += o_proj(attn(q,k,v) ⊙ σ(gate)). */
 static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, int layer,
                             float *x, const float *xn, layer_ctx *L) {
     const ls_config *c = &m->cfg;
-    int64_t T = L->T, D = c->hidden, qd = (int64_t)c->n_heads * c->head_dim;
+    int64_t T = L->T, qd = (int64_t)c->n_heads * c->head_dim;
     int64_t kvd = (int64_t)c->n_kv * c->head_dim;
     ls_layer_tape *tp = L->tp;
     ls_arena *A = tp ? L->ta : L->sc;
@@ -231,16 +264,7 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
     float *lse = tp ? ALLOC_F(A, T * c->n_heads) : NULL;
     NEED(q && gate && k && v && o && qr && kr && og);
     NEED(!tp || (rsq && rsk && lse));
-    ls_op_linear_fwd(m->be, q, xn, w->attn_in, T, D, qd, 0);
-    ls_op_linear_fwd(m->be, gate, xn, w->attn_in + qd * D, T, D, qd, 0);
-    ls_op_linear_fwd(m->be, k, xn, w->attn_in + 2 * qd * D, T, D, kvd, 0);
-    ls_op_linear_fwd(m->be, v, xn, w->attn_in + (2 * qd + kvd) * D, T, D, kvd, 0);
-    LORA_FWD(m, layer, attn_in, 0, qd, q, xn, T, L->sc);
-    LORA_FWD(m, layer, attn_in, qd, qd, gate, xn, T, L->sc);
-    LORA_FWD(m, layer, attn_in, 2 * qd, kvd, k, xn, T, L->sc);
-    LORA_FWD(m, layer, attn_in, 2 * qd + kvd, kvd, v, xn, T, L->sc);
-    ls_op_rmsnorm_fwd(m->be, qr, rsq, q, w->q_norm, T * c->n_heads, c->head_dim, c->eps);
-    ls_op_rmsnorm_fwd(m->be, kr, rsk, k, w->k_norm, T * c->n_kv, c->head_dim, c->eps);
+    LS_TRY(attn_in_proj(m, w, layer, xn, T, q, gate, k, v, qr, kr, rsq, rsk, L->sc));
     float scale = 1.0f / sqrtf((float)c->head_dim);
     if (L->seqs) { /* one token per sequence: its position, its pages */
         /* under CP every rank attends over its pages of each sequence; the rank holding
@@ -285,9 +309,7 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
         }
         if (L->append) LS_TRY(ls_state_append_kv(L->append, layer, kr, v, T));
     }
-    ls_op_sigmoid_mul_fwd(m->be, og, o, gate, T * qd);
-    ls_op_linear_fwd(m->be, x, og, w->attn_out, T, qd, D, 1);
-    LORA_FWD(m, layer, attn_out, 0, D, x, og, T, L->sc);
+    LS_TRY(attn_out_proj(m, w, layer, x, og, o, gate, T, L->sc));
     if (tp) {
         tp->qraw = q, tp->kraw = k, tp->rsq = rsq, tp->rsk = rsk, tp->qr = qr, tp->kr = kr, tp->v = v;
         tp->gate = gate, tp->ao = o, tp->lse = lse, tp->aog = og;
@@ -391,13 +413,12 @@ static void save_ckpt(const ls_prompt_state *st, int64_t pos, int l) {
 }
 
 /* ---- capture under context parallelism (DESIGN §8; the schedule is the driver's,
- * decoder.c, layer-major) -------------------------------------------------------------
- *  - Gated DeltaNet: a state scan over all of the rank's positions at once (hy_cp_layer
- *    below); every rank ends with the state at the prompt's end.
- *  - Attention: a chunk's queries attend over the rank's earlier pages plus their own
- *    keys, then over every earlier segment of other ranks, which stream past block by
- *    block once per chunk (cp_merge_earlier: never a whole remote K/V in memory) and
- *    merge by log-sum-exp; a rank at another rank's chunk sends it its earlier pages. */
+ * decoder.c, layer-major; every layer runs over all of the rank's positions, hy_cp_layer)
+ *  - Gated DeltaNet: a state scan; every rank ends with the state at the prompt's end.
+ *  - Attention: the rank's own part first, then the other ranks' earlier pages gathered
+ *    round by round (hy_cp_attn_layer).
+ * The full-mode sweep's recomputed forward streams an owner's earlier pages past a chunk
+ * (cp_merge_earlier above, ls_hybrid_cp_send_pages on the owner's side). */
 
 int64_t ls_hybrid_cp_block(const ls_prompt_state *st, const ls_fwd_opts *o) {
     int64_t C = o->capture_chunk > 0 ? o->capture_chunk : 2048, b = C / st->page_size;
@@ -405,17 +426,15 @@ int64_t ls_hybrid_cp_block(const ls_prompt_state *st, const ls_fwd_opts *o) {
 }
 
 /* (the receiver keeps no remote page beyond one block) */
-ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int64_t lo, int64_t nchunks, int64_t bp,
-                                  ls_arena *sc) {
+ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int64_t lo, int64_t bp, ls_arena *sc) {
     const ls_config *c = st->cfg;
     size_t pb = (size_t)st->page_size * (size_t)c->n_kv * (size_t)c->head_dim * ls_dtype_size(st->dtype);
-    for (int64_t q = 0; q < nchunks; q++)
-        for (int k = 0; k < st->nseg; k++) { /* earlier segments, prompt order */
-            if (st->seg_hi[k] == st->seg_lo[k] || st->seg_hi[k] > lo) continue;
-            LS_TRY(ls_dist_pages_send(ls_arena_backend(st->arena), st->comm, st->attn[l].k_pages + st->seg_lpage[k],
-                                      st->attn[l].v_pages + st->seg_lpage[k], st->seg_hi[k] - st->seg_lo[k],
-                                      st->page_size, pb, bp, dst, l, sc));
-        }
+    for (int k = 0; k < st->nseg; k++) { /* earlier segments, prompt order */
+        if (st->seg_hi[k] == st->seg_lo[k] || st->seg_hi[k] > lo) continue;
+        LS_TRY(ls_dist_pages_send(ls_arena_backend(st->arena), st->comm, st->attn[l].k_pages + st->seg_lpage[k],
+                                  st->attn[l].v_pages + st->seg_lpage[k], st->seg_hi[k] - st->seg_lo[k],
+                                  st->page_size, pb, bp, dst, l, sc));
+    }
     return LS_OK;
 }
 
@@ -461,15 +480,9 @@ static ls_status hy_layer_fwd(const ls_dec_model *dm, const ls_dec_pass *p, int 
                        st->gdn ? st->gdn[l].conv_tail : NULL, NULL, NULL, p->sc, NULL, l, 1, NULL, NULL, 0, 0};
         return layer_fwd(m, l, x, skip, &L);
     }
-    case LS_DEC_CP_CAPTURE: { /* an attention layer (a GDN layer is hy_cp_layer's) */
-        LS_ASSERT(!gdn, "layer %d: a Gated DeltaNet layer of a CP capture runs as a state scan", l);
-        int64_t bp = ls_hybrid_cp_block(st, p->o);
-        if (!x) /* another rank's chunk: it reads my earlier pages */
-            return ls_hybrid_cp_send_pages(st, l, p->owner, p->seg_lo, 1, bp, p->sc);
-        ls_kv_prefix pre = ls_state_prefix(st, l); /* this rank's earlier pages */
-        layer_ctx L = {p->T, p->pos0, 0, &pre, st, NULL, NULL, NULL, NULL, p->sc, NULL, l, 1, NULL, st, bp, p->seg};
-        return layer_fwd(m, l, x, skip, &L);
-    }
+    case LS_DEC_CP_CAPTURE: /* every layer of a CP capture is hy_cp_layer's */
+        LS_ASSERT(0, "layer %d: a CP capture runs its layers over all of the rank's positions", l);
+        return LS_ERR_ARG;
     case LS_DEC_DECODE: {
         layer_ctx L = {p->T, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, p->sc, p->seqs, l, 1, NULL, NULL, 0, 0};
         return layer_fwd(m, l, x, skip, &L);
@@ -501,6 +514,133 @@ static ls_status hy_layer_fwd(const ls_dec_model *dm, const ls_dec_pass *p, int 
     return layer_fwd(m, l, x, skip, &L);
 }
 
+/* ---- an attention layer of a CP capture over all of the rank's positions (issue 22) ---
+ * Pass A, per chunk the rank owns: norm, projections, q/k norms, rope, the attention over
+ * the rank's own earlier pages and the chunk's keys (its pages written); q, gate, o and
+ * lse of the rank's positions kept. The gather: round by round, block b of every
+ * segment another rank reads reaches every rank in one all-gather (ls_dist_pages_gather)
+ * and is merged, by log-sum-exp, into the rank's positions after that segment (all of
+ * them: the block is wholly earlier, no mask). Pass B, per chunk: the gate, the out
+ * projection, the FFN. No rank waits on another's compute but for the rounds' balance. */
+typedef struct {
+    const ls_hybrid_model *m;
+    const ls_prompt_state *st;
+    const float *Q;      /* [Tr, n_h, hd] the rank's roped queries */
+    float *O, *LSE;      /* [Tr, n_h, hd], [Tr, n_h] their merged outputs */
+    float *ob, *lb;      /* a query chunk's partial over a block */
+    const int64_t *xoff; /* the rank's segments' first rows in Q/O */
+    int64_t C;
+    ls_arena *sc;
+} gather_ctx;
+
+static ls_status gather_block(void *ctx, int seg, void *const *kp, void *const *vp, int64_t nb, int64_t rows,
+                              int64_t row0) {
+    (void)nb, (void)row0;
+    gather_ctx *G = ctx;
+    const ls_config *c = &G->m->cfg;
+    const ls_prompt_state *st = G->st;
+    int64_t qd = (int64_t)c->n_heads * c->head_dim, lo;
+    int owner;
+    int64_t hi;
+    ls_state_segment(st, seg, &owner, &lo, &hi);
+    ls_kv_prefix blk = {rows, st->page_size, st->dtype, kp, vp};
+    float scale = 1.0f / sqrtf((float)c->head_dim);
+    for (int k = 0; k < st->nseg; k++) {
+        if (st->seg_lo[k] < hi) continue; /* not after the block's segment */
+        int64_t n = st->seg_hi[k] - st->seg_lo[k];
+        for (int64_t t0 = 0, T; t0 < n; t0 += T) {
+            T = n - t0 < G->C ? n - t0 : G->C;
+            int64_t r = G->xoff[k] + t0;
+            LS_TRY(ls_op_attn_prefix_fwd(G->m->be, G->ob, G->lb, G->Q + r * qd, &blk, T, c->n_heads, c->n_kv,
+                                         c->head_dim, scale, G->sc));
+            ls_op_attn_merge(G->m->be, G->O + r * qd, G->LSE + r * c->n_heads, G->ob, G->lb, T, c->n_heads,
+                             c->head_dim);
+        }
+    }
+    return LS_OK;
+}
+
+static ls_status hy_cp_attn_layer(const ls_hybrid_model *m, ls_prompt_state *st, int l, float *x, int skip_ffn,
+                                  const ls_fwd_opts *o, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    const ls_hybrid_layer *w = &m->layers[l];
+    const ls_backend *be = m->be;
+    int64_t D = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv * c->head_dim;
+    int64_t H = c->n_heads, C = o->capture_chunk > 0 ? o->capture_chunk : 2048;
+    int nseg = ls_state_segments(st);
+    int64_t Tr = 0, xoff[LS_STATE_MAX_SEGS];
+    for (int k = 0; k < st->nseg; k++) xoff[k] = Tr, Tr += st->seg_hi[k] - st->seg_lo[k];
+    int64_t Tn = Tr > 0 ? Tr : 1;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *Q = ALLOC_F(sc, Tn * qd), *G = ALLOC_F(sc, Tn * qd), *O = ALLOC_F(sc, Tn * qd), *LSE = ALLOC_F(sc, Tn * H);
+    NEED(Q && G && O && LSE);
+    layer_ctx Lc = {0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, sc, NULL, l, 1, NULL, NULL, 0, 0};
+    part_ctx pc = {m, l, &Lc};
+    ls_dec_layer d = {.be = be, .D = D, .I = c->intermediate, .eps = c->eps, .norm = LS_NORM_ZERO_CENTRED,
+                      .input_norm = w->input_norm, .post_norm = w->post_norm, .mixer = part_mixer,
+                      .moe = c->moe[l] ? part_moe : NULL, .gu_w = w->mlp_gu, .down_w = w->mlp_down,
+                      .lora = ffn_of(m, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0),
+                      .sc = sc, .ctx = &pc};
+    float scale = 1.0f / sqrtf((float)c->head_dim);
+    /* 1. pass A */
+    for (int k = 0; k < st->nseg; k++)
+        for (int64_t c0 = st->seg_lo[k], T; c0 < st->seg_hi[k]; c0 += T) {
+            T = ls_state_span_end(st, st->seg_lo[k], c0, st->seg_hi[k], C) - c0;
+            int64_t r0 = xoff[k] + c0 - st->seg_lo[k];
+            ls_arena_mark m2 = ls_arena_get_mark(sc);
+            float *xn = ALLOC_F(sc, T * D), *kk = ALLOC_F(sc, T * kvd), *v = ALLOC_F(sc, T * kvd);
+            NEED(xn && kk && v);
+            float *q = Q + r0 * qd;
+            d.T = T;
+            ls_dec_norm1_fwd(&d, xn, x + r0 * D);
+            LS_TRY(attn_in_proj(m, w, l, xn, T, q, G + r0 * qd, kk, v, q, kk, NULL, NULL, sc));
+            ls_op_rope_fwd(be, q, T, c->n_heads, c->head_dim, c->rot_dim, c->rope_theta, c0);
+            ls_op_rope_fwd(be, kk, T, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, c0);
+            st->n = c0;
+            ls_kv_prefix pre = ls_state_prefix(st, l); /* this rank's earlier pages */
+            LS_TRY(ls_op_attn_fwd(be, O + r0 * qd, LSE + r0 * H, q, kk, v, &pre, T, c->n_heads, c->n_kv, c->head_dim,
+                                  scale, sc));
+            LS_TRY(ls_state_append_kv(st, l, kk, v, T));
+            ls_arena_release(sc, m2);
+        }
+    /* 2. the gather: the other ranks' earlier pages, merged */
+    int *owner = ls_arena_host_alloc(sc, (size_t)nseg * sizeof(int));
+    int64_t *npos = ls_arena_host_alloc(sc, (size_t)nseg * sizeof(int64_t));
+    void ***kt = ls_arena_host_alloc(sc, 2 * (size_t)nseg * sizeof(void **)), ***vt = kt ? kt + nseg : NULL;
+    NEED(owner && npos && kt);
+    for (int sg = 0; sg < nseg; sg++) {
+        int64_t lo, hi;
+        ls_state_segment(st, sg, &owner[sg], &lo, &hi);
+        npos[sg] = hi - lo, kt[sg] = vt[sg] = NULL;
+        for (int k = 0; k < st->nseg; k++)
+            if (owner[sg] == st->rank && st->seg_lo[k] == lo)
+                kt[sg] = st->attn[l].k_pages + st->seg_lpage[k], vt[sg] = st->attn[l].v_pages + st->seg_lpage[k];
+    }
+    ls_dist_segs segs = {nseg, owner, npos, kt, vt};
+    int64_t Cq = C < Tn ? C : Tn;
+    gather_ctx gc = {m, st, Q, O, LSE, ALLOC_F(sc, Cq * qd), ALLOC_F(sc, Cq * H), xoff, Cq, sc};
+    NEED(gc.ob && gc.lb);
+    size_t pb = (size_t)st->page_size * (size_t)kvd * ls_dtype_size(st->dtype);
+    LS_TRY(ls_dist_pages_gather(be, st->comm, &segs, st->page_size, pb, ls_hybrid_cp_block(st, o), l, gather_block, &gc,
+                                sc));
+    /* 3. pass B */
+    ls_status s = LS_OK;
+    for (int k = 0; k < st->nseg && s == LS_OK; k++)
+        for (int64_t c0 = st->seg_lo[k], T; c0 < st->seg_hi[k] && s == LS_OK; c0 += T) {
+            T = ls_state_span_end(st, st->seg_lo[k], c0, st->seg_hi[k], C) - c0;
+            int64_t r0 = xoff[k] + c0 - st->seg_lo[k];
+            float *xr = x + r0 * D;
+            s = attn_out_proj(m, w, l, xr, O + r0 * qd, O + r0 * qd, G + r0 * qd, T, sc);
+            if (s == LS_OK && !skip_ffn) {
+                Lc.T = T, Lc.pos0 = c0;
+                d.T = T;
+                s = ls_dec_ffn_fwd(&d, xr);
+            }
+        }
+    ls_arena_release(sc, mk);
+    return s;
+}
+
 /* ---- a Gated DeltaNet layer of a CP capture as a state scan (issue 22) -----------------
  * Instead of relaying the recurrent state rank to rank (a wavefront), every rank runs its
  * segments of the layer at once from the zero state, recording each segment's
@@ -515,9 +655,8 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pro
                              int skip_ffn, const ls_fwd_opts *o, ls_arena *sc, int *done) {
     const ls_hybrid_model *m = dm->fam;
     const ls_config *c = &m->cfg;
-    *done = 0;
-    if (c->kind[l] != LS_LAYER_GDN) return LS_OK;
     *done = 1;
+    if (c->kind[l] != LS_LAYER_GDN) return hy_cp_attn_layer(m, st, l, x, skip_ffn, o, sc);
     const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     const ls_hybrid_layer *w = &m->layers[l];
     const ls_backend *be = m->be;

@@ -336,7 +336,7 @@ ls_status ls_hybrid_sweep_serve(const ls_dec_model *dm, ls_prompt_state *st, int
     const ls_config *c = dm->cfg;
     if (c->kind[l] != LS_LAYER_ATTN) return LS_OK;
     int64_t S = st->page_size, bp = ls_hybrid_cp_block(st, o), kvn = S * (int64_t)c->n_kv * c->head_dim;
-    if (!bwd) return ls_hybrid_cp_send_pages(st, l, owner, lo, 1, bp, sc);
+    if (!bwd) return ls_hybrid_cp_send_pages(st, l, owner, lo, bp, sc);
     size_t pb = (size_t)kvn * ls_dtype_size(st->dtype);
     ls_layer_dstate *ds = &st->full->d[l];
     for (int k = 0; k < st->nseg; k++) { /* earlier segments, prompt order */

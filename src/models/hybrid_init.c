@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "longstraw/cp.h"
 #include "longstraw/family.h"
 #include "longstraw/hybrid.h"
 #include "longstraw/safetensors.h"
@@ -134,6 +135,18 @@ ls_status ls_hybrid_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan
                                                 sizeof(float)
                                           : 0;
     ls_plan_size(d, "cp_scan_bytes_per_rank", scan);
+    /* an attention layer of a CP capture (hybrid.c hy_cp_attn_layer): q, gate, output and
+     * lse of the rank's positions, one query chunk's partial, the gather's round buffers */
+    size_t attn = 0;
+    if (p.cp > 1 && p.n_attn > 0) {
+        size_t qd = (size_t)cfg->n_heads * (size_t)cfg->head_dim, C = 2048;
+        size_t pb = (size_t)rq->page_size * (size_t)cfg->n_kv * (size_t)cfg->head_dim * ls_dtype_size(rq->dtype);
+        int64_t bp = (int64_t)C / rq->page_size > 0 ? (int64_t)C / rq->page_size : 1;
+        attn = ((size_t)p.pages_per_rank * (size_t)rq->page_size * (3 * qd + (size_t)cfg->n_heads) +
+                C * (qd + (size_t)cfg->n_heads)) * sizeof(float) +
+               ls_dist_gather_bytes(bp, p.cp, rq->layout == LS_CP_ZIGZAG ? 2 : 1, pb);
+    }
+    ls_plan_size(d, "cp_attn_bytes_per_rank", attn);
     ls_plan_str(d, "mode", full ? "full" : "prefix-frozen");
     ls_plan_i64(d, "sweep_chunk", p.sweep_chunk);
     ls_plan_i64(d, "sweep_chunks_per_rank", p.sweep_chunks_per_rank);
@@ -165,6 +178,7 @@ ls_status ls_hybrid_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan
     ls_plan_row(d, p.total_bytes_per_rank, "prompt arena total");
     if (p.cp > 1) ls_plan_row(d, p.cp_capture_bytes_per_rank, "CP capture: shard residual (scratch)");
     if (scan) ls_plan_row(d, scan, "CP capture: GDN scan buffers (scratch)");
+    if (attn) ls_plan_row(d, attn, "CP capture: attention buffers (scratch)");
     ls_plan_live_terms(d, params, w_bytes, m_bytes, w_bytes, "");
     ls_plan_text(d, "  (branch: one member's tape, grows with R_i, not P; score: 4 bytes per response token)");
     return LS_OK;

@@ -73,9 +73,8 @@ ls_status ls_hybrid_sweep_relay(const ls_dec_model *dm, ls_prompt_state *st, int
 /* Pages per transferred block under CP: about one capture chunk. */
 int64_t ls_hybrid_cp_block(const ls_prompt_state *st, const ls_fwd_opts *o);
 /* Send this rank's pages of attention layer l that precede position `lo` to `dst`,
- * block by block, `nchunks` times (once per query chunk of the receiver). */
-ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int64_t lo, int64_t nchunks, int64_t bp,
-                                  ls_arena *sc);
+ * block by block (the sweep's recomputed forward of another rank's chunk reads them). */
+ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int64_t lo, int64_t bp, ls_arena *sc);
 
 /* ---- LoRA side branches, shared by the forward and the backward -------------------- */
 #include <stddef.h>
