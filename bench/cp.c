@@ -45,7 +45,7 @@ typedef struct {
     int n;   /* ranks */
     int threads; /* per rank (1, or N for the one-rank run beside N ranks: the fair comparison) */
     int mpi; /* launched through mpirun (always for n > 1) */
-    int zigzag; /* --cp-layout zigzag */
+    int contiguous; /* --cp-layout contiguous (else zigzag, the default) */
     char label[32];
     char out[CP_PATH]; /* OUT_N */
     int ok;            /* the tool exited 0 and its receipt parsed */
@@ -293,7 +293,7 @@ static int cp_run_one(cp_run *r, const char *cli, const char *mpirun, const char
     }
     const char *tool[] = {cli,           "step",      "--model",   model, "--group", group, "--out", r->out,
                           "--state-dtype", state_dtype, "--threads", threads, "--mode", mode, "--cp-layout",
-                          r->zigzag ? "zigzag" : "contiguous"};
+                          r->contiguous ? "contiguous" : "zigzag"};
     for (size_t i = 0; i < sizeof tool / sizeof tool[0]; i++) argv[a++] = tool[i];
     argv[a] = NULL;
 
@@ -427,7 +427,7 @@ static int cp_compare(const char *ref, const char *path, const char *base, cp_di
 /* The table's N column: "1", "1 (mpirun -np 1)", "2", "4 (oversubscribed)". */
 static void cp_row_name(const cp_run *r, int cores, char *out, size_t cap) {
     snprintf(out, cap, "%d × %d thr%s%s%s", r->n, r->threads, r->n == 1 && r->mpi ? " (mpirun -np 1)" : "",
-             r->zigzag ? " zigzag" : "", r->n * r->threads > cores ? " (oversubscribed)" : "");
+             r->contiguous ? " contiguous" : "", r->n * r->threads > cores ? " (oversubscribed)" : "");
 }
 
 /* ---- main ------------------------------------------------------------------------------ */
@@ -436,7 +436,7 @@ static void cp_usage(FILE *f) {
     fprintf(f,
             "usage: cp [--prompt P (32768)] [--ranks LIST (1,2,4)] [--group-size G (2)] [--response R (128)]\n"
             "          [--state-dtype f32|bf16 (bf16)] [--family hybrid|mla] [--mode prefix-frozen|full]\n"
-            "          [--cli PATH] [--mpirun PATH] [--mpirun-one] [--zigzag] [--keep]\n"
+            "          [--cli PATH] [--mpirun PATH] [--mpirun-one] [--contiguous] [--keep]\n"
             "\n"
             "One GRPO update (`longstraw step`) on the small config of the family for each rank\n"
             "count N: N = 1 with one thread runs the tool directly (the weights' reference; added\n"
@@ -449,7 +449,8 @@ static void cp_usage(FILE *f) {
             "  --cli PATH     the tool (default: <dir of this program>/../longstraw)\n"
             "  --mpirun PATH  default: mpirun on PATH; without one only N = 1 runs\n"
             "  --mpirun-one   also run N = 1 under `mpirun -np 1`\n"
-            "  --zigzag       also run every N > 1 with --cp-layout zigzag\n"
+            "  --contiguous   also run every N > 1 with --cp-layout contiguous (zigzag, the\n"
+            "                 default, always runs)\n"
             "  --keep         keep the temporary directory (model, group, outputs, logs)\n");
 }
 
@@ -460,11 +461,11 @@ int main(int argc, char **argv) {
         {"group-size", required_argument, 0, 'g'}, {"response", required_argument, 0, 'r'},
         {"state-dtype", required_argument, 0, 's'}, {"cli", required_argument, 0, 'c'},
         {"mpirun", required_argument, 0, 'm'}, {"mpirun-one", no_argument, 0, 'o'},
-        {"keep", no_argument, 0, 'k'}, {"zigzag", no_argument, 0, 'z'}, {"help", no_argument, 0, 'h'},
+        {"keep", no_argument, 0, 'k'}, {"contiguous", no_argument, 0, 'z'}, {"help", no_argument, 0, 'h'},
         {"family", required_argument, 0, 'f'}, {"mode", required_argument, 0, 'M'},
         {0, 0, 0, 0}};
     int64_t P = 32768, G = 2, R = 128;
-    int ranks[CP_MAX_RUNS], n_ranks = 0, keep = 0, mpirun_one = 0, zigzag = 0, ch;
+    int ranks[CP_MAX_RUNS], n_ranks = 0, keep = 0, mpirun_one = 0, contiguous = 0, ch;
     char cli[CP_PATH] = "", mpirun[CP_PATH] = "", state_dtype[8] = "bf16";
     const char *family = "hybrid", *mode = "prefix-frozen";
     if (cp_parse_ranks("1,2,4", ranks, &n_ranks)) return 2;
@@ -485,7 +486,7 @@ int main(int argc, char **argv) {
         case 'm': snprintf(mpirun, sizeof mpirun, "%s", optarg); break;
         case 'o': mpirun_one = 1; break;
         case 'k': keep = 1; break;
-        case 'z': zigzag = 1; break;
+        case 'z': contiguous = 1; break;
         case 'f':
             if (strcmp(optarg, "hybrid") != 0 && strcmp(optarg, "mla") != 0) {
                 fprintf(stderr, "cp: --family: expected hybrid or mla, got '%s'\n", optarg);
@@ -540,9 +541,9 @@ int main(int argc, char **argv) {
         runs[n_runs] = (cp_run){.n = 1, .threads = ranks[i], .mpi = 0}; /* its fair baseline */
         snprintf(runs[n_runs].label, sizeof runs[n_runs].label, "1x%d", ranks[i]);
         n_runs++;
-        for (int z = 0; z <= zigzag; z++) {
-            runs[n_runs] = (cp_run){.n = ranks[i], .threads = 1, .mpi = 1, .zigzag = z};
-            snprintf(runs[n_runs].label, sizeof runs[n_runs].label, "%d%s", ranks[i], z ? "-zigzag" : "");
+        for (int z = 0; z <= contiguous; z++) {
+            runs[n_runs] = (cp_run){.n = ranks[i], .threads = 1, .mpi = 1, .contiguous = z};
+            snprintf(runs[n_runs].label, sizeof runs[n_runs].label, "%d%s", ranks[i], z ? "-contiguous" : "");
             n_runs++;
         }
     }
@@ -616,7 +617,7 @@ int main(int argc, char **argv) {
         if (!b) continue;
         char sw[32] = "";
         if (!strcmp(mode, "full")) snprintf(sw, sizeof sw, " %.2f |", r->sweep_s > 0 ? b->sweep_s / r->sweep_s : 0.0);
-        printf("| %d | %s | %.2f | %.2f |%s\n", r->n, r->zigzag ? "zigzag" : "contiguous", b->capture_s / r->capture_s,
+        printf("| %d | %s | %.2f | %.2f |%s\n", r->n, r->contiguous ? "contiguous" : "zigzag", b->capture_s / r->capture_s,
                b->total_s / r->total_s, sw);
     }
     printf("\nwall s: spawn to exit (load, capture, update, write). Times are from one run on a shared machine.\n");

@@ -30,7 +30,7 @@ typedef struct {
      * them shard by shard and every attention over the prompt merges the ranks'
      * partial outputs by log-sum-exp. */
     const ls_comm *comm;
-    ls_cp_layout cp_layout; /* how the prompt's pages split over the ranks (contiguous) */
+    ls_cp_layout cp_layout; /* how the prompt's pages split over the ranks (zigzag) */
     /* The indexer KL loss (MLA family, specs/mla-dsa-moe.md §3 "Indexer training"): a
      * branch backward adds the gradient of Σ over its queries (from out_from) and full
      * indexer layers of KL(attention ‖ softmax of index scores), weight 1 per query, to

@@ -50,7 +50,7 @@ static void help(void) {
            "  --threads N          worker threads (default: all cores)\n"
            "  --backend B          where the ops run: cpu (default), strict (the device boundary\n"
            "                       tested on the CPU) or cuda[:N]\n"
-           "  --cp-layout L        under mpirun: contiguous (default) or zigzag page split\n"
+           "  --cp-layout L        under mpirun: zigzag (default) or contiguous page split\n"
            "  --ep N               under mpirun -np W: split the routed experts over N ranks\n"
            "  --force              run even when the plan says the prompts will not fit in this\n"
            "                       machine's memory (refused before anything is allocated)\n"

@@ -26,7 +26,7 @@ static void help(void) {
            "  --page-size S        positions per K/V page (default 64)\n"
            "  --state-dtype T      K/V page storage: f32 or bf16 (default f32)\n"
            "  --threads N          worker threads (default: all cores)\n"
-           "  --cp-layout L        under mpirun: contiguous (default) or zigzag page split\n"
+           "  --cp-layout L        under mpirun: zigzag (default) or contiguous page split\n"
            "  --ep N               under mpirun -np W: split the routed experts over N ranks (MLA\n"
            "                       family; W = CP x EP; default 1)\n"
            "  --backend B          where the ops run: cpu (default), strict (the CPU's ops over memory\n"

@@ -24,8 +24,8 @@ static void help(void) {
            "  --prompt P           prompt length in tokens (required)\n"
            "  --page-size S        positions per K/V page (default 64)\n"
            "  --cp N               context-parallel ranks sharing the pages (default 1)\n"
-           "  --cp-layout L        contiguous (rank r: block r of N) or zigzag (rank r: blocks\n"
-           "                       r and 2N-1-r of 2N); default contiguous\n"
+           "  --cp-layout L        zigzag (rank r: blocks r and 2N-1-r of 2N; default) or\n"
+           "                       contiguous (rank r: block r of N)\n"
            "  --state-dtype T      K/V page storage: bf16 or f32 (default bf16)\n"
            "  --mode M             prefix-frozen (default) or full: adds the exact-gradient mode's\n"
            "                       dState (f32 dK/dV pages, d(S, conv tail)) and sweep checkpoints\n"
@@ -92,7 +92,7 @@ int cmd_plan(int argc, char **argv) {
     const char *model = NULL, *config = NULL;
     int64_t P = -1, S = 64, cp = 1;
     ls_dtype dt = LS_DTYPE_BF16;
-    ls_cp_layout lay = LS_CP_CONTIGUOUS;
+    ls_cp_layout lay = LS_CP_ZIGZAG;
     int full = 0;
     int64_t sweep = 512, ep = 1;
     int json = 0, ikl = 0, ch, on_host = 0;

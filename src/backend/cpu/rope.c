@@ -14,13 +14,15 @@ static void rope_apply(float *x, int64_t T, int heads, int hd, int rot, double t
                        float sign) {
     int half = rot / 2;
     if (half <= 0 || T <= 0) return;
+    LS_ASSERT(half <= 512, "rotary dim %d too large", rot);
+    double inv[512]; /* the channels' frequencies, once per call (the same bits as per position) */
+    for (int j = 0; j < half; j++) inv[j] = pow(theta, -2.0 * j / (double)rot);
 #pragma omp parallel for schedule(static) if (T * heads * hd > 65536)
     for (int64_t t = 0; t < T; t++) {
         float cs[512], sn[512];
-        LS_ASSERT(half <= 512, "rotary dim %d too large", rot);
         double p = (double)(pos0 + t);
         for (int j = 0; j < half; j++) {
-            double ang = p * pow(theta, -2.0 * j / (double)rot);
+            double ang = p * inv[j];
             cs[j] = (float)cos(ang);
             sn[j] = sign * (float)sin(ang);
         }
