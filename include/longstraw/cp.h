@@ -58,7 +58,7 @@ ls_status ls_dist_pages_recv_grad(const struct ls_backend *be, const ls_comm *co
 
 /* The gather by rounds (the layer-major CP capture's attention layers): every rank
  * holds its segments' pages of one layer whole; in round b each rank contributes block b
- * (at most bp pages, K | V) of each of its segments that a later segment of another rank
+ * (at most bp pages, K | V: k_bytes and v_bytes a page, v_bytes 0 for K alone) of each of its segments that a later segment of another rank
  * reads, and every rank receives all of them in one all-gather — the ranks meet in the
  * collective together, so none waits on a single sender while it computes. `fn` sees
  * every received block of another rank's segment `seg` (nb pages holding `rows`
@@ -73,13 +73,13 @@ typedef struct {
     void **const *k, **const *v; /* [n] this rank's segments' page tables (NULL: another rank's) */
 } ls_dist_segs;
 ls_status ls_dist_pages_gather(const struct ls_backend *be, const ls_comm *comm, const ls_dist_segs *segs,
-                               int64_t page_size, size_t page_bytes, int64_t bp, int layer, ls_dist_seg_fn fn,
+                               int64_t page_size, size_t k_bytes, size_t v_bytes, int64_t bp, int layer, ls_dist_seg_fn fn,
                                void *ctx, ls_arena *scratch);
 /* The pages per block of a gather over `ranks` ranks whose fullest rank sends `slots`
  * segments (the caller's bp, lowered so the round's buffers stay near 8 blocks' worth), and
  * the bytes its buffers take. */
 int64_t ls_dist_gather_block(int64_t bp, int ranks, int slots);
-size_t ls_dist_gather_bytes(int64_t bp, int ranks, int slots, size_t page_bytes);
+size_t ls_dist_gather_bytes(int64_t bp, int ranks, int slots, size_t k_bytes, size_t v_bytes);
 
 /* The state relay: a layer's recurrent state (at most 2 parts, such as the Gated
  * DeltaNet state and conv tail, or their gradients) from the owner of one segment to the

@@ -13,12 +13,13 @@
 enum { TAG_PAGE_GRADS = 0, TAG_PAGES = 1, TAG_PARTS = 2 };
 #define TAG(layer, kind) ((layer) * 4 + (kind))
 
-/* K | V of pages [p0, p0 + nb) (be's memory) packed into the host buffer buf. */
+/* K | V of pages [p0, p0 + nb) (be's memory, kb and vb bytes a page; vb 0: no V) packed
+ * into the host buffer buf. */
 static void pack_block(const ls_backend *be, char *buf, void *const *k, void *const *v, int64_t p0, int64_t nb,
-                       size_t pb) {
+                       size_t kb, size_t vb) {
     for (int64_t i = 0; i < nb; i++) {
-        be->i->to_host(be, buf + (size_t)i * pb, k[p0 + i], pb);
-        be->i->to_host(be, buf + (size_t)(nb + i) * pb, v[p0 + i], pb);
+        be->i->to_host(be, buf + (size_t)i * kb, k[p0 + i], kb);
+        if (vb) be->i->to_host(be, buf + (size_t)nb * kb + (size_t)i * vb, v[p0 + i], vb);
     }
 }
 
@@ -30,9 +31,9 @@ static char *place_block(const ls_backend *be, char *dev, char *buf, size_t byte
     return dev;
 }
 
-/* The page pointers of a packed block. */
-static void unpack_block(char *buf, void **k, void **v, int64_t nb, size_t pb) {
-    for (int64_t i = 0; i < nb; i++) k[i] = buf + (size_t)i * pb, v[i] = buf + (size_t)(nb + i) * pb;
+/* The page pointers of a packed block (vb 0: v gets NULLs). */
+static void unpack_block(char *buf, void **k, void **v, int64_t nb, size_t kb, size_t vb) {
+    for (int64_t i = 0; i < nb; i++) k[i] = buf + (size_t)i * kb, v[i] = vb ? buf + (size_t)nb * kb + (size_t)i * vb : NULL;
 }
 
 /* Scratch too small for a block's buffers: released, and said. */
@@ -59,7 +60,7 @@ ls_status ls_dist_pages_send(const ls_backend *be, const ls_comm *c, void *const
     ls_status s = LS_OK;
     for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
         int64_t nb = np - p0 < bp ? np - p0 : bp;
-        pack_block(be, buf, k, v, p0, nb, page_bytes);
+        pack_block(be, buf, k, v, p0, nb, page_bytes, page_bytes);
         s = ls_comm_send(c, buf, 2 * (size_t)nb * page_bytes, dst, TAG(layer, TAG_PAGES));
     }
     ls_arena_release(sc, mk);
@@ -80,7 +81,7 @@ ls_status ls_dist_pages_recv(const ls_backend *be, const ls_comm *c, int64_t npo
         int64_t nb = np - p0 < bp ? np - p0 : bp;
         s = ls_comm_recv(c, buf, 2 * (size_t)nb * page_bytes, src, TAG(layer, TAG_PAGES));
         if (s != LS_OK) break;
-        unpack_block(place_block(be, dev, buf, 2 * (size_t)nb * page_bytes), kp, kp + bp, nb, page_bytes);
+        unpack_block(place_block(be, dev, buf, 2 * (size_t)nb * page_bytes), kp, kp + bp, nb, page_bytes, page_bytes);
         s = fn(ctx, kp, kp + bp, NULL, NULL, nb, block_rows(npos, page_size, p0, nb));
     }
     ls_arena_release(sc, mk);
@@ -100,7 +101,7 @@ ls_status ls_dist_pages_send_grad(const ls_backend *be, const ls_comm *c, void *
     ls_status s = LS_OK;
     for (int64_t p0 = 0; p0 < np && s == LS_OK; p0 += bp) {
         int64_t nb = np - p0 < bp ? np - p0 : bp;
-        pack_block(be, buf, k, v, p0, nb, page_bytes);
+        pack_block(be, buf, k, v, p0, nb, page_bytes, page_bytes);
         s = ls_comm_send(c, buf, 2 * (size_t)nb * page_bytes, dst, TAG(layer, TAG_PAGES));
         if (s == LS_OK)
             s = ls_comm_recv(c, dbuf, 2 * (size_t)nb * (size_t)grad_floats * sizeof(float), dst,
@@ -137,8 +138,8 @@ ls_status ls_dist_pages_recv_grad(const ls_backend *be, const ls_comm *c, int64_
         s = ls_comm_recv(c, buf, 2 * (size_t)nb * page_bytes, src, TAG(layer, TAG_PAGES));
         if (s != LS_OK) break;
         be->i->zero(be, ddev, 2 * (size_t)nb * gb);
-        unpack_block(place_block(be, dev, buf, 2 * (size_t)nb * page_bytes), kp, vp, nb, page_bytes);
-        unpack_block(ddev, dkp, dvp, nb, gb);
+        unpack_block(place_block(be, dev, buf, 2 * (size_t)nb * page_bytes), kp, vp, nb, page_bytes, page_bytes);
+        unpack_block(ddev, dkp, dvp, nb, gb, gb);
         s = fn(ctx, kp, vp, (float *const *)dkp, (float *const *)dvp, nb, block_rows(npos, page_size, p0, nb));
         if (s == LS_OK && !direct) be->i->to_host(be, dbuf, ddev, 2 * (size_t)nb * gb);
         if (s == LS_OK) s = ls_comm_send(c, dbuf, 2 * (size_t)nb * gb, src, TAG(layer, TAG_PAGE_GRADS));
@@ -194,11 +195,11 @@ int64_t ls_dist_gather_block(int64_t bp, int ranks, int slots) {
     return b > 0 ? b : 1;
 }
 
-size_t ls_dist_gather_bytes(int64_t bp, int ranks, int slots, size_t page_bytes) {
+size_t ls_dist_gather_bytes(int64_t bp, int ranks, int slots, size_t kb, size_t vb) {
     if (ranks <= 1 || slots <= 0) return 0;
     int64_t b = ls_dist_gather_block(bp, ranks, slots);
     /* the round's send slot and every rank's, K | V; one block on the device; its page pointers */
-    return (size_t)(ranks + 1) * (size_t)slots * 2 * (size_t)b * page_bytes + 2 * (size_t)b * page_bytes +
+    return (size_t)(ranks + 1) * (size_t)slots * (size_t)b * (kb + vb) + (size_t)b * (kb + vb) +
            2 * (size_t)b * sizeof(void *);
 }
 
@@ -211,7 +212,7 @@ static int seg_read(const ls_dist_segs *g, int sg) {
 }
 
 ls_status ls_dist_pages_gather(const ls_backend *be, const ls_comm *c, const ls_dist_segs *g, int64_t page_size,
-                               size_t page_bytes, int64_t bp, int layer, ls_dist_seg_fn fn, void *ctx, ls_arena *sc) {
+                               size_t kb, size_t vb, int64_t bp, int layer, ls_dist_seg_fn fn, void *ctx, ls_arena *sc) {
     int N = ls_comm_size(c), me = ls_comm_rank(c);
     if (N <= 1) return LS_OK;
     ls_arena_mark mk = ls_arena_get_mark(sc);
@@ -235,7 +236,7 @@ ls_status ls_dist_pages_gather(const ls_backend *be, const ls_comm *c, const ls_
             int64_t r = (pages_of(g->npos[sg], page_size) + b - 1) / b;
             if (r > rounds) rounds = r;
         }
-    size_t blk = 2 * (size_t)b * page_bytes, sb = (size_t)slots * blk;
+    size_t blk = (size_t)b * (kb + vb), sb = (size_t)slots * blk;
     char *send = ls_arena_host_alloc(sc, sb), *recv = ls_arena_host_alloc(sc, (size_t)N * sb);
     char *dev = ls_host_direct(be) ? NULL : ls_arena_alloc(sc, blk);
     void **kp = ls_arena_host_alloc(sc, 2 * (size_t)b * sizeof(void *));
@@ -246,7 +247,7 @@ ls_status ls_dist_pages_gather(const ls_backend *be, const ls_comm *c, const ls_
         for (int sg = 0; sg < g->n; sg++) { /* my read segments' block r */
             int64_t np = pages_of(g->npos[sg], page_size);
             if (g->owner[sg] != me || slot[sg] < 0 || p0 >= np) continue;
-            pack_block(be, send + (size_t)slot[sg] * blk, g->k[sg], g->v[sg], p0, np - p0 < b ? np - p0 : b, page_bytes);
+            pack_block(be, send + (size_t)slot[sg] * blk, g->k[sg], g->v ? g->v[sg] : NULL, p0, np - p0 < b ? np - p0 : b, kb, vb);
         }
         s = ls_comm_allgather(c, send, recv, sb);
         for (int sg = 0; sg < g->n && s == LS_OK; sg++) {
@@ -254,7 +255,7 @@ ls_status ls_dist_pages_gather(const ls_backend *be, const ls_comm *c, const ls_
             if (g->owner[sg] == me || slot[sg] < 0 || p0 >= np) continue;
             int64_t nb = np - p0 < b ? np - p0 : b;
             char *at = recv + (size_t)g->owner[sg] * sb + (size_t)slot[sg] * blk;
-            unpack_block(place_block(be, dev, at, 2 * (size_t)nb * page_bytes), kp, kp + b, nb, page_bytes);
+            unpack_block(place_block(be, dev, at, (size_t)nb * (kb + vb)), kp, kp + b, nb, kb, vb);
             s = fn(ctx, sg, kp, kp + b, nb, block_rows(g->npos[sg], page_size, p0, nb), p0 * page_size);
         }
     }

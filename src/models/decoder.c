@@ -272,16 +272,16 @@ static ls_status stopped(int64_t at, int64_t of) {
 
 /* Layer l of a capture pass over rows [pos0, pos0 + T) of p->st; with a stage (a state in
  * host memory) the layer runs on its device copy: pages reserved on the host, copied in,
- * and what the layer wrote copied back (x NULL: another rank's chunk, nothing written). */
+ * and what the layer wrote copied back. */
 static ls_status capture_layer(const ls_dec_model *dm, const ls_dec_pass *p, ls_state_stage *sg, int l, float *x,
                                int skip) {
     if (!sg) return dm->layer_fwd(dm, p, l, x, skip);
     int64_t hi = p->pos0 + p->T;
-    if (x) LS_TRY(ls_state_reserve(p->st, l, hi));
+    LS_TRY(ls_state_reserve(p->st, l, hi));
     ls_dec_pass q = *p;
     q.st = ls_state_stage_in(sg, l, hi, p->pos0);
     LS_TRY(dm->layer_fwd(dm, &q, l, x, skip));
-    if (x) ls_state_stage_out(sg, CAPTURE_STAGE, p->pos0, hi);
+    ls_state_stage_out(sg, CAPTURE_STAGE, p->pos0, hi);
     return LS_OK;
 }
 
@@ -320,80 +320,30 @@ ls_status ls_dec_extend(const ls_dec_model *dm, ls_prompt_state *st, const int32
 }
 
 /* ---- capture under context parallelism (DESIGN §8) -----------------------------------
- * Every rank walks the layout's segments in prompt order, chunk by chunk — the same
- * program order everywhere, so the schedule cannot deadlock. At a chunk it owns a rank
- * runs the layer (its attention also reading the other ranks' earlier pages, merged by
- * log-sum-exp); at another rank's chunk the family's layer does that rank's part for it.
- * Layer-major (cp_layer_major): for each layer, all chunks; the residual stream of the
- * rank's positions stays alive across layers (the one buffer sized by P/N), and a family
- * may run a layer over all of the rank's positions its own way (cp_layer: the hybrid's
- * Gated DeltaNet state scan). Chunk-major: for each chunk, all layers. */
-
-/* The CP capture's chunks in prompt order (every segment cut as ls_state_span_end cuts
- * it): cp_next sets p to the chunk after the cursor's and advances it; 0 past the end. */
-typedef struct {
-    int sg;     /* the segment */
-    int64_t c0; /* the next chunk's start in it (−1: the segment's start) */
-} cp_cursor;
-
-static int cp_next(const ls_prompt_state *st, int64_t C, cp_cursor *cur, ls_dec_pass *p) {
-    for (; cur->sg < ls_state_segments(st); cur->sg++, cur->c0 = -1) {
-        int owner;
-        int64_t lo, hi;
-        ls_state_segment(st, cur->sg, &owner, &lo, &hi);
-        int64_t c0 = cur->c0 < 0 ? lo : cur->c0;
-        if (c0 >= hi) continue;
-        int64_t e = ls_state_span_end(st, lo, c0, hi, C);
-        p->seg = cur->sg, p->owner = owner, p->seg_lo = lo, p->seg_hi = hi;
-        p->pos0 = c0, p->T = e - c0;
-        cur->c0 = e;
-        return 1;
-    }
-    return 0;
-}
-
+ * Layer-major: for each layer, the family's cp_layer runs it over all of the rank's
+ * positions at once (the residual stream of the rank's positions stays alive across
+ * layers: the one buffer sized by P/N), exchanging with the other ranks what the layer
+ * needs of theirs (the hybrid: a Gated DeltaNet state scan and gathered K/V pages; the
+ * MLA family: gathered index keys and latent pages). Every rank makes the same
+ * collectives in the same order, so the schedule cannot deadlock, and no rank waits for
+ * another's compute in prompt order. */
 static ls_status capture_cp(const ls_dec_model *dm, ls_prompt_state *st, const int32_t *ids, int64_t n,
                             const ls_fwd_opts *o, ls_arena *sc) {
     const ls_config *c = dm->cfg;
     if (st->n != 0 || n != st->capacity)
         return ls_err(LS_ERR_ARG, "a prompt state split over ranks is captured whole, once (%lld of %lld positions)",
                       (long long)n, (long long)st->capacity);
-    int64_t D = c->hidden, C = chunk_of(o);
-    ls_dec_pass p = {.kind = LS_DEC_CP_CAPTURE, .st = st, .sweep = -1, .o = o, .sc = sc};
+    LS_ASSERT(dm->cp_layer, "the family has no layer-major CP capture");
+    int64_t D = c->hidden;
     int last = c->n_layers - 1; /* its FFN feeds only the LM head */
     ls_arena_mark top = ls_arena_get_mark(sc);
     ls_state_stage *sg = NULL; /* a state in host memory: staged per layer */
     LS_TRY(ls_state_stage_new(&sg, st, dm->be, CAPTURE_STAGE, sc));
-    if (!dm->cp_layer_major) {
-        for (cp_cursor cur = {0, -1}; cp_next(st, C, &cur, &p);) {
-            if (ls_stop_requested()) return stopped(p.pos0, n);
-            ls_arena_mark mk = ls_arena_get_mark(sc);
-            int mine = p.owner == st->rank;
-            float *x = mine ? ALLOC_F(sc, p.T * D) : NULL; /* [T, D] */
-            NEED(x || !mine);
-            LS_TRY(begin(dm, &p));
-            if (mine) {
-                const int32_t *xi = ls_dec_ids_in(dm->be, sc, ids + p.pos0, p.T);
-                NEED(xi);
-                ls_op_embed_fwd(dm->be, x, xi, dm->embed, p.T, D);
-            }
-            for (int l = 0; l < c->n_layers; l++) {
-                st->n = p.pos0;
-                LS_TRY(capture_layer(dm, &p, sg, l, x, l == last));
-                ls_trace_layer_end(l, "fwd");
-            }
-            ls_progress_add(p.T);
-            ls_arena_release(sc, mk);
-        }
-        st->n = n;
-        ls_arena_release(sc, top);
-        return LS_OK;
-    }
     int64_t Tr = 0, xoff[LS_STATE_MAX_SEGS]; /* the rank's positions, its segments one after another */
     for (int k = 0; k < st->nseg; k++) xoff[k] = Tr, Tr += st->seg_hi[k] - st->seg_lo[k];
     float *x = ALLOC_F(sc, (Tr > 0 ? Tr : 1) * D); /* [Tr, D] the rank's residual stream */
     NEED(x);
-    p.T = Tr;
+    ls_dec_pass p = {.kind = LS_DEC_CP_CAPTURE, .T = Tr, .st = st, .sweep = -1, .o = o, .sc = sc};
     LS_TRY(begin(dm, &p));
     for (int k = 0; k < st->nseg; k++) {
         ls_arena_mark mi = ls_arena_get_mark(sc);
@@ -404,28 +354,16 @@ static ls_status capture_cp(const ls_dec_model *dm, ls_prompt_state *st, const i
     }
     ls_status s = LS_OK;
     for (int l = 0; l < c->n_layers && s == LS_OK; l++) {
-        int done = 0; /* the family ran the layer its own way */
-        if (dm->cp_layer) { /* a state in host memory: the layer's pages (all of the rank's, made
-                             * here) and recurrent state staged, written back */
-            ls_prompt_state *sl = st;
-            for (int k = 0; sg && k < st->nseg && s == LS_OK; k++) {
-                st->n = st->seg_lo[k];
-                s = ls_state_reserve(st, l, st->seg_hi[k]);
-            }
-            if (s == LS_OK && sg) sl = ls_state_stage_in(sg, l, n, -1);
-            if (s == LS_OK) s = dm->cp_layer(dm, sl, st, l, x, l == last, o, sc, &done);
-            if (s == LS_OK && done && sg) ls_state_stage_out(sg, LS_STAGE_REC | LS_STAGE_PAGES, 0, n);
+        /* a state in host memory: the layer's pages (all of the rank's, made here) and
+         * recurrent state staged in, written back */
+        ls_prompt_state *sl = st;
+        for (int k = 0; sg && k < st->nseg && s == LS_OK; k++) {
+            st->n = st->seg_lo[k];
+            s = ls_state_reserve(st, l, st->seg_hi[k]);
         }
-        for (cp_cursor cur = {0, -1}; s == LS_OK && !done && cp_next(st, C, &cur, &p);) {
-            float *xc = NULL;
-            if (p.owner == st->rank) {
-                int k = 0;
-                while (st->seg_lo[k] != p.seg_lo) k++;
-                xc = x + (xoff[k] + p.pos0 - p.seg_lo) * D;
-                st->n = p.pos0;
-            }
-            s = capture_layer(dm, &p, sg, l, xc, l == last);
-        }
+        if (s == LS_OK && sg) sl = ls_state_stage_in(sg, l, n, -1);
+        if (s == LS_OK) s = dm->cp_layer(dm, sl, st, l, x, l == last, o, sc);
+        if (s == LS_OK && sg) ls_state_stage_out(sg, LS_STAGE_REC | LS_STAGE_PAGES, 0, n);
         ls_trace_layer_end(l, "fwd");
     }
     ls_progress_add(n); /* layer-major: the whole prompt is done only now */

@@ -148,7 +148,8 @@ typedef struct {
 
 typedef enum {
     LS_DEC_EXTEND,     /* capture or a decode step of one sequence: chunks appended to st */
-    LS_DEC_CP_CAPTURE, /* capture of a state split over ranks (st->nranks > 1) */
+    LS_DEC_CP_CAPTURE, /* capture of a state split over ranks (st->nranks > 1): begin only, over
+                        * the rank's positions (T); the layers are cp_layer's */
     LS_DEC_DECODE,     /* batched decode: row i continues seqs[i] (ls_dec_model.batched_decode) */
     LS_DEC_BRANCH      /* a branch against the read-only view (or a sweep chunk, sweep >= 0) */
 } ls_dec_pass_kind;
@@ -157,13 +158,10 @@ typedef enum {
 typedef struct {
     ls_dec_pass_kind kind;
     int64_t T, pos0, grad_from;
-    ls_prompt_state *st;          /* EXTEND / CP_CAPTURE: the state written (its n = pos0) */
+    ls_prompt_state *st;          /* EXTEND / CP_CAPTURE: the state written (EXTEND: its n = pos0) */
     const ls_prompt_state *view;  /* BRANCH: the read-only prefix (NULL: none) */
     ls_prompt_state *const *seqs; /* DECODE */
     int sweep;                    /* BRANCH: the layout segment of a sweep chunk, −1: a branch */
-    /* CP_CAPTURE: the chunk's segment [seg_lo, seg_hi) (index seg, owner) */
-    int seg, owner;
-    int64_t seg_lo, seg_hi;
     void *tape; /* the family's tape (NULL: none) */
     const ls_fwd_opts *o;
     ls_arena *ta, *sc; /* tape arena (with a tape), scratch */
@@ -194,11 +192,6 @@ struct ls_dec_model {
     const float *embed, *final_norm, *lm_head;
     const void *fam;   /* the family's model */
     void *pass_data;   /* the family's per-pass state (begin writes it, layer_fwd reads it) */
-    /* CP capture walks layer by layer over all of the rank's positions (the residual of
-     * the rank's P/N positions alive: a recurrent state relays between the ranks as a
-     * wavefront) when set, else chunk by chunk through every layer with all ranks in
-     * every layer's attention (a selection made in one layer is read by later ones). */
-    int cp_layer_major;
     int batched_decode;  /* a decode step runs all sequences' rows in one pass */
     int sweep_every_rank; /* under CP every rank recomputes every sweep chunk (else the
                            * owner does, serving the others and relaying d(state)) */
@@ -207,18 +200,16 @@ struct ls_dec_model {
     /* A tape for a branch: the family's struct (ls_dec_branch first), its layers' tapes,
      * all host bookkeeping of arena A; the driver fills the head. */
     ls_dec_branch *(*tape_new)(const ls_dec_model *dm, const ls_dec_pass *p, ls_arena *A);
-    /* Layer l on x [T, D]; skip_ffn: the mixer only (capture's last layer). Under
-     * CP_CAPTURE x is NULL on the ranks that do not own the chunk: their part of the
-     * layer for the owner (pages sent, attention assisted). */
+    /* Layer l on x [T, D]; skip_ffn: the mixer only (capture's last layer). */
     ls_status (*layer_fwd)(const ls_dec_model *dm, const ls_dec_pass *p, int l, float *x, int skip_ffn);
     /* CP capture, layer-major: layer l over all of this rank's positions at once (x the
-     * rank's residual stream [its positions, D], its segments one after another), when
-     * the family runs that layer its own way (the hybrid's Gated DeltaNet: a state scan
-     * instead of the relay); *done 0: the driver runs the layer chunk by chunk (NULL:
-     * always). st: the state as the ops read it (a host state's stage, layer l's
-     * recurrent state staged); hst: the state itself (where the sweep checkpoints go). */
+     * rank's residual stream [its positions, D], its segments one after another), with
+     * what it needs of the other ranks exchanged collectively (the hybrid's Gated
+     * DeltaNet: a state scan; attention: gathered pages). st: the state as the ops read
+     * it (a host state's stage, layer l's pages and recurrent state staged); hst: the
+     * state itself (where the sweep checkpoints go). */
     ls_status (*cp_layer)(const ls_dec_model *dm, ls_prompt_state *st, ls_prompt_state *hst, int l, float *x,
-                          int skip_ffn, const ls_fwd_opts *o, ls_arena *sc, int *done);
+                          int skip_ffn, const ls_fwd_opts *o, ls_arena *sc);
     /* Layer l's backward: dx [T, D] ∂L/∂(output) → ∂L/∂(input), gradients (+=). */
     ls_status (*layer_bwd)(const ls_dec_model *dm, const ls_dec_grad *g, const ls_dec_branch *tape, int l, float *dx,
                            const ls_dec_dstate *dc, ls_arena *sc);

@@ -621,7 +621,7 @@ static ls_status hy_cp_attn_layer(const ls_hybrid_model *m, ls_prompt_state *st,
     gather_ctx gc = {m, st, Q, O, LSE, ALLOC_F(sc, Cq * qd), ALLOC_F(sc, Cq * H), xoff, Cq, sc};
     NEED(gc.ob && gc.lb);
     size_t pb = (size_t)st->page_size * (size_t)kvd * ls_dtype_size(st->dtype);
-    LS_TRY(ls_dist_pages_gather(be, st->comm, &segs, st->page_size, pb, ls_hybrid_cp_block(st, o), l, gather_block, &gc,
+    LS_TRY(ls_dist_pages_gather(be, st->comm, &segs, st->page_size, pb, pb, ls_hybrid_cp_block(st, o), l, gather_block, &gc,
                                 sc));
     /* 3. pass B */
     ls_status s = LS_OK;
@@ -652,10 +652,9 @@ static ls_status hy_cp_attn_layer(const ls_hybrid_model *m, ls_prompt_state *st,
  * for the rank's positions); the exchange; pass B: the correction, the gated norm, the
  * out projection and the FFN. */
 static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_prompt_state *hst, int l, float *x,
-                             int skip_ffn, const ls_fwd_opts *o, ls_arena *sc, int *done) {
+                             int skip_ffn, const ls_fwd_opts *o, ls_arena *sc) {
     const ls_hybrid_model *m = dm->fam;
     const ls_config *c = &m->cfg;
-    *done = 1;
     if (c->kind[l] != LS_LAYER_GDN) return hy_cp_attn_layer(m, st, l, x, skip_ffn, o, sc);
     const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     const ls_hybrid_layer *w = &m->layers[l];
@@ -822,7 +821,7 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pro
 ls_dec_model ls_hybrid_dec(const ls_hybrid_model *m, ls_hybrid_pass *hp) {
     return (ls_dec_model){.be = m->be, .cfg = &m->cfg, .norm = LS_NORM_ZERO_CENTRED, .embed = m->embed,
                           .final_norm = m->final_norm, .lm_head = m->lm_head, .fam = m, .pass_data = hp,
-                          .cp_layer_major = 1, .batched_decode = 1, .begin = hy_begin, .tape_new = hy_tape_new,
+                          .batched_decode = 1, .begin = hy_begin, .tape_new = hy_tape_new,
                           .layer_fwd = hy_layer_fwd, .cp_layer = hy_cp_layer,
                           .layer_bwd = ls_hybrid_layer_bwd,
                           .sweep_serve = ls_hybrid_sweep_serve, .sweep_relay = ls_hybrid_sweep_relay};

@@ -144,7 +144,7 @@ ls_status ls_hybrid_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan
         int64_t bp = (int64_t)C / rq->page_size > 0 ? (int64_t)C / rq->page_size : 1;
         attn = ((size_t)p.pages_per_rank * (size_t)rq->page_size * (3 * qd + (size_t)cfg->n_heads) +
                 C * (qd + (size_t)cfg->n_heads)) * sizeof(float) +
-               ls_dist_gather_bytes(bp, p.cp, rq->layout == LS_CP_ZIGZAG ? 2 : 1, pb);
+               ls_dist_gather_bytes(bp, p.cp, rq->layout == LS_CP_ZIGZAG ? 2 : 1, pb, pb);
     }
     ls_plan_size(d, "cp_attn_bytes_per_rank", attn);
     ls_plan_str(d, "mode", full ? "full" : "prefix-frozen");

@@ -39,13 +39,11 @@ typedef struct {
     ls_arena *ta, *sc;
     /* Context parallelism (spec §6): the pages are split over the ranks of cp. Every rank
      * proposes its top-kk keys per query, the global top-kk is chosen from them, each
-     * rank attends over the chosen keys it holds and the partials merge by log-sum-exp.
-     * qroot: the rank that computed the queries (capture: the chunk's owner, which
-     * broadcasts them), −1 when every rank computed them (branches, decode). own_rank:
-     * the rank that scores and attends the call's own rows (capture: the owner; branches
-     * and decode: 0). Keys of positions < nkeys are paged. */
+     * rank attends over the chosen keys it holds and the partials merge by log-sum-exp
+     * (branches and decode; a CP capture is mla_cp_layer's). own_rank: the rank that
+     * scores and attends the call's own rows (0). Keys of positions < nkeys are paged. */
     const ls_comm *cp;
-    int qroot, own_rank;
+    int own_rank;
     int64_t nkeys;
     int32_t *sel_local;        /* [T, kk] the selection as this rank's local rows (the tape keeps it) */
 } mla_ctx;
@@ -105,17 +103,14 @@ static ls_status score_rows(const ls_backend *be, float *row, const float *qI, c
     return LS_OK;
 }
 
-/* One rank, full layer l: each query's causal top-kk over the prefix's index keys and
- * the call's own keys kI [T, dI] (into L->sel). */
-static ls_status select_local(const ls_mla_model *m, int l, const float *qI, const float *wq, const float *kI,
-                              mla_ctx *L) {
+/* Each of T queries' (at positions pos0..) causal top-kk over index keys `keys` (its n =
+ * pos0 positions, pages) and the call's own keys kI [T, dI]: sel [T, kk]. */
+static ls_status select_rows(const ls_mla_model *m, const float *qI, const float *wq, const ls_kv_prefix *keys,
+                             const float *kI, int64_t T, int32_t *sel, int64_t kk, ls_arena *sc) {
     const ls_mla_config *mc = ls_mla_cfg(&m->cfg);
-    int64_t T = L->T, pos0 = L->pos0, n = pos0 + T;
+    int64_t pos0 = keys->n, n = pos0 + T;
     int nI = mc->index_heads, dI = mc->index_head_dim;
-    ls_arena *sc = L->sc;
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    ls_kv_prefix pre = prefix_of(L->st, l);
-    ls_kv_prefix keys = {pos0, pre.page_size, pre.dtype, pre.v_pages, NULL}; /* the prefix's index keys */
     int64_t tb = INDEX_BLOCK_VALUES / n;
     tb = tb < 1 ? 1 : tb > T ? T : tb;
     float *row = ALLOC_F(sc, tb * n);
@@ -123,11 +118,20 @@ static ls_status select_local(const ls_mla_model *m, int l, const float *qI, con
     NEED(row && count);
     for (int64_t t0 = 0; t0 < T; t0 += tb) { /* rows [t0, t1): keys 0 .. pos0 + t1 − 1 */
         int64_t t1 = t0 + tb < T ? t0 + tb : T, nb = t1 - t0;
-        LS_TRY(score_rows(m->be, row, qI + t0 * nI * dI, wq + t0 * nI, nb, &keys, kI, t1, nI, dI, sc));
-        LS_TRY(ls_op_dsa_topk(m->be, L->sel + t0 * L->kk, count, row, nb, pos0 + t1, pos0 + t0, L->kk, sc));
+        LS_TRY(score_rows(m->be, row, qI + t0 * nI * dI, wq + t0 * nI, nb, keys, kI, t1, nI, dI, sc));
+        LS_TRY(ls_op_dsa_topk(m->be, sel + t0 * kk, count, row, nb, pos0 + t1, pos0 + t0, kk, sc));
     }
     ls_arena_release(sc, mk);
     return LS_OK;
+}
+
+/* One rank, full layer l: each query's causal top-kk over the prefix's index keys and
+ * the call's own keys kI [T, dI] (into L->sel). */
+static ls_status select_local(const ls_mla_model *m, int l, const float *qI, const float *wq, const float *kI,
+                              mla_ctx *L) {
+    ls_kv_prefix pre = prefix_of(L->st, l);
+    ls_kv_prefix keys = {L->pos0, pre.page_size, pre.dtype, pre.v_pages, NULL}; /* the prefix's index keys */
+    return select_rows(m, qI, wq, &keys, kI, L->T, L->sel, L->kk, L->sc);
 }
 
 /* ---- context parallelism ------------------------------------------------------------ */
@@ -149,7 +153,7 @@ static int64_t held_position(const ls_prompt_state *st, int64_t li) {
 }
 
 /* The global top-kk of the T queries at positions pos0.. over every rank's keys (spec
- * §6 step A): each rank's top-kk among the keys it holds (paged positions < nkeys, and
+ * §6 step A; branches and decode): each rank's top-kk among the keys it holds (paged positions < nkeys, and
  * the own keys kI on the own-rows rank) with their positions; one all-gather; the best
  * kk of the union by (score desc, position asc), ascending in L->sel — exactly the one-
  * rank selection, since a key among the global top kk is among its rank's top kk. */
@@ -212,15 +216,6 @@ static void cp_local_sel(const ls_prompt_state *st, const int32_t *sel, int32_t 
     }
 }
 
-/* Capture under CP: the chunk's owner broadcasts its queries (absorbed [T, H, rkv+dr];
- * on a full layer also the indexer's qI and weights) to every rank. */
-static ls_status cp_share_queries(const ls_backend *be, const ls_comm *cp, int root, float *qa, float *qI, float *wq, int64_t na, int64_t ni,
-                                  int64_t nw) {
-    ls_dist_part q[3] = {{qa, (size_t)na * sizeof(float)}, {qI, (size_t)ni * sizeof(float)},
-                         {wq, (size_t)nw * sizeof(float)}};
-    return ls_dist_bcast_parts(be, cp, q, 3, root);
-}
-
 /* Under CP (spec §6 step B): this rank's partial over the selected keys it holds (own
  * rows on the own-rows rank), merged with every rank's by log-sum-exp: o [T, H, rkv] and
  * lse [T, H] the whole attention's, on every rank. L->sel_local (tape arena with a tape)
@@ -251,51 +246,89 @@ static ls_status cp_attend(const ls_mla_model *m, int l, const float *qa, const 
     return ls_cp_merge(m->be, o, lse, T * H, (int)rkv, L->cp, L->sc);
 }
 
-/* MLA mixer of layer l (spec §2, absorbed form): x[T, D] += o_proj(W_UV · attention). */
-static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *xn, mla_ctx *L) {
+/* The mixer's projections of T rows (spec §2): the buffers a call keeps, given by the
+ * caller (rstd_q, rstd_kv NULL: not kept). */
+typedef struct {
+    float *cq_raw, *cq; /* [T, rq] q_a x, its norm */
+    float *q;           /* [T, H, dn+dr] */
+    float *lat_raw;     /* [T, rkv] the latent before its norm */
+    float *own;         /* [T, rkv+dr] the call's latent rows */
+    float *qa;          /* [T, H, rkv+dr] the absorbed queries */
+    float *rstd_q, *rstd_kv;
+} mla_proj;
+
+/* Query path c_q = RMSNorm(q_a x), q = q_b c_q per head [q_nope ; q_pe]; the latent rows
+ * [RMSNorm(a[:rkv]) ; RoPE(a[rkv:])] of a = kv_a x, rounded as pages of dtype dt round
+ * theirs; the absorbed queries q̃[h] = W_UK[h]ᵀ q_nope[h] beside q_pe. */
+static ls_status mla_in_proj(const ls_mla_model *m, int l, const float *xn, int64_t T, int64_t pos0, ls_dtype dt,
+                             const mla_proj *p, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     const ls_mla_config *mc = ls_mla_cfg(c);
     const ls_mla_layer *w = &m->layers[l];
-    int64_t T = L->T, D = c->hidden, rq = mc->q_lora_rank, rkv = mc->kv_lora_rank, pos0 = L->pos0;
-    int H = c->n_heads, dn = mc->qk_nope, dr = mc->qk_rope, dv = mc->v_head, half = dr / 2;
-    int64_t dq = dn + dr, dk = rkv + dr, hb = dn + dv; /* a head's q width, the latent row, kv_b rows per head */
-    mla_layer_tape *tp = L->tp;
-    ls_arena *A = tp ? L->ta : L->sc, *sc = L->sc;
+    int64_t D = c->hidden, rq = mc->q_lora_rank, rkv = mc->kv_lora_rank;
+    int H = c->n_heads, dn = mc->qk_nope, dr = mc->qk_rope, half = dr / 2;
+    int64_t dq = dn + dr, dk = rkv + dr, hb = dn + mc->v_head; /* a head's q width, the latent row, kv_b rows per head */
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *cq_raw = ALLOC_F(A, T * rq), *cq = ALLOC_F(A, T * rq); /* [T, rq] */
-    float *q = ALLOC_F(A, T * H * dq);                              /* [T, H, dn+dr] */
-    float *kva = ALLOC_F(sc, T * dk);                               /* [T, rkv+dr] kv_a_proj output */
-    float *lat_raw = ALLOC_F(A, T * rkv), *lat = ALLOC_F(sc, T * rkv);
-    float *own = ALLOC_F(A, T * dk);                                /* [T, rkv+dr] */
-    float *qa = ALLOC_F(A, T * H * dk);                             /* [T, H, rkv+dr] */
-    float *o = ALLOC_F(A, T * H * rkv);                             /* [T, H, rkv] */
-    float *ov = ALLOC_F(A, T * H * dv);                             /* [T, H·dv] */
-    float *rstd_q = tp ? ALLOC_F(A, T) : NULL, *rstd_kv = tp ? ALLOC_F(A, T) : NULL;
-    float *lse = tp ? ALLOC_F(A, T * H) : NULL;
-    NEED(cq_raw && cq && q && kva && lat_raw && lat && own && qa && o && ov && (!tp || (rstd_q && rstd_kv && lse)));
-    /* query path: c_q = RMSNorm(q_a x); q = q_b c_q, per head [q_nope (dn) ; q_pe (dr)] */
-    ls_op_linear_fwd(m->be, cq_raw, xn, w->q_a, T, D, rq, 0);
-    ls_op_rmsnorm_plain_fwd(m->be, cq, rstd_q, cq_raw, w->q_a_norm, T, rq, c->eps);
-    ls_op_linear_fwd(m->be, q, cq, w->q_b, T, rq, H * dq, 0);
-    ls_op_rope_table_fwd(m->be, q, T, H, (int)dq, dn, half, m->inv_freq, mc->rope_interleave, pos0);
-    /* KV path: the latent row [RMSNorm(a[:rkv]) ; RoPE(a[rkv:])], shared by every head */
+    float *kva = ALLOC_F(sc, T * dk), *lat = ALLOC_F(sc, T * rkv); /* kv_a_proj output, the normed latent */
+    NEED(kva && lat);
+    ls_op_linear_fwd(m->be, p->cq_raw, xn, w->q_a, T, D, rq, 0);
+    ls_op_rmsnorm_plain_fwd(m->be, p->cq, p->rstd_q, p->cq_raw, w->q_a_norm, T, rq, c->eps);
+    ls_op_linear_fwd(m->be, p->q, p->cq, w->q_b, T, rq, H * dq, 0);
+    ls_op_rope_table_fwd(m->be, p->q, T, H, (int)dq, dn, half, m->inv_freq, mc->rope_interleave, pos0);
     ls_op_linear_fwd(m->be, kva, xn, w->kv_a, T, D, dk, 0);
-    ls_op_copy_rows(m->be, lat_raw, rkv, kva, dk, T, rkv);
-    ls_op_rmsnorm_plain_fwd(m->be, lat, rstd_kv, lat_raw, w->kv_a_norm, T, rkv, c->eps);
-    ls_op_copy_rows(m->be, own, dk, lat, rkv, T, rkv);
-    ls_op_copy_rows(m->be, own + rkv, dk, kva + rkv, dk, T, dr);
-    ls_op_rope_table_fwd(m->be, own, T, 1, (int)dk, (int)rkv, half, m->inv_freq, mc->rope_interleave, pos0);
+    ls_op_copy_rows(m->be, p->lat_raw, rkv, kva, dk, T, rkv);
+    ls_op_rmsnorm_plain_fwd(m->be, lat, p->rstd_kv, p->lat_raw, w->kv_a_norm, T, rkv, c->eps);
+    ls_op_copy_rows(m->be, p->own, dk, lat, rkv, T, rkv);
+    ls_op_copy_rows(m->be, p->own + rkv, dk, kva + rkv, dk, T, dr);
+    ls_op_rope_table_fwd(m->be, p->own, T, 1, (int)dk, (int)rkv, half, m->inv_freq, mc->rope_interleave, pos0);
     /* the call's own latent rows rounded as the pages round theirs (bf16 pages): every key
      * and value then reads the same whether it is still the call's or paged already, so
      * capture chunking, the CP split and decode order cannot move a near-tie selection of
      * a later layer (the backward passes straight through the rounding) */
-    if (L->st && L->st->dtype != LS_DTYPE_F32) ls_op_round_to(m->be, own, T * dk, L->st->dtype);
-    /* absorbed queries: q̃[h] = W_UK[h]ᵀ q_nope[h] (W_UK[h] = kv_b rows h·(dn+dv) ..+dn) */
+    if (dt != LS_DTYPE_F32) ls_op_round_to(m->be, p->own, T * dk, dt);
     for (int h = 0; h < H; h++) {
-        ls_op_gemm(m->be, 0, 0, (int)T, (int)rkv, dn, 1.0f, q + h * dq, (int)(H * dq),
-                    w->kv_b + h * hb * rkv, (int)rkv, 0.0f, qa + h * dk, (int)(H * dk));
-        ls_op_copy_rows(m->be, qa + h * dk + rkv, H * dk, q + h * dq + dn, H * dq, T, dr);
+        ls_op_gemm(m->be, 0, 0, (int)T, (int)rkv, dn, 1.0f, p->q + h * dq, (int)(H * dq),
+                    w->kv_b + h * hb * rkv, (int)rkv, 0.0f, p->qa + h * dk, (int)(H * dk));
+        ls_op_copy_rows(m->be, p->qa + h * dk + rkv, H * dk, p->q + h * dq + dn, H * dq, T, dr);
     }
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+/* x [T, D] += o_proj(o[h] = W_UV[h] ō[h]) from the attention o [T, H, rkv]; ov [T, H·dv]
+ * (=) the heads' outputs. */
+static void mla_out_proj(const ls_mla_model *m, int l, float *x, const float *o, float *ov, int64_t T) {
+    const ls_config *c = &m->cfg;
+    const ls_mla_config *mc = ls_mla_cfg(c);
+    const ls_mla_layer *w = &m->layers[l];
+    int64_t rkv = mc->kv_lora_rank;
+    int H = c->n_heads, dn = mc->qk_nope, dv = mc->v_head;
+    int64_t hb = dn + dv;
+    for (int h = 0; h < H; h++)
+        ls_op_gemm(m->be, 0, 1, (int)T, dv, (int)rkv, 1.0f, o + h * rkv, (int)(H * rkv),
+                    w->kv_b + (h * hb + dn) * rkv, (int)rkv, 0.0f, ov + h * dv, H * dv);
+    ls_op_linear_fwd(m->be, x, ov, w->o_proj, T, (int64_t)H * dv, c->hidden, 1);
+}
+
+/* MLA mixer of layer l (spec §2, absorbed form): x[T, D] += o_proj(W_UV · attention). */
+static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *xn, mla_ctx *L) {
+    const ls_config *c = &m->cfg;
+    const ls_mla_config *mc = ls_mla_cfg(c);
+    int64_t T = L->T, rq = mc->q_lora_rank, rkv = mc->kv_lora_rank, pos0 = L->pos0;
+    int H = c->n_heads, dn = mc->qk_nope, dr = mc->qk_rope, dv = mc->v_head;
+    int64_t dq = dn + dr, dk = rkv + dr;
+    mla_layer_tape *tp = L->tp;
+    ls_arena *A = tp ? L->ta : L->sc, *sc = L->sc;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    mla_proj pj = {ALLOC_F(A, T * rq), ALLOC_F(A, T * rq), ALLOC_F(A, T * H * dq), ALLOC_F(A, T * rkv),
+                   ALLOC_F(A, T * dk), ALLOC_F(A, T * H * dk), tp ? ALLOC_F(A, T) : NULL, tp ? ALLOC_F(A, T) : NULL};
+    float *o = ALLOC_F(A, T * H * rkv);  /* [T, H, rkv] */
+    float *ov = ALLOC_F(A, T * H * dv);  /* [T, H·dv] */
+    float *lse = tp ? ALLOC_F(A, T * H) : NULL;
+    NEED(pj.cq_raw && pj.cq && pj.q && pj.lat_raw && pj.own && pj.qa && o && ov &&
+         (!tp || (pj.rstd_q && pj.rstd_kv && lse)));
+    float *qa = pj.qa, *own = pj.own;
+    LS_TRY(mla_in_proj(m, l, xn, T, pos0, L->st ? L->st->dtype : LS_DTYPE_F32, &pj, sc));
     /* selection: a full layer's own indexer, or the most recent full layer's */
     float *kI = NULL;
     int full = mc->index_full[l];
@@ -313,15 +346,11 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
          * function of the keys alone, whatever the chunking, the CP split or decode order
          * (near ties flip under bf16 otherwise, spec §7.3) */
         if (L->st && L->st->dtype != LS_DTYPE_F32) ls_op_round_to(m->be, kI, T * mc->index_head_dim, L->st->dtype);
-        ls_mla_index_queries(m, l, xn, cq, T, pos0, qI, wq);
-        if (L->cp) {
-            if (L->qroot >= 0) LS_TRY(cp_share_queries(m->be, L->cp, L->qroot, qa, qI, wq, T * H * dk, T * nI * dI, T * nI));
+        ls_mla_index_queries(m, l, xn, pj.cq, T, pos0, qI, wq);
+        if (L->cp)
             LS_TRY(cp_select(m, l, qI, wq, kI, L));
-        } else {
+        else
             LS_TRY(select_local(m, l, qI, wq, kI, L));
-        }
-    } else if (L->cp && L->qroot >= 0) {
-        LS_TRY(cp_share_queries(m->be, L->cp, L->qroot, qa, NULL, NULL, T * H * dk, 0, 0));
     }
     LS_ASSERT(L->sel, "layer %d shares the selection of a full indexer layer, and none came before it", l);
     if (L->cp) {
@@ -333,18 +362,14 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
         ls_kv_prefix pre = prefix_of(L->st, l);
         LS_TRY(ls_op_mla_attn_fwd(m->be, o, lse, qa, own, &pre, L->sel, L->kk, T, H, (int)rkv, dr, pos0, m->scale));
     }
-    /* per head o[h] = W_UV[h] ō[h], then o_proj into the residual */
-    for (int h = 0; h < H; h++)
-        ls_op_gemm(m->be, 0, 1, (int)T, dv, (int)rkv, 1.0f, o + h * rkv, (int)(H * rkv),
-                    w->kv_b + (h * hb + dn) * rkv, (int)rkv, 0.0f, ov + h * dv, H * dv);
-    ls_op_linear_fwd(m->be, x, ov, w->o_proj, T, (int64_t)H * dv, D, 1);
+    mla_out_proj(m, l, x, o, ov, T); /* per head o[h] = W_UV[h] ō[h], then o_proj into the residual */
     /* the call's rows into the state, on the rank holding their positions (under CP: the
      * chunk's owner in capture, the tail rank in decode) */
     if (L->append && (!L->cp || ls_state_local_page(L->append, pos0) >= 0))
         LS_TRY(ls_state_append_kv(L->append, l, own, kI, T));
     if (tp) {
-        tp->cq_raw = cq_raw, tp->rstd_q = rstd_q, tp->cq = cq, tp->q = q, tp->lat_raw = lat_raw;
-        tp->rstd_kv = rstd_kv, tp->own = own, tp->qa = qa, tp->sel = L->sel, tp->o = o, tp->lse = lse, tp->ov = ov;
+        tp->cq_raw = pj.cq_raw, tp->rstd_q = pj.rstd_q, tp->cq = pj.cq, tp->q = pj.q, tp->lat_raw = pj.lat_raw;
+        tp->rstd_kv = pj.rstd_kv, tp->own = own, tp->qa = qa, tp->sel = L->sel, tp->o = o, tp->lse = lse, tp->ov = ov;
     }
     ls_arena_release(sc, mk);
     return LS_OK;
@@ -389,24 +414,6 @@ static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, ml
     return LS_OK;
 }
 
-/* Capture under CP, on a rank that does not own the chunk: its part of layer l's
- * attention for the owner's queries (received), the same collectives in the same order
- * as the owner's mla_mixer. */
-static ls_status cp_assist(const ls_mla_model *m, int l, mla_ctx *L) {
-    const ls_mla_config *mc = ls_mla_cfg(&m->cfg);
-    int64_t T = L->T, dk = mc->kv_lora_rank + mc->qk_rope;
-    int H = m->cfg.n_heads, nI = mc->index_heads, dI = mc->index_head_dim, full = mc->index_full[l];
-    ls_arena_mark mk = ls_arena_get_mark(L->sc);
-    float *qa = ALLOC_F(L->sc, T * H * dk), *o = ALLOC_F(L->sc, T * H * mc->kv_lora_rank), *lse = ALLOC_F(L->sc, T * H);
-    float *qI = full ? ALLOC_F(L->sc, T * nI * dI) : NULL, *wq = full ? ALLOC_F(L->sc, T * nI) : NULL;
-    NEED(qa && o && lse && (!full || (qI && wq)));
-    LS_TRY(cp_share_queries(m->be, L->cp, L->qroot, qa, qI, wq, T * H * dk, full ? T * nI * dI : 0, full ? T * nI : 0));
-    if (full) LS_TRY(cp_select(m, l, qI, wq, NULL, L));
-    LS_TRY(cp_attend(m, l, qa, NULL, o, lse, L));
-    ls_arena_release(L->sc, mk);
-    return LS_OK;
-}
-
 /* The family's parts of a layer for the skeleton (decoder.h): the MLA mixer and the MoE block. */
 typedef struct {
     const ls_mla_model *m;
@@ -441,26 +448,241 @@ static int64_t sel_stride(const ls_config *c, int64_t pos0, int64_t T) {
     return mc->index_topk < pos0 + T ? mc->index_topk : pos0 + T;
 }
 
-/* The CP part of a layer context: the keys' communicator, who computed the queries,
- * who handles the call's own rows, which keys are paged. */
-static void set_cp(mla_ctx *L, const ls_prompt_state *st, int qroot, int own_rank, int64_t nkeys, int32_t *sel_local) {
+/* The CP part of a layer context: the keys' communicator, who handles the call's own
+ * rows, which keys are paged. */
+static void set_cp(mla_ctx *L, const ls_prompt_state *st, int own_rank, int64_t nkeys, int32_t *sel_local) {
     if (!st || st->nranks <= 1) return;
-    L->cp = st->comm, L->qroot = qroot, L->own_rank = own_rank, L->nkeys = nkeys, L->sel_local = sel_local;
+    L->cp = st->comm, L->own_rank = own_rank, L->nkeys = nkeys, L->sel_local = sel_local;
+}
+
+/* ---- a layer of a CP capture over all of the rank's positions (issue 22) --------------
+ * Layer-major, as the hybrid's (decoder.c): no rank waits for another's compute in prompt
+ * order. Pass A, per chunk the rank owns: norm, projections, the latent rows (and on a
+ * full layer the index keys) into the pages, the absorbed queries (and the indexer's
+ * queries and weights) kept for the rank's positions. Selection, on a full layer: the
+ * other ranks' earlier index keys are gathered whole (dI values a position, a fraction of
+ * a latent row) into one page table over the prompt, and each own chunk selects exactly
+ * as one rank does (the same scores, the same ties); a shared layer reads the last full
+ * layer's selection, kept for the rank's positions across layers. Attention: each query
+ * over the selected rows the rank holds, then over the other ranks' selected rows as
+ * their latent pages pass in rounds (ls_dist_pages_gather), merged by log-sum-exp.
+ * Pass B, per chunk: W_UV, o_proj, the FFN or MoE. */
+
+/* Pages holding n positions. */
+static int64_t pages_for(int64_t n, int64_t S) { return (n + S - 1) / S; }
+
+typedef struct {
+    const ls_mla_model *m;
+    const ls_prompt_state *st;
+    const int64_t *lo;   /* [segments] every segment's first position */
+    const int64_t *xoff; /* [st->nseg] the rank's segments' rows in its residual */
+    const int32_t *hsel; /* [Tr, kk] the rank's selection (host-readable) */
+    const float *Q;      /* [Tr, H, rkv+dr] */
+    float *O, *LSE;      /* [Tr, H, rkv], [Tr, H] */
+    int32_t *loc, *hloc; /* [Cq, kk] a query chunk's rows in a block (the backend's, its host view) */
+    float *ob, *lb;      /* [Cq, H, rkv], [Cq, H] the block's partial */
+    void **ip;           /* index keys: [pages] the prompt's pages (full layer), filled by the gather */
+    int64_t kk, Cq;
+    ls_arena *sc;
+} mla_gather;
+
+/* Index keys of another rank's segment: its block copied where the page table points. */
+static ls_status gather_index(void *ctx, int seg, void *const *k, void *const *v, int64_t nb, int64_t rows,
+                              int64_t row0) {
+    (void)v, (void)rows;
+    const mla_gather *G = ctx;
+    const ls_prompt_state *st = G->st;
+    const ls_mla_config *mc = ls_mla_cfg(&G->m->cfg);
+    int64_t g0 = (G->lo[seg] + row0) / st->page_size, nf = st->page_size * mc->index_head_dim *
+                                                               (int64_t)ls_dtype_size(st->dtype) / (int64_t)sizeof(float);
+    for (int64_t i = 0; i < nb; i++)
+        if (G->ip[g0 + i]) ls_op_copy(G->m->be, G->ip[g0 + i], k[i], nf);
+    return LS_OK;
+}
+
+/* Latent rows of another rank's segment, positions [lo + row0, + rows): every later own
+ * query's selected rows among them attended, merged into (O, LSE). */
+static ls_status gather_latent(void *ctx, int seg, void *const *k, void *const *v, int64_t nb, int64_t rows,
+                               int64_t row0) {
+    (void)v, (void)nb;
+    const mla_gather *G = ctx;
+    const ls_prompt_state *st = G->st;
+    const ls_mla_config *mc = ls_mla_cfg(&G->m->cfg);
+    int H = G->m->cfg.n_heads, rkv = mc->kv_lora_rank, dr = mc->qk_rope;
+    int64_t dk = rkv + dr, kk = G->kk, b0 = G->lo[seg] + row0, b1 = b0 + rows;
+    ls_kv_prefix pre = {rows, st->page_size, st->dtype, k, NULL};
+    size_t lb = (size_t)(G->Cq * kk) * sizeof(int32_t);
+    for (int s = 0; s < st->nseg; s++) {
+        if (st->seg_lo[s] < b1) continue; /* only later queries select these rows */
+        int64_t len = st->seg_hi[s] - st->seg_lo[s];
+        for (int64_t t0 = 0; t0 < len; t0 += G->Cq) {
+            int64_t T = len - t0 < G->Cq ? len - t0 : G->Cq, r = G->xoff[s] + t0, any = 0;
+            for (int64_t t = 0; t < T; t++) { /* the selected positions in [b0, b1), as block rows */
+                const int32_t *sl = G->hsel + (r + t) * kk;
+                int32_t *lc = G->hloc + t * kk;
+                int64_t j = 0;
+                for (int64_t e = 0; e < kk && sl[e] >= 0; e++)
+                    if (sl[e] >= b0 && sl[e] < b1) lc[j++] = (int32_t)(sl[e] - b0);
+                any += j;
+                for (; j < kk; j++) lc[j] = -1;
+            }
+            if (!any) continue;
+            ls_host_view_done(G->m->be, G->sc, G->loc, G->hloc, lb, 1);
+            LS_TRY(ls_op_mla_attn_fwd(G->m->be, G->ob, G->lb, G->Q + r * H * dk, NULL, &pre, G->loc, kk, T, H, rkv, dr,
+                                      rows, G->m->scale));
+            ls_op_attn_merge(G->m->be, G->O + r * H * rkv, G->LSE + r * H, G->ob, G->lb, T, H, rkv);
+        }
+    }
+    return LS_OK;
+}
+
+static ls_status mla_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_prompt_state *hst, int l, float *x,
+                              int skip_ffn, const ls_fwd_opts *o, ls_arena *sc) {
+    (void)hst;
+    const ls_mla_model *m = dm->fam;
+    const ls_mla_pass *mp = dm->pass_data;
+    const ls_config *c = &m->cfg;
+    const ls_mla_config *mc = ls_mla_cfg(c);
+    const ls_mla_layer *w = &m->layers[l];
+    const ls_backend *be = m->be;
+    int64_t D = c->hidden, rq = mc->q_lora_rank, rkv = mc->kv_lora_rank, C = o->capture_chunk > 0 ? o->capture_chunk : 2048;
+    int H = c->n_heads, dn = mc->qk_nope, dr = mc->qk_rope, dv = mc->v_head, nI = mc->index_heads, dI = mc->index_head_dim;
+    int64_t dq = dn + dr, dk = rkv + dr, kk = mp->kk, S = st->page_size, n = st->capacity;
+    int full = mc->index_full[l], nseg = ls_state_segments(st);
+    size_t esz = ls_dtype_size(st->dtype);
+    int64_t Tr = 0, xoff[LS_STATE_MAX_SEGS];
+    for (int k = 0; k < st->nseg; k++) xoff[k] = Tr, Tr += st->seg_hi[k] - st->seg_lo[k];
+    int64_t Tn = Tr > 0 ? Tr : 1, Cq = C < Tn ? C : Tn;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *Q = ALLOC_F(sc, Tn * H * dk), *O = ALLOC_F(sc, Tn * H * rkv), *LSE = ALLOC_F(sc, Tn * H);
+    float *QI = full ? ALLOC_F(sc, Tn * nI * dI) : NULL, *WQ = full ? ALLOC_F(sc, Tn * nI) : NULL;
+    float *KI = full ? ALLOC_F(sc, Tn * dI) : NULL;
+    int64_t *lo = ls_arena_host_alloc(sc, 2 * (size_t)nseg * sizeof(int64_t)), *npos = lo ? lo + nseg : NULL;
+    int *owner = ls_arena_host_alloc(sc, (size_t)nseg * sizeof(int));
+    void ***kt = ls_arena_host_alloc(sc, 2 * (size_t)nseg * sizeof(void **)), ***vt = kt ? kt + nseg : NULL;
+    NEED(Q && O && LSE && (!full || (QI && WQ && KI)) && lo && owner && kt);
+    for (int sg = 0; sg < nseg; sg++) {
+        int64_t hi;
+        ls_state_segment(st, sg, &owner[sg], &lo[sg], &hi);
+        npos[sg] = hi - lo[sg], kt[sg] = vt[sg] = NULL;
+        for (int k = 0; k < st->nseg; k++)
+            if (owner[sg] == st->rank && st->seg_lo[k] == lo[sg]) {
+                kt[sg] = st->attn[l].k_pages + st->seg_lpage[k];
+                if (full) vt[sg] = st->attn[l].v_pages + st->seg_lpage[k];
+            }
+    }
+    mla_ctx L = {0, 0, st, NULL, NULL, kk, NULL, NULL, sc, NULL, -1, 0, NULL};
+    part_ctx pc = {m, l, &L};
+    ls_dec_layer d = {.be = be, .D = D, .I = c->intermediate, .eps = c->eps, .norm = LS_NORM_PLAIN,
+                      .input_norm = w->input_norm, .post_norm = w->post_norm, .mixer = part_mixer,
+                      .moe = c->moe[l] ? part_moe : NULL, .gu_w = w->mlp_gu, .down_w = w->mlp_down, .sc = sc, .ctx = &pc};
+    /* 1. pass A */
+    for (int k = 0; k < st->nseg; k++)
+        for (int64_t c0 = st->seg_lo[k], T; c0 < st->seg_hi[k]; c0 += T) {
+            T = ls_state_span_end(st, st->seg_lo[k], c0, st->seg_hi[k], C) - c0;
+            int64_t r0 = xoff[k] + c0 - st->seg_lo[k];
+            ls_arena_mark m2 = ls_arena_get_mark(sc);
+            float *xn = ALLOC_F(sc, T * D);
+            mla_proj pj = {ALLOC_F(sc, T * rq), ALLOC_F(sc, T * rq), ALLOC_F(sc, T * H * dq), ALLOC_F(sc, T * rkv),
+                           ALLOC_F(sc, T * dk), Q + r0 * H * dk, NULL, NULL};
+            NEED(xn && pj.cq_raw && pj.cq && pj.q && pj.lat_raw && pj.own);
+            d.T = T;
+            ls_dec_norm1_fwd(&d, xn, x + r0 * D);
+            LS_TRY(mla_in_proj(m, l, xn, T, c0, st->dtype, &pj, sc));
+            float *kI = full ? KI + r0 * dI : NULL;
+            if (full) {
+                ls_mla_index_keys(m, l, xn, T, c0, kI, NULL);
+                if (st->dtype != LS_DTYPE_F32) ls_op_round_to(be, kI, T * dI, st->dtype);
+                ls_mla_index_queries(m, l, xn, pj.cq, T, c0, QI + r0 * nI * dI, WQ + r0 * nI);
+            }
+            st->n = c0;
+            LS_TRY(ls_state_append_kv(st, l, pj.own, kI, T));
+            ls_arena_release(sc, m2);
+        }
+    ls_dist_segs segs = {nseg, owner, npos, kt, NULL};
+    int64_t bp = C / S > 0 ? C / S : 1;
+    int32_t *loc = ls_arena_alloc(sc, (size_t)(Cq * kk) * sizeof(int32_t));
+    int32_t *hloc = ls_host_view(be, sc, loc, (size_t)(Cq * kk) * sizeof(int32_t), 0);
+    NEED(loc && hloc);
+    mla_gather G = {m, st, lo, xoff, NULL, Q, O, LSE, loc, hloc, ALLOC_F(sc, Cq * H * rkv), ALLOC_F(sc, Cq * H), NULL, kk,
+                    Cq, sc};
+    NEED(G.ob && G.lb);
+    /* 2. selection (a full layer): the prompt's index keys in one page table, own pages
+     * where they are, the other ranks' earlier ones gathered */
+    if (full) {
+        int64_t NP = pages_for(n, S), last = 0;
+        size_t ipb = (size_t)(S * dI) * esz;
+        for (int k = 0; k < st->nseg; k++)
+            if (st->seg_hi[k] > st->seg_lo[k] && st->seg_lo[k] > last) last = st->seg_lo[k];
+        G.ip = ls_arena_host_calloc(sc, (size_t)NP, sizeof(void *));
+        NEED(G.ip);
+        int64_t need = 0; /* pages of other ranks' segments before the rank's last */
+        for (int sg = 0; sg < nseg; sg++)
+            if (owner[sg] != st->rank && lo[sg] < last) need += pages_for(npos[sg], S);
+        char *ib = need ? ls_arena_alloc(sc, (size_t)need * ipb) : NULL;
+        NEED(ib || !need);
+        for (int sg = 0, j = 0; sg < nseg; sg++)
+            for (int64_t i = 0; i < pages_for(npos[sg], S); i++)
+                if (vt[sg]) G.ip[lo[sg] / S + i] = vt[sg][i];
+                else if (lo[sg] < last) G.ip[lo[sg] / S + i] = ib + (size_t)j++ * ipb;
+        ls_dist_segs is = {nseg, owner, npos, vt, NULL};
+        LS_TRY(ls_dist_pages_gather(be, st->comm, &is, S, ipb, 0, bp, l, gather_index, &G, sc));
+        for (int k = 0; k < st->nseg; k++)
+            for (int64_t c0 = st->seg_lo[k], T; c0 < st->seg_hi[k]; c0 += T) {
+                T = ls_state_span_end(st, st->seg_lo[k], c0, st->seg_hi[k], C) - c0;
+                int64_t r0 = xoff[k] + c0 - st->seg_lo[k];
+                ls_kv_prefix keys = {c0, S, st->dtype, G.ip, NULL};
+                LS_TRY(select_rows(m, QI + r0 * nI * dI, WQ + r0 * nI, &keys, KI + r0 * dI, T, mp->sel + r0 * kk, kk, sc));
+            }
+    }
+    /* 3. attention: the selected rows the rank holds, then the other ranks' as they pass */
+    size_t sb = (size_t)(Tn * kk) * sizeof(int32_t);
+    G.hsel = ls_host_view(be, sc, mp->sel, sb, 1);
+    NEED(G.hsel);
+    ls_kv_prefix pre = ls_state_prefix(st, l);
+    pre.n = ls_state_held_before(st, n);
+    for (int k = 0; k < st->nseg; k++) {
+        int64_t len = st->seg_hi[k] - st->seg_lo[k];
+        for (int64_t t0 = 0; t0 < len; t0 += Cq) {
+            int64_t T = len - t0 < Cq ? len - t0 : Cq, r = xoff[k] + t0;
+            cp_local_sel(st, G.hsel + r * kk, hloc, T, kk, st->seg_lo[k] + t0, n, 0);
+            ls_host_view_done(be, sc, loc, hloc, (size_t)(T * kk) * sizeof(int32_t), 1);
+            LS_TRY(ls_op_mla_attn_fwd(be, O + r * H * rkv, LSE + r * H, Q + r * H * dk, NULL, &pre, loc, kk, T, H, (int)rkv,
+                                      dr, pre.n, m->scale));
+        }
+    }
+    LS_TRY(ls_dist_pages_gather(be, st->comm, &segs, S, (size_t)(S * dk) * esz, 0, bp, l, gather_latent, &G, sc));
+    /* 4. pass B */
+    ls_status s = LS_OK;
+    for (int k = 0; k < st->nseg && s == LS_OK; k++)
+        for (int64_t c0 = st->seg_lo[k], T; c0 < st->seg_hi[k] && s == LS_OK; c0 += T) {
+            T = ls_state_span_end(st, st->seg_lo[k], c0, st->seg_hi[k], C) - c0;
+            int64_t r0 = xoff[k] + c0 - st->seg_lo[k];
+            ls_arena_mark m2 = ls_arena_get_mark(sc);
+            float *xr = x + r0 * D, *ov = ALLOC_F(sc, T * H * dv);
+            NEED(ov);
+            mla_out_proj(m, l, xr, O + r0 * H * rkv, ov, T);
+            ls_arena_release(sc, m2);
+            if (!skip_ffn) {
+                L.T = T, L.pos0 = c0, d.T = T;
+                s = ls_dec_ffn_fwd(&d, xr);
+            }
+        }
+    ls_arena_release(sc, mk);
+    return s;
 }
 
 /* ---- the family's hooks of the model driver (decoder.h) --------------------------------
- * Capture under CP (spec §6, DESIGN §8) is chunk-major: at every layer of a chunk all
- * ranks score the chunk's queries against the keys they hold, choose the global top-k,
- * attend over their share of it and merge. The chunk's own rows are the owner's, in f32
- * as in one-rank capture (bf16 pages round only what came before), appended after. */
+ * Capture under CP (spec §6, DESIGN §8) is layer-major: mla_cp_layer. */
 
 static ls_status mla_begin(const ls_dec_model *dm, const ls_dec_pass *p) {
     ls_mla_pass *mp = dm->pass_data;
-    mp->kk = sel_stride(dm->cfg, p->pos0, p->T);
+    int capture_cp = p->kind == LS_DEC_CP_CAPTURE; /* the rank's positions, layer-major (mla_cp_layer) */
+    mp->kk = capture_cp ? sel_stride(dm->cfg, 0, p->st->capacity) : sel_stride(dm->cfg, p->pos0, p->T);
     size_t b = (size_t)(p->T * mp->kk) * sizeof(int32_t);
     int taping = p->tape != NULL, cp = p->view && p->view->nranks > 1;
     int want_sel = p->kind != LS_DEC_BRANCH || !taping;     /* with a tape, the full layers keep theirs */
-    int want_loc = p->kind != LS_DEC_BRANCH || (!taping && cp);
+    int want_loc = (p->kind != LS_DEC_BRANCH && !capture_cp) || (!taping && cp);
     mp->sel = want_sel ? ls_arena_alloc(p->sc, b) : NULL;
     mp->loc = want_loc ? ls_arena_alloc(p->sc, b) : NULL;
     NEED((mp->sel || !want_sel) && (mp->loc || !want_loc));
@@ -482,20 +704,18 @@ static ls_status mla_layer_fwd(const ls_dec_model *dm, const ls_dec_pass *p, int
     ls_prompt_state *st = p->st;
     switch (p->kind) {
     case LS_DEC_EXTEND: { /* capture, or a decode step of one sequence */
-        mla_ctx L = {p->T, p->pos0, st, st, mp->sel, mp->kk, NULL, NULL, p->sc, NULL, -1, -1, 0, NULL};
-        set_cp(&L, st, -1, 0, p->pos0, mp->loc);
+        mla_ctx L = {p->T, p->pos0, st, st, mp->sel, mp->kk, NULL, NULL, p->sc, NULL, -1, 0, NULL};
+        set_cp(&L, st, 0, p->pos0, mp->loc);
         return layer_fwd(m, l, x, skip, &L);
     }
-    case LS_DEC_CP_CAPTURE: { /* x NULL: another rank's chunk, assisted */
-        mla_ctx L = {p->T, p->pos0, st, x ? st : NULL, mp->sel, mp->kk, NULL, NULL, p->sc, NULL, -1, -1, 0, NULL};
-        set_cp(&L, st, p->owner, p->owner, p->pos0, mp->loc); /* the owner's rows are its own (f32) until appended */
-        return x ? layer_fwd(m, l, x, skip, &L) : cp_assist(m, l, &L);
-    }
+    case LS_DEC_CP_CAPTURE: /* every layer of a CP capture is mla_cp_layer's */
+        LS_ASSERT(0, "layer %d: a CP capture runs its layers over all of the rank's positions", l);
+        return LS_ERR_ARG;
     case LS_DEC_BRANCH: {
         mla_tape *tb = p->tape;
         mla_ctx L = {p->T, p->pos0, p->view, NULL, mp->sel, mp->kk, tb ? &tb->layers[l] : NULL, p->ta, p->sc, NULL,
-                     -1, -1, 0, NULL};
-        set_cp(&L, p->view, -1, 0, p->pos0, mp->loc); /* every rank runs the branch; rank 0 attends its own rows */
+                     -1, 0, NULL};
+        set_cp(&L, p->view, 0, p->pos0, mp->loc); /* every rank runs the branch; rank 0 attends its own rows */
         LS_TRY(layer_fwd(m, l, x, skip, &L));
         mp->sel = L.sel, mp->loc = L.sel_local; /* a full layer's picks, for the shared layers after it */
         return LS_OK;
@@ -510,7 +730,7 @@ static ls_status mla_layer_fwd(const ls_dec_model *dm, const ls_dec_pass *p, int
 ls_dec_model ls_mla_dec(const ls_mla_model *m, ls_mla_pass *mp) {
     return (ls_dec_model){.be = m->be, .cfg = &m->cfg, .norm = LS_NORM_PLAIN, .embed = m->embed,
                           .final_norm = m->final_norm, .lm_head = m->lm_head, .fam = m, .pass_data = mp,
-                          .sweep_every_rank = 1, .begin = mla_begin, .tape_new = mla_tape_new,
+                          .sweep_every_rank = 1, .cp_layer = mla_cp_layer, .begin = mla_begin, .tape_new = mla_tape_new,
                           .layer_fwd = mla_layer_fwd, .layer_bwd = ls_mla_layer_bwd};
 }
 

@@ -7,11 +7,13 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "longstraw/mla.h"
 #include "longstraw/hybrid.h"
+#include "longstraw/cp.h"
 
 static int mul(size_t a, size_t b, size_t *o) { return ls_mul_size(a, b, o); }
 static int mul3(size_t a, size_t b, size_t c, size_t *o) { return mul(a, b, o) || mul(*o, c, o); }
@@ -147,6 +149,30 @@ double ls_mla_softmax_scale(const ls_config *c) {
 /* `plan` (plan.h): latent pages per MLA layer, index-key pages per full indexer layer,
  * the MoE routed-hidden buffers of a capture chunk, and the fixed and grad terms of a
  * full fine-tune (per rank under expert parallelism). */
+/* A layer of a CP capture (mla.c mla_cp_layer), the scratch beyond the shard residual:
+ * the selection of the rank's positions (kept across layers), the absorbed queries,
+ * outputs, log-sum-exps and the indexer's queries, weights and keys of its positions, the
+ * other ranks' index keys gathered whole with the prompt's page table, one query chunk's
+ * block selection and partial, and the larger of the two gathers' round buffers. */
+static size_t cp_capture_bytes(const ls_config *cfg, const ls_plan_request *rq, const ls_mla_plan_t *p) {
+    if (rq->cp <= 1) return 0;
+    const ls_mla_config *m = ls_mla_cfg(cfg);
+    size_t S = (size_t)rq->page_size, esz = ls_dtype_size(rq->dtype), C = 2048;
+    size_t tr = (size_t)p->pages_per_rank * S, H = (size_t)cfg->n_heads, rkv = (size_t)m->kv_lora_rank;
+    size_t dk = rkv + (size_t)m->qk_rope, nI = (size_t)m->index_heads, dI = (size_t)m->index_head_dim;
+    size_t kk = (size_t)(m->index_topk < rq->prompt ? m->index_topk : rq->prompt), cq = C < tr ? C : tr;
+    size_t lpage = S * dk * esz, ipage = S * dI * esz, remote = (size_t)(p->pages - p->pages_per_rank);
+    int64_t bp = (int64_t)C / rq->page_size > 0 ? (int64_t)C / rq->page_size : 1;
+    int slots = rq->layout == LS_CP_ZIGZAG ? 2 : 1;
+    size_t gl = ls_dist_gather_bytes(bp, rq->cp, slots, lpage, 0), gi = ls_dist_gather_bytes(bp, rq->cp, slots, ipage, 0);
+    double b = (double)tr * (double)kk * 4 + (double)tr * (double)(H * dk + H * rkv + H) * 4 +
+               (p->n_index ? (double)tr * (double)(nI * dI + nI + dI) * 4 +
+                                 (double)remote * (double)ipage + (double)p->pages * sizeof(void *)
+                           : 0) +
+               (double)cq * (double)(kk + H * rkv + H) * 4 + (double)(gl > gi ? gl : gi);
+    return b < 0x1p63 ? (size_t)b : SIZE_MAX;
+}
+
 ls_status ls_mla_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_request *rq) {
     const char *path = rq->path;
     int ep = rq->ep, ikl = rq->aux_loss;
@@ -173,6 +199,7 @@ ls_status ls_mla_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_re
         ls_mul_size(params - frozen, 4, &g_bytes) ||
         ls_add_size(total, sp.dstate_bytes_per_rank + sp.ckpt_bytes_per_rank, &total))
         return ls_err(LS_ERR_ARG, "%s: the parameter count's byte size overflows 64 bits", path);
+    size_t cp_attn = cp_capture_bytes(cfg, rq, &p);
     const char *dts = rq->dtype == LS_DTYPE_BF16 ? "bf16" : "f32";
     ls_plan_str(d, "family", "mla");
     ls_plan_str(d, "model_type", cfg->model_type);
@@ -197,6 +224,8 @@ ls_status ls_mla_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_re
     ls_plan_size(d, "total_bytes_per_rank", total);
     ls_plan_size(d, "routed_bytes_per_rank", p.routed_bytes_per_rank);
     ls_plan_i64(d, "capture_chunk", p.capture_chunk);
+    ls_plan_size(d, "cp_capture_bytes_per_rank", sp.cp_capture_bytes_per_rank);
+    ls_plan_size(d, "cp_attn_bytes_per_rank", cp_attn);
     ls_plan_str(d, "mode", rq->sweep_chunk ? "full" : "prefix-frozen");
     ls_plan_i64(d, "sweep_chunk", rq->sweep_chunk);
     ls_plan_size(d, "dstate_bytes_per_rank", sp.dstate_bytes_per_rank);
@@ -230,6 +259,10 @@ ls_status ls_mla_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_re
         ls_plan_row(d, sp.ckpt_bytes_per_rank, "full mode: sweep chunks of %lld", (long long)rq->sweep_chunk);
     }
     ls_plan_row(d, total, "prompt arena total");
+    if (rq->cp > 1) {
+        ls_plan_row(d, sp.cp_capture_bytes_per_rank, "CP capture: shard residual (scratch)");
+        ls_plan_row(d, cp_attn, "CP capture: attention buffers (scratch)");
+    }
     ls_plan_row(d, p.routed_bytes_per_rank, "MoE routed hidden (chunk of %lld, f32)", (long long)p.capture_chunk);
     char what[320];
     int o = 0;
