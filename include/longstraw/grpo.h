@@ -115,7 +115,8 @@ ls_status ls_grpo_update_batch(ls_policy *p, ls_adamw *adam, ls_group *groups, i
                                const ls_rollout_hook *rollout, const ls_grpo_opts *o, ls_arenas *ar,
                                ls_grpo_metrics *mt);
 
-/* 64-bit FNV-1a hash of the tensors' bytes (the receipt's trainable-tensor hash). */
+/* A 64-bit hash of the tensors' bytes (FNV-1a's step over words in four lanes; the
+ * receipt's trainable-tensor hash). */
 uint64_t ls_params_hash(const struct ls_backend *be, const ls_param *ps, int64_t n);
 
 /* One transaction over one group (a skipped step is an error here). The gradients
