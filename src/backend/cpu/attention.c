@@ -41,6 +41,7 @@
 #endif
 
 #include "backend/rows.h"
+#include "backend/cpu/vec.h"
 #include "longstraw/kernels.h"
 
 /* Target rows per task (Bq·r) and keys per block: 128..512 for either were within
@@ -55,31 +56,18 @@
 #define ATTN_LOG2E 1.4426950408889634
 #define ATTN_LN2 0.6931471805599453
 
-/* GCC vector extensions: 16 lanes of f32 with AVX-512 (one zmm register: capture at
- * P = 16K 1.2× faster than with 8 lanes on an AVX-512 Xeon, issue 22), 8 with AVX (ymm), else 4 (SSE;
- * wider vectors would be split and their broadcasts go through the stack). The -O2
- * cost model does not vectorise loops of unknown trip count, so the hot loops are
- * written with vectors explicitly. Vectors stay local (no vector arguments or
- * returns) so nothing depends on the vector calling convention (-Wpsabi). A band
- * (the query rows of one register tile row) is two vectors. */
-#if defined(__AVX512F__)
-#define ATTN_VL 16
-#define ATTN_SPLAT(x) ((attn_vf){(x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x)})
-#elif defined(__AVX__)
-#define ATTN_VL 8
-#define ATTN_SPLAT(x) ((attn_vf){(x), (x), (x), (x), (x), (x), (x), (x)})
-#else
-#define ATTN_VL 4
-#define ATTN_SPLAT(x) ((attn_vf){(x), (x), (x), (x)})
-#endif
+/* The vectors of vec.h (16 lanes with AVX-512: capture at P = 16K 1.2× faster than with
+ * 8 lanes on an AVX-512 Xeon, issue 22). A band (the query rows of one register tile row)
+ * is two vectors. */
+#define ATTN_VL LS_VL
+#define ATTN_SPLAT(x) LS_SPLAT(x)
 #define ATTN_BAND (2 * ATTN_VL)
-typedef float attn_vf __attribute__((vector_size(ATTN_VL * sizeof(float))));
-typedef int32_t attn_vi __attribute__((vector_size(ATTN_VL * sizeof(int32_t))));
-typedef uint16_t attn_vh __attribute__((vector_size(ATTN_VL * sizeof(uint16_t))));
-/* mask ? a : b lane-wise, mask lanes all-ones or zero (a vector comparison) */
-#define ATTN_VSEL(mask, a, b) ((attn_vf)(((attn_vi)(a) & (mask)) | ((attn_vi)(b) & ~(mask))))
-#define ATTN_LOAD(v, p) memcpy(&(v), (p), sizeof(attn_vf))
-#define ATTN_STORE(p, v) memcpy((p), &(v), sizeof(attn_vf))
+typedef ls_vf attn_vf;
+typedef ls_vi attn_vi;
+typedef ls_vh attn_vh;
+#define ATTN_VSEL(mask, a, b) LS_VSEL(mask, a, b)
+#define ATTN_LOAD(v, p) LS_VLOAD(v, p)
+#define ATTN_STORE(p, v) LS_VSTORE(p, v)
 
 /* y = 2^x lane-wise, for x ≤ 0 (a score minus the running max): Cephes exp2f
  * polynomial on [−½, ½] (relative error ~2e−7), exponent by bit construction.

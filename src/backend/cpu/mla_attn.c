@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/vec.h"
 #include "longstraw/kernels.h"
 
 /* The key row of position p: a page row (converted into tmp) or an own row (latent rows
@@ -36,20 +37,57 @@ static int64_t gather(float *K, const ls_kv_prefix *pf, const float *own, int64_
     return n;
 }
 
-/* a · b over n floats in 16 independent lanes (the order is fixed: the same bits for the
- * same rows, whatever the caller's batching) */
+/* a · b over n floats in 16 independent lanes, the lanes summed pairwise (the order is
+ * fixed: the same bits for the same rows, whatever the caller's batching; pairwise, the
+ * lanes' sum is 4 adds deep instead of a chain of 16, which held the forward's scores) */
 static inline float dot16(const float *a, const float *b, int n) {
     float acc[16] = {0};
     int i = 0;
     for (; i + 16 <= n; i += 16)
         for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
     for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i];
-    float s = 0;
-    for (int l = 0; l < 16; l++) s += acc[l];
-    return s;
+    float s8[8], s4[4];
+    for (int l = 0; l < 8; l++) s8[l] = acc[l] + acc[l + 8];
+    for (int l = 0; l < 4; l++) s4[l] = s8[l] + s8[l + 4];
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
 #define MLA_MAX_DK 4096
+
+/* Heads per tile of the output: 8 accumulators beside the loaded row vector. */
+#define MLA_OUT_HEADS 8
+
+/* o[h, 0..rkv) (=) il[h] · Σ_j P[h, j]·K[j, 0..rkv) for the H heads, over the n gathered
+ * rows (row stride dk); each element summed over j in order (the same bits as a scalar
+ * loop). A tile is one vector of columns for up to 8 heads, so each row vector is loaded
+ * once per 8 heads; heads past H read the zero row z [n]. */
+static void out_rows(float *o, const float *P, const float *il, const float *K, const float *z, int64_t n, int H,
+                     int dk, int rkv) {
+    for (int h0 = 0; h0 < H; h0 += MLA_OUT_HEADS) {
+        const float *ph[MLA_OUT_HEADS];
+        for (int h = 0; h < MLA_OUT_HEADS; h++) ph[h] = h0 + h < H ? P + (int64_t)(h0 + h) * n : z;
+        int d0 = 0;
+        for (; d0 + LS_VL <= rkv; d0 += LS_VL) {
+            ls_vf a[MLA_OUT_HEADS];
+            for (int h = 0; h < MLA_OUT_HEADS; h++) a[h] = LS_SPLAT(0.0f);
+            for (int64_t j = 0; j < n; j++) {
+                ls_vf k;
+                LS_VLOAD(k, K + j * dk + d0);
+                for (int h = 0; h < MLA_OUT_HEADS; h++) a[h] += LS_SPLAT(ph[h][j]) * k;
+            }
+            for (int h = 0; h < MLA_OUT_HEADS && h0 + h < H; h++) {
+                a[h] *= LS_SPLAT(il[h0 + h]);
+                LS_VSTORE(o + (int64_t)(h0 + h) * rkv + d0, a[h]);
+            }
+        }
+        for (; d0 < rkv; d0++)
+            for (int h = 0; h < MLA_OUT_HEADS && h0 + h < H; h++) {
+                float a = 0.0f;
+                for (int64_t j = 0; j < n; j++) a += ph[h][j] * K[j * dk + d0];
+                o[(int64_t)(h0 + h) * rkv + d0] = a * il[h0 + h];
+            }
+    }
+}
 
 ls_status ls_mla_attn_fwd(float *o, float *lse, const float *q, const float *own, const ls_kv_prefix *prefix,
                           const int32_t *sel, int64_t k, int64_t T, int H, int rkv, int dr, int64_t pos0, float scale) {
@@ -60,7 +98,8 @@ ls_status ls_mla_attn_fwd(float *o, float *lse, const float *q, const float *own
 #else
     int nthr = 1;
 #endif
-    float *work = malloc((size_t)nthr * (size_t)(k * dk + k * H) * sizeof(float) + 64);
+    size_t per = (size_t)(k * dk + k * H + k + H); /* K [n, dk], P [H, n], a zero row, 1/l [H] */
+    float *work = malloc((size_t)nthr * per * sizeof(float) + 64);
     if (!work) return ls_err(LS_ERR_NOMEM, "MLA attention: %lld selected rows of %d values", (long long)k, dk);
 #pragma omp parallel for schedule(dynamic, 4) if (T > 4)
     for (int64_t t = 0; t < T; t++) {
@@ -69,7 +108,7 @@ ls_status ls_mla_attn_fwd(float *o, float *lse, const float *q, const float *own
 #else
         int tid = 0;
 #endif
-        float *K = work + (size_t)tid * (size_t)(k * dk + k * H), *P = K + k * dk; /* [n, dk], [H, n] */
+        float *K = work + (size_t)tid * per, *P = K + k * dk, *z = P + k * H, *il = z + k; /* [n, dk], [H, n] */
         int64_t n = gather(K, prefix, own, pos0, sel + t * k, k, dk);
         const float *qt = q + t * H * dk;
         float *ot = o + t * H * rkv;
@@ -79,22 +118,14 @@ ls_status ls_mla_attn_fwd(float *o, float *lse, const float *q, const float *own
         for (int h = 0; h < H; h++) {
             float *ph = P + h * n, m = -INFINITY;
             for (int64_t j = 0; j < n; j++) m = ph[j] > m ? ph[j] : m;
-            l[h] = 0;
-            for (int64_t j = 0; j < n; j++) l[h] += (double)(ph[j] = expf(ph[j] - m));
+            double sum = 0;
+            for (int64_t j = 0; j < n; j++) sum += (double)(ph[j] = expf(ph[j] - m));
+            l[h] = sum;
             if (lse) lse[t * H + h] = l[h] > 0 ? (float)(m + log(l[h])) : -INFINITY;
         }
-        for (int64_t i = 0; i < (int64_t)H * rkv; i++) ot[i] = 0.0f;
-        for (int64_t j = 0; j < n; j++) { /* the value is c_kv: the row's first rkv values */
-            const float *kr = K + j * dk;
-            for (int h = 0; h < H; h++) {
-                float pj = P[h * n + j], *oh = ot + h * rkv;
-                for (int d = 0; d < rkv; d++) oh[d] += pj * kr[d];
-            }
-        }
-        for (int h = 0; h < H; h++) {
-            float il = l[h] > 0 ? (float)(1.0 / l[h]) : 0.0f;
-            for (int d = 0; d < rkv; d++) ot[h * rkv + d] *= il;
-        }
+        for (int h = 0; h < H; h++) il[h] = l[h] > 0 ? (float)(1.0 / l[h]) : 0.0f;
+        memset(z, 0, (size_t)n * sizeof(float));
+        out_rows(ot, P, il, K, z, n, H, dk, rkv); /* the value is c_kv: the row's first rkv values */
     }
     free(work);
     return LS_OK;

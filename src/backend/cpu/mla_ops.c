@@ -12,6 +12,7 @@
 #endif
 
 #include "backend/rows.h"
+#include "backend/cpu/vec.h"
 #include "longstraw/kernels.h"
 
 /* Rotate dims [off, off + 2·half) of every head of x[T, heads, hd] by sign·(pos0+t)·inv_freq[i]:
@@ -199,6 +200,9 @@ void ls_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, const fl
  * or the number of rows, so a query's scores do not depend on how the caller batches
  * queries or splits keys (one rank and CP choose the same top-k). */
 #define DSA_KEY_BLOCK 256
+/* A register tile: 2 vectors of keys × 4 heads of one query = 8 accumulators. */
+#define DSA_KW (2 * LS_VL)
+#define DSA_HG 4
 ls_status ls_dsa_scores(float *score, const float *q, const float *w, const ls_kv_prefix *keys, int64_t T, int nI,
                         int dI, float scale, ls_arena *scratch) {
     int64_t n = keys->n, S = keys->page_size;
@@ -206,7 +210,9 @@ ls_status ls_dsa_scores(float *score, const float *q, const float *w, const ls_k
     ls_arena_mark mk = ls_arena_get_mark(scratch);
     float *kt = ls_arena_alloc(scratch, (size_t)dI * DSA_KEY_BLOCK * sizeof(float)); /* [dI, KB] */
     float *row = ls_arena_alloc(scratch, (size_t)dI * sizeof(float));               /* one key, f32 */
-    if (!kt || !row) return LS_ERR_NOMEM;
+    float *zq = ls_arena_alloc(scratch, (size_t)dI * sizeof(float));                /* a missing head's query */
+    if (!kt || !row || !zq) return LS_ERR_NOMEM;
+    memset(zq, 0, (size_t)dI * sizeof(float));
     for (int64_t s0 = 0; s0 < n; s0 += DSA_KEY_BLOCK) {
         int64_t nb = n - s0 < DSA_KEY_BLOCK ? n - s0 : DSA_KEY_BLOCK;
         for (int64_t i = 0; i < nb; i++) {
@@ -215,30 +221,48 @@ ls_status ls_dsa_scores(float *score, const float *q, const float *w, const ls_k
             ls_convert_to_f32(row, pg + (size_t)((p % S) * dI) * ls_dtype_size(keys->dtype), keys->dtype, (size_t)dI);
             for (int d = 0; d < dI; d++) kt[d * DSA_KEY_BLOCK + i] = row[d];
         }
+        int64_t nt = (nb + DSA_KW - 1) / DSA_KW * DSA_KW; /* the last tile's spare lanes: zeros */
+        for (int d = 0; nt > nb && d < dI; d++) memset(kt + d * DSA_KEY_BLOCK + nb, 0, (size_t)(nt - nb) * sizeof(float));
 #pragma omp parallel for schedule(static) if (T * nb > 4096)
         for (int64_t t = 0; t < T; t++) {
             const float *qt = q + t * (int64_t)nI * dI, *wt = w + t * nI;
             float *st = score + t * n + s0;
-            for (int64_t i0 = 0; i0 < nb; i0 += 32) { /* 32 keys, up to 4 heads at a time in registers */
-                int64_t m = nb - i0 < 32 ? nb - i0 : 32;
-                float sc[32] = {0};
-                for (int j0 = 0; j0 < nI; j0 += 4) {
-                    int hn = nI - j0 < 4 ? nI - j0 : 4;
-                    float acc[4][32] = {{0}};
-                    for (int d = 0; d < dI; d++) {
-                        const float *kd = kt + d * DSA_KEY_BLOCK + i0;
-                        for (int h = 0; h < hn; h++) {
-                            float qd = qt[(j0 + h) * dI + d];
-                            if (m == 32)
-                                for (int l = 0; l < 32; l++) acc[h][l] += qd * kd[l];
-                            else
-                                for (int l = 0; l < m; l++) acc[h][l] += qd * kd[l];
-                        }
+            for (int64_t i0 = 0; i0 < nb; i0 += DSA_KW) {
+                const ls_vf zero = LS_SPLAT(0.0f);
+                ls_vf s_0 = zero, s_1 = zero;
+                for (int j0 = 0; j0 < nI; j0 += DSA_HG) {
+                    const float *qh[DSA_HG];
+                    float wh[DSA_HG];
+                    for (int h = 0; h < DSA_HG; h++) { /* heads past nI: a zero query and weight add +0 */
+                        qh[h] = j0 + h < nI ? qt + (int64_t)(j0 + h) * dI : zq;
+                        wh[h] = j0 + h < nI ? wt[j0 + h] : 0.0f;
                     }
-                    for (int h = 0; h < hn; h++)
-                        for (int l = 0; l < 32; l++) sc[l] += wt[j0 + h] * (acc[h][l] > 0.0f ? acc[h][l] : 0.0f);
+                    ls_vf a00 = zero, a01 = zero, a10 = zero, a11 = zero, a20 = zero, a21 = zero, a30 = zero, a31 = zero;
+                    for (int d = 0; d < dI; d++) { /* the same order over d for every score */
+                        ls_vf k0, k1;
+                        LS_VLOAD(k0, kt + d * DSA_KEY_BLOCK + i0);
+                        LS_VLOAD(k1, kt + d * DSA_KEY_BLOCK + i0 + LS_VL);
+                        ls_vf q0 = LS_SPLAT(qh[0][d]), q1 = LS_SPLAT(qh[1][d]), q2 = LS_SPLAT(qh[2][d]),
+                              q3 = LS_SPLAT(qh[3][d]);
+                        a00 += q0 * k0, a01 += q0 * k1, a10 += q1 * k0, a11 += q1 * k1;
+                        a20 += q2 * k0, a21 += q2 * k1, a30 += q3 * k0, a31 += q3 * k1;
+                    }
+                    /* Σ_j w_j·ReLU(·), heads in order */
+                    s_0 += LS_SPLAT(wh[0]) * LS_VSEL(a00 > zero, a00, zero);
+                    s_1 += LS_SPLAT(wh[0]) * LS_VSEL(a01 > zero, a01, zero);
+                    s_0 += LS_SPLAT(wh[1]) * LS_VSEL(a10 > zero, a10, zero);
+                    s_1 += LS_SPLAT(wh[1]) * LS_VSEL(a11 > zero, a11, zero);
+                    s_0 += LS_SPLAT(wh[2]) * LS_VSEL(a20 > zero, a20, zero);
+                    s_1 += LS_SPLAT(wh[2]) * LS_VSEL(a21 > zero, a21, zero);
+                    s_0 += LS_SPLAT(wh[3]) * LS_VSEL(a30 > zero, a30, zero);
+                    s_1 += LS_SPLAT(wh[3]) * LS_VSEL(a31 > zero, a31, zero);
                 }
-                for (int64_t l = 0; l < m; l++) st[i0 + l] = sc[l] * scale;
+                s_0 *= LS_SPLAT(scale), s_1 *= LS_SPLAT(scale);
+                float out[DSA_KW];
+                LS_VSTORE(out, s_0);
+                LS_VSTORE(out + LS_VL, s_1);
+                int64_t m = nb - i0 < DSA_KW ? nb - i0 : DSA_KW;
+                memcpy(st + i0, out, (size_t)m * sizeof(float));
             }
         }
     }
