@@ -24,6 +24,7 @@
 
 int test_cp_tool_consistency(void);
 int test_cp_zigzag_consistency(void);
+int test_cp_wave_consistency(void);
 int test_cp_full_consistency(void);
 int test_cp_train_and_faults(void);
 int test_train_sigterm_in_capture(void);
@@ -294,7 +295,7 @@ static int check_receipt(const char *path, int np, char *why, size_t cap) {
 
 /* The comparison for one page layout (--cp-layout; with one rank both are the whole
  * prompt, and the same numbers come out). */
-static int cp_consistency(const char *layout) {
+static int cp_consistency(const char *layout, const char *extra) {
     if (!LS_MPIEXEC[0]) T_SKIP("built without MPI");
     static const char *fx[4] = {"next_dense", "next_moe", "q35_dense", "q35_moe"};
     char dir[512], err[700];
@@ -323,7 +324,7 @@ static int cp_consistency(const char *layout) {
             for (int np = 1; np <= 4; np++) {
                 if (CP_SKIP_NP(np)) continue;
                 char a3[8300];
-                snprintf(a3, sizeof a3, "%s --cp-layout %s", args, layout);
+                snprintf(a3, sizeof a3, "%s --cp-layout %s %s", args, layout, extra);
                 char *many = run_np(np, a3, err, &rc);
                 int64_t n = 0;
                 double d = many && rc == 0 ? lp_diff(one, many, &n) : -1;
@@ -358,9 +359,9 @@ static int cp_consistency(const char *layout) {
                     snprintf(base, sizeof base, "%s/%s_%d_%d_%d", dir, fx[f], lora, step, np);
                     snprintf(args, sizeof args,
                              "%s --model %s/%s --group %s/%s/group_train.json --page-size 7 --capture-chunk 16 "
-                             "--beta 0.05 --epsilon-high 0.28 --lr 1e-4 %s --out %s%s --cp-layout %s",
+                             "--beta 0.05 --epsilon-high 0.28 --lr 1e-4 %s --out %s%s --cp-layout %s %s",
                              step ? "step" : "grad", FIX, fx[f], FIX, fx[f], ref, base, step ? "" : ".safetensors",
-                             layout);
+                             layout, extra);
                     char *o = run_np(np, args, err, &rc);
                     free(o);
                     char *e = t_read_file(err, NULL);
@@ -440,11 +441,17 @@ static int cp_consistency(const char *layout) {
     return 0;
 }
 
-int test_cp_tool_consistency(void) { return cp_consistency("contiguous"); }
+int test_cp_tool_consistency(void) { return cp_consistency("contiguous", ""); }
 
 /* Zigzag: rank r holds blocks r and 2N − 1 − r of 2N. 19 pages of 7 in 4, 6 or 8
  * segments (none divides them), and 3 pages of 64 in 4..8 segments (empty ones). */
-int test_cp_zigzag_consistency(void) { return cp_consistency("zigzag"); }
+int test_cp_zigzag_consistency(void) { return cp_consistency("zigzag", ""); }
+
+/* The CP capture in waves of 10 positions (--cp-wave: a layer's per-position buffers for
+ * at most 10 of the rank's positions at a time; chunks cut at the waves, the attention
+ * layers' pages gathered once per wave, the Gated DeltaNet layers run again from the
+ * true state at each wave): zigzag, the same comparisons. */
+int test_cp_wave_consistency(void) { return cp_consistency("zigzag", "--cp-wave 10"); }
 
 /* The exact gradient (--mode full) under CP: `grad --mode full` on N = 1..4 ranks, both
  * layouts, full fine-tune and LoRA, against one rank; sweep chunks of 23 (cut inside
@@ -454,7 +461,7 @@ int test_cp_zigzag_consistency(void) { return cp_consistency("zigzag"); }
 int test_cp_full_consistency(void) {
     if (!LS_MPIEXEC[0]) T_SKIP("built without MPI");
     static const char *fx[4] = {"next_dense", "next_moe", "q35_dense", "q35_moe"};
-    static const char *lay[2] = {"contiguous", "zigzag"};
+    static const char *lay[3] = {"contiguous", "zigzag", "zigzag --cp-wave 9"};
     char dir[512], err[700];
     T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
     snprintf(err, sizeof err, "%s/stderr", dir);
@@ -485,9 +492,9 @@ int test_cp_full_consistency(void) {
             /* 4x (testutil.h): CP measured up to 1.6x this floor over Prescott, Sandybridge,
              * Haswell, SkylakeX and Zen kernels */
             double tol = t_floor_bound(floor, 4, GRAD_MIN_BOUND);
-            for (int l = 0; l < 2; l++)
+            for (int l = 0; l < 3; l++) /* l = 2: zigzag in waves of 9 (the sweep checkpoints inside them) */
                 for (int np = 1; np <= 4; np++) {
-                    if (CP_SKIP_NP(np)) continue;
+                    if (CP_SKIP_NP(np) || (l == 2 && (np == 1 || lora))) continue;
                     snprintf(got, sizeof got, "%s/%s_%d_%d_%d.safetensors", dir, fx[f], lora, l, np);
                     snprintf(args, sizeof args, "%s --capture-chunk 16 --sweep-chunk 23 --cp-layout %s --out %s",
                              common, lay[l], got);
@@ -559,7 +566,7 @@ int test_cp_full_consistency(void) {
                 rp);
         free(rt);
     }
-    T_CHECK(compared == (CP_SANITIZED ? 32 : 64), "compared %d", compared);
+    T_CHECK(compared == (CP_SANITIZED ? 36 : 76), "compared %d", compared); /* with the waves: 4 fixtures x 1 or 3 rank counts */
     t_remove_dir(dir);
     return 0;
 }
@@ -821,7 +828,9 @@ int test_cp_demo(void) {
 int test_cp_mla_consistency(void) {
     if (!LS_MPIEXEC[0]) T_SKIP("built without MPI");
     static const char *fx[3] = {"mla_glm", "mla_glm_ic", "mla_dsv32"};
-    static const char *lay[2] = {"contiguous", "zigzag"};
+    /* the third: zigzag with waves of 3 positions (every chunk cut at wave bounds, the
+     * latent pages gathered once per wave) */
+    static const char *lay[3] = {"contiguous", "zigzag", "zigzag --cp-wave 3"};
     static const char *mode[4] = {"", "--mode full --sweep-chunk 11", "--lora-rank 2 --lora-alpha 4 --lora-seed 3", ""};
     char dir[512], err[700];
     T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
@@ -836,7 +845,7 @@ int test_cp_mla_consistency(void) {
         T_CHECK(one && rc == 0, "%s: one rank failed (rc %d)", fx[f], rc);
         double lfloor = lp_floor(args, one, err), ltol = t_floor_bound(lfloor, 4, LP_MIN_BOUND);
         T_CHECK(lfloor >= 0, "%s: the one-rank floor runs failed or are not rounding", fx[f]);
-        for (int l = 0; l < 2; l++)
+        for (int l = 0; l < 3; l++)
             for (int np = 2; np <= 4; np++) {
                 if (CP_SKIP_NP(np)) continue;
                 char a3[8300];
@@ -858,10 +867,10 @@ int test_cp_mla_consistency(void) {
             int step = m == 3;
             char base[1024], pa[4300], pb[4300];
             double floor = -1, tol = -1; /* from the one-rank run, which comes first */
-            for (int l = 0; l < 2; l++)
+            for (int l = 0; l < (m < 2 ? 3 : 2); l++) /* waves: grad in both modes */
                 for (int np = 1; np <= 4; np++) {
                     if (CP_SKIP_NP(np)) continue;
-                    if (np == 1 && l == 1) continue; /* one rank: both layouts are the whole prompt */
+                    if (np == 1 && l >= 1) continue; /* one rank: every layout is the whole prompt */
                     snprintf(base, sizeof base, "%s/%s_%d_%d_%d", dir, fx[f], m, l, np);
                     snprintf(args, sizeof args,
                              "%s --model %s/%s --group %s/%s/group_train.json --page-size 7 --capture-chunk 5 "

@@ -137,4 +137,13 @@ ls_status ls_dist_ep_combine(const struct ls_backend *be, float *y, int64_t T, i
  * the owner is rank 0. */
 ls_status ls_dist_ep_gather(const ls_comm *ep, const float *mine, float *out, int64_t n, int owner);
 
+/* The layer-major CP capture in waves (issue 22): a layer keeps per-position buffers
+ * (queries, partial outputs; per_pos bytes a position) for at most W of the rank's
+ * positions at a time, W = `forced` when > 0, else LS_CP_WAVE_BYTES / per_pos (at least
+ * one capture chunk C). Every rank makes the same number of waves, *nw = ⌈fullest / W⌉
+ * (fullest: the positions of the rank holding most), so their collectives pair up.
+ * Returns W. */
+#define LS_CP_WAVE_BYTES ((size_t)1 << 30)
+int64_t ls_cp_waves(int64_t fullest, int64_t C, int64_t forced, size_t per_pos, int64_t *nw);
+
 #endif

@@ -23,6 +23,9 @@
 /* Runtime options of a forward. */
 typedef struct {
     int64_t capture_chunk; /* tokens per capture chunk (default 2048) */
+    /* CP capture: a layer's per-position buffers cover at most this many of the rank's
+     * positions at a time (0: as many as LS_CP_WAVE_BYTES allow; ls_cp_waves) */
+    int64_t cp_wave;
     int64_t lmhead_rows;   /* LM-head row chunk (default 64) */
     float temperature;     /* logits divided before the log-softmax (default 1) */
     /* Context parallelism (DESIGN §8): NULL or one rank = every page is local. With

@@ -191,6 +191,10 @@ ls_status ls_mla_write_random(const char *config_path, const char *dir, uint64_t
 /* The family's `plan` document (family.h). */
 ls_status ls_mla_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_request *rq);
 double ls_mla_capture_flops(const ls_config *cfg, int64_t n);
+/* The bytes one of the rank's positions keeps in a wave of a CP capture's layer (mla.c
+ * mla_cp_layer): absorbed queries, outputs, log-sum-exps, and on a full indexer layer
+ * (full) the indexer's queries and weights. */
+size_t ls_mla_cp_wave_bytes(const ls_config *cfg, int full);
 /* Its config.json (mla_config.c; family.h, slot parse_config) and the model_types it reads. */
 struct cJSON;
 ls_status ls_mla_parse_config(ls_config *c, const struct cJSON *o, const char *mt, int wrapped, const char *path);

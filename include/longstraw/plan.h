@@ -24,6 +24,7 @@ typedef struct {
     int64_t sweep_chunk; /* full mode's reverse-sweep chunk; 0: prefix-frozen */
     int ep;              /* expert-parallel ranks */
     int aux_loss;        /* the family's auxiliary tensors trained too (the indexers) */
+    int64_t cp_wave;     /* the CP capture's waves: positions (0: automatic; ls_cp_waves) */
 } ls_plan_request;
 
 typedef enum { LS_PLAN_I64, LS_PLAN_SIZE, LS_PLAN_STR } ls_plan_kind;

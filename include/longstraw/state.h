@@ -132,6 +132,8 @@ int64_t ls_state_layout_pages(int64_t positions, int64_t page_size, int N, ls_cp
 /* The layout's segments in prompt order: how many, and segment s's owner and
  * positions [*lo, *hi) (empty where the prompt has fewer pages than segments). */
 int ls_state_segments(const ls_prompt_state *st);
+/* The positions held by the rank of st's layout that holds most. */
+int64_t ls_state_fullest_positions(const ls_prompt_state *st);
 void ls_state_segment(const ls_prompt_state *st, int s, int *owner, int64_t *lo, int64_t *hi);
 /* Append T positions of K/V ([T, n_kv, hd] f32 each) to attention layer `layer`.
  * Positions start at st->n and must lie in one segment of this rank; the caller

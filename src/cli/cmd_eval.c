@@ -51,6 +51,8 @@ static void help(void) {
            "  --backend B          where the ops run: cpu (default), strict (the device boundary\n"
            "                       tested on the CPU) or cuda[:N]\n"
            "  --cp-layout L        under mpirun: zigzag (default) or contiguous page split\n"
+           "  --cp-wave N          under mpirun: per-position capture buffers for at most N of\n"
+           "                       the rank's positions at a time (default: as 1 GiB holds)\n"
            "  --ep N               under mpirun -np W: split the routed experts over N ranks\n"
            "  --force              run even when the plan says the prompts will not fit in this\n"
            "                       machine's memory (refused before anything is allocated)\n"
@@ -85,6 +87,7 @@ int cmd_eval(int argc, char **argv) {
         {"out", required_argument, 0, 'o'},       {"capture-chunk", required_argument, 0, 'c'},
         {"page-size", required_argument, 0, 'P'}, {"state-dtype", required_argument, 0, 'd'},
         {"threads", required_argument, 0, 't'},   {"cp-layout", required_argument, 0, 'l'},
+        {"cp-wave", required_argument, 0, 'W'},
         {"ep", required_argument, 0, 'e'},        {"quiet", no_argument, 0, 'q'},
         {"lora-alpha", required_argument, 0, 'A'}, {"help", no_argument, 0, 'h'},
         {"backend", required_argument, 0, 'B'},   {"force", no_argument, 0, 'F'},
@@ -127,6 +130,7 @@ int cmd_eval(int argc, char **argv) {
         case 't': if (cli_parse_i64(c, "--threads", optarg, 1, 4096, &threads)) return 2; break;
         case 'B': backend = optarg; break;
         case 'l': if (cli_parse_layout(c, optarg, &o.so.fwd.cp_layout)) return 2; break;
+        case 'W': if (cli_parse_i64(c, "--cp-wave", optarg, 1, (int64_t)1 << 40, &o.so.fwd.cp_wave)) return 2; break;
         case 'e': if (cli_parse_i64(c, "--ep", optarg, 1, 4096, &epn)) return 2; break;
         case 'q': quiet = 1; break;
         case 'A': if (cli_parse_f64(c, "--lora-alpha", optarg, 1e-9, 1e9, &alpha)) return 2; break;

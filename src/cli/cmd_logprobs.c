@@ -27,6 +27,9 @@ static void help(void) {
            "  --state-dtype T      K/V page storage: f32 or bf16 (default f32)\n"
            "  --threads N          worker threads (default: all cores)\n"
            "  --cp-layout L        under mpirun: zigzag (default) or contiguous page split\n"
+           "  --cp-wave N          under mpirun: a layer of the capture keeps its per-position\n"
+           "                       buffers for at most N of the rank's positions at a time\n"
+           "                       (default: as many as 1 GiB holds)\n"
            "  --ep N               under mpirun -np W: split the routed experts over N ranks (MLA\n"
            "                       family; W = CP x EP; default 1)\n"
            "  --backend B          where the ops run: cpu (default), strict (the CPU's ops over memory\n"
@@ -46,6 +49,7 @@ int cmd_logprobs(int argc, char **argv) {
                                          {"state-dtype", required_argument, 0, 'd'},
                                          {"threads", required_argument, 0, 't'},
                                          {"cp-layout", required_argument, 0, 'l'},
+                                         {"cp-wave", required_argument, 0, 'W'},
                                          {"stats", no_argument, 0, 'S'},
                                          {"ep", required_argument, 0, 'e'},
                                          {"tokenizer", required_argument, 0, 'k'},
@@ -82,6 +86,7 @@ int cmd_logprobs(int argc, char **argv) {
         case 'S': stats = 1; break;
         case 'e': if (cli_parse_i64("logprobs", "--ep", optarg, 1, 4096, &epn)) return 2; break;
         case 'l': if (cli_parse_layout("logprobs", optarg, &so.fwd.cp_layout)) return 2; break;
+        case 'W': if (cli_parse_i64("logprobs", "--cp-wave", optarg, 1, (int64_t)1 << 40, &so.fwd.cp_wave)) return 2; break;
         case 'h': help(); return 0;
         default: return cli_usage_error("logprobs", "bad option");
         }

@@ -26,6 +26,8 @@ static void help(void) {
            "  --cp N               context-parallel ranks sharing the pages (default 1)\n"
            "  --cp-layout L        zigzag (rank r: blocks r and 2N-1-r of 2N; default) or\n"
            "                       contiguous (rank r: block r of N)\n"
+           "  --cp-wave N          the CP capture: a layer's per-position buffers for at most\n"
+           "                       N of the rank's positions at a time (default: as 1 GiB holds)\n"
            "  --state-dtype T      K/V page storage: bf16 or f32 (default bf16)\n"
            "  --mode M             prefix-frozen (default) or full: adds the exact-gradient mode's\n"
            "                       dState (f32 dK/dV pages, d(S, conv tail)) and sweep checkpoints\n"
@@ -84,6 +86,7 @@ int cmd_plan(int argc, char **argv) {
                                          {"mode", required_argument, 0, 'M'},
                                          {"sweep-chunk", required_argument, 0, 'w'},
                                          {"ep", required_argument, 0, 'e'},
+                                         {"cp-wave", required_argument, 0, 'W'},
                                          {"indexer-kl", no_argument, 0, 'k'},
                                          {"json", no_argument, 0, 'j'},
                                          {"state-on", required_argument, 0, 'O'},
@@ -94,7 +97,7 @@ int cmd_plan(int argc, char **argv) {
     ls_dtype dt = LS_DTYPE_BF16;
     ls_cp_layout lay = LS_CP_ZIGZAG;
     int full = 0;
-    int64_t sweep = 512, ep = 1;
+    int64_t sweep = 512, ep = 1, wave = 0;
     int json = 0, ikl = 0, ch, on_host = 0;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -110,6 +113,7 @@ int cmd_plan(int argc, char **argv) {
         case 'w': if (cli_parse_i64("plan", "--sweep-chunk", optarg, 1, INT64_MAX / 4, &sweep)) return 2; break;
         case 'k': ikl = 1; break;
         case 'e': if (cli_parse_i64("plan", "--ep", optarg, 1, 4096, &ep)) return 2; break;
+        case 'W': if (cli_parse_i64("plan", "--cp-wave", optarg, 1, (int64_t)1 << 40, &wave)) return 2; break;
         case 'j': json = 1; break;
         case 'O':
             if ((on_host = cli_parse_state_on("plan", optarg)) < 0) return 2;
@@ -140,7 +144,7 @@ int cmd_plan(int argc, char **argv) {
     if (s != LS_OK) return cli_fail("plan", s);
     const ls_family *fam = ls_family_for(&cfg, path);
     if (!fam) return cli_fail("plan", LS_ERR_UNSUPPORTED);
-    ls_plan_request rq = {.path = path, .prompt = P, .page_size = S, .dtype = dt, .cp = (int)cp, .layout = lay,
+    ls_plan_request rq = {.path = path, .prompt = P, .page_size = S, .dtype = dt, .cp = (int)cp, .layout = lay, .cp_wave = wave,
                           .sweep_chunk = full ? sweep : 0, .ep = (int)ep, .aux_loss = ikl};
     ls_plan_doc *doc = calloc(1, sizeof *doc);
     if (!doc) return cli_fail("plan", ls_err(LS_ERR_NOMEM, "out of memory"));

@@ -65,6 +65,9 @@ void cli_train_help(void) {
            "  across the ranks); the flags are the same, rank 0 alone writes the outputs.\n"
            "  --cp-layout L          zigzag (rank r: blocks r and 2N-1-r of 2N; default) or\n"
            "                         contiguous (rank r: block r of N)\n"
+           "  --cp-wave N            a layer of the CP capture keeps its per-position buffers for\n"
+           "                         at most N of the rank's positions at a time (default: as many\n"
+           "                         as 1 GiB holds; `plan --cp-wave N` prints the buffers)\n"
            "expert parallelism (the MLA family): under `mpirun -np W`, W = CP x EP\n"
            "  --ep N                 split the routed experts over N ranks (default 1): ranks\n"
            "                         c·N .. c·N+N-1 share CP rank c's pages and hold E/N experts each;\n"
@@ -75,7 +78,7 @@ enum {
     OPT_EPS = 1000, OPT_EPS_HIGH, OPT_BETA, OPT_REF, OPT_LOSS, OPT_MAXLEN, OPT_SCALE, OPT_TEMP, OPT_ITERS,
     OPT_LR, OPT_WD, OPT_B1, OPT_B2, OPT_AEPS, OPT_MAXGN, OPT_NOCAP, OPT_CHUNK, OPT_PAGE, OPT_SDT, OPT_THREADS,
     OPT_ADAPTER, OPT_LRANK, OPT_LALPHA, OPT_LTARGETS, OPT_LSEED, OPT_FORCE, OPT_LAYOUT, OPT_OBJ, OPT_MODE, OPT_SWEEP,
-    OPT_EP, OPT_IKL, OPT_BACKEND, OPT_STATE_ON
+    OPT_EP, OPT_IKL, OPT_BACKEND, OPT_STATE_ON, OPT_CPWAVE
 };
 
 const struct option cli_train_options[] = {
@@ -96,6 +99,7 @@ const struct option cli_train_options[] = {
     {"mode", required_argument, 0, OPT_MODE},         {"sweep-chunk", required_argument, 0, OPT_SWEEP},
     {"ep", required_argument, 0, OPT_EP},             {"indexer-kl-coef", required_argument, 0, OPT_IKL},
     {"backend", required_argument, 0, OPT_BACKEND},   {"state-on", required_argument, 0, OPT_STATE_ON},
+    {"cp-wave", required_argument, 0, OPT_CPWAVE},
 };
 const int cli_train_n_options = (int)(sizeof cli_train_options / sizeof cli_train_options[0]);
 
@@ -199,6 +203,7 @@ int cli_train_parse(const char *cmd, cli_train *t, int ch, const char *arg) {
     case OPT_PAGE: if (cli_parse_i64(cmd, "--page-size", arg, 1, 1 << 20, &o->page_size)) return 2; break;
     case OPT_SDT: if (cli_parse_dtype(cmd, "--state-dtype", arg, &o->state_dtype)) return 2; break;
     case OPT_LAYOUT: if (cli_parse_layout(cmd, arg, &o->fwd.cp_layout)) return 2; break;
+    case OPT_CPWAVE: if (cli_parse_i64(cmd, "--cp-wave", arg, 1, (int64_t)1 << 40, &o->fwd.cp_wave)) return 2; break;
     case OPT_THREADS: if (cli_parse_i64(cmd, "--threads", arg, 1, 4096, &t->threads)) return 2; break;
     case OPT_ADAPTER: t->adapter = arg; break;
     case OPT_LRANK: if (cli_parse_i64(cmd, "--lora-rank", arg, 1, 1 << 16, &t->lora_rank)) return 2; break;

@@ -262,3 +262,13 @@ ls_status ls_dist_pages_gather(const ls_backend *be, const ls_comm *c, const ls_
     ls_arena_release(sc, mk);
     return s;
 }
+
+/* ---- waves ----------------------------------------------------------------------------- */
+
+int64_t ls_cp_waves(int64_t fullest, int64_t C, int64_t forced, size_t per_pos, int64_t *nw) {
+    int64_t W = forced > 0 ? forced : (int64_t)(LS_CP_WAVE_BYTES / (per_pos > 0 ? per_pos : 1));
+    if (forced <= 0 && W < C) W = C;
+    if (W < 1) W = 1;
+    *nw = fullest > 0 ? (fullest + W - 1) / W : 1;
+    return W;
+}

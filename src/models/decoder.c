@@ -372,6 +372,23 @@ static ls_status capture_cp(const ls_dec_model *dm, ls_prompt_state *st, const i
     return s;
 }
 
+/* (decoder.h) */
+int ls_dec_cp_chunk(const ls_prompt_state *st, const int64_t *xoff, int64_t C, int64_t r0, int64_t r1, int *k,
+                     int64_t *c0, int64_t *T, int64_t *r) {
+    for (; *k < st->nseg; (*k)++, *c0 = -1) {
+        int64_t lo = st->seg_lo[*k], hi = st->seg_hi[*k];
+        int64_t a = lo + (r0 > xoff[*k] ? r0 - xoff[*k] : 0), b = lo + (r1 - xoff[*k]);
+        if (b > hi) b = hi;
+        int64_t p = *c0 < 0 ? a : *c0;
+        if (p >= b) continue;
+        int64_t e = ls_state_span_end(st, lo, p, hi, C);
+        if (e > b) e = b;
+        *T = e - p, *r = xoff[*k] + p - lo, *c0 = e;
+        return 1;
+    }
+    return 0;
+}
+
 ls_status ls_dec_capture(const ls_dec_model *dm, ls_prompt_state *st, const int32_t *ids, int64_t n,
                          const ls_fwd_opts *o, ls_arena *sc) {
     if (st->nranks > 1) return capture_cp(dm, st, ids, n, o, sc);

@@ -221,6 +221,13 @@ struct ls_dec_model {
     ls_status (*sweep_relay)(const ls_dec_model *dm, ls_prompt_state *st, int peer, int send, int l);
 };
 
+/* The rank's chunks of a CP capture in its rows [r0, r1) (rows: its positions, its
+ * segments one after another), cut as the capture cuts them and at r0, r1: *k its
+ * segment, *c0 the chunk's end (its first position is *c0 − *T), *T the count, *r its
+ * first row; 0 past the end. Start with *k = 0, *c0 = −1. */
+int ls_dec_cp_chunk(const ls_prompt_state *st, const int64_t *xoff, int64_t C, int64_t r0, int64_t r1, int *k,
+                    int64_t *c0, int64_t *T, int64_t *r);
+
 /* Capture ids[0..n) into st (under CP: the whole prompt, once). */
 ls_status ls_dec_capture(const ls_dec_model *dm, ls_prompt_state *st, const int32_t *ids, int64_t n,
                          const ls_fwd_opts *o, ls_arena *sc);

@@ -212,23 +212,37 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
 
 /* Gated attention's input projections of rows xn [T, D] (with their adapters): q, gate
  * [T, n_h·hd], k, v [T, n_kv·hd]; q and k normed per head into qr, kr (may be q, k
- * themselves), their rstd into rsq, rsk (NULL: not kept). */
+ * themselves), their rstd into rsq, rsk (NULL: not kept). attn_q_proj and attn_kv_proj
+ * are its two halves (the CP capture's waves run them apart). */
+static ls_status attn_q_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int layer, const float *xn,
+                             int64_t T, float *q, float *gate, float *qr, float *rsq, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    int64_t D = c->hidden, qd = (int64_t)c->n_heads * c->head_dim;
+    ls_op_linear_fwd(m->be, q, xn, w->attn_in, T, D, qd, 0);
+    ls_op_linear_fwd(m->be, gate, xn, w->attn_in + qd * D, T, D, qd, 0);
+    LORA_FWD(m, layer, attn_in, 0, qd, q, xn, T, sc);
+    LORA_FWD(m, layer, attn_in, qd, qd, gate, xn, T, sc);
+    ls_op_rmsnorm_fwd(m->be, qr, rsq, q, w->q_norm, T * c->n_heads, c->head_dim, c->eps);
+    return LS_OK;
+}
+
+static ls_status attn_kv_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int layer, const float *xn,
+                              int64_t T, float *k, float *v, float *kr, float *rsk, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    int64_t D = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv * c->head_dim;
+    ls_op_linear_fwd(m->be, k, xn, w->attn_in + 2 * qd * D, T, D, kvd, 0);
+    ls_op_linear_fwd(m->be, v, xn, w->attn_in + (2 * qd + kvd) * D, T, D, kvd, 0);
+    LORA_FWD(m, layer, attn_in, 2 * qd, kvd, k, xn, T, sc);
+    LORA_FWD(m, layer, attn_in, 2 * qd + kvd, kvd, v, xn, T, sc);
+    ls_op_rmsnorm_fwd(m->be, kr, rsk, k, w->k_norm, T * c->n_kv, c->head_dim, c->eps);
+    return LS_OK;
+}
+
 static ls_status attn_in_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int layer, const float *xn,
                               int64_t T, float *q, float *gate, float *k, float *v, float *qr, float *kr, float *rsq,
                               float *rsk, ls_arena *sc) {
-    const ls_config *c = &m->cfg;
-    int64_t D = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv * c->head_dim;
-    ls_op_linear_fwd(m->be, q, xn, w->attn_in, T, D, qd, 0);
-    ls_op_linear_fwd(m->be, gate, xn, w->attn_in + qd * D, T, D, qd, 0);
-    ls_op_linear_fwd(m->be, k, xn, w->attn_in + 2 * qd * D, T, D, kvd, 0);
-    ls_op_linear_fwd(m->be, v, xn, w->attn_in + (2 * qd + kvd) * D, T, D, kvd, 0);
-    LORA_FWD(m, layer, attn_in, 0, qd, q, xn, T, sc);
-    LORA_FWD(m, layer, attn_in, qd, qd, gate, xn, T, sc);
-    LORA_FWD(m, layer, attn_in, 2 * qd, kvd, k, xn, T, sc);
-    LORA_FWD(m, layer, attn_in, 2 * qd + kvd, kvd, v, xn, T, sc);
-    ls_op_rmsnorm_fwd(m->be, qr, rsq, q, w->q_norm, T * c->n_heads, c->head_dim, c->eps);
-    ls_op_rmsnorm_fwd(m->be, kr, rsk, k, w->k_norm, T * c->n_kv, c->head_dim, c->eps);
-    return LS_OK;
+    LS_TRY(attn_q_proj(m, w, layer, xn, T, q, gate, qr, rsq, sc));
+    return attn_kv_proj(m, w, layer, xn, T, k, v, kr, rsk, sc);
 }
 
 /* Its output: x [T, D] += o_proj(o ⊙ σ(gate)) (with the adapter); the gated rows into og
@@ -515,21 +529,25 @@ static ls_status hy_layer_fwd(const ls_dec_model *dm, const ls_dec_pass *p, int 
 }
 
 /* ---- an attention layer of a CP capture over all of the rank's positions (issue 22) ---
- * Pass A, per chunk the rank owns: norm, projections, q/k norms, rope, the attention over
- * the rank's own earlier pages and the chunk's keys (its pages written); q, gate, o and
- * lse of the rank's positions kept. The gather: round by round, block b of every
- * segment another rank reads reaches every rank in one all-gather (ls_dist_pages_gather)
- * and is merged, by log-sum-exp, into the rank's positions after that segment (all of
- * them: the block is wholly earlier, no mask). Pass B, per chunk: the gate, the out
- * projection, the FFN. No rank waits on another's compute but for the rounds' balance. */
+ * In waves of the rank's positions (ls_cp_waves: q, gate, o and lse kept for at most W
+ * positions; every rank makes as many). Pass A, per chunk of the wave: norm, projections,
+ * q/k norms, rope, the attention over the rank's own earlier pages and the chunk's keys
+ * (its pages written). The gather: round by round, block b of every segment another rank
+ * reads reaches every rank in one all-gather (ls_dist_pages_gather) and is merged, by
+ * log-sum-exp, into the wave's positions after that segment (all of them: the block is
+ * wholly earlier, no mask). Pass B, per chunk: the gate, the out projection, the FFN.
+ * With several waves every page is written first (the K/V projections of all of the
+ * rank's positions: the other ranks read them in every wave) and a wave's chunks project
+ * their K/V again for their own causal part. No rank waits on another's compute but for
+ * the rounds' balance. */
 typedef struct {
     const ls_hybrid_model *m;
     const ls_prompt_state *st;
-    const float *Q;      /* [Tr, n_h, hd] the rank's roped queries */
-    float *O, *LSE;      /* [Tr, n_h, hd], [Tr, n_h] their merged outputs */
+    const float *Q;      /* [rows of the wave, n_h, hd] the roped queries */
+    float *O, *LSE;      /* [.., n_h, hd], [.., n_h] their merged outputs */
     float *ob, *lb;      /* a query chunk's partial over a block */
-    const int64_t *xoff; /* the rank's segments' first rows in Q/O */
-    int64_t C;
+    const int64_t *xoff; /* the rank's segments' first rows */
+    int64_t C, w0, w1;   /* query chunk; the wave: the rank's rows [w0, w1) */
     ls_arena *sc;
 } gather_ctx;
 
@@ -547,17 +565,27 @@ static ls_status gather_block(void *ctx, int seg, void *const *kp, void *const *
     float scale = 1.0f / sqrtf((float)c->head_dim);
     for (int k = 0; k < st->nseg; k++) {
         if (st->seg_lo[k] < hi) continue; /* not after the block's segment */
-        int64_t n = st->seg_hi[k] - st->seg_lo[k];
-        for (int64_t t0 = 0, T; t0 < n; t0 += T) {
-            T = n - t0 < G->C ? n - t0 : G->C;
-            int64_t r = G->xoff[k] + t0;
-            LS_TRY(ls_op_attn_prefix_fwd(G->m->be, G->ob, G->lb, G->Q + r * qd, &blk, T, c->n_heads, c->n_kv,
+        int64_t a = G->xoff[k] > G->w0 ? G->xoff[k] : G->w0, e = G->xoff[k] + st->seg_hi[k] - st->seg_lo[k];
+        e = e < G->w1 ? e : G->w1;
+        for (int64_t r = a, T; r < e; r += T) {
+            T = e - r < G->C ? e - r : G->C;
+            int64_t q = r - G->w0;
+            LS_TRY(ls_op_attn_prefix_fwd(G->m->be, G->ob, G->lb, G->Q + q * qd, &blk, T, c->n_heads, c->n_kv,
                                          c->head_dim, scale, G->sc));
-            ls_op_attn_merge(G->m->be, G->O + r * qd, G->LSE + r * c->n_heads, G->ob, G->lb, T, c->n_heads,
+            ls_op_attn_merge(G->m->be, G->O + q * qd, G->LSE + q * c->n_heads, G->ob, G->lb, T, c->n_heads,
                              c->head_dim);
         }
     }
     return LS_OK;
+}
+
+size_t ls_hybrid_cp_scan_wave_bytes(const ls_config *c) {
+    const ls_hybrid_config *hc = ls_hybrid_cfg(c);
+    return ((size_t)2 * (size_t)ls_cfg_value_dim(c) + (size_t)hc->H_v * (size_t)hc->d_k) * sizeof(float);
+}
+
+size_t ls_hybrid_cp_attn_wave_bytes(const ls_config *c) {
+    return ((size_t)3 * (size_t)c->n_heads * (size_t)c->head_dim + (size_t)c->n_heads) * sizeof(float);
 }
 
 static ls_status hy_cp_attn_layer(const ls_hybrid_model *m, ls_prompt_state *st, int l, float *x, int skip_ffn,
@@ -570,9 +598,10 @@ static ls_status hy_cp_attn_layer(const ls_hybrid_model *m, ls_prompt_state *st,
     int nseg = ls_state_segments(st);
     int64_t Tr = 0, xoff[LS_STATE_MAX_SEGS];
     for (int k = 0; k < st->nseg; k++) xoff[k] = Tr, Tr += st->seg_hi[k] - st->seg_lo[k];
-    int64_t Tn = Tr > 0 ? Tr : 1;
+    int64_t nw, W = ls_cp_waves(ls_state_fullest_positions(st), C, o->cp_wave, ls_hybrid_cp_attn_wave_bytes(c), &nw);
+    int64_t Wn = W < Tr ? W : (Tr > 0 ? Tr : 1);
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *Q = ALLOC_F(sc, Tn * qd), *G = ALLOC_F(sc, Tn * qd), *O = ALLOC_F(sc, Tn * qd), *LSE = ALLOC_F(sc, Tn * H);
+    float *Q = ALLOC_F(sc, Wn * qd), *G = ALLOC_F(sc, Wn * qd), *O = ALLOC_F(sc, Wn * qd), *LSE = ALLOC_F(sc, Wn * H);
     NEED(Q && G && O && LSE);
     layer_ctx Lc = {0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, sc, NULL, l, 1, NULL, NULL, 0, 0};
     part_ctx pc = {m, l, &Lc};
@@ -582,28 +611,21 @@ static ls_status hy_cp_attn_layer(const ls_hybrid_model *m, ls_prompt_state *st,
                       .lora = ffn_of(m, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0),
                       .sc = sc, .ctx = &pc};
     float scale = 1.0f / sqrtf((float)c->head_dim);
-    /* 1. pass A */
-    for (int k = 0; k < st->nseg; k++)
-        for (int64_t c0 = st->seg_lo[k], T; c0 < st->seg_hi[k]; c0 += T) {
-            T = ls_state_span_end(st, st->seg_lo[k], c0, st->seg_hi[k], C) - c0;
-            int64_t r0 = xoff[k] + c0 - st->seg_lo[k];
-            ls_arena_mark m2 = ls_arena_get_mark(sc);
-            float *xn = ALLOC_F(sc, T * D), *kk = ALLOC_F(sc, T * kvd), *v = ALLOC_F(sc, T * kvd);
-            NEED(xn && kk && v);
-            float *q = Q + r0 * qd;
-            d.T = T;
-            ls_dec_norm1_fwd(&d, xn, x + r0 * D);
-            LS_TRY(attn_in_proj(m, w, l, xn, T, q, G + r0 * qd, kk, v, q, kk, NULL, NULL, sc));
-            ls_op_rope_fwd(be, q, T, c->n_heads, c->head_dim, c->rot_dim, c->rope_theta, c0);
-            ls_op_rope_fwd(be, kk, T, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, c0);
-            st->n = c0;
-            ls_kv_prefix pre = ls_state_prefix(st, l); /* this rank's earlier pages */
-            LS_TRY(ls_op_attn_fwd(be, O + r0 * qd, LSE + r0 * H, q, kk, v, &pre, T, c->n_heads, c->n_kv, c->head_dim,
-                                  scale, sc));
-            LS_TRY(ls_state_append_kv(st, l, kk, v, T));
-            ls_arena_release(sc, m2);
-        }
-    /* 2. the gather: the other ranks' earlier pages, merged */
+    int k;
+    int64_t c0, T, r0;
+    /* several waves: every page first (the other ranks read them in every wave) */
+    for (k = 0, c0 = -1; nw > 1 && ls_dec_cp_chunk(st, xoff, C, 0, Tr, &k, &c0, &T, &r0);) {
+        ls_arena_mark m2 = ls_arena_get_mark(sc);
+        float *xn = ALLOC_F(sc, T * D), *kk = ALLOC_F(sc, T * kvd), *v = ALLOC_F(sc, T * kvd);
+        NEED(xn && kk && v);
+        d.T = T;
+        ls_dec_norm1_fwd(&d, xn, x + r0 * D);
+        LS_TRY(attn_kv_proj(m, w, l, xn, T, kk, v, kk, NULL, sc));
+        ls_op_rope_fwd(be, kk, T, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, c0 - T);
+        st->n = c0 - T;
+        LS_TRY(ls_state_append_kv(st, l, kk, v, T));
+        ls_arena_release(sc, m2);
+    }
     int *owner = ls_arena_host_alloc(sc, (size_t)nseg * sizeof(int));
     int64_t *npos = ls_arena_host_alloc(sc, (size_t)nseg * sizeof(int64_t));
     void ***kt = ls_arena_host_alloc(sc, 2 * (size_t)nseg * sizeof(void **)), ***vt = kt ? kt + nseg : NULL;
@@ -612,31 +634,52 @@ static ls_status hy_cp_attn_layer(const ls_hybrid_model *m, ls_prompt_state *st,
         int64_t lo, hi;
         ls_state_segment(st, sg, &owner[sg], &lo, &hi);
         npos[sg] = hi - lo, kt[sg] = vt[sg] = NULL;
-        for (int k = 0; k < st->nseg; k++)
+        for (k = 0; k < st->nseg; k++)
             if (owner[sg] == st->rank && st->seg_lo[k] == lo)
                 kt[sg] = st->attn[l].k_pages + st->seg_lpage[k], vt[sg] = st->attn[l].v_pages + st->seg_lpage[k];
     }
     ls_dist_segs segs = {nseg, owner, npos, kt, vt};
-    int64_t Cq = C < Tn ? C : Tn;
-    gather_ctx gc = {m, st, Q, O, LSE, ALLOC_F(sc, Cq * qd), ALLOC_F(sc, Cq * H), xoff, Cq, sc};
+    int64_t Cq = C < Wn ? C : Wn;
+    gather_ctx gc = {m, st, Q, O, LSE, ALLOC_F(sc, Cq * qd), ALLOC_F(sc, Cq * H), xoff, Cq, 0, 0, sc};
     NEED(gc.ob && gc.lb);
     size_t pb = (size_t)st->page_size * (size_t)kvd * ls_dtype_size(st->dtype);
-    LS_TRY(ls_dist_pages_gather(be, st->comm, &segs, st->page_size, pb, pb, ls_hybrid_cp_block(st, o), l, gather_block, &gc,
-                                sc));
-    /* 3. pass B */
     ls_status s = LS_OK;
-    for (int k = 0; k < st->nseg && s == LS_OK; k++)
-        for (int64_t c0 = st->seg_lo[k], T; c0 < st->seg_hi[k] && s == LS_OK; c0 += T) {
-            T = ls_state_span_end(st, st->seg_lo[k], c0, st->seg_hi[k], C) - c0;
-            int64_t r0 = xoff[k] + c0 - st->seg_lo[k];
+    for (int64_t wv = 0; wv < nw && s == LS_OK; wv++) {
+        gc.w0 = wv * W < Tr ? wv * W : Tr, gc.w1 = (wv + 1) * W < Tr ? (wv + 1) * W : Tr;
+        /* 1. pass A */
+        for (k = 0, c0 = -1; ls_dec_cp_chunk(st, xoff, C, gc.w0, gc.w1, &k, &c0, &T, &r0);) {
+            int64_t p0 = c0 - T, q0 = r0 - gc.w0;
+            ls_arena_mark m2 = ls_arena_get_mark(sc);
+            float *xn = ALLOC_F(sc, T * D), *kk = ALLOC_F(sc, T * kvd), *v = ALLOC_F(sc, T * kvd);
+            NEED(xn && kk && v);
+            float *q = Q + q0 * qd;
+            d.T = T;
+            ls_dec_norm1_fwd(&d, xn, x + r0 * D);
+            LS_TRY(attn_in_proj(m, w, l, xn, T, q, G + q0 * qd, kk, v, q, kk, NULL, NULL, sc));
+            ls_op_rope_fwd(be, q, T, c->n_heads, c->head_dim, c->rot_dim, c->rope_theta, p0);
+            ls_op_rope_fwd(be, kk, T, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, p0);
+            st->n = p0;
+            ls_kv_prefix pre = ls_state_prefix(st, l); /* this rank's earlier pages */
+            LS_TRY(ls_op_attn_fwd(be, O + q0 * qd, LSE + q0 * H, q, kk, v, &pre, T, c->n_heads, c->n_kv, c->head_dim,
+                                  scale, sc));
+            if (nw == 1) LS_TRY(ls_state_append_kv(st, l, kk, v, T));
+            ls_arena_release(sc, m2);
+        }
+        /* 2. the gather: the other ranks' earlier pages, merged */
+        LS_TRY(ls_dist_pages_gather(be, st->comm, &segs, st->page_size, pb, pb, ls_hybrid_cp_block(st, o), l,
+                                    gather_block, &gc, sc));
+        /* 3. pass B */
+        for (k = 0, c0 = -1; s == LS_OK && ls_dec_cp_chunk(st, xoff, C, gc.w0, gc.w1, &k, &c0, &T, &r0);) {
+            int64_t q0 = r0 - gc.w0;
             float *xr = x + r0 * D;
-            s = attn_out_proj(m, w, l, xr, O + r0 * qd, O + r0 * qd, G + r0 * qd, T, sc);
+            s = attn_out_proj(m, w, l, xr, O + q0 * qd, O + q0 * qd, G + q0 * qd, T, sc);
             if (s == LS_OK && !skip_ffn) {
-                Lc.T = T, Lc.pos0 = c0;
+                Lc.T = T, Lc.pos0 = c0 - T;
                 d.T = T;
                 s = ls_dec_ffn_fwd(&d, xr);
             }
         }
+    }
     ls_arena_release(sc, mk);
     return s;
 }
@@ -667,9 +710,16 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pro
     int nseg = ls_state_segments(st), L_ = c->n_layers;
     int64_t Tr = 0, xoff[LS_STATE_MAX_SEGS];
     for (int k = 0; k < st->nseg; k++) xoff[k] = Tr, Tr += st->seg_hi[k] - st->seg_lo[k];
+    /* one wave: o, u and z of the rank's positions kept from pass A; several: pass A keeps
+     * only the state at each wave's start (a snapshot) and pass B runs each wave again from
+     * the true state (ls_cp_waves) */
+    int64_t nw, W = ls_cp_waves(ls_state_fullest_positions(st), C, o->cp_wave, ls_hybrid_cp_scan_wave_bytes(c), &nw);
+    int64_t Kp = nw == 1 ? (Tr > 0 ? Tr : 1) : 1;
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *O = ALLOC_F(sc, (Tr > 0 ? Tr : 1) * vd), *U = ALLOC_F(sc, (Tr > 0 ? Tr : 1) * Hv * dk);
-    float *Z = ALLOC_F(sc, (Tr > 0 ? Tr : 1) * vd);
+    float *O = ALLOC_F(sc, Kp * vd), *U = ALLOC_F(sc, Kp * Hv * dk), *Z = ALLOC_F(sc, Kp * vd);
+    float *snS = nw > 1 ? ALLOC_F(sc, nw * sn) : NULL, *snM = nw > 1 ? ALLOC_F(sc, nw * mn) : NULL;
+    float *snT = nw > 1 ? ALLOC_F(sc, nw * tl) : NULL;
+    NEED(nw == 1 || (snS && snM && snT));
     float *tout = ALLOC_F(sc, nseg * tl), *tin = ALLOC_F(sc, (nseg + 1) * tl);
     float *Ms = ALLOC_F(sc, nseg * mn), *S0s = ALLOC_F(sc, nseg * sn), *Sin = ALLOC_F(sc, (nseg + 1) * sn);
     int64_t *lo = ls_arena_host_alloc(sc, 2 * (size_t)nseg * sizeof(int64_t));
@@ -734,15 +784,24 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pro
     for (int64_t h = 0; h < Hv; h++)
         for (int64_t i = 0; i < dk; i++) eye[(h * dk + i) * dk + i] = 1.0f;
     ls_host_view_done(be, sc, I0, eye, (size_t)mn * sizeof(float), 1);
-    for (int k = 0; k < st->nseg && s == LS_OK; k++) {
-        int sg = 0;
-        while (lo[sg] != st->seg_lo[k]) sg++;
-        ls_op_zero(be, S0, sn);
-        ls_op_copy(be, M, I0, mn);
-        ls_op_copy(be, tail, tin + sg * tl, Wm * cd);
-        for (int64_t c0 = lo[sg], T; c0 < hi[sg] && s == LS_OK; c0 += T) {
-            T = ls_state_span_end(st, lo[sg], c0, hi[sg], C) - c0;
-            int64_t r0 = xoff[k] + c0 - lo[sg], j = ls_state_ckpt_at(hst, c0);
+    int cur = -1, cs = 0, k;
+    int64_t c0, T, r0;
+    for (int64_t wv = 0; wv < nw && s == LS_OK; wv++) {
+        int64_t w0 = wv * W < Tr ? wv * W : Tr, w1 = (wv + 1) * W < Tr ? (wv + 1) * W : Tr;
+        for (k = 0, c0 = -1; s == LS_OK && ls_dec_cp_chunk(st, xoff, C, w0, w1, &k, &c0, &T, &r0);) {
+            int64_t p0 = c0 - T, j = ls_state_ckpt_at(hst, p0);
+            if (k != cur) { /* a segment's first chunk: the previous one's summary kept */
+                if (cur >= 0) ls_op_copy(be, Ms + cs * mn, M, mn), ls_op_copy(be, S0s + cs * sn, S0, sn);
+                for (cur = k, cs = 0; lo[cs] != st->seg_lo[k];) cs++;
+                ls_op_zero(be, S0, sn);
+                ls_op_copy(be, M, I0, mn);
+                ls_op_copy(be, tail, tin + cs * tl, Wm * cd);
+            }
+            if (nw > 1 && r0 == w0) { /* the wave's first chunk: where pass B starts it again */
+                ls_op_copy(be, snS + wv * sn, S0, sn);
+                ls_op_copy(be, snM + wv * mn, M, mn);
+                ls_op_copy(be, snT + wv * tl, tail, Wm * cd);
+            }
             if (j >= 0) { /* the sweep's checkpoint: from zero now, corrected after the scan */
                 ls_op_copy(be, Sck + j * sn, S0, sn);
                 ls_op_copy(be, Tck + j * tl, tail, Wm * cd);
@@ -753,20 +812,20 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pro
             float *ba = ALLOC_F(sc, T * 2 * Hv), *q = ALLOC_F(sc, T * kd), *kk = ALLOC_F(sc, T * kd);
             float *v = ALLOC_F(sc, T * vd), *beta = ALLOC_F(sc, T * Hv), *g = ALLOC_F(sc, T * Hv);
             float *zv = ls_arena_calloc(sc, (size_t)(T * Hv * dk), sizeof(float));
-            NEED(xn && qkv && y && ba && q && kk && v && beta && g && zv);
-            float *xr = x + r0 * D, *z = Z + r0 * vd;
+            /* one wave: o, u, z kept; several: o and u thrown away (pass B recomputes) */
+            float *oa = nw == 1 ? O + r0 * vd : ALLOC_F(sc, T * vd), *ua = nw == 1 ? U + r0 * Hv * dk : ALLOC_F(sc, T * Hv * dk);
+            NEED(xn && qkv && y && ba && q && kk && v && beta && g && zv && oa && ua);
             d.T = T;
-            ls_dec_norm1_fwd(&d, xn, xr);
-            LS_TRY(gdn_in_proj(m, w, l, xn, T, qkv, z, ba, sc));
+            ls_dec_norm1_fwd(&d, xn, x + r0 * D);
+            LS_TRY(gdn_in_proj(m, w, l, xn, T, qkv, nw == 1 ? Z + r0 * vd : NULL, ba, sc));
             ls_op_conv_fwd(be, y, NULL, tail, qkv, w->conv_w, T, cd, hc->conv_k);
             ls_op_gdn_prep_fwd(be, q, kk, v, beta, g, NULL, NULL, y, ba, w->A_log, w->dt_bias, T, gd);
-            s = ls_op_gdr_chunk_fwd(be, O + r0 * vd, NULL, S0, q, kk, v, beta, g, T, gd, sc);
-            if (s == LS_OK) s = ls_op_gdr_chunk_fwd(be, U + r0 * Hv * dk, NULL, M, q, kk, zv, beta, g, T, gi, sc);
+            s = ls_op_gdr_chunk_fwd(be, oa, NULL, S0, q, kk, v, beta, g, T, gd, sc);
+            if (s == LS_OK) s = ls_op_gdr_chunk_fwd(be, ua, NULL, M, q, kk, zv, beta, g, T, gi, sc);
             ls_arena_release(sc, m2);
         }
-        ls_op_copy(be, Ms + sg * mn, M, mn);
-        ls_op_copy(be, S0s + sg * sn, S0, sn);
     }
+    if (cur >= 0) ls_op_copy(be, Ms + cs * mn, M, mn), ls_op_copy(be, S0s + cs * sn, S0, sn);
     if (s != LS_OK) return s;
     /* 3. the scan: every segment's (M, S⁰) on every rank, composed in prompt order */
     for (int sg = 0; sg < nseg && s == LS_OK; sg++) {
@@ -786,16 +845,27 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pro
     }
     ls_op_copy(be, st->gdn[l].S, Sin + nseg * sn, sn); /* the state at the prompt's end, on every rank */
     ls_op_copy(be, st->gdn[l].conv_tail, tin + nseg * tl, Wm * cd);
-    /* 4. pass B: the correction, the gated norm, the out projection, the FFN */
-    for (int k = 0; k < st->nseg && s == LS_OK; k++) {
-        int sg = 0;
-        while (lo[sg] != st->seg_lo[k]) sg++;
-        for (int64_t c0 = lo[sg], T; c0 < hi[sg] && s == LS_OK; c0 += T) {
-            T = ls_state_span_end(st, lo[sg], c0, hi[sg], C) - c0;
-            int64_t r0 = xoff[k] + c0 - lo[sg], j = ls_state_ckpt_at(hst, c0);
+    /* 4. pass B: the correction (one wave) or the wave run again from the true state
+     * (several), the gated norm, the out projection, the FFN */
+    cur = -1;
+    for (int64_t wv = 0; wv < nw && s == LS_OK; wv++) {
+        int64_t w0 = wv * W < Tr ? wv * W : Tr, w1 = (wv + 1) * W < Tr ? (wv + 1) * W : Tr;
+        for (k = 0, c0 = -1; s == LS_OK && ls_dec_cp_chunk(st, xoff, C, w0, w1, &k, &c0, &T, &r0);) {
+            int64_t p0 = c0 - T, j = ls_state_ckpt_at(hst, p0);
+            if (k != cur || r0 == w0) {
+                for (cur = k, cs = 0; lo[cs] != st->seg_lo[k];) cs++;
+                if (nw > 1 && p0 == lo[cs]) { /* the segment's true starting state */
+                    ls_op_copy(be, S0, Sin + cs * sn, sn);
+                    ls_op_copy(be, tail, tin + cs * tl, Wm * cd);
+                } else if (nw > 1) { /* a wave starting inside it: the snapshot, corrected */
+                    ls_op_copy(be, S0, snS + wv * sn, sn);
+                    ls_gdn_shard_apply(be, NULL, S0, NULL, snM + wv * mn, S0, Sin + cs * sn, 0, gd);
+                    ls_op_copy(be, tail, snT + wv * tl, Wm * cd);
+                }
+            }
             if (j >= 0) { /* checkpoint = M(c0)·S_in + S⁰(c0), into the state (host memory: copied there) */
                 ls_gdn_state *ck = &hst->full->ckpt[j * L_ + l];
-                ls_gdn_shard_apply(be, NULL, Sck + j * sn, NULL, Mck + j * mn, Sck + j * sn, Sin + sg * sn, 0, gd);
+                ls_gdn_shard_apply(be, NULL, Sck + j * sn, NULL, Mck + j * mn, Sck + j * sn, Sin + cs * sn, 0, gd);
                 if (ls_state_resident(hst, be)) {
                     ls_op_copy(be, ck->S, Sck + j * sn, sn);
                     ls_op_copy(be, ck->conv_tail, Tck + j * tl, Wm * cd);
@@ -804,11 +874,29 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pro
                     if (Wm * cd > 0) be->i->to_host(be, ck->conv_tail, Tck + j * tl, (size_t)(Wm * cd) * sizeof(float));
                 }
             }
-            float *oc = O + r0 * vd, *xr = x + r0 * D;
-            ls_gdn_shard_apply(be, oc, NULL, U + r0 * Hv * dk, NULL, NULL, Sin + sg * sn, T, gd);
-            LS_TRY(gdn_out_proj(m, w, l, xr, oc, NULL, oc, Z + r0 * vd, T, sc));
+            float *xr = x + r0 * D;
+            ls_arena_mark m2 = ls_arena_get_mark(sc);
+            if (nw == 1) {
+                float *oc = O + r0 * vd;
+                ls_gdn_shard_apply(be, oc, NULL, U + r0 * Hv * dk, NULL, NULL, Sin + cs * sn, T, gd);
+                LS_TRY(gdn_out_proj(m, w, l, xr, oc, NULL, oc, Z + r0 * vd, T, sc));
+            } else {
+                float *xn = ALLOC_F(sc, T * D), *qkv = ALLOC_F(sc, T * cd), *y = ALLOC_F(sc, T * cd);
+                float *ba = ALLOC_F(sc, T * 2 * Hv), *q = ALLOC_F(sc, T * kd), *kk = ALLOC_F(sc, T * kd);
+                float *v = ALLOC_F(sc, T * vd), *beta = ALLOC_F(sc, T * Hv), *g = ALLOC_F(sc, T * Hv);
+                float *oc = ALLOC_F(sc, T * vd), *z = ALLOC_F(sc, T * vd);
+                NEED(xn && qkv && y && ba && q && kk && v && beta && g && oc && z);
+                d.T = T;
+                ls_dec_norm1_fwd(&d, xn, xr);
+                LS_TRY(gdn_in_proj(m, w, l, xn, T, qkv, z, ba, sc));
+                ls_op_conv_fwd(be, y, NULL, tail, qkv, w->conv_w, T, cd, hc->conv_k);
+                ls_op_gdn_prep_fwd(be, q, kk, v, beta, g, NULL, NULL, y, ba, w->A_log, w->dt_bias, T, gd);
+                LS_TRY(ls_op_gdr_chunk_fwd(be, oc, NULL, S0, q, kk, v, beta, g, T, gd, sc));
+                LS_TRY(gdn_out_proj(m, w, l, xr, oc, NULL, oc, z, T, sc));
+            }
+            ls_arena_release(sc, m2);
             if (!skip_ffn) {
-                Lc.T = T, Lc.pos0 = c0;
+                Lc.T = T, Lc.pos0 = p0;
                 d.T = T;
                 s = ls_dec_ffn_fwd(&d, xr);
             }

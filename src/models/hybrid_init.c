@@ -12,6 +12,7 @@
 #include "longstraw/family.h"
 #include "longstraw/hybrid.h"
 #include "longstraw/safetensors.h"
+#include "hybrid_tape.h"
 
 static void fill(float *x, int64_t n, const ls_hf_tensor_spec *sp, ls_rng *r) {
     int64_t fan_in = sp->ndim >= 2 ? sp->shape[sp->ndim - 1] : 1;
@@ -127,23 +128,26 @@ ls_status ls_hybrid_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan
     ls_plan_size(d, "table_bytes_per_rank", p.table_bytes_per_rank);
     ls_plan_size(d, "total_bytes_per_rank", p.total_bytes_per_rank);
     ls_plan_size(d, "cp_capture_bytes_per_rank", p.cp_capture_bytes_per_rank);
-    /* the GDN state scan of a CP capture (hybrid.c): per layer, the outputs, z and the
-     * correction vectors of the rank's positions, kept between its two passes */
+    /* a CP capture's layer keeps per-position buffers for one wave of the rank's positions
+     * (ls_cp_waves: --cp-wave, else as many as LS_CP_WAVE_BYTES hold). The GDN state scan
+     * (hybrid.c): the outputs, z and correction vectors (one wave; with several, a snapshot
+     * of the state per wave instead); an attention layer: q, gate, output and lse, one
+     * query chunk's partial, the gather's round buffers */
+    int64_t tr = p.pages_per_rank * rq->page_size, nws, nwa;
+    ls_cp_waves(tr, 2048, rq->cp_wave, ls_hybrid_cp_scan_wave_bytes(cfg), &nws);
+    int64_t wa = ls_cp_waves(tr, 2048, rq->cp_wave, ls_hybrid_cp_attn_wave_bytes(cfg), &nwa);
     const ls_hybrid_config *hcf = ls_hybrid_cfg(cfg);
-    size_t scan = p.cp > 1 && p.n_gdn > 0 ? (size_t)p.pages_per_rank * (size_t)rq->page_size *
-                                                (2 * (size_t)ls_cfg_value_dim(cfg) + (size_t)hcf->H_v * (size_t)hcf->d_k) *
-                                                sizeof(float)
-                                          : 0;
+    size_t sn = (size_t)hcf->H_v * (size_t)hcf->d_k * (size_t)hcf->d_v, mn = (size_t)hcf->H_v * (size_t)hcf->d_k * hcf->d_k;
+    size_t scan = p.cp > 1 && p.n_gdn > 0
+                      ? (nws == 1 ? (size_t)tr * ls_hybrid_cp_scan_wave_bytes(cfg) : (size_t)nws * (sn + mn) * sizeof(float))
+                      : 0;
     ls_plan_size(d, "cp_scan_bytes_per_rank", scan);
-    /* an attention layer of a CP capture (hybrid.c hy_cp_attn_layer): q, gate, output and
-     * lse of the rank's positions, one query chunk's partial, the gather's round buffers */
     size_t attn = 0;
     if (p.cp > 1 && p.n_attn > 0) {
-        size_t qd = (size_t)cfg->n_heads * (size_t)cfg->head_dim, C = 2048;
+        size_t qd = (size_t)cfg->n_heads * (size_t)cfg->head_dim, C = 2048, rows = (size_t)(wa < tr ? wa : tr);
         size_t pb = (size_t)rq->page_size * (size_t)cfg->n_kv * (size_t)cfg->head_dim * ls_dtype_size(rq->dtype);
         int64_t bp = (int64_t)C / rq->page_size > 0 ? (int64_t)C / rq->page_size : 1;
-        attn = ((size_t)p.pages_per_rank * (size_t)rq->page_size * (3 * qd + (size_t)cfg->n_heads) +
-                C * (qd + (size_t)cfg->n_heads)) * sizeof(float) +
+        attn = rows * ls_hybrid_cp_attn_wave_bytes(cfg) + (C < rows ? C : rows) * (qd + (size_t)cfg->n_heads) * sizeof(float) +
                ls_dist_gather_bytes(bp, p.cp, rq->layout == LS_CP_ZIGZAG ? 2 : 1, pb, pb);
     }
     ls_plan_size(d, "cp_attn_bytes_per_rank", attn);

@@ -72,6 +72,11 @@ ls_status ls_hybrid_sweep_serve(const ls_dec_model *dm, ls_prompt_state *st, int
 ls_status ls_hybrid_sweep_relay(const ls_dec_model *dm, ls_prompt_state *st, int peer, int send, int l);
 /* Pages per transferred block under CP: about one capture chunk. */
 int64_t ls_hybrid_cp_block(const ls_prompt_state *st, const ls_fwd_opts *o);
+/* The bytes one of the rank's positions keeps in a wave of an attention layer's CP capture
+ * (hybrid.c: q, gate, o, lse). */
+size_t ls_hybrid_cp_attn_wave_bytes(const ls_config *c);
+/* The same for a Gated DeltaNet layer's state scan (o, z, the correction vectors u). */
+size_t ls_hybrid_cp_scan_wave_bytes(const ls_config *c);
 /* Send this rank's pages of attention layer l that precede position `lo` to `dst`,
  * block by block (the sweep's recomputed forward of another rank's chunk reads them). */
 ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int64_t lo, int64_t bp, ls_arena *sc);

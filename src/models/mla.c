@@ -257,24 +257,40 @@ typedef struct {
     float *rstd_q, *rstd_kv;
 } mla_proj;
 
-/* Query path c_q = RMSNorm(q_a x), q = q_b c_q per head [q_nope ; q_pe]; the latent rows
- * [RMSNorm(a[:rkv]) ; RoPE(a[rkv:])] of a = kv_a x, rounded as pages of dtype dt round
- * theirs; the absorbed queries q̃[h] = W_UK[h]ᵀ q_nope[h] beside q_pe. */
-static ls_status mla_in_proj(const ls_mla_model *m, int l, const float *xn, int64_t T, int64_t pos0, ls_dtype dt,
-                             const mla_proj *p, ls_arena *sc) {
+/* Query path (spec §2): c_q = RMSNorm(q_a x), q = q_b c_q per head [q_nope ; q_pe] (RoPE
+ * at positions pos0..), and the absorbed queries q̃[h] = W_UK[h]ᵀ q_nope[h] beside q_pe:
+ * p's cq_raw, cq, q, qa (and rstd_q when given). */
+static void mla_q_proj(const ls_mla_model *m, int l, const float *xn, int64_t T, int64_t pos0, const mla_proj *p) {
     const ls_config *c = &m->cfg;
     const ls_mla_config *mc = ls_mla_cfg(c);
     const ls_mla_layer *w = &m->layers[l];
     int64_t D = c->hidden, rq = mc->q_lora_rank, rkv = mc->kv_lora_rank;
     int H = c->n_heads, dn = mc->qk_nope, dr = mc->qk_rope, half = dr / 2;
     int64_t dq = dn + dr, dk = rkv + dr, hb = dn + mc->v_head; /* a head's q width, the latent row, kv_b rows per head */
-    ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *kva = ALLOC_F(sc, T * dk), *lat = ALLOC_F(sc, T * rkv); /* kv_a_proj output, the normed latent */
-    NEED(kva && lat);
     ls_op_linear_fwd(m->be, p->cq_raw, xn, w->q_a, T, D, rq, 0);
     ls_op_rmsnorm_plain_fwd(m->be, p->cq, p->rstd_q, p->cq_raw, w->q_a_norm, T, rq, c->eps);
     ls_op_linear_fwd(m->be, p->q, p->cq, w->q_b, T, rq, H * dq, 0);
     ls_op_rope_table_fwd(m->be, p->q, T, H, (int)dq, dn, half, m->inv_freq, mc->rope_interleave, pos0);
+    for (int h = 0; h < H; h++) {
+        ls_op_gemm(m->be, 0, 0, (int)T, (int)rkv, dn, 1.0f, p->q + h * dq, (int)(H * dq),
+                    w->kv_b + h * hb * rkv, (int)rkv, 0.0f, p->qa + h * dk, (int)(H * dk));
+        ls_op_copy_rows(m->be, p->qa + h * dk + rkv, H * dk, p->q + h * dq + dn, H * dq, T, dr);
+    }
+}
+
+/* The latent rows [RMSNorm(a[:rkv]) ; RoPE(a[rkv:])] of a = kv_a x at positions pos0..,
+ * rounded as pages of dtype dt round theirs: p's lat_raw, own (and rstd_kv when given). */
+static ls_status mla_kv_proj(const ls_mla_model *m, int l, const float *xn, int64_t T, int64_t pos0, ls_dtype dt,
+                             const mla_proj *p, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    const ls_mla_config *mc = ls_mla_cfg(c);
+    const ls_mla_layer *w = &m->layers[l];
+    int64_t D = c->hidden, rkv = mc->kv_lora_rank;
+    int dr = mc->qk_rope, half = dr / 2;
+    int64_t dk = rkv + dr;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *kva = ALLOC_F(sc, T * dk), *lat = ALLOC_F(sc, T * rkv); /* kv_a_proj output, the normed latent */
+    NEED(kva && lat);
     ls_op_linear_fwd(m->be, kva, xn, w->kv_a, T, D, dk, 0);
     ls_op_copy_rows(m->be, p->lat_raw, rkv, kva, dk, T, rkv);
     ls_op_rmsnorm_plain_fwd(m->be, lat, p->rstd_kv, p->lat_raw, w->kv_a_norm, T, rkv, c->eps);
@@ -286,11 +302,6 @@ static ls_status mla_in_proj(const ls_mla_model *m, int l, const float *xn, int6
      * capture chunking, the CP split and decode order cannot move a near-tie selection of
      * a later layer (the backward passes straight through the rounding) */
     if (dt != LS_DTYPE_F32) ls_op_round_to(m->be, p->own, T * dk, dt);
-    for (int h = 0; h < H; h++) {
-        ls_op_gemm(m->be, 0, 0, (int)T, (int)rkv, dn, 1.0f, p->q + h * dq, (int)(H * dq),
-                    w->kv_b + h * hb * rkv, (int)rkv, 0.0f, p->qa + h * dk, (int)(H * dk));
-        ls_op_copy_rows(m->be, p->qa + h * dk + rkv, H * dk, p->q + h * dq + dn, H * dq, T, dr);
-    }
     ls_arena_release(sc, mk);
     return LS_OK;
 }
@@ -328,7 +339,8 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
     NEED(pj.cq_raw && pj.cq && pj.q && pj.lat_raw && pj.own && pj.qa && o && ov &&
          (!tp || (pj.rstd_q && pj.rstd_kv && lse)));
     float *qa = pj.qa, *own = pj.own;
-    LS_TRY(mla_in_proj(m, l, xn, T, pos0, L->st ? L->st->dtype : LS_DTYPE_F32, &pj, sc));
+    mla_q_proj(m, l, xn, T, pos0, &pj);
+    LS_TRY(mla_kv_proj(m, l, xn, T, pos0, L->st ? L->st->dtype : LS_DTYPE_F32, &pj, sc));
     /* selection: a full layer's own indexer, or the most recent full layer's */
     float *kI = NULL;
     int full = mc->index_full[l];
@@ -457,16 +469,17 @@ static void set_cp(mla_ctx *L, const ls_prompt_state *st, int own_rank, int64_t 
 
 /* ---- a layer of a CP capture over all of the rank's positions (issue 22) --------------
  * Layer-major, as the hybrid's (decoder.c): no rank waits for another's compute in prompt
- * order. Pass A, per chunk the rank owns: norm, projections, the latent rows (and on a
- * full layer the index keys) into the pages, the absorbed queries (and the indexer's
- * queries and weights) kept for the rank's positions. Selection, on a full layer: the
- * other ranks' earlier index keys are gathered whole (dI values a position, a fraction of
- * a latent row) into one page table over the prompt, and each own chunk selects exactly
- * as one rank does (the same scores, the same ties); a shared layer reads the last full
- * layer's selection, kept for the rank's positions across layers. Attention: each query
- * over the selected rows the rank holds, then over the other ranks' selected rows as
- * their latent pages pass in rounds (ls_dist_pages_gather), merged by log-sum-exp.
- * Pass B, per chunk: W_UV, o_proj, the FFN or MoE. */
+ * order. Pass A, per chunk the rank owns: norm, the latent rows (and on a full layer the
+ * index keys) into the pages. Selection, on a full layer: the other ranks' earlier index
+ * keys are gathered whole (dI values a position, a fraction of a latent row) into one
+ * page table over the prompt. Then in waves of the rank's positions (ls_cp_waves: the
+ * per-position buffers bounded; every rank makes as many): per chunk, the absorbed
+ * queries (and on a full layer the indexer's queries and weights, and each chunk's
+ * selection, exactly as one rank selects: the same scores, the same ties; a shared layer
+ * reads the last full layer's selection, kept for the rank's positions across layers);
+ * each query attends over the selected rows the rank holds, then over the other ranks'
+ * selected rows as their latent pages pass in rounds (ls_dist_pages_gather), merged by
+ * log-sum-exp; pass B per chunk: W_UV, o_proj, the FFN or MoE. */
 
 /* Pages holding n positions. */
 static int64_t pages_for(int64_t n, int64_t S) { return (n + S - 1) / S; }
@@ -477,8 +490,9 @@ typedef struct {
     const int64_t *lo;   /* [segments] every segment's first position */
     const int64_t *xoff; /* [st->nseg] the rank's segments' rows in its residual */
     const int32_t *hsel; /* [Tr, kk] the rank's selection (host-readable) */
-    const float *Q;      /* [Tr, H, rkv+dr] */
-    float *O, *LSE;      /* [Tr, H, rkv], [Tr, H] */
+    int64_t w0, w1;      /* the wave: the rank's rows [w0, w1) */
+    const float *Q;      /* [rows of the wave, H, rkv+dr] */
+    float *O, *LSE;      /* [rows of the wave, H, rkv], [.., H] */
     int32_t *loc, *hloc; /* [Cq, kk] a query chunk's rows in a block (the backend's, its host view) */
     float *ob, *lb;      /* [Cq, H, rkv], [Cq, H] the block's partial */
     void **ip;           /* index keys: [pages] the prompt's pages (full layer), filled by the gather */
@@ -500,8 +514,8 @@ static ls_status gather_index(void *ctx, int seg, void *const *k, void *const *v
     return LS_OK;
 }
 
-/* Latent rows of another rank's segment, positions [lo + row0, + rows): every later own
- * query's selected rows among them attended, merged into (O, LSE). */
+/* Latent rows of another rank's segment, positions [lo + row0, + rows): the wave's later
+ * queries' selected rows among them attended, merged into (O, LSE). */
 static ls_status gather_latent(void *ctx, int seg, void *const *k, void *const *v, int64_t nb, int64_t rows,
                                int64_t row0) {
     (void)v, (void)nb;
@@ -514,23 +528,25 @@ static ls_status gather_latent(void *ctx, int seg, void *const *k, void *const *
     size_t lb = (size_t)(G->Cq * kk) * sizeof(int32_t);
     for (int s = 0; s < st->nseg; s++) {
         if (st->seg_lo[s] < b1) continue; /* only later queries select these rows */
-        int64_t len = st->seg_hi[s] - st->seg_lo[s];
-        for (int64_t t0 = 0; t0 < len; t0 += G->Cq) {
-            int64_t T = len - t0 < G->Cq ? len - t0 : G->Cq, r = G->xoff[s] + t0, any = 0;
+        int64_t a = G->xoff[s] > G->w0 ? G->xoff[s] : G->w0;
+        int64_t e = G->xoff[s] + st->seg_hi[s] - st->seg_lo[s];
+        e = e < G->w1 ? e : G->w1;
+        for (int64_t r = a; r < e; r += G->Cq) {
+            int64_t T = e - r < G->Cq ? e - r : G->Cq, any = 0, q = r - G->w0;
             for (int64_t t = 0; t < T; t++) { /* the selected positions in [b0, b1), as block rows */
                 const int32_t *sl = G->hsel + (r + t) * kk;
                 int32_t *lc = G->hloc + t * kk;
                 int64_t j = 0;
-                for (int64_t e = 0; e < kk && sl[e] >= 0; e++)
-                    if (sl[e] >= b0 && sl[e] < b1) lc[j++] = (int32_t)(sl[e] - b0);
+                for (int64_t i = 0; i < kk && sl[i] >= 0; i++)
+                    if (sl[i] >= b0 && sl[i] < b1) lc[j++] = (int32_t)(sl[i] - b0);
                 any += j;
                 for (; j < kk; j++) lc[j] = -1;
             }
             if (!any) continue;
             ls_host_view_done(G->m->be, G->sc, G->loc, G->hloc, lb, 1);
-            LS_TRY(ls_op_mla_attn_fwd(G->m->be, G->ob, G->lb, G->Q + r * H * dk, NULL, &pre, G->loc, kk, T, H, rkv, dr,
+            LS_TRY(ls_op_mla_attn_fwd(G->m->be, G->ob, G->lb, G->Q + q * H * dk, NULL, &pre, G->loc, kk, T, H, rkv, dr,
                                       rows, G->m->scale));
-            ls_op_attn_merge(G->m->be, G->O + r * H * rkv, G->LSE + r * H, G->ob, G->lb, T, H, rkv);
+            ls_op_attn_merge(G->m->be, G->O + q * H * rkv, G->LSE + q * H, G->ob, G->lb, T, H, rkv);
         }
     }
     return LS_OK;
@@ -552,11 +568,12 @@ static ls_status mla_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pr
     size_t esz = ls_dtype_size(st->dtype);
     int64_t Tr = 0, xoff[LS_STATE_MAX_SEGS];
     for (int k = 0; k < st->nseg; k++) xoff[k] = Tr, Tr += st->seg_hi[k] - st->seg_lo[k];
-    int64_t Tn = Tr > 0 ? Tr : 1, Cq = C < Tn ? C : Tn;
+    int64_t nw, W = ls_cp_waves(ls_state_fullest_positions(st), C, o->cp_wave, ls_mla_cp_wave_bytes(c, full), &nw);
+    int64_t Wn = W < Tr ? W : (Tr > 0 ? Tr : 1), Cq = C < Wn ? C : Wn;
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *Q = ALLOC_F(sc, Tn * H * dk), *O = ALLOC_F(sc, Tn * H * rkv), *LSE = ALLOC_F(sc, Tn * H);
-    float *QI = full ? ALLOC_F(sc, Tn * nI * dI) : NULL, *WQ = full ? ALLOC_F(sc, Tn * nI) : NULL;
-    float *KI = full ? ALLOC_F(sc, Tn * dI) : NULL;
+    float *Q = ALLOC_F(sc, Wn * H * dk), *O = ALLOC_F(sc, Wn * H * rkv), *LSE = ALLOC_F(sc, Wn * H);
+    float *QI = full ? ALLOC_F(sc, Wn * nI * dI) : NULL, *WQ = full ? ALLOC_F(sc, Wn * nI) : NULL;
+    float *KI = full ? ALLOC_F(sc, (Tr > 0 ? Tr : 1) * dI) : NULL; /* the rank's index keys, f32 as selection reads them */
     int64_t *lo = ls_arena_host_alloc(sc, 2 * (size_t)nseg * sizeof(int64_t)), *npos = lo ? lo + nseg : NULL;
     int *owner = ls_arena_host_alloc(sc, (size_t)nseg * sizeof(int));
     void ***kt = ls_arena_host_alloc(sc, 2 * (size_t)nseg * sizeof(void **)), ***vt = kt ? kt + nseg : NULL;
@@ -576,43 +593,42 @@ static ls_status mla_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pr
     ls_dec_layer d = {.be = be, .D = D, .I = c->intermediate, .eps = c->eps, .norm = LS_NORM_PLAIN,
                       .input_norm = w->input_norm, .post_norm = w->post_norm, .mixer = part_mixer,
                       .moe = c->moe[l] ? part_moe : NULL, .gu_w = w->mlp_gu, .down_w = w->mlp_down, .sc = sc, .ctx = &pc};
-    /* 1. pass A */
-    for (int k = 0; k < st->nseg; k++)
-        for (int64_t c0 = st->seg_lo[k], T; c0 < st->seg_hi[k]; c0 += T) {
-            T = ls_state_span_end(st, st->seg_lo[k], c0, st->seg_hi[k], C) - c0;
-            int64_t r0 = xoff[k] + c0 - st->seg_lo[k];
-            ls_arena_mark m2 = ls_arena_get_mark(sc);
-            float *xn = ALLOC_F(sc, T * D);
-            mla_proj pj = {ALLOC_F(sc, T * rq), ALLOC_F(sc, T * rq), ALLOC_F(sc, T * H * dq), ALLOC_F(sc, T * rkv),
-                           ALLOC_F(sc, T * dk), Q + r0 * H * dk, NULL, NULL};
-            NEED(xn && pj.cq_raw && pj.cq && pj.q && pj.lat_raw && pj.own);
-            d.T = T;
-            ls_dec_norm1_fwd(&d, xn, x + r0 * D);
-            LS_TRY(mla_in_proj(m, l, xn, T, c0, st->dtype, &pj, sc));
-            float *kI = full ? KI + r0 * dI : NULL;
-            if (full) {
-                ls_mla_index_keys(m, l, xn, T, c0, kI, NULL);
-                if (st->dtype != LS_DTYPE_F32) ls_op_round_to(be, kI, T * dI, st->dtype);
-                ls_mla_index_queries(m, l, xn, pj.cq, T, c0, QI + r0 * nI * dI, WQ + r0 * nI);
-            }
-            st->n = c0;
-            LS_TRY(ls_state_append_kv(st, l, pj.own, kI, T));
-            ls_arena_release(sc, m2);
+    int k;
+    int64_t c0, T, r0;
+    /* 1. pass A: the latent rows and index keys of all of the rank's positions (the other
+     * ranks read them before any wave) */
+    for (k = 0, c0 = -1; ls_dec_cp_chunk(st, xoff, C, 0, Tr, &k, &c0, &T, &r0);) {
+        ls_arena_mark m2 = ls_arena_get_mark(sc);
+        float *xn = ALLOC_F(sc, T * D);
+        mla_proj pj = {NULL, NULL, NULL, ALLOC_F(sc, T * rkv), ALLOC_F(sc, T * dk), NULL, NULL, NULL};
+        NEED(xn && pj.lat_raw && pj.own);
+        int64_t p0 = c0 - T;
+        d.T = T;
+        ls_dec_norm1_fwd(&d, xn, x + r0 * D);
+        LS_TRY(mla_kv_proj(m, l, xn, T, p0, st->dtype, &pj, sc));
+        float *kI = full ? KI + r0 * dI : NULL;
+        if (full) {
+            ls_mla_index_keys(m, l, xn, T, p0, kI, NULL);
+            if (st->dtype != LS_DTYPE_F32) ls_op_round_to(be, kI, T * dI, st->dtype);
         }
+        st->n = p0;
+        LS_TRY(ls_state_append_kv(st, l, pj.own, kI, T));
+        ls_arena_release(sc, m2);
+    }
     ls_dist_segs segs = {nseg, owner, npos, kt, NULL};
     int64_t bp = C / S > 0 ? C / S : 1;
     int32_t *loc = ls_arena_alloc(sc, (size_t)(Cq * kk) * sizeof(int32_t));
     int32_t *hloc = ls_host_view(be, sc, loc, (size_t)(Cq * kk) * sizeof(int32_t), 0);
     NEED(loc && hloc);
-    mla_gather G = {m, st, lo, xoff, NULL, Q, O, LSE, loc, hloc, ALLOC_F(sc, Cq * H * rkv), ALLOC_F(sc, Cq * H), NULL, kk,
-                    Cq, sc};
+    mla_gather G = {m, st, lo, xoff, NULL, 0, 0, Q, O, LSE, loc, hloc, ALLOC_F(sc, Cq * H * rkv), ALLOC_F(sc, Cq * H),
+                    NULL, kk, Cq, sc};
     NEED(G.ob && G.lb);
-    /* 2. selection (a full layer): the prompt's index keys in one page table, own pages
-     * where they are, the other ranks' earlier ones gathered */
+    /* 2. a full layer: the prompt's index keys in one page table, own pages where they
+     * are, the other ranks' earlier ones gathered */
     if (full) {
         int64_t NP = pages_for(n, S), last = 0;
         size_t ipb = (size_t)(S * dI) * esz;
-        for (int k = 0; k < st->nseg; k++)
+        for (k = 0; k < st->nseg; k++)
             if (st->seg_hi[k] > st->seg_lo[k] && st->seg_lo[k] > last) last = st->seg_lo[k];
         G.ip = ls_arena_host_calloc(sc, (size_t)NP, sizeof(void *));
         NEED(G.ip);
@@ -627,47 +643,60 @@ static ls_status mla_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pr
                 else if (lo[sg] < last) G.ip[lo[sg] / S + i] = ib + (size_t)j++ * ipb;
         ls_dist_segs is = {nseg, owner, npos, vt, NULL};
         LS_TRY(ls_dist_pages_gather(be, st->comm, &is, S, ipb, 0, bp, l, gather_index, &G, sc));
-        for (int k = 0; k < st->nseg; k++)
-            for (int64_t c0 = st->seg_lo[k], T; c0 < st->seg_hi[k]; c0 += T) {
-                T = ls_state_span_end(st, st->seg_lo[k], c0, st->seg_hi[k], C) - c0;
-                int64_t r0 = xoff[k] + c0 - st->seg_lo[k];
-                ls_kv_prefix keys = {c0, S, st->dtype, G.ip, NULL};
-                LS_TRY(select_rows(m, QI + r0 * nI * dI, WQ + r0 * nI, &keys, KI + r0 * dI, T, mp->sel + r0 * kk, kk, sc));
-            }
     }
-    /* 3. attention: the selected rows the rank holds, then the other ranks' as they pass */
-    size_t sb = (size_t)(Tn * kk) * sizeof(int32_t);
-    G.hsel = ls_host_view(be, sc, mp->sel, sb, 1);
-    NEED(G.hsel);
     ls_kv_prefix pre = ls_state_prefix(st, l);
     pre.n = ls_state_held_before(st, n);
-    for (int k = 0; k < st->nseg; k++) {
-        int64_t len = st->seg_hi[k] - st->seg_lo[k];
-        for (int64_t t0 = 0; t0 < len; t0 += Cq) {
-            int64_t T = len - t0 < Cq ? len - t0 : Cq, r = xoff[k] + t0;
-            cp_local_sel(st, G.hsel + r * kk, hloc, T, kk, st->seg_lo[k] + t0, n, 0);
-            ls_host_view_done(be, sc, loc, hloc, (size_t)(T * kk) * sizeof(int32_t), 1);
-            LS_TRY(ls_op_mla_attn_fwd(be, O + r * H * rkv, LSE + r * H, Q + r * H * dk, NULL, &pre, loc, kk, T, H, (int)rkv,
-                                      dr, pre.n, m->scale));
-        }
-    }
-    LS_TRY(ls_dist_pages_gather(be, st->comm, &segs, S, (size_t)(S * dk) * esz, 0, bp, l, gather_latent, &G, sc));
-    /* 4. pass B */
+    size_t sb = (size_t)((Tr > 0 ? Tr : 1) * kk) * sizeof(int32_t);
     ls_status s = LS_OK;
-    for (int k = 0; k < st->nseg && s == LS_OK; k++)
-        for (int64_t c0 = st->seg_lo[k], T; c0 < st->seg_hi[k] && s == LS_OK; c0 += T) {
-            T = ls_state_span_end(st, st->seg_lo[k], c0, st->seg_hi[k], C) - c0;
-            int64_t r0 = xoff[k] + c0 - st->seg_lo[k];
+    for (int64_t wv = 0; wv < nw && s == LS_OK; wv++) {
+        G.w0 = wv * W < Tr ? wv * W : Tr, G.w1 = (wv + 1) * W < Tr ? (wv + 1) * W : Tr;
+        /* 3. the wave's queries; on a full layer its selection */
+        for (k = 0, c0 = -1; ls_dec_cp_chunk(st, xoff, C, G.w0, G.w1, &k, &c0, &T, &r0);) {
+            ls_arena_mark m2 = ls_arena_get_mark(sc);
+            int64_t q0 = r0 - G.w0, p0 = c0 - T;
+            float *xn = ALLOC_F(sc, T * D);
+            mla_proj pj = {ALLOC_F(sc, T * rq), ALLOC_F(sc, T * rq), ALLOC_F(sc, T * H * dq), NULL, NULL,
+                           Q + q0 * H * dk, NULL, NULL};
+            NEED(xn && pj.cq_raw && pj.cq && pj.q);
+            d.T = T;
+            ls_dec_norm1_fwd(&d, xn, x + r0 * D);
+            mla_q_proj(m, l, xn, T, p0, &pj);
+            if (full) {
+                ls_mla_index_queries(m, l, xn, pj.cq, T, p0, QI + q0 * nI * dI, WQ + q0 * nI);
+                ls_kv_prefix keys = {p0, S, st->dtype, G.ip, NULL};
+                LS_TRY(select_rows(m, QI + q0 * nI * dI, WQ + q0 * nI, &keys, KI + r0 * dI, T, mp->sel + r0 * kk, kk, sc));
+            }
+            ls_arena_release(sc, m2);
+        }
+        /* 4. attention: the selected rows the rank holds, then the other ranks' as they pass */
+        ls_arena_mark m3 = ls_arena_get_mark(sc);
+        G.hsel = ls_host_view(be, sc, mp->sel, sb, 1);
+        NEED(G.hsel);
+        for (k = 0, c0 = -1; ls_dec_cp_chunk(st, xoff, C, G.w0, G.w1, &k, &c0, &T, &r0);) {
+            int64_t q0 = r0 - G.w0;
+            for (int64_t t0 = 0; t0 < T; t0 += Cq) {
+                int64_t Tq = T - t0 < Cq ? T - t0 : Cq;
+                cp_local_sel(st, G.hsel + (r0 + t0) * kk, hloc, Tq, kk, c0 - T + t0, n, 0);
+                ls_host_view_done(be, sc, loc, hloc, (size_t)(Tq * kk) * sizeof(int32_t), 1);
+                LS_TRY(ls_op_mla_attn_fwd(be, O + (q0 + t0) * H * rkv, LSE + (q0 + t0) * H, Q + (q0 + t0) * H * dk, NULL,
+                                          &pre, loc, kk, Tq, H, (int)rkv, dr, pre.n, m->scale));
+            }
+        }
+        LS_TRY(ls_dist_pages_gather(be, st->comm, &segs, S, (size_t)(S * dk) * esz, 0, bp, l, gather_latent, &G, sc));
+        ls_arena_release(sc, m3);
+        /* 5. pass B */
+        for (k = 0, c0 = -1; s == LS_OK && ls_dec_cp_chunk(st, xoff, C, G.w0, G.w1, &k, &c0, &T, &r0);) {
             ls_arena_mark m2 = ls_arena_get_mark(sc);
             float *xr = x + r0 * D, *ov = ALLOC_F(sc, T * H * dv);
             NEED(ov);
-            mla_out_proj(m, l, xr, O + r0 * H * rkv, ov, T);
+            mla_out_proj(m, l, xr, O + (r0 - G.w0) * H * rkv, ov, T);
             ls_arena_release(sc, m2);
             if (!skip_ffn) {
-                L.T = T, L.pos0 = c0, d.T = T;
+                L.T = T, L.pos0 = c0 - T, d.T = T;
                 s = ls_dec_ffn_fwd(&d, xr);
             }
         }
+    }
     ls_arena_release(sc, mk);
     return s;
 }

@@ -149,9 +149,17 @@ double ls_mla_softmax_scale(const ls_config *c) {
 /* `plan` (plan.h): latent pages per MLA layer, index-key pages per full indexer layer,
  * the MoE routed-hidden buffers of a capture chunk, and the fixed and grad terms of a
  * full fine-tune (per rank under expert parallelism). */
+size_t ls_mla_cp_wave_bytes(const ls_config *c, int full) {
+    const ls_mla_config *mc = ls_mla_cfg(c);
+    size_t H = (size_t)c->n_heads, rkv = (size_t)mc->kv_lora_rank, dk = rkv + (size_t)mc->qk_rope;
+    size_t f = H * dk + H * rkv + H;
+    if (full) f += (size_t)mc->index_heads * (size_t)mc->index_head_dim + (size_t)mc->index_heads;
+    return f * sizeof(float);
+}
+
 /* A layer of a CP capture (mla.c mla_cp_layer), the scratch beyond the shard residual:
- * the selection of the rank's positions (kept across layers), the absorbed queries,
- * outputs, log-sum-exps and the indexer's queries, weights and keys of its positions, the
+ * the selection of the rank's positions (kept across layers) and their index keys, one
+ * wave's per-position buffers (ls_mla_cp_wave_bytes over ls_cp_waves' positions), the
  * other ranks' index keys gathered whole with the prompt's page table, one query chunk's
  * block selection and partial, and the larger of the two gathers' round buffers. */
 static size_t cp_capture_bytes(const ls_config *cfg, const ls_plan_request *rq, const ls_mla_plan_t *p) {
@@ -159,15 +167,17 @@ static size_t cp_capture_bytes(const ls_config *cfg, const ls_plan_request *rq, 
     const ls_mla_config *m = ls_mla_cfg(cfg);
     size_t S = (size_t)rq->page_size, esz = ls_dtype_size(rq->dtype), C = 2048;
     size_t tr = (size_t)p->pages_per_rank * S, H = (size_t)cfg->n_heads, rkv = (size_t)m->kv_lora_rank;
-    size_t dk = rkv + (size_t)m->qk_rope, nI = (size_t)m->index_heads, dI = (size_t)m->index_head_dim;
-    size_t kk = (size_t)(m->index_topk < rq->prompt ? m->index_topk : rq->prompt), cq = C < tr ? C : tr;
+    size_t dk = rkv + (size_t)m->qk_rope, dI = (size_t)m->index_head_dim;
+    size_t kk = (size_t)(m->index_topk < rq->prompt ? m->index_topk : rq->prompt);
     size_t lpage = S * dk * esz, ipage = S * dI * esz, remote = (size_t)(p->pages - p->pages_per_rank);
+    int64_t nw, W = ls_cp_waves((int64_t)tr, (int64_t)C, rq->cp_wave, ls_mla_cp_wave_bytes(cfg, p->n_index > 0), &nw);
+    size_t wr = (size_t)W < tr ? (size_t)W : tr, cq = C < wr ? C : wr;
     int64_t bp = (int64_t)C / rq->page_size > 0 ? (int64_t)C / rq->page_size : 1;
     int slots = rq->layout == LS_CP_ZIGZAG ? 2 : 1;
     size_t gl = ls_dist_gather_bytes(bp, rq->cp, slots, lpage, 0), gi = ls_dist_gather_bytes(bp, rq->cp, slots, ipage, 0);
-    double b = (double)tr * (double)kk * 4 + (double)tr * (double)(H * dk + H * rkv + H) * 4 +
-               (p->n_index ? (double)tr * (double)(nI * dI + nI + dI) * 4 +
-                                 (double)remote * (double)ipage + (double)p->pages * sizeof(void *)
+    double b = (double)tr * (double)kk * 4 + (double)wr * (double)ls_mla_cp_wave_bytes(cfg, p->n_index > 0) +
+               (p->n_index ? (double)tr * (double)dI * 4 + (double)remote * (double)ipage +
+                                 (double)p->pages * sizeof(void *)
                            : 0) +
                (double)cq * (double)(kk + H * rkv + H) * 4 + (double)(gl > gi ? gl : gi);
     return b < 0x1p63 ? (size_t)b : SIZE_MAX;

@@ -361,6 +361,21 @@ ls_status ls_state_enable_full(ls_prompt_state *st, int64_t sweep_chunk) {
     return LS_OK;
 }
 
+int64_t ls_state_fullest_positions(const ls_prompt_state *st) {
+    int64_t best = 0;
+    for (int r = 0; r < st->nranks; r++) {
+        int64_t n = 0;
+        for (int sg = 0; sg < ls_state_segments(st); sg++) {
+            int owner;
+            int64_t lo, hi;
+            ls_state_segment(st, sg, &owner, &lo, &hi);
+            if (owner == r) n += hi - lo;
+        }
+        if (n > best) best = n;
+    }
+    return best;
+}
+
 int64_t ls_state_local_page(const ls_prompt_state *st, int64_t pos) {
     for (int k = 0; k < st->nseg; k++)
         if (pos >= st->seg_lo[k] && pos < st->seg_hi[k])

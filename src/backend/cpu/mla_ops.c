@@ -53,10 +53,24 @@ void ls_rope_table_bwd(float *dx, int64_t T, int heads, int hd, int off, int hal
     rope_table_apply(dx, T, heads, hd, off, half, inv_freq, interleaved, pos0, -1.0f);
 }
 
+/* Sift v[i] down the min-heap v[0..n). */
+static void heap_down(float *v, int64_t n, int64_t i) {
+    float x = v[i];
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && v[c + 1] < v[c]) c++;
+        if (!(v[c] < x)) break;
+        v[i] = v[c], i = c;
+    }
+    v[i] = x;
+}
+
 /* Query t (at position pos0 + t) against keys 0..pos0+t of score[t, 0..n): the
  * min(k, pos0 + t + 1) largest, ties to the lower position (spec §3, §8.1), in
  * ascending position order; sel[t, j] = −1 pads. A selection-by-threshold: find the
- * k-th largest score, take everything above it, then the lowest positions equal to it. */
+ * k-th largest score (a min-heap over the row: one pass, most values compared with the
+ * root sixteen at a time), take everything above it, then the lowest positions equal to it. */
 ls_status ls_dsa_topk(int32_t *sel, int64_t *count, const float *score, int64_t T, int64_t n, int64_t pos0,
                       int64_t k, ls_arena *scratch) {
     LS_ASSERT(k >= 1 && pos0 >= 0 && pos0 + T <= n, "top-k of %lld queries at %lld over %lld keys", (long long)T,
@@ -81,28 +95,22 @@ ls_status ls_dsa_topk(int32_t *sel, int64_t *count, const float *score, int64_t 
         if (want == m) { /* every causal key */
             for (int64_t j = 0; j < m; j++) out[c++] = (int32_t)j;
         } else {
-            /* the want-th largest value: sort a copy (descending) */
+            /* the want-th largest value: a min-heap of the want largest seen so far (a value
+             * enters only above the root; blocks of 16 whose largest does not are skipped) */
             float *v = buf + (size_t)tid * (size_t)n;
-            memcpy(v, s, (size_t)m * sizeof(float));
-            /* nth_element by partial selection: simple quickselect on a copy */
-            int64_t lo = 0, hi = m - 1, kk = want - 1;
-            while (lo < hi) {
-                float piv = v[(lo + hi) / 2];
-                int64_t i = lo, j = hi;
-                while (i <= j) {
-                    while (v[i] > piv) i++;
-                    while (v[j] < piv) j--;
-                    if (i <= j) {
-                        float tmp = v[i];
-                        v[i] = v[j], v[j] = tmp;
-                        i++, j--;
-                    }
-                }
-                if (kk <= j) hi = j;
-                else if (kk >= i) lo = i;
-                else break;
+            memcpy(v, s, (size_t)want * sizeof(float));
+            for (int64_t i = want / 2 - 1; i >= 0; i--) heap_down(v, want, i);
+            int64_t p = want;
+            for (; p + 16 <= m; p += 16) {
+                float bm = -INFINITY;
+                for (int l = 0; l < 16; l++) bm = s[p + l] > bm ? s[p + l] : bm;
+                if (!(bm > v[0])) continue;
+                for (int l = 0; l < 16; l++)
+                    if (s[p + l] > v[0]) v[0] = s[p + l], heap_down(v, want, 0);
             }
-            float th = v[kk];
+            for (; p < m; p++)
+                if (s[p] > v[0]) v[0] = s[p], heap_down(v, want, 0);
+            float th = v[0];
             int64_t above = 0;
             for (int64_t j = 0; j < m; j++) above += s[j] > th;
             int64_t ties = want - above; /* how many equal to th to take, lowest positions first */
