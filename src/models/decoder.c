@@ -389,6 +389,27 @@ int ls_dec_cp_chunk(const ls_prompt_state *st, const int64_t *xoff, int64_t C, i
     return 0;
 }
 
+ls_status ls_dec_cp_segs(const ls_prompt_state *st, int l, int with_v, ls_arena *sc, ls_dist_segs *g, int64_t **lo) {
+    int n = ls_state_segments(st);
+    int *owner = ls_arena_host_alloc(sc, (size_t)n * sizeof(int));
+    int64_t *first = ls_arena_host_alloc(sc, 2 * (size_t)n * sizeof(int64_t)), *npos = first ? first + n : NULL;
+    void ***kt = ls_arena_host_alloc(sc, 2 * (size_t)n * sizeof(void **)), ***vt = kt ? kt + n : NULL;
+    NEED(owner && first && kt);
+    for (int sg = 0; sg < n; sg++) {
+        int64_t hi;
+        ls_state_segment(st, sg, &owner[sg], &first[sg], &hi);
+        npos[sg] = hi - first[sg], kt[sg] = vt[sg] = NULL;
+        for (int k = 0; k < st->nseg; k++)
+            if (owner[sg] == st->rank && st->seg_lo[k] == first[sg]) {
+                kt[sg] = st->attn[l].k_pages + st->seg_lpage[k];
+                if (with_v) vt[sg] = st->attn[l].v_pages + st->seg_lpage[k];
+            }
+    }
+    *g = (ls_dist_segs){n, owner, npos, kt, with_v ? vt : NULL};
+    if (lo) *lo = first;
+    return LS_OK;
+}
+
 ls_status ls_dec_capture(const ls_dec_model *dm, ls_prompt_state *st, const int32_t *ids, int64_t n,
                          const ls_fwd_opts *o, ls_arena *sc) {
     if (st->nranks > 1) return capture_cp(dm, st, ids, n, o, sc);

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "longstraw/backend.h"
+#include "longstraw/cp.h"
 #include "longstraw/family.h"
 #include "longstraw/state.h"
 #include "longstraw/lora.h"
@@ -227,6 +228,11 @@ struct ls_dec_model {
  * first row; 0 past the end. Start with *k = 0, *c0 = −1. */
 int ls_dec_cp_chunk(const ls_prompt_state *st, const int64_t *xoff, int64_t C, int64_t r0, int64_t r1, int *k,
                     int64_t *c0, int64_t *T, int64_t *r);
+/* The layout's segments of layer l as a gather sees them (cp.h): every segment's owner
+ * and positions, this rank's segments' K page tables (and V's when with_v; NULLs for the
+ * other ranks' segments); *lo (NULL: not wanted) every segment's first position. Host
+ * memory of sc. */
+ls_status ls_dec_cp_segs(const ls_prompt_state *st, int l, int with_v, ls_arena *sc, ls_dist_segs *g, int64_t **lo);
 
 /* Capture ids[0..n) into st (under CP: the whole prompt, once). */
 ls_status ls_dec_capture(const ls_dec_model *dm, ls_prompt_state *st, const int32_t *ids, int64_t n,

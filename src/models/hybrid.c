@@ -595,7 +595,6 @@ static ls_status hy_cp_attn_layer(const ls_hybrid_model *m, ls_prompt_state *st,
     const ls_backend *be = m->be;
     int64_t D = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv * c->head_dim;
     int64_t H = c->n_heads, C = o->capture_chunk > 0 ? o->capture_chunk : 2048;
-    int nseg = ls_state_segments(st);
     int64_t Tr = 0, xoff[LS_STATE_MAX_SEGS];
     for (int k = 0; k < st->nseg; k++) xoff[k] = Tr, Tr += st->seg_hi[k] - st->seg_lo[k];
     int64_t nw, W = ls_cp_waves(ls_state_fullest_positions(st), C, o->cp_wave, ls_hybrid_cp_attn_wave_bytes(c), &nw);
@@ -626,19 +625,8 @@ static ls_status hy_cp_attn_layer(const ls_hybrid_model *m, ls_prompt_state *st,
         LS_TRY(ls_state_append_kv(st, l, kk, v, T));
         ls_arena_release(sc, m2);
     }
-    int *owner = ls_arena_host_alloc(sc, (size_t)nseg * sizeof(int));
-    int64_t *npos = ls_arena_host_alloc(sc, (size_t)nseg * sizeof(int64_t));
-    void ***kt = ls_arena_host_alloc(sc, 2 * (size_t)nseg * sizeof(void **)), ***vt = kt ? kt + nseg : NULL;
-    NEED(owner && npos && kt);
-    for (int sg = 0; sg < nseg; sg++) {
-        int64_t lo, hi;
-        ls_state_segment(st, sg, &owner[sg], &lo, &hi);
-        npos[sg] = hi - lo, kt[sg] = vt[sg] = NULL;
-        for (k = 0; k < st->nseg; k++)
-            if (owner[sg] == st->rank && st->seg_lo[k] == lo)
-                kt[sg] = st->attn[l].k_pages + st->seg_lpage[k], vt[sg] = st->attn[l].v_pages + st->seg_lpage[k];
-    }
-    ls_dist_segs segs = {nseg, owner, npos, kt, vt};
+    ls_dist_segs segs;
+    LS_TRY(ls_dec_cp_segs(st, l, 1, sc, &segs, NULL));
     int64_t Cq = C < Wn ? C : Wn;
     gather_ctx gc = {m, st, Q, O, LSE, ALLOC_F(sc, Cq * qd), ALLOC_F(sc, Cq * H), xoff, Cq, 0, 0, sc};
     NEED(gc.ob && gc.lb);

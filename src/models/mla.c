@@ -489,7 +489,7 @@ typedef struct {
     const ls_prompt_state *st;
     const int64_t *lo;   /* [segments] every segment's first position */
     const int64_t *xoff; /* [st->nseg] the rank's segments' rows in its residual */
-    const int32_t *hsel; /* [Tr, kk] the rank's selection (host-readable) */
+    const int32_t *hsel; /* [w1 − w0, kk] the wave's selection (host-readable) */
     int64_t w0, w1;      /* the wave: the rank's rows [w0, w1) */
     const float *Q;      /* [rows of the wave, H, rkv+dr] */
     float *O, *LSE;      /* [rows of the wave, H, rkv], [.., H] */
@@ -534,7 +534,7 @@ static ls_status gather_latent(void *ctx, int seg, void *const *k, void *const *
         for (int64_t r = a; r < e; r += G->Cq) {
             int64_t T = e - r < G->Cq ? e - r : G->Cq, any = 0, q = r - G->w0;
             for (int64_t t = 0; t < T; t++) { /* the selected positions in [b0, b1), as block rows */
-                const int32_t *sl = G->hsel + (r + t) * kk;
+                const int32_t *sl = G->hsel + (q + t) * kk;
                 int32_t *lc = G->hloc + t * kk;
                 int64_t j = 0;
                 for (int64_t i = 0; i < kk && sl[i] >= 0; i++)
@@ -574,20 +574,12 @@ static ls_status mla_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pr
     float *Q = ALLOC_F(sc, Wn * H * dk), *O = ALLOC_F(sc, Wn * H * rkv), *LSE = ALLOC_F(sc, Wn * H);
     float *QI = full ? ALLOC_F(sc, Wn * nI * dI) : NULL, *WQ = full ? ALLOC_F(sc, Wn * nI) : NULL;
     float *KI = full ? ALLOC_F(sc, (Tr > 0 ? Tr : 1) * dI) : NULL; /* the rank's index keys, f32 as selection reads them */
-    int64_t *lo = ls_arena_host_alloc(sc, 2 * (size_t)nseg * sizeof(int64_t)), *npos = lo ? lo + nseg : NULL;
-    int *owner = ls_arena_host_alloc(sc, (size_t)nseg * sizeof(int));
-    void ***kt = ls_arena_host_alloc(sc, 2 * (size_t)nseg * sizeof(void **)), ***vt = kt ? kt + nseg : NULL;
-    NEED(Q && O && LSE && (!full || (QI && WQ && KI)) && lo && owner && kt);
-    for (int sg = 0; sg < nseg; sg++) {
-        int64_t hi;
-        ls_state_segment(st, sg, &owner[sg], &lo[sg], &hi);
-        npos[sg] = hi - lo[sg], kt[sg] = vt[sg] = NULL;
-        for (int k = 0; k < st->nseg; k++)
-            if (owner[sg] == st->rank && st->seg_lo[k] == lo[sg]) {
-                kt[sg] = st->attn[l].k_pages + st->seg_lpage[k];
-                if (full) vt[sg] = st->attn[l].v_pages + st->seg_lpage[k];
-            }
-    }
+    NEED(Q && O && LSE && (!full || (QI && WQ && KI)));
+    ls_dist_segs segs; /* latent pages (K; gathered with no V bytes); on a full layer the index keys (V) */
+    int64_t *lo;
+    LS_TRY(ls_dec_cp_segs(st, l, full, sc, &segs, &lo));
+    const int *owner = segs.owner;
+    const int64_t *npos = segs.npos;
     mla_ctx L = {0, 0, st, NULL, NULL, kk, NULL, NULL, sc, NULL, -1, 0, NULL};
     part_ctx pc = {m, l, &L};
     ls_dec_layer d = {.be = be, .D = D, .I = c->intermediate, .eps = c->eps, .norm = LS_NORM_PLAIN,
@@ -615,7 +607,6 @@ static ls_status mla_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pr
         LS_TRY(ls_state_append_kv(st, l, pj.own, kI, T));
         ls_arena_release(sc, m2);
     }
-    ls_dist_segs segs = {nseg, owner, npos, kt, NULL};
     int64_t bp = C / S > 0 ? C / S : 1;
     int32_t *loc = ls_arena_alloc(sc, (size_t)(Cq * kk) * sizeof(int32_t));
     int32_t *hloc = ls_host_view(be, sc, loc, (size_t)(Cq * kk) * sizeof(int32_t), 0);
@@ -639,14 +630,13 @@ static ls_status mla_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pr
         NEED(ib || !need);
         for (int sg = 0, j = 0; sg < nseg; sg++)
             for (int64_t i = 0; i < pages_for(npos[sg], S); i++)
-                if (vt[sg]) G.ip[lo[sg] / S + i] = vt[sg][i];
+                if (segs.v[sg]) G.ip[lo[sg] / S + i] = segs.v[sg][i];
                 else if (lo[sg] < last) G.ip[lo[sg] / S + i] = ib + (size_t)j++ * ipb;
-        ls_dist_segs is = {nseg, owner, npos, vt, NULL};
+        ls_dist_segs is = {nseg, owner, npos, segs.v, NULL};
         LS_TRY(ls_dist_pages_gather(be, st->comm, &is, S, ipb, 0, bp, l, gather_index, &G, sc));
     }
     ls_kv_prefix pre = ls_state_prefix(st, l);
     pre.n = ls_state_held_before(st, n);
-    size_t sb = (size_t)((Tr > 0 ? Tr : 1) * kk) * sizeof(int32_t);
     ls_status s = LS_OK;
     for (int64_t wv = 0; wv < nw && s == LS_OK; wv++) {
         G.w0 = wv * W < Tr ? wv * W : Tr, G.w1 = (wv + 1) * W < Tr ? (wv + 1) * W : Tr;
@@ -670,13 +660,13 @@ static ls_status mla_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pr
         }
         /* 4. attention: the selected rows the rank holds, then the other ranks' as they pass */
         ls_arena_mark m3 = ls_arena_get_mark(sc);
-        G.hsel = ls_host_view(be, sc, mp->sel, sb, 1);
+        G.hsel = ls_host_view(be, sc, mp->sel + G.w0 * kk, (size_t)((G.w1 - G.w0) * kk) * sizeof(int32_t), 1);
         NEED(G.hsel);
         for (k = 0, c0 = -1; ls_dec_cp_chunk(st, xoff, C, G.w0, G.w1, &k, &c0, &T, &r0);) {
             int64_t q0 = r0 - G.w0;
             for (int64_t t0 = 0; t0 < T; t0 += Cq) {
                 int64_t Tq = T - t0 < Cq ? T - t0 : Cq;
-                cp_local_sel(st, G.hsel + (r0 + t0) * kk, hloc, Tq, kk, c0 - T + t0, n, 0);
+                cp_local_sel(st, G.hsel + (q0 + t0) * kk, hloc, Tq, kk, c0 - T + t0, n, 0);
                 ls_host_view_done(be, sc, loc, hloc, (size_t)(Tq * kk) * sizeof(int32_t), 1);
                 LS_TRY(ls_op_mla_attn_fwd(be, O + (q0 + t0) * H * rkv, LSE + (q0 + t0) * H, Q + (q0 + t0) * H * dk, NULL,
                                           &pre, loc, kk, Tq, H, (int)rkv, dr, pre.n, m->scale));
