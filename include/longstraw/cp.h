@@ -71,10 +71,21 @@ typedef struct {
     const int *owner;        /* [n] their ranks */
     const int64_t *npos;     /* [n] their positions */
     void **const *k, **const *v; /* [n] this rank's segments' page tables (NULL: another rank's) */
+    void **const *dk, **const *dv; /* ls_dist_pages_gather_grad: their gradient tables (f32), else NULL */
 } ls_dist_segs;
 ls_status ls_dist_pages_gather(const struct ls_backend *be, const ls_comm *comm, const ls_dist_segs *segs,
                                int64_t page_size, size_t k_bytes, size_t v_bytes, int64_t bp, int layer, ls_dist_seg_fn fn,
                                void *ctx, ls_arena *scratch);
+/* The gather with gradients (the layer-major full-mode sweep): in each round `fn` also
+ * gets a block's dK | dV pages (f32, grad_k and grad_v values a page, zeroed; grad_v 0:
+ * no dV, NULL pointers) to add the gradient of its keys and values into; after the round
+ * every rank's share of each block goes to the block's owner in one all-to-all, and the
+ * owner adds them (in rank order) into its segments' segs->dk / segs->dv. */
+typedef ls_status (*ls_dist_seg_grad_fn)(void *ctx, int seg, void *const *k, void *const *v, float *const *dk,
+                                         float *const *dv, int64_t nb, int64_t rows, int64_t row0);
+ls_status ls_dist_pages_gather_grad(const struct ls_backend *be, const ls_comm *comm, const ls_dist_segs *segs,
+                                    int64_t page_size, size_t k_bytes, size_t v_bytes, int64_t grad_k, int64_t grad_v,
+                                    int64_t bp, int layer, ls_dist_seg_grad_fn fn, void *ctx, ls_arena *scratch);
 /* The pages per block of a gather over `ranks` ranks whose fullest rank sends `slots`
  * segments (the caller's bp, lowered so the round's buffers stay near 8 blocks' worth), and
  * the bytes its buffers take. */

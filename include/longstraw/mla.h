@@ -195,6 +195,9 @@ double ls_mla_capture_flops(const ls_config *cfg, int64_t n);
  * mla_cp_layer): absorbed queries, outputs, log-sum-exps, and on a full indexer layer
  * (full) the indexer's queries and weights. */
 size_t ls_mla_cp_wave_bytes(const ls_config *cfg, int full);
+/* The same for the full-mode sweep's layer-major waves under CP (mla_sweep.c): absorbed
+ * queries and their gradient, outputs and their gradient, log-sum-exps, the query path. */
+size_t ls_mla_cp_sweep_wave_bytes(const ls_config *cfg);
 /* Its config.json (mla_config.c; family.h, slot parse_config) and the model_types it reads. */
 struct cJSON;
 ls_status ls_mla_parse_config(ls_config *c, const struct cJSON *o, const char *mt, int wrapped, const char *path);

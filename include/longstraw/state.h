@@ -56,6 +56,11 @@ typedef struct {
     ls_sweep_chunk *chunks;
     ls_gdn_state *ckpt;    /* [n_chunks][n_layers]: the state at each chunk's start (GDN layers) */
     ls_layer_dstate *d;    /* [n_layers] */
+    /* under CP when the family asks (ls_state_recurrent.sweep_inputs): every layer's input
+     * [n_layers][xres_rows][hidden] at the rank's positions (its segments one after
+     * another), written by the CP capture; else NULL */
+    float *xres;
+    int64_t xres_rows;
 } ls_state_full;
 
 /* Under context parallelism the pages are split across the ranks of `comm` in the
@@ -101,6 +106,9 @@ typedef struct {
 typedef struct {
     int table;
     size_t rec_floats, tail_floats;
+    /* 1: in full mode under CP the state also keeps every layer's input at the rank's
+     * positions (ls_state_full.xres: the family's layer-major sweep reads them) */
+    int sweep_inputs;
 } ls_state_recurrent;
 ls_state_layer ls_state_layer_of(const ls_config *c, int l);
 ls_state_recurrent ls_state_recurrent_of(const ls_config *c);
@@ -175,6 +183,9 @@ typedef struct {
     int64_t sweep_chunk;
     int64_t sweep_chunks_per_rank; /* max over ranks */
     size_t dstate_bytes_per_rank, ckpt_bytes_per_rank;
+    /* under CP, when the family's sweep is layer-major: every layer's input at the rank's
+     * positions (ls_state_full.xres), included in total_bytes_per_rank */
+    size_t sweep_input_bytes_per_rank;
     /* of which bookkeeping (a device arena keeps it in its host part, arena.c): the dState
      * header and page tables, the chunk list and the checkpoint table */
     size_t full_table_bytes_per_rank;

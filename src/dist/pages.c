@@ -211,8 +211,11 @@ static int seg_read(const ls_dist_segs *g, int sg) {
     return 0;
 }
 
-ls_status ls_dist_pages_gather(const ls_backend *be, const ls_comm *c, const ls_dist_segs *g, int64_t page_size,
-                               size_t kb, size_t vb, int64_t bp, int layer, ls_dist_seg_fn fn, void *ctx, ls_arena *sc) {
+/* The rounds of both gathers; gk > 0 (with gfn): with gradients, gk and gv floats a page
+ * (cp.h). */
+static ls_status gather(const ls_backend *be, const ls_comm *c, const ls_dist_segs *g, int64_t page_size, size_t kb,
+                        size_t vb, int64_t gk, int64_t gv, int64_t bp, int layer, ls_dist_seg_fn fn,
+                        ls_dist_seg_grad_fn gfn, void *ctx, ls_arena *sc) {
     int N = ls_comm_size(c), me = ls_comm_rank(c);
     if (N <= 1) return LS_OK;
     ls_arena_mark mk = ls_arena_get_mark(sc);
@@ -230,17 +233,39 @@ ls_status ls_dist_pages_gather(const ls_backend *be, const ls_comm *c, const ls_
         ls_arena_release(sc, mk);
         return LS_OK;
     }
-    int64_t b = ls_dist_gather_block(bp, N, slots);
+    /* with gradients the block's K | V and dK | dV count against the same budget */
+    size_t gkb = (size_t)gk * sizeof(float), gvb = (size_t)gv * sizeof(float); /* one dK page, one dV page */
+    int gf = gk > 0;
+    int64_t b = ls_dist_gather_block(bp, gf ? 2 * N : N, slots);
     for (int sg = 0; sg < g->n; sg++)
         if (slot[sg] >= 0) {
             int64_t r = (pages_of(g->npos[sg], page_size) + b - 1) / b;
             if (r > rounds) rounds = r;
         }
-    size_t blk = (size_t)b * (kb + vb), sb = (size_t)slots * blk;
+    size_t blk = (size_t)b * (kb + vb), sb = (size_t)slots * blk, gblk = (size_t)b * (gkb + gvb);
     char *send = ls_arena_host_alloc(sc, sb), *recv = ls_arena_host_alloc(sc, (size_t)N * sb);
     char *dev = ls_host_direct(be) ? NULL : ls_arena_alloc(sc, blk);
-    void **kp = ls_arena_host_alloc(sc, 2 * (size_t)b * sizeof(void *));
+    void **kp = ls_arena_host_alloc(sc, 4 * (size_t)b * sizeof(void *));
     if (!send || !recv || !kp || (!ls_host_direct(be) && !dev)) return no_block(sc, mk, layer, b);
+    /* gradients: my share of every other rank's read blocks, by owner then slot; theirs of mine */
+    size_t *sbytes = NULL, *rbytes = NULL, *soff = NULL;
+    char *gsend = NULL, *grecv = NULL, *gdev = NULL;
+    if (gf) {
+        sbytes = ls_arena_host_alloc(sc, 3 * (size_t)N * sizeof(size_t));
+        if (!sbytes) return no_block(sc, mk, layer, b);
+        rbytes = sbytes + N, soff = rbytes + N;
+        size_t tot = 0;
+        for (int r = 0; r < N; r++) {
+            soff[r] = tot;
+            sbytes[r] = r == me ? 0 : (size_t)per[r] * gblk;
+            rbytes[r] = r == me ? 0 : (size_t)per[me] * gblk;
+            tot += sbytes[r];
+        }
+        gsend = ls_arena_host_alloc(sc, tot ? tot : 1);
+        grecv = ls_arena_host_alloc(sc, (size_t)(N - 1) * (size_t)per[me] * gblk + 1);
+        gdev = ls_host_direct(be) ? NULL : ls_arena_alloc(sc, gblk);
+        if (!gsend || !grecv || (!ls_host_direct(be) && !gdev)) return no_block(sc, mk, layer, b);
+    }
     ls_status s = LS_OK;
     for (int64_t r = 0; r < rounds && s == LS_OK; r++) {
         int64_t p0 = r * b;
@@ -250,17 +275,56 @@ ls_status ls_dist_pages_gather(const ls_backend *be, const ls_comm *c, const ls_
             pack_block(be, send + (size_t)slot[sg] * blk, g->k[sg], g->v ? g->v[sg] : NULL, p0, np - p0 < b ? np - p0 : b, kb, vb);
         }
         s = ls_comm_allgather(c, send, recv, sb);
+        if (s == LS_OK && gf) memset(gsend, 0, soff[N - 1] + sbytes[N - 1]);
         for (int sg = 0; sg < g->n && s == LS_OK; sg++) {
             int64_t np = pages_of(g->npos[sg], page_size);
             if (g->owner[sg] == me || slot[sg] < 0 || p0 >= np) continue;
-            int64_t nb = np - p0 < b ? np - p0 : b;
+            int64_t nb = np - p0 < b ? np - p0 : b, rows = block_rows(g->npos[sg], page_size, p0, nb);
             char *at = recv + (size_t)g->owner[sg] * sb + (size_t)slot[sg] * blk;
             unpack_block(place_block(be, dev, at, (size_t)nb * (kb + vb)), kp, kp + b, nb, kb, vb);
-            s = fn(ctx, sg, kp, kp + b, nb, block_rows(g->npos[sg], page_size, p0, nb), p0 * page_size);
+            if (!gf) {
+                s = fn(ctx, sg, kp, kp + b, nb, rows, p0 * page_size);
+                continue;
+            }
+            /* the block's gradient: into its place in the message (or on the device, then there) */
+            char *gat = gsend + soff[g->owner[sg]] + (size_t)slot[sg] * gblk, *gb = gdev ? gdev : gat;
+            if (gdev) be->i->zero(be, gdev, (size_t)nb * (gkb + gvb));
+            unpack_block(gb, kp + 2 * b, kp + 3 * b, nb, gkb, gvb);
+            s = gfn(ctx, sg, kp, kp + b, (float *const *)(kp + 2 * b), (float *const *)(kp + 3 * b), nb, rows,
+                    p0 * page_size);
+            if (s == LS_OK && gdev) be->i->to_host(be, gat, gdev, (size_t)nb * (gkb + gvb));
+        }
+        if (s != LS_OK || !gf) continue;
+        s = ls_comm_alltoallv(c, gsend, sbytes, grecv, rbytes);
+        for (int sg = 0; sg < g->n && s == LS_OK; sg++) { /* the other ranks' shares of my blocks, rank order */
+            int64_t np = pages_of(g->npos[sg], page_size);
+            if (g->owner[sg] != me || slot[sg] < 0 || p0 >= np) continue;
+            int64_t nb = np - p0 < b ? np - p0 : b;
+            for (int q = 0, i = 0; q < N; q++) {
+                if (q == me) continue;
+                char *at = grecv + ((size_t)i++ * (size_t)per[me] + (size_t)slot[sg]) * gblk;
+                unpack_block(place_block(be, gdev, at, (size_t)nb * (gkb + gvb)), kp + 2 * b, kp + 3 * b, nb, gkb, gvb);
+                for (int64_t j = 0; j < nb; j++) {
+                    ls_op_add_to(be, (float *)g->dk[sg][p0 + j], (const float *)kp[2 * b + j], gk);
+                    if (gv) ls_op_add_to(be, (float *)g->dv[sg][p0 + j], (const float *)kp[3 * b + j], gv);
+                }
+            }
         }
     }
     ls_arena_release(sc, mk);
     return s;
+}
+
+ls_status ls_dist_pages_gather(const ls_backend *be, const ls_comm *c, const ls_dist_segs *g, int64_t page_size,
+                               size_t kb, size_t vb, int64_t bp, int layer, ls_dist_seg_fn fn, void *ctx, ls_arena *sc) {
+    return gather(be, c, g, page_size, kb, vb, 0, 0, bp, layer, fn, NULL, ctx, sc);
+}
+
+ls_status ls_dist_pages_gather_grad(const ls_backend *be, const ls_comm *c, const ls_dist_segs *g, int64_t page_size,
+                                    size_t kb, size_t vb, int64_t gk, int64_t gv, int64_t bp, int layer,
+                                    ls_dist_seg_grad_fn fn, void *ctx, ls_arena *sc) {
+    if (gk <= 0 || gv < 0) return ls_err(LS_ERR_ARG, "layer %d: a gather with gradients needs gradient pages", layer);
+    return gather(be, c, g, page_size, kb, vb, gk, gv, bp, layer, NULL, fn, ctx, sc);
 }
 
 /* ---- waves ----------------------------------------------------------------------------- */

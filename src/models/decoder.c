@@ -217,19 +217,32 @@ ls_status ls_dec_layer_bwd(const ls_dec_layer *d, float *dx) {
     ls_arena_mark mk = ls_arena_get_mark(d->sc);
     float *dxn = ls_arena_calloc(d->sc, (size_t)(T * D), sizeof(float)); /* [T, D] ∂L/∂(normed input) */
     if (!dxn) return LS_ERR_NOMEM;
-    /* FFN: x_out = x_mid + FFN(norm2(x_mid)) */
-    if (d->moe_bwd)
-        LS_TRY(d->moe_bwd(d, dx, dxn));
-    else
-        LS_TRY(ls_dec_swiglu_bwd(d->be, dxn, d->dgu_w, d->ddown_w, dx, tp->xn2, tp->gu, tp->act, d->gu_w, d->down_w, T,
-                                 D, d->I, 1, &d->lora, d->sc));
-    norm_bwd(d, dxn, d->d_post_norm, dxn, tp->x_mid, tp->rstd2, d->post_norm);
-    ls_op_add_to(d->be, dx, dxn, T * D); /* ∂L/∂(mixer output) */
+    if (tp->x_mid) { /* FFN: x_out = x_mid + FFN(norm2(x_mid)) (none recorded: the mixer only) */
+        if (d->moe_bwd)
+            LS_TRY(d->moe_bwd(d, dx, dxn));
+        else
+            LS_TRY(ls_dec_swiglu_bwd(d->be, dxn, d->dgu_w, d->ddown_w, dx, tp->xn2, tp->gu, tp->act, d->gu_w, d->down_w,
+                                     T, D, d->I, 1, &d->lora, d->sc));
+        norm_bwd(d, dxn, d->d_post_norm, dxn, tp->x_mid, tp->rstd2, d->post_norm);
+        ls_op_add_to(d->be, dx, dxn, T * D); /* ∂L/∂(mixer output) */
+        ls_op_zero(d->be, dxn, T * D);
+    }
     /* mixer: x_mid = x_in + Mixer(norm1(x_in)) */
-    ls_op_zero(d->be, dxn, T * D);
     LS_TRY(d->mixer_bwd(d, dx, dxn));
     norm_bwd(d, dxn, d->d_input_norm, dxn, tp->x_in, tp->rstd1, d->input_norm);
     ls_op_add_to(d->be, dx, dxn, T * D);
+    ls_arena_release(d->sc, mk);
+    return LS_OK;
+}
+
+ls_status ls_dec_norm1_bwd(const ls_dec_layer *d, float *dx, const float *dxn, const float *x) {
+    int64_t T = d->T, D = d->D;
+    ls_arena_mark mk = ls_arena_get_mark(d->sc);
+    float *y = ALLOC_F(d->sc, T * D), *rstd = ALLOC_F(d->sc, T);
+    if (!y || !rstd) return LS_ERR_NOMEM;
+    norm_fwd(d, y, rstd, x, d->input_norm); /* its rstd (y is then the gradient) */
+    norm_bwd(d, y, d->d_input_norm, dxn, x, rstd, d->input_norm);
+    ls_op_add_to(d->be, dx, y, T * D);
     ls_arena_release(d->sc, mk);
     return LS_OK;
 }
@@ -362,6 +375,13 @@ static ls_status capture_cp(const ls_dec_model *dm, ls_prompt_state *st, const i
             s = ls_state_reserve(st, l, st->seg_hi[k]);
         }
         if (s == LS_OK && sg) sl = ls_state_stage_in(sg, l, n, -1);
+        if (s == LS_OK && st->full && st->full->xres) { /* the layer's input, for a layer-major sweep */
+            float *xr = st->full->xres + (size_t)l * (size_t)Tr * (size_t)D;
+            LS_ASSERT(st->full->xres_rows == Tr, "the sweep's layer inputs hold %lld rows, the rank %lld",
+                      (long long)st->full->xres_rows, (long long)Tr);
+            if (ls_state_resident(st, dm->be)) ls_op_copy(dm->be, xr, x, Tr * D);
+            else if (Tr > 0) dm->be->i->to_host(dm->be, xr, x, (size_t)(Tr * D) * sizeof(float));
+        }
         if (s == LS_OK) s = dm->cp_layer(dm, sl, st, l, x, l == last, o, sc);
         if (s == LS_OK && sg) ls_state_stage_out(sg, LS_STAGE_REC | LS_STAGE_PAGES, 0, n);
         ls_trace_layer_end(l, "fwd");
@@ -405,7 +425,7 @@ ls_status ls_dec_cp_segs(const ls_prompt_state *st, int l, int with_v, ls_arena 
                 if (with_v) vt[sg] = st->attn[l].v_pages + st->seg_lpage[k];
             }
     }
-    *g = (ls_dist_segs){n, owner, npos, kt, with_v ? vt : NULL};
+    *g = (ls_dist_segs){n, owner, npos, kt, with_v ? vt : NULL, NULL, NULL};
     if (lo) *lo = first;
     return LS_OK;
 }
@@ -596,10 +616,59 @@ static ls_status sweep_relay(const ls_dec_model *dm, ls_prompt_state *st, int pe
     return s;
 }
 
+/* The layer-major sweep under CP (decoder.h's cp_sweep_layer): every layer from the last
+ * over all of the rank's positions, from the inputs the capture kept; the embedding's
+ * gradient of the rank's positions at the end. Every rank enters every layer. */
+static ls_status sweep_layers(const ls_dec_model *dm, const ls_dec_grad *g, ls_prompt_state *st, const int32_t *ids,
+                              const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *sc) {
+    const ls_config *c = dm->cfg;
+    int64_t D = c->hidden, Tr = st->full->xres_rows, L = c->n_layers;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *dx = ls_arena_calloc(sc, (size_t)((Tr > 0 ? Tr : 1) * D), sizeof(float)); /* [Tr, D] */
+    NEED(dx);
+    /* a state in host memory: each layer's pages, gradient pages and d(state) staged in,
+     * the gradient pages written back; its inputs copied in */
+    ls_state_stage *sg = NULL;
+    LS_TRY(ls_state_stage_new(&sg, st, dm->be, LS_STAGE_PAGES | LS_STAGE_GPAGES | LS_STAGE_GREC, sc));
+    float *xd = sg ? ALLOC_F(sc, (Tr > 0 ? Tr : 1) * D) : NULL;
+    NEED(!sg || xd);
+    ls_status s = LS_OK;
+    for (int64_t l = L - 1; l >= 0 && s == LS_OK; l--) {
+        const float *x = st->full->xres + (size_t)l * (size_t)(Tr * D);
+        ls_prompt_state *sl = sg ? ls_state_stage_in(sg, (int)l, st->n, -1) : st;
+        if (sg && Tr > 0) dm->be->i->to_device(dm->be, xd, x, (size_t)(Tr * D) * sizeof(float));
+        s = dm->cp_sweep_layer(dm, g, sl, st, (int)l, sg ? xd : x, dx, o, tape_arena, sc);
+        if (s == LS_OK && sg) ls_state_stage_out(sg, LS_STAGE_GPAGES, 0, 0);
+        ls_trace_layer_end((int)l, "bwd");
+        ls_progress_add(Tr * (L - l) / L - Tr * (L - 1 - l) / L); /* the rank's positions over the layers */
+    }
+    int64_t r = 0;
+    for (int k = 0; k < st->nseg && s == LS_OK && g->embed; k++) {
+        int64_t n = st->seg_hi[k] - st->seg_lo[k];
+        ls_arena_mark mi = ls_arena_get_mark(sc);
+        const int32_t *xi = ls_dec_ids_in(dm->be, sc, ids + st->seg_lo[k], n);
+        NEED(xi);
+        ls_op_embed_bwd(dm->be, g->embed, dx + r * D, xi, n, D);
+        ls_arena_release(sc, mi);
+        r += n;
+    }
+    ls_arena_release(sc, mk);
+    return s;
+}
+
+int ls_dec_sweep_layer_major(const ls_dec_model *dm, const ls_prompt_state *st, const ls_fwd_opts *o) {
+    if (st->nranks <= 1 || !dm->cp_sweep_layer || !st->full || !st->full->xres) return 0;
+    size_t b = dm->cp_sweep_bytes(dm->cfg); /* kept for all of the rank's positions: within a wave */
+    int64_t nw = 1;
+    if (b) ls_cp_waves(ls_state_fullest_positions(st), chunk_of(o), o->cp_wave, b, &nw);
+    return nw == 1;
+}
+
 ls_status ls_dec_sweep(const ls_dec_model *dm, const ls_dec_grad *g, ls_prompt_state *st, const int32_t *ids,
                        const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *sc) {
     LS_ASSERT(st->full, "the sweep needs a state captured in full mode");
     const ls_config *c = dm->cfg;
+    if (ls_dec_sweep_layer_major(dm, st, o)) return sweep_layers(dm, g, st, ids, o, tape_arena, sc);
     int64_t n = 0, lo, hi;
     int owner, seg, cp = st->nranks > 1, every = !cp || dm->sweep_every_rank;
     while (sweep_chunk_at(st, n, &lo, &hi, &owner, &seg)) n++;

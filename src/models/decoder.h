@@ -123,6 +123,11 @@ ls_status ls_dec_layer_bwd(const ls_dec_layer *d, float *dx);
 void ls_dec_norm1_fwd(const ls_dec_layer *d, float *xn, const float *x);
 /* The layer's second half alone on x [T, D] after its mixer: x += FFN(norm2(x)) (no tape). */
 ls_status ls_dec_ffn_fwd(const ls_dec_layer *d, float *x);
+/* The first norm's backward alone: dx [T, D] += ∂/∂x of norm1(x) applied to dxn, its
+ * weight's gradient (+=). The norm is linear in dxn, so a mixer's input gradient may come
+ * in parts (the layer-major sweep's). A tape whose x_mid is NULL (skip_ffn) has no FFN:
+ * ls_dec_layer_bwd runs the mixer's part only. */
+ls_status ls_dec_norm1_bwd(const ls_dec_layer *d, float *dx, const float *dxn, const float *x);
 
 /* ---- the model skeleton (issue 33): one driver for both families ----------------------
  * Capture (one rank, and under context parallelism), decode, a branch forward with or
@@ -220,6 +225,18 @@ struct ls_dec_model {
     ls_status (*sweep_serve)(const ls_dec_model *dm, ls_prompt_state *st, int owner, int64_t lo, int l, int bwd,
                              const ls_fwd_opts *o, ls_arena *sc);
     ls_status (*sweep_relay)(const ls_dec_model *dm, ls_prompt_state *st, int peer, int send, int l);
+    /* The full-mode sweep under CP, layer-major (NULL: the chunk-major sweep above): layer
+     * l's backward over all of this rank's positions at once — x [rows, D] its input there
+     * (the state's xres), dx [rows, D] ∂L/∂(its output) → ∂L/∂(its input) — parameter
+     * gradients (+=) for the rank's positions, the pages' dK/dV to their holders; what it
+     * needs of other ranks exchanged collectively. st as the ops read it (a host state's
+     * stage: layer l's pages, gradient pages, d(state)), hst the state itself (its sweep
+     * checkpoints, host memory when staged). cp_sweep_bytes: what one of the rank's
+     * positions keeps in it (more than a wave holds: the chunk-major sweep runs). */
+    ls_status (*cp_sweep_layer)(const ls_dec_model *dm, const ls_dec_grad *g, ls_prompt_state *st,
+                                const ls_prompt_state *hst, int l, const float *x, float *dx, const ls_fwd_opts *o,
+                                ls_arena *ta, ls_arena *sc);
+    size_t (*cp_sweep_bytes)(const ls_config *c);
 };
 
 /* The rank's chunks of a CP capture in its rows [r0, r1) (rows: its positions, its
@@ -252,7 +269,10 @@ ls_status ls_dec_branch_fwd(const ls_dec_model *dm, const ls_prompt_state *view,
 ls_status ls_dec_branch_bwd(const ls_dec_model *dm, const ls_dec_grad *g, const ls_dec_branch *tape,
                             const float *dlogprob, const ls_dec_dstate *dc, ls_arena *sc);
 /* The full-mode sweep (DESIGN §3): every chunk of the prompt from last to first, a
- * taped branch against the pages before it, backward into g and the state's dState. */
+ * taped branch against the pages before it, backward into g and the state's dState;
+ * under CP layer-major when ls_dec_sweep_layer_major says so (the family's
+ * cp_sweep_layer, its inputs kept, its all-position buffers within a wave). */
+int ls_dec_sweep_layer_major(const ls_dec_model *dm, const ls_prompt_state *st, const ls_fwd_opts *o);
 ls_status ls_dec_sweep(const ls_dec_model *dm, const ls_dec_grad *g, ls_prompt_state *st, const int32_t *ids,
                        const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *sc);
 

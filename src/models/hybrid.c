@@ -107,7 +107,7 @@ static ls_status cp_merge_earlier(const ls_backend *be, const ls_prompt_state *s
 
 /* The Gated DeltaNet mixer's input projections of rows xn [T, D] (with their adapters):
  * qkv [T, conv_dim] pre-conv, and when given z [T, value_dim] and ba [T, 2·H_v]. */
-static ls_status gdn_in_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int l, const float *xn, int64_t T,
+ls_status ls_hybrid_gdn_in_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int l, const float *xn, int64_t T,
                              float *qkv, float *z, float *ba, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     int64_t D = c->hidden, cd = ls_cfg_conv_dim(c), vd = ls_cfg_value_dim(c), Hv = ls_hybrid_cfg(c)->H_v;
@@ -122,7 +122,7 @@ static ls_status gdn_in_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w,
 
 /* Its output: x [T, D] += out_proj(gated_norm(o, z)) (with the adapter); the norm's output
  * into on (may be o itself), its rstd into grstd (NULL: not kept). */
-static ls_status gdn_out_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int l, float *x, float *on,
+ls_status ls_hybrid_gdn_out_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int l, float *x, float *on,
                               float *grstd, const float *o, const float *z, int64_t T, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     const ls_hybrid_config *hc = ls_hybrid_cfg(c);
@@ -160,7 +160,7 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
     float *grstd = tp ? ALLOC_F(A, T * Hv) : NULL;
     NEED(qkv && y && z && ba && q && k && v && beta && g && o && on);
     NEED(!tp || (cpre && rq && rk && grstd));
-    LS_TRY(gdn_in_proj(m, w, L->layer, xn, T, qkv, z, ba, L->sc));
+    LS_TRY(ls_hybrid_gdn_in_proj(m, w, L->layer, xn, T, qkv, z, ba, L->sc));
     int64_t s0 = L->seg0;
     if (s0 > 0) ls_op_conv_fwd(m->be, y, cpre, L->tail, qkv, w->conv_w, s0, cd, hc->conv_k);
     if (tp) {
@@ -198,7 +198,7 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
         LS_TRY(ls_op_gdr_chunk_fwd(m->be, o + s0 * vd, tape_h, L->S, q + s0 * kd, k + s0 * kd, v + s0 * vd, beta + s0 * Hv,
                                 g + s0 * Hv, T - s0, dm, L->sc));
     }
-    LS_TRY(gdn_out_proj(m, w, L->layer, x, on, grstd, o, z, T, L->sc));
+    LS_TRY(ls_hybrid_gdn_out_proj(m, w, L->layer, x, on, grstd, o, z, T, L->sc));
     if (tp) {
         tp->seg0 = s0;
         tp->qkv = qkv, tp->cpre = cpre, tp->y = y, tp->z = z, tp->ba = ba;
@@ -214,7 +214,7 @@ static ls_status gdn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, f
  * [T, n_h·hd], k, v [T, n_kv·hd]; q and k normed per head into qr, kr (may be q, k
  * themselves), their rstd into rsq, rsk (NULL: not kept). attn_q_proj and attn_kv_proj
  * are its two halves (the CP capture's waves run them apart). */
-static ls_status attn_q_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int layer, const float *xn,
+ls_status ls_hybrid_attn_q_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int layer, const float *xn,
                              int64_t T, float *q, float *gate, float *qr, float *rsq, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     int64_t D = c->hidden, qd = (int64_t)c->n_heads * c->head_dim;
@@ -226,7 +226,7 @@ static ls_status attn_q_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w,
     return LS_OK;
 }
 
-static ls_status attn_kv_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int layer, const float *xn,
+ls_status ls_hybrid_attn_kv_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int layer, const float *xn,
                               int64_t T, float *k, float *v, float *kr, float *rsk, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     int64_t D = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv * c->head_dim;
@@ -241,13 +241,13 @@ static ls_status attn_kv_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w
 static ls_status attn_in_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int layer, const float *xn,
                               int64_t T, float *q, float *gate, float *k, float *v, float *qr, float *kr, float *rsq,
                               float *rsk, ls_arena *sc) {
-    LS_TRY(attn_q_proj(m, w, layer, xn, T, q, gate, qr, rsq, sc));
-    return attn_kv_proj(m, w, layer, xn, T, k, v, kr, rsk, sc);
+    LS_TRY(ls_hybrid_attn_q_proj(m, w, layer, xn, T, q, gate, qr, rsq, sc));
+    return ls_hybrid_attn_kv_proj(m, w, layer, xn, T, k, v, kr, rsk, sc);
 }
 
 /* Its output: x [T, D] += o_proj(o ⊙ σ(gate)) (with the adapter); the gated rows into og
  * (may be o itself). */
-static ls_status attn_out_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int layer, float *x, float *og,
+ls_status ls_hybrid_attn_out_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int layer, float *x, float *og,
                                const float *o, const float *gate, int64_t T, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     int64_t D = c->hidden, qd = (int64_t)c->n_heads * c->head_dim;
@@ -323,7 +323,7 @@ static ls_status attn_mixer(const ls_hybrid_model *m, const ls_hybrid_layer *w, 
         }
         if (L->append) LS_TRY(ls_state_append_kv(L->append, layer, kr, v, T));
     }
-    LS_TRY(attn_out_proj(m, w, layer, x, og, o, gate, T, L->sc));
+    LS_TRY(ls_hybrid_attn_out_proj(m, w, layer, x, og, o, gate, T, L->sc));
     if (tp) {
         tp->qraw = q, tp->kraw = k, tp->rsq = rsq, tp->rsk = rsk, tp->qr = qr, tp->kr = kr, tp->v = v;
         tp->gate = gate, tp->ao = o, tp->lse = lse, tp->aog = og;
@@ -373,6 +373,12 @@ static ls_status moe_ffn(const ls_hybrid_model *m, const ls_hybrid_layer *w, flo
     if (tp) tp->probs = probs, tp->sel = sel, tp->wt = wt;
     ls_arena_release(sc, mk);
     return LS_OK;
+}
+
+ls_status ls_hybrid_moe_fwd(const ls_hybrid_model *m, int l, float *x, const float *xn, int64_t T, ls_layer_tape *tp,
+                            ls_arena *ta, ls_arena *sc) {
+    layer_ctx L = {T, 0, 0, NULL, NULL, NULL, NULL, tp, ta, sc, NULL, l, 0, NULL, NULL, 0, 0};
+    return moe_ffn(m, &m->layers[l], x, xn, &L);
 }
 
 /* The hybrid's parts of a layer for the skeleton (decoder.h): the Gated DeltaNet or
@@ -540,21 +546,11 @@ static ls_status hy_layer_fwd(const ls_dec_model *dm, const ls_dec_pass *p, int 
  * rank's positions: the other ranks read them in every wave) and a wave's chunks project
  * their K/V again for their own causal part. No rank waits on another's compute but for
  * the rounds' balance. */
-typedef struct {
-    const ls_hybrid_model *m;
-    const ls_prompt_state *st;
-    const float *Q;      /* [rows of the wave, n_h, hd] the roped queries */
-    float *O, *LSE;      /* [.., n_h, hd], [.., n_h] their merged outputs */
-    float *ob, *lb;      /* a query chunk's partial over a block */
-    const int64_t *xoff; /* the rank's segments' first rows */
-    int64_t C, w0, w1;   /* query chunk; the wave: the rank's rows [w0, w1) */
-    ls_arena *sc;
-} gather_ctx;
 
-static ls_status gather_block(void *ctx, int seg, void *const *kp, void *const *vp, int64_t nb, int64_t rows,
-                              int64_t row0) {
+ls_status ls_hybrid_gather_block(void *ctx, int seg, void *const *kp, void *const *vp, int64_t nb, int64_t rows,
+                                 int64_t row0) {
     (void)nb, (void)row0;
-    gather_ctx *G = ctx;
+    ls_hybrid_gather *G = ctx;
     const ls_config *c = &G->m->cfg;
     const ls_prompt_state *st = G->st;
     int64_t qd = (int64_t)c->n_heads * c->head_dim, lo;
@@ -619,7 +615,7 @@ static ls_status hy_cp_attn_layer(const ls_hybrid_model *m, ls_prompt_state *st,
         NEED(xn && kk && v);
         d.T = T;
         ls_dec_norm1_fwd(&d, xn, x + r0 * D);
-        LS_TRY(attn_kv_proj(m, w, l, xn, T, kk, v, kk, NULL, sc));
+        LS_TRY(ls_hybrid_attn_kv_proj(m, w, l, xn, T, kk, v, kk, NULL, sc));
         ls_op_rope_fwd(be, kk, T, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, c0 - T);
         st->n = c0 - T;
         LS_TRY(ls_state_append_kv(st, l, kk, v, T));
@@ -628,7 +624,7 @@ static ls_status hy_cp_attn_layer(const ls_hybrid_model *m, ls_prompt_state *st,
     ls_dist_segs segs;
     LS_TRY(ls_dec_cp_segs(st, l, 1, sc, &segs, NULL));
     int64_t Cq = C < Wn ? C : Wn;
-    gather_ctx gc = {m, st, Q, O, LSE, ALLOC_F(sc, Cq * qd), ALLOC_F(sc, Cq * H), xoff, Cq, 0, 0, sc};
+    ls_hybrid_gather gc = {m, st, Q, O, LSE, ALLOC_F(sc, Cq * qd), ALLOC_F(sc, Cq * H), xoff, Cq, 0, 0, sc};
     NEED(gc.ob && gc.lb);
     size_t pb = (size_t)st->page_size * (size_t)kvd * ls_dtype_size(st->dtype);
     ls_status s = LS_OK;
@@ -655,12 +651,12 @@ static ls_status hy_cp_attn_layer(const ls_hybrid_model *m, ls_prompt_state *st,
         }
         /* 2. the gather: the other ranks' earlier pages, merged */
         LS_TRY(ls_dist_pages_gather(be, st->comm, &segs, st->page_size, pb, pb, ls_hybrid_cp_block(st, o), l,
-                                    gather_block, &gc, sc));
+                                    ls_hybrid_gather_block, &gc, sc));
         /* 3. pass B */
         for (k = 0, c0 = -1; s == LS_OK && ls_dec_cp_chunk(st, xoff, C, gc.w0, gc.w1, &k, &c0, &T, &r0);) {
             int64_t q0 = r0 - gc.w0;
             float *xr = x + r0 * D;
-            s = attn_out_proj(m, w, l, xr, O + q0 * qd, O + q0 * qd, G + q0 * qd, T, sc);
+            s = ls_hybrid_attn_out_proj(m, w, l, xr, O + q0 * qd, O + q0 * qd, G + q0 * qd, T, sc);
             if (s == LS_OK && !skip_ffn) {
                 Lc.T = T, Lc.pos0 = c0 - T;
                 d.T = T;
@@ -736,7 +732,7 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pro
         NEED(xn);
         d.T = r;
         ls_dec_norm1_fwd(&d, xn, x + (xoff[k] + n - r) * D);
-        LS_TRY(gdn_in_proj(m, w, l, xn, r, tout + sg * tl + (Wm - r) * cd, NULL, NULL, sc));
+        LS_TRY(ls_hybrid_gdn_in_proj(m, w, l, xn, r, tout + sg * tl + (Wm - r) * cd, NULL, NULL, sc));
         ls_arena_release(sc, m2);
     }
     for (int sg = 0; sg < nseg && s == LS_OK; sg++) {
@@ -805,7 +801,7 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pro
             NEED(xn && qkv && y && ba && q && kk && v && beta && g && zv && oa && ua);
             d.T = T;
             ls_dec_norm1_fwd(&d, xn, x + r0 * D);
-            LS_TRY(gdn_in_proj(m, w, l, xn, T, qkv, nw == 1 ? Z + r0 * vd : NULL, ba, sc));
+            LS_TRY(ls_hybrid_gdn_in_proj(m, w, l, xn, T, qkv, nw == 1 ? Z + r0 * vd : NULL, ba, sc));
             ls_op_conv_fwd(be, y, NULL, tail, qkv, w->conv_w, T, cd, hc->conv_k);
             ls_op_gdn_prep_fwd(be, q, kk, v, beta, g, NULL, NULL, y, ba, w->A_log, w->dt_bias, T, gd);
             s = ls_op_gdr_chunk_fwd(be, oa, NULL, S0, q, kk, v, beta, g, T, gd, sc);
@@ -867,7 +863,7 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pro
             if (nw == 1) {
                 float *oc = O + r0 * vd;
                 ls_gdn_shard_apply(be, oc, NULL, U + r0 * Hv * dk, NULL, NULL, Sin + cs * sn, T, gd);
-                LS_TRY(gdn_out_proj(m, w, l, xr, oc, NULL, oc, Z + r0 * vd, T, sc));
+                LS_TRY(ls_hybrid_gdn_out_proj(m, w, l, xr, oc, NULL, oc, Z + r0 * vd, T, sc));
             } else {
                 float *xn = ALLOC_F(sc, T * D), *qkv = ALLOC_F(sc, T * cd), *y = ALLOC_F(sc, T * cd);
                 float *ba = ALLOC_F(sc, T * 2 * Hv), *q = ALLOC_F(sc, T * kd), *kk = ALLOC_F(sc, T * kd);
@@ -876,11 +872,11 @@ static ls_status hy_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pro
                 NEED(xn && qkv && y && ba && q && kk && v && beta && g && oc && z);
                 d.T = T;
                 ls_dec_norm1_fwd(&d, xn, xr);
-                LS_TRY(gdn_in_proj(m, w, l, xn, T, qkv, z, ba, sc));
+                LS_TRY(ls_hybrid_gdn_in_proj(m, w, l, xn, T, qkv, z, ba, sc));
                 ls_op_conv_fwd(be, y, NULL, tail, qkv, w->conv_w, T, cd, hc->conv_k);
                 ls_op_gdn_prep_fwd(be, q, kk, v, beta, g, NULL, NULL, y, ba, w->A_log, w->dt_bias, T, gd);
                 LS_TRY(ls_op_gdr_chunk_fwd(be, oc, NULL, S0, q, kk, v, beta, g, T, gd, sc));
-                LS_TRY(gdn_out_proj(m, w, l, xr, oc, NULL, oc, z, T, sc));
+                LS_TRY(ls_hybrid_gdn_out_proj(m, w, l, xr, oc, NULL, oc, z, T, sc));
             }
             ls_arena_release(sc, m2);
             if (!skip_ffn) {
@@ -900,7 +896,8 @@ ls_dec_model ls_hybrid_dec(const ls_hybrid_model *m, ls_hybrid_pass *hp) {
                           .batched_decode = 1, .begin = hy_begin, .tape_new = hy_tape_new,
                           .layer_fwd = hy_layer_fwd, .cp_layer = hy_cp_layer,
                           .layer_bwd = ls_hybrid_layer_bwd,
-                          .sweep_serve = ls_hybrid_sweep_serve, .sweep_relay = ls_hybrid_sweep_relay};
+                          .sweep_serve = ls_hybrid_sweep_serve, .sweep_relay = ls_hybrid_sweep_relay,
+                          .cp_sweep_layer = ls_hybrid_cp_sweep_layer, .cp_sweep_bytes = ls_hybrid_cp_sweep_bytes};
 }
 
 /* ---- the family's entries: the driver's ------------------------------------------------ */

@@ -27,21 +27,6 @@
     } while (0)
 
 
-/* A sub-block of a gradient tensor, or NULL when the tensor has no gradient buffer
- * (frozen under LoRA: its weight gradient is skipped, not computed). */
-#define GOFF(p, off) ((p) ? (p) + (off) : NULL)
-
-/* LoRA side branch of a projection's backward (lora.h): dx += s·(dy·B)·A and the
- * adapters' gradients. The model holds its adapters const (the weights are not
- * written); their gradient buffers are. */
-#define LORA_BWD(m, layer, fld, off, N, dx, dy, x, T, sc)                                                        \
-    do {                                                                                                         \
-        if ((m)->lora)                                                                                           \
-            LS_TRY(ls_lora_linear_bwd((ls_lora *)(m)->lora, (layer), offsetof(ls_hybrid_layer, fld), (off), (N),  \
-                                      (dx), (dy), (x), (T), (sc)));                                              \
-    } while (0)
-
-
 /* f32 bytes of one dK (or dV) page, unpadded: a block in a message. */
 static size_t dpage_bytes(const ls_config *c, int64_t S) {
     return (size_t)S * (size_t)c->n_kv * (size_t)c->head_dim * sizeof(float);
@@ -235,10 +220,10 @@ static ls_status attn_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer
 
 /* Sparse MoE backward (spec §5): experts are recomputed from the saved routing;
  * the router gets its gradient through the top-k combine weights. */
-static ls_status moe_bwd(const ls_hybrid_model *m, int l, const ls_hybrid_layer *w, ls_hybrid_layer *gw,
-                         const ls_layer_tape *tp, const float *dres, float *dxn, int64_t T,
-                         ls_arena *sc) {
+ls_status ls_hybrid_moe_bwd(const ls_hybrid_model *m, int l, ls_hybrid_layer *gw, const ls_layer_tape *tp,
+                            const float *dres, float *dxn, int64_t T, ls_arena *sc) {
     const ls_config *c = &m->cfg;
+    const ls_hybrid_layer *w = &m->layers[l];
     int64_t D = c->hidden, Im = c->moe_inter;
     int E = c->n_experts, K = c->top_k;
     ls_arena_mark mk = ls_arena_get_mark(sc);
@@ -287,7 +272,7 @@ static ls_status part_mixer_bwd(const ls_dec_layer *d, const float *dres, float 
 
 static ls_status part_moe_bwd(const ls_dec_layer *d, const float *dres, float *dxn) {
     const part_ctx *p = d->ctx;
-    return moe_bwd(p->m, p->l, &p->m->layers[p->l], p->gw, &p->tb->layers[p->l], dres, dxn, d->T, d->sc);
+    return ls_hybrid_moe_bwd(p->m, p->l, p->gw, &p->tb->layers[p->l], dres, dxn, d->T, d->sc);
 }
 
 /* One layer: dx[T,D] holds ∂L/∂(layer output) on entry, ∂L/∂(layer input) on exit. */

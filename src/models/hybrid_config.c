@@ -119,5 +119,6 @@ void ls_hybrid_state_recurrent(const ls_config *c, ls_state_recurrent *out) {
     const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     *out = (ls_state_recurrent){.table = 1,
                                 .rec_floats = (size_t)hc->H_v * (size_t)hc->d_k * (size_t)hc->d_v,
-                                .tail_floats = (size_t)(hc->conv_k - 1) * (size_t)ls_cfg_conv_dim(c)};
+                                .tail_floats = (size_t)(hc->conv_k - 1) * (size_t)ls_cfg_conv_dim(c),
+                                .sweep_inputs = 1};
 }

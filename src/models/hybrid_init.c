@@ -151,11 +151,19 @@ ls_status ls_hybrid_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan
                ls_dist_gather_bytes(bp, p.cp, rq->layout == LS_CP_ZIGZAG ? 2 : 1, pb, pb);
     }
     ls_plan_size(d, "cp_attn_bytes_per_rank", attn);
+    /* full mode under CP: the layer-major sweep's per-position buffers of one layer over the
+     * rank's positions (hybrid_sweep.c) when one wave holds them, else the chunk-major sweep
+     * runs (0 here) */
+    int64_t nwsw;
+    ls_cp_waves(tr, 2048, rq->cp_wave, ls_hybrid_cp_sweep_bytes(cfg), &nwsw);
+    size_t sweep = p.cp > 1 && full && nwsw == 1 ? (size_t)tr * ls_hybrid_cp_sweep_bytes(cfg) : 0;
+    ls_plan_size(d, "cp_sweep_bytes_per_rank", sweep);
     ls_plan_str(d, "mode", full ? "full" : "prefix-frozen");
     ls_plan_i64(d, "sweep_chunk", p.sweep_chunk);
     ls_plan_i64(d, "sweep_chunks_per_rank", p.sweep_chunks_per_rank);
     ls_plan_size(d, "dstate_bytes_per_rank", p.dstate_bytes_per_rank);
     ls_plan_size(d, "ckpt_bytes_per_rank", p.ckpt_bytes_per_rank);
+    ls_plan_size(d, "sweep_input_bytes_per_rank", p.sweep_input_bytes_per_rank);
     ls_plan_size(d, "parameters", params);
     ls_plan_size(d, "weights_bytes_f32", w_bytes);
     ls_plan_size(d, "adamw_bytes", m_bytes);
@@ -178,11 +186,13 @@ ls_status ls_hybrid_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan
     if (full) {
         ls_plan_row(d, p.dstate_bytes_per_rank, "full mode: dState (f32 dK/dV, dS)");
         ls_plan_row(d, p.ckpt_bytes_per_rank, "full mode: %lld sweep checkpoints", (long long)p.sweep_chunks_per_rank);
+        if (p.sweep_input_bytes_per_rank) ls_plan_row(d, p.sweep_input_bytes_per_rank, "full mode under CP: layer inputs");
     }
     ls_plan_row(d, p.total_bytes_per_rank, "prompt arena total");
     if (p.cp > 1) ls_plan_row(d, p.cp_capture_bytes_per_rank, "CP capture: shard residual (scratch)");
     if (scan) ls_plan_row(d, scan, "CP capture: GDN scan buffers (scratch)");
     if (attn) ls_plan_row(d, attn, "CP capture: attention buffers (scratch)");
+    if (sweep) ls_plan_row(d, sweep, "CP sweep: layer buffers (scratch)");
     ls_plan_live_terms(d, params, w_bytes, m_bytes, w_bytes, "");
     ls_plan_text(d, "  (branch: one member's tape, grows with R_i, not P; score: 4 bytes per response token)");
     return LS_OK;

@@ -81,6 +81,52 @@ size_t ls_hybrid_cp_scan_wave_bytes(const ls_config *c);
  * block by block (the sweep's recomputed forward of another rank's chunk reads them). */
 ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int64_t lo, int64_t bp, ls_arena *sc);
 
+/* ---- a layer's pieces, which the CP capture and the layer-major sweep run apart ------
+ * (hybrid.c; the layer functions compose them). The Gated DeltaNet mixer's input
+ * projections of rows xn [T, D] (with their adapters): qkv [T, conv_dim] pre-conv, and
+ * when given z [T, value_dim] and ba [T, 2·H_v]; its output: x [T, D] += out_proj(
+ * gated_norm(o, z)), the norm's output into on (may be o), its rstd into grstd (NULL: not
+ * kept). */
+ls_status ls_hybrid_gdn_in_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int l, const float *xn, int64_t T,
+                                float *qkv, float *z, float *ba, ls_arena *sc);
+ls_status ls_hybrid_gdn_out_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int l, float *x, float *on,
+                                 float *grstd, const float *o, const float *z, int64_t T, ls_arena *sc);
+/* Gated attention's input projections of rows xn: q and gate [T, n_h·hd], q normed per
+ * head into qr (may be q; rstd into rsq, NULL: not kept); k, v [T, n_kv·hd], k normed into
+ * kr (rsk). Its output: x += o_proj(o ⊙ σ(gate)), the gated rows into og (may be o). */
+ls_status ls_hybrid_attn_q_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int layer, const float *xn,
+                                int64_t T, float *q, float *gate, float *qr, float *rsq, ls_arena *sc);
+ls_status ls_hybrid_attn_kv_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int layer, const float *xn,
+                                 int64_t T, float *k, float *v, float *kr, float *rsk, ls_arena *sc);
+ls_status ls_hybrid_attn_out_proj(const ls_hybrid_model *m, const ls_hybrid_layer *w, int layer, float *x, float *og,
+                                  const float *o, const float *gate, int64_t T, ls_arena *sc);
+/* The sparse MoE block of layer l on rows xn [T, D] (x +=), recording into tp (tape
+ * arena ta) when given; its backward from dres (dxn +=, gw's gradients +=). */
+ls_status ls_hybrid_moe_fwd(const ls_hybrid_model *m, int l, float *x, const float *xn, int64_t T, ls_layer_tape *tp,
+                            ls_arena *ta, ls_arena *sc);
+ls_status ls_hybrid_moe_bwd(const ls_hybrid_model *m, int l, ls_hybrid_layer *gw, const ls_layer_tape *tp,
+                            const float *dres, float *dxn, int64_t T, ls_arena *sc);
+/* The merge of another rank's gathered block (ls_dist_pages_gather's fn) into the
+ * queries of the rank's rows [w0, w1) after the block's segment, in query chunks of C. */
+typedef struct {
+    const ls_hybrid_model *m;
+    const ls_prompt_state *st;
+    const float *Q;      /* [rows of the wave, n_h, hd] the roped queries */
+    float *O, *LSE;      /* [.., n_h, hd], [.., n_h] their merged outputs */
+    float *ob, *lb;      /* a query chunk's partial over a block */
+    const int64_t *xoff; /* the rank's segments' first rows */
+    int64_t C, w0, w1;   /* query chunk; the wave: the rank's rows [w0, w1) */
+    ls_arena *sc;
+} ls_hybrid_gather;
+ls_status ls_hybrid_gather_block(void *ctx, int seg, void *const *kp, void *const *vp, int64_t nb, int64_t rows,
+                                 int64_t row0);
+/* The full-mode sweep under CP, layer-major (hybrid_sweep.c; decoder.h's cp_sweep_layer)
+ * and what one of the rank's positions keeps in it. */
+ls_status ls_hybrid_cp_sweep_layer(const ls_dec_model *dm, const ls_dec_grad *g, ls_prompt_state *st,
+                                   const ls_prompt_state *hst, int l, const float *x, float *dx, const ls_fwd_opts *o,
+                                   ls_arena *ta, ls_arena *sc);
+size_t ls_hybrid_cp_sweep_bytes(const ls_config *c);
+
 /* ---- LoRA side branches, shared by the forward and the backward -------------------- */
 #include <stddef.h>
 
@@ -96,6 +142,19 @@ ls_status ls_hybrid_cp_send_pages(const ls_prompt_state *st, int l, int dst, int
                                       (T), (sc)));                                                              \
     } while (0)
 
+
+/* The backward's: dx += s·(dy·B)·A and the adapters' gradients (their buffers are
+ * written; the model holds its adapters const). */
+#define LORA_BWD(m, layer, fld, off, N, dx, dy, x, T, sc)                                                        \
+    do {                                                                                                         \
+        if ((m)->lora)                                                                                           \
+            LS_TRY(ls_lora_linear_bwd((ls_lora *)(m)->lora, (layer), offsetof(ls_hybrid_layer, fld), (off), (N),  \
+                                      (dx), (dy), (x), (T), (sc)));                                              \
+    } while (0)
+
+/* A sub-block of a gradient tensor, or NULL when the tensor has no gradient buffer
+ * (frozen under LoRA: its weight gradient is skipped, not computed). */
+#define GOFF(p, off) ((p) ? (p) + (off) : NULL)
 
 static inline ls_ffn_lora ffn_of(const ls_hybrid_model *m, int l, size_t gu, size_t down, int64_t gu_off,
                               int64_t down_off) {

@@ -105,7 +105,7 @@ static ls_status score_rows(const ls_backend *be, float *row, const float *qI, c
 
 /* Each of T queries' (at positions pos0..) causal top-kk over index keys `keys` (its n =
  * pos0 positions, pages) and the call's own keys kI [T, dI]: sel [T, kk]. */
-static ls_status select_rows(const ls_mla_model *m, const float *qI, const float *wq, const ls_kv_prefix *keys,
+ls_status ls_mla_select_rows(const ls_mla_model *m, const float *qI, const float *wq, const ls_kv_prefix *keys,
                              const float *kI, int64_t T, int32_t *sel, int64_t kk, ls_arena *sc) {
     const ls_mla_config *mc = ls_mla_cfg(&m->cfg);
     int64_t pos0 = keys->n, n = pos0 + T;
@@ -131,7 +131,7 @@ static ls_status select_local(const ls_mla_model *m, int l, const float *qI, con
                               mla_ctx *L) {
     ls_kv_prefix pre = prefix_of(L->st, l);
     ls_kv_prefix keys = {L->pos0, pre.page_size, pre.dtype, pre.v_pages, NULL}; /* the prefix's index keys */
-    return select_rows(m, qI, wq, &keys, kI, L->T, L->sel, L->kk, L->sc);
+    return ls_mla_select_rows(m, qI, wq, &keys, kI, L->T, L->sel, L->kk, L->sc);
 }
 
 /* ---- context parallelism ------------------------------------------------------------ */
@@ -203,7 +203,7 @@ static ls_status cp_select(const ls_mla_model *m, int l, const float *qI, const 
 
 /* The selection as this rank's local rows (paged keys: page · S + offset; own rows after
  * the nloc paged ones, on the own-rows rank), compacted, −1 after. */
-static void cp_local_sel(const ls_prompt_state *st, const int32_t *sel, int32_t *loc, int64_t T, int64_t kk,
+void ls_mla_cp_local_sel(const ls_prompt_state *st, const int32_t *sel, int32_t *loc, int64_t T, int64_t kk,
                          int64_t pos0, int64_t nkeys, int own) {
     int64_t nloc = ls_state_held_before(st, nkeys);
     for (int64_t t = 0; t < T; t++) {
@@ -234,7 +234,7 @@ static ls_status cp_attend(const ls_mla_model *m, int l, const float *qa, const 
         ls_arena_mark mk = ls_arena_get_mark(L->sc);
         int32_t *hsel = ls_host_view(m->be, L->sc, L->sel, sb, 1), *hloc = ls_host_view(m->be, L->sc, L->sel_local, sb, 0);
         NEED(hsel && hloc);
-        cp_local_sel(st, hsel, hloc, T, kk, L->pos0, L->nkeys, mine);
+        ls_mla_cp_local_sel(st, hsel, hloc, T, kk, L->pos0, L->nkeys, mine);
         ls_host_view_done(m->be, L->sc, L->sel_local, hloc, sb, 1);
         ls_arena_release(L->sc, mk);
     }
@@ -246,21 +246,11 @@ static ls_status cp_attend(const ls_mla_model *m, int l, const float *qa, const 
     return ls_cp_merge(m->be, o, lse, T * H, (int)rkv, L->cp, L->sc);
 }
 
-/* The mixer's projections of T rows (spec §2): the buffers a call keeps, given by the
- * caller (rstd_q, rstd_kv NULL: not kept). */
-typedef struct {
-    float *cq_raw, *cq; /* [T, rq] q_a x, its norm */
-    float *q;           /* [T, H, dn+dr] */
-    float *lat_raw;     /* [T, rkv] the latent before its norm */
-    float *own;         /* [T, rkv+dr] the call's latent rows */
-    float *qa;          /* [T, H, rkv+dr] the absorbed queries */
-    float *rstd_q, *rstd_kv;
-} mla_proj;
 
 /* Query path (spec §2): c_q = RMSNorm(q_a x), q = q_b c_q per head [q_nope ; q_pe] (RoPE
  * at positions pos0..), and the absorbed queries q̃[h] = W_UK[h]ᵀ q_nope[h] beside q_pe:
  * p's cq_raw, cq, q, qa (and rstd_q when given). */
-static void mla_q_proj(const ls_mla_model *m, int l, const float *xn, int64_t T, int64_t pos0, const mla_proj *p) {
+void ls_mla_q_proj(const ls_mla_model *m, int l, const float *xn, int64_t T, int64_t pos0, const mla_proj *p) {
     const ls_config *c = &m->cfg;
     const ls_mla_config *mc = ls_mla_cfg(c);
     const ls_mla_layer *w = &m->layers[l];
@@ -280,7 +270,7 @@ static void mla_q_proj(const ls_mla_model *m, int l, const float *xn, int64_t T,
 
 /* The latent rows [RMSNorm(a[:rkv]) ; RoPE(a[rkv:])] of a = kv_a x at positions pos0..,
  * rounded as pages of dtype dt round theirs: p's lat_raw, own (and rstd_kv when given). */
-static ls_status mla_kv_proj(const ls_mla_model *m, int l, const float *xn, int64_t T, int64_t pos0, ls_dtype dt,
+ls_status ls_mla_kv_proj(const ls_mla_model *m, int l, const float *xn, int64_t T, int64_t pos0, ls_dtype dt,
                              const mla_proj *p, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     const ls_mla_config *mc = ls_mla_cfg(c);
@@ -308,7 +298,7 @@ static ls_status mla_kv_proj(const ls_mla_model *m, int l, const float *xn, int6
 
 /* x [T, D] += o_proj(o[h] = W_UV[h] ō[h]) from the attention o [T, H, rkv]; ov [T, H·dv]
  * (=) the heads' outputs. */
-static void mla_out_proj(const ls_mla_model *m, int l, float *x, const float *o, float *ov, int64_t T) {
+void ls_mla_out_proj(const ls_mla_model *m, int l, float *x, const float *o, float *ov, int64_t T) {
     const ls_config *c = &m->cfg;
     const ls_mla_config *mc = ls_mla_cfg(c);
     const ls_mla_layer *w = &m->layers[l];
@@ -339,8 +329,8 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
     NEED(pj.cq_raw && pj.cq && pj.q && pj.lat_raw && pj.own && pj.qa && o && ov &&
          (!tp || (pj.rstd_q && pj.rstd_kv && lse)));
     float *qa = pj.qa, *own = pj.own;
-    mla_q_proj(m, l, xn, T, pos0, &pj);
-    LS_TRY(mla_kv_proj(m, l, xn, T, pos0, L->st ? L->st->dtype : LS_DTYPE_F32, &pj, sc));
+    ls_mla_q_proj(m, l, xn, T, pos0, &pj);
+    LS_TRY(ls_mla_kv_proj(m, l, xn, T, pos0, L->st ? L->st->dtype : LS_DTYPE_F32, &pj, sc));
     /* selection: a full layer's own indexer, or the most recent full layer's */
     float *kI = NULL;
     int full = mc->index_full[l];
@@ -374,7 +364,7 @@ static ls_status mla_mixer(const ls_mla_model *m, int l, float *x, const float *
         ls_kv_prefix pre = prefix_of(L->st, l);
         LS_TRY(ls_op_mla_attn_fwd(m->be, o, lse, qa, own, &pre, L->sel, L->kk, T, H, (int)rkv, dr, pos0, m->scale));
     }
-    mla_out_proj(m, l, x, o, ov, T); /* per head o[h] = W_UV[h] ō[h], then o_proj into the residual */
+    ls_mla_out_proj(m, l, x, o, ov, T); /* per head o[h] = W_UV[h] ō[h], then o_proj into the residual */
     /* the call's rows into the state, on the rank holding their positions (under CP: the
      * chunk's owner in capture, the tail rank in decode) */
     if (L->append && (!L->cp || ls_state_local_page(L->append, pos0) >= 0))
@@ -424,6 +414,12 @@ static ls_status moe(const ls_mla_model *m, int l, float *x, const float *xn, ml
     if (tp) tp->s = s, tp->esel = sel, tp->wt = wt;
     ls_arena_release(sc, mk);
     return LS_OK;
+}
+
+ls_status ls_mla_moe_fwd(const ls_mla_model *m, int l, float *x, const float *xn, int64_t T, mla_layer_tape *tp,
+                         ls_arena *ta, ls_arena *sc) {
+    mla_ctx L = {T, 0, NULL, NULL, NULL, 0, tp, ta, sc, NULL, -1, 0, NULL};
+    return moe(m, l, x, xn, &L);
 }
 
 /* The family's parts of a layer for the skeleton (decoder.h): the MLA mixer and the MoE block. */
@@ -484,27 +480,12 @@ static void set_cp(mla_ctx *L, const ls_prompt_state *st, int own_rank, int64_t 
 /* Pages holding n positions. */
 static int64_t pages_for(int64_t n, int64_t S) { return (n + S - 1) / S; }
 
-typedef struct {
-    const ls_mla_model *m;
-    const ls_prompt_state *st;
-    const int64_t *lo;   /* [segments] every segment's first position */
-    const int64_t *xoff; /* [st->nseg] the rank's segments' rows in its residual */
-    const int32_t *hsel; /* [w1 − w0, kk] the wave's selection (host-readable) */
-    int64_t w0, w1;      /* the wave: the rank's rows [w0, w1) */
-    const float *Q;      /* [rows of the wave, H, rkv+dr] */
-    float *O, *LSE;      /* [rows of the wave, H, rkv], [.., H] */
-    int32_t *loc, *hloc; /* [Cq, kk] a query chunk's rows in a block (the backend's, its host view) */
-    float *ob, *lb;      /* [Cq, H, rkv], [Cq, H] the block's partial */
-    void **ip;           /* index keys: [pages] the prompt's pages (full layer), filled by the gather */
-    int64_t kk, Cq;
-    ls_arena *sc;
-} mla_gather;
 
 /* Index keys of another rank's segment: its block copied where the page table points. */
-static ls_status gather_index(void *ctx, int seg, void *const *k, void *const *v, int64_t nb, int64_t rows,
+ls_status ls_mla_gather_index(void *ctx, int seg, void *const *k, void *const *v, int64_t nb, int64_t rows,
                               int64_t row0) {
     (void)v, (void)rows;
-    const mla_gather *G = ctx;
+    const ls_mla_gather *G = ctx;
     const ls_prompt_state *st = G->st;
     const ls_mla_config *mc = ls_mla_cfg(&G->m->cfg);
     int64_t g0 = (G->lo[seg] + row0) / st->page_size, nf = st->page_size * mc->index_head_dim *
@@ -516,14 +497,16 @@ static ls_status gather_index(void *ctx, int seg, void *const *k, void *const *v
 
 /* Latent rows of another rank's segment, positions [lo + row0, + rows): the wave's later
  * queries' selected rows among them attended, merged into (O, LSE). */
-static ls_status gather_latent(void *ctx, int seg, void *const *k, void *const *v, int64_t nb, int64_t rows,
-                               int64_t row0) {
-    (void)v, (void)nb;
-    const mla_gather *G = ctx;
+/* A block of another rank's latent rows, positions [lo + row0, + rows): the wave's later
+ * queries' selected rows among them — attended and merged into (O, LSE); with dk (the
+ * sweep's backward) their share of ∂L/∂(queries) into DQA (+=) and the rows' gradient
+ * into dk (+=). */
+static ls_status latent_block(const ls_mla_gather *G, int seg, void *const *k, float *const *dk, int64_t rows,
+                              int64_t row0) {
     const ls_prompt_state *st = G->st;
     const ls_mla_config *mc = ls_mla_cfg(&G->m->cfg);
     int H = G->m->cfg.n_heads, rkv = mc->kv_lora_rank, dr = mc->qk_rope;
-    int64_t dk = rkv + dr, kk = G->kk, b0 = G->lo[seg] + row0, b1 = b0 + rows;
+    int64_t dkw = rkv + dr, kk = G->kk, b0 = G->lo[seg] + row0, b1 = b0 + rows;
     ls_kv_prefix pre = {rows, st->page_size, st->dtype, k, NULL};
     size_t lb = (size_t)(G->Cq * kk) * sizeof(int32_t);
     for (int s = 0; s < st->nseg; s++) {
@@ -544,12 +527,54 @@ static ls_status gather_latent(void *ctx, int seg, void *const *k, void *const *
             }
             if (!any) continue;
             ls_host_view_done(G->m->be, G->sc, G->loc, G->hloc, lb, 1);
-            LS_TRY(ls_op_mla_attn_fwd(G->m->be, G->ob, G->lb, G->Q + q * H * dk, NULL, &pre, G->loc, kk, T, H, rkv, dr,
+            if (dk) {
+                LS_TRY(ls_op_mla_attn_bwd(G->m->be, G->dqb, NULL, (void *const *)dk, G->DOB + q * H * rkv,
+                                          G->O + q * H * rkv, G->LSE + q * H, G->Q + q * H * dkw, NULL, &pre, G->loc,
+                                          kk, T, H, rkv, dr, rows, G->m->scale));
+                ls_op_add_to(G->m->be, G->DQA + q * H * dkw, G->dqb, T * H * dkw);
+                continue;
+            }
+            LS_TRY(ls_op_mla_attn_fwd(G->m->be, G->ob, G->lb, G->Q + q * H * dkw, NULL, &pre, G->loc, kk, T, H, rkv, dr,
                                       rows, G->m->scale));
             ls_op_attn_merge(G->m->be, G->O + q * H * rkv, G->LSE + q * H, G->ob, G->lb, T, H, rkv);
         }
     }
     return LS_OK;
+}
+
+ls_status ls_mla_gather_latent(void *ctx, int seg, void *const *k, void *const *v, int64_t nb, int64_t rows,
+                               int64_t row0) {
+    (void)v, (void)nb;
+    return latent_block(ctx, seg, k, NULL, rows, row0);
+}
+
+ls_status ls_mla_gather_latent_grad(void *ctx, int seg, void *const *k, void *const *v, float *const *dk,
+                                    float *const *dv, int64_t nb, int64_t rows, int64_t row0) {
+    (void)v, (void)dv, (void)nb;
+    return latent_block(ctx, seg, k, dk, rows, row0);
+}
+
+ls_status ls_mla_cp_index_table(const ls_mla_model *m, const ls_prompt_state *st, int l, const ls_dist_segs *segs,
+                                const int64_t *lo, int64_t bp, ls_mla_gather *G, ls_arena *sc) {
+    const ls_mla_config *mc = ls_mla_cfg(&m->cfg);
+    int64_t S = st->page_size, NP = pages_for(st->capacity, S), last = 0, dI = mc->index_head_dim;
+    size_t ipb = (size_t)(S * dI) * ls_dtype_size(st->dtype);
+    int nseg = segs->n;
+    for (int k = 0; k < st->nseg; k++)
+        if (st->seg_hi[k] > st->seg_lo[k] && st->seg_lo[k] > last) last = st->seg_lo[k];
+    G->ip = ls_arena_host_calloc(sc, (size_t)NP, sizeof(void *));
+    NEED(G->ip);
+    int64_t need = 0; /* pages of other ranks' segments before the rank's last */
+    for (int sg = 0; sg < nseg; sg++)
+        if (segs->owner[sg] != st->rank && lo[sg] < last) need += pages_for(segs->npos[sg], S);
+    char *ib = need ? ls_arena_alloc(sc, (size_t)need * ipb) : NULL;
+    NEED(ib || !need);
+    for (int sg = 0, j = 0; sg < nseg; sg++)
+        for (int64_t i = 0; i < pages_for(segs->npos[sg], S); i++)
+            if (segs->v[sg]) G->ip[lo[sg] / S + i] = segs->v[sg][i];
+            else if (lo[sg] < last) G->ip[lo[sg] / S + i] = ib + (size_t)j++ * ipb;
+    ls_dist_segs is = {nseg, segs->owner, segs->npos, segs->v, NULL, NULL, NULL};
+    return ls_dist_pages_gather(m->be, st->comm, &is, S, ipb, 0, bp, l, ls_mla_gather_index, G, sc);
 }
 
 static ls_status mla_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_prompt_state *hst, int l, float *x,
@@ -564,7 +589,7 @@ static ls_status mla_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pr
     int64_t D = c->hidden, rq = mc->q_lora_rank, rkv = mc->kv_lora_rank, C = o->capture_chunk > 0 ? o->capture_chunk : 2048;
     int H = c->n_heads, dn = mc->qk_nope, dr = mc->qk_rope, dv = mc->v_head, nI = mc->index_heads, dI = mc->index_head_dim;
     int64_t dq = dn + dr, dk = rkv + dr, kk = mp->kk, S = st->page_size, n = st->capacity;
-    int full = mc->index_full[l], nseg = ls_state_segments(st);
+    int full = mc->index_full[l];
     size_t esz = ls_dtype_size(st->dtype);
     int64_t Tr = 0, xoff[LS_STATE_MAX_SEGS];
     for (int k = 0; k < st->nseg; k++) xoff[k] = Tr, Tr += st->seg_hi[k] - st->seg_lo[k];
@@ -578,8 +603,6 @@ static ls_status mla_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pr
     ls_dist_segs segs; /* latent pages (K; gathered with no V bytes); on a full layer the index keys (V) */
     int64_t *lo;
     LS_TRY(ls_dec_cp_segs(st, l, full, sc, &segs, &lo));
-    const int *owner = segs.owner;
-    const int64_t *npos = segs.npos;
     mla_ctx L = {0, 0, st, NULL, NULL, kk, NULL, NULL, sc, NULL, -1, 0, NULL};
     part_ctx pc = {m, l, &L};
     ls_dec_layer d = {.be = be, .D = D, .I = c->intermediate, .eps = c->eps, .norm = LS_NORM_PLAIN,
@@ -597,7 +620,7 @@ static ls_status mla_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pr
         int64_t p0 = c0 - T;
         d.T = T;
         ls_dec_norm1_fwd(&d, xn, x + r0 * D);
-        LS_TRY(mla_kv_proj(m, l, xn, T, p0, st->dtype, &pj, sc));
+        LS_TRY(ls_mla_kv_proj(m, l, xn, T, p0, st->dtype, &pj, sc));
         float *kI = full ? KI + r0 * dI : NULL;
         if (full) {
             ls_mla_index_keys(m, l, xn, T, p0, kI, NULL);
@@ -611,30 +634,12 @@ static ls_status mla_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pr
     int32_t *loc = ls_arena_alloc(sc, (size_t)(Cq * kk) * sizeof(int32_t));
     int32_t *hloc = ls_host_view(be, sc, loc, (size_t)(Cq * kk) * sizeof(int32_t), 0);
     NEED(loc && hloc);
-    mla_gather G = {m, st, lo, xoff, NULL, 0, 0, Q, O, LSE, loc, hloc, ALLOC_F(sc, Cq * H * rkv), ALLOC_F(sc, Cq * H),
-                    NULL, kk, Cq, sc};
+    ls_mla_gather G = {m, st, lo, xoff, NULL, 0, 0, Q, O, LSE, loc, hloc, ALLOC_F(sc, Cq * H * rkv), ALLOC_F(sc, Cq * H),
+                       NULL, kk, Cq, sc, NULL, NULL, NULL};
     NEED(G.ob && G.lb);
     /* 2. a full layer: the prompt's index keys in one page table, own pages where they
      * are, the other ranks' earlier ones gathered */
-    if (full) {
-        int64_t NP = pages_for(n, S), last = 0;
-        size_t ipb = (size_t)(S * dI) * esz;
-        for (k = 0; k < st->nseg; k++)
-            if (st->seg_hi[k] > st->seg_lo[k] && st->seg_lo[k] > last) last = st->seg_lo[k];
-        G.ip = ls_arena_host_calloc(sc, (size_t)NP, sizeof(void *));
-        NEED(G.ip);
-        int64_t need = 0; /* pages of other ranks' segments before the rank's last */
-        for (int sg = 0; sg < nseg; sg++)
-            if (owner[sg] != st->rank && lo[sg] < last) need += pages_for(npos[sg], S);
-        char *ib = need ? ls_arena_alloc(sc, (size_t)need * ipb) : NULL;
-        NEED(ib || !need);
-        for (int sg = 0, j = 0; sg < nseg; sg++)
-            for (int64_t i = 0; i < pages_for(npos[sg], S); i++)
-                if (segs.v[sg]) G.ip[lo[sg] / S + i] = segs.v[sg][i];
-                else if (lo[sg] < last) G.ip[lo[sg] / S + i] = ib + (size_t)j++ * ipb;
-        ls_dist_segs is = {nseg, owner, npos, segs.v, NULL};
-        LS_TRY(ls_dist_pages_gather(be, st->comm, &is, S, ipb, 0, bp, l, gather_index, &G, sc));
-    }
+    if (full) LS_TRY(ls_mla_cp_index_table(m, st, l, &segs, lo, bp, &G, sc));
     ls_kv_prefix pre = ls_state_prefix(st, l);
     pre.n = ls_state_held_before(st, n);
     ls_status s = LS_OK;
@@ -650,11 +655,11 @@ static ls_status mla_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pr
             NEED(xn && pj.cq_raw && pj.cq && pj.q);
             d.T = T;
             ls_dec_norm1_fwd(&d, xn, x + r0 * D);
-            mla_q_proj(m, l, xn, T, p0, &pj);
+            ls_mla_q_proj(m, l, xn, T, p0, &pj);
             if (full) {
                 ls_mla_index_queries(m, l, xn, pj.cq, T, p0, QI + q0 * nI * dI, WQ + q0 * nI);
                 ls_kv_prefix keys = {p0, S, st->dtype, G.ip, NULL};
-                LS_TRY(select_rows(m, QI + q0 * nI * dI, WQ + q0 * nI, &keys, KI + r0 * dI, T, mp->sel + r0 * kk, kk, sc));
+                LS_TRY(ls_mla_select_rows(m, QI + q0 * nI * dI, WQ + q0 * nI, &keys, KI + r0 * dI, T, mp->sel + r0 * kk, kk, sc));
             }
             ls_arena_release(sc, m2);
         }
@@ -666,20 +671,20 @@ static ls_status mla_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pr
             int64_t q0 = r0 - G.w0;
             for (int64_t t0 = 0; t0 < T; t0 += Cq) {
                 int64_t Tq = T - t0 < Cq ? T - t0 : Cq;
-                cp_local_sel(st, G.hsel + (q0 + t0) * kk, hloc, Tq, kk, c0 - T + t0, n, 0);
+                ls_mla_cp_local_sel(st, G.hsel + (q0 + t0) * kk, hloc, Tq, kk, c0 - T + t0, n, 0);
                 ls_host_view_done(be, sc, loc, hloc, (size_t)(Tq * kk) * sizeof(int32_t), 1);
                 LS_TRY(ls_op_mla_attn_fwd(be, O + (q0 + t0) * H * rkv, LSE + (q0 + t0) * H, Q + (q0 + t0) * H * dk, NULL,
                                           &pre, loc, kk, Tq, H, (int)rkv, dr, pre.n, m->scale));
             }
         }
-        LS_TRY(ls_dist_pages_gather(be, st->comm, &segs, S, (size_t)(S * dk) * esz, 0, bp, l, gather_latent, &G, sc));
+        LS_TRY(ls_dist_pages_gather(be, st->comm, &segs, S, (size_t)(S * dk) * esz, 0, bp, l, ls_mla_gather_latent, &G, sc));
         ls_arena_release(sc, m3);
         /* 5. pass B */
         for (k = 0, c0 = -1; s == LS_OK && ls_dec_cp_chunk(st, xoff, C, G.w0, G.w1, &k, &c0, &T, &r0);) {
             ls_arena_mark m2 = ls_arena_get_mark(sc);
             float *xr = x + r0 * D, *ov = ALLOC_F(sc, T * H * dv);
             NEED(ov);
-            mla_out_proj(m, l, xr, O + (r0 - G.w0) * H * rkv, ov, T);
+            ls_mla_out_proj(m, l, xr, O + (r0 - G.w0) * H * rkv, ov, T);
             ls_arena_release(sc, m2);
             if (!skip_ffn) {
                 L.T = T, L.pos0 = c0 - T, d.T = T;
@@ -750,7 +755,8 @@ ls_dec_model ls_mla_dec(const ls_mla_model *m, ls_mla_pass *mp) {
     return (ls_dec_model){.be = m->be, .cfg = &m->cfg, .norm = LS_NORM_PLAIN, .embed = m->embed,
                           .final_norm = m->final_norm, .lm_head = m->lm_head, .fam = m, .pass_data = mp,
                           .sweep_every_rank = 1, .cp_layer = mla_cp_layer, .begin = mla_begin, .tape_new = mla_tape_new,
-                          .layer_fwd = mla_layer_fwd, .layer_bwd = ls_mla_layer_bwd};
+                          .layer_fwd = mla_layer_fwd, .layer_bwd = ls_mla_layer_bwd,
+                          .cp_sweep_layer = ls_mla_cp_sweep_layer, .cp_sweep_bytes = ls_mla_cp_sweep_bytes};
 }
 
 /* ---- the family's entries: the driver's ------------------------------------------------ */

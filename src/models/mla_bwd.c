@@ -28,7 +28,7 @@
 #define GOFF(base, off) ((base) ? (base) + (off) : NULL)
 
 /* MoE backward: dres [T, D] = ∂L/∂(block output) → dxn (+=). */
-static ls_status moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const mla_layer_tape *tp, const float *dres,
+ls_status ls_mla_moe_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const mla_layer_tape *tp, const float *dres,
                          float *dxn, int64_t T, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     const ls_mla_config *mc = ls_mla_cfg(c);
@@ -157,32 +157,103 @@ static ls_status indexer_kl_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, 
     return LS_OK;
 }
 
+/* The output side's backward (spec §2): dy [T, D] = ∂L/∂(mixer output) through o_proj
+ * (ov its input) and W_UV (o the attention) into dob [T, H, rkv] (=) ∂L/∂ō; their
+ * gradients (+=). */
+ls_status ls_mla_out_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const float *dy, const float *ov,
+                         const float *o, float *dob, int64_t T, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    const ls_mla_config *mc = ls_mla_cfg(c);
+    const ls_mla_layer *w = &m->layers[l];
+    int64_t rkv = mc->kv_lora_rank;
+    int H = c->n_heads, dn = mc->qk_nope, dv = mc->v_head;
+    int64_t hb = dn + dv;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *dov = ALLOC_F(sc, T * H * dv); /* ∂L/∂(W_UV outputs) */
+    NEED(dov);
+    ls_op_linear_bwd(m->be, dov, gw->o_proj, dy, ov, w->o_proj, T, (int64_t)H * dv, c->hidden, 0);
+    for (int h = 0; h < H; h++) { /* ov[h] = ō[h]·W_UV[h]ᵀ */
+        const float *Wuv = w->kv_b + (h * hb + dn) * rkv;
+        ls_op_gemm(m->be, 0, 0, (int)T, (int)rkv, dv, 1.0f, dov + h * dv, H * dv, Wuv, (int)rkv, 0.0f, dob + h * rkv,
+                   (int)(H * rkv));
+        if (gw->kv_b)
+            ls_op_gemm(m->be, 1, 0, dv, (int)rkv, (int)T, 1.0f, dov + h * dv, H * dv, o + h * rkv, (int)(H * rkv), 1.0f,
+                       gw->kv_b + (h * hb + dn) * rkv, (int)rkv);
+    }
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+/* The query path's backward: dqa [T, H, rkv+dr] = ∂L/∂(absorbed queries) through W_UK, RoPE,
+ * q_b, the q norm and q_a (q, cq, cq_raw, rstd_q the forward's; xn the layer's normed
+ * input at positions pos0..) into dxn [T, D] (+=); their gradients (+=). */
+ls_status ls_mla_q_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const float *dqa, const float *q,
+                       const float *cq, const float *cq_raw, const float *rstd_q, const float *xn, float *dxn,
+                       int64_t T, int64_t pos0, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    const ls_mla_config *mc = ls_mla_cfg(c);
+    const ls_mla_layer *w = &m->layers[l];
+    int64_t D = c->hidden, rq = mc->q_lora_rank, rkv = mc->kv_lora_rank;
+    int H = c->n_heads, dn = mc->qk_nope, dr = mc->qk_rope, dv = mc->v_head, half = dr / 2;
+    int64_t dq = dn + dr, dk = rkv + dr, hb = dn + dv;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *dqf = ALLOC_F(sc, T * H * dq), *dcq = ALLOC_F(sc, T * rq);
+    NEED(dqf && dcq);
+    for (int h = 0; h < H; h++) { /* qa[h] = [q_nope[h]·W_UK[h] ; q_pe[h]] */
+        const float *Wuk = w->kv_b + h * hb * rkv;
+        ls_op_gemm(m->be, 0, 1, (int)T, dn, (int)rkv, 1.0f, dqa + h * dk, (int)(H * dk), Wuk, (int)rkv, 0.0f,
+                   dqf + h * dq, (int)(H * dq));
+        if (gw->kv_b)
+            ls_op_gemm(m->be, 1, 0, dn, (int)rkv, (int)T, 1.0f, q + h * dq, (int)(H * dq), dqa + h * dk, (int)(H * dk),
+                       1.0f, gw->kv_b + h * hb * rkv, (int)rkv);
+        ls_op_copy_rows(m->be, dqf + h * dq + dn, H * dq, dqa + h * dk + rkv, H * dk, T, dr);
+    }
+    ls_op_rope_table_bwd(m->be, dqf, T, H, (int)dq, dn, half, m->inv_freq, mc->rope_interleave, pos0);
+    ls_op_linear_bwd(m->be, dcq, gw->q_b, dqf, cq, w->q_b, T, rq, (int64_t)H * dq, 0);
+    ls_op_rmsnorm_plain_bwd(m->be, dcq, gw->q_a_norm, dcq, cq_raw, rstd_q, w->q_a_norm, T, rq);
+    ls_op_linear_bwd(m->be, dxn, gw->q_a, dcq, xn, w->q_a, T, D, rq, 1);
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
+/* The latent rows' backward: down [T, rkv+dr] = ∂L/∂(own rows) (overwritten) through RoPE,
+ * the latent norm (lat_raw, rstd_kv the forward's) and kv_a into dxn [T, D] (+=). */
+ls_status ls_mla_kv_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, float *down, const float *lat_raw,
+                        const float *rstd_kv, const float *xn, float *dxn, int64_t T, int64_t pos0, ls_arena *sc) {
+    const ls_config *c = &m->cfg;
+    const ls_mla_config *mc = ls_mla_cfg(c);
+    const ls_mla_layer *w = &m->layers[l];
+    int64_t D = c->hidden, rkv = mc->kv_lora_rank;
+    int dr = mc->qk_rope, half = dr / 2;
+    int64_t dk = rkv + dr;
+    ls_arena_mark mk = ls_arena_get_mark(sc);
+    float *dlat = ALLOC_F(sc, T * rkv), *dkva = ALLOC_F(sc, T * dk);
+    NEED(dlat && dkva);
+    ls_op_rope_table_bwd(m->be, down, T, 1, (int)dk, (int)rkv, half, m->inv_freq, mc->rope_interleave, pos0);
+    ls_op_copy_rows(m->be, dlat, rkv, down, dk, T, rkv);
+    ls_op_rmsnorm_plain_bwd(m->be, dlat, gw->kv_a_norm, dlat, lat_raw, rstd_kv, w->kv_a_norm, T, rkv);
+    ls_op_copy_rows(m->be, dkva, dk, dlat, rkv, T, rkv);
+    ls_op_copy_rows(m->be, dkva + rkv, dk, down + rkv, dk, T, dr);
+    ls_op_linear_bwd(m->be, dxn, gw->kv_a, dkva, xn, w->kv_a, T, D, dk, 1);
+    ls_arena_release(sc, mk);
+    return LS_OK;
+}
+
 /* The MLA mixer's backward: dy [T, D] = ∂L/∂(mixer output) → dxn [T, D] (=). */
 static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const mla_tape *tb, const float *dy,
                            float *dxn, const ls_dec_dstate *dc, ls_arena *sc) {
     const ls_config *c = &m->cfg;
     const ls_mla_config *mc = ls_mla_cfg(c);
-    const ls_mla_layer *w = &m->layers[l];
     const mla_layer_tape *tp = &tb->layers[l];
-    int64_t T = tb->h.T, D = c->hidden, rq = mc->q_lora_rank, rkv = mc->kv_lora_rank, pos0 = tb->h.pos0;
-    int H = c->n_heads, dn = mc->qk_nope, dr = mc->qk_rope, dv = mc->v_head, half = dr / 2;
-    int64_t dq = dn + dr, dk = rkv + dr, hb = dn + dv;
+    int64_t T = tb->h.T, D = c->hidden, rkv = mc->kv_lora_rank, pos0 = tb->h.pos0;
+    int H = c->n_heads, dr = mc->qk_rope;
+    int64_t dk = rkv + dr;
     if (dc->aux_sum && mc->index_full[l]) LS_TRY(indexer_kl_bwd(m, l, gw, tb, dc->aux_sum, sc));
     ls_arena_mark mk = ls_arena_get_mark(sc);
-    float *dov = ALLOC_F(sc, T * H * dv), *dob = ALLOC_F(sc, T * H * rkv); /* ∂L/∂(W_UV outputs), ∂L/∂ō */
+    float *dob = ALLOC_F(sc, T * H * rkv); /* ∂L/∂ō */
     float *dqa = ALLOC_F(sc, T * H * dk + T * dk), *down = dqa ? dqa + T * H * dk : NULL; /* queries | own rows */
-    float *dqf = ALLOC_F(sc, T * H * dq), *dcq = ALLOC_F(sc, T * rq), *dlat = ALLOC_F(sc, T * rkv);
-    float *dkva = ALLOC_F(sc, T * dk);
-    NEED(dov && dob && dqa && down && dqf && dcq && dlat && dkva);
-    ls_op_linear_bwd(m->be, dov, gw->o_proj, dy, tp->ov, w->o_proj, T, (int64_t)H * dv, D, 0);
-    for (int h = 0; h < H; h++) { /* ov[h] = ō[h]·W_UV[h]ᵀ */
-        const float *Wuv = w->kv_b + (h * hb + dn) * rkv;
-        ls_op_gemm(m->be, 0, 0, (int)T, (int)rkv, dv, 1.0f, dov + h * dv, H * dv, Wuv,
-                    (int)rkv, 0.0f, dob + h * rkv, (int)(H * rkv));
-        if (gw->kv_b)
-            ls_op_gemm(m->be, 1, 0, dv, (int)rkv, (int)T, 1.0f, dov + h * dv, H * dv,
-                        tp->o + h * rkv, (int)(H * rkv), 1.0f, gw->kv_b + (h * hb + dn) * rkv, (int)rkv);
-    }
+    NEED(dob && dqa && down);
+    LS_TRY(ls_mla_out_bwd(m, l, gw, dy, tp->ov, tp->o, dob, T, sc));
     ls_kv_prefix pre = {0, 1, LS_DTYPE_F32, NULL, NULL};
     if (tb->st) pre = ls_state_prefix(tb->st, l);
     const int32_t *sel = tp->sel;
@@ -207,26 +278,9 @@ static ls_status mixer_bwd(const ls_mla_model *m, int l, ls_mla_layer *gw, const
     }
     if (tb->cp) /* every rank's share of ∂L/∂q and ∂L/∂(own rows), summed: the whole on every rank */
         LS_TRY(ls_dist_sum_f32(m->be, tb->cp, dqa, T * H * dk + T * dk));
-    for (int h = 0; h < H; h++) { /* qa[h] = [q_nope[h]·W_UK[h] ; q_pe[h]] */
-        const float *Wuk = w->kv_b + h * hb * rkv;
-        ls_op_gemm(m->be, 0, 1, (int)T, dn, (int)rkv, 1.0f, dqa + h * dk, (int)(H * dk),
-                    Wuk, (int)rkv, 0.0f, dqf + h * dq, (int)(H * dq));
-        if (gw->kv_b)
-            ls_op_gemm(m->be, 1, 0, dn, (int)rkv, (int)T, 1.0f, tp->q + h * dq,
-                        (int)(H * dq), dqa + h * dk, (int)(H * dk), 1.0f, gw->kv_b + h * hb * rkv, (int)rkv);
-        ls_op_copy_rows(m->be, dqf + h * dq + dn, H * dq, dqa + h * dk + rkv, H * dk, T, dr);
-    }
-    ls_op_rope_table_bwd(m->be, dqf, T, H, (int)dq, dn, half, m->inv_freq, mc->rope_interleave, pos0);
-    ls_op_linear_bwd(m->be, dcq, gw->q_b, dqf, tp->cq, w->q_b, T, rq, (int64_t)H * dq, 0);
-    ls_op_rmsnorm_plain_bwd(m->be, dcq, gw->q_a_norm, dcq, tp->cq_raw, tp->rstd_q, w->q_a_norm, T, rq);
-    ls_op_linear_bwd(m->be, dxn, gw->q_a, dcq, tp->dec.xn1, w->q_a, T, D, rq, 0);
-    /* own rows [c_kv ; k_pe] → kv_a_proj output */
-    ls_op_rope_table_bwd(m->be, down, T, 1, (int)dk, (int)rkv, half, m->inv_freq, mc->rope_interleave, pos0);
-    ls_op_copy_rows(m->be, dlat, rkv, down, dk, T, rkv);
-    ls_op_rmsnorm_plain_bwd(m->be, dlat, gw->kv_a_norm, dlat, tp->lat_raw, tp->rstd_kv, w->kv_a_norm, T, rkv);
-    ls_op_copy_rows(m->be, dkva, dk, dlat, rkv, T, rkv);
-    ls_op_copy_rows(m->be, dkva + rkv, dk, down + rkv, dk, T, dr);
-    ls_op_linear_bwd(m->be, dxn, gw->kv_a, dkva, tp->dec.xn1, w->kv_a, T, D, dk, 1);
+    ls_op_zero(m->be, dxn, T * D);
+    LS_TRY(ls_mla_q_bwd(m, l, gw, dqa, tp->q, tp->cq, tp->cq_raw, tp->rstd_q, tp->dec.xn1, dxn, T, pos0, sc));
+    LS_TRY(ls_mla_kv_bwd(m, l, gw, down, tp->lat_raw, tp->rstd_kv, tp->dec.xn1, dxn, T, pos0, sc));
     ls_arena_release(sc, mk);
     return LS_OK;
 }
@@ -247,7 +301,7 @@ static ls_status part_mixer_bwd(const ls_dec_layer *d, const float *dres, float 
 
 static ls_status part_moe_bwd(const ls_dec_layer *d, const float *dres, float *dxn) {
     const part_ctx *p = d->ctx;
-    return moe_bwd(p->m, p->l, p->gw, &p->tb->layers[p->l], dres, dxn, d->T, d->sc);
+    return ls_mla_moe_bwd(p->m, p->l, p->gw, &p->tb->layers[p->l], dres, dxn, d->T, d->sc);
 }
 
 /* One layer: dx [T, D] holds ∂L/∂(layer output) on entry, ∂L/∂(layer input) on exit. */
@@ -286,19 +340,25 @@ ls_status ls_mla_branch_bwd(const ls_mla_model *m, ls_mla_model *grad, const ls_
 
 ls_status ls_mla_sweep(const ls_mla_model *m, ls_mla_model *grad, ls_prompt_state *st, const int32_t *ids,
                        const ls_fwd_opts *o, ls_arena *tape_arena, ls_arena *scratch) {
-    /* Under CP every rank recomputes every chunk (a branch against the pages before it,
-     * rank 0 attending its rows) so that each adds the gradient of the pages it holds;
-     * the parameter gradient is rank 0's alone (the caller sums over the ranks). */
+    /* Under CP layer-major (mla_sweep.c) when the driver says so; else every rank
+     * recomputes every chunk (a branch against the pages before it, rank 0 attending its
+     * rows) so that each adds the gradient of the pages it holds, the parameter gradient
+     * then rank 0's alone (the caller sums over the ranks). */
     ls_mla_model none = *grad, *gm = grad; /* none: a gradient set without buffers */
     ls_arena_mark top = ls_arena_get_mark(scratch);
-    if (st->nranks > 1 && st->rank != 0) {
+    ls_mla_pass mp = {.sel_layer = -1};
+    ls_dec_model dm = ls_mla_dec(m, &mp);
+    if (ls_dec_sweep_layer_major(&dm, st, o)) { /* mla_sweep.c: each rank its positions' share */
+        int64_t Tr = st->full->xres_rows, topk = ls_mla_cfg(&m->cfg)->index_topk;
+        mp.kk = topk < st->capacity ? topk : st->capacity; /* the selection's stride, as the capture's */
+        mp.sel = ls_arena_alloc(scratch, (size_t)((Tr > 0 ? Tr : 1) * mp.kk) * sizeof(int32_t));
+        NEED(mp.sel);
+    } else if (st->nranks > 1 && st->rank != 0) {
         none.layers = ls_arena_host_calloc(scratch, (size_t)m->cfg.n_layers, sizeof(ls_mla_layer));
         NEED(none.layers);
         none.embed = none.final_norm = none.lm_head = NULL;
         gm = &none;
     }
-    ls_mla_pass mp;
-    ls_dec_model dm = ls_mla_dec(m, &mp);
     ls_dec_grad g = grad_of(gm);
     ls_status s = ls_dec_sweep(&dm, &g, st, ids, o, tape_arena, scratch);
     ls_arena_release(scratch, top);

@@ -166,7 +166,7 @@ void ls_mla_state_layer(const ls_config *c, int l, ls_state_layer *out) {
 
 void ls_mla_state_recurrent(const ls_config *c, ls_state_recurrent *out) {
     (void)c;
-    *out = (ls_state_recurrent){.table = 0};
+    *out = (ls_state_recurrent){.table = 0, .sweep_inputs = 1};
 }
 
 int ls_cfg_count_index_full(const ls_config *c) {

@@ -183,6 +183,22 @@ static size_t cp_capture_bytes(const ls_config *cfg, const ls_plan_request *rq, 
     return b < 0x1p63 ? (size_t)b : SIZE_MAX;
 }
 
+/* Full mode under CP, the layer-major sweep (mla_sweep.c), scratch beyond the capture's
+ * kinds: the selection of the rank's positions (kept while the layers sharing it run), one
+ * wave's per-position buffers, one query chunk's selection and shares. */
+static size_t cp_sweep_bytes(const ls_config *cfg, const ls_plan_request *rq, const ls_mla_plan_t *p) {
+    if (rq->cp <= 1 || !rq->sweep_chunk) return 0;
+    const ls_mla_config *m = ls_mla_cfg(cfg);
+    size_t C = 2048, tr = (size_t)p->pages_per_rank * (size_t)rq->page_size, H = (size_t)cfg->n_heads;
+    size_t rkv = (size_t)m->kv_lora_rank, dk = rkv + (size_t)m->qk_rope;
+    size_t kk = (size_t)(m->index_topk < rq->prompt ? m->index_topk : rq->prompt);
+    int64_t nw, W = ls_cp_waves((int64_t)tr, (int64_t)C, rq->cp_wave, ls_mla_cp_sweep_wave_bytes(cfg), &nw);
+    size_t wr = (size_t)W < tr ? (size_t)W : tr, cq = C < wr ? C : wr;
+    double b = (double)tr * (double)kk * 4 + (double)wr * (double)ls_mla_cp_sweep_wave_bytes(cfg) +
+               (double)cq * (double)(kk + H * rkv + H + H * dk) * 4;
+    return b < 0x1p63 ? (size_t)b : SIZE_MAX;
+}
+
 ls_status ls_mla_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_request *rq) {
     const char *path = rq->path;
     int ep = rq->ep, ikl = rq->aux_loss;
@@ -207,9 +223,10 @@ ls_status ls_mla_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_re
     if (ep > 1 && params > 0) params -= experts - experts / (size_t)ep;
     if (pc != LS_OK || ls_mul_size(params, 4, &w_bytes) || ls_mul_size(params - frozen, 8, &m_bytes) ||
         ls_mul_size(params - frozen, 4, &g_bytes) ||
-        ls_add_size(total, sp.dstate_bytes_per_rank + sp.ckpt_bytes_per_rank, &total))
+        ls_add_size(total, sp.dstate_bytes_per_rank + sp.ckpt_bytes_per_rank, &total) ||
+        ls_add_size(total, sp.sweep_input_bytes_per_rank, &total))
         return ls_err(LS_ERR_ARG, "%s: the parameter count's byte size overflows 64 bits", path);
-    size_t cp_attn = cp_capture_bytes(cfg, rq, &p);
+    size_t cp_attn = cp_capture_bytes(cfg, rq, &p), cp_sweep = cp_sweep_bytes(cfg, rq, &p);
     const char *dts = rq->dtype == LS_DTYPE_BF16 ? "bf16" : "f32";
     ls_plan_str(d, "family", "mla");
     ls_plan_str(d, "model_type", cfg->model_type);
@@ -236,10 +253,12 @@ ls_status ls_mla_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_re
     ls_plan_i64(d, "capture_chunk", p.capture_chunk);
     ls_plan_size(d, "cp_capture_bytes_per_rank", sp.cp_capture_bytes_per_rank);
     ls_plan_size(d, "cp_attn_bytes_per_rank", cp_attn);
+    ls_plan_size(d, "cp_sweep_bytes_per_rank", cp_sweep);
     ls_plan_str(d, "mode", rq->sweep_chunk ? "full" : "prefix-frozen");
     ls_plan_i64(d, "sweep_chunk", rq->sweep_chunk);
     ls_plan_size(d, "dstate_bytes_per_rank", sp.dstate_bytes_per_rank);
     ls_plan_size(d, "ckpt_bytes_per_rank", sp.ckpt_bytes_per_rank);
+    ls_plan_size(d, "sweep_input_bytes_per_rank", sp.sweep_input_bytes_per_rank);
     ls_plan_size(d, "parameters", params);
     ls_plan_size(d, "trainable_parameters", params - frozen);
     ls_plan_size(d, "weights_bytes_f32", w_bytes);
@@ -267,11 +286,14 @@ ls_status ls_mla_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_re
     if (rq->sweep_chunk) {
         ls_plan_row(d, sp.dstate_bytes_per_rank, "full mode: dState (f32, latent pages)");
         ls_plan_row(d, sp.ckpt_bytes_per_rank, "full mode: sweep chunks of %lld", (long long)rq->sweep_chunk);
+        if (sp.sweep_input_bytes_per_rank)
+            ls_plan_row(d, sp.sweep_input_bytes_per_rank, "full mode under CP: layer inputs");
     }
     ls_plan_row(d, total, "prompt arena total");
     if (rq->cp > 1) {
         ls_plan_row(d, sp.cp_capture_bytes_per_rank, "CP capture: shard residual (scratch)");
         ls_plan_row(d, cp_attn, "CP capture: attention buffers (scratch)");
+        if (cp_sweep) ls_plan_row(d, cp_sweep, "CP sweep: layer buffers (scratch)");
     }
     ls_plan_row(d, p.routed_bytes_per_rank, "MoE routed hidden (chunk of %lld, f32)", (long long)p.capture_chunk);
     char what[320];

@@ -82,7 +82,7 @@ static int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 static int64_t layout_pages_per_rank(int64_t pages, int N, ls_cp_layout lay);
 static void rank_share(int64_t positions, int64_t S, int N, ls_cp_layout lay, int r, int64_t sweep, int64_t *pages,
-                       int64_t *chunks);
+                       int64_t *chunks, int64_t *held);
 
 /* Bytes ls_arena_alloc takes for a request of n (0 takes one aligned unit), 0 on success. */
 static int abytes(size_t n, size_t *out) { return align_checked(n ? n : 1, out); }
@@ -178,9 +178,9 @@ ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt
      * would print a small, wrong plan (and size an arena by it). Each rank's own share
      * (its pages, its sweep chunks); the rows are the fullest rank's. */
     for (int r = 0; r < cp; r++) {
-        int64_t np, nc;
-        size_t kv, tab, gdn, ds = 0, ck = 0, ftab = 0, total;
-        rank_share(p->positions, page_size, cp, layout, r, sweep_chunk, &np, &nc);
+        int64_t np, nc, held;
+        size_t kv, tab, gdn, ds = 0, ck = 0, ftab = 0, xr = 0, total;
+        rank_share(p->positions, page_size, cp, layout, r, sweep_chunk, &np, &nc, &held);
         if (base_bytes(cfg, page_size, dtype, np, &kv, &tab, &gdn))
             return ls_err(LS_ERR_ARG,
                           "prompt length %lld with page size %lld: the prompt state of %d attention layers "
@@ -189,14 +189,18 @@ ls_status ls_state_plan(ls_state_plan_t *p, const ls_config *cfg, int64_t prompt
         if (sweep_chunk > 0 && full_bytes(cfg, page_size, np, nc, &ds, &ck, &ftab))
             return ls_err(LS_ERR_ARG, "prompt length %lld: the full-mode gradient state overflows a 64-bit byte count",
                           (long long)prompt_len);
+        if (sweep_chunk > 0 && cp > 1 && ls_state_recurrent_of(cfg).sweep_inputs &&
+            (mul3((size_t)cfg->n_layers, (size_t)held, (size_t)cfg->hidden * sizeof(float), &xr) || abytes(xr, &xr)))
+            return ls_err(LS_ERR_ARG, "prompt length %lld: the sweep's layer inputs overflow a 64-bit byte count",
+                          (long long)prompt_len);
         if (ls_add_size(kv, tab, &total) || ls_add_size(total, gdn, &total) || ls_add_size(total, ds, &total) ||
-            ls_add_size(total, ck, &total))
+            ls_add_size(total, ck, &total) || ls_add_size(total, xr, &total))
             return ls_err(LS_ERR_ARG, "prompt length %lld with page size %lld: the prompt state's byte count "
                                       "overflows 64 bits", (long long)prompt_len, (long long)page_size);
         if (r == 0 || total > p->total_bytes_per_rank) {
             p->kv_bytes_per_rank = kv, p->table_bytes_per_rank = tab, p->gdn_bytes_per_rank = gdn;
             p->dstate_bytes_per_rank = ds, p->ckpt_bytes_per_rank = ck, p->total_bytes_per_rank = total;
-            p->full_table_bytes_per_rank = ftab;
+            p->full_table_bytes_per_rank = ftab, p->sweep_input_bytes_per_rank = xr;
         }
         p->sweep_chunks_per_rank = nc > p->sweep_chunks_per_rank ? nc : p->sweep_chunks_per_rank;
     }
@@ -295,16 +299,17 @@ ls_status ls_state_init(ls_prompt_state *st, const ls_config *cfg, int64_t capac
 /* Rank r's pages and sweep chunks (chunks of `sweep` positions cut in each of its
  * segments; 0 when sweep is 0) for a prompt of `positions`. */
 static void rank_share(int64_t positions, int64_t S, int N, ls_cp_layout lay, int r, int64_t sweep, int64_t *pages,
-                       int64_t *chunks) {
+                       int64_t *chunks, int64_t *held) {
     int64_t all = ceil_div(positions, S);
     int n = layout_segments(lay, N);
-    *pages = *chunks = 0;
+    *pages = *chunks = *held = 0;
     for (int s = 0; s < n; s++) {
         if (layout_owner(lay, N, s) != r) continue;
         int64_t p0 = block_first(all, n, s), p1 = block_first(all, n, s + 1);
         *pages += p1 - p0;
         int64_t lo = p0 * S < positions ? p0 * S : positions, hi = p1 * S < positions ? p1 * S : positions;
         if (sweep > 0) *chunks += ceil_div(hi - lo, sweep);
+        *held += hi - lo;
     }
 }
 
@@ -357,6 +362,11 @@ ls_status ls_state_enable_full(ls_prompt_state *st, int64_t sweep_chunk) {
                 if (!g->conv_tail || !g->S) return LS_ERR_NOMEM;
             }
         }
+    if (st->nranks > 1 && rs.sweep_inputs) { /* every layer's input at the rank's positions */
+        for (int k = 0; k < st->nseg; k++) f->xres_rows += st->seg_hi[k] - st->seg_lo[k];
+        f->xres = ls_arena_alloc(A, L * (size_t)f->xres_rows * (size_t)c->hidden * sizeof(float));
+        if (!f->xres) return LS_ERR_NOMEM;
+    }
     st->full = f;
     return LS_OK;
 }
