@@ -3,6 +3,7 @@
  */
 #include <math.h>
 
+#include "backend/cpu/vec.h"
 #include "longstraw/kernels.h"
 
 /* out[T,I] = SiLU(gu[t,0:I]) ⊙ gu[t,I:2I] */
@@ -11,7 +12,8 @@ void ls_swiglu_fwd(float *out, const float *gu, int64_t T, int64_t I) {
     for (int64_t t = 0; t < T; t++) {
         const float *g = gu + t * 2 * I, *u = g + I;
         float *o = out + t * I;
-        for (int64_t i = 0; i < I; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        ls_sigmoid_n(o, g, I, 1); /* SiLU(gate), then times up */
+        for (int64_t i = 0; i < I; i++) o[i] *= u[i];
     }
 }
 
@@ -22,8 +24,9 @@ void ls_swiglu_bwd(float *dgu, const float *dout, const float *gu, int64_t T, in
     for (int64_t t = 0; t < T; t++) {
         const float *g = gu + t * 2 * I, *u = g + I, *d = dout + t * I;
         float *dg = dgu + t * 2 * I, *du = dg + I;
+        ls_sigmoid_n(du, g, I, 0); /* σ(gate) first, where dup goes */
         for (int64_t i = 0; i < I; i++) {
-            float sig = 1.0f / (1.0f + expf(-g[i]));
+            float sig = du[i];
             dg[i] = d[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig)));
             du[i] = d[i] * (g[i] * sig);
         }

@@ -69,22 +69,7 @@ typedef ls_vh attn_vh;
 #define ATTN_LOAD(v, p) LS_VLOAD(v, p)
 #define ATTN_STORE(p, v) LS_VSTORE(p, v)
 
-/* y = 2^x lane-wise, for x ≤ 0 (a score minus the running max): Cephes exp2f
- * polynomial on [−½, ½] (relative error ~2e−7), exponent by bit construction.
- * x ≤ −127 gives exactly 0 (exponent field 0), so −inf gives 0; NaN stays NaN. */
-#define ATTN_EXP2(y, x)                                                                  \
-    do {                                                                                 \
-        const attn_vf lo_ = ATTN_SPLAT(-127.0f);                                         \
-        attn_vf xc_ = ATTN_VSEL((x) > lo_, (x), lo_);                  /* NaN → −127 */ \
-        attn_vi k_ = __builtin_convertvector(xc_ + 127.5f, attn_vi); /* round+127 */   \
-        attn_vf f_ = xc_ - __builtin_convertvector(k_ - 127, attn_vf); /* [−½, ½] */     \
-        attn_vf p_ = ((((1.535336188319500e-4f * f_ + 1.339887440266574e-3f) * f_ +      \
-                        9.618437357674640e-3f) * f_ + 5.550332471162809e-2f) * f_ +     \
-                      2.402264791363012e-1f) * f_ + 6.931472028550421e-1f;               \
-        p_ = 1.0f + f_ * p_;                                                             \
-        p_ *= (attn_vf)(k_ << 23); /* 2^(k−127); k = 0 gives 0 */                        \
-        (y) = ATTN_VSEL((x) == (x), p_, (x));                                            \
-    } while (0)
+#define ATTN_EXP2(y, x) LS_VEXP2(y, x)
 
 /* Read-only description of one call, shared by all tasks. */
 typedef struct {

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <math.h>
 
+#include "backend/cpu/vec.h"
 #include "longstraw/kernels.h"
 
 /* y[T,C] = SiLU(Σ_j w[c,j]·x[t−(W−1)+j, c]); tail[W−1,C] in/out; pre[T,C] saved if non-NULL */
@@ -23,7 +24,7 @@ void ls_conv_fwd(float *y, float *pre, float *tail, const float *x, const float 
             for (int64_t c = 0; c < C; c++) yt[c] += w[c * W + j] * row[c];
         }
         if (pre) memcpy(pre + t * C, yt, (size_t)C * sizeof(float));
-        for (int64_t c = 0; c < C; c++) yt[c] = yt[c] / (1.0f + expf(-yt[c]));
+        ls_sigmoid_n(yt, yt, C, 1); /* SiLU */
     }
     /* New tail: the last W−1 inputs, taking from the old tail when T < W−1. */
     if (Wm <= 0) return;

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "backend/rows.h"
+#include "backend/cpu/vec.h"
 #include "longstraw/kernels.h"
 
 static float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -45,9 +46,16 @@ void ls_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float al
                 (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }
 
+/* (blocks of whole vectors: an element's arithmetic does not depend on n) */
+#define SIGMUL_BLOCK 4096
 void ls_sigmoid_mul_fwd(float *y, const float *x, const float *gate, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-gate[i]));
+    for (int64_t b = 0; b < n; b += SIGMUL_BLOCK) {
+        int64_t m = n - b < SIGMUL_BLOCK ? n - b : SIGMUL_BLOCK;
+        float sg[SIGMUL_BLOCK];
+        ls_sigmoid_n(sg, gate + b, m, 0);
+        for (int64_t i = 0; i < m; i++) y[b + i] = x[b + i] * sg[i]; /* (y may be x) */
+    }
 }
 
 void ls_sigmoid_mul_bwd(float *dx, float *dgate, const float *dy, const float *x, const float *gate, int64_t n) {

@@ -57,15 +57,16 @@ static inline float dot16(const float *a, const float *b, int n) {
 /* Heads per tile of the output: 8 accumulators beside the loaded row vector. */
 #define MLA_OUT_HEADS 8
 
-/* o[h, 0..rkv) (=) il[h] · Σ_j P[h, j]·K[j, 0..rkv) for the H heads, over the n gathered
- * rows (row stride dk); each element summed over j in order (the same bits as a scalar
- * loop). A tile is one vector of columns for up to 8 heads, so each row vector is loaded
- * once per 8 heads; heads past H read the zero row z [n]. */
-static void out_rows(float *o, const float *P, const float *il, const float *K, const float *z, int64_t n, int H,
-                     int dk, int rkv) {
+/* o[h, 0..rkv) (=) il[h] · Σ_j P[j, h]·K[j, 0..rkv) for the H heads, over the n gathered
+ * rows (row stride dk; P's rows Hp apart); each element summed over j in order (the same
+ * bits as a scalar loop). A tile is one vector of columns for up to 8 heads, so each row
+ * vector is loaded once per 8 heads; heads past H read the padding column h = Hp − 1 ≥ H
+ * or are not stored. */
+static void out_rows(float *o, const float *P, int64_t Hp, const float *il, const float *K, int64_t n, int H, int dk,
+                     int rkv) {
     for (int h0 = 0; h0 < H; h0 += MLA_OUT_HEADS) {
-        const float *ph[MLA_OUT_HEADS];
-        for (int h = 0; h < MLA_OUT_HEADS; h++) ph[h] = h0 + h < H ? P + (int64_t)(h0 + h) * n : z;
+        int hc[MLA_OUT_HEADS]; /* the column each accumulator reads (a real head, or a repeat) */
+        for (int h = 0; h < MLA_OUT_HEADS; h++) hc[h] = h0 + h < H ? h0 + h : h0;
         int d0 = 0;
         for (; d0 + LS_VL <= rkv; d0 += LS_VL) {
             ls_vf a[MLA_OUT_HEADS];
@@ -73,7 +74,8 @@ static void out_rows(float *o, const float *P, const float *il, const float *K, 
             for (int64_t j = 0; j < n; j++) {
                 ls_vf k;
                 LS_VLOAD(k, K + j * dk + d0);
-                for (int h = 0; h < MLA_OUT_HEADS; h++) a[h] += LS_SPLAT(ph[h][j]) * k;
+                const float *pj = P + j * Hp;
+                for (int h = 0; h < MLA_OUT_HEADS; h++) a[h] += LS_SPLAT(pj[hc[h]]) * k;
             }
             for (int h = 0; h < MLA_OUT_HEADS && h0 + h < H; h++) {
                 a[h] *= LS_SPLAT(il[h0 + h]);
@@ -83,9 +85,50 @@ static void out_rows(float *o, const float *P, const float *il, const float *K, 
         for (; d0 < rkv; d0++)
             for (int h = 0; h < MLA_OUT_HEADS && h0 + h < H; h++) {
                 float a = 0.0f;
-                for (int64_t j = 0; j < n; j++) a += ph[h][j] * K[j * dk + d0];
+                for (int64_t j = 0; j < n; j++) a += P[j * Hp + h0 + h] * K[j * dk + d0];
                 o[(int64_t)(h0 + h) * rkv + d0] = a * il[h0 + h];
             }
+    }
+}
+
+/* Rows summed in float before a block's sum joins its head's double total. */
+#define MLA_SUM_BLOCK 32
+
+/* Rows of the score tile: 4 key rows at a time, two accumulator chains each (even and
+ * odd dims), one vector of heads wide. */
+#define MLA_SCORE_ROWS 4
+
+/* S[j, 0..Hp) (=) Σ_d K[j, d] · Qt[d, 0..Hp) for the n gathered rows: a vector of heads per
+ * row (lanes are heads: no horizontal sums), summed over d in two chains (even, odd) added
+ * at the end — a fixed order per score, whatever n or the caller's batching. */
+static void score_rows(float *S, const float *Qt, int64_t Hp, const float *K, int64_t n, int dk) {
+    for (int64_t j0 = 0; j0 < n; j0 += MLA_SCORE_ROWS) {
+        int rows = n - j0 < MLA_SCORE_ROWS ? (int)(n - j0) : MLA_SCORE_ROWS;
+        const float *kr[MLA_SCORE_ROWS];
+        for (int r = 0; r < MLA_SCORE_ROWS; r++) kr[r] = K + (j0 + (r < rows ? r : 0)) * dk;
+        for (int64_t g = 0; g < Hp; g += LS_VL) {
+            ls_vf a0[MLA_SCORE_ROWS], a1[MLA_SCORE_ROWS];
+            for (int r = 0; r < MLA_SCORE_ROWS; r++) a0[r] = a1[r] = LS_SPLAT(0.0f);
+            int d = 0;
+            for (; d + 2 <= dk; d += 2) {
+                ls_vf qa, qb;
+                LS_VLOAD(qa, Qt + d * Hp + g);
+                LS_VLOAD(qb, Qt + (d + 1) * Hp + g);
+                for (int r = 0; r < MLA_SCORE_ROWS; r++) {
+                    a0[r] += LS_SPLAT(kr[r][d]) * qa;
+                    a1[r] += LS_SPLAT(kr[r][d + 1]) * qb;
+                }
+            }
+            if (d < dk) {
+                ls_vf qa;
+                LS_VLOAD(qa, Qt + d * Hp + g);
+                for (int r = 0; r < MLA_SCORE_ROWS; r++) a0[r] += LS_SPLAT(kr[r][d]) * qa;
+            }
+            for (int r = 0; r < rows; r++) {
+                ls_vf v = a0[r] + a1[r];
+                LS_VSTORE(S + (j0 + r) * Hp + g, v);
+            }
+        }
     }
 }
 
@@ -98,7 +141,9 @@ ls_status ls_mla_attn_fwd(float *o, float *lse, const float *q, const float *own
 #else
     int nthr = 1;
 #endif
-    size_t per = (size_t)(k * dk + k * H + k + H); /* K [n, dk], P [H, n], a zero row, 1/l [H] */
+    const int64_t Hp = ((int64_t)H + LS_VL - 1) / LS_VL * LS_VL; /* heads padded to whole vectors */
+    const float l2e = 1.4426950408889634f;                       /* scores in base 2 for the exponent */
+    size_t per = (size_t)(k * dk + k * Hp + (int64_t)dk * Hp + 3 * Hp); /* K, S [n, Hp], Qt [dk, Hp], max, a block's sum, 1/l */
     float *work = malloc((size_t)nthr * per * sizeof(float) + 64);
     if (!work) return ls_err(LS_ERR_NOMEM, "MLA attention: %lld selected rows of %d values", (long long)k, dk);
 #pragma omp parallel for schedule(dynamic, 4) if (T > 4)
@@ -108,24 +153,43 @@ ls_status ls_mla_attn_fwd(float *o, float *lse, const float *q, const float *own
 #else
         int tid = 0;
 #endif
-        float *K = work + (size_t)tid * per, *P = K + k * dk, *z = P + k * H, *il = z + k; /* [n, dk], [H, n] */
+        float *K = work + (size_t)tid * per, *S = K + k * dk, *Qt = S + k * Hp, *mx = Qt + (int64_t)dk * Hp;
+        float *l = mx + Hp, *il = l + Hp;
         int64_t n = gather(K, prefix, own, pos0, sel + t * k, k, dk);
         const float *qt = q + t * H * dk;
         float *ot = o + t * H * rkv;
-        for (int64_t j = 0; j < n; j++) /* a row once for every head */
-            for (int h = 0; h < H; h++) P[h * n + j] = scale * dot16(qt + h * dk, K + j * dk, dk);
-        double l[H > 0 ? H : 1];
-        for (int h = 0; h < H; h++) {
-            float *ph = P + h * n, m = -INFINITY;
-            for (int64_t j = 0; j < n; j++) m = ph[j] > m ? ph[j] : m;
-            double sum = 0;
-            for (int64_t j = 0; j < n; j++) sum += (double)(ph[j] = expf(ph[j] - m));
-            l[h] = sum;
-            if (lse) lse[t * H + h] = l[h] > 0 ? (float)(m + log(l[h])) : -INFINITY;
+        for (int d = 0; d < dk; d++) /* the query transposed: heads along the lanes, scaled to base 2 */
+            for (int64_t h = 0; h < Hp; h++) Qt[d * Hp + h] = h < H ? qt[h * dk + d] * (scale * l2e) : 0.0f;
+        score_rows(S, Qt, Hp, K, n, dk);
+        double sum[Hp]; /* per head Σ 2^(s − max): blocks of rows in float, the blocks in double */
+        for (int64_t h = 0; h < Hp; h++) sum[h] = 0;
+        for (int64_t g = 0; g < Hp; g += LS_VL) { /* per head: the max, 2^(s − max), their sum */
+            ls_vf m = LS_SPLAT(-INFINITY);
+            for (int64_t j = 0; j < n; j++) {
+                ls_vf v;
+                LS_VLOAD(v, S + j * Hp + g);
+                m = LS_VSEL(v > m, v, m);
+            }
+            for (int64_t j0 = 0; j0 < n; j0 += MLA_SUM_BLOCK) {
+                ls_vf b = LS_SPLAT(0.0f);
+                for (int64_t j = j0; j < n && j < j0 + MLA_SUM_BLOCK; j++) {
+                    ls_vf v, e;
+                    LS_VLOAD(v, S + j * Hp + g);
+                    v -= m;
+                    LS_VEXP2(e, v);
+                    LS_VSTORE(S + j * Hp + g, e);
+                    b += e;
+                }
+                LS_VSTORE(l + g, b);
+                for (int i = 0; i < LS_VL; i++) sum[g + i] += l[g + i];
+            }
+            LS_VSTORE(mx + g, m);
         }
-        for (int h = 0; h < H; h++) il[h] = l[h] > 0 ? (float)(1.0 / l[h]) : 0.0f;
-        memset(z, 0, (size_t)n * sizeof(float));
-        out_rows(ot, P, il, K, z, n, H, dk, rkv); /* the value is c_kv: the row's first rkv values */
+        for (int h = 0; h < H; h++) {
+            il[h] = sum[h] > 0 ? (float)(1.0 / sum[h]) : 0.0f;
+            if (lse) lse[t * H + h] = sum[h] > 0 ? (float)(((double)mx[h] + log2(sum[h])) * 0.6931471805599453) : -INFINITY;
+        }
+        out_rows(ot, S, Hp, il, K, n, H, dk, rkv); /* the value is c_kv: the row's first rkv values */
     }
     free(work);
     return LS_OK;

@@ -5,6 +5,7 @@
  * pairs for DeepSeek-V3.2's indexer), and the lightning indexer's causal top-k.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -53,24 +54,55 @@ void ls_rope_table_bwd(float *dx, int64_t T, int heads, int hd, int off, int hal
     rope_table_apply(dx, T, heads, hd, off, half, inv_freq, interleaved, pos0, -1.0f);
 }
 
-/* Sift v[i] down the min-heap v[0..n). */
-static void heap_down(float *v, int64_t n, int64_t i) {
-    float x = v[i];
-    for (;;) {
-        int64_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && v[c + 1] < v[c]) c++;
-        if (!(v[c] < x)) break;
-        v[i] = v[c], i = c;
+/* A score as an unsigned key of the same order (larger score, larger key; −0 is +0, as
+ * they compare equal); NaN → 0, below every number (−inf is 0x007fffff). */
+static inline uint32_t order_key(float x) {
+    uint32_t u;
+    if (x != x) return 0;
+    if (x == 0.0f) x = 0.0f;
+    memcpy(&u, &x, sizeof u);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+/* The key of the want-th largest of s[0..m) (1 ≤ want ≤ m): a radix select, 8 bits at a
+ * time from the top — a histogram of the candidates' next byte, the byte holding the
+ * want-th largest kept, the candidates narrowed to it (idx: their positions). *above (=)
+ * how many keys are larger: the counts of the bytes passed over. */
+static uint32_t kth_key(const float *s, int64_t m, int64_t want, int32_t *idx, int64_t *above) {
+    int64_t need = want;
+    uint32_t prefix = 0, mask = 0;
+    int64_t nc = m; /* candidates: all, until the first narrowing lists them in idx */
+    int listed = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        int64_t hist[256] = {0};
+        if (!listed)
+            for (int64_t j = 0; j < m; j++) hist[order_key(s[j]) >> shift & 255]++;
+        else
+            for (int64_t i = 0; i < nc; i++) hist[order_key(s[idx[i]]) >> shift & 255]++;
+        int b = 255;
+        for (; b > 0 && hist[b] < want; b--) want -= hist[b];
+        prefix |= (uint32_t)b << shift, mask |= 255u << shift;
+        if (shift == 0) break;
+        int64_t c = 0; /* narrow to the byte b */
+        if (!listed) {
+            for (int64_t j = 0; j < m; j++)
+                if ((order_key(s[j]) & mask) == prefix) idx[c++] = (int32_t)j;
+        } else {
+            for (int64_t i = 0; i < nc; i++)
+                if ((order_key(s[idx[i]]) & mask) == prefix) idx[c++] = idx[i];
+        }
+        nc = c, listed = 1;
     }
-    v[i] = x;
+    *above = need - want; /* want: how many equal to the key are still wanted */
+    return prefix;
 }
 
 /* Query t (at position pos0 + t) against keys 0..pos0+t of score[t, 0..n): the
  * min(k, pos0 + t + 1) largest, ties to the lower position (spec §3, §8.1), in
- * ascending position order; sel[t, j] = −1 pads. A selection-by-threshold: find the
- * k-th largest score (a min-heap over the row: one pass, most values compared with the
- * root sixteen at a time), take everything above it, then the lowest positions equal to it. */
+ * ascending position order; sel[t, j] = −1 pads. A selection-by-threshold: the k-th
+ * largest score by a radix select over the scores' order keys (kth_key: a few counting
+ * passes, no comparisons to mispredict), everything above it, then the lowest positions
+ * equal to it. */
 ls_status ls_dsa_topk(int32_t *sel, int64_t *count, const float *score, int64_t T, int64_t n, int64_t pos0,
                       int64_t k, ls_arena *scratch) {
     LS_ASSERT(k >= 1 && pos0 >= 0 && pos0 + T <= n, "top-k of %lld queries at %lld over %lld keys", (long long)T,
@@ -80,7 +112,7 @@ ls_status ls_dsa_topk(int32_t *sel, int64_t *count, const float *score, int64_t 
 #ifdef _OPENMP
     nt = omp_get_max_threads();
 #endif
-    float *buf = ls_arena_alloc(scratch, (size_t)nt * (size_t)(n > 0 ? n : 1) * sizeof(float));
+    int32_t *buf = ls_arena_alloc(scratch, (size_t)nt * (size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     if (!buf) return LS_ERR_NOMEM;
 #pragma omp parallel for schedule(dynamic, 16) if (T > 16)
     for (int64_t t = 0; t < T; t++) {
@@ -95,27 +127,13 @@ ls_status ls_dsa_topk(int32_t *sel, int64_t *count, const float *score, int64_t 
         if (want == m) { /* every causal key */
             for (int64_t j = 0; j < m; j++) out[c++] = (int32_t)j;
         } else {
-            /* the want-th largest value: a min-heap of the want largest seen so far (a value
-             * enters only above the root; blocks of 16 whose largest does not are skipped) */
-            float *v = buf + (size_t)tid * (size_t)n;
-            memcpy(v, s, (size_t)want * sizeof(float));
-            for (int64_t i = want / 2 - 1; i >= 0; i--) heap_down(v, want, i);
-            int64_t p = want;
-            for (; p + 16 <= m; p += 16) {
-                float bm = -INFINITY;
-                for (int l = 0; l < 16; l++) bm = s[p + l] > bm ? s[p + l] : bm;
-                if (!(bm > v[0])) continue;
-                for (int l = 0; l < 16; l++)
-                    if (s[p + l] > v[0]) v[0] = s[p + l], heap_down(v, want, 0);
-            }
-            for (; p < m; p++)
-                if (s[p] > v[0]) v[0] = s[p], heap_down(v, want, 0);
-            float th = v[0];
-            int64_t above = 0;
-            for (int64_t j = 0; j < m; j++) above += s[j] > th;
+            int64_t above;
+            uint32_t th = kth_key(s, m, want, buf + (size_t)tid * (size_t)n, &above);
             int64_t ties = want - above; /* how many equal to th to take, lowest positions first */
-            for (int64_t j = 0; j < m; j++)
-                if (s[j] > th || (s[j] == th && ties-- > 0)) out[c++] = (int32_t)j;
+            for (int64_t j = 0; j < m; j++) {
+                uint32_t u = order_key(s[j]);
+                if (u > th || (u == th && th != 0 && ties-- > 0)) out[c++] = (int32_t)j;
+            }
         }
         count[t] = c;
         for (int64_t j = c; j < k; j++) out[j] = -1;
@@ -208,9 +226,14 @@ void ls_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, const fl
  * or the number of rows, so a query's scores do not depend on how the caller batches
  * queries or splits keys (one rank and CP choose the same top-k). */
 #define DSA_KEY_BLOCK 256
-/* A register tile: 2 vectors of keys × 4 heads of one query = 8 accumulators. */
+/* A register tile: 2 vectors of keys × DSA_HG heads of one query (16 accumulators with
+ * AVX-512's 32 registers, 8 with fewer). */
 #define DSA_KW (2 * LS_VL)
+#if LS_VL >= 16
+#define DSA_HG 8
+#else
 #define DSA_HG 4
+#endif
 ls_status ls_dsa_scores(float *score, const float *q, const float *w, const ls_kv_prefix *keys, int64_t T, int nI,
                         int dI, float scale, ls_arena *scratch) {
     int64_t n = keys->n, S = keys->page_size;
@@ -245,25 +268,21 @@ ls_status ls_dsa_scores(float *score, const float *q, const float *w, const ls_k
                         qh[h] = j0 + h < nI ? qt + (int64_t)(j0 + h) * dI : zq;
                         wh[h] = j0 + h < nI ? wt[j0 + h] : 0.0f;
                     }
-                    ls_vf a00 = zero, a01 = zero, a10 = zero, a11 = zero, a20 = zero, a21 = zero, a30 = zero, a31 = zero;
+                    ls_vf a0[DSA_HG], a1[DSA_HG];
+                    for (int h = 0; h < DSA_HG; h++) a0[h] = a1[h] = zero;
                     for (int d = 0; d < dI; d++) { /* the same order over d for every score */
                         ls_vf k0, k1;
                         LS_VLOAD(k0, kt + d * DSA_KEY_BLOCK + i0);
                         LS_VLOAD(k1, kt + d * DSA_KEY_BLOCK + i0 + LS_VL);
-                        ls_vf q0 = LS_SPLAT(qh[0][d]), q1 = LS_SPLAT(qh[1][d]), q2 = LS_SPLAT(qh[2][d]),
-                              q3 = LS_SPLAT(qh[3][d]);
-                        a00 += q0 * k0, a01 += q0 * k1, a10 += q1 * k0, a11 += q1 * k1;
-                        a20 += q2 * k0, a21 += q2 * k1, a30 += q3 * k0, a31 += q3 * k1;
+                        for (int h = 0; h < DSA_HG; h++) {
+                            ls_vf qv = LS_SPLAT(qh[h][d]);
+                            a0[h] += qv * k0, a1[h] += qv * k1;
+                        }
                     }
-                    /* Σ_j w_j·ReLU(·), heads in order */
-                    s_0 += LS_SPLAT(wh[0]) * LS_VSEL(a00 > zero, a00, zero);
-                    s_1 += LS_SPLAT(wh[0]) * LS_VSEL(a01 > zero, a01, zero);
-                    s_0 += LS_SPLAT(wh[1]) * LS_VSEL(a10 > zero, a10, zero);
-                    s_1 += LS_SPLAT(wh[1]) * LS_VSEL(a11 > zero, a11, zero);
-                    s_0 += LS_SPLAT(wh[2]) * LS_VSEL(a20 > zero, a20, zero);
-                    s_1 += LS_SPLAT(wh[2]) * LS_VSEL(a21 > zero, a21, zero);
-                    s_0 += LS_SPLAT(wh[3]) * LS_VSEL(a30 > zero, a30, zero);
-                    s_1 += LS_SPLAT(wh[3]) * LS_VSEL(a31 > zero, a31, zero);
+                    for (int h = 0; h < DSA_HG; h++) { /* Σ_j w_j·ReLU(·), heads in order */
+                        s_0 += LS_SPLAT(wh[h]) * LS_VSEL(a0[h] > zero, a0[h], zero);
+                        s_1 += LS_SPLAT(wh[h]) * LS_VSEL(a1[h] > zero, a1[h], zero);
+                    }
                 }
                 s_0 *= LS_SPLAT(scale), s_1 *= LS_SPLAT(scale);
                 float out[DSA_KW];

@@ -4,7 +4,9 @@
  * accumulate in double.
  */
 #include <math.h>
+#include <string.h>
 
+#include "backend/cpu/vec.h"
 #include "longstraw/kernels.h"
 
 /* Column block of the weight-gradient reduction: DW_BLOCK double accumulators per thread. */
@@ -100,9 +102,29 @@ void ls_gated_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *z,
         float *yr = y + r * D;
         float s = row_rscale(xr, D, (double)D, eps);
         if (rstd) rstd[r] = s;
-        for (int64_t i = 0; i < D; i++) {
-            float zi = zr[i];
-            yr[i] = xr[i] * s * w[i] * (zi / (1.0f + expf(-zi)));
+        int64_t i = 0; /* y may be x: each vector read before it is written */
+        for (; i + LS_VL <= D; i += LS_VL) {
+            ls_vf zv, xv, wv, g;
+            LS_VLOAD(zv, zr + i);
+            LS_VLOAD(xv, xr + i);
+            LS_VLOAD(wv, w + i);
+            LS_VSIGMOID(g, zv);
+            g = xv * s * wv * (zv * g);
+            LS_VSTORE(yr + i, g);
+        }
+        if (i < D) { /* the tail as one zero-padded vector: the same arithmetic */
+            float zb[LS_VL] = {0}, xb[LS_VL] = {0}, wb[LS_VL] = {0};
+            memcpy(zb, zr + i, (size_t)(D - i) * sizeof(float));
+            memcpy(xb, xr + i, (size_t)(D - i) * sizeof(float));
+            memcpy(wb, w + i, (size_t)(D - i) * sizeof(float));
+            ls_vf zv, xv, wv, g;
+            LS_VLOAD(zv, zb);
+            LS_VLOAD(xv, xb);
+            LS_VLOAD(wv, wb);
+            LS_VSIGMOID(g, zv);
+            g = xv * s * wv * (zv * g);
+            LS_VSTORE(zb, g);
+            memcpy(yr + i, zb, (size_t)(D - i) * sizeof(float));
         }
     }
 }
@@ -121,13 +143,14 @@ void ls_gated_rmsnorm_bwd(float *dx, float *dz, float *dw, const float *dy, cons
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * D, *zr = z + r * D, *dyr = dy + r * D;
         float *dxr = dx + r * D, *dzr = dz + r * D;
+        ls_sigmoid_n(dzr, zr, D, 0); /* σ(z) first, where dz goes */
         double dot = 0;
-        for (int64_t i = 0; i < D; i++) dot += (double)(dyr[i] * w[i] * silu_f(zr[i])) * xr[i];
+        for (int64_t i = 0; i < D; i++) dot += (double)(dyr[i] * w[i] * (zr[i] * dzr[i])) * xr[i];
         float s = rstd[r];
         float c = (float)(dot * (double)s * s * s / (double)D);
         for (int64_t i = 0; i < D; i++) {
             float zi = zr[i], g = dyr[i]; /* read dy before dx (which may alias it) is written */
-            float sig = 1.0f / (1.0f + expf(-zi));
+            float sig = dzr[i];
             dzr[i] = g * xr[i] * s * w[i] * (sig * (1.0f + zi * (1.0f - sig)));
             dxr[i] = s * g * w[i] * (zi * sig) - c * xr[i];
         }
