@@ -10,6 +10,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +38,70 @@ static int64_t gather(float *K, const ls_kv_prefix *pf, const float *own, int64_
     return n;
 }
 
+/* The prefix rows a call's queries select, readable as f32 once for the call: f32 pages
+ * in place; a bf16 row converted once into buf (slot[p]: its row + 1, 0: not selected),
+ * not once for every query that selects it — unless those rows would take more than
+ * MLA_ROWS_MAX_BYTES, when each query converts its own (buf NULL). */
+#define MLA_ROWS_MAX_BYTES ((size_t)256 << 20)
+typedef struct {
+    uint32_t *slot;
+    float *buf;
+} prefix_rows;
+
+static void prefix_rows_begin(prefix_rows *pr, const ls_kv_prefix *pf, const int32_t *sel, int64_t k, int64_t T,
+                              int64_t pos0, int dk) {
+    pr->slot = NULL, pr->buf = NULL;
+    if (!pf || pos0 <= 0 || pf->dtype == LS_DTYPE_F32 || T * k < 2 * pos0 / 8) return; /* (few queries: not worth it) */
+    uint32_t *slot = calloc((size_t)pos0, sizeof(uint32_t));
+    if (!slot) return;
+    int64_t nd = 0;
+    for (int64_t i = 0; i < T * k; i++) {
+        int64_t p = sel[i];
+        if (p >= 0 && p < pos0 && !slot[p]) slot[p] = (uint32_t)++nd;
+    }
+    float *buf = nd > 0 && (size_t)nd * (size_t)dk * sizeof(float) <= MLA_ROWS_MAX_BYTES
+                     ? malloc((size_t)nd * (size_t)dk * sizeof(float))
+                     : NULL;
+    if (!buf) {
+        free(slot);
+        return;
+    }
+    size_t esz = ls_dtype_size(pf->dtype);
+#pragma omp parallel for schedule(static) if (nd > 1024)
+    for (int64_t p = 0; p < pos0; p++)
+        if (slot[p]) {
+            const char *page = (const char *)pf->k_pages[p / pf->page_size];
+            ls_convert_to_f32(buf + (int64_t)(slot[p] - 1) * dk, page + (size_t)(p % pf->page_size) * (size_t)dk * esz,
+                              pf->dtype, (size_t)dk);
+        }
+    pr->slot = slot, pr->buf = buf;
+}
+
+static void prefix_rows_end(prefix_rows *pr) {
+    free(pr->slot);
+    free(pr->buf);
+}
+
+/* The rows one query selected, as pointers rp[0..n) (returned n): own rows and f32 pages
+ * in place, converted rows from pr, else converted into K [k, dk]. */
+static int64_t select_rows(const float **rp, float *K, const prefix_rows *pr, const ls_kv_prefix *pf, const float *own,
+                           int64_t pos0, const int32_t *sel, int64_t k, int dk) {
+    int64_t n = 0;
+    for (; n < k && sel[n] >= 0; n++) {
+        int64_t p = sel[n];
+        if (p >= pos0) {
+            rp[n] = own + (p - pos0) * dk;
+        } else if (pf->dtype == LS_DTYPE_F32) {
+            rp[n] = (const float *)pf->k_pages[p / pf->page_size] + (p % pf->page_size) * dk;
+        } else if (pr->buf) {
+            rp[n] = pr->buf + (int64_t)(pr->slot[p] - 1) * dk;
+        } else {
+            rp[n] = key_row(pf, own, pos0, p, dk, K + n * dk);
+        }
+    }
+    return n;
+}
+
 /* a · b over n floats in 16 independent lanes, the lanes summed pairwise (the order is
  * fixed: the same bits for the same rows, whatever the caller's batching; pairwise, the
  * lanes' sum is 4 adds deep instead of a chain of 16, which held the forward's scores) */
@@ -57,12 +122,12 @@ static inline float dot16(const float *a, const float *b, int n) {
 /* Heads per tile of the output: 8 accumulators beside the loaded row vector. */
 #define MLA_OUT_HEADS 8
 
-/* o[h, 0..rkv) (=) il[h] · Σ_j P[j, h]·K[j, 0..rkv) for the H heads, over the n gathered
- * rows (row stride dk; P's rows Hp apart); each element summed over j in order (the same
+/* o[h, 0..rkv) (=) il[h] · Σ_j P[j, h]·K[j][0..rkv) for the H heads, over the n selected
+ * rows K[j] (P's rows Hp apart); each element summed over j in order (the same
  * bits as a scalar loop). A tile is one vector of columns for up to 8 heads, so each row
  * vector is loaded once per 8 heads; heads past H read the padding column h = Hp − 1 ≥ H
  * or are not stored. */
-static void out_rows(float *o, const float *P, int64_t Hp, const float *il, const float *K, int64_t n, int H, int dk,
+static void out_rows(float *o, const float *P, int64_t Hp, const float *il, const float *const *K, int64_t n, int H,
                      int rkv) {
     for (int h0 = 0; h0 < H; h0 += MLA_OUT_HEADS) {
         int hc[MLA_OUT_HEADS]; /* the column each accumulator reads (a real head, or a repeat) */
@@ -73,7 +138,7 @@ static void out_rows(float *o, const float *P, int64_t Hp, const float *il, cons
             for (int h = 0; h < MLA_OUT_HEADS; h++) a[h] = LS_SPLAT(0.0f);
             for (int64_t j = 0; j < n; j++) {
                 ls_vf k;
-                LS_VLOAD(k, K + j * dk + d0);
+                LS_VLOAD(k, K[j] + d0);
                 const float *pj = P + j * Hp;
                 for (int h = 0; h < MLA_OUT_HEADS; h++) a[h] += LS_SPLAT(pj[hc[h]]) * k;
             }
@@ -85,7 +150,7 @@ static void out_rows(float *o, const float *P, int64_t Hp, const float *il, cons
         for (; d0 < rkv; d0++)
             for (int h = 0; h < MLA_OUT_HEADS && h0 + h < H; h++) {
                 float a = 0.0f;
-                for (int64_t j = 0; j < n; j++) a += P[j * Hp + h0 + h] * K[j * dk + d0];
+                for (int64_t j = 0; j < n; j++) a += P[j * Hp + h0 + h] * K[j][d0];
                 o[(int64_t)(h0 + h) * rkv + d0] = a * il[h0 + h];
             }
     }
@@ -98,14 +163,14 @@ static void out_rows(float *o, const float *P, int64_t Hp, const float *il, cons
  * odd dims), one vector of heads wide. */
 #define MLA_SCORE_ROWS 4
 
-/* S[j, 0..Hp) (=) Σ_d K[j, d] · Qt[d, 0..Hp) for the n gathered rows: a vector of heads per
+/* S[j, 0..Hp) (=) Σ_d K[j][d] · Qt[d, 0..Hp) for the n selected rows: a vector of heads per
  * row (lanes are heads: no horizontal sums), summed over d in two chains (even, odd) added
  * at the end — a fixed order per score, whatever n or the caller's batching. */
-static void score_rows(float *S, const float *Qt, int64_t Hp, const float *K, int64_t n, int dk) {
+static void score_rows(float *S, const float *Qt, int64_t Hp, const float *const *K, int64_t n, int dk) {
     for (int64_t j0 = 0; j0 < n; j0 += MLA_SCORE_ROWS) {
         int rows = n - j0 < MLA_SCORE_ROWS ? (int)(n - j0) : MLA_SCORE_ROWS;
         const float *kr[MLA_SCORE_ROWS];
-        for (int r = 0; r < MLA_SCORE_ROWS; r++) kr[r] = K + (j0 + (r < rows ? r : 0)) * dk;
+        for (int r = 0; r < MLA_SCORE_ROWS; r++) kr[r] = K[j0 + (r < rows ? r : 0)];
         for (int64_t g = 0; g < Hp; g += LS_VL) {
             ls_vf a0[MLA_SCORE_ROWS], a1[MLA_SCORE_ROWS];
             for (int r = 0; r < MLA_SCORE_ROWS; r++) a0[r] = a1[r] = LS_SPLAT(0.0f);
@@ -144,8 +209,11 @@ ls_status ls_mla_attn_fwd(float *o, float *lse, const float *q, const float *own
     const int64_t Hp = ((int64_t)H + LS_VL - 1) / LS_VL * LS_VL; /* heads padded to whole vectors */
     const float l2e = 1.4426950408889634f;                       /* scores in base 2 for the exponent */
     size_t per = (size_t)(k * dk + k * Hp + (int64_t)dk * Hp + 3 * Hp); /* K, S [n, Hp], Qt [dk, Hp], max, a block's sum, 1/l */
-    float *work = malloc((size_t)nthr * per * sizeof(float) + 64);
+    float *work = malloc((size_t)nthr * per * sizeof(float) + (size_t)nthr * (size_t)k * sizeof(float *) + 64);
     if (!work) return ls_err(LS_ERR_NOMEM, "MLA attention: %lld selected rows of %d values", (long long)k, dk);
+    const float **rows_all = (const float **)(work + (size_t)nthr * per); /* [nthr][k] each query's rows */
+    prefix_rows pr;
+    prefix_rows_begin(&pr, prefix, sel, k, T, pos0, dk);
 #pragma omp parallel for schedule(dynamic, 4) if (T > 4)
     for (int64_t t = 0; t < T; t++) {
 #ifdef _OPENMP
@@ -155,12 +223,13 @@ ls_status ls_mla_attn_fwd(float *o, float *lse, const float *q, const float *own
 #endif
         float *K = work + (size_t)tid * per, *S = K + k * dk, *Qt = S + k * Hp, *mx = Qt + (int64_t)dk * Hp;
         float *l = mx + Hp, *il = l + Hp;
-        int64_t n = gather(K, prefix, own, pos0, sel + t * k, k, dk);
+        const float **rp = rows_all + (size_t)tid * (size_t)k;
+        int64_t n = select_rows(rp, K, &pr, prefix, own, pos0, sel + t * k, k, dk);
         const float *qt = q + t * H * dk;
         float *ot = o + t * H * rkv;
         for (int d = 0; d < dk; d++) /* the query transposed: heads along the lanes, scaled to base 2 */
             for (int64_t h = 0; h < Hp; h++) Qt[d * Hp + h] = h < H ? qt[h * dk + d] * (scale * l2e) : 0.0f;
-        score_rows(S, Qt, Hp, K, n, dk);
+        score_rows(S, Qt, Hp, rp, n, dk);
         double sum[Hp]; /* per head Σ 2^(s − max): blocks of rows in float, the blocks in double */
         for (int64_t h = 0; h < Hp; h++) sum[h] = 0;
         for (int64_t g = 0; g < Hp; g += LS_VL) { /* per head: the max, 2^(s − max), their sum */
@@ -189,8 +258,9 @@ ls_status ls_mla_attn_fwd(float *o, float *lse, const float *q, const float *own
             il[h] = sum[h] > 0 ? (float)(1.0 / sum[h]) : 0.0f;
             if (lse) lse[t * H + h] = sum[h] > 0 ? (float)(((double)mx[h] + log2(sum[h])) * 0.6931471805599453) : -INFINITY;
         }
-        out_rows(ot, S, Hp, il, K, n, H, dk, rkv); /* the value is c_kv: the row's first rkv values */
+        out_rows(ot, S, Hp, il, rp, n, H, rkv); /* the value is c_kv: the row's first rkv values */
     }
+    prefix_rows_end(&pr);
     free(work);
     return LS_OK;
 }

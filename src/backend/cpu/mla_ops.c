@@ -64,34 +64,40 @@ static inline uint32_t order_key(float x) {
     return u & 0x80000000u ? ~u : u | 0x80000000u;
 }
 
-/* The key of the want-th largest of s[0..m) (1 ≤ want ≤ m): a radix select, 8 bits at a
- * time from the top — a histogram of the candidates' next byte, the byte holding the
- * want-th largest kept, the candidates narrowed to it (idx: their positions). *above (=)
- * how many keys are larger: the counts of the bytes passed over. */
-static uint32_t kth_key(const float *s, int64_t m, int64_t want, int32_t *idx, int64_t *above) {
+/* The key of the want-th largest of s[0..m) (1 ≤ want ≤ m): a radix select from the top
+ * bits — a histogram of the candidates' next bits, the bucket holding the want-th
+ * largest kept, the candidates narrowed to it (idx: their positions; key [m]
+ * (=) every score's order key). *above (=) how many keys are larger: the counts of the
+ * bytes passed over. */
+static uint32_t kth_key(const float *s, int64_t m, int64_t want, uint32_t *key, int32_t *idx, int64_t *above) {
+    /* three levels: 12 bits (sign, exponent, 3 mantissa bits: the first narrowing leaves
+     * the keys within an eighth of the k-th's value), then 10 and 10 */
+    static const int shifts[3] = {20, 10, 0}, widths[3] = {12, 10, 10};
+    int32_t hist[1 << 12];
     int64_t need = want;
     uint32_t prefix = 0, mask = 0;
     int64_t nc = m; /* candidates: all, until the first narrowing lists them in idx */
-    int listed = 0;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        int64_t hist[256] = {0};
-        if (!listed)
-            for (int64_t j = 0; j < m; j++) hist[order_key(s[j]) >> shift & 255]++;
+    for (int lv = 0; lv < 3; lv++) {
+        int shift = shifts[lv], nb = 1 << widths[lv];
+        uint32_t bm = (uint32_t)nb - 1;
+        memset(hist, 0, (size_t)nb * sizeof hist[0]);
+        if (lv == 0)
+            for (int64_t j = 0; j < m; j++) hist[(key[j] = order_key(s[j])) >> shift]++;
         else
-            for (int64_t i = 0; i < nc; i++) hist[order_key(s[idx[i]]) >> shift & 255]++;
-        int b = 255;
+            for (int64_t i = 0; i < nc; i++) hist[key[idx[i]] >> shift & bm]++;
+        int b = nb - 1;
         for (; b > 0 && hist[b] < want; b--) want -= hist[b];
-        prefix |= (uint32_t)b << shift, mask |= 255u << shift;
-        if (shift == 0) break;
-        int64_t c = 0; /* narrow to the byte b */
-        if (!listed) {
+        prefix |= (uint32_t)b << shift, mask |= bm << shift;
+        if (lv == 2) break;
+        int64_t c = 0; /* narrow to the bucket b */
+        if (lv == 0) {
             for (int64_t j = 0; j < m; j++)
-                if ((order_key(s[j]) & mask) == prefix) idx[c++] = (int32_t)j;
+                if ((key[j] & mask) == prefix) idx[c++] = (int32_t)j;
         } else {
             for (int64_t i = 0; i < nc; i++)
-                if ((order_key(s[idx[i]]) & mask) == prefix) idx[c++] = idx[i];
+                if ((key[idx[i]] & mask) == prefix) idx[c++] = idx[i];
         }
-        nc = c, listed = 1;
+        nc = c;
     }
     *above = need - want; /* want: how many equal to the key are still wanted */
     return prefix;
@@ -112,7 +118,7 @@ ls_status ls_dsa_topk(int32_t *sel, int64_t *count, const float *score, int64_t 
 #ifdef _OPENMP
     nt = omp_get_max_threads();
 #endif
-    int32_t *buf = ls_arena_alloc(scratch, (size_t)nt * (size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    int32_t *buf = ls_arena_alloc(scratch, 2 * (size_t)nt * (size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     if (!buf) return LS_ERR_NOMEM;
 #pragma omp parallel for schedule(dynamic, 16) if (T > 16)
     for (int64_t t = 0; t < T; t++) {
@@ -128,10 +134,12 @@ ls_status ls_dsa_topk(int32_t *sel, int64_t *count, const float *score, int64_t 
             for (int64_t j = 0; j < m; j++) out[c++] = (int32_t)j;
         } else {
             int64_t above;
-            uint32_t th = kth_key(s, m, want, buf + (size_t)tid * (size_t)n, &above);
+            int32_t *idx = buf + 2 * (size_t)tid * (size_t)n;
+            uint32_t *key = (uint32_t *)(idx + n);
+            uint32_t th = kth_key(s, m, want, key, idx, &above);
             int64_t ties = want - above; /* how many equal to th to take, lowest positions first */
             for (int64_t j = 0; j < m; j++) {
-                uint32_t u = order_key(s[j]);
+                uint32_t u = key[j];
                 if (u > th || (u == th && th != 0 && ties-- > 0)) out[c++] = (int32_t)j;
             }
         }
