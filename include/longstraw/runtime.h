@@ -25,6 +25,10 @@
  * libraries read them. A user's own setting always wins. Returns only when no
  * re-exec was needed or it failed (the program then runs as it is). */
 void ls_runtime_setup(char **argv);
+/* Holds OPENBLAS_VERBOSE back until ls_runtime_setup (runtime.c explains); run from the
+ * executable's .preinit_array (src/core/preinit.c, added to every executable linking the
+ * static library), never called otherwise. */
+void ls_runtime_hold_verbose(int argc, char **argv, char **envp);
 
 typedef struct {
     char config[192];    /* openblas_get_config(): version and build options */

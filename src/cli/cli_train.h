@@ -10,29 +10,14 @@
 
 #include "cli.h"
 #include "longstraw/grpo.h"
+#include "longstraw/flags.h"
 #include "longstraw/trainer.h"
 
-typedef struct {
-    ls_grpo_opts o;
-    const char *ref_model;
-    int64_t threads;
-    int eps_high_set;
-    /* LoRA: --adapter FILE, or new adapters from --lora-rank/--lora-targets */
-    const char *adapter;
-    int64_t lora_rank;
-    double lora_alpha;
-    const char *lora_targets;
-    int64_t lora_seed;
-    int force; /* run even when the plan says it will not fit */
-    int64_t ep;               /* --ep: expert-parallel degree (1: none) */
-    const ls_comm *ep_comm;   /* its ranks (NULL: one) */
-    const char *backend;      /* --backend (NULL: cpu) */
-    int state_on_host;        /* --state-on host: the prompt state in host memory, staged per layer */
-} cli_train;
+typedef ls_train_flags cli_train; /* the library's table and parser (flags.h) */
 
-
-extern const struct option cli_train_options[];
-extern const int cli_train_n_options;
+/* getopt entry of training flag i of ls_train_flag_table (cli_train_n_options of them) */
+struct option cli_train_option(int i);
+#define cli_train_n_options ls_train_flag_count
 
 void cli_train_help(void);
 void cli_train_init(cli_train *t);

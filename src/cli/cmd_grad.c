@@ -52,7 +52,7 @@ static int run(const char *cmd, int argc, char **argv) {
     opts[n++] = (struct option){"help", no_argument, 0, O_HELP};
     opts[n++] = (struct option){"tokenizer", required_argument, 0, O_TOK};
     LS_ASSERT(n + cli_train_n_options < 64, "option table too small");
-    for (int i = 0; i < cli_train_n_options; i++) opts[n++] = cli_train_options[i];
+    for (int i = 0; i < cli_train_n_options; i++) opts[n++] = cli_train_option(i);
     opts[n] = (struct option){0, 0, 0, 0};
     const char *model = NULL, *group = NULL, *out = NULL, *receipt = NULL, *tokenizer = NULL;
     cli_train t;

@@ -116,7 +116,7 @@ static int parse_args(train_args *a, int argc, char **argv) {
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
         opts[n++] = (struct option){own[i].name, own[i].has_arg ? required_argument : no_argument, 0, own[i].id};
     LS_ASSERT(n + cli_train_n_options < 96, "option table too small");
-    for (int i = 0; i < cli_train_n_options; i++) opts[n++] = cli_train_options[i];
+    for (int i = 0; i < cli_train_n_options; i++) opts[n++] = cli_train_option(i);
     opts[n] = (struct option){0, 0, 0, 0};
     int ch;
     optind = 1;

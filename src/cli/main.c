@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "longstraw/flags.h"
 #include "longstraw/files.h"
 #include "longstraw/reward.h"
 #include "longstraw/trace.h"
@@ -85,48 +86,23 @@ static void on_fault_signal(int sig) {
     _exit(128 + sig);
 }
 
-int cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi,
-                  int64_t *out) {
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end) {
-        fprintf(stderr, "longstraw %s: %s: \"%s\" is not an integer\n", cmd, flag, s);
-        return 1;
-    }
-    if (v < lo || v > hi) {
-        fprintf(stderr, "longstraw %s: %s: %lld is out of range [%lld, %lld]\n", cmd, flag, v,
-                (long long)lo, (long long)hi);
-        return 1;
-    }
-    *out = v;
-    return 0;
+static int report(const char *cmd, ls_status s) {
+    if (s == LS_OK) return 0;
+    fprintf(stderr, "longstraw %s: %s\n", cmd, ls_err_msg());
+    return 1;
+}
+
+int cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    return report(cmd, ls_flag_i64(flag, s, lo, hi, out));
 }
 
 int cli_parse_dtype(const char *cmd, const char *flag, const char *s, ls_dtype *out) {
-    if (strcmp(s, "f32") == 0) *out = LS_DTYPE_F32;
-    else if (strcmp(s, "bf16") == 0) *out = LS_DTYPE_BF16;
-    else {
-        fprintf(stderr, "longstraw %s: %s: \"%s\" is not a dtype (expected f32 or bf16)\n", cmd, flag, s);
-        return 1;
-    }
-    return 0;
+    return report(cmd, ls_flag_dtype(flag, s, out));
 }
 
-int cli_parse_mode(const char *cmd, const char *s, int *full) {
-    if (!strcmp(s, "prefix-frozen") || !strcmp(s, "full")) {
-        *full = !strcmp(s, "full");
-        return 0;
-    }
-    fprintf(stderr, "longstraw %s: --mode: \"%s\" is not a mode (expected prefix-frozen or full)\n", cmd, s);
-    return 1;
-}
+int cli_parse_mode(const char *cmd, const char *s, int *full) { return report(cmd, ls_flag_mode(s, full)); }
 
-int cli_parse_layout(const char *cmd, const char *s, ls_cp_layout *out) {
-    if (ls_cp_layout_parse(s, out) == 0) return 0;
-    fprintf(stderr, "longstraw %s: --cp-layout: \"%s\" is not a layout (expected contiguous or zigzag)\n", cmd, s);
-    return 1;
-}
+int cli_parse_layout(const char *cmd, const char *s, ls_cp_layout *out) { return report(cmd, ls_flag_layout(s, out)); }
 
 int cli_rank(void) {
     ls_comm *w = ls_comm_world();

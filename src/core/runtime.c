@@ -122,15 +122,16 @@ static const char *env_in(char **envp, const char *name) {
     return NULL;
 }
 
-static void hold_verbose(int argc, char **argv, char **envp) {
+void ls_runtime_hold_verbose(int argc, char **argv, char **envp) {
     (void)argc, (void)argv;
     const char *ct = env_in(envp, "OPENBLAS_CORETYPE");
     if (env_in(envp, "OMP_WAIT_POLICY") && ct && *ct) return; /* no second start: OpenBLAS says it itself */
     for (; envp && *envp; envp++)
         if (!strncmp(*envp, "OPENBLAS_VERBOSE=", 17)) (*envp)[15] = '_'; /* OPENBLAS_VERBOS_ */
 }
-__attribute__((section(".preinit_array"), used)) static void (*const ls_preinit_hold_verbose)(int, char **, char **) =
-    hold_verbose;
+/* Its .preinit_array entry is in src/core/preinit.c, compiled into each executable that
+ * links the static library (a shared library may not have one: liblongstraw.so's hosts
+ * start OpenBLAS before they load it anyway). */
 
 void ls_runtime_setup(char **argv) {
     int changed = 0;

@@ -39,6 +39,7 @@ struct ls_comm {
 
 static ls_comm g_world;
 static int g_have_world; /* ls_comm_init succeeded and ls_comm_finalize has not run */
+static int g_started;    /* ls_comm_init called MPI_Init_thread (else the host did: it finalizes) */
 
 /* ---- tracing ------------------------------------------------------------------- */
 
@@ -79,6 +80,7 @@ ls_status ls_comm_init(int *argc, char ***argv, ls_comm **world) {
     if (fin || g_finalized)
         return ls_err(LS_ERR_UNSUPPORTED, "ls_comm_init: MPI was already finalized in this process");
     if (!inited) {
+        g_started = 1;
         int provided = MPI_THREAD_SINGLE;
         /* MPI_Init_thread's errors are fatal (no communicator has an error handler yet). */
         int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
@@ -122,7 +124,7 @@ void ls_comm_finalize(void) {
     MPI_Finalized(&fin);
     if (fin) return;
     MPI_Comm_free(&g_world.mc);
-    MPI_Finalize();
+    if (g_started) MPI_Finalize(); /* a host's MPI (mpi4py) stays the host's to end */
 }
 
 int ls_comm_have_mpi(void) { return 1; }

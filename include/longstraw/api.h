@@ -1,0 +1,83 @@
+/*
+ * api.h — LongStraw's embeddable C API (liblongstraw.so), version LS_API_VERSION: what a host
+ * process (the Python package in python/longstraw, any FFI) calls. Issue 23.
+ *
+ * Contract:
+ *   - A context (ls_ctx) owns the thread count and the last error; every call sets the
+ *     process's OpenMP/BLAS thread count from its context, so several contexts in one
+ *     process do not interfere (calls run one at a time). Under a launcher (mpirun) the
+ *     first context starts MPI when the host has not; CP then runs over the world.
+ *   - Nothing is written to stdout or stderr: a failed call returns NULL / nonzero and
+ *     ls_ctx_error names the file, field and value.
+ *   - Flags are (name, value) string pairs named as the command line's flags without the
+ *     dashes ("max-grad-norm" or "max_grad_norm"; flags.h), with the CLI's defaults; a
+ *     switch takes "1"/"0".
+ *   - A group is the group file's JSON text ({"prompt": [...], "responses": [[...], ...],
+ *     "rewards": [...]}).
+ *   - Results (ls_result) own their arrays: named f32 arrays and one JSON document.
+ */
+#ifndef LONGSTRAW_API_H
+#define LONGSTRAW_API_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LS_API_VERSION 1
+
+int ls_api_version(void); /* LS_API_VERSION of the library loaded */
+
+typedef struct ls_ctx ls_ctx;
+typedef struct ls_api_policy ls_api_policy;
+typedef struct ls_result ls_result;
+
+/* threads <= 0: all cores. NULL only when out of memory or MPI cannot start (message in
+ * ls_api_last_error). */
+ls_ctx *ls_ctx_new(int threads);
+void ls_ctx_free(ls_ctx *c);
+const char *ls_ctx_error(const ls_ctx *c); /* the last failed call's message ("" if none) */
+const char *ls_api_last_error(void);       /* for a failed ls_ctx_new */
+int ls_ctx_rank(const ls_ctx *c);          /* 0 without MPI */
+int ls_ctx_world_size(const ls_ctx *c);    /* 1 without MPI */
+
+/* The trainable set of `model_dir` under the "what is trained" flags (lora-rank,
+ * lora-alpha, lora-targets, lora-seed, adapter, ref-model, backend, state-on, ep) and any
+ * other training flag as the policy's defaults for later calls. NULL on error. */
+ls_api_policy *ls_api_policy_open(ls_ctx *c, const char *model_dir, int n, const char *const *names,
+                                  const char *const *values);
+void ls_api_policy_close(ls_api_policy *p);
+
+/* log p(y_t | prompt, y_<t) of every response: arrays "0", "1", ... (one per response,
+ * f32 [R_i]), the policy's current weights (adapters on). Engine flags (capture-chunk,
+ * page-size, state-dtype, no-capture, cp-layout, cp-wave) apply. */
+ls_result *ls_api_policy_logprobs(ls_api_policy *p, const char *group_json, int n, const char *const *names,
+                                  const char *const *values);
+/* The gradient of the objective w.r.t. every trainable tensor (f32, under the checkpoint's
+ * tensor names, or PEFT names with LoRA) — what `longstraw grad` writes — without a step;
+ * json: {"loss": L, ...metrics}. */
+ls_result *ls_api_policy_grad(ls_api_policy *p, const char *group_json, int n, const char *const *names,
+                              const char *const *values);
+/* One update over n_groups groups (capture, score, replay, one AdamW call); the moments
+ * persist across calls (the first call from a fresh state, as `longstraw step`). json:
+ * the metrics (TRL's names). No arrays. */
+ls_result *ls_api_policy_step(ls_api_policy *p, int n_groups, const char *const *groups_json, int n,
+                              const char *const *names, const char *const *values);
+/* Write the policy as `longstraw step --out DIR` does (model.safetensors + config.json, or
+ * the PEFT adapter files). 0 on success. */
+int ls_api_policy_save(ls_api_policy *p, const char *dir);
+
+int64_t ls_result_count(const ls_result *r);
+const char *ls_result_name(const ls_result *r, int64_t i);
+int ls_result_ndim(const ls_result *r, int64_t i);
+const int64_t *ls_result_shape(const ls_result *r, int64_t i);
+const float *ls_result_data(const ls_result *r, int64_t i);
+const char *ls_result_json(const ls_result *r); /* "{}" when the call has none */
+void ls_result_free(ls_result *r);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

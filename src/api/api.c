@@ -1,0 +1,430 @@
+/*
+ * api.c — the embeddable C API (api.h): contexts, policies and results over the library's
+ * transaction (grpo.h), the trainable set (trainer.h) and the training flags (flags.h).
+ * Nothing here prints: every failure becomes the context's error message.
+ */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "longstraw/api.h"
+#include "longstraw/backend.h"
+#include "longstraw/comm.h"
+#include "longstraw/files.h"
+#include "longstraw/flags.h"
+#include "longstraw/safetensors.h"
+#include "longstraw/score.h"
+#include "longstraw/trainer.h"
+
+struct ls_ctx {
+    int threads;
+    char err[4096];
+    const ls_comm *world; /* several ranks: the CP communicator; else NULL */
+};
+
+typedef struct {
+    char *name;
+    int ndim;
+    int64_t shape[4];
+    float *data;
+} result_array;
+
+struct ls_result {
+    result_array *a;
+    int64_t n;
+    char *json;
+};
+
+struct ls_api_policy {
+    ls_ctx *ctx;
+    char *model;
+    char **strings; /* copies of the flag values the base flags point to */
+    int n_strings;
+    ls_train_flags base;
+    const ls_backend *be;
+    ls_arenas ar;
+    ls_trainable t;
+    int opened, adam_ready;
+};
+
+static char g_first_error[4096]; /* ls_ctx_new's failure only (no context yet) */
+
+/* MPI, once started by a context, ends with the process (a finalized MPI cannot restart,
+ * so not with the context); ls_comm_finalize leaves a world the host started alone. */
+static void finalize_at_exit(void) { ls_comm_finalize(); }
+
+int ls_api_version(void) { return LS_API_VERSION; }
+const char *ls_api_last_error(void) { return g_first_error; }
+const char *ls_ctx_error(const ls_ctx *c) { return c ? c->err : g_first_error; }
+int ls_ctx_rank(const ls_ctx *c) { return c && c->world ? ls_comm_rank(c->world) : 0; }
+int ls_ctx_world_size(const ls_ctx *c) { return c && c->world ? ls_comm_size(c->world) : 1; }
+
+/* The status of a failed call into the context's message; returns s. */
+static ls_status fail(ls_ctx *c, ls_status s) {
+    if (s != LS_OK) snprintf(c->err, sizeof c->err, "%s", ls_err_msg());
+    return s;
+}
+
+ls_ctx *ls_ctx_new(int threads) {
+    ls_ctx *c = calloc(1, sizeof *c);
+    if (!c) {
+        snprintf(g_first_error, sizeof g_first_error, "out of memory creating a context");
+        return NULL;
+    }
+    c->threads = threads;
+    /* under a launcher, CP runs over the world (MPI started here unless the host did) */
+    int launched = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
+    if (launched && ls_comm_have_mpi()) {
+        ls_comm *w = NULL;
+        if (ls_comm_init(NULL, NULL, &w) != LS_OK) {
+            snprintf(g_first_error, sizeof g_first_error, "cannot start the communicator: %s", ls_err_msg());
+            free(c);
+            return NULL;
+        }
+        c->world = w && ls_comm_size(w) > 1 ? w : NULL;
+        static int registered;
+        if (!registered) registered = atexit(finalize_at_exit) == 0;
+    }
+    return c;
+}
+
+void ls_ctx_free(ls_ctx *c) { free(c); }
+
+/* ---- results ---- */
+
+static ls_result *result_new(void) {
+    ls_result *r = calloc(1, sizeof *r);
+    return r;
+}
+
+static ls_status result_add(ls_result *r, const char *name, int ndim, const int64_t *shape, const float *src) {
+    result_array *na = realloc(r->a, (size_t)(r->n + 1) * sizeof *na);
+    if (!na) return ls_err(LS_ERR_NOMEM, "out of memory for the result %s", name);
+    r->a = na;
+    result_array *a = &r->a[r->n];
+    memset(a, 0, sizeof *a);
+    int64_t numel = 1;
+    a->ndim = ndim < 4 ? ndim : 4;
+    for (int d = 0; d < a->ndim; d++) numel *= (a->shape[d] = shape[d]);
+    a->name = strdup(name);
+    a->data = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
+    if (!a->name || !a->data) {
+        free(a->name);
+        free(a->data);
+        return ls_err(LS_ERR_NOMEM, "out of memory for the result %s", name);
+    }
+    if (numel > 0) memcpy(a->data, src, (size_t)numel * sizeof(float));
+    r->n++;
+    return LS_OK;
+}
+
+int64_t ls_result_count(const ls_result *r) { return r ? r->n : 0; }
+const char *ls_result_name(const ls_result *r, int64_t i) { return r && i >= 0 && i < r->n ? r->a[i].name : NULL; }
+int ls_result_ndim(const ls_result *r, int64_t i) { return r && i >= 0 && i < r->n ? r->a[i].ndim : 0; }
+const int64_t *ls_result_shape(const ls_result *r, int64_t i) { return r && i >= 0 && i < r->n ? r->a[i].shape : NULL; }
+const float *ls_result_data(const ls_result *r, int64_t i) { return r && i >= 0 && i < r->n ? r->a[i].data : NULL; }
+const char *ls_result_json(const ls_result *r) { return r && r->json ? r->json : "{}"; }
+
+void ls_result_free(ls_result *r) {
+    if (!r) return;
+    for (int64_t i = 0; i < r->n; i++) {
+        free(r->a[i].name);
+        free(r->a[i].data);
+    }
+    free(r->a);
+    free(r->json);
+    free(r);
+}
+
+/* ---- flags ---- */
+
+/* Flags fixed when the policy opens (they decide what is trained and where). */
+static int open_only(const char *name) {
+    static const char *const f[] = {"lora-rank", "lora-alpha", "lora-targets", "lora-seed", "adapter",
+                                    "ref-model", "backend",    "state-on",     "ep",        "threads"};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        const char *a = name, *b = f[i];
+        while (*a && *b && (*a == *b || (*a == '_' && *b == '-'))) a++, b++;
+        if (!*a && !*b) return 1;
+    }
+    return 0;
+}
+
+static ls_status apply_flags(ls_train_flags *t, int n, const char *const *names, const char *const *values,
+                             int at_open) {
+    for (int i = 0; i < n; i++) {
+        if (!names || !names[i]) return ls_err(LS_ERR_ARG, "flag %d has no name", i);
+        if (!at_open && open_only(names[i]))
+            return ls_err(LS_ERR_ARG, "--%s is fixed when the policy is opened (pass it to ctx.policy)", names[i]);
+        int known = 0;
+        LS_TRY(ls_train_flag_set(t, names[i], values ? values[i] : NULL, &known));
+        if (!known) return ls_err(LS_ERR_ARG, "%s: not a training flag (see longstraw grad --help)", names[i]);
+    }
+    return LS_OK;
+}
+
+/* The base flags with a call's flags on top, finished and set to run. */
+static ls_status call_flags(ls_api_policy *p, int n, const char *const *names, const char *const *values,
+                            ls_train_flags *t) {
+    *t = p->base;
+    LS_TRY(apply_flags(t, n, names, values, 0));
+    LS_TRY(ls_train_flags_finish(t));
+    t->o.fwd.comm = p->ctx->world;
+    ls_set_threads(p->ctx->threads);
+    return LS_OK;
+}
+
+/* ---- policies ---- */
+
+static void policy_free(ls_api_policy *p) {
+    if (!p) return;
+    if (p->opened) ls_trainable_close(&p->t);
+    ls_arenas_free(&p->ar);
+    if (p->be) ls_backend_close(p->be);
+    for (int i = 0; i < p->n_strings; i++) free(p->strings[i]);
+    free(p->strings);
+    free(p->model);
+    free(p);
+}
+
+void ls_api_policy_close(ls_api_policy *p) { policy_free(p); }
+
+ls_api_policy *ls_api_policy_open(ls_ctx *c, const char *model_dir, int n, const char *const *names,
+                                  const char *const *values) {
+    if (!c) return NULL;
+    c->err[0] = 0;
+    ls_api_policy *p = calloc(1, sizeof *p);
+    if (!p) {
+        snprintf(c->err, sizeof c->err, "out of memory opening %s", model_dir ? model_dir : "(null)");
+        return NULL;
+    }
+    p->ctx = c;
+    ls_arenas_init(&p->ar);
+    ls_train_flags_init(&p->base);
+    ls_status s = model_dir ? LS_OK : ls_err(LS_ERR_ARG, "no model directory given");
+    if (s == LS_OK && !(p->model = strdup(model_dir))) s = ls_err(LS_ERR_NOMEM, "out of memory");
+    /* the flags keep pointers: copy the values */
+    if (s == LS_OK && n > 0 && !(p->strings = calloc((size_t)n, sizeof *p->strings)))
+        s = ls_err(LS_ERR_NOMEM, "out of memory");
+    const char **vals = NULL;
+    if (s == LS_OK && n > 0 && !(vals = calloc((size_t)n, sizeof *vals))) s = ls_err(LS_ERR_NOMEM, "out of memory");
+    for (int i = 0; s == LS_OK && i < n; i++) {
+        if (values && values[i] && !(p->strings[p->n_strings++] = strdup(values[i])))
+            s = ls_err(LS_ERR_NOMEM, "out of memory");
+        else vals[i] = values && values[i] ? p->strings[p->n_strings - 1] : NULL;
+    }
+    if (s == LS_OK) s = apply_flags(&p->base, n, names, vals, 1);
+    free(vals);
+    ls_train_flags t;
+    if (s == LS_OK) {
+        t = p->base;
+        s = ls_train_flags_finish(&t);
+    }
+    if (s == LS_OK && p->base.ep > 1)
+        s = ls_err(LS_ERR_UNSUPPORTED, "--ep %lld: expert parallelism is not in API version %d (use the CLI)",
+                   (long long)p->base.ep, LS_API_VERSION);
+    if (s == LS_OK) {
+        ls_set_threads(c->threads);
+        s = ls_backend_open(p->base.backend, &p->be);
+    }
+    if (s == LS_OK) {
+        ls_arenas_set_backend(&p->ar, p->be);
+        if (p->base.state_on_host) ls_arena_set_backend(&p->ar.a[LS_ARENA_PROMPT], ls_backend_cpu());
+        ls_policy_spec spec = ls_train_flags_spec(p->model, &p->base);
+        s = ls_trainable_open(&p->t, &spec, 0, &p->ar);
+        p->opened = s == LS_OK;
+    }
+    if (s != LS_OK) {
+        fail(c, s);
+        policy_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+static ls_status parse_group(ls_api_policy *p, const char *json, ls_group *g) {
+    memset(g, 0, sizeof *g);
+    if (!json) return ls_err(LS_ERR_ARG, "no group given");
+    return ls_group_parse_ex(g, json, "group", p->t.cfg->vocab, NULL, 0);
+}
+
+/* A call on one group: the context's error cleared, the flags applied, the group parsed. */
+static ls_status begin_group_call(ls_api_policy *p, const char *group_json, int n, const char *const *names,
+                                  const char *const *values, ls_train_flags *t, ls_group *g) {
+    p->ctx->err[0] = 0;
+    memset(g, 0, sizeof *g);
+    LS_TRY(call_flags(p, n, names, values, t));
+    return parse_group(p, group_json, g);
+}
+
+ls_result *ls_api_policy_logprobs(ls_api_policy *p, const char *group_json, int n, const char *const *names,
+                                  const char *const *values) {
+    if (!p) return NULL;
+    ls_ctx *c = p->ctx;
+    ls_train_flags t;
+    ls_group g;
+    ls_result *r = NULL;
+    ls_status s = begin_group_call(p, group_json, n, names, values, &t, &g);
+    float **lp = NULL;
+    if (s == LS_OK && !(lp = ls_arena_alloc(&p->ar.a[LS_ARENA_SCORE], (size_t)g.G * sizeof(float *))))
+        s = ls_err(LS_ERR_NOMEM, "out of memory");
+    ls_score_opts so = {t.o.no_capture, t.o.page_size, t.o.state_dtype, t.o.fwd, 0};
+    ls_score_stats st;
+    if (s == LS_OK) s = ls_score_group(&p->t.p.policy, &g, &so, &p->ar, lp, &st);
+    if (s == LS_OK) s = ls_score_check_finite(&g, lp);
+    if (s == LS_OK && !(r = result_new())) s = ls_err(LS_ERR_NOMEM, "out of memory");
+    for (int i = 0; s == LS_OK && i < g.G; i++) {
+        char nm[32];
+        snprintf(nm, sizeof nm, "%d", i);
+        s = result_add(r, nm, 1, &g.R[i], lp[i]);
+    }
+    ls_arena_reset(&p->ar.a[LS_ARENA_SCORE]);
+    ls_group_free(&g);
+    if (s != LS_OK) {
+        fail(c, s);
+        ls_result_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+static void metric(FILE *f, int *first, const char *k, double v) {
+    fprintf(f, "%s\"%s\": ", *first ? "" : ", ", k);
+    ls_json_number(f, "%.10g", v);
+    *first = 0;
+}
+
+static char *metrics_json(const ls_grpo_metrics *mt, const ls_train_flags *t, const ls_api_policy *p) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return NULL;
+    int first = 1;
+    fputc('{', f);
+    metric(f, &first, "loss", mt->loss);
+    metric(f, &first, "reward", mt->reward_mean);
+    metric(f, &first, "reward_std", mt->reward_std);
+    metric(f, &first, "kl", mt->kl);
+    metric(f, &first, "entropy", mt->entropy);
+    if (t->o.aux_loss_coef > 0 && p->t.p.fam->aux_loss) metric(f, &first, p->t.p.fam->aux_loss, mt->aux_loss);
+    metric(f, &first, "clip_ratio/low_mean", mt->clip_low);
+    metric(f, &first, "clip_ratio/high_mean", mt->clip_high);
+    metric(f, &first, "completions/mean_length", mt->len_mean);
+    metric(f, &first, "completions/min_length", (double)mt->len_min);
+    metric(f, &first, "completions/max_length", (double)mt->len_max);
+    metric(f, &first, "grad_norm", mt->grad_norm);
+    metric(f, &first, "learning_rate", t->o.lr);
+    metric(f, &first, "num_sequences", mt->n_seq);
+    metric(f, &first, "step", (double)p->t.adam.step);
+    fprintf(f, ", \"skipped\": %s, \"time\": {\"capture\": %.4f, \"reference\": %.4f, \"score\": %.4f, "
+               "\"replay\": %.4f, \"sweep\": %.4f, \"optimize\": %.4f, \"total\": %.4f}}",
+            mt->skipped ? "true" : "false", mt->t_capture, mt->t_ref, mt->t_score, mt->t_replay, mt->t_sweep,
+            mt->t_optim, mt->t_total);
+    fclose(f);
+    return buf;
+}
+
+/* The family writes gradients as a safetensors file (what `longstraw grad` writes): into a
+ * private directory of $TMPDIR, read back and removed at once. */
+static ls_status read_grads(ls_api_policy *p, ls_result *r) {
+    const char *tmp = getenv("TMPDIR");
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s/longstraw-grad-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) return ls_err(LS_ERR_IO, "%s: cannot create a private directory for the gradient", dir);
+    snprintf(path, sizeof path, "%s/grad.safetensors", dir);
+    ls_status s = p->t.p.fam->policy_save_grads(&p->t.p, path, NULL, NULL);
+    ls_st_file f;
+    memset(&f, 0, sizeof f);
+    if (s == LS_OK) s = ls_st_open(&f, path);
+    for (int64_t i = 0; s == LS_OK && i < ls_st_count(&f); i++) {
+        const ls_st_tensor *t = ls_st_at(&f, i);
+        float *buf = malloc((size_t)(t->numel > 0 ? t->numel : 1) * sizeof(float));
+        if (!buf) s = ls_err(LS_ERR_NOMEM, "out of memory reading the gradient");
+        if (s == LS_OK) s = ls_st_read_f32(t, buf, t->numel, path);
+        if (s == LS_OK) s = result_add(r, t->name, t->ndim, t->shape, buf);
+        free(buf);
+    }
+    ls_st_close(&f);
+    unlink(path);
+    rmdir(dir);
+    return s;
+}
+
+ls_result *ls_api_policy_grad(ls_api_policy *p, const char *group_json, int n, const char *const *names,
+                              const char *const *values) {
+    if (!p) return NULL;
+    ls_ctx *c = p->ctx;
+    ls_train_flags t;
+    ls_group g;
+    ls_result *r = NULL;
+    ls_grpo_metrics mt;
+    ls_status s = begin_group_call(p, group_json, n, names, values, &t, &g);
+    if (s == LS_OK && !t.force) s = ls_check_fits(&p->t, &t.o, g.P, 0);
+    if (s == LS_OK && !t.o.sft && !g.rewards && !g.advantages)
+        s = ls_err(LS_ERR_FORMAT, "group: needs \"rewards\" or \"advantages\" to define the objective (or loss=\"sft\")");
+    if (s == LS_OK && !t.o.sft && g.G < 2)
+        s = ls_err(LS_ERR_FORMAT, "group: field \"responses\" has %d entry: GRPO needs G >= 2 responses per group", g.G);
+    if (s == LS_OK) p->t.p.fam->policy_zero_grad(&p->t.p);
+    if (s == LS_OK) s = ls_grpo_update(&p->t.p, NULL, &g, &t.o, &p->ar, &mt);
+    if (s == LS_OK && mt.skipped)
+        s = ls_err(LS_ERR_ARG, "%s; no gradient (the forward or backward overflowed: NaN/Inf weights, rewards or "
+                               "activations)", mt.skip_reason);
+    if (s == LS_OK && !(r = result_new())) s = ls_err(LS_ERR_NOMEM, "out of memory");
+    if (s == LS_OK) s = read_grads(p, r);
+    if (s == LS_OK && !(r->json = metrics_json(&mt, &t, p))) s = ls_err(LS_ERR_NOMEM, "out of memory");
+    ls_group_free(&g);
+    if (s != LS_OK) {
+        fail(c, s);
+        ls_result_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+ls_result *ls_api_policy_step(ls_api_policy *p, int n_groups, const char *const *groups_json, int n,
+                              const char *const *names, const char *const *values) {
+    if (!p) return NULL;
+    ls_ctx *c = p->ctx;
+    c->err[0] = 0;
+    ls_train_flags t;
+    ls_group *g = n_groups > 0 ? calloc((size_t)n_groups, sizeof *g) : NULL;
+    ls_result *r = NULL;
+    ls_grpo_metrics mt;
+    ls_status s = call_flags(p, n, names, values, &t);
+    if (s == LS_OK && (n_groups < 1 || !groups_json)) s = ls_err(LS_ERR_ARG, "step needs at least one group");
+    if (s == LS_OK && !g) s = ls_err(LS_ERR_NOMEM, "out of memory");
+    for (int k = 0; s == LS_OK && k < n_groups; k++) {
+        s = parse_group(p, groups_json[k], &g[k]);
+        if (s == LS_OK && !t.o.sft && !g[k].rewards && !g[k].advantages)
+            s = ls_err(LS_ERR_FORMAT, "group %d: needs \"rewards\" or \"advantages\" to define the objective", k);
+        if (s == LS_OK && !t.force) s = ls_check_fits(&p->t, &t.o, g[k].P, 1);
+    }
+    if (s == LS_OK && !p->adam_ready) {
+        s = ls_adamw_init(&p->t.adam, &p->t.p, &p->ar.a[LS_ARENA_FIXED]);
+        p->adam_ready = s == LS_OK;
+    }
+    if (s == LS_OK) p->t.p.fam->policy_zero_grad(&p->t.p);
+    if (s == LS_OK) s = ls_grpo_update_batch(&p->t.p, &p->t.adam, g, n_groups, NULL, &t.o, &p->ar, &mt);
+    if (s == LS_OK && !(r = result_new())) s = ls_err(LS_ERR_NOMEM, "out of memory");
+    if (s == LS_OK && !(r->json = metrics_json(&mt, &t, p))) s = ls_err(LS_ERR_NOMEM, "out of memory");
+    for (int k = 0; g && k < n_groups; k++) ls_group_free(&g[k]);
+    free(g);
+    if (s != LS_OK) {
+        fail(c, s);
+        ls_result_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+int ls_api_policy_save(ls_api_policy *p, const char *dir) {
+    if (!p) return 1;
+    p->ctx->err[0] = 0;
+    ls_status s = dir ? LS_OK : ls_err(LS_ERR_ARG, "no output directory given");
+    int root = ls_ctx_rank(p->ctx) == 0;
+    if (s == LS_OK && root) s = ls_make_dir(dir);
+    if (s == LS_OK && root) s = p->t.p.fam->policy_save(&p->t.p, &p->t.spec, dir);
+    return fail(p->ctx, s) != LS_OK;
+}

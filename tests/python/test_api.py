@@ -1,0 +1,240 @@
+#!/usr/bin/python3
+"""The Python API (python/longstraw) against the CLI on the same inputs, bit for bit.
+
+    test_api.py LONGSTRAW_BIN LIBLONGSTRAW_SO [unittest args]
+
+Exits 77 (CTest's skip) when numpy is absent. Uses a random checkpoint from `longstraw init`
+in a private temporary directory (removed at the end).
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+try:
+    import numpy as np
+except ImportError:
+    print("skip: numpy is not installed for %s" % sys.executable)
+    sys.exit(77)
+
+if len(sys.argv) < 3:
+    sys.exit("usage: test_api.py LONGSTRAW_BIN LIBLONGSTRAW_SO [unittest args]")
+BIN, LIB = sys.argv[1], sys.argv[2]
+del sys.argv[1:3]
+os.environ["LONGSTRAW_LIB"] = LIB
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+import longstraw as ls  # noqa: E402
+
+CONFIG = {"model_type": "qwen3_next", "vocab_size": 97, "hidden_size": 64, "num_hidden_layers": 4,
+          "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "partial_rotary_factor": 0.25,
+          "rope_theta": 10000, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+          "linear_value_head_dim": 16, "intermediate_size": 96, "num_experts": 0, "full_attention_interval": 2}
+
+
+def read_safetensors(path):
+    out = {}
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        head = json.loads(f.read(n))
+        data = f.read()
+    for k, v in head.items():
+        if k == "__metadata__":
+            continue
+        assert v["dtype"] == "F32", (k, v["dtype"])
+        a, b = v["data_offsets"]
+        out[k] = np.frombuffer(data[a:b], dtype="<f4").reshape(v["shape"])
+    return out
+
+
+def capture_fd2(fn):
+    """Run fn with fd 2 and fd 1 redirected to a file; return (fn(), bytes written)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as t:
+        saved = os.dup(2), os.dup(1)
+        os.dup2(t.fileno(), 2)
+        os.dup2(t.fileno(), 1)
+        try:
+            r = fn()
+        finally:
+            os.dup2(saved[0], 2)
+            os.dup2(saved[1], 1)
+            os.close(saved[0])
+            os.close(saved[1])
+        t.seek(0)
+        return r, t.read()
+
+
+class API(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="ls_pyapi_")
+        cls.model = os.path.join(cls.dir, "model")
+        with open(os.path.join(cls.dir, "config.json"), "w") as f:
+            json.dump(CONFIG, f)
+        subprocess.run([BIN, "init", "--config", os.path.join(cls.dir, "config.json"), "--seed", "3", "--out",
+                        cls.model], check=True, capture_output=True)
+        rng = np.random.default_rng(5)
+        cls.group = {"prompt": rng.integers(0, 97, 150).tolist(),
+                     "responses": [rng.integers(0, 97, n).tolist() for n in (7, 12, 5)],
+                     "rewards": [1.0, 0.0, 0.5]}
+        cls.gpath = os.path.join(cls.dir, "group.json")
+        with open(cls.gpath, "w") as f:
+            json.dump(cls.group, f)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir)
+
+    def cli(self, *args):
+        r = subprocess.run([BIN] + list(args), capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r.stdout
+
+    def test_logprobs_equal_cli(self):
+        want = json.loads(self.cli("logprobs", "--model", self.model, "--group", self.gpath, "--threads", "1",
+                                   "--page-size", "16"))["logprobs"]
+        ctx = ls.Context(threads=1)
+        got = ctx.policy(self.model).logprobs(self.group, page_size=16)
+        self.assertEqual(len(got), 3)
+        for g, w in zip(got, want):
+            self.assertEqual(g.dtype, np.float32)
+            # the CLI prints %.9g: exact for float32
+            self.assertTrue(np.array_equal(g, np.array(w, dtype=np.float32)), (g, w))
+
+    def grad_cli(self, *flags):
+        out = os.path.join(self.dir, "g.safetensors")
+        self.cli("grad", "--model", self.model, "--group", self.gpath, "--out", out, "--threads", "1", *flags)
+        return read_safetensors(out)
+
+    def assert_same_tensors(self, got, want):
+        self.assertEqual(sorted(got), sorted(want))
+        for k in want:
+            self.assertEqual(got[k].shape, want[k].shape, k)
+            self.assertTrue(np.array_equal(got[k], want[k]), k)
+
+    def test_grad_equal_cli(self):
+        ctx = ls.Context(threads=1)
+        pol = ctx.policy(self.model)
+        for mode, extra in (("prefix-frozen", {}), ("full", {"sweep_chunk": 40})):
+            flags = ["--mode", mode] + (["--sweep-chunk", "40"] if extra else [])
+            want = self.grad_cli(*flags)
+            got, m = pol.grad_with_metrics(self.group, mode=mode, **extra)
+            self.assert_same_tensors(got, want)
+            self.assertTrue(np.isfinite(m["loss"]))
+        # nonzero: the check compares something
+        self.assertGreater(sum(float(np.abs(v).sum()) for v in got.values()), 0)
+
+    def test_grad_lora_equal_cli(self):
+        want = self.grad_cli("--lora-rank", "4", "--lora-seed", "2", "--beta", "0.1")
+        got = ls.Context(threads=1).policy(self.model, lora_rank=4, lora_seed=2).grad(self.group, beta=0.1)
+        self.assert_same_tensors(got, want)
+
+    def test_step_equal_cli(self):
+        out = os.path.join(self.dir, "step_cli")
+        self.cli("step", "--model", self.model, "--group", self.gpath, "--out", out, "--threads", "1", "--lr", "1e-3")
+        pol = ls.Context(threads=1).policy(self.model)
+        m = pol.step([self.group], lr=1e-3)
+        self.assertEqual(m["step"], 1)
+        self.assertTrue(np.isfinite(m["grad_norm"]))
+        out2 = os.path.join(self.dir, "step_py")
+        pol.save(out2)
+        self.assert_same_tensors(read_safetensors(os.path.join(out2, "model.safetensors")),
+                                 read_safetensors(os.path.join(out, "model.safetensors")))
+        with open(os.path.join(out2, "config.json")) as a, open(os.path.join(out, "config.json")) as b:
+            self.assertEqual(a.read(), b.read())
+        # a second step moves the weights again (the moments persist)
+        m2 = pol.step(self.group, lr=1e-3)
+        self.assertEqual(m2["step"], 2)
+
+    def test_nothing_printed(self):
+        def run():
+            ctx = ls.Context(threads=1)
+            pol = ctx.policy(self.model)
+            pol.logprobs(self.group)
+            pol.grad(self.group)
+            pol.step(self.group)
+            try:
+                ctx.policy(os.path.join(self.dir, "nope"))
+            except ls.LongStrawError:
+                pass
+            return True
+        ok, printed = capture_fd2(run)
+        self.assertTrue(ok)
+        self.assertEqual(printed, b"")
+
+    def test_errors(self):
+        ctx = ls.Context(threads=1)
+        missing = os.path.join(self.dir, "nope")
+        with self.assertRaises(ls.LongStrawError) as e:
+            ctx.policy(missing)
+        self.assertIn(missing, str(e.exception))
+        bad = os.path.join(self.dir, "bad")
+        os.makedirs(bad, exist_ok=True)
+        cfg = dict(CONFIG, hidden_size=-5)
+        with open(os.path.join(bad, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        shutil.copy(os.path.join(self.model, "model.safetensors"), bad)
+        with self.assertRaises(ls.LongStrawError) as e:
+            ctx.policy(bad)
+        self.assertIn("hidden_size", str(e.exception))
+        self.assertIn("config.json", str(e.exception))
+        pol = ctx.policy(self.model)
+        with self.assertRaises(ls.LongStrawError) as e:
+            pol.grad(self.group, lr="x")
+        self.assertIn("--lr", str(e.exception))
+        with self.assertRaises(ls.LongStrawError) as e:
+            pol.grad(self.group, no_such_flag=1)
+        self.assertIn("no_such_flag", str(e.exception))
+        with self.assertRaises(ls.LongStrawError) as e:
+            pol.grad(dict(self.group, responses=[[1000]] * 3))
+        self.assertIn("responses", str(e.exception))
+        with self.assertRaises(ls.LongStrawError):
+            pol.grad(self.group, lora_rank=2)  # fixed at open
+        # the process survives and the policy still works
+        self.assertEqual(len(pol.logprobs(self.group)), 3)
+
+    def test_mpi_grad_equal_cli(self):
+        """`mpirun -np 2 python3` runs CP: the same gradient as `mpirun -np 2 longstraw grad`."""
+        mpi = os.environ.get("LS_TEST_MPIEXEC")
+        if not mpi:
+            self.skipTest("LS_TEST_MPIEXEC not set (a build without MPI)")
+        launcher = mpi.split() + ["--oversubscribe", "--allow-run-as-root", "-np", "2"]
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                   OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+        for mode in ("prefix-frozen", "full"):
+            out = os.path.join(self.dir, "g_mpi.safetensors")
+            r = subprocess.run(launcher + [BIN, "grad", "--model", self.model, "--group", self.gpath, "--out", out,
+                                           "--threads", "1", "--mode", mode], capture_output=True, text=True, env=env)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            npz = os.path.join(self.dir, "g_mpi.npz")
+            r = subprocess.run(launcher + [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                        "mpi_grad.py"),
+                                           self.model, self.gpath, npz, "mode=" + mode],
+                               capture_output=True, text=True, env=env)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout + r.stderr, "")  # the library printed nothing on any rank
+            with np.load(npz) as z:
+                got = {k: z[k] for k in z.files}
+            self.assert_same_tensors(got, read_safetensors(out))
+
+    def test_two_contexts(self):
+        a, b = ls.Context(threads=1), ls.Context(threads=2)
+        pa, pb = a.policy(self.model), b.policy(self.model)
+        ga1 = pa.grad(self.group)
+        pb.grad(self.group)
+        ga2 = pa.grad(self.group)  # b's thread count did not leak into a's call
+        self.assert_same_tensors(ga2, ga1)
+        self.assert_same_tensors(ga1, self.grad_cli())
+        with self.assertRaises(ls.LongStrawError):
+            b.policy(os.path.join(self.dir, "nope"))
+        self.assertEqual(a.policy(self.model).logprobs(self.group)[0].shape, (7,))
+
+
+if __name__ == "__main__":
+    unittest.main()
