@@ -19,6 +19,7 @@
 #ifndef LONGSTRAW_API_H
 #define LONGSTRAW_API_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -67,6 +68,24 @@ ls_result *ls_api_policy_step(ls_api_policy *p, int n_groups, const char *const 
 /* Write the policy as `longstraw step --out DIR` does (model.safetensors + config.json, or
  * the PEFT adapter files). 0 on success. */
 int ls_api_policy_save(ls_api_policy *p, const char *dir);
+
+/* Rewards of one group from the host: prompt text, G response texts (decoded by the run's
+ * tokenizer), the group's number; fills rewards[0..n). Nonzero: the run stops with
+ * ls_api_reward_error's message. */
+typedef int (*ls_api_reward_fn)(void *user, const char *prompt, size_t prompt_len, const char *const *responses,
+                                const size_t *response_lens, int n, int64_t group_id, double *rewards);
+/* A progress or status line of the training loop (with its newline). */
+typedef void (*ls_api_log_fn)(void *user, const char *line);
+
+/* `longstraw train` with the flags as (name, value) pairs (model, out, task, rollout,
+ * updates, ..., and every training flag; resume as on the command line); reward: the
+ * rewards of each rollout group (with rollout), instead of reward-cmd; log: its progress
+ * lines (NULL: none are printed). json: {"updates": N, "skipped": K, "stop_signal": S,
+ * "out": RUN}; the run's metrics are RUN/metrics.jsonl, as the CLI writes them. */
+ls_result *ls_api_train(ls_ctx *c, int n, const char *const *names, const char *const *values,
+                        ls_api_reward_fn reward, void *reward_user, ls_api_log_fn log, void *log_user);
+/* The message a reward callback leaves for the error it returns (copied). */
+void ls_api_reward_error(ls_ctx *c, const char *message);
 
 int64_t ls_result_count(const ls_result *r);
 const char *ls_result_name(const ls_result *r, int64_t i);

@@ -77,6 +77,14 @@ typedef struct {
     ls_policy_spec spec;      /* what is trained (model_dir: set from `model` or the checkpoint) */
     int argc;                 /* the command line saved as RUN/args.json (0: none) */
     char **argv;
+    /* Rewards from the host (the API's Python reward functions) instead of reward_cmd or the
+     * task: the same call as ls_reward_cmd_score, on rank 0 (NULL: none). */
+    ls_status (*reward_fn)(void *user, const char *prompt, size_t prompt_len, const char *const *responses,
+                           const size_t *response_lens, int n, int64_t group_id, double *rewards);
+    void *reward_user;
+    /* Progress and status lines (rank 0): to log_fn when set, else to stderr. */
+    void (*log_fn)(void *user, const char *line);
+    void *log_user;
 } ls_train_opts;
 
 void ls_train_opts_default(ls_train_opts *o);
@@ -90,7 +98,8 @@ typedef struct {
 /* Run the loop. A stop requested with ls_request_stop (the CLI's signal handler) is
  * honoured at the next capture chunk or update boundary: the finished updates are
  * checkpointed and res->stop_signal is set (LS_OK). On an error the finished updates
- * are checkpointed before the error is returned. Progress lines go to stderr (rank 0). */
+ * are checkpointed before the error is returned. Progress lines go to o->log_fn, else to
+ * stderr (rank 0). */
 ls_status ls_train_run(const ls_train_opts *o, ls_train_result *res);
 
 /* The process group of the running trainer's reward process (0 when none), for a

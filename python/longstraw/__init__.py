@@ -76,6 +76,12 @@ _sig("ls_api_policy_logprobs", _vp, _vp, _c, ctypes.c_int, _pp, _pp)
 _sig("ls_api_policy_grad", _vp, _vp, _c, ctypes.c_int, _pp, _pp)
 _sig("ls_api_policy_step", _vp, _vp, ctypes.c_int, _pp, ctypes.c_int, _pp, _pp)
 _sig("ls_api_policy_save", ctypes.c_int, _vp, _c)
+_REWARD_FN = ctypes.CFUNCTYPE(ctypes.c_int, _vp, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p),
+                              ctypes.POINTER(ctypes.c_size_t), ctypes.c_int, ctypes.c_int64,
+                              ctypes.POINTER(ctypes.c_double))
+_LOG_FN = ctypes.CFUNCTYPE(None, _vp, ctypes.c_char_p)
+_sig("ls_api_train", _vp, _vp, ctypes.c_int, _pp, _pp, _REWARD_FN, _vp, _LOG_FN, _vp)
+_sig("ls_api_reward_error", None, _vp, _c)
 _sig("ls_result_count", _i64, _vp)
 _sig("ls_result_name", _c, _vp, _i64)
 _sig("ls_result_ndim", ctypes.c_int, _vp, _i64)
@@ -175,6 +181,64 @@ class Context:
         lora_targets, lora_seed, adapter, ref_model, backend, state_on are fixed here; any
         other training flag becomes this policy's default for later calls."""
         return Policy(self, model, flags)
+
+    def train(self, reward_funcs=None, reward_weights=None, log=None, **flags):
+        """`longstraw train` from Python: flags as keywords (model=, out=, task=, rollout=True,
+        updates=, num_generations=, ..., every training flag; resume="RUN"). reward_funcs:
+        callables in TRL's signature, reward_func(prompts, completions, **kwargs) ->
+        list[float], called on rank 0 with each rollout group's decoded prompt (repeated per
+        completion) and completions, kwargs group= (the group's number); several are summed
+        with reward_weights (default 1 each), as TRL does. log: a callable taking each
+        progress line (default: none are printed). Returns {"updates", "skipped",
+        "stop_signal", "out", "metrics": the run's metrics.jsonl rows}."""
+        if callable(reward_funcs):
+            reward_funcs = [reward_funcs]
+        funcs = list(reward_funcs or [])
+        weights = list(reward_weights) if reward_weights is not None else [1.0] * len(funcs)
+        if len(weights) != len(funcs):
+            raise ValueError("reward_weights: %d weights for %d reward functions" % (len(weights), len(funcs)))
+        failure = []
+
+        def reward_cb(_user, prompt, plen, resp, lens, n, group_id, out):
+            try:
+                p = ctypes.string_at(prompt, plen).decode("utf-8", "replace")
+                comps = [ctypes.string_at(resp[i], lens[i]).decode("utf-8", "replace") for i in range(n)]
+                total = [0.0] * n
+                for f, w in zip(funcs, weights):
+                    r = f(prompts=[p] * n, completions=comps, group=group_id)
+                    r = [float(x) for x in r]
+                    if len(r) != n:
+                        raise ValueError("%s returned %d rewards for %d completions"
+                                         % (getattr(f, "__name__", "reward function"), len(r), n))
+                    total = [t + w * x for t, x in zip(total, r)]
+                for i in range(n):
+                    out[i] = total[i]
+                return 0
+            except BaseException as e:  # noqa: B902 - reported through the library's error
+                failure.append(e)
+                _lib.ls_api_reward_error(self._ptr, ("%s: %s" % (type(e).__name__, e)).encode())
+                return 1
+
+        def log_cb(_user, line):
+            if log is not None:
+                log(line.decode("utf-8", "replace"))
+
+        rfn = _REWARD_FN(reward_cb) if funcs else ctypes.cast(None, _REWARD_FN)
+        lfn = _LOG_FN(log_cb)
+        n, names, values = _flags(flags)
+        ptr = _lib.ls_api_train(self._ptr, n, names, values, rfn, None, lfn, None)
+        if not ptr:
+            err = self._error()
+            if failure:
+                raise err from failure[0]
+            raise err
+        res = _Result(ptr).json()
+        res["metrics"] = []
+        path = os.path.join(res["out"], "metrics.jsonl")
+        if self.rank == 0 and os.path.exists(path):
+            with open(path) as f:
+                res["metrics"] = [json.loads(line) for line in f if line.strip()]
+        return res
 
     def close(self):
         if getattr(self, "_ptr", None):

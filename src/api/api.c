@@ -3,6 +3,7 @@
  * transaction (grpo.h), the trainable set (trainer.h) and the training flags (flags.h).
  * Nothing here prints: every failure becomes the context's error message.
  */
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,11 +17,13 @@
 #include "longstraw/flags.h"
 #include "longstraw/safetensors.h"
 #include "longstraw/score.h"
+#include "longstraw/train_args.h"
 #include "longstraw/trainer.h"
 
 struct ls_ctx {
     int threads;
     char err[4096];
+    char reward_err[1024]; /* a reward callback's message (ls_api_reward_error) */
     const ls_comm *world; /* several ranks: the CP communicator; else NULL */
 };
 
@@ -427,4 +430,133 @@ int ls_api_policy_save(ls_api_policy *p, const char *dir) {
     if (s == LS_OK && root) s = ls_make_dir(dir);
     if (s == LS_OK && root) s = p->t.p.fam->policy_save(&p->t.p, &p->t.spec, dir);
     return fail(p->ctx, s) != LS_OK;
+}
+
+/* ---- the training loop ---- */
+
+typedef struct {
+    ls_ctx *c;
+    ls_api_reward_fn fn;
+    void *user;
+    ls_api_log_fn log;
+    void *log_user;
+} train_hooks;
+
+static ls_status reward_bridge(void *user, const char *prompt, size_t plen, const char *const *resp, const size_t *lens,
+                               int n, int64_t group_id, double *rewards) {
+    train_hooks *h = user;
+    h->c->reward_err[0] = 0;
+    if (h->fn(h->user, prompt, plen, resp, lens, n, group_id, rewards) == 0) return LS_OK;
+    return ls_err(LS_ERR_ARG, "the reward function failed on group %lld: %s", (long long)group_id,
+                  h->c->reward_err[0] ? h->c->reward_err : "(no message)");
+}
+
+static void log_bridge(void *user, const char *line) {
+    train_hooks *h = user;
+    if (h->log) h->log(h->log_user, line);
+}
+
+void ls_api_reward_error(ls_ctx *c, const char *message) {
+    if (c) snprintf(c->reward_err, sizeof c->reward_err, "%s", message ? message : "");
+}
+
+ls_result *ls_api_train(ls_ctx *c, int n, const char *const *names, const char *const *values,
+                        ls_api_reward_fn reward, void *reward_user, ls_api_log_fn log, void *log_user) {
+    if (!c) return NULL;
+    c->err[0] = 0;
+    /* the command line it stands for: saved as RUN/args.json (a resume replays it, from the
+     * CLI too) and merged with a resume's saved flags as the CLI does */
+    int argc = 1;
+    char **argv = calloc((size_t)(2 * (n > 0 ? n : 0) + 2), sizeof *argv);
+    ls_status s = argv ? LS_OK : ls_err(LS_ERR_NOMEM, "out of memory");
+    if (s == LS_OK && !(argv[0] = strdup("train"))) s = ls_err(LS_ERR_NOMEM, "out of memory");
+    for (int i = 0; s == LS_OK && i < n; i++) {
+        if (!names || !names[i]) {
+            s = ls_err(LS_ERR_ARG, "flag %d has no name", i);
+            break;
+        }
+        int tv = ls_train_args_takes_value(names[i]);
+        if (tv < 0) {
+            s = ls_err(LS_ERR_ARG, "%s: not a flag of train (see longstraw train --help)", names[i]);
+            break;
+        }
+        const char *v = values ? values[i] : NULL;
+        if (!tv && v && (!strcmp(v, "0") || !strcmp(v, "false") || !strcmp(v, "False"))) continue; /* switch off */
+        size_t l = strlen(names[i]);
+        char *f = malloc(l + 3);
+        if (!f) {
+            s = ls_err(LS_ERR_NOMEM, "out of memory");
+            break;
+        }
+        f[0] = f[1] = '-';
+        for (size_t k = 0; k <= l; k++) f[k + 2] = names[i][k] == '_' ? '-' : names[i][k];
+        argv[argc++] = f;
+        if (tv && v && !(argv[argc++] = strdup(v))) s = ls_err(LS_ERR_NOMEM, "out of memory");
+    }
+    ls_train_args a;
+    ls_train_args_default(&a);
+    if (s == LS_OK) s = ls_train_args_parse(&a, argc, argv);
+    int nargc = 0;
+    char **nargv = NULL;
+    if (s == LS_OK && a.resume) {
+        const char *resume = a.resume;
+        s = ls_train_saved_args(resume, argc, argv, &nargc, &nargv);
+        ls_train_args_default(&a);
+        if (s == LS_OK) s = ls_train_args_parse(&a, nargc, nargv);
+        if (s == LS_OK && a.r.out && strcmp(a.r.out, resume))
+            s = ls_err(LS_ERR_ARG, "resume %s with out %s: they must be the same run", resume, a.r.out);
+        a.r.out = resume;
+        a.resume = resume;
+    }
+    train_hooks h = {c, reward, reward_user, log, log_user};
+    if (s == LS_OK && reward) a.r.reward_fn = reward_bridge, a.r.reward_user = &h;
+    if (s == LS_OK) s = ls_train_args_check(&a);
+    if (s == LS_OK) s = ls_train_flags_finish(&a.t);
+    if (s == LS_OK && a.t.ep > 1)
+        s = ls_err(LS_ERR_UNSUPPORTED, "--ep %lld: expert parallelism is not in API version %d (use the CLI)",
+                   (long long)a.t.ep, LS_API_VERSION);
+    if (s == LS_OK && a.t.state_on_host)
+        s = ls_err(LS_ERR_ARG, "--state-on host is built for grad, step and logprobs; train keeps the prompt state "
+                               "on the device (drop the flag)");
+    ls_train_result res;
+    memset(&res, 0, sizeof res);
+    if (s == LS_OK) {
+        a.t.o.fwd.comm = c->world;
+        ls_set_threads(a.t.threads ? (int)a.t.threads : c->threads);
+        ls_train_opts o;
+        ls_train_args_opts(&a, a.resume ? nargc : argc, a.resume ? nargv : argv, &o);
+        o.log_fn = log_bridge, o.log_user = &h;
+        ls_clear_stop();
+        s = ls_train_run(&o, &res);
+    }
+    ls_result *r = NULL;
+    if (s == LS_OK && !(r = result_new())) s = ls_err(LS_ERR_NOMEM, "out of memory");
+    if (s == LS_OK) {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        if (!f) s = ls_err(LS_ERR_NOMEM, "out of memory");
+        else {
+            fprintf(f, "{\"updates\": %lld, \"skipped\": %d, \"stop_signal\": %d, \"out\": ", (long long)res.updates,
+                    res.skipped, res.stop_signal);
+            cJSON *j = cJSON_CreateString(a.r.out ? a.r.out : "");
+            char *t = j ? cJSON_PrintUnformatted(j) : NULL;
+            fputs(t ? t : "null", f);
+            free(t);
+            cJSON_Delete(j);
+            fputc('}', f);
+            fclose(f);
+            r->json = buf;
+        }
+    }
+    for (int i = 0; argv && i < argc; i++) free(argv[i]);
+    free(argv);
+    for (int i = 0; i < nargc; i++) free(nargv[i]);
+    free(nargv);
+    if (s != LS_OK) {
+        fail(c, s);
+        ls_result_free(r);
+        return NULL;
+    }
+    return r;
 }

@@ -21,6 +21,7 @@
 #include "longstraw/files.h"
 #include "longstraw/reward.h"
 #include "longstraw/trace.h"
+#include "longstraw/train_args.h"
 #include "longstraw/trainer.h"
 
 static void help(void) {
@@ -85,105 +86,48 @@ static void help(void) {
     cli_train_help();
 }
 
-/* The loop's options (trainer.h) and what only the command has. */
-typedef struct {
-    ls_train_opts r;
-    const char *resume;
-    int quiet;
-    int eval_every_set; /* --eval-every given: with a task and no other held-out data, 16 task prompts */
-    cli_train t; /* objective, optimizer, engine, what is trained */
-} train_args;
+typedef ls_train_args train_args; /* the library's table and parser (train_args.h) */
 
-enum {
-    O_MODEL = 2000, O_DATA, O_OUT, O_TOK, O_UPDATES, O_GPU, O_SEED, O_ROLLOUT, O_NGEN, O_MAXNEW, O_TOPP, O_STOP,
-    O_TASK, O_PLEN, O_RCMD, O_RTIMEOUT, O_SAVE, O_SAVELIM, O_RESUME, O_QUIET, O_NOVAL, O_TLAYERS, O_HELP,
-    O_EVDATA, O_EVLINES, O_EVEVERY, O_HAY, O_EVPROMPTS, O_EVPLEN
-};
+enum { O_RUN = 2000, O_HELP = 3000 };
 
 static int parse_args(train_args *a, int argc, char **argv) {
     struct option opts[96];
     int n = 0;
-    static const struct { const char *name; int has_arg, id; } own[] = {
-        {"model", 1, O_MODEL}, {"data", 1, O_DATA}, {"out", 1, O_OUT}, {"tokenizer", 1, O_TOK},
-        {"updates", 1, O_UPDATES}, {"groups-per-update", 1, O_GPU}, {"seed", 1, O_SEED}, {"rollout", 0, O_ROLLOUT},
-        {"num-generations", 1, O_NGEN}, {"max-new-tokens", 1, O_MAXNEW}, {"top-p", 1, O_TOPP}, {"stop", 1, O_STOP},
-        {"task", 1, O_TASK}, {"prompt-len", 1, O_PLEN}, {"reward-cmd", 1, O_RCMD}, {"reward-timeout", 1, O_RTIMEOUT},
-        {"save-every", 1, O_SAVE}, {"save-total-limit", 1, O_SAVELIM}, {"resume", 1, O_RESUME}, {"quiet", 0, O_QUIET},
-        {"no-validate", 0, O_NOVAL}, {"trace-layers", 1, O_TLAYERS}, {"help", 0, O_HELP},
-        {"eval-data", 1, O_EVDATA}, {"eval-lines", 1, O_EVLINES}, {"eval-every", 1, O_EVEVERY},
-        {"haystack", 1, O_HAY}, {"eval-prompts", 1, O_EVPROMPTS}, {"eval-prompt-len", 1, O_EVPLEN},
-    };
-    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
-        opts[n++] = (struct option){own[i].name, own[i].has_arg ? required_argument : no_argument, 0, own[i].id};
-    LS_ASSERT(n + cli_train_n_options < 96, "option table too small");
+    LS_ASSERT(ls_run_flag_count + cli_train_n_options + 1 < 96, "option table too small");
+    for (int i = 0; i < ls_run_flag_count; i++)
+        opts[n++] = (struct option){ls_run_flag_table[i].name,
+                                    ls_run_flag_table[i].takes_value ? required_argument : no_argument, 0, O_RUN + i};
+    opts[n++] = (struct option){"help", no_argument, 0, O_HELP};
     for (int i = 0; i < cli_train_n_options; i++) opts[n++] = cli_train_option(i);
     opts[n] = (struct option){0, 0, 0, 0};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        const char *c = "train";
-        switch (ch) {
-        case O_MODEL: a->r.model = optarg; break;
-        case O_DATA: a->r.data = optarg; break;
-        case O_OUT: a->r.out = optarg; break;
-        case O_TOK: a->r.tokenizer = optarg; break;
-        case O_UPDATES: if (cli_parse_i64(c, "--updates", optarg, 1, INT64_MAX / 4, &a->r.updates)) return 2; break;
-        case O_GPU: if (cli_parse_i64(c, "--groups-per-update", optarg, 1, 1 << 20, &a->r.groups_per_update)) return 2; break;
-        case O_SEED: if (cli_parse_i64(c, "--seed", optarg, 0, INT64_MAX, &a->r.seed)) return 2; break;
-        case O_ROLLOUT: a->r.rollout = 1; break;
-        case O_NGEN: if (cli_parse_i64(c, "--num-generations", optarg, 2, 1 << 16, &a->r.num_generations)) return 2; break;
-        case O_MAXNEW: if (cli_parse_i64(c, "--max-new-tokens", optarg, 1, 1 << 24, &a->r.max_new_tokens)) return 2; break;
-        case O_TOPP: if (cli_parse_f64(c, "--top-p", optarg, 1e-9, 1, &a->r.top_p)) return 2; break;
-        case O_STOP: a->r.stop = optarg; break;
-        case O_TASK:
-        case O_HAY: {
-            ls_task t;
-            ls_status ts = ls_task_parse(&t, ch == O_TASK ? optarg : "passkey", ch == O_HAY ? optarg : NULL);
-            if (ts != LS_OK) return cli_usage_error(c, "%s: %s", ch == O_TASK ? "--task" : "--haystack", ls_err_msg());
-            *(ch == O_TASK ? &a->r.task : &a->r.haystack) = optarg;
-            break;
+        if (ch == O_HELP || ch == 'h') {
+            help();
+            return 1;
         }
-        case O_EVPROMPTS: if (cli_parse_i64(c, "--eval-prompts", optarg, 1, 1 << 20, &a->r.eval_prompts)) return 2; break;
-        case O_EVPLEN: {
-            ls_eval_opts eo;
-            ls_eval_opts_default(&eo);
-            if (ls_eval_parse_lengths(&eo, optarg) != LS_OK) return cli_usage_error(c, "%s", ls_err_msg());
-            a->r.eval_prompt_len = optarg;
-            break;
+        if (ch >= O_RUN && ch < O_RUN + ls_run_flag_count) {
+            int known = 0;
+            const char *name = ls_run_flag_table[ch - O_RUN].name;
+            if (ls_train_args_set(a, name, optarg, &known) != LS_OK) {
+                /* the task's and lengths' own messages read as usage errors, the numbers' as before */
+                if (!strcmp(name, "task") || !strcmp(name, "haystack") || !strcmp(name, "eval-prompt-len"))
+                    return cli_usage_error("train", "%s", ls_err_msg());
+                fprintf(stderr, "longstraw train: %s\n", ls_err_msg());
+                return 2;
+            }
+            continue;
         }
-        case O_PLEN: if (cli_parse_i64(c, "--prompt-len", optarg, 64, INT64_MAX / 64, &a->r.prompt_len)) return 2; break;
-        case O_RCMD: a->r.reward_cmd = optarg; break;
-        case O_RTIMEOUT: if (cli_parse_f64(c, "--reward-timeout", optarg, 1e-3, 1e7, &a->r.reward_timeout)) return 2; break;
-        case O_SAVE: if (cli_parse_i64(c, "--save-every", optarg, 1, INT64_MAX / 4, &a->r.save_every)) return 2; break;
-        case O_SAVELIM: if (cli_parse_i64(c, "--save-total-limit", optarg, 1, 1 << 20, &a->r.save_total_limit)) return 2; break;
-        case O_RESUME: a->resume = optarg; break;
-        case O_QUIET: a->quiet = 1; break;
-        case O_NOVAL: a->r.no_validate = 1; break;
-        case O_EVDATA: a->r.eval_data = optarg; break;
-        case O_EVLINES: if (cli_parse_i64(c, "--eval-lines", optarg, 1, 1 << 20, &a->r.eval_lines)) return 2; break;
-        case O_EVEVERY:
-            if (cli_parse_i64(c, "--eval-every", optarg, 1, INT64_MAX / 4, &a->r.eval_every)) return 2;
-            a->eval_every_set = 1;
-            break;
-        case O_TLAYERS: if (cli_parse_i64(c, "--trace-layers", optarg, -1, INT64_MAX / 4, &a->r.trace_layers)) return 2; break;
-        case O_HELP:
-        case 'h': help(); return 1;
-        default: {
-            int r = ch == '?' ? -1 : cli_train_parse(c, &a->t, ch, optarg);
-            if (r == 2) return 2;
-            if (r < 0) return cli_usage_error(c, "bad option");
-        }
-        }
+        int r = ch == '?' ? -1 : cli_train_parse("train", &a->t, ch, optarg);
+        if (r == 2) return 2;
+        if (r < 0) return cli_usage_error("train", "bad option");
     }
     if (optind < argc) return cli_usage_error("train", "unexpected argument \"%s\"", argv[optind]);
     return 0;
 }
 
-static void args_default(train_args *a) {
-    memset(a, 0, sizeof *a);
-    ls_train_opts_default(&a->r);
-    cli_train_init(&a->t);
-}
+static void args_default(train_args *a) { ls_train_args_default(a); }
 
 /* Ctrl-C / SIGTERM on one rank: said at once on stderr; a capture stops at its next
  * chunk, anything else finishes the update in flight; then a checkpoint of the
@@ -212,21 +156,8 @@ static void on_stop(int sig) {
     _exit(128 + sig); /* as PID 1 (a container's init) a signal at its default action is ignored */
 }
 
-static int check_flags(const train_args *a) {
-    if (!a->r.model || !a->r.out) return cli_usage_error("train", "--model and --out are required");
-    if (!a->r.data && !a->r.task) return cli_usage_error("train", "give --data FILE.jsonl, or --rollout --task passkey");
-    if (a->r.task && !a->r.rollout && !a->t.o.sft)
-        return cli_usage_error("train", "--task samples its responses: add --rollout (or train on its keys: --loss sft)");
-    if (a->t.o.sft && a->r.rollout) return cli_usage_error("train", "--loss sft trains on given responses: not with --rollout");
-    if (a->r.eval_lines && !a->r.task) return cli_usage_error("train", "--eval-lines draws held-out --task items: give --task");
-    if (a->r.eval_lines && a->r.eval_data) return cli_usage_error("train", "give --eval-data or --eval-lines, not both");
-    if ((a->r.eval_prompts || a->r.eval_prompt_len) && (!a->r.task || a->r.data))
-        return cli_usage_error("train", "--eval-prompts and --eval-prompt-len evaluate a built-in --task: give --task");
-    if (a->r.haystack && !a->r.task) return cli_usage_error("train", "--haystack is the haystack of a built-in --task: give --task");
-    if (a->r.reward_cmd && !a->r.rollout) return cli_usage_error("train", "--reward-cmd scores rollouts: add --rollout");
-    if (a->r.rollout && a->t.o.no_capture) return cli_usage_error("train", "--rollout samples from the captured state: not with --no-capture");
-    if (a->r.rollout && !a->r.tokenizer && !a->r.task)
-        return cli_usage_error("train", "--rollout on --data needs --tokenizer (rewards read the decoded text)");
+static int check_flags(train_args *a) {
+    if (ls_train_args_check(a) != LS_OK) return cli_usage_error("train", "%s", ls_err_msg());
     return 0;
 }
 
@@ -250,8 +181,6 @@ static int run_train(int argc, char **argv) {
         a.r.out = resume;
     }
     if ((r = check_flags(&a))) return r;
-    if (a.eval_every_set && a.r.task && !a.r.data && !a.r.eval_lines && !a.r.eval_data && !a.r.eval_prompts)
-        a.r.eval_prompts = 16; /* --eval-every with a task: its held-out exact match */
     { /* under mpirun: every rank the same (saved and given) flags and the same files */
         const char *in[] = {a.r.model, a.r.data, a.r.eval_data, a.r.tokenizer, a.t.ref_model, a.t.adapter};
         ls_status s = ls_check_same_inputs(cli_cp_comm(), a.resume ? nargc : argc, a.resume ? nargv : argv, in,
@@ -270,13 +199,8 @@ static int run_train(int argc, char **argv) {
         return 2;
     }
     ls_progress_enable(!a.quiet && cli_rank() == 0);
-    ls_train_opts o = a.r;
-    o.force = a.t.force, o.resume = a.resume != NULL;
-    o.backend = a.t.backend;
-    o.o = a.t.o;
-    o.spec = cli_policy_spec(NULL, &a.t); /* model_dir: the trainer's (the model or a checkpoint) */
-    o.argc = a.resume ? nargc : argc;
-    o.argv = a.resume ? nargv : argv;
+    ls_train_opts o;
+    ls_train_args_opts(&a, a.resume ? nargc : argc, a.resume ? nargv : argv, &o);
     stop_requested = 0;
     ls_clear_stop();
     if (!cli_cp_comm()) { /* under CP main.c's handler ends every rank at once */

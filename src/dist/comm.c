@@ -39,7 +39,9 @@ struct ls_comm {
 
 static ls_comm g_world;
 static int g_have_world; /* ls_comm_init succeeded and ls_comm_finalize has not run */
-static int g_started;    /* ls_comm_init called MPI_Init_thread (else the host did: it finalizes) */
+#ifdef LS_HAVE_MPI
+static int g_started; /* ls_comm_init called MPI_Init_thread (else the host did: it finalizes) */
+#endif
 
 /* ---- tracing ------------------------------------------------------------------- */
 

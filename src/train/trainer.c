@@ -12,6 +12,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,6 +260,18 @@ static const ls_comm *tr_ep(const trainer *tr) {
 /* World rank 0: the one rank that writes RUN/ and runs the reward process. */
 static int tr_root(const trainer *tr) { return tr_rank(tr) == 0 && (!tr_ep(tr) || ls_comm_rank(tr_ep(tr)) == 0); }
 
+/* A progress or status line (with its newline) to the caller's log_fn, else stderr. */
+static void say(const trainer *tr, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(const trainer *tr, const char *fmt, ...) {
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (tr->a->log_fn) tr->a->log_fn(tr->a->log_user, line);
+    else fputs(line, stderr);
+}
+
 /* The world rank (trace file names). */
 static int tr_world_rank(void) { return ls_comm_world() ? ls_comm_rank(ls_comm_world()) : 0; }
 
@@ -286,7 +299,7 @@ static ls_status validate_data(trainer *tr) {
     }
     double dt = ls_now() - t0;
     if (dt > 1.0)
-        fprintf(stderr, "longstraw train: checked %lld lines of %s in %.1fs\n", (long long)tr->data.n, tr->a->data, dt);
+        say(tr, "longstraw train: checked %lld lines of %s in %.1fs\n", (long long)tr->data.n, tr->a->data, dt);
     return LS_OK;
 }
 
@@ -546,12 +559,19 @@ static ls_status rollout(void *ctx, int gi, ls_group *g, const ls_model *policy,
     size_t *len = calloc((size_t)G, sizeof(size_t));
     if (!text || !len) s = LS_ERR_NOMEM;
     for (int i = 0; i < G && s == LS_OK; i++) s = decode_lenient(tr->tok, g->resp[i], g->R[i], &text[i], &len[i]);
-    if (s == LS_OK && tr->rcmd && !g->prompt_text) /* id prompts: the process still gets text */
+    int host = tr->rcmd || tr->a->reward_fn; /* rewards from outside: they get text */
+    if (s == LS_OK && host && !g->prompt_text) /* id prompts: the process still gets text */
         s = decode_lenient(tr->tok, g->prompt, g->P, &g->prompt_text, &(size_t){0});
-    if (s == LS_OK && tr->rcmd) {
+    if (s == LS_OK && host) {
         const char *pt = g->prompt_text ? g->prompt_text : "";
-        s = ls_reward_cmd_score(tr->rcmd, pt, strlen(pt), (const char *const *)text, len, G,
-                                tr->update * tr->a->groups_per_update + gi, g->rewards);
+        int64_t gid = tr->update * tr->a->groups_per_update + gi;
+        s = tr->rcmd ? ls_reward_cmd_score(tr->rcmd, pt, strlen(pt), (const char *const *)text, len, G, gid, g->rewards)
+                     : tr->a->reward_fn(tr->a->reward_user, pt, strlen(pt), (const char *const *)text, len, G, gid,
+                                        g->rewards);
+        for (int i = 0; s == LS_OK && !tr->rcmd && i < G; i++)
+            if (!isfinite(g->rewards[i]))
+                s = ls_err(LS_ERR_ARG, "the reward function gave %g for response %d of group %lld: rewards must be "
+                                       "finite", g->rewards[i], i, (long long)gid);
     } else if (s == LS_OK) {
         for (int i = 0; i < G; i++) {
             const ls_task_item *it = tr->a->data ? NULL : &tr->items[gi];
@@ -932,7 +952,7 @@ static ls_status save_checkpoint(trainer *tr) {
     if (s == LS_OK) {
         ls_trace_event("checkpoint", "\"update\": %lld, \"path\": \"checkpoint-%lld\", \"s\": %.3f", (long long)tr->update,
                        (long long)tr->update, ls_now() - t0);
-        fprintf(stderr, "  checkpoint %s (%.1fs)\n", dir, ls_now() - t0);
+        say(tr, "  checkpoint %s (%.1fs)\n", dir, ls_now() - t0);
     }
     return s;
 }
@@ -1058,7 +1078,7 @@ static ls_status setup(trainer *tr) {
             return ls_err(LS_ERR_ARG, "%s already holds %s: continue it with --resume %s, or choose another --out",
                           a->out, ckpt, a->out);
         if (a->resume && last < 0)
-            fprintf(stderr, "longstraw train: %s has no checkpoint yet: starting from the beginning\n", a->out);
+            say(tr, "longstraw train: %s has no checkpoint yet: starting from the beginning\n", a->out);
         /* a resume that would train something else is refused before RUN/ is written */
         if (a->spec.adapter || a->spec.lora_rank > 0) { /* the base weights the adapters are trained on */
             LS_TRY(weights_digest(a->model, &tr->base_digest));
@@ -1098,7 +1118,7 @@ static ls_status setup(trainer *tr) {
                                          "checkpoint disagrees with itself", path, (long long)step, ckpt,
                           (long long)state_step);
         tr->pol.adam.step = step;
-        if (root) fprintf(stderr, "longstraw train: resumed from %s (update %lld, data position %lld, optimizer step %lld)\n", ckpt,
+        if (root) say(tr, "longstraw train: resumed from %s (update %lld, data position %lld, optimizer step %lld)\n", ckpt,
                 (long long)tr->update, (long long)tr->data_pos, (long long)step);
     }
     /* tokenizer: given, or plain bytes for the built-in task */
@@ -1200,23 +1220,23 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
     int64_t first = tr->update;
     int root = tr_root(tr);
     if (s == LS_OK && tr->update >= a->updates && root)
-        fprintf(stderr, "longstraw train: %lld updates already done (--updates %lld): nothing to do\n",
+        say(tr, "longstraw train: %lld updates already done (--updates %lld): nothing to do\n",
                 (long long)tr->update, (long long)a->updates);
     int64_t saved = tr->update; /* updates the newest checkpoint holds */
     tr->eval_nll = tr->eval_nll0 = NAN;
     if (s == LS_OK && tr->n_eval && tr->update < a->updates) { /* where this run starts from */
         s = evaluate(tr, &tr->eval_nll0);
-        if (s == LS_OK && root) fprintf(stderr, "held-out NLL %.4f per token before update %lld\n", tr->eval_nll0, (long long)tr->update + 1);
+        if (s == LS_OK && root) say(tr, "held-out NLL %.4f per token before update %lld\n", tr->eval_nll0, (long long)tr->update + 1);
     }
     if (s == LS_OK && tr->ev.num_prompts && tr->update < a->updates) {
         s = evaluate_task(tr, &tr->ev_res0);
         char line[512];
-        if (s == LS_OK && root) fprintf(stderr, "%s before update %lld\n", eval_line(tr, &tr->ev_res0, line, sizeof line), (long long)tr->update + 1);
+        if (s == LS_OK && root) say(tr, "%s before update %lld\n", eval_line(tr, &tr->ev_res0, line, sizeof line), (long long)tr->update + 1);
     }
     int halted = 0; /* a stop before the first update: nothing to do, nothing lost */
     if (s != LS_OK && ls_stop_requested()) {
         if (root)
-            fprintf(stderr, "longstraw train: stopped by signal %d in the held-out evaluation before update %lld; "
+            say(tr, "longstraw train: stopped by signal %d in the held-out evaluation before update %lld; "
                             "nothing was changed (%s)\n", ls_stop_requested(), (long long)tr->update + 1,
                     tr->update > 0 ? "continue with --resume" : "run the command again");
         s = LS_OK, halted = 1;
@@ -1251,11 +1271,11 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
             if (tr->pol.adam.step == step0) tr->data_pos = pos0, tr->epoch = epoch0, tr->rng = rng0;
             /* (not with --ep: saving is collective there, and the other ranks are elsewhere) */
             if (tr->pol.adam.step == step0 && tr->update > saved && !tr_ep(tr) && save_checkpoint(tr) == LS_OK && root)
-                fprintf(stderr, "longstraw train: update %lld %s; the %lld finished updates are in checkpoint-%lld\n",
+                say(tr, "longstraw train: update %lld %s; the %lld finished updates are in checkpoint-%lld\n",
                         (long long)tr->update + 1, stopped ? "stopped" : "failed", (long long)tr->update,
                         (long long)tr->update);
             if (stopped) { /* a requested stop, not a failure */
-                fprintf(stderr, "longstraw train: %s; continue with --resume %s\n", why, a->out);
+                say(tr, "longstraw train: %s; continue with --resume %s\n", why, a->out);
                 s = LS_OK;
             } else {
                 s = ls_err(s, "%s", why);
@@ -1285,7 +1305,7 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
         trace_update_end(tr, &groups[big], &mt);
         if (mt.skipped) {
             skipped++;
-            if (root) fprintf(stderr, "update %lld/%lld SKIPPED: %s; %s\n", (long long)tr->update + 1, (long long)a->updates,
+            if (root) say(tr, "update %lld/%lld SKIPPED: %s; %s\n", (long long)tr->update + 1, (long long)a->updates,
                     mt.skip_reason, mt.n_iter > 1 ? "this iteration took no step (earlier iterations of the update did)"
                                                   : "weights and optimizer state untouched");
         } else if (root) {
@@ -1293,10 +1313,10 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
             if (!isnan(tr->eval_nll)) snprintf(ev, sizeof ev, "  held-out nll %.4f", tr->eval_nll);
             if (tr->ev_res.n) snprintf(ev + strlen(ev), sizeof ev - strlen(ev), "  held-out em %.3f", tr->ev_res.exact_match);
             if (a->o.sft)
-                fprintf(stderr, "update %lld/%lld  nll %.4f  grad_norm %.4g%s  %.1fs\n", (long long)tr->update + 1,
+                say(tr, "update %lld/%lld  nll %.4f  grad_norm %.4g%s  %.1fs\n", (long long)tr->update + 1,
                         (long long)a->updates, mt.loss, mt.grad_norm, ev, dt);
             else
-                fprintf(stderr, "update %lld/%lld  reward %.4f ± %.4f  kl %.3g  entropy %.3f  len %.1f  grad_norm %.4g%s  %.1fs\n",
+                say(tr, "update %lld/%lld  reward %.4f ± %.4f  kl %.3g  entropy %.3f  len %.1f  grad_norm %.4g%s  %.1fs\n",
                         (long long)tr->update + 1, (long long)a->updates, mt.reward_mean, mt.reward_std, mt.kl,
                         mt.entropy, mt.len_mean, mt.grad_norm, ev, dt);
         }
@@ -1315,13 +1335,13 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
             snprintf(why, sizeof why, "%s", ls_err_msg());
             tr->update = done;
             if (done > saved && !tr_ep(tr) && save_checkpoint(tr) == LS_OK && root)
-                fprintf(stderr, "longstraw train: the %lld finished updates are in checkpoint-%lld\n", (long long)done,
+                say(tr, "longstraw train: the %lld finished updates are in checkpoint-%lld\n", (long long)done,
                         (long long)done);
             s = ls_err(LS_ERR_IO, "%s", why);
             break;
         }
         if (stop && s == LS_OK) {
-            if (root) fprintf(stderr, "longstraw train: stopped by signal %d after update %lld; continue with --resume %s\n", stop,
+            if (root) say(tr, "longstraw train: stopped by signal %d after update %lld; continue with --resume %s\n", stop,
                     (long long)done, a->out);
             tr->update++;
             break;
@@ -1332,7 +1352,7 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
         snprintf(path, sizeof path, "%s/receipt.json", a->out);
         s = ls_receipt_write(path, "train", &tr->pol, &groups[big], &a->o, &mt, &tr->ar);
         if (s == LS_OK && root)
-            fprintf(stderr, "longstraw train: %lld updates (%d skipped) in %s; receipt %s, `longstraw report %s` for the table and memory.svg\n",
+            say(tr, "longstraw train: %lld updates (%d skipped) in %s; receipt %s, `longstraw report %s` for the table and memory.svg\n",
                     (long long)(tr->update - first), skipped, a->out, path, a->out);
     }
     res->updates = tr->update - first;

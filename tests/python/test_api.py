@@ -223,6 +223,71 @@ class API(unittest.TestCase):
                 got = {k: z[k] for k in z.files}
             self.assert_same_tensors(got, read_safetensors(out))
 
+    def reward(self, prompts, completions, **kwargs):
+        """A TRL-signature reward reading both texts (the same as reward_cmd.py's)."""
+        return [((len(c) * 7 + sum(map(ord, c[:5])) + len(p)) % 11) / 10.0 for p, c in zip(prompts, completions)]
+
+    def test_train_python_reward_equals_reward_cmd(self):
+        """A training run driven by a Python reward in TRL's signature gives the metrics of the
+        same run with that reward through --reward-cmd."""
+        model = os.path.join(self.dir, "model257")
+        with open(os.path.join(self.dir, "config257.json"), "w") as f:
+            json.dump(dict(CONFIG, vocab_size=257), f)
+        self.cli("init", "--config", os.path.join(self.dir, "config257.json"), "--seed", "4", "--out", model)
+        cmd = os.path.join(self.dir, "reward_cmd.py")
+        with open(cmd, "w") as f:
+            f.write("import json, sys\n"
+                    "for line in sys.stdin:\n"
+                    "    o = json.loads(line)\n"
+                    "    p, c = o['prompt'], o['response']\n"
+                    "    print(((len(c) * 7 + sum(map(ord, c[:5])) + len(p)) % 11) / 10.0, flush=True)\n")
+        common = ["--task", "passkey", "--rollout", "--prompt-len", "300", "--num-generations", "3",
+                  "--max-new-tokens", "6", "--updates", "2", "--seed", "9", "--lr", "1e-3", "--threads", "1",
+                  "--quiet"]
+        run_cli = os.path.join(self.dir, "run_cli")
+        self.cli("train", "--model", model, "--out", run_cli, "--reward-cmd", "%s %s" % (sys.executable, cmd),
+                 *common)
+        ctx = ls.Context(threads=1)
+        lines = []
+        kw = {common[i][2:]: (common[i + 1] if i + 1 < len(common) and not common[i + 1].startswith("--") else True)
+              for i in range(len(common)) if common[i].startswith("--")}
+        run_py = os.path.join(self.dir, "run_py")
+        res = ctx.train(model=model, out=run_py, reward_funcs=[self.reward], log=lines.append,
+                        **{k.replace("-", "_"): v for k, v in kw.items()})
+        self.assertEqual(res["updates"], 2)
+        with open(os.path.join(run_cli, "metrics.jsonl")) as f:
+            want = [json.loads(x) for x in f]
+        self.assertEqual(len(res["metrics"]), 2)
+        for g, w in zip(res["metrics"], want):
+            for k in ("time", "step_time"):
+                g.pop(k), w.pop(k)
+            self.assertEqual(g, w)
+        self.assertTrue(any("update 2/2" in x for x in lines), lines)
+        # the rewards are not constant: the comparison pins them
+        self.assertGreater(max(m["reward_std"] for m in want), 0)
+
+    def test_train_reward_errors(self):
+        ctx = ls.Context(threads=1)
+        model = os.path.join(self.dir, "model257e")
+        with open(os.path.join(self.dir, "config257e.json"), "w") as f:
+            json.dump(dict(CONFIG, vocab_size=257), f)
+        self.cli("init", "--config", os.path.join(self.dir, "config257e.json"), "--out", model)
+
+        def bad(prompts, completions, **kw):
+            raise KeyError("no such column")
+        with self.assertRaises(ls.LongStrawError) as e:
+            ctx.train(model=model, out=os.path.join(self.dir, "run_bad"), task="passkey", rollout=True,
+                      prompt_len=300, num_generations=2, max_new_tokens=2, updates=1, reward_funcs=bad)
+        self.assertIn("no such column", str(e.exception))
+        self.assertIsInstance(e.exception.__cause__, KeyError)
+        with self.assertRaises(ls.LongStrawError) as e:
+            ctx.train(model=model, out=os.path.join(self.dir, "run_bad2"), task="passkey", updates=1,
+                      reward_funcs=self.reward)
+        self.assertIn("rollout", str(e.exception))
+        with self.assertRaises(ls.LongStrawError) as e:
+            ctx.train(model=model, out=os.path.join(self.dir, "run_bad3"), task="nope", rollout=True)
+        self.assertIn("--task", str(e.exception))
+
     def test_two_contexts(self):
         a, b = ls.Context(threads=1), ls.Context(threads=2)
         pa, pb = a.policy(self.model), b.policy(self.model)
