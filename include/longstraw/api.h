@@ -69,6 +69,11 @@ ls_result *ls_api_policy_step(ls_api_policy *p, int n_groups, const char *const 
  * the PEFT adapter files). 0 on success. */
 int ls_api_policy_save(ls_api_policy *p, const char *dir);
 
+/* `longstraw plan --json`: json is its document. model: a checkpoint directory or a
+ * config.json. Flags: prompt (required), page-size, cp, state-dtype, cp-layout, mode,
+ * sweep-chunk, ep, cp-wave, indexer-kl, state-on, with plan's defaults. */
+ls_result *ls_api_plan(ls_ctx *c, const char *model, int n, const char *const *names, const char *const *values);
+
 /* Rewards of one group from the host: prompt text, G response texts (decoded by the run's
  * tokenizer), the group's number; fills rewards[0..n). Nonzero: the run stops with
  * ls_api_reward_error's message. */

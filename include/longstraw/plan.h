@@ -9,8 +9,10 @@
 #define LONGSTRAW_PLAN_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
+#include "longstraw/config.h"
 #include "longstraw/core.h"
 #include "longstraw/state.h"
 
@@ -63,5 +65,17 @@ void ls_plan_row(ls_plan_doc *d, size_t bytes, const char *fmt, ...) __attribute
  * under one heading; `what` continues the heading's parenthesis. */
 void ls_plan_live_terms(ls_plan_doc *d, size_t params, size_t w_bytes, size_t m_bytes, size_t g_bytes,
                         const char *what);
+
+/* The objective's options of rq as `grad`/`step` check them (same messages). */
+ls_status ls_plan_check(const ls_plan_request *rq);
+/* The whole `plan` answer for a loaded config (the document's strings may point into it:
+ * keep it while doc is used; rq->path names it in messages): the family's plan under rq,
+ * the prompt state by memory (on_host: --state-on host), after the library's checks of
+ * the objective's options (full mode: rq->sweep_chunk > 0). LS_ERR_UNSUPPORTED: a flag
+ * this family has no use for. */
+ls_status ls_plan_make(ls_plan_doc *doc, const ls_config *cfg, const ls_plan_request *rq, int on_host);
+/* The document as `plan --json` prints it (one object, the family's key order, newline) or
+ * as the table. */
+void ls_plan_write(FILE *f, const ls_plan_doc *d, int json);
 
 #endif

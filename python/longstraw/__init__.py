@@ -82,6 +82,7 @@ _REWARD_FN = ctypes.CFUNCTYPE(ctypes.c_int, _vp, ctypes.c_char_p, ctypes.c_size_
 _LOG_FN = ctypes.CFUNCTYPE(None, _vp, ctypes.c_char_p)
 _sig("ls_api_train", _vp, _vp, ctypes.c_int, _pp, _pp, _REWARD_FN, _vp, _LOG_FN, _vp)
 _sig("ls_api_reward_error", None, _vp, _c)
+_sig("ls_api_plan", _vp, _vp, _c, ctypes.c_int, _pp, _pp)
 _sig("ls_result_count", _i64, _vp)
 _sig("ls_result_name", _c, _vp, _i64)
 _sig("ls_result_ndim", ctypes.c_int, _vp, _i64)
@@ -182,6 +183,15 @@ class Context:
         other training flag becomes this policy's default for later calls."""
         return Policy(self, model, flags)
 
+    def plan(self, model, prompt, **flags):
+        """`longstraw plan --json` for checkpoint directory (or config.json) `model` at a
+        prompt of `prompt` tokens: the memory plan as a dict (keys as the CLI's)."""
+        n, names, values = _flags(dict(flags, prompt=prompt))
+        ptr = _lib.ls_api_plan(self._ptr, _enc(model), n, names, values)
+        if not ptr:
+            raise self._error()
+        return _Result(ptr).json()
+
     def train(self, reward_funcs=None, reward_weights=None, log=None, **flags):
         """`longstraw train` from Python: flags as keywords (model=, out=, task=, rollout=True,
         updates=, num_generations=, ..., every training flag; resume="RUN"). reward_funcs:
@@ -273,6 +283,10 @@ class Policy:
         if not ptr:
             raise self.ctx._error()
         return _Result(ptr)
+
+    def plan(self, prompt, **flags):
+        """The memory plan of this policy's checkpoint at a prompt of `prompt` tokens."""
+        return self.ctx.plan(self.model, prompt, **flags)
 
     def logprobs(self, group, **flags):
         """log p(y_t | prompt, y_<t) of every response: a list of float32 arrays."""

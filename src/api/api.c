@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "longstraw/api.h"
@@ -16,6 +17,7 @@
 #include "longstraw/files.h"
 #include "longstraw/flags.h"
 #include "longstraw/safetensors.h"
+#include "longstraw/plan.h"
 #include "longstraw/score.h"
 #include "longstraw/train_args.h"
 #include "longstraw/trainer.h"
@@ -553,6 +555,73 @@ ls_result *ls_api_train(ls_ctx *c, int n, const char *const *names, const char *
     free(argv);
     for (int i = 0; i < nargc; i++) free(nargv[i]);
     free(nargv);
+    if (s != LS_OK) {
+        fail(c, s);
+        ls_result_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* ---- plan ---- */
+
+static int flag_is(const char *name, const char *flag) {
+    for (; *name && *flag; name++, flag++)
+        if (*name != *flag && !(*name == '_' && *flag == '-')) return 0;
+    return *name == *flag;
+}
+
+ls_result *ls_api_plan(ls_ctx *c, const char *model, int n, const char *const *names, const char *const *values) {
+    if (!c) return NULL;
+    c->err[0] = 0;
+    char path[4096];
+    struct stat st;
+    ls_status s = model ? LS_OK : ls_err(LS_ERR_ARG, "no model directory or config given");
+    if (s == LS_OK) {
+        if (stat(model, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(path, sizeof path, "%s/config.json", model);
+        else snprintf(path, sizeof path, "%s", model);
+    }
+    int64_t P = -1, S = 64, cp = 1, sweep = 512, ep = 1, wave = 0;
+    ls_dtype dt = LS_DTYPE_BF16;
+    ls_cp_layout lay = LS_CP_ZIGZAG;
+    int full = 0, ikl = 0, on_host = 0;
+    for (int i = 0; s == LS_OK && i < n; i++) {
+        const char *k = names ? names[i] : NULL, *v = values ? values[i] : NULL;
+        if (!k) s = ls_err(LS_ERR_ARG, "flag %d has no name", i);
+        else if (flag_is(k, "indexer-kl")) ikl = !v || !(strcmp(v, "0") == 0 || strcmp(v, "false") == 0);
+        else if (!v) s = ls_err(LS_ERR_ARG, "--%s needs a value", k);
+        else if (flag_is(k, "prompt")) s = ls_flag_i64("--prompt", v, 1, INT64_MAX / 2, &P);
+        else if (flag_is(k, "page-size")) s = ls_flag_i64("--page-size", v, 1, 1 << 20, &S);
+        else if (flag_is(k, "cp")) s = ls_flag_i64("--cp", v, 1, 65536, &cp);
+        else if (flag_is(k, "state-dtype")) s = ls_flag_dtype("--state-dtype", v, &dt);
+        else if (flag_is(k, "cp-layout")) s = ls_flag_layout(v, &lay);
+        else if (flag_is(k, "mode")) s = ls_flag_mode(v, &full);
+        else if (flag_is(k, "sweep-chunk")) s = ls_flag_i64("--sweep-chunk", v, 1, INT64_MAX / 4, &sweep);
+        else if (flag_is(k, "ep")) s = ls_flag_i64("--ep", v, 1, 4096, &ep);
+        else if (flag_is(k, "cp-wave")) s = ls_flag_i64("--cp-wave", v, 1, (int64_t)1 << 40, &wave);
+        else if (flag_is(k, "state-on")) s = ls_flag_state_on("--state-on", v, &on_host);
+        else s = ls_err(LS_ERR_ARG, "%s: not a flag of plan (see longstraw plan --help)", k);
+    }
+    if (s == LS_OK && P < 0) s = ls_err(LS_ERR_ARG, "plan needs prompt= (the prompt's length in tokens)");
+    ls_plan_request rq = {.path = path, .prompt = P, .page_size = S, .dtype = dt, .cp = (int)cp, .layout = lay,
+                          .cp_wave = wave, .sweep_chunk = full ? sweep : 0, .ep = (int)ep, .aux_loss = ikl};
+    ls_plan_doc *doc = s == LS_OK ? calloc(1, sizeof *doc) : NULL;
+    if (s == LS_OK && !doc) s = ls_err(LS_ERR_NOMEM, "out of memory");
+    ls_config cfg;
+    if (s == LS_OK) s = ls_config_load(&cfg, path);
+    if (s == LS_OK) s = ls_plan_make(doc, &cfg, &rq, on_host);
+    ls_result *r = NULL;
+    if (s == LS_OK && !(r = result_new())) s = ls_err(LS_ERR_NOMEM, "out of memory");
+    if (s == LS_OK) {
+        size_t len = 0;
+        FILE *f = open_memstream(&r->json, &len);
+        if (!f) s = ls_err(LS_ERR_NOMEM, "out of memory");
+        else {
+            ls_plan_write(f, doc, 1);
+            fclose(f);
+        }
+    }
+    free(doc);
     if (s != LS_OK) {
         fail(c, s);
         ls_result_free(r);

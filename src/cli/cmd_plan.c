@@ -43,38 +43,6 @@ static void help(void) {
            "  --help               this text\n");
 }
 
-static double gib(size_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
-
-/* v as a JSON string (cJSON's escaping). */
-static void json_string(const char *v) {
-    cJSON *j = cJSON_CreateString(v);
-    char *t = j ? cJSON_PrintUnformatted(j) : NULL;
-    fputs(t ? t : "null", stdout);
-    free(t);
-    cJSON_Delete(j);
-}
-
-/* The family's document: --json as one object in the family's key order, or the table. */
-static void print_doc(const ls_plan_doc *d, int json) {
-    if (json) {
-        printf("{");
-        for (int i = 0; i < d->nfield; i++) {
-            const ls_plan_field *f = &d->field[i];
-            printf("%s\"%s\": ", i ? ", " : "", f->key);
-            if (f->kind == LS_PLAN_I64) printf("%lld", f->i);
-            else if (f->kind == LS_PLAN_SIZE) printf("%zu", f->z);
-            else json_string(f->s);
-        }
-        printf("}\n");
-        return;
-    }
-    for (int i = 0; i < d->nline; i++) {
-        const ls_plan_line *l = &d->line[i];
-        if (l->row) printf("  %-40s %20zu %12.4f\n", l->text, l->bytes, gib(l->bytes));
-        else printf("%s\n", l->text);
-    }
-}
-
 int cmd_plan(int argc, char **argv) {
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"config", required_argument, 0, 'c'},
@@ -125,43 +93,25 @@ int cmd_plan(int argc, char **argv) {
     if (optind < argc) return cli_usage_error("plan", "unexpected argument \"%s\"", argv[optind]);
     if (!model == !config) return cli_usage_error("plan", "give exactly one of --model or --config");
     if (P < 0) return cli_usage_error("plan", "--prompt is required");
-    { /* what `grad`/`step`/`train` would refuse, refused here the same way (the library's check) */
-        ls_grpo_opts o;
-        ls_grpo_opts_default(&o);
-        o.full = full;
-        o.sweep_chunk = sweep;
-        o.aux_loss_coef = ikl ? 1.0 : 0.0;
-        if (ls_grpo_opts_check(&o) != LS_OK) {
-            fprintf(stderr, "longstraw plan: %s\n", ls_err_msg());
-            return 2;
-        }
-    }
     char path[4096];
     if (model) snprintf(path, sizeof path, "%s/config.json", model);
     else snprintf(path, sizeof path, "%s", config);
     ls_config cfg;
-    ls_status s = ls_config_load(&cfg, path);
-    if (s != LS_OK) return cli_fail("plan", s);
-    const ls_family *fam = ls_family_for(&cfg, path);
-    if (!fam) return cli_fail("plan", LS_ERR_UNSUPPORTED);
     ls_plan_request rq = {.path = path, .prompt = P, .page_size = S, .dtype = dt, .cp = (int)cp, .layout = lay, .cp_wave = wave,
                           .sweep_chunk = full ? sweep : 0, .ep = (int)ep, .aux_loss = ikl};
+    if (ls_plan_check(&rq) != LS_OK) {
+        fprintf(stderr, "longstraw plan: %s\n", ls_err_msg());
+        return 2;
+    }
     ls_plan_doc *doc = calloc(1, sizeof *doc);
     if (!doc) return cli_fail("plan", ls_err(LS_ERR_NOMEM, "out of memory"));
-    s = fam->plan(doc, &cfg, &rq);
-    ls_state_plan_t sp;
-    if (s == LS_OK) s = fam->state_plan(&sp, &cfg, P, S, dt, (int)cp, lay, full ? sweep : 0);
-    if (s == LS_OK) { /* its bytes by memory on a device backend (the receipt's prompt_state_bytes) */
-        size_t dev, host;
-        ls_state_placement(&sp, &cfg, dt, (int)cp, on_host, &dev, &host);
-        ls_plan_str(doc, "state_on", on_host ? "host" : "device");
-        ls_plan_size(doc, "state_device_bytes_per_rank", dev);
-        ls_plan_size(doc, "state_host_bytes_per_rank", host);
-        ls_plan_text(doc, "prompt state by memory on a device backend (--state-on %s):", on_host ? "host" : "device");
-        ls_plan_row(doc, dev, on_host ? "  device: one layer staged at a time" : "  device: pages and states");
-        ls_plan_row(doc, host, on_host ? "  host: the state, the stages' tables" : "  host: page tables");
+    ls_status s = ls_config_load(&cfg, path);
+    if (s != LS_OK || !ls_family_for(&cfg, path)) {
+        free(doc);
+        return cli_fail("plan", s != LS_OK ? s : LS_ERR_UNSUPPORTED);
     }
-    if (s == LS_OK) print_doc(doc, json);
+    s = ls_plan_make(doc, &cfg, &rq, on_host);
+    if (s == LS_OK) ls_plan_write(stdout, doc, json);
     free(doc);
     if (s == LS_ERR_UNSUPPORTED) /* a flag this family has no use for: a usage error, as the flags' own */
         return cli_usage_error("plan", "%s", ls_err_msg());

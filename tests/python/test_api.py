@@ -23,7 +23,7 @@ except ImportError:
 
 if len(sys.argv) < 3:
     sys.exit("usage: test_api.py LONGSTRAW_BIN LIBLONGSTRAW_SO [unittest args]")
-BIN, LIB = sys.argv[1], sys.argv[2]
+BIN, LIB = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 del sys.argv[1:3]
 os.environ["LONGSTRAW_LIB"] = LIB
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
@@ -287,6 +287,45 @@ class API(unittest.TestCase):
         with self.assertRaises(ls.LongStrawError) as e:
             ctx.train(model=model, out=os.path.join(self.dir, "run_bad3"), task="nope", rollout=True)
         self.assertIn("--task", str(e.exception))
+
+    def test_plan_equal_cli(self):
+        ctx = ls.Context(threads=1)
+        for flags, cli in (({}, []), ({"mode": "full", "page_size": 16}, ["--mode", "full", "--page-size", "16"]),
+                           ({"cp": 3, "cp_layout": "contiguous"}, ["--cp", "3", "--cp-layout", "contiguous"])):
+            want = json.loads(self.cli("plan", "--model", self.model, "--prompt", "1000", "--json", *cli))
+            self.assertEqual(ctx.plan(self.model, 1000, **flags), want)
+            self.assertEqual(ctx.policy(self.model).plan(1000, **flags), want)
+        with self.assertRaises(ls.LongStrawError) as e:
+            ctx.plan(self.model, 1000, mode="sideways")
+        self.assertIn("--mode", str(e.exception))
+
+    def test_pip_install_offline(self):
+        """`pip install ./python` without a network: the wheel carries the library; the installed
+        package gives the CLI's log-probs."""
+        try:
+            import pip  # noqa: F401
+        except ImportError:
+            self.skipTest("pip is not installed for %s" % sys.executable)
+        target = os.path.join(self.dir, "site")
+        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+        env = dict(os.environ, LONGSTRAW_LIB=LIB, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+        r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--target", target,
+                            src], capture_output=True, text=True, env=env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertTrue(os.path.exists(os.path.join(target, "longstraw", "liblongstraw.so")))
+        code = ("import json, sys, longstraw as ls\n"
+                "assert ls.library_path.startswith(sys.argv[1]), ls.library_path\n"
+                "g = json.load(open(sys.argv[3]))\n"
+                "print(json.dumps([a.tolist() for a in ls.Context(threads=1).policy(sys.argv[2]).logprobs(g)]))\n")
+        env = {k: v for k, v in os.environ.items() if k != "LONGSTRAW_LIB"}
+        env["PYTHONPATH"] = target
+        r = subprocess.run([sys.executable, "-c", code, target, self.model, self.gpath], capture_output=True,
+                           text=True, env=env, cwd=self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        want = json.loads(self.cli("logprobs", "--model", self.model, "--group", self.gpath, "--threads", "1"))
+        got = json.loads(r.stdout)
+        for g, w in zip(got, want["logprobs"]):
+            self.assertTrue(np.array_equal(np.array(g, dtype=np.float32), np.array(w, dtype=np.float32)))
 
     def test_two_contexts(self):
         a, b = ls.Context(threads=1), ls.Context(threads=2)
