@@ -65,6 +65,14 @@ ls_result *ls_api_policy_grad(ls_api_policy *p, const char *group_json, int n, c
  * the metrics (TRL's names). No arrays. */
 ls_result *ls_api_policy_step(ls_api_policy *p, int n_groups, const char *const *groups_json, int n,
                               const char *const *names, const char *const *values);
+/* G responses sampled from the policy after capturing the prompt once (group_json: the
+ * group format's "prompt"; other fields ignored): arrays "0".."G-1" of token ids (as f32,
+ * exact below 2^24) and "logprobs.0".. their sampling-time log-probs. Flags:
+ * num-generations (8), max-new-tokens (32), top-p (1), temperature (1), seed (0), stop
+ * (token ids, comma separated), and the engine flags. Under CP every rank samples the same
+ * tokens (the same seed). */
+ls_result *ls_api_policy_rollouts(ls_api_policy *p, const char *group_json, int n, const char *const *names,
+                                  const char *const *values);
 /* Write the policy as `longstraw step --out DIR` does (model.safetensors + config.json, or
  * the PEFT adapter files). 0 on success. */
 int ls_api_policy_save(ls_api_policy *p, const char *dir);

@@ -76,6 +76,7 @@ _sig("ls_api_policy_logprobs", _vp, _vp, _c, ctypes.c_int, _pp, _pp)
 _sig("ls_api_policy_grad", _vp, _vp, _c, ctypes.c_int, _pp, _pp)
 _sig("ls_api_policy_step", _vp, _vp, ctypes.c_int, _pp, ctypes.c_int, _pp, _pp)
 _sig("ls_api_policy_save", ctypes.c_int, _vp, _c)
+_sig("ls_api_policy_rollouts", _vp, _vp, _c, ctypes.c_int, _pp, _pp)
 _REWARD_FN = ctypes.CFUNCTYPE(ctypes.c_int, _vp, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p),
                               ctypes.POINTER(ctypes.c_size_t), ctypes.c_int, ctypes.c_int64,
                               ctypes.POINTER(ctypes.c_double))
@@ -313,6 +314,17 @@ class Policy:
         arr = (ctypes.c_char_p * max(len(texts), 1))(*texts)
         n, names, values = _flags(flags)
         return self._call(_lib.ls_api_policy_step(self._ptr, len(texts), arr, n, names, values)).json()
+
+    def rollouts(self, prompt, **flags):
+        """Sample responses after capturing `prompt` (a list of token ids, or a group dict)
+        once: (responses, logprobs), lists of int32 / float32 arrays. Keywords:
+        num_generations (8), max_new_tokens (32), top_p (1.0), temperature (1.0), seed (0),
+        stop (token ids), and the engine flags."""
+        group = prompt if isinstance(prompt, (dict, str, bytes)) else {"prompt": list(prompt)}
+        n, names, values = _flags(flags)
+        a = self._call(_lib.ls_api_policy_rollouts(self._ptr, _group_json(group), n, names, values)).arrays()
+        G = sum(1 for k in a if not k.startswith("logprobs."))
+        return [a[str(i)].astype(np.int32) for i in range(G)], [a["logprobs.%d" % i] for i in range(G)]
 
     def save(self, out_dir):
         """Write the policy as `longstraw step --out DIR` does."""

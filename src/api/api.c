@@ -18,6 +18,7 @@
 #include "longstraw/flags.h"
 #include "longstraw/safetensors.h"
 #include "longstraw/plan.h"
+#include "longstraw/rollout.h"
 #include "longstraw/score.h"
 #include "longstraw/train_args.h"
 #include "longstraw/trainer.h"
@@ -97,6 +98,8 @@ ls_ctx *ls_ctx_new(int threads) {
 
 void ls_ctx_free(ls_ctx *c) { free(c); }
 
+static int flag_is(const char *name, const char *flag);
+
 /* ---- results ---- */
 
 static ls_result *result_new(void) {
@@ -141,6 +144,14 @@ void ls_result_free(ls_result *r) {
     free(r->a);
     free(r->json);
     free(r);
+}
+
+/* A call's end: r on success; else the context's message set, r freed, NULL. */
+static ls_result *finish(ls_ctx *c, ls_status s, ls_result *r) {
+    if (s == LS_OK) return r;
+    fail(c, s);
+    ls_result_free(r);
+    return NULL;
 }
 
 /* ---- flags ---- */
@@ -287,12 +298,7 @@ ls_result *ls_api_policy_logprobs(ls_api_policy *p, const char *group_json, int 
     }
     ls_arena_reset(&p->ar.a[LS_ARENA_SCORE]);
     ls_group_free(&g);
-    if (s != LS_OK) {
-        fail(c, s);
-        ls_result_free(r);
-        return NULL;
-    }
-    return r;
+    return finish(c, s, r);
 }
 
 static void metric(FILE *f, int *first, const char *k, double v) {
@@ -380,12 +386,7 @@ ls_result *ls_api_policy_grad(ls_api_policy *p, const char *group_json, int n, c
     if (s == LS_OK) s = read_grads(p, r);
     if (s == LS_OK && !(r->json = metrics_json(&mt, &t, p))) s = ls_err(LS_ERR_NOMEM, "out of memory");
     ls_group_free(&g);
-    if (s != LS_OK) {
-        fail(c, s);
-        ls_result_free(r);
-        return NULL;
-    }
-    return r;
+    return finish(c, s, r);
 }
 
 ls_result *ls_api_policy_step(ls_api_policy *p, int n_groups, const char *const *groups_json, int n,
@@ -416,12 +417,106 @@ ls_result *ls_api_policy_step(ls_api_policy *p, int n_groups, const char *const 
     if (s == LS_OK && !(r->json = metrics_json(&mt, &t, p))) s = ls_err(LS_ERR_NOMEM, "out of memory");
     for (int k = 0; g && k < n_groups; k++) ls_group_free(&g[k]);
     free(g);
-    if (s != LS_OK) {
-        fail(c, s);
-        ls_result_free(r);
-        return NULL;
+    return finish(c, s, r);
+}
+
+/* Sampling's own flags, or a training flag (temperature, the engine's). */
+static int rollout_flag(const char *k) {
+    static const char *const own[] = {"num-generations", "max-new-tokens", "top-p", "seed", "stop"};
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+        if (flag_is(k, own[i])) return 1;
+    for (int i = 0; i < ls_train_flag_count; i++)
+        if (flag_is(k, ls_train_flag_table[i].name)) return 1;
+    return 0;
+}
+
+ls_result *ls_api_policy_rollouts(ls_api_policy *p, const char *group_json, int n, const char *const *names,
+                                  const char *const *values) {
+    if (!p) return NULL;
+    ls_ctx *c = p->ctx;
+    c->err[0] = 0;
+    ls_train_args a;
+    ls_train_args_default(&a);
+    a.t = p->base;
+    ls_status s = LS_OK;
+    for (int i = 0; s == LS_OK && i < n; i++) {
+        int known = 0;
+        const char *k = names ? names[i] : NULL;
+        if (!k) s = ls_err(LS_ERR_ARG, "flag %d has no name", i);
+        else if (open_only(k)) s = ls_err(LS_ERR_ARG, "--%s is fixed when the policy is opened", k);
+        else if (!rollout_flag(k)) s = ls_err(LS_ERR_ARG, "%s: not a flag of rollouts", k);
+        else s = ls_train_args_set(&a, k, values ? values[i] : NULL, &known);
     }
-    return r;
+    if (s == LS_OK) s = ls_train_flags_finish(&a.t);
+    a.t.o.fwd.comm = c->world;
+    ls_set_threads(c->threads);
+    ls_group g;
+    memset(&g, 0, sizeof g);
+    if (s == LS_OK) s = group_json ? ls_group_parse_ex(&g, group_json, "group", p->t.cfg->vocab, NULL,
+                                                       LS_GROUP_PROMPT_ONLY)
+                                   : ls_err(LS_ERR_ARG, "no prompt given");
+    if (s == LS_OK && g.P < 2) s = ls_err(LS_ERR_ARG, "group: field \"prompt\" has %lld token(s): at least 2 needed",
+                                          (long long)g.P);
+    if (s == LS_OK && a.t.o.no_capture) s = ls_err(LS_ERR_ARG, "rollouts sample from the captured state: not with no_capture");
+    if (s == LS_OK && p->t.cfg->vocab > (1 << 24))
+        s = ls_err(LS_ERR_UNSUPPORTED, "vocab %lld: token ids above 2^24 do not fit the result's f32 arrays",
+                   (long long)p->t.cfg->vocab);
+    int32_t stop_ids[16];
+    ls_sample_opts so;
+    ls_sample_opts_default(&so);
+    so.temperature = a.t.o.fwd.temperature;
+    so.top_p = (float)a.r.top_p;
+    so.max_new_tokens = a.r.max_new_tokens;
+    so.stop = stop_ids;
+    for (const char *q = a.r.stop; s == LS_OK && q && *q;) { /* comma-separated ids */
+        char *end;
+        long long id = strtoll(q, &end, 10);
+        if (end == q || id < 0 || id >= p->t.cfg->vocab || so.n_stop == 16)
+            s = ls_err(LS_ERR_ARG, "--stop: \"%s\": at most 16 token ids in [0, %lld), comma separated", a.r.stop,
+                       (long long)p->t.cfg->vocab);
+        else stop_ids[so.n_stop++] = (int32_t)id;
+        q = *end == ',' ? end + 1 : end;
+        if (s == LS_OK && *q && end == q) s = ls_err(LS_ERR_ARG, "--stop: \"%s\" is not a list of ids", a.r.stop);
+    }
+    int G = (int)a.r.num_generations;
+    int64_t maxn = a.r.max_new_tokens;
+    int32_t **resp = s == LS_OK ? calloc((size_t)G, sizeof *resp) : NULL;
+    float **lps = s == LS_OK ? calloc((size_t)G, sizeof *lps) : NULL;
+    int64_t *R = s == LS_OK ? calloc((size_t)G, sizeof *R) : NULL;
+    if (s == LS_OK && (!resp || !lps || !R)) s = ls_err(LS_ERR_NOMEM, "out of memory");
+    for (int i = 0; s == LS_OK && i < G; i++)
+        if (!(resp[i] = malloc((size_t)maxn * sizeof(int32_t))) || !(lps[i] = malloc((size_t)maxn * sizeof(float))))
+            s = ls_err(LS_ERR_NOMEM, "out of memory");
+    ls_score_opts sc = {0, a.t.o.page_size, a.t.o.state_dtype, a.t.o.fwd, 0};
+    ls_prompt_state st;
+    ls_arena_reset(&p->ar.a[LS_ARENA_PROMPT]);
+    if (s == LS_OK) s = ls_score_capture(&p->t.p.policy, &g, &sc, &p->ar, &st);
+    ls_rng rng;
+    ls_rng_seed(&rng, (uint64_t)a.r.seed);
+    if (s == LS_OK)
+        s = ls_generate_group(&p->t.p.policy, &st, g.prompt[g.P - 1], G, &so, &rng, resp, lps, R, &a.t.o.fwd,
+                              &p->ar.a[LS_ARENA_BRANCH], &p->ar.a[LS_ARENA_SCRATCH]);
+    ls_arena_reset(&p->ar.a[LS_ARENA_PROMPT]);
+    ls_result *r = NULL;
+    if (s == LS_OK && !(r = result_new())) s = ls_err(LS_ERR_NOMEM, "out of memory");
+    for (int i = 0; s == LS_OK && i < G; i++) {
+        char nm[32];
+        float *ids = malloc((size_t)(R[i] > 0 ? R[i] : 1) * sizeof(float));
+        if (!ids) s = ls_err(LS_ERR_NOMEM, "out of memory");
+        for (int64_t t = 0; s == LS_OK && t < R[i]; t++) ids[t] = (float)resp[i][t];
+        snprintf(nm, sizeof nm, "%d", i);
+        if (s == LS_OK) s = result_add(r, nm, 1, &R[i], ids);
+        snprintf(nm, sizeof nm, "logprobs.%d", i);
+        if (s == LS_OK) s = result_add(r, nm, 1, &R[i], lps[i]);
+        free(ids);
+    }
+    for (int i = 0; i < G && resp; i++) free(resp[i]);
+    for (int i = 0; i < G && lps; i++) free(lps[i]);
+    free(resp);
+    free(lps);
+    free(R);
+    ls_group_free(&g);
+    return finish(c, s, r);
 }
 
 int ls_api_policy_save(ls_api_policy *p, const char *dir) {
@@ -555,12 +650,7 @@ ls_result *ls_api_train(ls_ctx *c, int n, const char *const *names, const char *
     free(argv);
     for (int i = 0; i < nargc; i++) free(nargv[i]);
     free(nargv);
-    if (s != LS_OK) {
-        fail(c, s);
-        ls_result_free(r);
-        return NULL;
-    }
-    return r;
+    return finish(c, s, r);
 }
 
 /* ---- plan ---- */
@@ -622,10 +712,5 @@ ls_result *ls_api_plan(ls_ctx *c, const char *model, int n, const char *const *n
         }
     }
     free(doc);
-    if (s != LS_OK) {
-        fail(c, s);
-        ls_result_free(r);
-        return NULL;
-    }
-    return r;
+    return finish(c, s, r);
 }

@@ -327,6 +327,32 @@ class API(unittest.TestCase):
         for g, w in zip(got, want["logprobs"]):
             self.assertTrue(np.array_equal(np.array(g, dtype=np.float32), np.array(w, dtype=np.float32)))
 
+    def test_rollouts(self):
+        pol = ls.Context(threads=1).policy(self.model)
+        resp, lps = pol.rollouts(self.group["prompt"], num_generations=4, max_new_tokens=9, seed=3)
+        self.assertEqual(len(resp), 4)
+        for r, lp in zip(resp, lps):
+            self.assertEqual(r.dtype, np.int32)
+            self.assertEqual(len(r), 9)
+            self.assertTrue(((r >= 0) & (r < 97)).all())
+            self.assertTrue(np.isfinite(lp).all() and (lp <= 0).all())
+        again, _ = pol.rollouts(self.group, num_generations=4, max_new_tokens=9, seed=3)
+        self.assertTrue(all(np.array_equal(a, b) for a, b in zip(resp, again)))  # the seed decides
+        other, _ = pol.rollouts(self.group, num_generations=4, max_new_tokens=9, seed=4)
+        self.assertFalse(all(np.array_equal(a, b) for a, b in zip(resp, other)))
+        # the sampling-time log-probs are the policy's log-probs of those tokens
+        scored = pol.logprobs({"prompt": self.group["prompt"], "responses": [r.tolist() for r in resp]})
+        for a, b in zip(lps, scored):
+            self.assertLess(float(np.abs(a - b).max()), 1e-4)
+        # a stop token ends a response (and is kept)
+        stop = int(resp[0][2])
+        cut, _ = pol.rollouts(self.group, num_generations=4, max_new_tokens=9, seed=3, stop=[stop])
+        first = resp[0].tolist().index(stop)
+        self.assertEqual(cut[0].tolist(), resp[0][:first + 1].tolist())
+        with self.assertRaises(ls.LongStrawError) as e:
+            pol.rollouts(self.group, updates=3)
+        self.assertIn("updates", str(e.exception))
+
     def test_two_contexts(self):
         a, b = ls.Context(threads=1), ls.Context(threads=2)
         pa, pb = a.policy(self.model), b.policy(self.model)
