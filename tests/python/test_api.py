@@ -162,7 +162,17 @@ class API(unittest.TestCase):
                 ctx.policy(os.path.join(self.dir, "nope"))
             except ls.LongStrawError:
                 pass
-            return True
+            ctx.plan(self.model, 500)
+            pol.rollouts(self.group, num_generations=2, max_new_tokens=3)
+            model = os.path.join(self.dir, "model257q")
+            with open(os.path.join(self.dir, "config257q.json"), "w") as f:
+                json.dump(dict(CONFIG, vocab_size=257), f)
+            subprocess.run([BIN, "init", "--config", os.path.join(self.dir, "config257q.json"), "--out", model],
+                           check=True, capture_output=True)
+            res = ctx.train(model=model, out=os.path.join(self.dir, "run_quiet"), task="passkey", rollout=True,
+                            prompt_len=300, num_generations=2, max_new_tokens=3, updates=1,
+                            reward_funcs=lambda prompts, completions, **kw: [len(c) % 2 for c in completions])
+            return res["updates"] == 1
         ok, printed = capture_fd2(run)
         self.assertTrue(ok)
         self.assertEqual(printed, b"")
