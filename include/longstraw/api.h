@@ -37,6 +37,7 @@ typedef struct ls_result ls_result;
 /* threads <= 0: all cores. NULL only when out of memory or MPI cannot start (message in
  * ls_api_last_error). */
 ls_ctx *ls_ctx_new(int threads);
+/* Close a context's policies first: their calls need it (ls_api_policy_close does not). */
 void ls_ctx_free(ls_ctx *c);
 const char *ls_ctx_error(const ls_ctx *c); /* the last failed call's message ("" if none) */
 const char *ls_api_last_error(void);       /* for a failed ls_ctx_new */

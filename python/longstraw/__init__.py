@@ -276,14 +276,24 @@ class Policy:
             flags = dict(flags)
             del flags["lora_rank"]  # 0: full fine-tune (the CLI's default)
         n, names, values = _flags(flags)
-        self._ptr = _lib.ls_api_policy_open(ctx._ptr, _enc(model), n, names, values)
-        if not self._ptr:
+        self.__ptr = None
+        ptr = _lib.ls_api_policy_open(ctx._ptr, _enc(model), n, names, values)
+        if not ptr:
             raise ctx._error()
+        self.__ptr = ptr
 
     def _call(self, ptr):
         if not ptr:
             raise self.ctx._error()
         return _Result(ptr)
+
+    @property
+    def _ptr(self):
+        if not self.__ptr:
+            raise LongStrawError("policy %s is closed" % self.model)
+        if not self.ctx._ptr:
+            raise LongStrawError("the context of policy %s is closed" % self.model)
+        return self.__ptr
 
     def plan(self, prompt, **flags):
         """The memory plan of this policy's checkpoint at a prompt of `prompt` tokens."""
@@ -332,9 +342,11 @@ class Policy:
             raise self.ctx._error()
 
     def close(self):
-        if getattr(self, "_ptr", None):
-            _lib.ls_api_policy_close(self._ptr)
-            self._ptr = None
+        """Free the policy (weights, gradients, moments); later calls raise."""
+        ptr = getattr(self, "_Policy__ptr", None)
+        if ptr:
+            _lib.ls_api_policy_close(ptr)
+            self.__ptr = None
 
     def __del__(self):
         self.close()

@@ -207,6 +207,17 @@ class API(unittest.TestCase):
             pol.grad(self.group, lora_rank=2)  # fixed at open
         # the process survives and the policy still works
         self.assertEqual(len(pol.logprobs(self.group)), 3)
+        # closed objects raise instead of touching freed memory
+        other = ls.Context(threads=1)
+        p2 = other.policy(self.model)
+        other.close()
+        with self.assertRaises(ls.LongStrawError) as e:
+            p2.logprobs(self.group)
+        self.assertIn("context", str(e.exception))
+        pol.close()
+        with self.assertRaises(ls.LongStrawError) as e:
+            pol.grad(self.group)
+        self.assertIn("closed", str(e.exception))
 
     def test_mpi_grad_equal_cli(self):
         """`mpirun -np 2 python3` runs CP: the same gradient as `mpirun -np 2 longstraw grad`."""
