@@ -21,6 +21,10 @@ import torch
 import longstraw as ls
 
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+# the CLI (for `init`): $LONGSTRAW_BIN, else beside the loaded library, else this checkout's build/
+longstraw_bin = os.environ.get("LONGSTRAW_BIN") or next(
+    (c for c in (os.path.join(os.path.dirname(ls.library_path), "longstraw"), os.path.join(root, "build", "longstraw"))
+     if os.path.exists(c)), "longstraw")
 sys.path.insert(0, os.path.join(root, "tests", "reference"))
 import hybrid_ref  # noqa: E402  (the fp64 reference model)
 
@@ -33,7 +37,7 @@ with open(cfg, "w") as f:
                "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "linear_num_key_heads": 2,
                "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
                "intermediate_size": 96, "num_experts": 0, "full_attention_interval": 2}, f)
-subprocess.run([os.path.join(root, "build", "longstraw"), "init", "--config", cfg, "--seed", "1", "--out", model],
+subprocess.run([longstraw_bin, "init", "--config", cfg, "--seed", "1", "--out", model],
                check=True, stdout=subprocess.DEVNULL)
 
 rng = np.random.default_rng(0)

@@ -18,6 +18,10 @@ import longstraw as ls
 
 out = sys.argv[1] if len(sys.argv) > 1 else "grpo_passkey_run"
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+# the CLI (for `init`): $LONGSTRAW_BIN, else beside the loaded library, else this checkout's build/
+longstraw_bin = os.environ.get("LONGSTRAW_BIN") or next(
+    (c for c in (os.path.join(os.path.dirname(ls.library_path), "longstraw"), os.path.join(root, "build", "longstraw"))
+     if os.path.exists(c)), "longstraw")
 model = os.path.join(out, "model")
 os.makedirs(out, exist_ok=True)
 if not os.path.exists(os.path.join(model, "model.safetensors")):
@@ -28,7 +32,7 @@ if not os.path.exists(os.path.join(model, "model.safetensors")):
                    "linear_num_key_heads": 4, "linear_num_value_heads": 8, "linear_key_head_dim": 32,
                    "linear_value_head_dim": 32, "intermediate_size": 768, "num_experts": 0,
                    "full_attention_interval": 4}, f)
-    subprocess.run([os.path.join(root, "build", "longstraw"), "init", "--config", cfg, "--out", model], check=True)
+    subprocess.run([longstraw_bin, "init", "--config", cfg, "--out", model], check=True)
 
 
 def passkey_reward(prompts, completions, **kwargs):
