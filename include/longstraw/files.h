@@ -58,5 +58,7 @@ ls_status ls_check_same_inputs(const ls_comm *c, int argc, char *const *argv, co
 /* A JSON number: "%.9g" of v (or the given printf format), or "null" when v is NaN or
  * ±Inf, which JSON cannot represent. Returns what fprintf returns. */
 int ls_json_number(FILE *f, const char *fmt, double v);
+/* A JSON string literal of s (escaped; "null" when out of memory). */
+void ls_json_string(FILE *f, const char *s);
 
 #endif

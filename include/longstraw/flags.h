@@ -13,6 +13,11 @@
 #include "longstraw/grpo.h"
 #include "longstraw/trainer.h"
 
+/* name == flag, where name may spell '-' as '_' ("max_grad_norm" is "max-grad-norm"). */
+int ls_flag_name_is(const char *name, const char *flag);
+/* A switch's value: NULL (given bare) or anything but "0"/"false"/"False" is on. */
+int ls_flag_on(const char *value);
+
 /* Checked values: LS_ERR_ARG "FLAG: ..." on anything but a number in [lo, hi]. */
 ls_status ls_flag_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);
 ls_status ls_flag_f64(const char *flag, const char *s, double lo, double hi, double *out);

@@ -124,6 +124,12 @@ uint64_t ls_params_hash(const struct ls_backend *be, const ls_param *ps, int64_t
  * after the replay. When `adam` is NULL the update stops after the gradients (no
  * clipping, no step): that is `longstraw grad`. The reference is p->ref (needed
  * when β ≠ 0). */
+/* How the transaction scores (and captures for sampling): no full-mode state. */
+ls_score_opts ls_grpo_score_opts(const ls_grpo_opts *o);
+/* A group defines o's objective: "rewards" or "advantages" and G >= 2 (GRPO; SFT needs
+ * neither). Messages name `label` (the group file). */
+ls_status ls_grpo_group_check(const ls_group *g, const ls_grpo_opts *o, const char *label);
+
 ls_status ls_grpo_update(ls_policy *p, ls_adamw *adam, const ls_group *g, const ls_grpo_opts *o, ls_arenas *ar,
                          ls_grpo_metrics *mt);
 

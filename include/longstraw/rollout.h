@@ -18,6 +18,12 @@ typedef struct {
 
 void ls_sample_opts_default(ls_sample_opts *o);
 
+/* --stop's list: comma-separated token ids, or token strings of `tok` (NULL: ids only),
+ * each below vocab, at most `cap` of them, into ids[*n]. Messages name --stop. */
+struct ls_tokenizer;
+ls_status ls_stop_tokens_parse(const char *stop, const struct ls_tokenizer *tok, int64_t vocab, int32_t *ids, int cap,
+                               int *n);
+
 /* Draw one token from logits[V] (already divided by the temperature, or raw when
  * temperature = 0: argmax). *logprob = log-probability of the token under the full
  * temperature-scaled distribution (what scoring computes). `work` holds V floats

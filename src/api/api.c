@@ -3,8 +3,6 @@
  * transaction (grpo.h), the trainable set (trainer.h) and the training flags (flags.h).
  * Nothing here prints: every failure becomes the context's error message.
  */
-#include <cjson/cJSON.h>
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,8 +96,6 @@ ls_ctx *ls_ctx_new(int threads) {
 
 void ls_ctx_free(ls_ctx *c) { free(c); }
 
-static int flag_is(const char *name, const char *flag);
-
 /* ---- results ---- */
 
 static ls_result *result_new(void) {
@@ -160,11 +156,8 @@ static ls_result *finish(ls_ctx *c, ls_status s, ls_result *r) {
 static int open_only(const char *name) {
     static const char *const f[] = {"lora-rank", "lora-alpha", "lora-targets", "lora-seed", "adapter",
                                     "ref-model", "backend",    "state-on",     "ep",        "threads"};
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-        const char *a = name, *b = f[i];
-        while (*a && *b && (*a == *b || (*a == '_' && *b == '-'))) a++, b++;
-        if (!*a && !*b) return 1;
-    }
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (ls_flag_name_is(name, f[i])) return 1;
     return 0;
 }
 
@@ -221,18 +214,13 @@ ls_api_policy *ls_api_policy_open(ls_ctx *c, const char *model_dir, int n, const
     ls_train_flags_init(&p->base);
     ls_status s = model_dir ? LS_OK : ls_err(LS_ERR_ARG, "no model directory given");
     if (s == LS_OK && !(p->model = strdup(model_dir))) s = ls_err(LS_ERR_NOMEM, "out of memory");
-    /* the flags keep pointers: copy the values */
+    /* the flags keep pointers: they point into copies of the values (NULL stays NULL) */
     if (s == LS_OK && n > 0 && !(p->strings = calloc((size_t)n, sizeof *p->strings)))
         s = ls_err(LS_ERR_NOMEM, "out of memory");
-    const char **vals = NULL;
-    if (s == LS_OK && n > 0 && !(vals = calloc((size_t)n, sizeof *vals))) s = ls_err(LS_ERR_NOMEM, "out of memory");
-    for (int i = 0; s == LS_OK && i < n; i++) {
-        if (values && values[i] && !(p->strings[p->n_strings++] = strdup(values[i])))
-            s = ls_err(LS_ERR_NOMEM, "out of memory");
-        else vals[i] = values && values[i] ? p->strings[p->n_strings - 1] : NULL;
-    }
-    if (s == LS_OK) s = apply_flags(&p->base, n, names, vals, 1);
-    free(vals);
+    p->n_strings = n > 0 && p->strings ? n : 0;
+    for (int i = 0; s == LS_OK && i < n; i++)
+        if (values && values[i] && !(p->strings[i] = strdup(values[i]))) s = ls_err(LS_ERR_NOMEM, "out of memory");
+    if (s == LS_OK) s = apply_flags(&p->base, n, names, (const char *const *)p->strings, 1);
     ls_train_flags t;
     if (s == LS_OK) {
         t = p->base;
@@ -286,7 +274,7 @@ ls_result *ls_api_policy_logprobs(ls_api_policy *p, const char *group_json, int 
     float **lp = NULL;
     if (s == LS_OK && !(lp = ls_arena_alloc(&p->ar.a[LS_ARENA_SCORE], (size_t)g.G * sizeof(float *))))
         s = ls_err(LS_ERR_NOMEM, "out of memory");
-    ls_score_opts so = {t.o.no_capture, t.o.page_size, t.o.state_dtype, t.o.fwd, 0};
+    ls_score_opts so = ls_grpo_score_opts(&t.o);
     ls_score_stats st;
     if (s == LS_OK) s = ls_score_group(&p->t.p.policy, &g, &so, &p->ar, lp, &st);
     if (s == LS_OK) s = ls_score_check_finite(&g, lp);
@@ -373,10 +361,7 @@ ls_result *ls_api_policy_grad(ls_api_policy *p, const char *group_json, int n, c
     ls_grpo_metrics mt;
     ls_status s = begin_group_call(p, group_json, n, names, values, &t, &g);
     if (s == LS_OK && !t.force) s = ls_check_fits(&p->t, &t.o, g.P, 0);
-    if (s == LS_OK && !t.o.sft && !g.rewards && !g.advantages)
-        s = ls_err(LS_ERR_FORMAT, "group: needs \"rewards\" or \"advantages\" to define the objective (or loss=\"sft\")");
-    if (s == LS_OK && !t.o.sft && g.G < 2)
-        s = ls_err(LS_ERR_FORMAT, "group: field \"responses\" has %d entry: GRPO needs G >= 2 responses per group", g.G);
+    if (s == LS_OK) s = ls_grpo_group_check(&g, &t.o, "group");
     if (s == LS_OK) p->t.p.fam->policy_zero_grad(&p->t.p);
     if (s == LS_OK) s = ls_grpo_update(&p->t.p, NULL, &g, &t.o, &p->ar, &mt);
     if (s == LS_OK && mt.skipped)
@@ -402,9 +387,10 @@ ls_result *ls_api_policy_step(ls_api_policy *p, int n_groups, const char *const 
     if (s == LS_OK && (n_groups < 1 || !groups_json)) s = ls_err(LS_ERR_ARG, "step needs at least one group");
     if (s == LS_OK && !g) s = ls_err(LS_ERR_NOMEM, "out of memory");
     for (int k = 0; s == LS_OK && k < n_groups; k++) {
+        char label[32];
+        snprintf(label, sizeof label, "group %d", k);
         s = parse_group(p, groups_json[k], &g[k]);
-        if (s == LS_OK && !t.o.sft && !g[k].rewards && !g[k].advantages)
-            s = ls_err(LS_ERR_FORMAT, "group %d: needs \"rewards\" or \"advantages\" to define the objective", k);
+        if (s == LS_OK) s = ls_grpo_group_check(&g[k], &t.o, label);
         if (s == LS_OK && !t.force) s = ls_check_fits(&p->t, &t.o, g[k].P, 1);
     }
     if (s == LS_OK && !p->adam_ready) {
@@ -424,9 +410,9 @@ ls_result *ls_api_policy_step(ls_api_policy *p, int n_groups, const char *const 
 static int rollout_flag(const char *k) {
     static const char *const own[] = {"num-generations", "max-new-tokens", "top-p", "seed", "stop"};
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
-        if (flag_is(k, own[i])) return 1;
+        if (ls_flag_name_is(k, own[i])) return 1;
     for (int i = 0; i < ls_train_flag_count; i++)
-        if (flag_is(k, ls_train_flag_table[i].name)) return 1;
+        if (ls_flag_name_is(k, ls_train_flag_table[i].name)) return 1;
     return 0;
 }
 
@@ -468,16 +454,7 @@ ls_result *ls_api_policy_rollouts(ls_api_policy *p, const char *group_json, int 
     so.top_p = (float)a.r.top_p;
     so.max_new_tokens = a.r.max_new_tokens;
     so.stop = stop_ids;
-    for (const char *q = a.r.stop; s == LS_OK && q && *q;) { /* comma-separated ids */
-        char *end;
-        long long id = strtoll(q, &end, 10);
-        if (end == q || id < 0 || id >= p->t.cfg->vocab || so.n_stop == 16)
-            s = ls_err(LS_ERR_ARG, "--stop: \"%s\": at most 16 token ids in [0, %lld), comma separated", a.r.stop,
-                       (long long)p->t.cfg->vocab);
-        else stop_ids[so.n_stop++] = (int32_t)id;
-        q = *end == ',' ? end + 1 : end;
-        if (s == LS_OK && *q && end == q) s = ls_err(LS_ERR_ARG, "--stop: \"%s\" is not a list of ids", a.r.stop);
-    }
+    if (s == LS_OK && a.r.stop) s = ls_stop_tokens_parse(a.r.stop, NULL, p->t.cfg->vocab, stop_ids, 16, &so.n_stop);
     int G = (int)a.r.num_generations;
     int64_t maxn = a.r.max_new_tokens;
     int32_t **resp = s == LS_OK ? calloc((size_t)G, sizeof *resp) : NULL;
@@ -487,7 +464,7 @@ ls_result *ls_api_policy_rollouts(ls_api_policy *p, const char *group_json, int 
     for (int i = 0; s == LS_OK && i < G; i++)
         if (!(resp[i] = malloc((size_t)maxn * sizeof(int32_t))) || !(lps[i] = malloc((size_t)maxn * sizeof(float))))
             s = ls_err(LS_ERR_NOMEM, "out of memory");
-    ls_score_opts sc = {0, a.t.o.page_size, a.t.o.state_dtype, a.t.o.fwd, 0};
+    ls_score_opts sc = ls_grpo_score_opts(&a.t.o); /* no_capture refused above */
     ls_prompt_state st;
     ls_arena_reset(&p->ar.a[LS_ARENA_PROMPT]);
     if (s == LS_OK) s = ls_score_capture(&p->t.p.policy, &g, &sc, &p->ar, &st);
@@ -578,7 +555,7 @@ ls_result *ls_api_train(ls_ctx *c, int n, const char *const *names, const char *
             break;
         }
         const char *v = values ? values[i] : NULL;
-        if (!tv && v && (!strcmp(v, "0") || !strcmp(v, "false") || !strcmp(v, "False"))) continue; /* switch off */
+        if (!tv && !ls_flag_on(v)) continue; /* a switch turned off: left out */
         size_t l = strlen(names[i]);
         char *f = malloc(l + 3);
         if (!f) {
@@ -636,11 +613,7 @@ ls_result *ls_api_train(ls_ctx *c, int n, const char *const *names, const char *
         else {
             fprintf(f, "{\"updates\": %lld, \"skipped\": %d, \"stop_signal\": %d, \"out\": ", (long long)res.updates,
                     res.skipped, res.stop_signal);
-            cJSON *j = cJSON_CreateString(a.r.out ? a.r.out : "");
-            char *t = j ? cJSON_PrintUnformatted(j) : NULL;
-            fputs(t ? t : "null", f);
-            free(t);
-            cJSON_Delete(j);
+            ls_json_string(f, a.r.out ? a.r.out : "");
             fputc('}', f);
             fclose(f);
             r->json = buf;
@@ -654,12 +627,6 @@ ls_result *ls_api_train(ls_ctx *c, int n, const char *const *names, const char *
 }
 
 /* ---- plan ---- */
-
-static int flag_is(const char *name, const char *flag) {
-    for (; *name && *flag; name++, flag++)
-        if (*name != *flag && !(*name == '_' && *flag == '-')) return 0;
-    return *name == *flag;
-}
 
 ls_result *ls_api_plan(ls_ctx *c, const char *model, int n, const char *const *names, const char *const *values) {
     if (!c) return NULL;
@@ -678,18 +645,18 @@ ls_result *ls_api_plan(ls_ctx *c, const char *model, int n, const char *const *n
     for (int i = 0; s == LS_OK && i < n; i++) {
         const char *k = names ? names[i] : NULL, *v = values ? values[i] : NULL;
         if (!k) s = ls_err(LS_ERR_ARG, "flag %d has no name", i);
-        else if (flag_is(k, "indexer-kl")) ikl = !v || !(strcmp(v, "0") == 0 || strcmp(v, "false") == 0);
+        else if (ls_flag_name_is(k, "indexer-kl")) ikl = ls_flag_on(v);
         else if (!v) s = ls_err(LS_ERR_ARG, "--%s needs a value", k);
-        else if (flag_is(k, "prompt")) s = ls_flag_i64("--prompt", v, 1, INT64_MAX / 2, &P);
-        else if (flag_is(k, "page-size")) s = ls_flag_i64("--page-size", v, 1, 1 << 20, &S);
-        else if (flag_is(k, "cp")) s = ls_flag_i64("--cp", v, 1, 65536, &cp);
-        else if (flag_is(k, "state-dtype")) s = ls_flag_dtype("--state-dtype", v, &dt);
-        else if (flag_is(k, "cp-layout")) s = ls_flag_layout(v, &lay);
-        else if (flag_is(k, "mode")) s = ls_flag_mode(v, &full);
-        else if (flag_is(k, "sweep-chunk")) s = ls_flag_i64("--sweep-chunk", v, 1, INT64_MAX / 4, &sweep);
-        else if (flag_is(k, "ep")) s = ls_flag_i64("--ep", v, 1, 4096, &ep);
-        else if (flag_is(k, "cp-wave")) s = ls_flag_i64("--cp-wave", v, 1, (int64_t)1 << 40, &wave);
-        else if (flag_is(k, "state-on")) s = ls_flag_state_on("--state-on", v, &on_host);
+        else if (ls_flag_name_is(k, "prompt")) s = ls_flag_i64("--prompt", v, 1, INT64_MAX / 2, &P);
+        else if (ls_flag_name_is(k, "page-size")) s = ls_flag_i64("--page-size", v, 1, 1 << 20, &S);
+        else if (ls_flag_name_is(k, "cp")) s = ls_flag_i64("--cp", v, 1, 65536, &cp);
+        else if (ls_flag_name_is(k, "state-dtype")) s = ls_flag_dtype("--state-dtype", v, &dt);
+        else if (ls_flag_name_is(k, "cp-layout")) s = ls_flag_layout(v, &lay);
+        else if (ls_flag_name_is(k, "mode")) s = ls_flag_mode(v, &full);
+        else if (ls_flag_name_is(k, "sweep-chunk")) s = ls_flag_i64("--sweep-chunk", v, 1, INT64_MAX / 4, &sweep);
+        else if (ls_flag_name_is(k, "ep")) s = ls_flag_i64("--ep", v, 1, 4096, &ep);
+        else if (ls_flag_name_is(k, "cp-wave")) s = ls_flag_i64("--cp-wave", v, 1, (int64_t)1 << 40, &wave);
+        else if (ls_flag_name_is(k, "state-on")) s = ls_flag_state_on("--state-on", v, &on_host);
         else s = ls_err(LS_ERR_ARG, "%s: not a flag of plan (see longstraw plan --help)", k);
     }
     if (s == LS_OK && P < 0) s = ls_err(LS_ERR_ARG, "plan needs prompt= (the prompt's length in tokens)");

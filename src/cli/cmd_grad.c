@@ -104,12 +104,7 @@ static int run(const char *cmd, int argc, char **argv) {
     if (s == LS_OK && tokenizer) s = ls_tok_load(&tok, tokenizer);
     if (s == LS_OK) s = ls_group_load_ex(&g, group, pol.cfg->vocab, tok, 0);
     if (s == LS_OK && !t.force) s = ls_check_fits(&pol, &t.o, g.P, is_step);
-    if (s == LS_OK && !t.o.sft && !g.rewards && !g.advantages)
-        s = ls_err(LS_ERR_FORMAT, "%s: needs \"rewards\" or \"advantages\" to define the objective (or --loss sft)",
-                   group);
-    if (s == LS_OK && !t.o.sft && g.G < 2)
-        s = ls_err(LS_ERR_FORMAT, "%s: field \"responses\" has %d entry: GRPO needs G >= 2 responses per group",
-                   group, g.G);
+    if (s == LS_OK) s = ls_grpo_group_check(&g, &t.o, group);
     ls_grpo_metrics mt;
     if (s == LS_OK) s = ls_grpo_update(&pol.p, is_step ? &pol.adam : NULL, &g, &t.o, &ar, &mt);
     if (s == LS_OK && !is_step && mt.skipped) /* a non-finite gradient is not an output */

@@ -3,6 +3,7 @@
  * planted symbolic link, a content digest of inputs, and JSON numbers that are never
  * NaN or Inf (files.h).
  */
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -165,6 +166,14 @@ ls_status ls_file_digest(const char *path, uint64_t *digest, int64_t *size) {
 int ls_json_number(FILE *f, const char *fmt, double v) {
     if (!isfinite(v)) return fputs("null", f) < 0 ? -1 : 4;
     return fprintf(f, fmt ? fmt : "%.9g", v);
+}
+
+void ls_json_string(FILE *f, const char *s) {
+    cJSON *j = cJSON_CreateString(s);
+    char *t = j ? cJSON_PrintUnformatted(j) : NULL;
+    fputs(t ? t : "null", f);
+    free(t);
+    cJSON_Delete(j);
 }
 
 static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }

@@ -79,31 +79,27 @@ void ls_train_flags_init(ls_train_flags *t) {
     t->ep = 1;
 }
 
-/* name == flag, with '_' matching '-' */
-static int same_name(const char *name, const char *flag) {
+int ls_flag_name_is(const char *name, const char *flag) {
     for (; *name && *flag; name++, flag++)
         if (*name != *flag && !(*name == '_' && *flag == '-')) return 0;
     return *name == *flag;
 }
 
-static ls_status switch_value(const char *v, int *out) {
-    *out = !v || !(strcmp(v, "0") == 0 || strcmp(v, "false") == 0 || strcmp(v, "False") == 0);
-    return LS_OK;
-}
+int ls_flag_on(const char *v) { return !v || !(strcmp(v, "0") == 0 || strcmp(v, "false") == 0 || strcmp(v, "False") == 0); }
 
 ls_status ls_train_flag_set(ls_train_flags *t, const char *name, const char *arg, int *known) {
     ls_grpo_opts *o = &t->o;
     const char *f = NULL;
     for (int i = 0; i < ls_train_flag_count && !f; i++)
-        if (same_name(name, ls_train_flag_table[i].name)) f = ls_train_flag_table[i].name;
+        if (ls_flag_name_is(name, ls_train_flag_table[i].name)) f = ls_train_flag_table[i].name;
     *known = f != NULL;
     if (!f) return LS_OK;
     int64_t v;
     double d;
     char flag[48];
     snprintf(flag, sizeof flag, "--%s", f);
-    if (!strcmp(f, "no-capture")) return switch_value(arg, &o->no_capture);
-    if (!strcmp(f, "force")) return switch_value(arg, &t->force);
+    if (!strcmp(f, "no-capture")) return o->no_capture = ls_flag_on(arg), LS_OK;
+    if (!strcmp(f, "force")) return t->force = ls_flag_on(arg), LS_OK;
     if (!arg) return ls_err(LS_ERR_ARG, "%s needs a value", flag);
     if (!strcmp(f, "epsilon")) return ls_flag_f64(flag, arg, 0, 1, &o->eps_low);
     if (!strcmp(f, "epsilon-high")) {

@@ -125,8 +125,19 @@ ls_status ls_adamw_init(ls_adamw *a, const ls_policy *p, ls_arena *fixed) {
 /* ---- the transaction ------------------------------------------------------------ */
 
 /* How the transaction scores (and the reference captures): no full-mode state. */
-static ls_score_opts score_opts(const ls_grpo_opts *o) {
+ls_score_opts ls_grpo_score_opts(const ls_grpo_opts *o) {
     return (ls_score_opts){o->no_capture, o->page_size, o->state_dtype, o->fwd, 0};
+}
+
+ls_status ls_grpo_group_check(const ls_group *g, const ls_grpo_opts *o, const char *label) {
+    if (o->sft) return LS_OK;
+    if (!g->rewards && !g->advantages)
+        return ls_err(LS_ERR_FORMAT, "%s: needs \"rewards\" or \"advantages\" to define the objective (or --loss sft)",
+                      label);
+    if (g->G < 2)
+        return ls_err(LS_ERR_FORMAT, "%s: field \"responses\" has %d entry: GRPO needs G >= 2 responses per group",
+                      label, g->G);
+    return LS_OK;
 }
 
 /* The global gradient norm: with expert parallelism the sharded tensors' squares are
@@ -338,7 +349,7 @@ static ls_status reference(const ls_model *ref, const ls_group *g, const ls_grpo
     ls_arena *pr = &ar->a[LS_ARENA_PROMPT];
     ls_arena_mark pm = ls_arena_get_mark(pr);
     ls_prompt_state st;
-    ls_score_opts so = score_opts(o);
+    ls_score_opts so = ls_grpo_score_opts(o);
     ls_status s = LS_OK;
     ls_trace_phase_begin("reference");
     if (!o->no_capture) s = ls_score_capture(ref, g, &so, ar, &st);
@@ -418,7 +429,7 @@ static ls_status run_group(ls_policy *p, ls_group *g, int gi, group_scores *gs, 
                            const ls_rollout_hook *rollout, const ls_grpo_opts *o, ls_arenas *ar, ls_grpo_terms *acc,
                            double *ent_sum, ls_grpo_metrics *mt) {
     ls_arena *pr = &ar->a[LS_ARENA_PROMPT];
-    ls_score_opts so = score_opts(o);
+    ls_score_opts so = ls_grpo_score_opts(o);
     ls_status s = LS_OK;
     if (first && !rollout && o->beta != 0 && !o->sft)
         LS_TRY(reference(&p->ref, g, o, ar, gs->rlp)); /* before: peak stays P */

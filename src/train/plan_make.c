@@ -2,12 +2,12 @@
  * plan_make.c — `plan`'s answer as a library call (plan.h ls_plan_make, ls_plan_write):
  * used by the CLI and the API alike.
  */
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "longstraw/config.h"
 #include "longstraw/family.h"
+#include "longstraw/files.h"
 #include "longstraw/grpo.h"
 #include "longstraw/plan.h"
 
@@ -42,14 +42,6 @@ ls_status ls_plan_make(ls_plan_doc *doc, const ls_config *cfg, const ls_plan_req
 
 static double gib(size_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 
-static void json_string(FILE *f, const char *v) {
-    cJSON *j = cJSON_CreateString(v);
-    char *t = j ? cJSON_PrintUnformatted(j) : NULL;
-    fputs(t ? t : "null", f);
-    free(t);
-    cJSON_Delete(j);
-}
-
 void ls_plan_write(FILE *f, const ls_plan_doc *d, int json) {
     if (json) {
         fputc('{', f);
@@ -58,7 +50,7 @@ void ls_plan_write(FILE *f, const ls_plan_doc *d, int json) {
             fprintf(f, "%s\"%s\": ", i ? ", " : "", x->key);
             if (x->kind == LS_PLAN_I64) fprintf(f, "%lld", x->i);
             else if (x->kind == LS_PLAN_SIZE) fprintf(f, "%zu", x->z);
-            else json_string(f, x->s);
+            else ls_json_string(f, x->s);
         }
         fputs("}\n", f);
         return;

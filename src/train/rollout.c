@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "longstraw/rollout.h"
+#include "longstraw/tokenizer.h"
 #include "longstraw/trace.h"
 
 void ls_sample_opts_default(ls_sample_opts *o) {
@@ -149,4 +150,26 @@ ls_status ls_generate(const ls_model *m, const ls_prompt_state *prompt_state, in
                       const ls_sample_opts *so, ls_rng *rng, int32_t *out, float *logprobs, int64_t *len,
                       const ls_fwd_opts *fo, ls_arena *branch, ls_arena *scratch) {
     return ls_generate_group(m, prompt_state, last_token, 1, so, rng, &out, &logprobs, len, fo, branch, scratch);
+}
+
+ls_status ls_stop_tokens_parse(const char *stop, const ls_tokenizer *tok, int64_t vocab, int32_t *ids, int cap,
+                               int *n) {
+    *n = 0;
+    for (const char *p = stop; *p;) {
+        size_t len = strcspn(p, ",");
+        char tokname[256];
+        if (len == 0 || len >= sizeof tokname) return ls_err(LS_ERR_ARG, "--stop: empty or overlong entry in \"%s\"", stop);
+        memcpy(tokname, p, len);
+        tokname[len] = 0;
+        char *end;
+        long long id = strtoll(tokname, &end, 10);
+        if (*end) id = tok ? ls_tok_token_id(tok, tokname) : -1;
+        if (id < 0 || id >= vocab)
+            return ls_err(LS_ERR_ARG, "--stop: \"%s\" is neither a token id below %lld nor a token of the tokenizer",
+                          tokname, (long long)vocab);
+        if (*n == cap) return ls_err(LS_ERR_ARG, "--stop: at most %d stop tokens", cap);
+        ids[(*n)++] = (int32_t)id;
+        p += len + (p[len] == ',');
+    }
+    return LS_OK;
 }

@@ -26,28 +26,18 @@ void ls_train_args_default(ls_train_args *a) {
     ls_train_flags_init(&a->t);
 }
 
-static int same_name(const char *name, const char *flag) {
-    for (; *name && *flag; name++, flag++)
-        if (*name != *flag && !(*name == '_' && *flag == '-')) return 0;
-    return *name == *flag;
-}
-
-static int is_on(const char *v) {
-    return !v || !(strcmp(v, "0") == 0 || strcmp(v, "false") == 0 || strcmp(v, "False") == 0);
-}
-
 ls_status ls_train_args_set(ls_train_args *a, const char *name, const char *v, int *known) {
     const char *f = NULL;
     for (int i = 0; i < ls_run_flag_count && !f; i++)
-        if (same_name(name, ls_run_flag_table[i].name)) f = ls_run_flag_table[i].name;
+        if (ls_flag_name_is(name, ls_run_flag_table[i].name)) f = ls_run_flag_table[i].name;
     if (!f) return ls_train_flag_set(&a->t, name, v, known);
     *known = 1;
     ls_train_opts *r = &a->r;
     char flag[48];
     snprintf(flag, sizeof flag, "--%s", f);
-    if (!strcmp(f, "rollout")) return r->rollout = is_on(v), LS_OK;
-    if (!strcmp(f, "quiet")) return a->quiet = is_on(v), LS_OK;
-    if (!strcmp(f, "no-validate")) return r->no_validate = is_on(v), LS_OK;
+    if (!strcmp(f, "rollout")) return r->rollout = ls_flag_on(v), LS_OK;
+    if (!strcmp(f, "quiet")) return a->quiet = ls_flag_on(v), LS_OK;
+    if (!strcmp(f, "no-validate")) return r->no_validate = ls_flag_on(v), LS_OK;
     if (!v) return ls_err(LS_ERR_ARG, "%s needs a value", flag);
     if (!strcmp(f, "model")) return r->model = v, LS_OK;
     if (!strcmp(f, "data")) return r->data = v, LS_OK;
@@ -95,9 +85,9 @@ ls_status ls_train_args_set(ls_train_args *a, const char *name, const char *v, i
 
 int ls_train_args_takes_value(const char *name) {
     for (int i = 0; i < ls_run_flag_count; i++)
-        if (same_name(name, ls_run_flag_table[i].name)) return ls_run_flag_table[i].takes_value;
+        if (ls_flag_name_is(name, ls_run_flag_table[i].name)) return ls_run_flag_table[i].takes_value;
     for (int i = 0; i < ls_train_flag_count; i++)
-        if (same_name(name, ls_train_flag_table[i].name)) return ls_train_flag_table[i].takes_value;
+        if (ls_flag_name_is(name, ls_train_flag_table[i].name)) return ls_train_flag_table[i].takes_value;
     return -1;
 }
 

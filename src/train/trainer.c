@@ -315,24 +315,7 @@ static ls_status stop_tokens(trainer *tr) {
         }
         return LS_OK;
     }
-    const char *p = tr->a->stop;
-    while (*p) {
-        size_t n = strcspn(p, ",");
-        char tokname[256];
-        if (n == 0 || n >= sizeof tokname) return ls_err(LS_ERR_ARG, "--stop: empty or overlong entry in \"%s\"", tr->a->stop);
-        memcpy(tokname, p, n);
-        tokname[n] = 0;
-        char *end;
-        long long id = strtoll(tokname, &end, 10);
-        if (*end) id = tr->tok ? ls_tok_token_id(tr->tok, tokname) : -1;
-        if (id < 0 || id >= tr->pol.cfg->vocab)
-            return ls_err(LS_ERR_ARG, "--stop: \"%s\" is neither a token id below %lld nor a token of the tokenizer",
-                          tokname, (long long)tr->pol.cfg->vocab);
-        if (tr->so.n_stop == 16) return ls_err(LS_ERR_ARG, "--stop: at most 16 stop tokens");
-        tr->stop_ids[tr->so.n_stop++] = (int32_t)id;
-        p += n + (p[n] == ',');
-    }
-    return LS_OK;
+    return ls_stop_tokens_parse(tr->a->stop, tr->tok, tr->pol.cfg->vocab, tr->stop_ids, 16, &tr->so.n_stop);
 }
 
 /* SFT on the task: the answer as the question asks for it, ended as a sentence
