@@ -115,50 +115,93 @@ int test_mla_yarn_scale(void) {
 }
 
 static const float *g_s; /* the row the comparison sorts */
+/* larger first, NaN below everything (−inf included), −0 equal to +0, ties to the lower position */
 static int by_score_then_pos(const void *a, const void *b) {
     int i = *(const int *)a, j = *(const int *)b;
-    if (g_s[i] != g_s[j]) return g_s[i] > g_s[j] ? -1 : 1;
+    float x = g_s[i], y = g_s[j];
+    if (isnan(x) != isnan(y)) return isnan(x) ? 1 : -1;
+    if (!isnan(x) && x != y) return x > y ? -1 : 1;
     return i < j ? -1 : 1;
 }
 static int ascending(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
+/* One top-k case against the sorted reference; returns the rows with a tie at the cutoff,
+ * or −1 after a failed check. */
+static int topk_case(const float *s, int64_t T, int64_t pos0, int64_t k, ls_arena *sc) {
+    const int64_t n = pos0 + T;
+    int32_t *sel = malloc((size_t)(T * k) * sizeof(int32_t));
+    int64_t *cnt = malloc((size_t)T * sizeof(int64_t));
+    int *idx = malloc((size_t)n * sizeof(int));
+    int ties = 0, bad = 0;
+    if (ls_dsa_topk(sel, cnt, s, T, n, pos0, k, sc) != LS_OK) bad = 1;
+    for (int64_t t = 0; t < T && !bad; t++) {
+        int64_t m = pos0 + t + 1, want = m < k ? m : k;
+        for (int j = 0; j < m; j++) idx[j] = j;
+        g_s = s + t * n;
+        qsort(idx, (size_t)m, sizeof(int), by_score_then_pos);
+        ties += want < m && by_score_then_pos(&idx[want - 1], &idx[want]) < 0 &&
+                (g_s[idx[want - 1]] == g_s[idx[want]] || (isnan(g_s[idx[want - 1]]) && isnan(g_s[idx[want]])));
+        qsort(idx, (size_t)want, sizeof(int), ascending);
+        if (cnt[t] != want) {
+            printf("  query %lld kept %lld, expected %lld\n", (long long)t, (long long)cnt[t], (long long)want);
+            bad = 1;
+        }
+        for (int64_t j = 0; j < k && !bad; j++)
+            if (sel[t * k + j] != (j < want ? idx[j] : -1)) {
+                printf("  query %lld, slot %lld: %d vs %d\n", (long long)t, (long long)j, sel[t * k + j],
+                       j < want ? idx[j] : -1);
+                bad = 1;
+            }
+    }
+    free(sel), free(cnt), free(idx);
+    return bad ? -1 : ties;
+}
+
 int test_dsa_topk(void) {
     ls_rng r;
     ls_rng_seed(&r, 5);
-    const int64_t T = 40, pos0 = 17, n = pos0 + T, k = 7;
+    ls_arena sc;
+    ls_arena_init(&sc, "scratch", 0);
+    int64_t T = 40, pos0 = 17, n = pos0 + T, k = 7;
     float *s = malloc((size_t)(T * n) * sizeof(float));
     /* ReLU-like scores on a coarse grid: many exact zeros and exact ties */
     for (int64_t i = 0; i < T * n; i++) {
         double v = ls_rng_normal(&r);
         s[i] = v < 0 ? 0.0f : (float)(floor(v * 4) / 4);
     }
-    int32_t *sel = malloc((size_t)(T * k) * sizeof(int32_t));
-    int64_t *cnt = malloc((size_t)T * sizeof(int64_t));
-    ls_arena sc;
-    ls_arena_init(&sc, "scratch", 0);
-    T_OK(ls_dsa_topk(sel, cnt, s, T, n, pos0, k, &sc));
-    int idx[64], ties = 0;
-    for (int64_t t = 0; t < T; t++) {
-        int64_t m = pos0 + t + 1, want = m < k ? m : k;
-        for (int j = 0; j < m; j++) idx[j] = j;
-        g_s = s + t * n;
-        qsort(idx, (size_t)m, sizeof(int), by_score_then_pos);
-        ties += want < m && g_s[idx[want - 1]] == g_s[idx[want]];
-        qsort(idx, (size_t)want, sizeof(int), ascending);
-        T_CHECK(cnt[t] == want, "query %lld kept %lld, expected %lld", (long long)t, (long long)cnt[t], (long long)want);
-        for (int64_t j = 0; j < k; j++)
-            T_CHECK(sel[t * k + j] == (j < want ? idx[j] : -1), "query %lld, slot %lld: %d vs %d", (long long)t,
-                    (long long)j, sel[t * k + j], j < want ? idx[j] : -1);
-    }
+    int ties = topk_case(s, T, pos0, k, &sc);
+    T_CHECK(ties >= 0, "ReLU-like scores: not the sorted reference's selection");
     /* a short context keeps everything: k beyond every query's causal keys */
+    int64_t *cnt = malloc((size_t)T * sizeof(int64_t));
     int32_t *all = malloc((size_t)(T * 100) * sizeof(int32_t));
     T_OK(ls_dsa_topk(all, cnt, s, T, n, pos0, 100, &sc));
     for (int64_t t = 0; t < T; t++) T_CHECK(cnt[t] == pos0 + t + 1 && all[t * 100 + t] == t, "k > keys");
     printf("  %lld queries, k = %lld: equal to the sorted reference; %d rows with a tie at the cutoff\n",
            (long long)T, (long long)k, ties);
     T_CHECK(ties >= 5, "only %d tie rows: the tie rule is not exercised", ties);
+    free(s), free(cnt), free(all);
+    /* rows long enough for the vector path (and a tail): both signs on a grid, ±0 in
+     * equal numbers, NaN, ±inf — every case of the order keys; ~9% of the values are
+     * positive, so the cutoff (k ≈ 12% of the keys) falls among the zeros of both signs */
+    T = 24, pos0 = 281, n = pos0 + T, k = 37;
+    s = malloc((size_t)(T * n) * sizeof(float));
+    int specials = 0;
+    for (int64_t i = 0; i < T * n; i++) {
+        double u = ls_rng_uniform(&r), v = ls_rng_normal(&r);
+        s[i] = u < 0.06 ? 0.0f : u < 0.12 ? -0.0f : u < 0.14 ? NAN : u < 0.16 ? -INFINITY : u < 0.17 ? INFINITY
+                                                                                       : (float)(floor((v - 1.3) * 8) / 8);
+        specials += u < 0.17;
+    }
+    ties = topk_case(s, T, pos0, k, &sc);
+    T_CHECK(ties >= 0, "signed scores with ±0, NaN, ±inf: not the sorted reference's selection");
+    printf("  %lld queries over up to %lld keys, k = %lld, %d special values: equal to the sorted reference; %d "
+           "tie rows\n", (long long)T, (long long)n, (long long)k, specials, ties);
+    T_CHECK(ties >= 5, "only %d tie rows in the signed case", ties);
+    /* all NaN / all −inf rows: the lowest positions */
+    for (int64_t i = 0; i < T * n; i++) s[i] = i % 2 ? NAN : -INFINITY;
+    T_CHECK(topk_case(s, T, pos0, k, &sc) >= 0, "rows of NaN and −inf");
+    free(s);
     ls_arena_free(&sc);
-    free(s), free(sel), free(cnt), free(all);
     return 0;
 }
 

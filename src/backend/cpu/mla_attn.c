@@ -163,39 +163,51 @@ static void out_rows(float *o, const float *P, int64_t Hp, const float *il, cons
  * odd dims), one vector of heads wide. */
 #define MLA_SCORE_ROWS 4
 
-/* S[j, 0..Hp) (=) Σ_d K[j][d] · Qt[d, 0..Hp) for the n selected rows: a vector of heads per
- * row (lanes are heads: no horizontal sums), summed over d in two chains (even, odd) added
- * at the end — a fixed order per score, whatever n or the caller's batching. */
-static void score_rows(float *S, const float *Qt, int64_t Hp, const float *const *K, int64_t n, int dk) {
-    for (int64_t j0 = 0; j0 < n; j0 += MLA_SCORE_ROWS) {
-        int rows = n - j0 < MLA_SCORE_ROWS ? (int)(n - j0) : MLA_SCORE_ROWS;
-        const float *kr[MLA_SCORE_ROWS];
-        for (int r = 0; r < MLA_SCORE_ROWS; r++) kr[r] = K[j0 + (r < rows ? r : 0)];
-        for (int64_t g = 0; g < Hp; g += LS_VL) {
-            ls_vf a0[MLA_SCORE_ROWS], a1[MLA_SCORE_ROWS];
-            for (int r = 0; r < MLA_SCORE_ROWS; r++) a0[r] = a1[r] = LS_SPLAT(0.0f);
-            int d = 0;
-            for (; d + 2 <= dk; d += 2) {
-                ls_vf qa, qb;
-                LS_VLOAD(qa, Qt + d * Hp + g);
-                LS_VLOAD(qb, Qt + (d + 1) * Hp + g);
-                for (int r = 0; r < MLA_SCORE_ROWS; r++) {
-                    a0[r] += LS_SPLAT(kr[r][d]) * qa;
-                    a1[r] += LS_SPLAT(kr[r][d + 1]) * qb;
-                }
-            }
-            if (d < dk) {
-                ls_vf qa;
-                LS_VLOAD(qa, Qt + d * Hp + g);
-                for (int r = 0; r < MLA_SCORE_ROWS; r++) a0[r] += LS_SPLAT(kr[r][d]) * qa;
-            }
-            for (int r = 0; r < rows; r++) {
-                ls_vf v = a0[r] + a1[r];
-                LS_VSTORE(S + (j0 + r) * Hp + g, v);
-            }
-        }
+/* S[j, 0..cols) (=) Σ_d K[j][d] · Qt[d, 0..cols) for the n selected rows (rows of S and Qt
+ * Hp apart; S[j, cols..Hp) (=) 0): a vector of heads per row (lanes are heads: no
+ * horizontal sums), summed over d in two chains (even, odd) added at the end — a fixed
+ * order per score, whatever n, the caller's batching or the vector width (each lane's
+ * arithmetic is the same). SCORE_ROWS(name, vector type, lanes, splat) defines one
+ * width; cols is a multiple of it. */
+#define SCORE_ROWS(name, vt, W, SPLAT)                                                        \
+    static void name(float *S, const float *Qt, int64_t Hp, int64_t cols, const float *const *K, int64_t n, \
+                     int dk) {                                                                 \
+        for (int64_t j0 = 0; j0 < n; j0 += MLA_SCORE_ROWS) {                                   \
+            int rows = n - j0 < MLA_SCORE_ROWS ? (int)(n - j0) : MLA_SCORE_ROWS;              \
+            const float *kr[MLA_SCORE_ROWS];                                                   \
+            for (int r = 0; r < MLA_SCORE_ROWS; r++) kr[r] = K[j0 + (r < rows ? r : 0)];       \
+            for (int r = 0; cols < Hp && r < rows; r++)                                        \
+                memset(S + (j0 + r) * Hp + cols, 0, (size_t)(Hp - cols) * sizeof(float));     \
+            for (int64_t g = 0; g < cols; g += W) {                                            \
+                vt a0[MLA_SCORE_ROWS], a1[MLA_SCORE_ROWS];                                     \
+                for (int r = 0; r < MLA_SCORE_ROWS; r++) a0[r] = a1[r] = SPLAT(0.0f);          \
+                int d = 0;                                                                     \
+                for (; d + 2 <= dk; d += 2) {                                                  \
+                    vt qa, qb;                                                                 \
+                    memcpy(&qa, Qt + d * Hp + g, sizeof qa);                                   \
+                    memcpy(&qb, Qt + (d + 1) * Hp + g, sizeof qb);                             \
+                    for (int r = 0; r < MLA_SCORE_ROWS; r++) {                                 \
+                        a0[r] += SPLAT(kr[r][d]) * qa;                                         \
+                        a1[r] += SPLAT(kr[r][d + 1]) * qb;                                     \
+                    }                                                                          \
+                }                                                                              \
+                if (d < dk) {                                                                  \
+                    vt qa;                                                                     \
+                    memcpy(&qa, Qt + d * Hp + g, sizeof qa);                                   \
+                    for (int r = 0; r < MLA_SCORE_ROWS; r++) a0[r] += SPLAT(kr[r][d]) * qa;    \
+                }                                                                              \
+                for (int r = 0; r < rows; r++) {                                               \
+                    vt v = a0[r] + a1[r];                                                      \
+                    memcpy(S + (j0 + r) * Hp + g, &v, sizeof v);                               \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
     }
-}
+SCORE_ROWS(score_rows, ls_vf, LS_VL, LS_SPLAT)
+#ifdef LS_HALF_VL
+SCORE_ROWS(score_rows_half, ls_vf8, LS_HALF_VL, LS_SPLAT8)
+#endif
+#undef SCORE_ROWS
 
 ls_status ls_mla_attn_fwd(float *o, float *lse, const float *q, const float *own, const ls_kv_prefix *prefix,
                           const int32_t *sel, int64_t k, int64_t T, int H, int rkv, int dr, int64_t pos0, float scale) {
@@ -229,7 +241,12 @@ ls_status ls_mla_attn_fwd(float *o, float *lse, const float *q, const float *own
         float *ot = o + t * H * rkv;
         for (int d = 0; d < dk; d++) /* the query transposed: heads along the lanes, scaled to base 2 */
             for (int64_t h = 0; h < Hp; h++) Qt[d * Hp + h] = h < H ? qt[h * dk + d] * (scale * l2e) : 0.0f;
-        score_rows(S, Qt, Hp, rp, n, dk);
+#ifdef LS_HALF_VL
+        if (H <= LS_HALF_VL) /* ≤ 8 heads: half vectors, not 16 lanes of which half are padding */
+            score_rows_half(S, Qt, Hp, LS_HALF_VL, rp, n, dk);
+        else
+#endif
+            score_rows(S, Qt, Hp, Hp, rp, n, dk);
         double sum[Hp]; /* per head Σ 2^(s − max): blocks of rows in float, the blocks in double */
         for (int64_t h = 0; h < Hp; h++) sum[h] = 0;
         for (int64_t g = 0; g < Hp; g += LS_VL) { /* per head: the max, 2^(s − max), their sum */

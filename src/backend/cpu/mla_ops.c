@@ -64,6 +64,23 @@ static inline uint32_t order_key(float x) {
     return u & 0x80000000u ? ~u : u | 0x80000000u;
 }
 
+/* key[j] = order_key(s[j]) for j < m: whole vectors without branches (a score's sign is a
+ * coin flip, which a branch mispredicts half the time), the tail scalar. */
+static void order_keys(uint32_t *key, const float *s, int64_t m) {
+    int64_t j = 0;
+    for (; j + LS_VL <= m; j += LS_VL) {
+        ls_vi u, k;
+        memcpy(&u, s + j, sizeof u);
+        ls_vi a = u & 0x7fffffff;                /* |x|'s bits */
+        k = u ^ ((u >> 31) | INT32_MIN);        /* negative: ~u; else u | the sign bit */
+        ls_vi z = a == 0, nan = a > 0x7f800000; /* ±0 → +0's key; NaN → 0 */
+        k = (k & ~z) | (z & INT32_MIN);
+        k &= ~nan;
+        memcpy(key + j, &k, sizeof k);
+    }
+    for (; j < m; j++) key[j] = order_key(s[j]);
+}
+
 /* The key of the want-th largest of s[0..m) (1 ≤ want ≤ m): a radix select from the top
  * bits — a histogram of the candidates' next bits, the bucket holding the want-th
  * largest kept, the candidates narrowed to it (idx: their positions; key [m]
@@ -81,9 +98,10 @@ static uint32_t kth_key(const float *s, int64_t m, int64_t want, uint32_t *key, 
         int shift = shifts[lv], nb = 1 << widths[lv];
         uint32_t bm = (uint32_t)nb - 1;
         memset(hist, 0, (size_t)nb * sizeof hist[0]);
-        if (lv == 0)
-            for (int64_t j = 0; j < m; j++) hist[(key[j] = order_key(s[j])) >> shift]++;
-        else
+        if (lv == 0) {
+            order_keys(key, s, m);
+            for (int64_t j = 0; j < m; j++) hist[key[j] >> shift]++;
+        } else
             for (int64_t i = 0; i < nc; i++) hist[key[idx[i]] >> shift & bm]++;
         int b = nb - 1;
         for (; b > 0 && hist[b] < want; b--) want -= hist[b];

@@ -25,6 +25,14 @@
 typedef float ls_vf __attribute__((vector_size(LS_VL * sizeof(float))));
 typedef int32_t ls_vi __attribute__((vector_size(LS_VL * sizeof(int32_t))));
 typedef uint16_t ls_vh __attribute__((vector_size(LS_VL * sizeof(uint16_t))));
+/* Half vectors (8 lanes, one ymm register) beside 16-lane ones: for work only 8 wide (a
+ * tile of ≤ 8 heads), where a 512-bit operation would carry half zeros (on Zen 4 it also
+ * costs two 256-bit ones). */
+#if LS_VL == 16
+#define LS_HALF_VL 8
+typedef float ls_vf8 __attribute__((vector_size(8 * sizeof(float))));
+#define LS_SPLAT8(x) ((ls_vf8){(x), (x), (x), (x), (x), (x), (x), (x)})
+#endif
 /* mask ? a : b lane-wise, mask lanes all-ones or zero (a vector comparison) */
 #define LS_VSEL(mask, a, b) ((ls_vf)(((ls_vi)(a) & (mask)) | ((ls_vi)(b) & ~(mask))))
 #define LS_VLOAD(v, p) memcpy(&(v), (p), sizeof(ls_vf))
