@@ -53,7 +53,7 @@ static int check_merge_hf(const char *label, const char *dir, const ls_hybrid_mo
     ls_hybrid_model eff;
     T_OK(ls_hybrid_alloc_like(m, &eff, work));
     ls_lora_merge(L, m, &eff);
-    T_OK(ls_hybrid_export(&eff, merged, LS_DTYPE_F32, NULL, NULL));
+    T_OK(ls_hybrid_export(&eff, LS_ST_FILE(merged), LS_DTYPE_F32, NULL, NULL));
     ls_arena_release(work, mk);
     ls_st_model base;
     ls_st_file out, ad;
@@ -350,7 +350,7 @@ int test_lora_merge_and_grad(void) {
     }
     if (randomize_B(N, 21)) return 1;
     snprintf(path, sizeof path, "%s/q35_dense_adapter.safetensors", tmp);
-    T_OK(ls_lora_export(N, 0, path, NULL, NULL));
+    T_OK(ls_lora_export(N, 0, LS_ST_FILE(path), NULL, NULL));
     if (check_merge_hf("q35_dense", FIX "/q35_dense", &qd, N, 8.0, path, tmp, work)) return 1;
 
     /* every target kind: next_moe (fused GDN, per-expert), q35_moe (split GDN, fused experts) */
@@ -382,7 +382,7 @@ int test_lora_merge_and_grad(void) {
                 (long long)ls_lora_count(M), (long long)exp_n);
         if (randomize_B(M, 31 + (uint64_t)f)) return 1;
         snprintf(path, sizeof path, "%s/%s_adapter.safetensors", tmp, moe_names[f]);
-        T_OK(ls_lora_export(M, 0, path, "note", "round trip"));
+        T_OK(ls_lora_export(M, 0, LS_ST_FILE(path), "note", "round trip"));
         if (check_merge_hf(moe_names[f], dir, &mm, M, 3.0, path, tmp, work)) return 1;
         if (check_grad_fd(moe_names[f], &mm, M, work, 41 + (uint64_t)f)) return 1;
 
@@ -413,7 +413,7 @@ int test_lora_merge_and_grad(void) {
             for (int64_t i = 0; i < nm; i++)
                 for (int64_t e = 0; e < gm[i].n; e++) gm[i].p[e] = (float)(i + 1) * 0.5f + (float)e;
             snprintf(path, sizeof path, "%s/%s_grads.safetensors", tmp, moe_names[f]);
-            T_OK(ls_lora_export(M, 1, path, NULL, NULL));
+            T_OK(ls_lora_export(M, 1, LS_ST_FILE(path), NULL, NULL));
             T_OK(ls_st_open(&sf, path));
             T_CHECK(ls_st_count(&sf) == nm, "grad file has %lld tensors", (long long)ls_st_count(&sf));
             for (int64_t i = 0; i < nm; i++) {

@@ -406,7 +406,7 @@ int test_model_export_roundtrip(void) {
         ls_arenas_init(&ar);
         ls_hybrid_model m;
         T_OK(ls_hybrid_load(&m, dir, &ar.a[LS_ARENA_FIXED]));
-        T_OK(ls_hybrid_export(&m, out, LS_DTYPE_F32, NULL, NULL));
+        T_OK(ls_hybrid_export(&m, LS_ST_FILE(out), LS_DTYPE_F32, NULL, NULL));
         ls_st_model a, b;
         T_OK(ls_st_model_open(&a, dir));
         T_OK(ls_st_model_open(&b, out));

@@ -3,10 +3,14 @@
  * process (the Python package in python/longstraw, any FFI) calls. Issue 23.
  *
  * Contract:
- *   - A context (ls_ctx) owns the thread count and the last error; every call sets the
- *     process's OpenMP/BLAS thread count from its context, so several contexts in one
- *     process do not interfere (calls run one at a time). Under a launcher (mpirun) the
- *     first context starts MPI when the host has not; CP then runs over the world.
+ *   - A context (ls_ctx) owns the thread count, the last error, the stop request, the
+ *     trace and the progress reports: its calls run on its own runtime, so several
+ *     contexts in one process do not see each other's (a context serves one thread at a
+ *     time; different contexts may be used from different threads, but the BLAS thread
+ *     count is process-wide: every call sets it from its context). Under a launcher
+ *     (mpirun) the first context starts MPI when the host has not; CP then runs over the
+ *     world (one per process, as MPI is). The library installs no signal handlers: a host
+ *     asks a running call to stop with ls_ctx_request_stop.
  *   - Nothing is written to stdout or stderr: a failed call returns NULL / nonzero and
  *     ls_ctx_error names the file, field and value.
  *   - Flags are (name, value) string pairs named as the command line's flags without the
@@ -43,10 +47,26 @@ const char *ls_ctx_error(const ls_ctx *c); /* the last failed call's message (""
 const char *ls_api_last_error(void);       /* for a failed ls_ctx_new */
 int ls_ctx_rank(const ls_ctx *c);          /* 0 without MPI */
 int ls_ctx_world_size(const ls_ctx *c);    /* 1 without MPI */
+/* Ask the context's call in flight to stop at its next safe point (a training run: after
+ * the update in flight, with a checkpoint, as the CLI does on SIGINT/SIGTERM; its result
+ * has "stop_signal": sig; a capture: at its next chunk, the call failing with "stopped
+ * by signal"). Async-signal-safe; from another thread, a signal handler or one of the
+ * call's callbacks. Each call starts with no request (one made between calls is
+ * dropped). sig <= 0 counts as 2. */
+void ls_ctx_request_stop(ls_ctx *c, int sig);
+/* Progress reports of the context's long calls (capture, scoring, evaluation): `what`
+ * ("capture", ...), units done of total (tokens), seconds since the span began, final
+ * (its last report); at most one per 0.2 s and the final one. NULL: none (the default). */
+typedef void (*ls_api_progress_fn)(void *user, const char *what, int64_t done, int64_t total, double seconds,
+                                   int final);
+void ls_ctx_set_progress(ls_ctx *c, ls_api_progress_fn fn, void *user);
 
 /* The trainable set of `model_dir` under the "what is trained" flags (lora-rank,
  * lora-alpha, lora-targets, lora-seed, adapter, ref-model, backend, state-on, ep) and any
- * other training flag as the policy's defaults for later calls. NULL on error. */
+ * other training flag as the policy's defaults for later calls. NULL on error. ep N ≥ 2
+ * (the MLA family, under mpirun with a multiple of N ranks): CP × EP as `--ep N` — a
+ * collective (every rank opens it with the same flags); the gradient then comes back on
+ * world rank 0 (the other ranks' results are empty) and save is a collective. */
 ls_api_policy *ls_api_policy_open(ls_ctx *c, const char *model_dir, int n, const char *const *names,
                                   const char *const *values);
 void ls_api_policy_close(ls_api_policy *p);

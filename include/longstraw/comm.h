@@ -57,6 +57,12 @@ ls_status ls_comm_barrier(const ls_comm *c);
  * (MPI_Comm_split); freed with ls_comm_free (the world is never freed). */
 ls_status ls_comm_split(const ls_comm *c, int color, int key, ls_comm **out);
 void ls_comm_free(ls_comm *c);
+/* The ranks of `world` (NULL: one) as CP × EP for an expert-parallel degree ep ≥ 2:
+ * ranks r with the same r mod ep share the experts' shards' layout (one CP group, *cp),
+ * ranks with the same r / ep share the pages (one EP group, *ep_group). Collective over
+ * world. LS_ERR_ARG naming --ep when the rank count is not a multiple of ep. Both new
+ * (ls_comm_free them). */
+ls_status ls_comm_parallel(const ls_comm *world, int64_t ep, ls_comm **cp, ls_comm **ep_group);
 /* End every rank of the run with `code` (MPI_Abort); the one-rank build exits. */
 void ls_comm_abort(const ls_comm *c, int code) __attribute__((noreturn));
 

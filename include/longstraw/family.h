@@ -18,6 +18,7 @@
 #include "longstraw/config.h"
 #include "longstraw/core.h"
 #include "longstraw/plan.h"
+#include "longstraw/safetensors.h"
 #include "longstraw/state.h"
 
 /* Runtime options of a forward. */
@@ -177,8 +178,10 @@ struct ls_family {
      * files), every file atomic. With expert parallelism every rank calls it (a
      * collective: the experts are gathered) and only the ranks given a `dir` write. */
     ls_status (*policy_save)(const ls_policy *p, const ls_policy_spec *spec, const char *dir);
-    /* Gradients of the trainable tensors as one safetensors file. */
-    ls_status (*policy_save_grads)(const ls_policy *p, const char *path, const char *meta_key,
+    /* Gradients of the trainable tensors: one safetensors file (LS_ST_FILE(path)) or
+     * a callback per tensor (the C API). With expert parallelism every rank calls it and
+     * only the one given a sink writes. */
+    ls_status (*policy_save_grads)(const ls_policy *p, const ls_st_sink *to, const char *meta_key,
                                    const char *meta_value);
     /* M_live terms predicted from the config: gradient and fixed bytes (weights, and
      * AdamW moments of the trainable tensors when `optimizer`). */

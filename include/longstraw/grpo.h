@@ -126,6 +126,13 @@ uint64_t ls_params_hash(const struct ls_backend *be, const ls_param *ps, int64_t
  * when β ≠ 0). */
 /* How the transaction scores (and captures for sampling): no full-mode state. */
 ls_score_opts ls_grpo_score_opts(const ls_grpo_opts *o);
+/* The update's metrics in the one order every writer uses (metrics.jsonl, the receipt,
+ * the C API): put(user, key, value) for loss, reward, reward_std, [advantage_mean when
+ * with_advantage], kl, entropy, [aux_name's value when aux_name is non-NULL],
+ * clip_ratio/low_mean, clip_ratio/high_mean, completions/mean_length, /min_length,
+ * /max_length, grad_norm. */
+void ls_grpo_metrics_each(const ls_grpo_metrics *mt, int with_advantage, const char *aux_name,
+                          void (*put)(void *user, const char *key, double v), void *user);
 /* A group defines o's objective: "rewards" or "advantages" and G >= 2 (GRPO; SFT needs
  * neither). Messages name `label` (the group file). */
 ls_status ls_grpo_group_check(const ls_group *g, const ls_grpo_opts *o, const char *label);

@@ -177,8 +177,8 @@ ls_status ls_hybrid_alloc_merged_lora(const ls_hybrid_model *base, ls_hybrid_mod
                                       const ls_lora *lora);
 /* Write `m` (weights or gradients in the internal layout) as HF tensors under the
  * checkpoint's own names and layout (fused or split, per-expert or fused experts),
- * as `dtype`, atomically to `path`. */
-ls_status ls_hybrid_export(const ls_hybrid_model *m, const char *path, ls_dtype dtype,
+ * as `dtype`, to `to`: a file, atomically (LS_ST_FILE(path)), or a callback (ls_st_emit). */
+ls_status ls_hybrid_export(const ls_hybrid_model *m, const ls_st_sink *to, ls_dtype dtype,
                            const char *meta_key, const char *meta_value);
 
 /* One tensor of the HF checkpoint layout, for writing random checkpoints (`init`). */

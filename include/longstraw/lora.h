@@ -93,10 +93,10 @@ void ls_lora_backward(ls_lora *L, const ls_hybrid_model *dW);
 ls_status ls_lora_params(const ls_lora *L, ls_param **w, ls_param **g, int64_t *n);
 void ls_lora_zero_grad(ls_lora *L);
 
-/* Write adapter weights (grads = 0) or gradients (grads = 1) under PEFT names, f32,
- * atomically (ls_st_writer / ls_st_write), with "format": "pt" and an optional metadata
- * key/value (meta_key NULL: none). */
-ls_status ls_lora_export(const ls_lora *L, int grads, const char *path, const char *meta_key,
+/* Write adapter weights (grads = 0) or gradients (grads = 1) under PEFT names, f32, to
+ * `to` (a file, atomically — LS_ST_FILE(path) — or a callback; ls_st_emit), with
+ * "format": "pt" and an optional metadata key/value (meta_key NULL: none). */
+ls_status ls_lora_export(const ls_lora *L, int grads, const ls_st_sink *to, const char *meta_key,
                          const char *meta_value);
 
 /* Side branches (the policy = base + adapters without a merged copy): after the base

@@ -151,8 +151,9 @@ ls_status ls_mla_load(ls_mla_model *m, const char *dir, const ls_comm *ep, ls_ar
 ls_status ls_mla_params(const ls_mla_model *m, ls_param **out, int64_t *n);
 /* Write every tensor under its HF name (zeros for a gradient set's frozen tensors).
  * With expert parallelism a collective over m->ep: the routed experts are gathered to
- * the ep group's rank 0, which writes when path is non-NULL (NULL: take part only). */
-ls_status ls_mla_export(const ls_mla_model *m, const char *path, ls_dtype dtype, const char *meta_key,
+ * the ep group's rank 0, which writes when `to` is non-NULL (NULL: take part only). `to`:
+ * a file (LS_ST_FILE(path)) or a callback (ls_st_emit). */
+ls_status ls_mla_export(const ls_mla_model *m, const ls_st_sink *to, ls_dtype dtype, const char *meta_key,
                         const char *meta_value);
 
 /* ---- forward and backward (mla.c, mla_bwd.c) -------------------------------------- */

@@ -66,6 +66,21 @@ void ls_plan_row(ls_plan_doc *d, size_t bytes, const char *fmt, ...) __attribute
 void ls_plan_live_terms(ls_plan_doc *d, size_t params, size_t w_bytes, size_t m_bytes, size_t g_bytes,
                         const char *what);
 
+/* `plan`'s flags by name, for the CLI's options and an API host's (name, value) pairs
+ * alike: one table of names, defaults and ranges. */
+typedef struct {
+    ls_plan_request rq; /* path unset; sweep_chunk set by ls_plan_flags_request from the mode */
+    int full;           /* --mode full */
+    int64_t sweep;      /* --sweep-chunk (default 512) */
+    int on_host;        /* --state-on host */
+} ls_plan_flags;
+void ls_plan_flags_init(ls_plan_flags *f);
+/* One flag ("page-size" or "page_size"; a switch's value NULL or "1" is on): LS_ERR_ARG
+ * "--FLAG: ..." on a bad value; *known = 0 (and LS_OK) for a name that is not plan's. */
+ls_status ls_plan_flag_set(ls_plan_flags *f, const char *name, const char *value, int *known);
+/* The request the flags make for the config at `path`. */
+ls_plan_request ls_plan_flags_request(const ls_plan_flags *f, const char *path);
+
 /* The objective's options of rq as `grad`/`step` check them (same messages). */
 ls_status ls_plan_check(const ls_plan_request *rq);
 /* The whole `plan` answer for a loaded config (the document's strings may point into it:

@@ -187,4 +187,21 @@ ls_status ls_st_writer_add_meta(ls_st_writer *w, const char *key, const char *va
  * before returning. */
 ls_status ls_st_write(const ls_st_writer *w, const char *path);
 
+/* Where a writer's tensors go: the file `path` (ls_st_write), or, with path NULL, a
+ * host's callback once per tensor with its f32 values as added (borrowed for the call;
+ * the stored dtype is the file's business), in the order added — the C API's in-memory
+ * gradient. Metadata goes to files only. */
+typedef ls_status (*ls_st_tensor_fn)(void *user, const char *name, int ndim, const int64_t *shape,
+                                     const float *data);
+typedef struct {
+    const char *path;
+    ls_st_tensor_fn fn;
+    void *user;
+} ls_st_sink;
+/* The file sink of `path` (a compound literal: it lives as long as the enclosing block). */
+#define LS_ST_FILE(p) (&(ls_st_sink){.path = (p)})
+/* ls_st_write for a file sink; for a callback sink each tensor in turn (f32 ones only:
+ * a raw tensor of another dtype is LS_ERR_UNSUPPORTED), stopping at the first error. */
+ls_status ls_st_emit(const ls_st_writer *w, const ls_st_sink *to);
+
 #endif

@@ -2,9 +2,10 @@
  * trace.h — what a run writes about itself (issue 4 §5): one JSON object per line in
  * RUN/trace.<rank>.jsonl (format: docs/trace.md), and a progress line on stderr.
  *
- * The tracer is process-wide and off until ls_trace_open; every call is then a no-op,
- * so library code calls it unconditionally. Calls come from the main thread only
- * (the layer loops are sequential; OpenMP runs inside them). Every event carries the
+ * The tracer is the current runtime's (core/rt.h: the process's, or an API context's)
+ * and off until ls_trace_open; every call is then a no-op, so library code calls it
+ * unconditionally. Calls come from the calling thread only (the layer loops are
+ * sequential; OpenMP runs inside them). Every event carries the
  * live bytes of each arena, so the trace alone draws the memory timeline.
  */
 #ifndef LONGSTRAW_TRACE_H
@@ -54,7 +55,8 @@ void ls_trace_event(const char *ev, const char *fields_fmt, ...) __attribute__((
 
 /* ---- progress on stderr -------------------------------------------------------------
  * A bar redrawn in place when stderr is a terminal, plain lines (at most one per 10 s
- * and one at the end) otherwise; off when quiet. */
+ * and one at the end) otherwise; off when quiet. A runtime with a progress callback
+ * (an API context's) gets the reports instead, at most one per 0.2 s and the last. */
 void ls_progress_enable(int on);
 void ls_progress_begin(const char *what, int64_t total); /* total units (tokens) */
 void ls_progress_add(int64_t done);                    /* units completed since the last call */

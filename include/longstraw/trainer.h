@@ -109,5 +109,8 @@ int ls_train_reward_pgid(void);
 /* argv' = ["train", RUN/args.json..., argv[1..]...]: a resume's saved flags first, then
  * the given ones (later flags override). Strings malloc'd (free each, then the array). */
 ls_status ls_train_saved_args(const char *run, int argc, char **argv, int *nargc, char ***nargv);
+/* A resume's run directory and the --out given with it (NULL: none) name the same
+ * directory (same device and inode: "RUN" and "./RUN/" agree); else LS_ERR_ARG. */
+ls_status ls_train_same_run(const char *resume, const char *out);
 
 #endif

@@ -19,6 +19,8 @@ this package sits in, then the package directory, then the system's search path.
 import ctypes
 import json
 import os
+import signal
+import threading
 
 import numpy as np
 
@@ -70,6 +72,10 @@ _sig("ls_ctx_error", _c, _vp)
 _sig("ls_api_last_error", _c)
 _sig("ls_ctx_rank", ctypes.c_int, _vp)
 _sig("ls_ctx_world_size", ctypes.c_int, _vp)
+_sig("ls_ctx_request_stop", None, _vp, ctypes.c_int)
+_PROGRESS_FN = ctypes.CFUNCTYPE(None, _vp, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_double,
+                                ctypes.c_int)
+_sig("ls_ctx_set_progress", None, _vp, _PROGRESS_FN, _vp)
 _sig("ls_api_policy_open", _vp, _vp, _c, ctypes.c_int, _pp, _pp)
 _sig("ls_api_policy_close", None, _vp)
 _sig("ls_api_policy_logprobs", _vp, _vp, _c, ctypes.c_int, _pp, _pp)
@@ -159,13 +165,41 @@ class _Result:
 
 
 class Context:
-    """Owns the thread count, the last error and (under mpirun) the communicator."""
+    """Owns the thread count, the last error, the stop request, the trace, the progress
+    reports and (under mpirun) the communicator: two contexts do not see each other's.
+    progress: a callable progress(what, done, total, seconds, final) for the long calls'
+    progress (capture, scoring, evaluation; tokens), at most 5 a second (default: none)."""
 
-    def __init__(self, threads=0):
+    def __init__(self, threads=0, progress=None):
         self._ptr = _lib.ls_ctx_new(int(threads))
         if not self._ptr:
             raise LongStrawError(_lib.ls_api_last_error().decode())
         self.threads = threads
+        self._progress_cb = None
+        if progress is not None:
+            self.set_progress(progress)
+
+    def set_progress(self, progress):
+        """Progress reports to progress(what, done, total, seconds, final); None: off."""
+        if progress is None:
+            self._progress_cb = None
+            _lib.ls_ctx_set_progress(self._ptr, ctypes.cast(None, _PROGRESS_FN), None)
+            return
+
+        def cb(_user, what, done, total, seconds, final):
+            try:
+                progress(what.decode(), int(done), int(total), float(seconds), bool(final))
+            except Exception:  # noqa: BLE001 - a report must not end the run
+                pass
+
+        self._progress_cb = _PROGRESS_FN(cb)  # kept alive as long as the library may call it
+        _lib.ls_ctx_set_progress(self._ptr, self._progress_cb, None)
+
+    def request_stop(self, sig=signal.SIGINT):
+        """Ask this context's running call to stop at its next safe point: a training run
+        ends after the update in flight with a checkpoint (its result's "stop_signal" is
+        sig), as `longstraw train` does on SIGINT. Safe from another thread."""
+        _lib.ls_ctx_request_stop(self._ptr, int(sig))
 
     @property
     def rank(self):
@@ -193,15 +227,18 @@ class Context:
             raise self._error()
         return _Result(ptr).json()
 
-    def train(self, reward_funcs=None, reward_weights=None, log=None, **flags):
+    def train(self, reward_funcs=None, reward_weights=None, log=None, stop_on_sigint=True, **flags):
         """`longstraw train` from Python: flags as keywords (model=, out=, task=, rollout=True,
         updates=, num_generations=, ..., every training flag; resume="RUN"). reward_funcs:
         callables in TRL's signature, reward_func(prompts, completions, **kwargs) ->
         list[float], called on rank 0 with each rollout group's decoded prompt (repeated per
         completion) and completions, kwargs group= (the group's number); several are summed
         with reward_weights (default 1 each), as TRL does. log: a callable taking each
-        progress line (default: none are printed). Returns {"updates", "skipped",
-        "stop_signal", "out", "metrics": the run's metrics.jsonl rows}."""
+        progress line (default: none are printed). stop_on_sigint (from the main thread):
+        the first Ctrl-C asks the run to stop after its update in flight, with a
+        checkpoint (request_stop), as the CLI does; a second one raises KeyboardInterrupt.
+        Returns {"updates", "skipped", "stop_signal", "out", "metrics": the run's
+        metrics.jsonl rows}."""
         if callable(reward_funcs):
             reward_funcs = [reward_funcs]
         funcs = list(reward_funcs or [])
@@ -237,7 +274,18 @@ class Context:
         rfn = _REWARD_FN(reward_cb) if funcs else ctypes.cast(None, _REWARD_FN)
         lfn = _LOG_FN(log_cb)
         n, names, values = _flags(flags)
-        ptr = _lib.ls_api_train(self._ptr, n, names, values, rfn, None, lfn, None)
+        old_handler = None
+        if stop_on_sigint and threading.current_thread() is threading.main_thread():
+            def on_sigint(sig, _frame):
+                self.request_stop(sig)
+                signal.signal(signal.SIGINT, old_handler)  # a second Ctrl-C interrupts
+
+            old_handler = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            ptr = _lib.ls_api_train(self._ptr, n, names, values, rfn, None, lfn, None)
+        finally:
+            if old_handler is not None:
+                signal.signal(signal.SIGINT, old_handler)
         if not ptr:
             err = self._error()
             if failure:

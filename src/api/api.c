@@ -18,14 +18,21 @@
 #include "longstraw/plan.h"
 #include "longstraw/rollout.h"
 #include "longstraw/score.h"
+#include "longstraw/trace.h"
 #include "longstraw/train_args.h"
 #include "longstraw/trainer.h"
+#include "core/rt.h"
 
 struct ls_ctx {
     int threads;
+    ls_rt rt;        /* what the library's calls read as "current" while this context's run */
+    ls_rt *rt_prev;  /* the thread's runtime before the outermost entry */
+    int depth;       /* entries (a reward or log callback may call into the context again) */
     char err[4096];
     char reward_err[1024]; /* a reward callback's message (ls_api_reward_error) */
     const ls_comm *world; /* several ranks: the CP communicator; else NULL */
+    int64_t split_ep;     /* the EP degree the groups below were split for (0: none yet) */
+    ls_comm *cp_group, *ep_group;
 };
 
 typedef struct {
@@ -43,6 +50,7 @@ struct ls_result {
 
 struct ls_api_policy {
     ls_ctx *ctx;
+    const ls_comm *cp, *ep; /* the ranks sharing pages (NULL: one) and experts (NULL: no EP) */
     char *model;
     char **strings; /* copies of the flag values the base flags point to */
     int n_strings;
@@ -65,6 +73,19 @@ const char *ls_ctx_error(const ls_ctx *c) { return c ? c->err : g_first_error; }
 int ls_ctx_rank(const ls_ctx *c) { return c && c->world ? ls_comm_rank(c->world) : 0; }
 int ls_ctx_world_size(const ls_ctx *c) { return c && c->world ? ls_comm_size(c->world) : 1; }
 
+/* Every call runs on its context's runtime (core/rt.h: stop request, trace, progress,
+ * thread count) and sets the process's OpenMP/BLAS threads from it. */
+static void ctx_enter(ls_ctx *c) {
+    if (c->depth++ == 0) {
+        c->rt_prev = ls_rt_enter(&c->rt);
+        c->rt.stop = 0; /* a stop request is for the call in flight (ls_ctx_request_stop) */
+    }
+    ls_set_threads(c->threads);
+}
+static void ctx_leave(ls_ctx *c) {
+    if (--c->depth == 0) ls_rt_leave(c->rt_prev);
+}
+
 /* The status of a failed call into the context's message; returns s. */
 static ls_status fail(ls_ctx *c, ls_status s) {
     if (s != LS_OK) snprintf(c->err, sizeof c->err, "%s", ls_err_msg());
@@ -78,6 +99,7 @@ ls_ctx *ls_ctx_new(int threads) {
         return NULL;
     }
     c->threads = threads;
+    ls_rt_init(&c->rt);
     /* under a launcher, CP runs over the world (MPI started here unless the host did) */
     int launched = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
     if (launched && ls_comm_have_mpi()) {
@@ -94,7 +116,44 @@ ls_ctx *ls_ctx_new(int threads) {
     return c;
 }
 
-void ls_ctx_free(ls_ctx *c) { free(c); }
+/* The CP and EP groups of an EP degree (1: the world, none): split once per degree, a
+ * collective — every rank makes the same calls, as with the CLI. */
+static ls_status ctx_parallel(ls_ctx *c, int64_t ep, const ls_comm **cp, const ls_comm **epc) {
+    *cp = c->world, *epc = NULL;
+    if (ep <= 1) return LS_OK;
+    if (c->split_ep != ep) {
+        ls_comm_free(c->cp_group);
+        ls_comm_free(c->ep_group);
+        c->cp_group = c->ep_group = NULL;
+        c->split_ep = 0;
+        LS_TRY(ls_comm_parallel(c->world, ep, &c->cp_group, &c->ep_group));
+        c->split_ep = ep;
+    }
+    *cp = ls_comm_size(c->cp_group) > 1 ? c->cp_group : NULL;
+    *epc = c->ep_group;
+    return LS_OK;
+}
+
+void ls_ctx_free(ls_ctx *c) {
+    if (!c) return;
+    ls_comm_free(c->cp_group);
+    ls_comm_free(c->ep_group);
+    ls_rt_release(&c->rt);
+    free(c);
+}
+
+void ls_ctx_request_stop(ls_ctx *c, int sig) {
+    if (c) c->rt.stop = sig > 0 ? sig : 2; /* sig_atomic_t: safe from a signal handler or another thread */
+}
+
+void ls_ctx_set_progress(ls_ctx *c, ls_api_progress_fn fn, void *user) {
+    if (!c) return;
+    c->rt.progress.fn = fn;
+    c->rt.progress.user = user;
+    ctx_enter(c);
+    ls_progress_enable(fn != NULL);
+    ctx_leave(c);
+}
 
 /* ---- results ---- */
 
@@ -144,6 +203,7 @@ void ls_result_free(ls_result *r) {
 
 /* A call's end: r on success; else the context's message set, r freed, NULL. */
 static ls_result *finish(ls_ctx *c, ls_status s, ls_result *r) {
+    ctx_leave(c); /* every result-returning call entered its context */
     if (s == LS_OK) return r;
     fail(c, s);
     ls_result_free(r);
@@ -180,8 +240,8 @@ static ls_status call_flags(ls_api_policy *p, int n, const char *const *names, c
     *t = p->base;
     LS_TRY(apply_flags(t, n, names, values, 0));
     LS_TRY(ls_train_flags_finish(t));
-    t->o.fwd.comm = p->ctx->world;
-    ls_set_threads(p->ctx->threads);
+    t->o.fwd.comm = p->cp;
+    t->ep_comm = p->ep;
     return LS_OK;
 }
 
@@ -198,6 +258,7 @@ static void policy_free(ls_api_policy *p) {
     free(p);
 }
 
+/* Needs no context (api.h: a policy may outlive its context's handle, to be freed). */
 void ls_api_policy_close(ls_api_policy *p) { policy_free(p); }
 
 ls_api_policy *ls_api_policy_open(ls_ctx *c, const char *model_dir, int n, const char *const *names,
@@ -209,6 +270,7 @@ ls_api_policy *ls_api_policy_open(ls_ctx *c, const char *model_dir, int n, const
         snprintf(c->err, sizeof c->err, "out of memory opening %s", model_dir ? model_dir : "(null)");
         return NULL;
     }
+    ctx_enter(c);
     p->ctx = c;
     ls_arenas_init(&p->ar);
     ls_train_flags_init(&p->base);
@@ -226,13 +288,9 @@ ls_api_policy *ls_api_policy_open(ls_ctx *c, const char *model_dir, int n, const
         t = p->base;
         s = ls_train_flags_finish(&t);
     }
-    if (s == LS_OK && p->base.ep > 1)
-        s = ls_err(LS_ERR_UNSUPPORTED, "--ep %lld: expert parallelism is not in API version %d (use the CLI)",
-                   (long long)p->base.ep, LS_API_VERSION);
-    if (s == LS_OK) {
-        ls_set_threads(c->threads);
-        s = ls_backend_open(p->base.backend, &p->be);
-    }
+    if (s == LS_OK) s = ctx_parallel(c, p->base.ep, &p->cp, &p->ep);
+    p->base.ep_comm = p->ep;
+    if (s == LS_OK) s = ls_backend_open(p->base.backend, &p->be);
     if (s == LS_OK) {
         ls_arenas_set_backend(&p->ar, p->be);
         if (p->base.state_on_host) ls_arena_set_backend(&p->ar.a[LS_ARENA_PROMPT], ls_backend_cpu());
@@ -243,8 +301,9 @@ ls_api_policy *ls_api_policy_open(ls_ctx *c, const char *model_dir, int n, const
     if (s != LS_OK) {
         fail(c, s);
         policy_free(p);
-        return NULL;
+        p = NULL;
     }
+    ctx_leave(c);
     return p;
 }
 
@@ -258,6 +317,7 @@ static ls_status parse_group(ls_api_policy *p, const char *json, ls_group *g) {
 static ls_status begin_group_call(ls_api_policy *p, const char *group_json, int n, const char *const *names,
                                   const char *const *values, ls_train_flags *t, ls_group *g) {
     p->ctx->err[0] = 0;
+    ctx_enter(p->ctx);
     memset(g, 0, sizeof *g);
     LS_TRY(call_flags(p, n, names, values, t));
     return parse_group(p, group_json, g);
@@ -289,10 +349,15 @@ ls_result *ls_api_policy_logprobs(ls_api_policy *p, const char *group_json, int 
     return finish(c, s, r);
 }
 
-static void metric(FILE *f, int *first, const char *k, double v) {
-    fprintf(f, "%s\"%s\": ", *first ? "" : ", ", k);
-    ls_json_number(f, "%.10g", v);
-    *first = 0;
+typedef struct {
+    FILE *f;
+    int first;
+} metric_out;
+static void metric(void *user, const char *k, double v) {
+    metric_out *m = user;
+    fprintf(m->f, "%s\"%s\": ", m->first ? "" : ", ", k);
+    ls_json_number(m->f, "%.10g", v);
+    m->first = 0;
 }
 
 static char *metrics_json(const ls_grpo_metrics *mt, const ls_train_flags *t, const ls_api_policy *p) {
@@ -300,23 +365,12 @@ static char *metrics_json(const ls_grpo_metrics *mt, const ls_train_flags *t, co
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     if (!f) return NULL;
-    int first = 1;
+    metric_out m = {f, 1};
     fputc('{', f);
-    metric(f, &first, "loss", mt->loss);
-    metric(f, &first, "reward", mt->reward_mean);
-    metric(f, &first, "reward_std", mt->reward_std);
-    metric(f, &first, "kl", mt->kl);
-    metric(f, &first, "entropy", mt->entropy);
-    if (t->o.aux_loss_coef > 0 && p->t.p.fam->aux_loss) metric(f, &first, p->t.p.fam->aux_loss, mt->aux_loss);
-    metric(f, &first, "clip_ratio/low_mean", mt->clip_low);
-    metric(f, &first, "clip_ratio/high_mean", mt->clip_high);
-    metric(f, &first, "completions/mean_length", mt->len_mean);
-    metric(f, &first, "completions/min_length", (double)mt->len_min);
-    metric(f, &first, "completions/max_length", (double)mt->len_max);
-    metric(f, &first, "grad_norm", mt->grad_norm);
-    metric(f, &first, "learning_rate", t->o.lr);
-    metric(f, &first, "num_sequences", mt->n_seq);
-    metric(f, &first, "step", (double)p->t.adam.step);
+    ls_grpo_metrics_each(mt, 0, t->o.aux_loss_coef > 0 ? p->t.p.fam->aux_loss : NULL, metric, &m);
+    metric(&m, "learning_rate", t->o.lr);
+    metric(&m, "num_sequences", mt->n_seq);
+    metric(&m, "step", (double)p->t.adam.step);
     fprintf(f, ", \"skipped\": %s, \"time\": {\"capture\": %.4f, \"reference\": %.4f, \"score\": %.4f, "
                "\"replay\": %.4f, \"sweep\": %.4f, \"optimize\": %.4f, \"total\": %.4f}}",
             mt->skipped ? "true" : "false", mt->t_capture, mt->t_ref, mt->t_score, mt->t_replay, mt->t_sweep,
@@ -325,30 +379,17 @@ static char *metrics_json(const ls_grpo_metrics *mt, const ls_train_flags *t, co
     return buf;
 }
 
-/* The family writes gradients as a safetensors file (what `longstraw grad` writes): into a
- * private directory of $TMPDIR, read back and removed at once. */
+/* The gradient, tensor by tensor, straight from the family's export into the result (what
+ * `longstraw grad` would write to its file: the same names, shapes and values). */
+static ls_status grad_to_result(void *user, const char *name, int ndim, const int64_t *shape, const float *data) {
+    return result_add(user, name, ndim, shape, data);
+}
+
 static ls_status read_grads(ls_api_policy *p, ls_result *r) {
-    const char *tmp = getenv("TMPDIR");
-    char dir[4096], path[4200];
-    snprintf(dir, sizeof dir, "%s/longstraw-grad-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) return ls_err(LS_ERR_IO, "%s: cannot create a private directory for the gradient", dir);
-    snprintf(path, sizeof path, "%s/grad.safetensors", dir);
-    ls_status s = p->t.p.fam->policy_save_grads(&p->t.p, path, NULL, NULL);
-    ls_st_file f;
-    memset(&f, 0, sizeof f);
-    if (s == LS_OK) s = ls_st_open(&f, path);
-    for (int64_t i = 0; s == LS_OK && i < ls_st_count(&f); i++) {
-        const ls_st_tensor *t = ls_st_at(&f, i);
-        float *buf = malloc((size_t)(t->numel > 0 ? t->numel : 1) * sizeof(float));
-        if (!buf) s = ls_err(LS_ERR_NOMEM, "out of memory reading the gradient");
-        if (s == LS_OK) s = ls_st_read_f32(t, buf, t->numel, path);
-        if (s == LS_OK) s = result_add(r, t->name, t->ndim, t->shape, buf);
-        free(buf);
-    }
-    ls_st_close(&f);
-    unlink(path);
-    rmdir(dir);
-    return s;
+    ls_st_sink to = {.fn = grad_to_result, .user = r};
+    if (!p->ep) return p->t.p.fam->policy_save_grads(&p->t.p, &to, NULL, NULL);
+    /* EP: the experts gather to world rank 0, the one rank whose result holds the gradient */
+    return p->t.p.fam->policy_save_grads(&p->t.p, ls_ctx_rank(p->ctx) == 0 ? &to : NULL, NULL, NULL);
 }
 
 ls_result *ls_api_policy_grad(ls_api_policy *p, const char *group_json, int n, const char *const *names,
@@ -379,6 +420,7 @@ ls_result *ls_api_policy_step(ls_api_policy *p, int n_groups, const char *const 
     if (!p) return NULL;
     ls_ctx *c = p->ctx;
     c->err[0] = 0;
+    ctx_enter(c);
     ls_train_flags t;
     ls_group *g = n_groups > 0 ? calloc((size_t)n_groups, sizeof *g) : NULL;
     ls_result *r = NULL;
@@ -421,6 +463,7 @@ ls_result *ls_api_policy_rollouts(ls_api_policy *p, const char *group_json, int 
     if (!p) return NULL;
     ls_ctx *c = p->ctx;
     c->err[0] = 0;
+    ctx_enter(c);
     ls_train_args a;
     ls_train_args_default(&a);
     a.t = p->base;
@@ -434,8 +477,8 @@ ls_result *ls_api_policy_rollouts(ls_api_policy *p, const char *group_json, int 
         else s = ls_train_args_set(&a, k, values ? values[i] : NULL, &known);
     }
     if (s == LS_OK) s = ls_train_flags_finish(&a.t);
-    a.t.o.fwd.comm = c->world;
-    ls_set_threads(c->threads);
+    a.t.o.fwd.comm = p->cp;
+    a.t.ep_comm = p->ep;
     ls_group g;
     memset(&g, 0, sizeof g);
     if (s == LS_OK) s = group_json ? ls_group_parse_ex(&g, group_json, "group", p->t.cfg->vocab, NULL,
@@ -499,10 +542,13 @@ ls_result *ls_api_policy_rollouts(ls_api_policy *p, const char *group_json, int 
 int ls_api_policy_save(ls_api_policy *p, const char *dir) {
     if (!p) return 1;
     p->ctx->err[0] = 0;
+    ctx_enter(p->ctx);
     ls_status s = dir ? LS_OK : ls_err(LS_ERR_ARG, "no output directory given");
     int root = ls_ctx_rank(p->ctx) == 0;
     if (s == LS_OK && root) s = ls_make_dir(dir);
-    if (s == LS_OK && root) s = p->t.p.fam->policy_save(&p->t.p, &p->t.spec, dir);
+    if (s == LS_OK && (root || p->ep)) /* EP: every rank takes part (the experts gather to rank 0) */
+        s = p->t.p.fam->policy_save(&p->t.p, &p->t.spec, root ? dir : NULL);
+    ctx_leave(p->ctx);
     return fail(p->ctx, s) != LS_OK;
 }
 
@@ -538,6 +584,7 @@ ls_result *ls_api_train(ls_ctx *c, int n, const char *const *names, const char *
                         ls_api_reward_fn reward, void *reward_user, ls_api_log_fn log, void *log_user) {
     if (!c) return NULL;
     c->err[0] = 0;
+    ctx_enter(c);
     /* the command line it stands for: saved as RUN/args.json (a resume replays it, from the
      * CLI too) and merged with a resume's saved flags as the CLI does */
     int argc = 1;
@@ -577,8 +624,7 @@ ls_result *ls_api_train(ls_ctx *c, int n, const char *const *names, const char *
         s = ls_train_saved_args(resume, argc, argv, &nargc, &nargv);
         ls_train_args_default(&a);
         if (s == LS_OK) s = ls_train_args_parse(&a, nargc, nargv);
-        if (s == LS_OK && a.r.out && strcmp(a.r.out, resume))
-            s = ls_err(LS_ERR_ARG, "resume %s with out %s: they must be the same run", resume, a.r.out);
+        if (s == LS_OK) s = ls_train_same_run(resume, a.r.out);
         a.r.out = resume;
         a.resume = resume;
     }
@@ -586,21 +632,17 @@ ls_result *ls_api_train(ls_ctx *c, int n, const char *const *names, const char *
     if (s == LS_OK && reward) a.r.reward_fn = reward_bridge, a.r.reward_user = &h;
     if (s == LS_OK) s = ls_train_args_check(&a);
     if (s == LS_OK) s = ls_train_flags_finish(&a.t);
-    if (s == LS_OK && a.t.ep > 1)
-        s = ls_err(LS_ERR_UNSUPPORTED, "--ep %lld: expert parallelism is not in API version %d (use the CLI)",
-                   (long long)a.t.ep, LS_API_VERSION);
+    if (s == LS_OK) s = ctx_parallel(c, a.t.ep, &a.t.o.fwd.comm, &a.t.ep_comm);
     if (s == LS_OK && a.t.state_on_host)
         s = ls_err(LS_ERR_ARG, "--state-on host is built for grad, step and logprobs; train keeps the prompt state "
                                "on the device (drop the flag)");
     ls_train_result res;
     memset(&res, 0, sizeof res);
     if (s == LS_OK) {
-        a.t.o.fwd.comm = c->world;
         ls_set_threads(a.t.threads ? (int)a.t.threads : c->threads);
         ls_train_opts o;
         ls_train_args_opts(&a, a.resume ? nargc : argc, a.resume ? nargv : argv, &o);
         o.log_fn = log_bridge, o.log_user = &h;
-        ls_clear_stop();
         s = ls_train_run(&o, &res);
     }
     ls_result *r = NULL;
@@ -631,6 +673,7 @@ ls_result *ls_api_train(ls_ctx *c, int n, const char *const *names, const char *
 ls_result *ls_api_plan(ls_ctx *c, const char *model, int n, const char *const *names, const char *const *values) {
     if (!c) return NULL;
     c->err[0] = 0;
+    ctx_enter(c);
     char path[4096];
     struct stat st;
     ls_status s = model ? LS_OK : ls_err(LS_ERR_ARG, "no model directory or config given");
@@ -638,35 +681,25 @@ ls_result *ls_api_plan(ls_ctx *c, const char *model, int n, const char *const *n
         if (stat(model, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(path, sizeof path, "%s/config.json", model);
         else snprintf(path, sizeof path, "%s", model);
     }
-    int64_t P = -1, S = 64, cp = 1, sweep = 512, ep = 1, wave = 0;
-    ls_dtype dt = LS_DTYPE_BF16;
-    ls_cp_layout lay = LS_CP_ZIGZAG;
-    int full = 0, ikl = 0, on_host = 0;
+    ls_plan_flags pf;
+    ls_plan_flags_init(&pf);
     for (int i = 0; s == LS_OK && i < n; i++) {
-        const char *k = names ? names[i] : NULL, *v = values ? values[i] : NULL;
-        if (!k) s = ls_err(LS_ERR_ARG, "flag %d has no name", i);
-        else if (ls_flag_name_is(k, "indexer-kl")) ikl = ls_flag_on(v);
-        else if (!v) s = ls_err(LS_ERR_ARG, "--%s needs a value", k);
-        else if (ls_flag_name_is(k, "prompt")) s = ls_flag_i64("--prompt", v, 1, INT64_MAX / 2, &P);
-        else if (ls_flag_name_is(k, "page-size")) s = ls_flag_i64("--page-size", v, 1, 1 << 20, &S);
-        else if (ls_flag_name_is(k, "cp")) s = ls_flag_i64("--cp", v, 1, 65536, &cp);
-        else if (ls_flag_name_is(k, "state-dtype")) s = ls_flag_dtype("--state-dtype", v, &dt);
-        else if (ls_flag_name_is(k, "cp-layout")) s = ls_flag_layout(v, &lay);
-        else if (ls_flag_name_is(k, "mode")) s = ls_flag_mode(v, &full);
-        else if (ls_flag_name_is(k, "sweep-chunk")) s = ls_flag_i64("--sweep-chunk", v, 1, INT64_MAX / 4, &sweep);
-        else if (ls_flag_name_is(k, "ep")) s = ls_flag_i64("--ep", v, 1, 4096, &ep);
-        else if (ls_flag_name_is(k, "cp-wave")) s = ls_flag_i64("--cp-wave", v, 1, (int64_t)1 << 40, &wave);
-        else if (ls_flag_name_is(k, "state-on")) s = ls_flag_state_on("--state-on", v, &on_host);
-        else s = ls_err(LS_ERR_ARG, "%s: not a flag of plan (see longstraw plan --help)", k);
+        const char *k = names ? names[i] : NULL;
+        int known = 0;
+        if (!k) {
+            s = ls_err(LS_ERR_ARG, "flag %d has no name", i);
+            break;
+        }
+        s = ls_plan_flag_set(&pf, k, values ? values[i] : NULL, &known);
+        if (s == LS_OK && !known) s = ls_err(LS_ERR_ARG, "%s: not a flag of plan (see longstraw plan --help)", k);
     }
-    if (s == LS_OK && P < 0) s = ls_err(LS_ERR_ARG, "plan needs prompt= (the prompt's length in tokens)");
-    ls_plan_request rq = {.path = path, .prompt = P, .page_size = S, .dtype = dt, .cp = (int)cp, .layout = lay,
-                          .cp_wave = wave, .sweep_chunk = full ? sweep : 0, .ep = (int)ep, .aux_loss = ikl};
+    if (s == LS_OK && pf.rq.prompt < 0) s = ls_err(LS_ERR_ARG, "plan needs prompt= (the prompt's length in tokens)");
+    ls_plan_request rq = ls_plan_flags_request(&pf, path);
     ls_plan_doc *doc = s == LS_OK ? calloc(1, sizeof *doc) : NULL;
     if (s == LS_OK && !doc) s = ls_err(LS_ERR_NOMEM, "out of memory");
     ls_config cfg;
     if (s == LS_OK) s = ls_config_load(&cfg, path);
-    if (s == LS_OK) s = ls_plan_make(doc, &cfg, &rq, on_host);
+    if (s == LS_OK) s = ls_plan_make(doc, &cfg, &rq, pf.on_host);
     ls_result *r = NULL;
     if (s == LS_OK && !(r = result_new())) s = ls_err(LS_ERR_NOMEM, "out of memory");
     if (s == LS_OK) {

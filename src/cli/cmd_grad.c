@@ -116,7 +116,7 @@ static int run(const char *cmd, int argc, char **argv) {
         char lossbuf[64];
         snprintf(lossbuf, sizeof lossbuf, "%.10g", mt.loss);
         /* with expert parallelism every rank takes part (the experts are gathered) */
-        if (root || t.ep_comm) s = pol.p.fam->policy_save_grads(&pol.p, root ? out : NULL, "loss", lossbuf);
+        if (root || t.ep_comm) s = pol.p.fam->policy_save_grads(&pol.p, root ? LS_ST_FILE(out) : NULL, "loss", lossbuf);
         if (s == LS_OK && receipt) s = ls_receipt_write(receipt, cmd, &pol, &g, &t.o, &mt, &ar);
     } else {
         char path[4096];

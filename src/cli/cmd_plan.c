@@ -46,59 +46,50 @@ static void help(void) {
 int cmd_plan(int argc, char **argv) {
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"config", required_argument, 0, 'c'},
-                                         {"prompt", required_argument, 0, 'p'},
-                                         {"page-size", required_argument, 0, 's'},
-                                         {"cp", required_argument, 0, 'r'},
-                                         {"state-dtype", required_argument, 0, 'd'},
-                                         {"cp-layout", required_argument, 0, 'l'},
-                                         {"mode", required_argument, 0, 'M'},
-                                         {"sweep-chunk", required_argument, 0, 'w'},
-                                         {"ep", required_argument, 0, 'e'},
-                                         {"cp-wave", required_argument, 0, 'W'},
-                                         {"indexer-kl", no_argument, 0, 'k'},
+                                         {"prompt", required_argument, 0, 'f'},
+                                         {"page-size", required_argument, 0, 'f'},
+                                         {"cp", required_argument, 0, 'f'},
+                                         {"state-dtype", required_argument, 0, 'f'},
+                                         {"cp-layout", required_argument, 0, 'f'},
+                                         {"mode", required_argument, 0, 'f'},
+                                         {"sweep-chunk", required_argument, 0, 'f'},
+                                         {"ep", required_argument, 0, 'f'},
+                                         {"cp-wave", required_argument, 0, 'f'},
+                                         {"indexer-kl", no_argument, 0, 'f'},
                                          {"json", no_argument, 0, 'j'},
-                                         {"state-on", required_argument, 0, 'O'},
+                                         {"state-on", required_argument, 0, 'f'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *model = NULL, *config = NULL;
-    int64_t P = -1, S = 64, cp = 1;
-    ls_dtype dt = LS_DTYPE_BF16;
-    ls_cp_layout lay = LS_CP_ZIGZAG;
-    int full = 0;
-    int64_t sweep = 512, ep = 1, wave = 0;
-    int json = 0, ikl = 0, ch, on_host = 0;
+    ls_plan_flags pf;
+    ls_plan_flags_init(&pf);
+    int json = 0, ch, at = 0;
     optind = 1;
-    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "h", opts, &at)) != -1) {
         switch (ch) {
         case 'm': model = optarg; break;
         case 'c': config = optarg; break;
-        case 'p': if (cli_parse_i64("plan", "--prompt", optarg, 1, INT64_MAX / 2, &P)) return 2; break;
-        case 's': if (cli_parse_i64("plan", "--page-size", optarg, 1, 1 << 20, &S)) return 2; break;
-        case 'r': if (cli_parse_i64("plan", "--cp", optarg, 1, 65536, &cp)) return 2; break;
-        case 'd': if (cli_parse_dtype("plan", "--state-dtype", optarg, &dt)) return 2; break;
-        case 'l': if (cli_parse_layout("plan", optarg, &lay)) return 2; break;
-        case 'M': if (cli_parse_mode("plan", optarg, &full)) return 2; break;
-        case 'w': if (cli_parse_i64("plan", "--sweep-chunk", optarg, 1, INT64_MAX / 4, &sweep)) return 2; break;
-        case 'k': ikl = 1; break;
-        case 'e': if (cli_parse_i64("plan", "--ep", optarg, 1, 4096, &ep)) return 2; break;
-        case 'W': if (cli_parse_i64("plan", "--cp-wave", optarg, 1, (int64_t)1 << 40, &wave)) return 2; break;
         case 'j': json = 1; break;
-        case 'O':
-            if ((on_host = cli_parse_state_on("plan", optarg)) < 0) return 2;
-            break;
         case 'h': help(); return 0;
+        case 'f': { /* the library's plan flags (plan.h): names, defaults, ranges and messages */
+            int known = 0;
+            if (ls_plan_flag_set(&pf, opts[at].name, optarg, &known) != LS_OK) {
+                fprintf(stderr, "longstraw plan: %s\n", ls_err_msg());
+                return 2;
+            }
+            break;
+        }
         default: return cli_usage_error("plan", "bad option");
         }
     }
     if (optind < argc) return cli_usage_error("plan", "unexpected argument \"%s\"", argv[optind]);
     if (!model == !config) return cli_usage_error("plan", "give exactly one of --model or --config");
-    if (P < 0) return cli_usage_error("plan", "--prompt is required");
+    if (pf.rq.prompt < 0) return cli_usage_error("plan", "--prompt is required");
     char path[4096];
     if (model) snprintf(path, sizeof path, "%s/config.json", model);
     else snprintf(path, sizeof path, "%s", config);
     ls_config cfg;
-    ls_plan_request rq = {.path = path, .prompt = P, .page_size = S, .dtype = dt, .cp = (int)cp, .layout = lay, .cp_wave = wave,
-                          .sweep_chunk = full ? sweep : 0, .ep = (int)ep, .aux_loss = ikl};
+    ls_plan_request rq = ls_plan_flags_request(&pf, path);
     if (ls_plan_check(&rq) != LS_OK) {
         fprintf(stderr, "longstraw plan: %s\n", ls_err_msg());
         return 2;
@@ -110,7 +101,7 @@ int cmd_plan(int argc, char **argv) {
         free(doc);
         return cli_fail("plan", s != LS_OK ? s : LS_ERR_UNSUPPORTED);
     }
-    s = ls_plan_make(doc, &cfg, &rq, on_host);
+    s = ls_plan_make(doc, &cfg, &rq, pf.on_host);
     if (s == LS_OK) ls_plan_write(stdout, doc, json);
     free(doc);
     if (s == LS_ERR_UNSUPPORTED) /* a flag this family has no use for: a usage error, as the flags' own */

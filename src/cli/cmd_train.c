@@ -174,10 +174,7 @@ static int run_train(int argc, char **argv) {
         const char *resume = a.resume;
         args_default(&a);
         if ((r = parse_args(&a, nargc, nargv))) return r == 1 ? 0 : r;
-        if (!a.r.out) a.r.out = resume;
-        struct stat s1, s2;
-        if (stat(a.r.out, &s1) != 0 || stat(resume, &s2) != 0 || s1.st_dev != s2.st_dev || s1.st_ino != s2.st_ino)
-            return cli_usage_error("train", "--resume %s with --out %s: they must be the same run", resume, a.r.out);
+        if (ls_train_same_run(resume, a.r.out) != LS_OK) return cli_usage_error("train", "%s", ls_err_msg());
         a.r.out = resume;
     }
     if ((r = check_flags(&a))) return r;

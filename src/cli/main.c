@@ -117,14 +117,9 @@ const ls_comm *cli_cp_comm(void) {
 int cli_parallel(const char *cmd, int64_t ep, const ls_comm **cp, const ls_comm **epc) {
     *cp = cli_cp_comm(), *epc = NULL;
     if (ep <= 1) return 0;
-    ls_comm *w = ls_comm_world();
-    int W = w ? ls_comm_size(w) : 1, r = w ? ls_comm_rank(w) : 0;
-    if (W % ep != 0)
-        return cli_usage_error(cmd, "--ep %lld: the run has %d rank%s, not a multiple of it (ranks = CP x EP)",
-                               (long long)ep, W, W == 1 ? "" : "s");
     static ls_comm *cpc, *epg; /* for the process's lifetime */
-    ls_status s = ls_comm_split(w, r % (int)ep, r, &cpc); /* same experts: one CP group */
-    if (s == LS_OK) s = ls_comm_split(w, r / (int)ep, r, &epg); /* same pages: one EP group */
+    ls_status s = ls_comm_parallel(ls_comm_world(), ep, &cpc, &epg);
+    if (s == LS_ERR_ARG) return cli_usage_error(cmd, "%s", ls_err_msg());
     if (s != LS_OK) return cli_fail(cmd, s);
     *cp = ls_comm_size(cpc) > 1 ? cpc : NULL;
     *epc = epg;

@@ -1,6 +1,7 @@
 /*
- * trace.c — the run's trace (docs/trace.md) and the progress line on stderr.
- * Process-wide state, used from the main thread only (see trace.h).
+ * trace.c — the run's trace (docs/trace.md) and the progress line on stderr (or the
+ * runtime's progress callback). The state is the current runtime's (core/rt.h), used
+ * from the calling thread only (see trace.h).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -15,25 +16,10 @@
 
 #include "longstraw/files.h"
 #include "longstraw/trace.h"
+#include "core/rt.h"
 
-static struct {
-    int fd;               /* -1: tracing off */
-    char path[4096];
-    int64_t size;         /* bytes of whole lines in the file */
-    int64_t size0;        /* ... when it was opened, and whether it was made then (ls_trace_abandon) */
-    int created;
-    int err;              /* errno of the first failed write (0: none); nothing is written after it */
-    char *line;           /* the event being built */
-    size_t len, cap;
-    ls_arenas *ar;
-    double t0;
-    int64_t update;
-    int member;
-    int layers;
-    const char *phase;    /* current phase (static strings) */
-    double phase_t0;
-    size_t saved_peak[LS_ARENA_COUNT];
-} T = {.fd = -1, .update = -1, .member = -1, .layers = 1};
+/* The current runtime's trace (core/rt.h). */
+#define T (ls_rt_get()->trace)
 
 int ls_trace_on(void) { return T.fd >= 0; }
 
@@ -173,12 +159,13 @@ int ls_trace_layers(int on) {
 }
 
 /* The phase running now, kept whether or not a trace is written: a fault names it. */
-static const char *current_phase;
-
-const char *ls_trace_current_phase(void) { return current_phase ? current_phase : "setup"; }
+const char *ls_trace_current_phase(void) {
+    const char *ph = ls_rt_get()->phase;
+    return ph ? ph : "setup";
+}
 
 void ls_trace_phase_begin(const char *phase) {
-    current_phase = phase;
+    ls_rt_get()->phase = phase;
     if (T.fd < 0) return;
     /* measure the phase's own peak: remember the run-wide peaks, restart them at the
      * current level, and fold them back at the end */
@@ -195,7 +182,7 @@ void ls_trace_phase_begin(const char *phase) {
 }
 
 void ls_trace_phase_end(const char *phase) {
-    current_phase = NULL;
+    ls_rt_get()->phase = NULL;
     if (T.fd < 0) return;
     head("phase_end");
     out(", \"phase\": \"%s\", \"update\": %lld, \"s\": %.6f, \"peak\": [", phase, (long long)T.update,
@@ -233,16 +220,12 @@ void ls_trace_event(const char *ev, const char *fmt, ...) {
 
 /* ---- progress ------------------------------------------------------------------ */
 
-static struct {
-    int enabled, tty, active;
-    const char *what;
-    int64_t total, done;
-    double t0, last;
-} P;
+/* The current runtime's progress line. */
+#define P (ls_rt_get()->progress)
 
 void ls_progress_enable(int on) {
     P.enabled = on;
-    P.tty = isatty(STDERR_FILENO);
+    P.tty = !P.fn && isatty(STDERR_FILENO);
 }
 
 static void fmt_eta(char *buf, size_t n, double s) {
@@ -253,6 +236,11 @@ static void fmt_eta(char *buf, size_t n, double s) {
 
 static void draw(int final) {
     double now = ls_now(), el = now - P.t0;
+    if (P.fn) { /* a host's callback instead of the line */
+        P.fn(P.user, P.what, P.done, P.total, el, final);
+        P.last = now;
+        return;
+    }
     double rate = el > 0 ? (double)P.done / el : 0;
     double frac = P.total > 0 ? (double)P.done / (double)P.total : 1;
     char eta[32];
@@ -279,14 +267,14 @@ void ls_progress_begin(const char *what, int64_t total) {
     P.total = total;
     P.done = 0;
     P.t0 = P.last = ls_now();
-    if (P.tty) draw(0);
+    if (P.tty || P.fn) draw(0);
 }
 
 void ls_progress_add(int64_t done) {
     if (!P.enabled || !P.active) return;
     P.done += done;
     double now = ls_now();
-    if (now - P.last >= (P.tty ? 0.2 : 10.0)) draw(0);
+    if (now - P.last >= (P.tty || P.fn ? 0.2 : 10.0)) draw(0);
 }
 
 void ls_progress_end(void) {

@@ -3,6 +3,7 @@
  * the atomic file writers make on their destination and temp file.
  */
 #include "longstraw/core.h"
+#include "core/rt.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -182,8 +183,6 @@ size_t ls_peak_rss_bytes(void) {
     return (size_t)ru.ru_maxrss * 1024u;
 }
 
-static int g_threads = 0;
-
 int ls_num_cores(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
@@ -191,14 +190,17 @@ int ls_num_cores(void) {
 
 void ls_set_threads(int n) {
     if (n <= 0) n = ls_num_cores();
-    g_threads = n;
+    ls_rt_get()->threads = n;
 #ifdef _OPENMP
     omp_set_num_threads(n);
 #endif
     openblas_set_num_threads(n);
 }
 
-int ls_get_threads(void) { return g_threads > 0 ? g_threads : ls_num_cores(); }
+int ls_get_threads(void) {
+    int n = ls_rt_get()->threads;
+    return n > 0 ? n : ls_num_cores();
+}
 
 /* ---- output files ---- */
 const char *ls_file_kind(unsigned int m) {
@@ -281,8 +283,8 @@ ls_status ls_make_dir(const char *path) {
 }
 
 /* ---- stop requests ------------------------------------------------------------ */
-static volatile sig_atomic_t g_stop;
-
-void ls_request_stop(int sig) { g_stop = sig; }
-int ls_stop_requested(void) { return g_stop; }
-void ls_clear_stop(void) { g_stop = 0; }
+/* A signal handler's request goes to the process's runtime (the CLI's); an API
+ * context's is ls_ctx_request_stop's. The current runtime's is what loops honour. */
+void ls_request_stop(int sig) { ls_rt_process()->stop = sig; }
+int ls_stop_requested(void) { return ls_rt_get()->stop; }
+void ls_clear_stop(void) { ls_rt_get()->stop = 0; }

@@ -435,3 +435,18 @@ int ls_comm_size(const ls_comm *c) {
     LS_ASSERT(c != NULL, "ls_comm_size: NULL communicator");
     return c->size;
 }
+
+ls_status ls_comm_parallel(const ls_comm *world, int64_t ep, ls_comm **cp, ls_comm **ep_group) {
+    *cp = *ep_group = NULL;
+    int W = world ? ls_comm_size(world) : 1, r = world ? ls_comm_rank(world) : 0;
+    if (ep < 2 || W % ep != 0)
+        return ls_err(LS_ERR_ARG, "--ep %lld: the run has %d rank%s, not a multiple of it (ranks = CP x EP)",
+                      (long long)ep, W, W == 1 ? "" : "s");
+    LS_TRY(ls_comm_split(world, r % (int)ep, r, cp)); /* same experts: one CP group */
+    ls_status s = ls_comm_split(world, r / (int)ep, r, ep_group); /* same pages: one EP group */
+    if (s != LS_OK) {
+        ls_comm_free(*cp);
+        *cp = NULL;
+    }
+    return s;
+}

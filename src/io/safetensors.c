@@ -1001,6 +1001,21 @@ static ls_status sync_parent_dir(const char *path) {
     return s;
 }
 
+ls_status ls_st_emit(const ls_st_writer *w, const ls_st_sink *to) {
+    LS_ASSERT(w && to && (to->path || to->fn));
+    if (to->path) return ls_st_write(w, to->path);
+    for (int64_t i = 0; i < w->n; i++) {
+        const ls_st_wtensor *t = &w->t[i];
+        const float *v = t->src_f32;
+        if (!v && t->dtype == LS_ST_F32) v = t->src_raw;
+        if (!v && t->numel > 0)
+            return ls_err(LS_ERR_UNSUPPORTED, "%s: a raw tensor of dtype %s cannot go to a callback", t->name,
+                          ls_st_dtype_name(t->dtype));
+        LS_TRY(to->fn(to->user, t->name, t->ndim, t->shape, v));
+    }
+    return LS_OK;
+}
+
 ls_status ls_st_write(const ls_st_writer *w, const char *path) {
     LS_ASSERT(w && path);
     ls_status s = LS_OK;

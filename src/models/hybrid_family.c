@@ -69,7 +69,7 @@ static ls_status hy_params(const ls_model *m, ls_param **out, int64_t *n) { retu
 
 static ls_status hy_export(const ls_model *m, const char *path, ls_dtype dtype, const char *meta_key,
                            const char *meta_value) {
-    return ls_hybrid_export(H(m), path, dtype, meta_key, meta_value);
+    return ls_hybrid_export(H(m), LS_ST_FILE(path), dtype, meta_key, meta_value);
 }
 
 ls_model ls_hybrid_handle(ls_hybrid_model *m) { return (ls_model){&ls_hybrid_family, m}; }
@@ -226,22 +226,22 @@ static ls_status hy_policy_save(const ls_policy *p, const ls_policy_spec *sp, co
     char path[4096], src[4096];
     if (hp->lora) { /* PEFT layout: adapter_model.safetensors + adapter_config.json */
         snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-        LS_TRY(ls_lora_export(hp->lora, 0, path, NULL, NULL));
+        LS_TRY(ls_lora_export(hp->lora, 0, LS_ST_FILE(path), NULL, NULL));
         snprintf(path, sizeof path, "%s/adapter_config.json", dir);
         return ls_lora_write_config(path, hp->lora);
     }
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    LS_TRY(ls_hybrid_export(hp->policy, path, LS_DTYPE_F32, NULL, NULL));
+    LS_TRY(ls_hybrid_export(hp->policy, LS_ST_FILE(path), LS_DTYPE_F32, NULL, NULL));
     snprintf(src, sizeof src, "%s/config.json", sp->model_dir);
     snprintf(path, sizeof path, "%s/config.json", dir);
     return ls_copy_file_atomic(src, path);
 }
 
-static ls_status hy_policy_save_grads(const ls_policy *p, const char *path, const char *meta_key,
+static ls_status hy_policy_save_grads(const ls_policy *p, const ls_st_sink *to, const char *meta_key,
                                       const char *meta_value) {
     const hy_policy *hp = HP(p);
-    return hp->lora ? ls_lora_export(hp->lora, 1, path, meta_key, meta_value)
-                    : ls_hybrid_export(hp->gradp, path, LS_DTYPE_F32, meta_key, meta_value);
+    return hp->lora ? ls_lora_export(hp->lora, 1, to, meta_key, meta_value)
+                    : ls_hybrid_export(hp->gradp, to, LS_DTYPE_F32, meta_key, meta_value);
 }
 
 static void hy_policy_predict(const ls_policy *p, int optimizer, size_t *grad, size_t *fixed) {

@@ -281,7 +281,7 @@ static void export_layer(exporter *ex, const ls_hybrid_model *m, int l) {
     }
 }
 
-ls_status ls_hybrid_export(const ls_hybrid_model *m, const char *path, ls_dtype dtype,
+ls_status ls_hybrid_export(const ls_hybrid_model *m, const ls_st_sink *to, ls_dtype dtype,
                            const char *meta_key, const char *meta_value) {
     const ls_config *c = &m->cfg;
     exporter ex;
@@ -297,7 +297,7 @@ ls_status ls_hybrid_export(const ls_hybrid_model *m, const char *path, ls_dtype 
     for (int l = 0; l < c->n_layers && ex.s == LS_OK; l++) export_layer(&ex, m, l);
     if (ex.s == LS_OK) ex.s = ls_st_writer_add_meta(&ex.w, "format", "pt");
     if (ex.s == LS_OK && meta_key) ex.s = ls_st_writer_add_meta(&ex.w, meta_key, meta_value);
-    if (ex.s == LS_OK) ex.s = ls_st_write(&ex.w, path);
+    if (ex.s == LS_OK) ex.s = ls_st_emit(&ex.w, to);
     ls_st_writer_free(&ex.w);
     ls_arena_free(&ex.tmp);
     return ex.s;

@@ -751,7 +751,7 @@ void ls_lora_zero_grad(ls_lora *L) {
     }
 }
 
-ls_status ls_lora_export(const ls_lora *L, int grads, const char *path, const char *meta_key,
+ls_status ls_lora_export(const ls_lora *L, int grads, const ls_st_sink *to, const char *meta_key,
                          const char *meta_value) {
     ls_st_writer w;
     ls_st_writer_init(&w);
@@ -772,7 +772,7 @@ ls_status ls_lora_export(const ls_lora *L, int grads, const char *path, const ch
     }
     if (s == LS_OK) s = ls_st_writer_add_meta(&w, "format", "pt");
     if (s == LS_OK && meta_key) s = ls_st_writer_add_meta(&w, meta_key, meta_value ? meta_value : "");
-    if (s == LS_OK) s = ls_st_write(&w, path);
+    if (s == LS_OK) s = ls_st_emit(&w, to);
     ls_st_writer_free(&w);
     ls_arena_free(&host);
     return s;

@@ -59,7 +59,7 @@ static ls_status mla_params(const ls_model *m, ls_param **out, int64_t *n) { ret
 
 static ls_status mla_export(const ls_model *m, const char *path, ls_dtype dtype, const char *meta_key,
                             const char *meta_value) {
-    return ls_mla_export(M(m), path, dtype, meta_key, meta_value);
+    return ls_mla_export(M(m), LS_ST_FILE(path), dtype, meta_key, meta_value);
 }
 
 ls_model ls_mla_handle(ls_mla_model *m) { return (ls_model){&ls_mla_family, m}; }
@@ -260,25 +260,25 @@ static ls_status mla_policy_save(const ls_policy *p, const ls_policy_spec *sp, c
     const mla_policy *mp = MP(p);
     char path[4096], src[4096];
     if (!dir && (mp->lora || !mp->base.ep)) return LS_OK; /* nothing to gather: adapters are replicated */
-    if (!dir) return ls_mla_export(&mp->base, NULL, LS_DTYPE_F32, NULL, NULL);
+    if (!dir) return ls_mla_export(&mp->base, NULL, LS_DTYPE_F32, NULL, NULL); /* EP: take part */
     if (mp->lora) { /* PEFT layout */
         snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-        LS_TRY(ls_lora_export(mp->lora, 0, path, NULL, NULL));
+        LS_TRY(ls_lora_export(mp->lora, 0, LS_ST_FILE(path), NULL, NULL));
         snprintf(path, sizeof path, "%s/adapter_config.json", dir);
         return ls_lora_write_config(path, mp->lora);
     }
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    LS_TRY(ls_mla_export(&mp->base, path, LS_DTYPE_F32, NULL, NULL));
+    LS_TRY(ls_mla_export(&mp->base, LS_ST_FILE(path), LS_DTYPE_F32, NULL, NULL));
     snprintf(src, sizeof src, "%s/config.json", sp->model_dir);
     snprintf(path, sizeof path, "%s/config.json", dir);
     return ls_copy_file_atomic(src, path);
 }
 
-static ls_status mla_policy_save_grads(const ls_policy *p, const char *path, const char *meta_key,
+static ls_status mla_policy_save_grads(const ls_policy *p, const ls_st_sink *to, const char *meta_key,
                                        const char *meta_value) {
     const mla_policy *mp = MP(p);
-    if (mp->lora) return path ? ls_lora_export(mp->lora, 1, path, meta_key, meta_value) : LS_OK;
-    return ls_mla_export(&mp->grad, path, LS_DTYPE_F32, meta_key, meta_value);
+    if (mp->lora) return to ? ls_lora_export(mp->lora, 1, to, meta_key, meta_value) : LS_OK;
+    return ls_mla_export(&mp->grad, to, LS_DTYPE_F32, meta_key, meta_value);
 }
 
 static void mla_policy_predict(const ls_policy *p, int optimizer, size_t *grad, size_t *fixed) {

@@ -351,13 +351,13 @@ static int64_t local_off(const ls_mla_tensor *t, const ls_config *c, int64_t e0)
     return t->off - e0 * unit;
 }
 
-ls_status ls_mla_export(const ls_mla_model *m, const char *path, ls_dtype dtype, const char *meta_key,
+ls_status ls_mla_export(const ls_mla_model *m, const ls_st_sink *to, ls_dtype dtype, const char *meta_key,
                         const char *meta_value) {
     const ls_config *c = &m->cfg;
     int N = m->ep ? ls_comm_size(m->ep) : 1, r = m->ep ? ls_comm_rank(m->ep) : 0;
-    if (N == 1 && !path) return LS_OK;
+    if (N == 1 && !to) return LS_OK;
     if (N > 1) { /* only the EP group whose rank 0 writes gathers the experts */
-        float writes = path && r == 0 ? 1.0f : 0.0f;
+        float writes = to && r == 0 ? 1.0f : 0.0f;
         LS_TRY(ls_dist_max_f32(m->ep, &writes, 1));
         if (writes == 0.0f) return LS_OK;
     }
@@ -391,15 +391,15 @@ ls_status ls_mla_export(const ls_mla_model *m, const char *path, ls_dtype dtype,
     ls_st_writer w;
     ls_st_writer_init(&w);
     float *zeros = NULL; /* frozen tensors of a gradient set */
-    if (s == LS_OK && path && r == 0 && !(zeros = calloc((size_t)(zmax > 0 ? zmax : 1), sizeof(float)))) s = LS_ERR_NOMEM;
-    for (int64_t i = 0; i < nall && s == LS_OK && path && r == 0; i++) {
+    if (s == LS_OK && to && r == 0 && !(zeros = calloc((size_t)(zmax > 0 ? zmax : 1), sizeof(float)))) s = LS_ERR_NOMEM;
+    for (int64_t i = 0; i < nall && s == LS_OK && to && r == 0; i++) {
         const ls_mla_tensor *t = ot[i].t;
         s = ls_st_writer_add_f32(&w, t->name, t->ndim == 1 ? LS_DTYPE_F32 : dtype, t->ndim, t->shape,
                                  ot[i].p ? ot[i].p : zeros);
     }
-    if (s == LS_OK && path && r == 0) s = ls_st_writer_add_meta(&w, "format", "pt");
-    if (s == LS_OK && path && r == 0 && meta_key) s = ls_st_writer_add_meta(&w, meta_key, meta_value);
-    if (s == LS_OK && path && r == 0) s = ls_st_write(&w, path);
+    if (s == LS_OK && to && r == 0) s = ls_st_writer_add_meta(&w, "format", "pt");
+    if (s == LS_OK && to && r == 0 && meta_key) s = ls_st_writer_add_meta(&w, meta_key, meta_value);
+    if (s == LS_OK && to && r == 0) s = ls_st_emit(&w, to);
     ls_st_writer_free(&w);
     for (int64_t i = 0; ot && i < nall; i++) free(ot[i].own);
     free(ot);

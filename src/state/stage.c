@@ -11,6 +11,7 @@
 
 #include "longstraw/backend.h"
 #include "longstraw/state.h"
+#include "core/rt.h"
 
 struct ls_state_stage {
     ls_prompt_state *host;
@@ -31,7 +32,6 @@ struct ls_state_stage {
 };
 
 /* The bytes of every stage made, by what it carries (the largest of each kind): device, host part. */
-static size_t made_dev[32], made_host[32];
 
 static int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
@@ -122,14 +122,15 @@ ls_status ls_state_stage_new(ls_state_stage **out, ls_prompt_state *st, const ls
         }
     }
     unsigned k = what & 31;
-    if (A->cur - dev0 > made_dev[k]) made_dev[k] = A->cur - dev0;
-    if (ls_arena_host_cur(A) - host0 > made_host[k]) made_host[k] = ls_arena_host_cur(A) - host0;
+    if (A->cur - dev0 > ls_rt_get()->made_dev[k]) ls_rt_get()->made_dev[k] = A->cur - dev0;
+    if (ls_arena_host_cur(A) - host0 > ls_rt_get()->made_host[k])
+        ls_rt_get()->made_host[k] = ls_arena_host_cur(A) - host0;
     *out = s;
     return LS_OK;
 }
 
 void ls_state_stage_made(unsigned what, size_t *dev, size_t *host) {
-    *dev = made_dev[what & 31], *host = made_host[what & 31];
+    *dev = ls_rt_get()->made_dev[what & 31], *host = ls_rt_get()->made_host[what & 31];
 }
 
 void ls_state_stage_predict(const ls_config *c, int64_t cap_pages, int64_t page_size, ls_dtype dtype, int full,

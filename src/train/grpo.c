@@ -125,6 +125,23 @@ ls_status ls_adamw_init(ls_adamw *a, const ls_policy *p, ls_arena *fixed) {
 /* ---- the transaction ------------------------------------------------------------ */
 
 /* How the transaction scores (and the reference captures): no full-mode state. */
+void ls_grpo_metrics_each(const ls_grpo_metrics *mt, int with_advantage, const char *aux_name,
+                          void (*put)(void *user, const char *key, double v), void *user) {
+    put(user, "loss", mt->loss);
+    put(user, "reward", mt->reward_mean);
+    put(user, "reward_std", mt->reward_std);
+    if (with_advantage) put(user, "advantage_mean", mt->adv_mean);
+    put(user, "kl", mt->kl);
+    put(user, "entropy", mt->entropy);
+    if (aux_name) put(user, aux_name, mt->aux_loss);
+    put(user, "clip_ratio/low_mean", mt->clip_low);
+    put(user, "clip_ratio/high_mean", mt->clip_high);
+    put(user, "completions/mean_length", mt->len_mean);
+    put(user, "completions/min_length", (double)mt->len_min);
+    put(user, "completions/max_length", (double)mt->len_max);
+    put(user, "grad_norm", mt->grad_norm);
+}
+
 ls_score_opts ls_grpo_score_opts(const ls_grpo_opts *o) {
     return (ls_score_opts){o->no_capture, o->page_size, o->state_dtype, o->fwd, 0};
 }

@@ -4,12 +4,59 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "longstraw/config.h"
 #include "longstraw/family.h"
 #include "longstraw/files.h"
+#include "longstraw/flags.h"
 #include "longstraw/grpo.h"
 #include "longstraw/plan.h"
+
+void ls_plan_flags_init(ls_plan_flags *f) {
+    memset(f, 0, sizeof *f);
+    f->rq.prompt = -1;
+    f->rq.page_size = 64;
+    f->rq.dtype = LS_DTYPE_BF16;
+    f->rq.cp = 1;
+    f->rq.layout = LS_CP_ZIGZAG;
+    f->rq.ep = 1;
+    f->sweep = 512;
+}
+
+ls_status ls_plan_flag_set(ls_plan_flags *f, const char *k, const char *v, int *known) {
+    ls_plan_request *r = &f->rq;
+    int64_t x;
+    *known = 1;
+    if (ls_flag_name_is(k, "indexer-kl")) return r->aux_loss = ls_flag_on(v), LS_OK;
+    static const char *const valued[] = {"prompt", "page-size", "cp", "state-dtype", "cp-layout", "mode",
+                                         "sweep-chunk", "ep", "cp-wave", "state-on"};
+    int i = 0, n = (int)(sizeof valued / sizeof valued[0]);
+    while (i < n && !ls_flag_name_is(k, valued[i])) i++;
+    if (i == n) return *known = 0, LS_OK;
+    char flag[32];
+    snprintf(flag, sizeof flag, "--%s", valued[i]);
+    if (!v) return ls_err(LS_ERR_ARG, "%s needs a value", flag);
+    switch (i) {
+    case 0: return ls_flag_i64(flag, v, 1, INT64_MAX / 2, &r->prompt);
+    case 1: return ls_flag_i64(flag, v, 1, 1 << 20, &r->page_size);
+    case 2: LS_TRY(ls_flag_i64(flag, v, 1, 65536, &x)); return r->cp = (int)x, LS_OK;
+    case 3: return ls_flag_dtype(flag, v, &r->dtype);
+    case 4: return ls_flag_layout(v, &r->layout);
+    case 5: return ls_flag_mode(v, &f->full);
+    case 6: return ls_flag_i64(flag, v, 1, INT64_MAX / 4, &f->sweep);
+    case 7: LS_TRY(ls_flag_i64(flag, v, 1, 4096, &x)); return r->ep = (int)x, LS_OK;
+    case 8: return ls_flag_i64(flag, v, 1, (int64_t)1 << 40, &r->cp_wave);
+    default: return ls_flag_state_on(flag, v, &f->on_host);
+    }
+}
+
+ls_plan_request ls_plan_flags_request(const ls_plan_flags *f, const char *path) {
+    ls_plan_request r = f->rq;
+    r.path = path;
+    r.sweep_chunk = f->full ? f->sweep : 0;
+    return r;
+}
 
 ls_status ls_plan_check(const ls_plan_request *rq) {
     /* what `grad`/`step`/`train` would refuse, refused here the same way (the library's check) */

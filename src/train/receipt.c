@@ -74,10 +74,16 @@ static void json_field(FILE *f, const char *k, double v) {
     else fprintf(f, "\"%s\": null", k);
 }
 
-static void json_num(FILE *f, const char *k, double v, int comma) {
-    fputs("  ", f);
-    json_field(f, k, v);
-    fputs(comma ? ",\n" : "\n", f);
+/* "    key: value" lines, comma-separated (ls_grpo_metrics_each's put) */
+typedef struct {
+    FILE *f;
+    int first;
+} metric_lines;
+static void put_line(void *user, const char *k, double v) {
+    metric_lines *ml = user;
+    fputs(ml->first ? "  " : ",\n  ", ml->f);
+    json_field(ml->f, k, v);
+    ml->first = 0;
 }
 
 ls_status ls_receipt_write(const char *path, const char *cmd, const ls_trainable *pol, const ls_group *g,
@@ -232,19 +238,8 @@ ls_status ls_receipt_write(const char *path, const char *cmd, const ls_trainable
     }
     fprintf(f, "],\n");
     fprintf(f, "  \"metrics\": {\n");
-    json_num(f, "loss", mt->loss, 1);
-    json_num(f, "reward", mt->reward_mean, 1);
-    json_num(f, "reward_std", mt->reward_std, 1);
-    json_num(f, "advantage_mean", mt->adv_mean, 1);
-    json_num(f, "kl", mt->kl, 1);
-    json_num(f, "entropy", mt->entropy, 1);
-    if (o->aux_loss_coef > 0 && pol->p.fam->aux_loss) json_num(f, pol->p.fam->aux_loss, mt->aux_loss, 1);
-    json_num(f, "clip_ratio/low_mean", mt->clip_low, 1);
-    json_num(f, "clip_ratio/high_mean", mt->clip_high, 1);
-    json_num(f, "completions/mean_length", mt->len_mean, 1);
-    json_num(f, "completions/min_length", (double)mt->len_min, 1);
-    json_num(f, "completions/max_length", (double)mt->len_max, 1);
-    json_num(f, "grad_norm", mt->grad_norm, 0);
-    fprintf(f, "  }\n}\n");
+    metric_lines ml = {f, 1};
+    ls_grpo_metrics_each(mt, 1, o->aux_loss_coef > 0 ? pol->p.fam->aux_loss : NULL, put_line, &ml);
+    fprintf(f, "\n  }\n}\n");
     return ls_write_memstream(path, f, &buf, &blen);
 }

@@ -30,6 +30,7 @@
 #include "longstraw/trace.h"
 #include "longstraw/trainer.h"
 #include "longstraw/backend.h"
+#include "core/rt.h"
 
 void ls_train_opts_default(ls_train_opts *a) {
     memset(a, 0, sizeof *a);
@@ -47,10 +48,9 @@ void ls_train_opts_default(ls_train_opts *a) {
     a->eval_every = 1;
 }
 
-/* The reward process group, for a signal handler (ls_train_reward_pgid). */
-static volatile int reward_pgid;
 
-int ls_train_reward_pgid(void) { return reward_pgid; }
+/* The process runtime's reward process group, for the CLI's signal handler. */
+int ls_train_reward_pgid(void) { return ls_rt_process()->reward_pgid; }
 
 /* ---- the saved command line (RUN/args.json) ----------------------------------------- */
 
@@ -133,6 +133,14 @@ static ls_status read_json(const char *path, int is_array, cJSON **out) {
 }
 
 /* argv' = ["train", saved..., given...]: later flags override. Strings malloc'd. */
+ls_status ls_train_same_run(const char *resume, const char *out) {
+    struct stat s1, s2;
+    if (!out) return LS_OK;
+    if (stat(out, &s1) != 0 || stat(resume, &s2) != 0 || s1.st_dev != s2.st_dev || s1.st_ino != s2.st_ino)
+        return ls_err(LS_ERR_ARG, "--resume %s with --out %s: they must be the same run", resume, out);
+    return LS_OK;
+}
+
 ls_status ls_train_saved_args(const char *run, int argc, char **argv, int *nargc, char ***nargv) {
     char path[4096];
     snprintf(path, sizeof path, "%s/args.json", run);
@@ -968,6 +976,7 @@ static void json_metric(FILE *f, const char *k, double v) {
     if (isfinite(v)) fprintf(f, ", \"%s\": %.8g", k, v);
     else fprintf(f, ", \"%s\": null", k);
 }
+static void put_metric(void *f, const char *k, double v) { json_metric(f, k, v); }
 
 /* eval/exact_match and eval/score over every held-out prompt, and per length
  * eval/exact_match/<L> (each with `suffix` "_before": the evaluation before the first
@@ -994,18 +1003,7 @@ static void write_metrics(trainer *tr, const ls_grpo_metrics *mt, double step_ti
     }
     FILE *f = tr->metrics;
     fprintf(f, "{\"update\": %lld, \"step\": %lld", (long long)tr->update, (long long)tr->pol.adam.step);
-    json_metric(f, "loss", mt->loss);
-    json_metric(f, "reward", mt->reward_mean);
-    json_metric(f, "reward_std", mt->reward_std);
-    json_metric(f, "kl", mt->kl);
-    json_metric(f, "entropy", mt->entropy);
-    if (tr->a->o.aux_loss_coef > 0 && tr->pol.p.fam->aux_loss) json_metric(f, tr->pol.p.fam->aux_loss, mt->aux_loss);
-    json_metric(f, "clip_ratio/low_mean", mt->clip_low);
-    json_metric(f, "clip_ratio/high_mean", mt->clip_high);
-    json_metric(f, "completions/mean_length", mt->len_mean);
-    json_metric(f, "completions/min_length", (double)mt->len_min);
-    json_metric(f, "completions/max_length", (double)mt->len_max);
-    json_metric(f, "grad_norm", mt->grad_norm);
+    ls_grpo_metrics_each(mt, 0, tr->a->o.aux_loss_coef > 0 ? tr->pol.p.fam->aux_loss : NULL, put_metric, f);
     json_metric(f, "learning_rate", tr->a->o.lr);
     json_metric(f, "step_time", step_time);
     if (!isnan(tr->eval_nll)) json_metric(f, "eval/nll", tr->eval_nll);
@@ -1130,7 +1128,7 @@ static ls_status setup(trainer *tr) {
     if (a->reward_cmd && root) { /* one reward process: rank 0's, its rewards broadcast */
         LS_TRY(ls_reward_cmd_start(&tr->rcmd, a->reward_cmd));
         LS_TRY(ls_reward_cmd_set_timeout(tr->rcmd, a->reward_timeout));
-        reward_pgid = ls_reward_cmd_pgid(tr->rcmd);
+        ls_rt_get()->reward_pgid = ls_reward_cmd_pgid(tr->rcmd);
     }
     ls_sample_opts_default(&tr->so);
     tr->so.temperature = a->o.fwd.temperature;
@@ -1341,7 +1339,7 @@ ls_status ls_train_run(const ls_train_opts *opts, ls_train_result *res) {
     res->updates = tr->update - first;
     res->skipped = skipped;
     res->stop_signal = s == LS_OK ? ls_stop_requested() : 0;
-    reward_pgid = 0;
+    ls_rt_get()->reward_pgid = 0;
     for (int k = 0; groups && k < (int)a->groups_per_update; k++) {
         ls_group_free(&groups[k]);
         if (tr->items) ls_task_item_free(&tr->items[k]);

@@ -172,9 +172,16 @@ class API(unittest.TestCase):
             res = ctx.train(model=model, out=os.path.join(self.dir, "run_quiet"), task="passkey", rollout=True,
                             prompt_len=300, num_generations=2, max_new_tokens=3, updates=1,
                             reward_funcs=lambda prompts, completions, **kw: [len(c) % 2 for c in completions])
+            run_dir = os.path.join(self.dir, "run_quiet")
+            try:  # a resume names its run: another --out is refused (same rule as the CLI: by inode)
+                ctx.train(resume=run_dir, out=os.path.join(self.dir, "elsewhere"), updates=2)
+                return "resume with another out was accepted"
+            except ls.LongStrawError as e:
+                if "must be the same run" not in str(e):
+                    return str(e)
             return res["updates"] == 1
         ok, printed = capture_fd2(run)
-        self.assertTrue(ok)
+        self.assertTrue(ok is True, ok)
         self.assertEqual(printed, b"")
 
     def test_errors(self):
@@ -220,7 +227,7 @@ class API(unittest.TestCase):
         self.assertIn("closed", str(e.exception))
 
     def test_mpi_grad_equal_cli(self):
-        """`mpirun -np 2 python3` runs CP: the same gradient as `mpirun -np 2 longstraw grad`."""
+        """`mpirun -np 2 python3` runs CP (and EP): the same gradient as `mpirun -np 2 longstraw grad`."""
         mpi = os.environ.get("LS_TEST_MPIEXEC")
         if not mpi:
             self.skipTest("LS_TEST_MPIEXEC not set (a build without MPI)")
@@ -228,15 +235,20 @@ class API(unittest.TestCase):
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1",
                    PYTHONPATH=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-        for mode in ("prefix-frozen", "full"):
+        # the hybrid under CP in both modes; the MLA fixture (4 routed experts) with --ep 2
+        mla = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference", "fixtures", "mla_glm")
+        for model, gpath, mode, ep in ((self.model, self.gpath, "prefix-frozen", 1),
+                                       (self.model, self.gpath, "full", 1),
+                                       (mla, os.path.join(mla, "group_train.json"), "prefix-frozen", 2)):
             out = os.path.join(self.dir, "g_mpi.safetensors")
-            r = subprocess.run(launcher + [BIN, "grad", "--model", self.model, "--group", self.gpath, "--out", out,
-                                           "--threads", "1", "--mode", mode], capture_output=True, text=True, env=env)
+            r = subprocess.run(launcher + [BIN, "grad", "--model", model, "--group", gpath, "--out", out,
+                                           "--threads", "1", "--mode", mode, "--ep", str(ep)],
+                               capture_output=True, text=True, env=env)
             self.assertEqual(r.returncode, 0, r.stderr)
             npz = os.path.join(self.dir, "g_mpi.npz")
             r = subprocess.run(launcher + [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                                         "mpi_grad.py"),
-                                           self.model, self.gpath, npz, "mode=" + mode],
+                                           model, gpath, npz, "mode=" + mode, "ep=%d" % ep],
                                capture_output=True, text=True, env=env)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertEqual(r.stdout + r.stderr, "")  # the library printed nothing on any rank
@@ -385,6 +397,39 @@ class API(unittest.TestCase):
         with self.assertRaises(ls.LongStrawError):
             b.policy(os.path.join(self.dir, "nope"))
         self.assertEqual(a.policy(self.model).logprobs(self.group)[0].shape, (7,))
+
+    def test_stop_and_progress_are_the_contexts(self):
+        """A progress callback of context a asks a's call to stop: a's capture stops at its
+        next chunk, context b (no callback) runs the same call undisturbed, and the next
+        call of a starts with no request; b never hears of a's progress."""
+        seen_a, seen_b = [], []
+        a = ls.Context(threads=1)
+        b = ls.Context(threads=1, progress=lambda *r: seen_b.append(r))
+        b.set_progress(None)
+
+        def on_progress(what, done, total, seconds, final):
+            seen_a.append((what, done, total, final))
+            if what == "capture":
+                a.request_stop()
+
+        a.set_progress(on_progress)
+        pa, pb = a.policy(self.model), b.policy(self.model)
+        with self.assertRaises(ls.LongStrawError) as cm:
+            pa.grad(self.group, capture_chunk=32)
+        self.assertIn("stopped by signal 2 during capture", str(cm.exception))
+        self.assertEqual(seen_a[0][:3], ("capture", 0, len(self.group["prompt"]) - 1))
+        want = self.grad_cli("--capture-chunk", "32")
+        self.assert_same_tensors(pb.grad(self.group, capture_chunk=32), want)
+        self.assertEqual(seen_b, [])
+        a.set_progress(lambda *r: seen_a.append(r))  # reports only: a's next call runs whole
+        n0 = len(seen_a)
+        self.assert_same_tensors(pa.grad(self.group, capture_chunk=32), want)
+        finals = [r[:3] for r in seen_a[n0:] if r[4]]  # (what, done, total) of each span's last report
+        P, R = len(self.group["prompt"]), sum(len(r) for r in self.group["responses"])
+        self.assertIn(("capture", P - 1, P - 1), finals)
+        self.assertIn(("replay", R, R), finals)
+        a.close()
+        b.close()
 
 
 if __name__ == "__main__":
