@@ -397,8 +397,9 @@ int test_rel_startup(void) {
     T_CHECK(t_make_tmpdir(dir, sizeof dir) == 0, "tmpdir");
     T_CHECK(byte_model(dir, m, sizeof m) == 0, "model");
     int rc;
-    /* OMP_WAIT_POLICY unset: the tool sets it and starts itself again */
-    char *o = t_run_fmt(&rc, "env -u OMP_WAIT_POLICY %s eval --model %s --prompt-len 30000 --num-prompts 8 --quiet "
+    /* OMP_WAIT_POLICY unset: the tool sets it and starts itself again (an evaluation of
+     * ~20 s here, killed after 1 s: its name is read while it runs) */
+    char *o = t_run_fmt(&rc, "env -u OMP_WAIT_POLICY %s eval --model %s --prompt-len 30000 --num-prompts 200 --quiet "
                              "--threads 1 >/dev/null 2>&1 & p=$!; sleep 1; cat /proc/$p/comm; kill $p; wait $p",
                         LS_CLI_PATH, m);
     int named = o && !strncmp(o, "longstraw", 9);

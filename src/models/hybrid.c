@@ -401,17 +401,44 @@ static ls_status part_moe(const ls_dec_layer *d, float *x, const float *xn) {
     return moe_ffn(p->m, &p->m->layers[p->l], x, xn, p->L);
 }
 
-/* One decoder layer on x[T,D] (spec §5): mixer then FFN, each with its residual. */
-static ls_status layer_fwd(const ls_hybrid_model *m, int l, float *x, int skip_ffn, layer_ctx *L) {
+/* The skeleton's view of layer l (decoder.h) over the pass L (pc: its parts' context). */
+static ls_dec_layer dec_layer(const ls_hybrid_model *m, int l, layer_ctx *L, part_ctx *pc) {
     const ls_config *c = &m->cfg;
     const ls_hybrid_layer *w = &m->layers[l];
-    part_ctx pc = {m, l, L};
-    ls_dec_layer d = {.be = m->be, .T = L->T, .D = c->hidden, .I = c->intermediate, .eps = c->eps,
-                      .norm = LS_NORM_ZERO_CENTRED, .input_norm = w->input_norm, .post_norm = w->post_norm,
-                      .mixer = part_mixer, .moe = c->moe[l] ? part_moe : NULL, .gu_w = w->mlp_gu, .down_w = w->mlp_down,
-                      .lora = ffn_of(m, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0),
-                      .tp = L->tp ? &L->tp->dec : NULL, .ta = L->ta, .sc = L->sc, .ctx = &pc};
+    *pc = (part_ctx){m, l, L};
+    return (ls_dec_layer){.be = m->be, .T = L->T, .D = c->hidden, .I = c->intermediate, .eps = c->eps,
+                          .norm = LS_NORM_ZERO_CENTRED, .input_norm = w->input_norm, .post_norm = w->post_norm,
+                          .mixer = part_mixer, .moe = c->moe[l] ? part_moe : NULL, .gu_w = w->mlp_gu,
+                          .down_w = w->mlp_down,
+                          .lora = ffn_of(m, l, offsetof(ls_hybrid_layer, mlp_gu), offsetof(ls_hybrid_layer, mlp_down), 0, 0),
+                          .tp = L->tp ? &L->tp->dec : NULL, .ta = L->ta, .sc = L->sc, .ctx = pc};
+}
+
+/* One decoder layer on x[T,D] (spec §5): mixer then FFN, each with its residual. */
+static ls_status layer_fwd(const ls_hybrid_model *m, int l, float *x, int skip_ffn, layer_ctx *L) {
+    part_ctx pc;
+    ls_dec_layer d = dec_layer(m, l, L, &pc);
     return ls_dec_layer_fwd(&d, x, skip_ffn);
+}
+
+/* A capture's last layer when it is gated attention and nothing reads its output (no
+ * logits wanted): only what later tokens read — the rows' keys and values (norm1, the
+ * k/v projections, k's norm and rope) appended to the pages. Its queries, the attention
+ * over the whole prefix (quadratic in P) and o_proj would feed only the skipped FFN. */
+static ls_status attn_state_only(const ls_hybrid_model *m, int l, const float *x, layer_ctx *L) {
+    const ls_config *c = &m->cfg;
+    int64_t T = L->T, D = c->hidden, kvd = (int64_t)c->n_kv * c->head_dim;
+    ls_arena_mark mk = ls_arena_get_mark(L->sc);
+    float *xn = ALLOC_F(L->sc, T * D), *k = ALLOC_F(L->sc, T * kvd), *v = ALLOC_F(L->sc, T * kvd);
+    NEED(xn && k && v);
+    part_ctx pc;
+    ls_dec_layer d = dec_layer(m, l, L, &pc);
+    ls_dec_norm1_fwd(&d, xn, x);
+    LS_TRY(ls_hybrid_attn_kv_proj(m, &m->layers[l], l, xn, T, k, v, k, NULL, L->sc));
+    ls_op_rope_fwd(m->be, k, T, c->n_kv, c->head_dim, c->rot_dim, c->rope_theta, L->pos0);
+    LS_TRY(ls_state_append_kv(L->append, l, k, v, T));
+    ls_arena_release(L->sc, mk);
+    return LS_OK;
 }
 
 /* Full mode: save the GDN state of layer l (or every GDN layer, l < 0) as the
@@ -498,6 +525,8 @@ static ls_status hy_layer_fwd(const ls_dec_model *dm, const ls_dec_pass *p, int 
         ls_kv_prefix pre = ls_state_prefix(st, l);
         layer_ctx L = {p->T, p->pos0, 0, gdn ? NULL : &pre, st, st->gdn ? st->gdn[l].S : NULL,
                        st->gdn ? st->gdn[l].conv_tail : NULL, NULL, NULL, p->sc, NULL, l, 1, NULL, NULL, 0, 0};
+        /* skip: the last layer, whose output nothing reads (decoder.c) */
+        if (skip && !gdn && l == c->n_layers - 1) return attn_state_only(m, l, x, &L);
         return layer_fwd(m, l, x, skip, &L);
     }
     case LS_DEC_CP_CAPTURE: /* every layer of a CP capture is hy_cp_layer's */
@@ -608,8 +637,10 @@ static ls_status hy_cp_attn_layer(const ls_hybrid_model *m, ls_prompt_state *st,
     float scale = 1.0f / sqrtf((float)c->head_dim);
     int k;
     int64_t c0, T, r0;
-    /* several waves: every page first (the other ranks read them in every wave) */
-    for (k = 0, c0 = -1; nw > 1 && ls_dec_cp_chunk(st, xoff, C, 0, Tr, &k, &c0, &T, &r0);) {
+    /* several waves, or the last layer (skip_ffn: its output feeds nothing, so only its keys
+     * and values are made — attn_state_only's work): every page first (the other ranks
+     * read them in every wave) */
+    for (k = 0, c0 = -1; (nw > 1 || skip_ffn) && ls_dec_cp_chunk(st, xoff, C, 0, Tr, &k, &c0, &T, &r0);) {
         ls_arena_mark m2 = ls_arena_get_mark(sc);
         float *xn = ALLOC_F(sc, T * D), *kk = ALLOC_F(sc, T * kvd), *v = ALLOC_F(sc, T * kvd);
         NEED(xn && kk && v);
@@ -620,6 +651,10 @@ static ls_status hy_cp_attn_layer(const ls_hybrid_model *m, ls_prompt_state *st,
         st->n = c0 - T;
         LS_TRY(ls_state_append_kv(st, l, kk, v, T));
         ls_arena_release(sc, m2);
+    }
+    if (skip_ffn) { /* the same on every rank: no collective is left unpaired */
+        ls_arena_release(sc, mk);
+        return LS_OK;
     }
     ls_dist_segs segs;
     LS_TRY(ls_dec_cp_segs(st, l, 1, sc, &segs, NULL));

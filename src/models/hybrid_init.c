@@ -199,8 +199,9 @@ ls_status ls_hybrid_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan
 }
 
 /* FLOPs the hybrid's capture executes for n tokens: every projection (the last layer's
- * FFN is skipped, as capture skips it), attention (4·hd per query-head × visible key)
- * and the chunked gated delta rule's matrix products. */
+ * FFN is skipped, as capture skips it, and a last attention layer computes only its keys
+ * and values), attention (4·hd per query-head × visible key) and the chunked gated delta
+ * rule's matrix products. */
 double ls_hybrid_capture_flops(const ls_config *c, int64_t n) {
     const ls_hybrid_config *hc = ls_hybrid_cfg(c);
     double D = (double)c->hidden, f = 0, N = (double)n;
@@ -211,6 +212,8 @@ double ls_hybrid_capture_flops(const ls_config *c, int64_t n) {
             double dk = hc->d_k, dv = hc->d_v, C = 64;
             f += N * hc->H_v * (3 * 2 * dk * dv + 2 * C * (2 * dk + dv) + C * (dk + dv)); /* chunked GDR */
             (void)kd;
+        } else if (l == c->n_layers - 1) { /* only what later tokens read: k, v */
+            f += 2 * N * D * 2 * (double)c->n_kv * c->head_dim;
         } else {
             double qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv * c->head_dim;
             f += 2 * N * D * (2 * qd + 2 * kvd) + 2 * N * qd * D;

@@ -439,16 +439,50 @@ static ls_status part_moe(const ls_dec_layer *d, float *x, const float *xn) {
     return moe(p->m, p->l, x, xn, p->L);
 }
 
-/* One decoder layer on x[T, D]: h += MLA(norm(h)); h += FFN(norm(h)). */
-static ls_status layer_fwd(const ls_mla_model *m, int l, float *x, int skip_ffn, mla_ctx *L) {
+/* The skeleton's view of layer l (decoder.h) over the pass L (pc: its parts' context). */
+static ls_dec_layer dec_layer(const ls_mla_model *m, int l, mla_ctx *L, part_ctx *pc) {
     const ls_config *c = &m->cfg;
     const ls_mla_layer *w = &m->layers[l];
-    part_ctx pc = {m, l, L};
-    ls_dec_layer d = {.be = m->be, .T = L->T, .D = c->hidden, .I = c->intermediate, .eps = c->eps,
-                      .norm = LS_NORM_PLAIN, .input_norm = w->input_norm, .post_norm = w->post_norm,
-                      .mixer = part_mixer, .moe = c->moe[l] ? part_moe : NULL, .gu_w = w->mlp_gu,
-                      .down_w = w->mlp_down, .tp = L->tp ? &L->tp->dec : NULL, .ta = L->ta, .sc = L->sc, .ctx = &pc};
+    *pc = (part_ctx){m, l, L};
+    return (ls_dec_layer){.be = m->be, .T = L->T, .D = c->hidden, .I = c->intermediate, .eps = c->eps,
+                          .norm = LS_NORM_PLAIN, .input_norm = w->input_norm, .post_norm = w->post_norm,
+                          .mixer = part_mixer, .moe = c->moe[l] ? part_moe : NULL, .gu_w = w->mlp_gu,
+                          .down_w = w->mlp_down, .tp = L->tp ? &L->tp->dec : NULL, .ta = L->ta, .sc = L->sc,
+                          .ctx = pc};
+}
+
+/* One decoder layer on x[T, D]: h += MLA(norm(h)); h += FFN(norm(h)). */
+static ls_status layer_fwd(const ls_mla_model *m, int l, float *x, int skip_ffn, mla_ctx *L) {
+    part_ctx pc;
+    ls_dec_layer d = dec_layer(m, l, L, &pc);
     return ls_dec_layer_fwd(&d, x, skip_ffn);
+}
+
+/* A one-rank capture's last layer when nothing reads its output (no logits wanted): only
+ * what later tokens read — the latent rows and, on a full indexer layer, the index keys
+ * (each rounded as the pages round theirs), appended to the pages. Its queries, the
+ * indexer's selection for its own rows, the sparse attention and o_proj would feed only
+ * the skipped FFN. */
+static ls_status mla_state_only(const ls_mla_model *m, int l, const float *x, mla_ctx *L) {
+    const ls_config *c = &m->cfg;
+    const ls_mla_config *mc = ls_mla_cfg(c);
+    int64_t T = L->T, D = c->hidden, rkv = mc->kv_lora_rank, dk = rkv + mc->qk_rope, dI = mc->index_head_dim;
+    ls_dtype dt = L->append->dtype;
+    ls_arena_mark mk = ls_arena_get_mark(L->sc);
+    float *xn = ALLOC_F(L->sc, T * D), *kI = mc->index_full[l] ? ALLOC_F(L->sc, T * dI) : NULL;
+    mla_proj pj = {.lat_raw = ALLOC_F(L->sc, T * rkv), .own = ALLOC_F(L->sc, T * dk)};
+    NEED(xn && pj.lat_raw && pj.own && (kI || !mc->index_full[l]));
+    part_ctx pc;
+    ls_dec_layer d = dec_layer(m, l, L, &pc);
+    ls_dec_norm1_fwd(&d, xn, x);
+    LS_TRY(ls_mla_kv_proj(m, l, xn, T, L->pos0, dt, &pj, L->sc));
+    if (kI) {
+        ls_mla_index_keys(m, l, xn, T, L->pos0, kI, NULL);
+        if (dt != LS_DTYPE_F32) ls_op_round_to(m->be, kI, T * dI, dt);
+    }
+    LS_TRY(ls_state_append_kv(L->append, l, pj.own, kI, T));
+    ls_arena_release(L->sc, mk);
+    return LS_OK;
 }
 
 static int64_t sel_stride(const ls_config *c, int64_t pos0, int64_t T) {
@@ -630,6 +664,10 @@ static ls_status mla_cp_layer(const ls_dec_model *dm, ls_prompt_state *st, ls_pr
         LS_TRY(ls_state_append_kv(st, l, pj.own, kI, T));
         ls_arena_release(sc, m2);
     }
+    if (skip_ffn) { /* the last layer: its output feeds nothing (mla_state_only); the same on every rank */
+        ls_arena_release(sc, mk);
+        return LS_OK;
+    }
     int64_t bp = C / S > 0 ? C / S : 1;
     int32_t *loc = ls_arena_alloc(sc, (size_t)(Cq * kk) * sizeof(int32_t));
     int32_t *hloc = ls_host_view(be, sc, loc, (size_t)(Cq * kk) * sizeof(int32_t), 0);
@@ -730,6 +768,8 @@ static ls_status mla_layer_fwd(const ls_dec_model *dm, const ls_dec_pass *p, int
     case LS_DEC_EXTEND: { /* capture, or a decode step of one sequence */
         mla_ctx L = {p->T, p->pos0, st, st, mp->sel, mp->kk, NULL, NULL, p->sc, NULL, -1, 0, NULL};
         set_cp(&L, st, 0, p->pos0, mp->loc);
+        /* skip: the last layer, whose output nothing reads (decoder.c) */
+        if (skip && !L.cp && l == m->cfg.n_layers - 1) return mla_state_only(m, l, x, &L);
         return layer_fwd(m, l, x, skip, &L);
     }
     case LS_DEC_CP_CAPTURE: /* every layer of a CP capture is mla_cp_layer's */

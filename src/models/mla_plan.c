@@ -310,7 +310,8 @@ ls_status ls_mla_plan_doc(ls_plan_doc *d, const ls_config *cfg, const ls_plan_re
 /* FLOPs the MLA family's capture executes for n tokens: every projection (q_a, q_b, the
  * W_UK absorption, kv_a, W_UV, o_proj; on full indexer layers wq, wk, weights), the
  * indexer's scores (2·nI·dI per query × causal key), the sparse attention
- * (2·(rkv+dr) + 2·rkv per head × selected key) and the FFNs (the last one skipped). */
+ * (2·(rkv+dr) + 2·rkv per head × selected key) and the FFNs; the last layer computes only
+ * what later tokens read (kv_a, and wk on a full indexer layer). */
 double ls_mla_capture_flops(const ls_config *c, int64_t n) {
     const ls_mla_config *m = ls_mla_cfg(c);
     double D = (double)c->hidden, N = (double)n, H = (double)c->n_heads, f = 0;
@@ -319,10 +320,13 @@ double ls_mla_capture_flops(const ls_config *c, int64_t n) {
     double sel = 0; /* Σ_t min(k, t + 1) */
     for (int64_t t = 0; t < n; t++) sel += (double)(t + 1) < k ? (double)(t + 1) : k;
     for (int l = 0; l < c->n_layers; l++) {
+        if (l == c->n_layers - 1) { /* its latent rows and index keys only */
+            f += 2 * N * D * (rkv + dr) + (m->index_full[l] ? 2 * N * D * dI : 0);
+            continue;
+        }
         f += 2 * N * (D * rq + rq * H * (dn + dr) + H * dn * rkv + D * (rkv + dr) + H * rkv * dv + H * dv * D);
         if (m->index_full[l]) f += 2 * N * (rq * nI * dI + D * dI + D * nI) + 2 * nI * dI * (N * (N + 1) / 2);
         f += sel * H * (2 * (rkv + dr) + 2 * rkv);
-        if (l == c->n_layers - 1) continue;
         if (c->moe[l])
             f += 2 * N * D * c->n_experts + 2 * N * c->top_k * 3 * D * (double)c->moe_inter +
                  2 * N * 3 * D * (double)c->moe_inter * m->n_shared_experts;
