@@ -440,6 +440,43 @@ int test_dsa_scores(void) {
     }
     printf("  indexer scores over bf16 pages: max |diff| %.2e; LayerNorm %.2e\n", e, el);
     T_CHECK(e <= 1e-5 && el <= 1e-5, "scores %g, layernorm %g", e, el);
+    /* a long prefix (10 key blocks): with 2 threads the threads split the key blocks, with
+     * one the blocks run in turn; the same bits either way (the top-k must not depend on
+     * the thread count), and against double */
+    {
+        const int64_t T2 = 5, n2 = 2333, S2 = 64, np2 = (n2 + S2 - 1) / S2;
+        float *q2 = malloc((size_t)(T2 * nI * dI) * sizeof(float)), *w2 = malloc((size_t)(T2 * nI) * sizeof(float));
+        float *k2 = malloc((size_t)(np2 * S2 * dI) * sizeof(float));
+        float *s1 = malloc((size_t)(T2 * n2) * sizeof(float)), *s2 = malloc((size_t)(T2 * n2) * sizeof(float));
+        void **pg = malloc((size_t)np2 * sizeof(void *));
+        for (int64_t i = 0; i < T2 * nI * dI; i++) q2[i] = (float)ls_rng_normal(&r);
+        for (int64_t i = 0; i < T2 * nI; i++) w2[i] = (float)ls_rng_normal(&r);
+        for (int64_t i = 0; i < np2 * S2 * dI; i++) k2[i] = (float)ls_rng_normal(&r);
+        for (int64_t p = 0; p < np2; p++) pg[p] = k2 + p * S2 * dI;
+        ls_kv_prefix keys2 = {n2, S2, LS_DTYPE_F32, pg, pg};
+        int threads = ls_get_threads();
+        ls_set_threads(1);
+        T_OK(ls_dsa_scores(s1, q2, w2, &keys2, T2, nI, dI, scale, &a));
+        ls_set_threads(2);
+        T_OK(ls_dsa_scores(s2, q2, w2, &keys2, T2, nI, dI, scale, &a));
+        ls_set_threads(threads);
+        double e2 = 0;
+        for (int64_t t = 0; t < T2; t++)
+            for (int64_t j = 0; j < n2; j += 7) {
+                double ref = 0;
+                for (int h = 0; h < nI; h++) {
+                    double dot = 0;
+                    for (int d = 0; d < dI; d++) dot += (double)q2[(t * nI + h) * dI + d] * k2[j * dI + d];
+                    ref += w2[t * nI + h] * (dot > 0 ? dot : 0);
+                }
+                e2 = fmax(e2, fabs(s1[t * n2 + j] - scale * ref));
+            }
+        int same = memcmp(s1, s2, (size_t)(T2 * n2) * sizeof(float)) == 0;
+        printf("  %lld keys: 1 and 2 threads %s; max |diff| vs double %.2e\n", (long long)n2,
+               same ? "bit for bit equal" : "DIFFER", e2);
+        T_CHECK(same && e2 <= 1e-5, "long prefix: threads %s, diff %g", same ? "agree" : "differ", e2);
+        free(q2), free(w2), free(k2), free(s1), free(s2), free(pg);
+    }
     ls_arena_free(&a);
     return 0;
 }

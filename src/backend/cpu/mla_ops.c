@@ -260,63 +260,101 @@ void ls_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, const fl
 #else
 #define DSA_HG 4
 #endif
+/* Keys [s0, s0 + nb) of the pages into kt [dI, DSA_KEY_BLOCK] as f32 (row: one key's
+ * scratch), the last tile's spare lanes zeroed. */
+static void dsa_key_block(float *kt, float *row, const ls_kv_prefix *keys, int64_t s0, int64_t nb, int dI) {
+    int64_t S = keys->page_size;
+    for (int64_t i = 0; i < nb; i++) {
+        int64_t p = s0 + i;
+        const char *pg = (const char *)keys->k_pages[p / S];
+        ls_convert_to_f32(row, pg + (size_t)((p % S) * dI) * ls_dtype_size(keys->dtype), keys->dtype, (size_t)dI);
+        for (int d = 0; d < dI; d++) kt[d * DSA_KEY_BLOCK + i] = row[d];
+    }
+    int64_t nt = (nb + DSA_KW - 1) / DSA_KW * DSA_KW;
+    for (int d = 0; nt > nb && d < dI; d++) memset(kt + d * DSA_KEY_BLOCK + nb, 0, (size_t)(nt - nb) * sizeof(float));
+}
+
+/* Query t's scores against the nb keys of kt (the block at s0): score[t, s0 ..). */
+static void dsa_score_row(float *score, const float *q, const float *w, const float *kt, const float *zq, int64_t t,
+                          int64_t n, int64_t s0, int64_t nb, int nI, int dI, float scale) {
+    const float *qt = q + t * (int64_t)nI * dI, *wt = w + t * nI;
+    float *st = score + t * n + s0;
+    for (int64_t i0 = 0; i0 < nb; i0 += DSA_KW) {
+        const ls_vf zero = LS_SPLAT(0.0f);
+        ls_vf s_0 = zero, s_1 = zero;
+        for (int j0 = 0; j0 < nI; j0 += DSA_HG) {
+            const float *qh[DSA_HG];
+            float wh[DSA_HG];
+            for (int h = 0; h < DSA_HG; h++) { /* heads past nI: a zero query and weight add +0 */
+                qh[h] = j0 + h < nI ? qt + (int64_t)(j0 + h) * dI : zq;
+                wh[h] = j0 + h < nI ? wt[j0 + h] : 0.0f;
+            }
+            ls_vf a0[DSA_HG], a1[DSA_HG];
+            for (int h = 0; h < DSA_HG; h++) a0[h] = a1[h] = zero;
+            for (int d = 0; d < dI; d++) { /* the same order over d for every score */
+                ls_vf k0, k1;
+                LS_VLOAD(k0, kt + d * DSA_KEY_BLOCK + i0);
+                LS_VLOAD(k1, kt + d * DSA_KEY_BLOCK + i0 + LS_VL);
+                for (int h = 0; h < DSA_HG; h++) {
+                    ls_vf qv = LS_SPLAT(qh[h][d]);
+                    a0[h] += qv * k0, a1[h] += qv * k1;
+                }
+            }
+            for (int h = 0; h < DSA_HG; h++) { /* Σ_j w_j·ReLU(·), heads in order */
+                s_0 += LS_SPLAT(wh[h]) * LS_VSEL(a0[h] > zero, a0[h], zero);
+                s_1 += LS_SPLAT(wh[h]) * LS_VSEL(a1[h] > zero, a1[h], zero);
+            }
+        }
+        s_0 *= LS_SPLAT(scale), s_1 *= LS_SPLAT(scale);
+        float out[DSA_KW];
+        LS_VSTORE(out, s_0);
+        LS_VSTORE(out + LS_VL, s_1);
+        int64_t m = nb - i0 < DSA_KW ? nb - i0 : DSA_KW;
+        memcpy(st + i0, out, (size_t)m * sizeof(float));
+    }
+}
+
+/* Two schedules, the same arithmetic for every score: with many key blocks (a long
+ * prefix, and callers that pass few rows at a time to bound the score block) the threads
+ * split the key blocks, each converting its own — the conversion ran on one thread, which
+ * held the 128K capture to 1.2x on 2 threads; with few, the blocks go one after another
+ * and the threads split the rows. */
 ls_status ls_dsa_scores(float *score, const float *q, const float *w, const ls_kv_prefix *keys, int64_t T, int nI,
                         int dI, float scale, ls_arena *scratch) {
-    int64_t n = keys->n, S = keys->page_size;
+    int64_t n = keys->n;
     if (n == 0 || T == 0) return LS_OK;
+    int nt = 1;
+#ifdef _OPENMP
+    nt = omp_get_max_threads();
+#endif
+    int64_t nblk = (n + DSA_KEY_BLOCK - 1) / DSA_KEY_BLOCK;
+    int by_keys = nt > 1 && nblk >= 4 * (int64_t)nt;
+    int nbuf = by_keys ? nt : 1;
     ls_arena_mark mk = ls_arena_get_mark(scratch);
-    float *kt = ls_arena_alloc(scratch, (size_t)dI * DSA_KEY_BLOCK * sizeof(float)); /* [dI, KB] */
-    float *row = ls_arena_alloc(scratch, (size_t)dI * sizeof(float));               /* one key, f32 */
-    float *zq = ls_arena_alloc(scratch, (size_t)dI * sizeof(float));                /* a missing head's query */
-    if (!kt || !row || !zq) return LS_ERR_NOMEM;
+    size_t per = (size_t)dI * DSA_KEY_BLOCK + (size_t)dI; /* [dI, KB] keys, one key's row */
+    float *buf = ls_arena_alloc(scratch, (size_t)nbuf * per * sizeof(float));
+    float *zq = ls_arena_alloc(scratch, (size_t)dI * sizeof(float)); /* a missing head's query */
+    if (!buf || !zq) return LS_ERR_NOMEM;
     memset(zq, 0, (size_t)dI * sizeof(float));
-    for (int64_t s0 = 0; s0 < n; s0 += DSA_KEY_BLOCK) {
-        int64_t nb = n - s0 < DSA_KEY_BLOCK ? n - s0 : DSA_KEY_BLOCK;
-        for (int64_t i = 0; i < nb; i++) {
-            int64_t p = s0 + i;
-            const char *pg = (const char *)keys->k_pages[p / S];
-            ls_convert_to_f32(row, pg + (size_t)((p % S) * dI) * ls_dtype_size(keys->dtype), keys->dtype, (size_t)dI);
-            for (int d = 0; d < dI; d++) kt[d * DSA_KEY_BLOCK + i] = row[d];
+    if (by_keys) {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int64_t b = 0; b < nblk; b++) {
+            int tid = 0;
+#ifdef _OPENMP
+            tid = omp_get_thread_num();
+#endif
+            float *kt = buf + (size_t)tid * per, *row = kt + (size_t)dI * DSA_KEY_BLOCK;
+            int64_t s0 = b * DSA_KEY_BLOCK, nb = n - s0 < DSA_KEY_BLOCK ? n - s0 : DSA_KEY_BLOCK;
+            dsa_key_block(kt, row, keys, s0, nb, dI);
+            for (int64_t t = 0; t < T; t++) dsa_score_row(score, q, w, kt, zq, t, n, s0, nb, nI, dI, scale);
         }
-        int64_t nt = (nb + DSA_KW - 1) / DSA_KW * DSA_KW; /* the last tile's spare lanes: zeros */
-        for (int d = 0; nt > nb && d < dI; d++) memset(kt + d * DSA_KEY_BLOCK + nb, 0, (size_t)(nt - nb) * sizeof(float));
+    } else {
+        float *kt = buf, *row = kt + (size_t)dI * DSA_KEY_BLOCK;
+        for (int64_t s0 = 0; s0 < n; s0 += DSA_KEY_BLOCK) {
+            int64_t nb = n - s0 < DSA_KEY_BLOCK ? n - s0 : DSA_KEY_BLOCK;
+            dsa_key_block(kt, row, keys, s0, nb, dI);
 #pragma omp parallel for schedule(static) if (T * nb > 4096)
-        for (int64_t t = 0; t < T; t++) {
-            const float *qt = q + t * (int64_t)nI * dI, *wt = w + t * nI;
-            float *st = score + t * n + s0;
-            for (int64_t i0 = 0; i0 < nb; i0 += DSA_KW) {
-                const ls_vf zero = LS_SPLAT(0.0f);
-                ls_vf s_0 = zero, s_1 = zero;
-                for (int j0 = 0; j0 < nI; j0 += DSA_HG) {
-                    const float *qh[DSA_HG];
-                    float wh[DSA_HG];
-                    for (int h = 0; h < DSA_HG; h++) { /* heads past nI: a zero query and weight add +0 */
-                        qh[h] = j0 + h < nI ? qt + (int64_t)(j0 + h) * dI : zq;
-                        wh[h] = j0 + h < nI ? wt[j0 + h] : 0.0f;
-                    }
-                    ls_vf a0[DSA_HG], a1[DSA_HG];
-                    for (int h = 0; h < DSA_HG; h++) a0[h] = a1[h] = zero;
-                    for (int d = 0; d < dI; d++) { /* the same order over d for every score */
-                        ls_vf k0, k1;
-                        LS_VLOAD(k0, kt + d * DSA_KEY_BLOCK + i0);
-                        LS_VLOAD(k1, kt + d * DSA_KEY_BLOCK + i0 + LS_VL);
-                        for (int h = 0; h < DSA_HG; h++) {
-                            ls_vf qv = LS_SPLAT(qh[h][d]);
-                            a0[h] += qv * k0, a1[h] += qv * k1;
-                        }
-                    }
-                    for (int h = 0; h < DSA_HG; h++) { /* Σ_j w_j·ReLU(·), heads in order */
-                        s_0 += LS_SPLAT(wh[h]) * LS_VSEL(a0[h] > zero, a0[h], zero);
-                        s_1 += LS_SPLAT(wh[h]) * LS_VSEL(a1[h] > zero, a1[h], zero);
-                    }
-                }
-                s_0 *= LS_SPLAT(scale), s_1 *= LS_SPLAT(scale);
-                float out[DSA_KW];
-                LS_VSTORE(out, s_0);
-                LS_VSTORE(out + LS_VL, s_1);
-                int64_t m = nb - i0 < DSA_KW ? nb - i0 : DSA_KW;
-                memcpy(st + i0, out, (size_t)m * sizeof(float));
-            }
+            for (int64_t t = 0; t < T; t++) dsa_score_row(score, q, w, kt, zq, t, n, s0, nb, nI, dI, scale);
         }
     }
     ls_arena_release(scratch, mk);
